@@ -1,0 +1,235 @@
+//! The ENI provider API (the seed's `ENIProvider`): the source of the ENIs a
+//! node may hand to pods, and the arbiter of who holds which.
+//!
+//! A provider must be safe under concurrent calls: two `allocate_next` calls
+//! for different owners never return the same ENI, and `allocate_next` for an
+//! owner that already holds an ENI returns that ENI again.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use async_trait::async_trait;
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+/// A MAC address, kept in canonical lower-case `aa:bb:cc:dd:ee:ff` form.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    pub fn octets(&self) -> [u8; 6] {
+        self.0
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid MAC address {0:?}: expected six hex octets separated by ':' or '-'")]
+pub struct MacParseError(pub String);
+
+impl std::str::FromStr for MacAddr {
+    type Err = MacParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || MacParseError(s.to_string());
+        let mut out = [0u8; 6];
+        let mut parts = s.split([':', '-']);
+        for octet in out.iter_mut() {
+            let part = parts.next().ok_or_else(err)?;
+            if part.len() != 2 {
+                return Err(err());
+            }
+            *octet = u8::from_str_radix(part, 16).map_err(|_| err())?;
+        }
+        if parts.next().is_some() {
+            return Err(err());
+        }
+        Ok(MacAddr(out))
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The Kubernetes pod an attachment belongs to, as the runtime told us in
+/// CNI_ARGS. Informational: identity is the [`EniOwner::key`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PodRef {
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() && self.name.is_empty() {
+            f.write_str("-")
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// Who holds an ENI: a pod plus the CNI attachment (network name, container
+/// id, interface name) it was allocated for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EniOwner {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    #[serde(default)]
+    pub pod: PodRef,
+}
+
+impl EniOwner {
+    /// The identity of an owner: two owners with the same key are the same
+    /// attachment, whatever pod metadata came along.
+    pub fn key(&self) -> (&str, &str, &str) {
+        (&self.network, &self.container_id, &self.ifname)
+    }
+
+    pub fn same_attachment(&self, other: &EniOwner) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl fmt::Display for EniOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}:{}:{})",
+            self.pod, self.network, self.container_id, self.ifname
+        )
+    }
+}
+
+/// One ENI this node may use, as the provider sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eni {
+    pub id: String,
+    pub mac: MacAddr,
+    /// Primary IPv4 address with the subnet prefix length.
+    pub ipv4: Ipv4Net,
+    pub gateway4: Ipv4Addr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
+    /// MTU the pod interface gets; `None` keeps the device's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<EniOwner>,
+}
+
+/// Provider failures. `is_transient` tells the caller whether a retry may
+/// succeed (CNI code 11) or not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("no free ENI: all {total} ENIs of this node are in use")]
+    Exhausted { total: usize },
+    #[error("ENI {eni_id} is held by {holder}, not by {requester}")]
+    OwnedByOther {
+        eni_id: String,
+        holder: String,
+        requester: String,
+    },
+    #[error("unknown ENI {0}")]
+    UnknownEni(String),
+    #[error("provider configuration: {0}")]
+    Config(String),
+    #[error("provider temporarily unavailable: {0}")]
+    Unavailable(String),
+    #[error("provider request throttled: {0}")]
+    Throttled(String),
+}
+
+impl ProviderError {
+    /// A transient error is worth retrying later; a permanent one is not.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ProviderError::Unavailable(_) | ProviderError::Throttled(_)
+        )
+    }
+}
+
+/// The ENI provider (the seed's ENIProvider: List / AllocateNextENI /
+/// DeallocateENI).
+#[async_trait]
+pub trait EniProvider: Send + Sync {
+    /// A short name for logs and status ("static", "aws", "bce").
+    fn name(&self) -> &str;
+
+    /// Every ENI this node may use, with its owner where assigned.
+    async fn list(&self) -> Result<Vec<Eni>, ProviderError>;
+
+    /// Assigns a free ENI to `owner`. Idempotent: an owner that already holds
+    /// an ENI gets the same one back.
+    async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError>;
+
+    /// Frees the ENI `owner` holds. Succeeds when it holds none, and never
+    /// frees an ENI held by a different owner.
+    async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError>;
+
+    /// Re-establishes assignments known from the agent's checkpoint after a
+    /// restart. Providers whose cloud remembers ownership may ignore it.
+    async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_round_trip_and_rejects() {
+        let m: MacAddr = "02:AB:cd:00:11:ff".parse().unwrap();
+        assert_eq!(m.to_string(), "02:ab:cd:00:11:ff");
+        assert_eq!("02-ab-cd-00-11-ff".parse::<MacAddr>().unwrap(), m);
+        for bad in [
+            "",
+            "02:ab:cd:00:11",
+            "02:ab:cd:00:11:ff:00",
+            "0g:ab:cd:00:11:ff",
+            "2:ab:cd:00:11:ff0",
+        ] {
+            assert!(bad.parse::<MacAddr>().is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn transient_errors_are_told_apart() {
+        assert!(ProviderError::Throttled("x".into()).is_transient());
+        assert!(ProviderError::Unavailable("x".into()).is_transient());
+        assert!(!ProviderError::Exhausted { total: 3 }.is_transient());
+        assert!(!ProviderError::UnknownEni("e".into()).is_transient());
+    }
+}

@@ -1,0 +1,251 @@
+//! The static provider: the ENIs a node may use are declared in the agent's
+//! config (bare metal, labs and tests). Ownership lives in memory and is
+//! rebuilt from the agent's checkpoint through [`EniProvider::restore`].
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, ProviderError};
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+/// One ENI as declared in config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticEniConfig {
+    pub id: String,
+    pub mac: MacAddr,
+    pub ipv4: Ipv4Net,
+    pub gateway4: Ipv4Addr,
+    #[serde(default)]
+    pub ipv6: Option<Ipv6Net>,
+    #[serde(default)]
+    pub gateway6: Option<Ipv6Addr>,
+    #[serde(default)]
+    pub mtu: Option<u32>,
+}
+
+pub struct StaticProvider {
+    // One lock over all slots makes "find free + assign" atomic, which is all
+    // the concurrency guarantee the API asks for; the critical section is a
+    // scan of a short vector.
+    slots: Mutex<Vec<Eni>>,
+}
+
+impl StaticProvider {
+    /// Validates the declared ENIs: unique ids and MACs, gateways inside
+    /// their subnets, IPv6 gateway only with an IPv6 address.
+    pub fn new(enis: Vec<StaticEniConfig>) -> Result<Self, ProviderError> {
+        let mut ids = HashSet::new();
+        let mut macs = HashSet::new();
+        let mut slots = Vec::with_capacity(enis.len());
+        for e in enis {
+            let bad = |why: String| ProviderError::Config(format!("ENI {:?}: {why}", e.id));
+            if e.id.is_empty() {
+                return Err(ProviderError::Config("an ENI has an empty id".into()));
+            }
+            if !ids.insert(e.id.clone()) {
+                return Err(bad("duplicate id".into()));
+            }
+            if !macs.insert(e.mac) {
+                return Err(bad(format!("MAC {} is declared twice", e.mac)));
+            }
+            if !e.ipv4.contains(&e.gateway4) || e.gateway4 == e.ipv4.addr() {
+                return Err(bad(format!(
+                    "gateway4 {} must be another address inside {}",
+                    e.gateway4, e.ipv4
+                )));
+            }
+            match (e.ipv6, e.gateway6) {
+                (None, Some(_)) => return Err(bad("gateway6 given without ipv6".into())),
+                (Some(_), None) => return Err(bad("ipv6 given without gateway6".into())),
+                _ => {}
+            }
+            if let Some(mtu) = e.mtu {
+                if !(68..=65535).contains(&mtu) {
+                    return Err(bad(format!("mtu {mtu} is outside 68..=65535")));
+                }
+            }
+            slots.push(Eni {
+                id: e.id,
+                mac: e.mac,
+                ipv4: e.ipv4,
+                gateway4: e.gateway4,
+                ipv6: e.ipv6,
+                gateway6: e.gateway6,
+                mtu: e.mtu,
+                owner: None,
+            });
+        }
+        Ok(StaticProvider {
+            slots: Mutex::new(slots),
+        })
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Eni>> {
+        // A panic while holding the lock cannot leave a slot half-assigned
+        // (assignments are single stores), so a poisoned lock is still sound.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl EniProvider for StaticProvider {
+    fn name(&self) -> &str {
+        "static"
+    }
+
+    async fn list(&self) -> Result<Vec<Eni>, ProviderError> {
+        Ok(self.slots().clone())
+    }
+
+    async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let mut slots = self.slots();
+        if let Some(held) = slots
+            .iter()
+            .find(|e| e.owner.as_ref().is_some_and(|o| o.same_attachment(owner)))
+        {
+            return Ok(held.clone());
+        }
+        let total = slots.len();
+        let free = slots
+            .iter_mut()
+            .find(|e| e.owner.is_none())
+            .ok_or(ProviderError::Exhausted { total })?;
+        free.owner = Some(owner.clone());
+        Ok(free.clone())
+    }
+
+    async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
+        for e in self.slots().iter_mut() {
+            if e.owner.as_ref().is_some_and(|o| o.same_attachment(owner)) {
+                e.owner = None;
+            }
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError> {
+        let mut slots = self.slots();
+        // Check everything first so a bad checkpoint changes nothing.
+        for (eni_id, owner) in assignments {
+            let slot = slots
+                .iter()
+                .find(|e| &e.id == eni_id)
+                .ok_or_else(|| ProviderError::UnknownEni(eni_id.clone()))?;
+            if let Some(holder) = &slot.owner {
+                if !holder.same_attachment(owner) {
+                    return Err(ProviderError::OwnedByOther {
+                        eni_id: eni_id.clone(),
+                        holder: holder.to_string(),
+                        requester: owner.to_string(),
+                    });
+                }
+            }
+        }
+        for (eni_id, owner) in assignments {
+            if let Some(slot) = slots.iter_mut().find(|e| &e.id == eni_id) {
+                slot.owner = Some(owner.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn eni(i: u8) -> StaticEniConfig {
+        StaticEniConfig {
+            id: format!("eni-{i}"),
+            mac: MacAddr([2, 0, 0, 0, 0, i]),
+            ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
+            gateway4: format!("10.0.{i}.1").parse().unwrap(),
+            ipv6: None,
+            gateway6: None,
+            mtu: None,
+        }
+    }
+
+    fn owner(c: &str) -> EniOwner {
+        EniOwner {
+            network: "net".into(),
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            pod: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn allocate_is_idempotent_and_exhausts() {
+        let p = StaticProvider::new(vec![eni(1), eni(2)]).unwrap();
+        let a = p.allocate_next(&owner("a")).await.unwrap();
+        assert_eq!(p.allocate_next(&owner("a")).await.unwrap().id, a.id);
+        let b = p.allocate_next(&owner("b")).await.unwrap();
+        assert_ne!(a.id, b.id);
+        assert_eq!(
+            p.allocate_next(&owner("c")).await.unwrap_err(),
+            ProviderError::Exhausted { total: 2 }
+        );
+        p.release(&owner("a")).await.unwrap();
+        p.release(&owner("a")).await.unwrap(); // holds none: still fine
+        assert_eq!(p.allocate_next(&owner("c")).await.unwrap().id, a.id);
+        // b's ENI was untouched by a's releases.
+        let listed = p.list().await.unwrap();
+        assert_eq!(listed[1].owner.as_ref().unwrap().container_id, "b");
+    }
+
+    #[tokio::test]
+    async fn concurrent_allocations_never_share() {
+        let p = Arc::new(StaticProvider::new((1..=16).map(eni).collect()).unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                p.allocate_next(&owner(&format!("c{i}"))).await
+            }));
+        }
+        let mut ids = HashSet::new();
+        let mut exhausted = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(e) => assert!(ids.insert(e.id), "ENI handed out twice"),
+                Err(ProviderError::Exhausted { .. }) => exhausted += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((ids.len(), exhausted), (16, 16));
+    }
+
+    #[tokio::test]
+    async fn restore_rebuilds_and_rejects_conflicts() {
+        let p = StaticProvider::new(vec![eni(1), eni(2)]).unwrap();
+        p.restore(&[("eni-2".into(), owner("x"))]).await.unwrap();
+        assert_eq!(p.allocate_next(&owner("x")).await.unwrap().id, "eni-2");
+        assert!(matches!(
+            p.restore(&[("eni-2".into(), owner("y"))]).await,
+            Err(ProviderError::OwnedByOther { .. })
+        ));
+        assert!(matches!(
+            p.restore(&[("eni-9".into(), owner("y"))]).await,
+            Err(ProviderError::UnknownEni(_))
+        ));
+    }
+
+    #[test]
+    fn config_validation() {
+        let mut dup = eni(1);
+        dup.id = "eni-2".into();
+        assert!(StaticProvider::new(vec![eni(2), dup]).is_err());
+        let mut gw = eni(1);
+        gw.gateway4 = "10.9.9.1".parse().unwrap();
+        assert!(StaticProvider::new(vec![gw]).is_err());
+        let mut v6 = eni(1);
+        v6.gateway6 = Some("fd00::1".parse().unwrap());
+        assert!(StaticProvider::new(vec![v6]).is_err());
+    }
+}

@@ -1,0 +1,334 @@
+//! The checkpoint: every attachment this node holds, in one versioned JSON
+//! file that survives agent restarts.
+//!
+//! Each change is written through before the caller goes on: a temp file in
+//! the same directory, fsync, rename over the old file, fsync of the
+//! directory. A reader therefore sees the old file or the new one, never a
+//! mix. A file that cannot be read or has an unknown version is an error
+//! naming the file; it is never silently replaced.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::attachment::{Attachment, AttachmentKey};
+
+/// The format this agent writes and reads.
+pub const CHECKPOINT_VERSION: &str = "enim/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("reading checkpoint {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("checkpoint {path} is corrupt: {source}; it was left as it is, fix or remove it")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(
+        "checkpoint {path} has version {found:?}; this agent reads only {CHECKPOINT_VERSION:?}"
+    )]
+    UnsupportedVersion { path: PathBuf, found: String },
+    #[error("checkpoint {path} records attachment {key} twice")]
+    DuplicateKey { path: PathBuf, key: AttachmentKey },
+    #[error("writing checkpoint {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+#[derive(Serialize)]
+struct FileOut<'a> {
+    version: &'static str,
+    attachments: Vec<&'a Attachment>,
+}
+
+#[derive(Deserialize)]
+struct VersionProbe {
+    version: String,
+}
+
+#[derive(Deserialize)]
+struct FileIn {
+    attachments: Vec<Attachment>,
+}
+
+pub struct Checkpoint {
+    path: PathBuf,
+    fsync: bool,
+    entries: Mutex<BTreeMap<AttachmentKey, Attachment>>,
+    #[cfg(any(test, feature = "fault-injection"))]
+    failing_writes: std::sync::atomic::AtomicU32,
+}
+
+impl Checkpoint {
+    /// Loads the checkpoint at `path`; a missing file is an empty checkpoint
+    /// (its directory is created). `fsync` off trades power-loss safety for
+    /// speed; process crashes are safe either way.
+    pub fn open(path: &Path, fsync: bool) -> Result<Checkpoint, CheckpointError> {
+        let entries = match fs::read(path) {
+            Ok(bytes) => parse(path, &bytes)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    fs::create_dir_all(dir).map_err(|source| CheckpointError::Write {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                }
+                BTreeMap::new()
+            }
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            fsync,
+            entries: Mutex::new(entries),
+            #[cfg(any(test, feature = "fault-injection"))]
+            failing_writes: Default::default(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub async fn get(&self, key: &AttachmentKey) -> Option<Attachment> {
+        self.entries.lock().await.get(key).cloned()
+    }
+
+    pub async fn list(&self) -> Vec<Attachment> {
+        self.entries.lock().await.values().cloned().collect()
+    }
+
+    pub async fn len(&self) -> usize {
+        self.entries.lock().await.len()
+    }
+
+    pub async fn is_empty(&self) -> bool {
+        self.len().await == 0
+    }
+
+    /// Records (or replaces) an attachment and writes the file. On a write
+    /// failure memory is rolled back, so it never claims what disk lacks.
+    pub async fn put(&self, attachment: Attachment) -> Result<(), CheckpointError> {
+        let mut entries = self.entries.lock().await;
+        let key = attachment.key.clone();
+        let previous = entries.insert(key.clone(), attachment);
+        if let Err(e) = self.write(&entries).await {
+            match previous {
+                Some(p) => entries.insert(key, p),
+                None => entries.remove(&key),
+            };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Drops an attachment and writes the file; absent keys are a no-op.
+    pub async fn remove(&self, key: &AttachmentKey) -> Result<Option<Attachment>, CheckpointError> {
+        let mut entries = self.entries.lock().await;
+        let Some(previous) = entries.remove(key) else {
+            return Ok(None);
+        };
+        if let Err(e) = self.write(&entries).await {
+            entries.insert(key.clone(), previous);
+            return Err(e);
+        }
+        Ok(Some(previous))
+    }
+
+    /// Makes the next `n` writes fail, for rollback tests.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn fail_next_writes(&self, n: u32) {
+        self.failing_writes
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn write(
+        &self,
+        entries: &BTreeMap<AttachmentKey, Attachment>,
+    ) -> Result<(), CheckpointError> {
+        #[cfg(any(test, feature = "fault-injection"))]
+        {
+            use std::sync::atomic::Ordering;
+            let left = self.failing_writes.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failing_writes.store(left - 1, Ordering::SeqCst);
+                return Err(CheckpointError::Write {
+                    path: self.path.clone(),
+                    source: io::Error::other("injected write failure"),
+                });
+            }
+        }
+        let bytes = serde_json::to_vec_pretty(&FileOut {
+            version: CHECKPOINT_VERSION,
+            attachments: entries.values().collect(),
+        })
+        .map_err(|e| CheckpointError::Write {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        let path = self.path.clone();
+        let fsync = self.fsync;
+        // File I/O and fsync block; keep them off the async workers.
+        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes, fsync))
+            .await
+            .map_err(|e| CheckpointError::Write {
+                path: self.path.clone(),
+                source: io::Error::other(e),
+            })?
+            .map_err(|source| CheckpointError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+fn parse(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<BTreeMap<AttachmentKey, Attachment>, CheckpointError> {
+    let corrupt = |source| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    };
+    let probe: VersionProbe = serde_json::from_slice(bytes).map_err(corrupt)?;
+    if probe.version != CHECKPOINT_VERSION {
+        return Err(CheckpointError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: probe.version,
+        });
+    }
+    let file: FileIn = serde_json::from_slice(bytes).map_err(corrupt)?;
+    let mut entries = BTreeMap::new();
+    for a in file.attachments {
+        let key = a.key.clone();
+        if entries.insert(key.clone(), a).is_some() {
+            return Err(CheckpointError::DuplicateKey {
+                path: path.to_path_buf(),
+                key,
+            });
+        }
+    }
+    Ok(entries)
+}
+
+/// temp file in the same directory + fsync + rename + fsync of the directory.
+fn write_atomically(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("checkpoint path has no file name"))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    if fsync {
+        file.sync_all()?;
+    }
+    drop(file);
+    fs::rename(&tmp, path)?;
+    if fsync {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attachment::{now_ms, Phase};
+
+    fn attachment(cid: &str) -> Attachment {
+        Attachment {
+            key: AttachmentKey {
+                network: "net".into(),
+                container_id: cid.into(),
+                ifname: "eth0".into(),
+            },
+            pod: Default::default(),
+            eni_id: format!("eni-{cid}"),
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            host_name: "eni1".into(),
+            host_mtu: 1500,
+            netns: "/run/netns/x".into(),
+            mtu: 9001,
+            ipv4: "10.0.0.2/24".parse().unwrap(),
+            gateway4: "10.0.0.1".parse().unwrap(),
+            ipv6: None,
+            gateway6: None,
+            phase: Phase::Ready,
+            created_ms: now_ms(),
+            updated_ms: now_ms(),
+        }
+    }
+
+    #[tokio::test]
+    async fn round_trip_and_versioned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/checkpoint.json");
+        let cp = Checkpoint::open(&path, true).unwrap();
+        cp.put(attachment("a")).await.unwrap();
+        cp.put(attachment("b")).await.unwrap();
+        cp.remove(&attachment("a").key).await.unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["version"], "enim/1");
+        let again = Checkpoint::open(&path, true).unwrap();
+        assert_eq!(again.list().await, vec![attachment("b")]);
+        // No temp file is left behind.
+        let names: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("checkpoint.json")]);
+    }
+
+    #[tokio::test]
+    async fn corrupt_and_unknown_version_are_errors_and_file_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        for (content, want_version) in [
+            ("{\"version\":\"enim/1\",\"attach", false),
+            ("{\"version\":\"enim/9\",\"attachments\":[]}", true),
+        ] {
+            fs::write(&path, content).unwrap();
+            let err = Checkpoint::open(&path, true).err().expect("must fail");
+            let msg = err.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert_eq!(
+                matches!(err, CheckpointError::UnsupportedVersion { .. }),
+                want_version,
+                "{msg}"
+            );
+            assert_eq!(fs::read_to_string(&path).unwrap(), content);
+        }
+    }
+
+    #[tokio::test]
+    async fn failed_write_leaves_memory_as_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let cp = Checkpoint::open(&path, false).unwrap();
+        cp.put(attachment("a")).await.unwrap();
+        cp.fail_next_writes(1);
+        assert!(cp.put(attachment("b")).await.is_err());
+        assert!(cp.get(&attachment("b").key).await.is_none());
+        cp.fail_next_writes(1);
+        assert!(cp.remove(&attachment("a").key).await.is_err());
+        assert!(cp.get(&attachment("a").key).await.is_some());
+        assert_eq!(
+            Checkpoint::open(&path, false).unwrap().list().await,
+            vec![attachment("a")]
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! enim: an exclusive-ENI manager for Kubernetes.
+//!
+//! - [`manager`]: ADD / DEL / CHECK of attachments and crash recovery.
+//! - [`netlink`]: the kernel side, over rtnetlink, behind a trait.
+//! - [`checkpoint`]: the durable record of every attachment.
+//! - [`attachment`]: the attachment record and its result.
+//!
+//! Providers (where ENIs come from) live in the `provider/` crates.
+
+pub mod attachment;
+pub mod checkpoint;
+pub mod manager;
+pub mod netlink;
+
+pub use enim_provider as provider;

@@ -1,0 +1,529 @@
+//! The ENI manager (the seed's ENIManagerServer): ADD, DEL and CHECK of
+//! primary-ENI attachments, and recovery of interrupted ones.
+//!
+//! Ordering rule: the checkpoint records intent before the kernel is
+//! touched and the outcome after, and the provider's assignment is released
+//! only once the device is home. Whatever fails, ADD undoes every step it
+//! took; whatever dies, the record says what to finish or undo.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+use crate::attachment::{now_ms, Attachment, AttachmentKey, AttachmentResult, Phase};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("pod network namespace: {0}")]
+    Netns(#[source] PlumbingError),
+    #[error("{0}")]
+    Provider(#[from] ProviderError),
+    #[error("ENI {eni_id} (MAC {mac}) was allocated but no such device is in the host namespace")]
+    DeviceMissing { eni_id: String, mac: String },
+    #[error("interface {ifname:?} already exists in {netns}; the ENI was returned to the host")]
+    IfnameConflict { ifname: String, netns: PathBuf },
+    #[error("{step}: {source}")]
+    Plumbing {
+        step: &'static str,
+        #[source]
+        source: PlumbingError,
+    },
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
+    #[error(
+        "{original}; undoing it also failed ({undo}); the attachment is kept for GC to finish"
+    )]
+    RollbackFailed {
+        original: Box<ManagerError>,
+        undo: Box<ManagerError>,
+    },
+    #[error("no attachment {0}")]
+    UnknownAttachment(AttachmentKey),
+    #[error("attachment {key} does not match the kernel: {why}")]
+    CheckFailed { key: AttachmentKey, why: String },
+}
+
+impl ManagerError {
+    fn plumbing(step: &'static str) -> impl FnOnce(PlumbingError) -> ManagerError {
+        move |source| ManagerError::Plumbing { step, source }
+    }
+
+    /// Whether the caller may succeed by retrying later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ManagerError::Provider(e) => {
+                e.is_transient() || matches!(e, ProviderError::Exhausted { .. })
+            }
+            ManagerError::RollbackFailed { original, .. } => original.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// Serialises operations on one attachment key while letting different
+/// keys run in parallel.
+#[derive(Default)]
+struct KeyLocks {
+    map: std::sync::Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
+}
+
+struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: AttachmentKey,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl KeyLocks {
+    async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
+        let mutex = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.clone()).or_default().clone()
+        };
+        KeyGuard {
+            locks: self,
+            key: key.clone(),
+            guard: Some(mutex.lock_owned().await),
+        }
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        // Clones are only made under the map lock, so a count of one means
+        // nobody waits on this key any more.
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+pub struct EniManager {
+    provider: Arc<dyn EniProvider>,
+    plumbing: Arc<dyn Plumbing>,
+    checkpoint: Arc<Checkpoint>,
+    locks: KeyLocks,
+}
+
+/// How far an ADD got, so a failure undoes exactly that.
+struct AddProgress {
+    host: Option<LinkInfo>,
+    recorded: bool,
+    moved: bool,
+}
+
+pub fn key_of(owner: &EniOwner) -> AttachmentKey {
+    AttachmentKey {
+        network: owner.network.clone(),
+        container_id: owner.container_id.clone(),
+        ifname: owner.ifname.clone(),
+    }
+}
+
+impl EniManager {
+    pub fn new(
+        provider: Arc<dyn EniProvider>,
+        plumbing: Arc<dyn Plumbing>,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Self {
+        EniManager {
+            provider,
+            plumbing,
+            checkpoint,
+            locks: KeyLocks::default(),
+        }
+    }
+
+    pub fn provider(&self) -> &Arc<dyn EniProvider> {
+        &self.provider
+    }
+
+    pub fn plumbing(&self) -> &Arc<dyn Plumbing> {
+        &self.plumbing
+    }
+
+    pub fn checkpoint(&self) -> &Arc<Checkpoint> {
+        &self.checkpoint
+    }
+
+    /// Gives `owner` an ENI of its own in the netns at `netns`. Idempotent:
+    /// a repeated ADD of a ready attachment returns the recorded result.
+    pub async fn add(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+    ) -> Result<AttachmentResult, ManagerError> {
+        validate_owner(owner)?;
+        validate_ifname(&owner.ifname).map_err(ManagerError::InvalidRequest)?;
+        let key = key_of(owner);
+        let _guard = self.locks.lock(&key).await;
+
+        if let Some(existing) = self.checkpoint.get(&key).await {
+            if existing.phase == Phase::Ready && existing.netns == netns {
+                return Ok(existing.result());
+            }
+            // An interrupted attempt, or the same attachment aimed at another
+            // netns: undo the old one fully before starting over.
+            tracing::info!(%key, phase = ?existing.phase, "undoing previous attempt before ADD");
+            self.teardown(existing).await?;
+        }
+
+        self.plumbing
+            .check_netns(netns)
+            .await
+            .map_err(ManagerError::Netns)?;
+        let eni = self.provider.allocate_next(owner).await?;
+        let mut progress = AddProgress {
+            host: None,
+            recorded: false,
+            moved: false,
+        };
+        match self.attach(owner, &key, netns, &eni, &mut progress).await {
+            Ok(result) => Ok(result),
+            Err(err) => {
+                tracing::warn!(%key, eni = %eni.id, error = %err, "ADD failed; rolling back");
+                match self.undo_add(owner, &key, netns, &eni, &progress).await {
+                    Ok(()) => Err(err),
+                    Err(undo) => Err(ManagerError::RollbackFailed {
+                        original: Box::new(err),
+                        undo: Box::new(undo),
+                    }),
+                }
+            }
+        }
+    }
+
+    async fn attach(
+        &self,
+        owner: &EniOwner,
+        key: &AttachmentKey,
+        netns: &Path,
+        eni: &Eni,
+        progress: &mut AddProgress,
+    ) -> Result<AttachmentResult, ManagerError> {
+        let host = self
+            .plumbing
+            .host_link(eni.mac)
+            .await
+            .map_err(ManagerError::plumbing("find ENI in host"))?
+            .ok_or_else(|| ManagerError::DeviceMissing {
+                eni_id: eni.id.clone(),
+                mac: eni.mac.to_string(),
+            })?;
+        progress.host = Some(host.clone());
+        let now = now_ms();
+        let mut record = Attachment {
+            key: key.clone(),
+            pod: owner.pod.clone(),
+            eni_id: eni.id.clone(),
+            mac: eni.mac,
+            host_name: host.name.clone(),
+            host_mtu: host.mtu,
+            netns: netns.to_path_buf(),
+            mtu: eni.mtu.unwrap_or(host.mtu),
+            ipv4: eni.ipv4,
+            gateway4: eni.gateway4,
+            ipv6: eni.ipv6,
+            gateway6: eni.gateway6,
+            phase: Phase::Adding,
+            created_ms: now,
+            updated_ms: now,
+        };
+        self.checkpoint.put(record.clone()).await?;
+        progress.recorded = true;
+
+        progress.moved = true; // a failed move may still have moved: undo checks
+        self.plumbing
+            .move_to_pod(eni.mac, netns, &owner.ifname)
+            .await
+            .map_err(|e| match e {
+                PlumbingError::NameTaken { ifname, netns } => {
+                    ManagerError::IfnameConflict { ifname, netns }
+                }
+                e if e.is_netns_gone() => ManagerError::Netns(e),
+                e => ManagerError::Plumbing {
+                    step: "move ENI into pod",
+                    source: e,
+                },
+            })?;
+        let config = PodLinkConfig {
+            ifname: owner.ifname.clone(),
+            mtu: record.mtu,
+            ipv4: eni.ipv4,
+            gateway4: eni.gateway4,
+            ipv6: eni.ipv6,
+            gateway6: eni.gateway6,
+        };
+        self.plumbing
+            .configure_pod_link(netns, eni.mac, &config)
+            .await
+            .map_err(ManagerError::plumbing("configure ENI in pod"))?;
+
+        record.phase = Phase::Ready;
+        record.updated_ms = now_ms();
+        self.checkpoint.put(record.clone()).await?;
+        tracing::info!(%key, eni = %eni.id, pod = %owner.pod, "ENI attached");
+        Ok(record.result())
+    }
+
+    async fn undo_add(
+        &self,
+        owner: &EniOwner,
+        key: &AttachmentKey,
+        netns: &Path,
+        eni: &Eni,
+        progress: &AddProgress,
+    ) -> Result<(), ManagerError> {
+        if let Some(host) = &progress.host {
+            if progress.moved {
+                match self
+                    .plumbing
+                    .move_to_host(netns, eni.mac, &host.name, host.mtu)
+                    .await
+                {
+                    Ok(_) => {}
+                    // The netns vanished: the kernel handles the device.
+                    Err(e) if e.is_netns_gone() => {}
+                    Err(e) => return Err(ManagerError::plumbing("return ENI to host")(e)),
+                }
+            }
+            self.plumbing
+                .restore_host_link(eni.mac, &host.name, host.mtu)
+                .await
+                .map_err(ManagerError::plumbing("restore host name and MTU"))?;
+        }
+        self.provider.release(owner).await?;
+        if progress.recorded {
+            self.checkpoint.remove(key).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes the ENI back from the attachment. Succeeds when the record,
+    /// the netns or the device is already gone, and never touches an ENI
+    /// that now belongs to another container.
+    pub async fn del(&self, owner: &EniOwner) -> Result<(), ManagerError> {
+        validate_owner(owner)?;
+        let key = key_of(owner);
+        let _guard = self.locks.lock(&key).await;
+        match self.checkpoint.get(&key).await {
+            Some(record) => self.teardown(record).await,
+            None => {
+                // No record: at most a crash between allocation and the
+                // intent write left an assignment. Releasing by owner frees
+                // only what this very attachment holds.
+                self.provider.release(owner).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves the ENI home, restores its host name and MTU, releases it and
+    /// drops the record, in that order. Used by DEL, GC and recovery.
+    pub(crate) async fn teardown(&self, mut record: Attachment) -> Result<(), ManagerError> {
+        let owner = record.owner();
+        let holder = self
+            .provider
+            .list()
+            .await?
+            .into_iter()
+            .find(|e| e.id == record.eni_id)
+            .and_then(|e| e.owner);
+        if let Some(holder) = holder.filter(|h| !h.same_attachment(&owner)) {
+            // Our record is stale: the ENI was handed to someone else since.
+            tracing::warn!(key = %record.key, eni = %record.eni_id, %holder, "ENI belongs to another attachment; dropping only the stale record");
+            self.checkpoint.remove(&record.key).await?;
+            return Ok(());
+        }
+        if record.phase != Phase::Deleting {
+            record.phase = Phase::Deleting;
+            record.updated_ms = now_ms();
+            self.checkpoint.put(record.clone()).await?;
+        }
+        match self
+            .plumbing
+            .move_to_host(
+                &record.netns,
+                record.mac,
+                &record.host_name,
+                record.host_mtu,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.is_netns_gone() => {
+                tracing::info!(key = %record.key, netns = %record.netns.display(), "netns already gone");
+            }
+            Err(e) => return Err(ManagerError::plumbing("return ENI to host")(e)),
+        }
+        let found = self
+            .plumbing
+            .restore_host_link(record.mac, &record.host_name, record.host_mtu)
+            .await
+            .map_err(ManagerError::plumbing("restore host name and MTU"))?;
+        if !found {
+            tracing::warn!(key = %record.key, eni = %record.eni_id, mac = %record.mac, "ENI device is nowhere in the host; releasing the record");
+        }
+        self.provider.release(&owner).await?;
+        self.checkpoint.remove(&record.key).await?;
+        tracing::info!(key = %record.key, eni = %record.eni_id, "ENI released");
+        Ok(())
+    }
+
+    /// Verifies that the recorded attachment is what the kernel has: the
+    /// device in the netns under the ifname, with the MTU, addresses and
+    /// default routes of the result.
+    pub async fn check(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+    ) -> Result<AttachmentResult, ManagerError> {
+        validate_owner(owner)?;
+        let key = key_of(owner);
+        let _guard = self.locks.lock(&key).await;
+        let record = self
+            .checkpoint
+            .get(&key)
+            .await
+            .ok_or_else(|| ManagerError::UnknownAttachment(key.clone()))?;
+        let fail = |why: String| ManagerError::CheckFailed {
+            key: key.clone(),
+            why,
+        };
+        if record.phase != Phase::Ready {
+            return Err(fail(format!("attachment is in phase {:?}", record.phase)));
+        }
+        if record.netns != netns {
+            return Err(fail(format!(
+                "recorded netns is {}, not {}",
+                record.netns.display(),
+                netns.display()
+            )));
+        }
+        let state = self
+            .plumbing
+            .pod_link(netns, record.mac)
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .ok_or_else(|| fail(format!("no device with MAC {} in the netns", record.mac)))?;
+        if state.link.name != key.ifname {
+            return Err(fail(format!(
+                "device is named {:?}, not {:?}",
+                state.link.name, key.ifname
+            )));
+        }
+        if state.link.mtu != record.mtu {
+            return Err(fail(format!(
+                "MTU is {}, not {}",
+                state.link.mtu, record.mtu
+            )));
+        }
+        if !state.link.up {
+            return Err(fail("device is down".into()));
+        }
+        let result = record.result();
+        for ip in &result.ips {
+            if !state.addrs.contains(&ip.address) {
+                return Err(fail(format!("address {} is missing", ip.address)));
+            }
+        }
+        for route in &result.routes {
+            if let Some(gw) = route.gw {
+                if !state.default_gateways.contains(&gw) {
+                    return Err(fail(format!("default route via {gw} is missing")));
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    pub async fn attachments(&self) -> Vec<Attachment> {
+        self.checkpoint.list().await
+    }
+
+    /// Re-establishes provider ownership from the checkpoint and finishes
+    /// or undoes attachments a crash left in an intent phase. Run before
+    /// serving any ADD.
+    pub async fn recover(&self) -> Result<RecoveryReport, ManagerError> {
+        let records = self.checkpoint.list().await;
+        let assignments: Vec<(String, EniOwner)> = records
+            .iter()
+            .map(|r| (r.eni_id.clone(), r.owner()))
+            .collect();
+        self.provider.restore(&assignments).await?;
+        let mut report = RecoveryReport::default();
+        for record in records {
+            let _guard = self.locks.lock(&record.key).await;
+            match record.phase {
+                Phase::Ready => report.ready += 1,
+                Phase::Adding if self.configured_as_recorded(&record).await => {
+                    // The crash hit after the device was fully set up: finish.
+                    let mut done = record.clone();
+                    done.phase = Phase::Ready;
+                    done.updated_ms = now_ms();
+                    self.checkpoint.put(done).await?;
+                    report.finished += 1;
+                }
+                Phase::Adding | Phase::Deleting => {
+                    self.teardown(record).await?;
+                    report.rolled_back += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn configured_as_recorded(&self, record: &Attachment) -> bool {
+        let Ok(Some(state)) = self.plumbing.pod_link(&record.netns, record.mac).await else {
+            return false;
+        };
+        let result = record.result();
+        state.link.name == record.key.ifname
+            && state.link.up
+            && state.link.mtu == record.mtu
+            && result
+                .ips
+                .iter()
+                .all(|ip| state.addrs.contains(&ip.address))
+            && result
+                .routes
+                .iter()
+                .filter_map(|r| r.gw)
+                .all(|gw: IpAddr| state.default_gateways.contains(&gw))
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RecoveryReport {
+    pub ready: usize,
+    pub finished: usize,
+    pub rolled_back: usize,
+}
+
+fn validate_owner(owner: &EniOwner) -> Result<(), ManagerError> {
+    if owner.network.is_empty() {
+        return Err(ManagerError::InvalidRequest("network name is empty".into()));
+    }
+    if owner.container_id.is_empty() {
+        return Err(ManagerError::InvalidRequest("container id is empty".into()));
+    }
+    if owner.ifname.is_empty() {
+        return Err(ManagerError::InvalidRequest(
+            "interface name is empty".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! Netlink plumbing: everything enim does to devices, addresses and routes.
+//!
+//! The manager speaks to the kernel only through the [`Plumbing`] trait, so
+//! its logic can be unit-tested over a fake with injected faults, while
+//! [`rtnl::RtnlPlumbing`] does the real work over rtnetlink and is tested
+//! against the kernel in throwaway namespaces.
+
+pub mod netns;
+pub mod rtnl;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use enim_provider::MacAddr;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+pub use netns::Netns;
+
+/// A device as seen in one namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkInfo {
+    pub index: u32,
+    pub name: String,
+    pub mac: MacAddr,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+/// What a pod interface gets on ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLinkConfig {
+    pub ifname: String,
+    pub mtu: u32,
+    pub ipv4: Ipv4Net,
+    pub gateway4: Ipv4Addr,
+    pub ipv6: Option<Ipv6Net>,
+    pub gateway6: Option<Ipv6Addr>,
+}
+
+/// What a pod interface has now (for CHECK and reconcile).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodLinkState {
+    pub link: LinkInfo,
+    pub addrs: Vec<IpNet>,
+    /// Gateways of the default routes (IPv4 and IPv6) through this link.
+    pub default_gateways: Vec<IpAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlumbingError {
+    #[error("network namespace {0} does not exist")]
+    NetnsNotFound(PathBuf),
+    #[error("{path} is not a network namespace: {why}")]
+    NotANetns { path: PathBuf, why: String },
+    #[error("entering network namespace {path}: {source}")]
+    Setns { path: PathBuf, source: io::Error },
+    #[error("an interface named {ifname:?} already exists in {netns}")]
+    NameTaken { ifname: String, netns: PathBuf },
+    #[error("no device with MAC {mac} in {place}")]
+    LinkNotFound { mac: MacAddr, place: String },
+    #[error("netlink {op} failed: {source}")]
+    Netlink {
+        op: &'static str,
+        #[source]
+        source: rtnetlink::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// Only produced by fakes and fault-injection hooks.
+    #[error("injected fault at {0}")]
+    Injected(&'static str),
+}
+
+impl PlumbingError {
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(io::Error) -> PlumbingError {
+        move |source| PlumbingError::Io { what, source }
+    }
+
+    /// The netlink errno, when the kernel refused a request.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            PlumbingError::Netlink {
+                source: rtnetlink::Error::NetlinkError(msg),
+                ..
+            } => msg.code.map(|c| -c.get()),
+            _ => None,
+        }
+    }
+
+    /// The netns is gone or unusable: DEL and GC treat it as gone.
+    pub fn is_netns_gone(&self) -> bool {
+        matches!(
+            self,
+            PlumbingError::NetnsNotFound(_) | PlumbingError::NotANetns { .. }
+        )
+    }
+}
+
+/// The kernel operations the manager needs. Every device is addressed by
+/// MAC and looked up again after each move, because a move may change its
+/// ifindex.
+#[async_trait]
+pub trait Plumbing: Send + Sync {
+    /// Checks that `path` is a network namespace the agent can enter.
+    async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError>;
+
+    /// The device with `mac` in the host namespace, under any name.
+    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError>;
+
+    /// Every device in the host namespace.
+    async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError>;
+
+    /// Moves the host device `mac` into the netns at `netns`, renamed to
+    /// `ifname` in the same message. Fails with [`PlumbingError::NameTaken`]
+    /// (leaving the device in the host) when `ifname` exists there.
+    async fn move_to_pod(
+        &self,
+        mac: MacAddr,
+        netns: &Path,
+        ifname: &str,
+    ) -> Result<(), PlumbingError>;
+
+    /// Configures the moved device inside the pod: MTU, addresses (IPv6
+    /// with NODAD), link up, default routes via the gateways.
+    async fn configure_pod_link(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+        config: &PodLinkConfig,
+    ) -> Result<LinkInfo, PlumbingError>;
+
+    /// The device `mac` inside the pod netns, with its addresses and default
+    /// routes; `None` when it is not there.
+    async fn pod_link(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+    ) -> Result<Option<PodLinkState>, PlumbingError>;
+
+    /// The reverse of ADD inside the pod: link down, host MTU, addresses
+    /// flushed, then moved to the host and renamed to `host_name` in one
+    /// message. Returns false when the device is not in that netns.
+    async fn move_to_host(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+        host_name: &str,
+        host_mtu: u32,
+    ) -> Result<bool, PlumbingError>;
+
+    /// Brings a device that is in the host namespace back to its host name
+    /// and MTU, whatever name it has now (`dev<N>` after a netns died).
+    /// Returns false when no such device is in the host.
+    async fn restore_host_link(
+        &self,
+        mac: MacAddr,
+        host_name: &str,
+        host_mtu: u32,
+    ) -> Result<bool, PlumbingError>;
+}
+
+/// Checks a CNI interface name as the kernel would: 1 to 15 bytes, not `.`
+/// or `..`, and no `/`, `:`, whitespace or NUL.
+pub fn validate_ifname(name: &str) -> Result<(), String> {
+    const IFNAMSIZ: usize = 16;
+    if name.is_empty() {
+        return Err("interface name is empty".into());
+    }
+    if name.len() >= IFNAMSIZ {
+        return Err(format!(
+            "interface name {name:?} is {} bytes; the kernel allows at most {}",
+            name.len(),
+            IFNAMSIZ - 1
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("interface name {name:?} is not allowed"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| *c == '/' || *c == ':' || *c == '\0' || c.is_whitespace())
+    {
+        return Err(format!("interface name {name:?} contains {c:?}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate_ifname;
+
+    #[test]
+    fn ifname_rules() {
+        for ok in ["eth0", "net1", "a", "x234567890abcde"] {
+            assert!(validate_ifname(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "x234567890abcdef",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\tb",
+            "a\0",
+        ] {
+            assert!(validate_ifname(bad).is_err(), "{bad:?}");
+        }
+    }
+}
