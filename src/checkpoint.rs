@@ -144,11 +144,12 @@ impl Checkpoint {
         Ok(Some(previous))
     }
 
-    /// Makes the next `n` writes fail, for rollback tests.
+    /// Makes the `nth` write from now (1 = the next) fail, for rollback
+    /// tests.
     #[cfg(any(test, feature = "fault-injection"))]
-    pub fn fail_next_writes(&self, n: u32) {
+    pub fn fail_nth_write(&self, nth: u32) {
         self.failing_writes
-            .store(n, std::sync::atomic::Ordering::SeqCst);
+            .store(nth, std::sync::atomic::Ordering::SeqCst);
     }
 
     async fn write(
@@ -158,9 +159,11 @@ impl Checkpoint {
         #[cfg(any(test, feature = "fault-injection"))]
         {
             use std::sync::atomic::Ordering;
-            let left = self.failing_writes.load(Ordering::SeqCst);
-            if left > 0 {
-                self.failing_writes.store(left - 1, Ordering::SeqCst);
+            let countdown = self.failing_writes.load(Ordering::SeqCst);
+            if countdown > 0 {
+                self.failing_writes.store(countdown - 1, Ordering::SeqCst);
+            }
+            if countdown == 1 {
                 return Err(CheckpointError::Write {
                     path: self.path.clone(),
                     source: io::Error::other("injected write failure"),
@@ -246,7 +249,7 @@ fn write_atomically(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attachment::{now_ms, Phase};
+    use crate::attachment::Phase;
 
     fn attachment(cid: &str) -> Attachment {
         Attachment {
@@ -267,8 +270,8 @@ mod tests {
             ipv6: None,
             gateway6: None,
             phase: Phase::Ready,
-            created_ms: now_ms(),
-            updated_ms: now_ms(),
+            created_ms: 1_700_000_000_000,
+            updated_ms: 1_700_000_000_000,
         }
     }
 
@@ -320,10 +323,10 @@ mod tests {
         let path = dir.path().join("checkpoint.json");
         let cp = Checkpoint::open(&path, false).unwrap();
         cp.put(attachment("a")).await.unwrap();
-        cp.fail_next_writes(1);
+        cp.fail_nth_write(1);
         assert!(cp.put(attachment("b")).await.is_err());
         assert!(cp.get(&attachment("b").key).await.is_none());
-        cp.fail_next_writes(1);
+        cp.fail_nth_write(1);
         assert!(cp.remove(&attachment("a").key).await.is_err());
         assert!(cp.get(&attachment("a").key).await.is_some());
         assert_eq!(

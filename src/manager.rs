@@ -527,3 +527,230 @@ fn validate_owner(owner: &EniOwner) -> Result<(), ManagerError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::fake::{FakePlumbing, FAULT_STEPS};
+    use enim_provider::MacAddr;
+    use enim_provider_static::{StaticEniConfig, StaticProvider};
+
+    const HOST_MTU: u32 = 1500;
+
+    struct Rig {
+        mgr: EniManager,
+        fake: Arc<FakePlumbing>,
+        provider: Arc<StaticProvider>,
+        _dir: tempfile::TempDir,
+        netns: PathBuf,
+    }
+
+    fn mac(i: u8) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, i])
+    }
+
+    fn rig(n: u8) -> Rig {
+        let enis = (1..=n)
+            .map(|i| StaticEniConfig {
+                id: format!("eni-{i}"),
+                mac: mac(i),
+                ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
+                gateway4: format!("10.0.{i}.1").parse().unwrap(),
+                ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
+                gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
+                mtu: Some(9000),
+            })
+            .collect();
+        let names: Vec<String> = (1..=n).map(|i| format!("eni{i}")).collect();
+        let devs: Vec<(MacAddr, &str, u32)> = (1..=n)
+            .map(|i| (mac(i), names[i as usize - 1].as_str(), HOST_MTU))
+            .collect();
+        let fake = Arc::new(FakePlumbing::with_host_devices(&devs));
+        let netns = PathBuf::from("/run/netns/pod");
+        fake.add_netns(&netns);
+        let provider = Arc::new(StaticProvider::new(enis).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let mgr = EniManager::new(provider.clone(), fake.clone(), cp);
+        Rig {
+            mgr,
+            fake,
+            provider,
+            _dir: dir,
+            netns,
+        }
+    }
+
+    fn owner(cid: &str) -> EniOwner {
+        EniOwner {
+            network: "n".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+            pod: Default::default(),
+        }
+    }
+
+    impl Rig {
+        /// The invariant after a failed ADD: everything as before it.
+        async fn assert_untouched(&self, why: &str) {
+            let dev = self
+                .fake
+                .host_dev(mac(1))
+                .unwrap_or_else(|| panic!("{why}: ENI not in host"));
+            assert_eq!(
+                (dev.link.name.as_str(), dev.link.mtu),
+                ("eni1", HOST_MTU),
+                "{why}"
+            );
+            assert_eq!(
+                self.fake.pod_devs(),
+                0,
+                "{why}: a device is left in the pod"
+            );
+            assert!(
+                self.mgr.attachments().await.is_empty(),
+                "{why}: checkpoint holds an entry"
+            );
+            let enis = self.provider.list().await.unwrap();
+            assert!(
+                enis.iter().all(|e| e.owner.is_none()),
+                "{why}: provider still assigns an ENI"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn every_add_fault_rolls_back_completely() {
+        for step in FAULT_STEPS {
+            let r = rig(1);
+            r.fake.fail_once(step);
+            let err = r.mgr.add(&owner("c"), &r.netns).await.expect_err(step);
+            assert!(
+                !matches!(err, ManagerError::RollbackFailed { .. }),
+                "{step}: {err}"
+            );
+            r.assert_untouched(step).await;
+            // The state is clean enough that the retried ADD succeeds.
+            r.mgr
+                .add(&owner("c"), &r.netns)
+                .await
+                .unwrap_or_else(|e| panic!("{step}: retry: {e}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn checkpoint_write_failures_roll_back() {
+        // Write 1 is the intent (before the move), write 2 the outcome
+        // (after the device is configured in the pod).
+        for nth in [1, 2] {
+            let r = rig(1);
+            r.mgr.checkpoint().fail_nth_write(nth);
+            let err = r
+                .mgr
+                .add(&owner("c"), &r.netns)
+                .await
+                .expect_err("must fail");
+            assert!(matches!(err, ManagerError::Checkpoint(_)), "{err}");
+            r.assert_untouched(&format!("checkpoint write {nth}")).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn provider_exhaustion_touches_nothing() {
+        let r = rig(1);
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        let other = PathBuf::from("/run/netns/other");
+        r.fake.add_netns(&other);
+        let err = r.mgr.add(&owner("b"), &other).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ManagerError::Provider(ProviderError::Exhausted { total: 1 })
+            ),
+            "{err}"
+        );
+        assert!(err.is_transient());
+        assert_eq!(r.mgr.attachments().await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn failed_undo_keeps_record_and_recovery_finishes_it() {
+        let r = rig(1);
+        r.fake.fail_once("configure_pod_link");
+        r.fake.fail_once("move_to_host");
+        let err = r.mgr.add(&owner("c"), &r.netns).await.unwrap_err();
+        assert!(matches!(err, ManagerError::RollbackFailed { .. }), "{err}");
+        let recs = r.mgr.attachments().await;
+        assert_eq!(recs.len(), 1, "the half-done attachment must stay recorded");
+        assert_eq!(recs[0].phase, Phase::Adding);
+        let report = r.mgr.recover().await.unwrap();
+        assert_eq!(report.rolled_back, 1);
+        r.assert_untouched("after recovery").await;
+    }
+
+    #[tokio::test]
+    async fn recovery_finishes_a_fully_configured_adding_record() {
+        let r = rig(1);
+        r.mgr.add(&owner("c"), &r.netns).await.unwrap();
+        // Simulate a crash before the outcome write.
+        let mut rec = r.mgr.attachments().await.remove(0);
+        rec.phase = Phase::Adding;
+        r.mgr.checkpoint().put(rec).await.unwrap();
+        let report = r.mgr.recover().await.unwrap();
+        assert_eq!(report.finished, 1);
+        assert_eq!(r.mgr.attachments().await[0].phase, Phase::Ready);
+        r.mgr.check(&owner("c"), &r.netns).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn del_after_netns_vanished_releases_everything() {
+        let r = rig(1);
+        r.mgr.add(&owner("c"), &r.netns).await.unwrap();
+        // A physical ENI returns to the host as dev<N> when its netns dies.
+        let mut devs = r.fake.remove_netns(&r.netns);
+        let mut dev = devs.remove(0);
+        dev.link.name = "dev7".into();
+        r.fake.world.lock().unwrap().host.push(dev);
+        r.mgr.del(&owner("c")).await.unwrap();
+        let back = r.fake.host_dev(mac(1)).unwrap();
+        assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni1", HOST_MTU));
+        assert!(r.mgr.attachments().await.is_empty());
+        assert!(r.provider.list().await.unwrap()[0].owner.is_none());
+    }
+
+    #[tokio::test]
+    async fn stale_record_never_touches_another_owners_eni() {
+        let r = rig(1);
+        r.mgr.add(&owner("old"), &r.netns).await.unwrap();
+        let stale = r.mgr.attachments().await.remove(0);
+        // The old attachment was released, and the ENI given to a new pod,
+        // but a crash left the old record behind.
+        r.mgr.del(&owner("old")).await.unwrap();
+        r.mgr.add(&owner("new"), &r.netns).await.unwrap();
+        r.mgr.checkpoint().put(stale).await.unwrap();
+        r.mgr.del(&owner("old")).await.unwrap();
+        assert_eq!(r.fake.pod_devs(), 1, "the new owner's ENI was moved");
+        r.mgr.check(&owner("new"), &r.netns).await.unwrap();
+        assert_eq!(r.mgr.attachments().await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn check_reports_drift() {
+        let r = rig(1);
+        r.mgr.add(&owner("c"), &r.netns).await.unwrap();
+        r.mgr.check(&owner("c"), &r.netns).await.unwrap();
+        r.fake
+            .world
+            .lock()
+            .unwrap()
+            .netns
+            .get_mut(&r.netns)
+            .unwrap()[0]
+            .link
+            .mtu = 1400;
+        let err = r.mgr.check(&owner("c"), &r.netns).await.unwrap_err();
+        assert!(err.to_string().contains("MTU is 1400"), "{err}");
+        let err = r.mgr.check(&owner("nobody"), &r.netns).await.unwrap_err();
+        assert!(matches!(err, ManagerError::UnknownAttachment(_)), "{err}");
+    }
+}

@@ -5,6 +5,8 @@
 //! [`rtnl::RtnlPlumbing`] does the real work over rtnetlink and is tested
 //! against the kernel in throwaway namespaces.
 
+#[cfg(test)]
+pub mod fake;
 pub mod netns;
 pub mod rtnl;
 

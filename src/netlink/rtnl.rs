@@ -1,5 +1,6 @@
 //! [`Plumbing`] over rtnetlink, against the real kernel.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -143,6 +144,12 @@ async fn default_gateways(handle: &Handle, index: u32) -> Result<Vec<IpAddr>, Pl
 pub struct RtnlPlumbing {
     host: Netns,
     host_handle: Handle,
+    // The kernel runs one dump at a time per netlink socket (a second gets
+    // EBUSY), and a dump of every link is the slow way to find a MAC. So
+    // MAC -> ifindex is cached and confirmed with a cheap get-by-index; only
+    // a miss dumps, one at a time.
+    host_index: std::sync::Mutex<HashMap<MacAddr, u32>>,
+    host_dump: tokio::sync::Mutex<()>,
 }
 
 impl RtnlPlumbing {
@@ -150,7 +157,30 @@ impl RtnlPlumbing {
     pub async fn new(host_netns: Option<&Path>) -> Result<Self, PlumbingError> {
         let host = Netns::open(host_netns.unwrap_or(Path::new("/proc/self/ns/net")))?;
         let host_handle = handle_in(&host).await?;
-        Ok(RtnlPlumbing { host, host_handle })
+        Ok(RtnlPlumbing {
+            host,
+            host_handle,
+            host_index: Default::default(),
+            host_dump: Default::default(),
+        })
+    }
+
+    async fn host_link_by_index(&self, index: u32) -> Result<Option<LinkInfo>, PlumbingError> {
+        let mut found = self.host_handle.link().get().match_index(index).execute();
+        match found.try_next().await {
+            Ok(msg) => Ok(msg.as_ref().and_then(link_info)),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("link get")(e)),
+        }
+    }
+
+    async fn dump_host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
+        let _one_dump_at_a_time = self.host_dump.lock().await;
+        let all = links(&self.host_handle).await?;
+        let mut index = self.host_index.lock().unwrap_or_else(|p| p.into_inner());
+        index.clear();
+        index.extend(all.iter().map(|l| (l.mac, l.index)));
+        Ok(all)
     }
 
     pub fn host_netns(&self) -> &Netns {
@@ -176,11 +206,28 @@ impl Plumbing for RtnlPlumbing {
     }
 
     async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
-        link_by_mac(&self.host_handle, mac).await
+        let cached = self
+            .host_index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&mac)
+            .copied();
+        if let Some(index) = cached {
+            if let Some(link) = self.host_link_by_index(index).await? {
+                if link.mac == mac {
+                    return Ok(Some(link));
+                }
+            }
+        }
+        Ok(self
+            .dump_host_links()
+            .await?
+            .into_iter()
+            .find(|l| l.mac == mac))
     }
 
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
-        links(&self.host_handle).await
+        self.dump_host_links().await
     }
 
     async fn move_to_pod(
@@ -395,6 +442,10 @@ impl Plumbing for RtnlPlumbing {
         }
         Ok(true)
     }
+}
+
+fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.map(|c| -c.get()) == Some(errno))
 }
 
 fn is_link_local(net: &IpNet) -> bool {

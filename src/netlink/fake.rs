@@ -1,0 +1,290 @@
+//! An in-memory [`Plumbing`] for unit tests of manager logic: a host
+//! namespace and pod namespaces holding devices, and one-shot faults that
+//! can be armed at any step.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use enim_provider::MacAddr;
+use ipnet::IpNet;
+
+use super::{LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeDev {
+    pub link: LinkInfo,
+    pub addrs: Vec<IpNet>,
+    pub gateways: Vec<IpAddr>,
+}
+
+#[derive(Default)]
+pub struct FakeWorld {
+    pub host: Vec<FakeDev>,
+    pub netns: HashMap<PathBuf, Vec<FakeDev>>,
+}
+
+#[derive(Default)]
+pub struct FakePlumbing {
+    pub world: Mutex<FakeWorld>,
+    faults: Mutex<HashSet<&'static str>>,
+    next_index: Mutex<u32>,
+}
+
+/// Steps a fault can be armed at. `configure_pod_link:partial` applies the
+/// MTU and link state before failing, as a real half-done configure would;
+/// `move_to_pod:after` moves the device and then reports failure.
+pub const FAULT_STEPS: &[&str] = &[
+    "check_netns",
+    "host_link",
+    "move_to_pod",
+    "move_to_pod:after",
+    "configure_pod_link",
+    "configure_pod_link:partial",
+];
+
+impl FakePlumbing {
+    pub fn with_host_devices(devs: &[(MacAddr, &str, u32)]) -> Self {
+        let fake = FakePlumbing::default();
+        {
+            let mut w = fake.world.lock().unwrap();
+            for (mac, name, mtu) in devs {
+                let index = fake.index();
+                w.host.push(FakeDev {
+                    link: LinkInfo {
+                        index,
+                        name: name.to_string(),
+                        mac: *mac,
+                        mtu: *mtu,
+                        up: false,
+                    },
+                    addrs: vec![],
+                    gateways: vec![],
+                });
+            }
+        }
+        fake
+    }
+
+    pub fn add_netns(&self, path: &Path) {
+        self.world
+            .lock()
+            .unwrap()
+            .netns
+            .insert(path.to_path_buf(), Vec::new());
+    }
+
+    pub fn remove_netns(&self, path: &Path) -> Vec<FakeDev> {
+        self.world
+            .lock()
+            .unwrap()
+            .netns
+            .remove(path)
+            .unwrap_or_default()
+    }
+
+    pub fn fail_once(&self, step: &'static str) {
+        self.faults.lock().unwrap().insert(step);
+    }
+
+    fn fault(&self, step: &'static str) -> Result<(), PlumbingError> {
+        if self.faults.lock().unwrap().remove(step) {
+            Err(PlumbingError::Injected(step))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn index(&self) -> u32 {
+        let mut i = self.next_index.lock().unwrap();
+        *i += 1;
+        *i
+    }
+
+    pub fn host_dev(&self, mac: MacAddr) -> Option<FakeDev> {
+        self.world
+            .lock()
+            .unwrap()
+            .host
+            .iter()
+            .find(|d| d.link.mac == mac)
+            .cloned()
+    }
+
+    pub fn pod_devs(&self) -> usize {
+        self.world
+            .lock()
+            .unwrap()
+            .netns
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+fn gone(path: &Path) -> PlumbingError {
+    PlumbingError::NetnsNotFound(path.to_path_buf())
+}
+
+#[async_trait]
+impl Plumbing for FakePlumbing {
+    async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError> {
+        self.fault("check_netns")?;
+        if self.world.lock().unwrap().netns.contains_key(path) {
+            Ok(())
+        } else {
+            Err(gone(path))
+        }
+    }
+
+    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
+        self.fault("host_link")?;
+        Ok(self.host_dev(mac).map(|d| d.link))
+    }
+
+    async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
+        Ok(self
+            .world
+            .lock()
+            .unwrap()
+            .host
+            .iter()
+            .map(|d| d.link.clone())
+            .collect())
+    }
+
+    async fn move_to_pod(
+        &self,
+        mac: MacAddr,
+        netns: &Path,
+        ifname: &str,
+    ) -> Result<(), PlumbingError> {
+        self.fault("move_to_pod")?;
+        let index = self.index();
+        {
+            let mut w = self.world.lock().unwrap();
+            let w = &mut *w;
+            let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
+            if pod.iter().any(|d| d.link.name == ifname) {
+                return Err(PlumbingError::NameTaken {
+                    ifname: ifname.into(),
+                    netns: netns.into(),
+                });
+            }
+            let at = w
+                .host
+                .iter()
+                .position(|d| d.link.mac == mac)
+                .ok_or_else(|| PlumbingError::LinkNotFound {
+                    mac,
+                    place: "host".into(),
+                })?;
+            let mut dev = w.host.remove(at);
+            dev.link.name = ifname.into();
+            dev.link.index = index;
+            dev.link.up = false;
+            pod.push(dev);
+        }
+        self.fault("move_to_pod:after")
+    }
+
+    async fn configure_pod_link(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+        config: &PodLinkConfig,
+    ) -> Result<LinkInfo, PlumbingError> {
+        self.fault("configure_pod_link")?;
+        let mut w = self.world.lock().unwrap();
+        let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
+        let dev = pod.iter_mut().find(|d| d.link.mac == mac).ok_or_else(|| {
+            PlumbingError::LinkNotFound {
+                mac,
+                place: netns.display().to_string(),
+            }
+        })?;
+        dev.link.mtu = config.mtu;
+        dev.link.up = true;
+        if self
+            .faults
+            .lock()
+            .unwrap()
+            .remove("configure_pod_link:partial")
+        {
+            return Err(PlumbingError::Injected("configure_pod_link:partial"));
+        }
+        dev.addrs.push(IpNet::V4(config.ipv4));
+        dev.gateways.push(IpAddr::V4(config.gateway4));
+        if let Some(v6) = config.ipv6 {
+            dev.addrs.push(IpNet::V6(v6));
+        }
+        if let Some(gw6) = config.gateway6 {
+            dev.gateways.push(IpAddr::V6(gw6));
+        }
+        Ok(dev.link.clone())
+    }
+
+    async fn pod_link(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+    ) -> Result<Option<PodLinkState>, PlumbingError> {
+        let w = self.world.lock().unwrap();
+        let pod = w.netns.get(netns).ok_or_else(|| gone(netns))?;
+        Ok(pod
+            .iter()
+            .find(|d| d.link.mac == mac)
+            .map(|d| PodLinkState {
+                link: d.link.clone(),
+                addrs: d.addrs.clone(),
+                default_gateways: d.gateways.clone(),
+            }))
+    }
+
+    async fn move_to_host(
+        &self,
+        netns: &Path,
+        mac: MacAddr,
+        host_name: &str,
+        host_mtu: u32,
+    ) -> Result<bool, PlumbingError> {
+        self.fault("move_to_host")?;
+        let index = self.index();
+        let mut w = self.world.lock().unwrap();
+        let w = &mut *w;
+        let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
+        let Some(at) = pod.iter().position(|d| d.link.mac == mac) else {
+            return Ok(false);
+        };
+        let mut dev = pod.remove(at);
+        dev.link = LinkInfo {
+            index,
+            name: host_name.into(),
+            mac,
+            mtu: host_mtu,
+            up: false,
+        };
+        dev.addrs.clear();
+        dev.gateways.clear();
+        w.host.push(dev);
+        Ok(true)
+    }
+
+    async fn restore_host_link(
+        &self,
+        mac: MacAddr,
+        host_name: &str,
+        host_mtu: u32,
+    ) -> Result<bool, PlumbingError> {
+        self.fault("restore_host_link")?;
+        let mut w = self.world.lock().unwrap();
+        let Some(dev) = w.host.iter_mut().find(|d| d.link.mac == mac) else {
+            return Ok(false);
+        };
+        dev.link.name = host_name.into();
+        dev.link.mtu = host_mtu;
+        Ok(true)
+    }
+}

@@ -1,0 +1,358 @@
+//! Primary-ENI mode against the real kernel: veth ENIs in a sandbox host
+//! namespace, pods in their own namespaces, a gateway namespace to ping.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use common::*;
+use enim::manager::ManagerError;
+use enim_provider::{EniProvider, ProviderError};
+
+macro_rules! require_kernel {
+    () => {
+        if !kernel_tests_enabled() {
+            return;
+        }
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_configures_pod_and_del_returns_eni_home() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let o = owner("c1", "eth0");
+
+    let result = mgr.add(&o, &pod.path()).await.expect("ADD");
+    assert_eq!(result.interface.name, "eth0");
+    assert_eq!(result.interface.mtu, POD_MTU);
+    assert_eq!(result.eni_id, "eni-0000");
+
+    // The device is in the pod under ifname, with MTU, addresses, routes.
+    let link = pod.link("eth0").expect("eth0 in pod");
+    assert_eq!(link["address"], sb.enis[0].mac.to_string());
+    assert_eq!(link["mtu"], POD_MTU);
+    assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"));
+    assert!(
+        sb.host.link_by_mac(sb.enis[0].mac).is_none(),
+        "ENI still in host"
+    );
+    let addrs = pod.addrs("eth0");
+    assert!(addrs.contains(&"10.77.0.10/24".to_string()), "{addrs:?}");
+    assert!(
+        addrs.contains(&"fd00:e1:0::10/64".replace("0::", ":")),
+        "{addrs:?}"
+    );
+    let v6: serde_json::Value =
+        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
+    let global = v6[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["local"] == "fd00:e1::10")
+        .expect("global IPv6 address");
+    assert_eq!(
+        global["nodad"], true,
+        "IPv6 address must be added with NODAD: {global}"
+    );
+    assert!(
+        global.get("tentative").is_none(),
+        "IPv6 address is tentative: {global}"
+    );
+    let routes4 = pod.ip(&["route", "show", "default"]);
+    assert!(routes4.contains("via 10.77.0.1 dev eth0"), "{routes4}");
+    let routes6 = pod.ip(&["-6", "route", "show", "default"]);
+    assert!(
+        routes6.contains("via fd00:e1:0::1 dev eth0".replace("0::", ":").as_str()),
+        "{routes6}"
+    );
+    assert!(
+        pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]),
+        "gateway does not answer IPv4 ping"
+    );
+    assert!(
+        pod.exec_ok(&["ping", "-6", "-c", "1", "-W", "2", "fd00:e1::1"]),
+        "gateway does not answer IPv6 ping"
+    );
+
+    // The checkpoint says Ready, and the provider says it is ours.
+    let recs = mgr.attachments().await;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].phase, enim::attachment::Phase::Ready);
+    assert_eq!(recs[0].host_name, "eni0");
+    let listed = provider.list().await.unwrap();
+    assert_eq!(listed[0].owner.as_ref().unwrap().container_id, "c1");
+
+    // CHECK passes against the kernel.
+    mgr.check(&o, &pod.path()).await.expect("CHECK");
+
+    mgr.del(&o).await.expect("DEL");
+    sb.assert_home(0);
+    assert!(pod.link("eth0").is_none());
+    assert!(mgr.attachments().await.is_empty());
+    assert!(provider.list().await.unwrap()[0].owner.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_add_and_del_are_idempotent() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let o = owner("c1", "eth0");
+    let first = mgr.add(&o, &pod.path()).await.unwrap();
+    let second = mgr.add(&o, &pod.path()).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(mgr.attachments().await.len(), 1);
+    let held = provider
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.owner.is_some())
+        .count();
+    assert_eq!(held, 1, "a repeated ADD must not take a second ENI");
+    mgr.del(&o).await.unwrap();
+    mgr.del(&o).await.expect("second DEL succeeds");
+    sb.assert_home(0);
+    sb.assert_home(1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_del_leaves_new_owner_alone() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let old = owner("old", "eth0");
+    let new = owner("new", "eth0");
+    mgr.add(&old, &pod.path()).await.unwrap();
+    mgr.del(&old).await.unwrap();
+    let r = mgr.add(&new, &pod.path()).await.unwrap();
+    assert_eq!(r.eni_id, "eni-0000", "the single ENI is reused");
+    // The runtime retries the old DEL late.
+    mgr.del(&old).await.expect("stale DEL succeeds");
+    assert!(
+        pod.link("eth0").is_some(),
+        "stale DEL moved the new owner's ENI"
+    );
+    assert_eq!(
+        provider.list().await.unwrap()[0]
+            .owner
+            .as_ref()
+            .unwrap()
+            .container_id,
+        "new"
+    );
+    mgr.check(&new, &pod.path())
+        .await
+        .expect("new owner's attachment intact");
+    mgr.del(&new).await.unwrap();
+    sb.assert_home(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_pods_then_exhaustion() {
+    require_kernel!();
+    let sb = Sandbox::new(16);
+    let pods: Vec<NamedNetns> = (0..17).map(|_| NamedNetns::new("pod")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let mut tasks = Vec::new();
+    for (i, pod) in pods.iter().take(16).enumerate() {
+        let mgr = mgr.clone();
+        let path = pod.path();
+        tasks.push(tokio::spawn(async move {
+            mgr.add(&owner(&format!("c{i}"), "eth0"), &path).await
+        }));
+    }
+    let mut enis = HashSet::new();
+    for t in tasks {
+        let r = t.await.unwrap().expect("ADD");
+        assert!(
+            enis.insert(r.eni_id.clone()),
+            "ENI {} handed out twice",
+            r.eni_id
+        );
+    }
+    assert_eq!(enis.len(), 16);
+    for pod in pods.iter().take(16) {
+        assert!(pod.link("eth0").is_some());
+    }
+    let err = mgr
+        .add(&owner("c16", "eth0"), &pods[16].path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ManagerError::Provider(ProviderError::Exhausted { total: 16 })
+        ),
+        "{err}"
+    );
+    assert_eq!(mgr.attachments().await.len(), 16);
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let mgr = mgr.clone();
+        tasks.push(tokio::spawn(async move {
+            mgr.del(&owner(&format!("c{i}"), "eth0")).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("DEL");
+    }
+    for i in 0..16 {
+        sb.assert_home(i);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let file = dir.path().join("not-a-netns");
+    std::fs::write(&file, "x").unwrap();
+    let missing = dir.path().join("missing");
+    for path in [&file, &missing, &dir.path().to_path_buf()] {
+        let err = mgr.add(&owner("c1", "eth0"), path).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ManagerError::Netns(_)), "{msg}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        sb.assert_home(0);
+        assert!(mgr.attachments().await.is_empty());
+        assert!(provider.list().await.unwrap()[0].owner.is_none());
+    }
+    // A mount namespace file is a namespace, but not a network one.
+    let err = mgr
+        .add(
+            &owner("c1", "eth0"),
+            std::path::Path::new("/proc/self/ns/mnt"),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another kind"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_ifname_is_rejected_before_anything_moves() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    for bad in ["this-name-is-too-long", "a/b", "a b", ".."] {
+        let err = mgr.add(&owner("c1", bad), &pod.path()).await.unwrap_err();
+        assert!(
+            matches!(err, ManagerError::InvalidRequest(_)),
+            "{bad}: {err}"
+        );
+        assert!(err.to_string().contains("interface name"), "{err}");
+    }
+    sb.assert_home(0);
+    assert!(provider.list().await.unwrap()[0].owner.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let err = mgr
+        .add(&owner("c1", "eth0"), &pod.path())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
+    assert!(err.to_string().contains("eth0"), "{err}");
+    sb.assert_home(0);
+    assert!(mgr.attachments().await.is_empty());
+    assert!(provider.list().await.unwrap()[0].owner.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_succeeds_after_netns_is_gone() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let o = owner("c1", "eth0");
+    mgr.add(&o, &pod.path()).await.unwrap();
+    drop(pod); // a veth ENI dies with its namespace
+    mgr.del(&o).await.expect("DEL after netns is gone");
+    assert!(mgr.attachments().await.is_empty());
+    assert!(provider.list().await.unwrap()[0].owner.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_restores_ownership_from_checkpoint() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let cp = dir.path().join("cp.json");
+    let o = owner("c1", "eth0");
+    {
+        let (mgr, _) = sb.manager(&cp).await;
+        mgr.add(&o, &pod.path()).await.unwrap();
+    }
+    let (mgr, provider) = sb.manager(&cp).await;
+    let report = mgr.recover().await.unwrap();
+    assert_eq!(report.ready, 1);
+    // The restored provider does not hand the held ENI to someone else.
+    let other = NamedNetns::new("pod");
+    let r = mgr.add(&owner("c2", "eth0"), &other.path()).await.unwrap();
+    assert_eq!(r.eni_id, "eni-0001");
+    assert_eq!(
+        provider.list().await.unwrap()[0]
+            .owner
+            .as_ref()
+            .unwrap()
+            .container_id,
+        "c1"
+    );
+    mgr.del(&o).await.unwrap();
+    mgr.del(&owner("c2", "eth0")).await.unwrap();
+    sb.assert_home(0);
+    sb.assert_home(1);
+}
+
+/// Median in-process ADD and DEL times over 20 cycles, printed for the
+/// record (run with --nocapture). Asserts only correctness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_add_del_timing() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..20 {
+        let o = owner(&format!("t{i}"), "eth0");
+        let t = Instant::now();
+        mgr.add(&o, &pod.path()).await.unwrap();
+        adds.push(t.elapsed());
+        let t = Instant::now();
+        mgr.del(&o).await.unwrap();
+        dels.push(t.elapsed());
+    }
+    adds.sort();
+    dels.sort();
+    eprintln!(
+        "in-process median of 20: ADD {:?}, DEL {:?}",
+        adds[10], dels[10]
+    );
+    sb.assert_home(0);
+}
