@@ -7,6 +7,7 @@
 //!
 //! Providers (where ENIs come from) live in the `provider/` crates.
 
+pub mod api;
 pub mod attachment;
 pub mod checkpoint;
 pub mod manager;

@@ -1,0 +1,173 @@
+//! The agent's HTTP/JSON API on its unix socket: routes, request and
+//! response bodies, and error codes. Shared by `enimd` (server), the `enim`
+//! CNI plugin and `enimctl` (clients), so the two sides cannot drift.
+//!
+//! Every error body is an [`ApiError`] whose `code` is already a CNI error
+//! code, so the plugin can pass it through unchanged.
+
+use std::path::PathBuf;
+
+use enim_provider::{Eni, EniOwner, PodRef};
+use serde::{Deserialize, Serialize};
+
+use crate::attachment::Attachment;
+
+pub const DEFAULT_SOCKET: &str = "/run/enim/enimd.sock";
+
+pub const ROUTE_ADD: &str = "/v1/attachments/add";
+pub const ROUTE_DEL: &str = "/v1/attachments/del";
+pub const ROUTE_CHECK: &str = "/v1/attachments/check";
+pub const ROUTE_GC: &str = "/v1/gc";
+pub const ROUTE_ENIS: &str = "/v1/enis";
+pub const ROUTE_ATTACHMENTS: &str = "/v1/attachments";
+pub const ROUTE_STATUS: &str = "/v1/status";
+
+/// CNI error codes (spec 1.1.0) and enim's own (100 and up).
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENV: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE_FAILURE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    pub const NOT_AVAILABLE: u32 = 50;
+    pub const LIMITED_CONNECTIVITY: u32 = 51;
+    /// The pod netns already has an interface with the requested name.
+    pub const IFNAME_CONFLICT: u32 = 100;
+    /// The provider handed out an ENI whose device is not on this node.
+    pub const DEVICE_MISSING: u32 = 101;
+    /// A kernel (netlink) operation failed.
+    pub const KERNEL: u32 = 102;
+    /// CHECK found the pod interface differs from the recorded result.
+    pub const CHECK_MISMATCH: u32 = 103;
+    /// The caller is not allowed to use the agent.
+    pub const FORBIDDEN: u32 = 104;
+    /// The provider refused for a permanent reason.
+    pub const PROVIDER: u32 = 105;
+    /// Anything else inside the agent.
+    pub const INTERNAL: u32 = 199;
+}
+
+/// Body of ADD, DEL and CHECK: the attachment key, the netns and the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRequest {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    /// May be empty on DEL (the runtime may no longer know it).
+    #[serde(default)]
+    pub netns: PathBuf,
+    #[serde(default)]
+    pub pod: PodRef,
+}
+
+impl AttachmentRequest {
+    pub fn owner(&self) -> EniOwner {
+        EniOwner {
+            network: self.network.clone(),
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+            pod: self.pod.clone(),
+        }
+    }
+}
+
+/// One `{containerID, ifname}` of CNI GC's `cni.dev/valid-attachments`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcRequest {
+    /// Limit the pass to one network; `None` covers all.
+    #[serde(default)]
+    pub network: Option<String>,
+    /// CNI GC: attachments of `network` not in this list are dead.
+    /// `None` (periodic GC, enimctl) judges liveness by the netns alone.
+    #[serde(default)]
+    pub valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Attachments collected (ENI back home and released).
+    pub collected: Vec<String>,
+    /// Attachments left alone because they are younger than the grace period.
+    pub too_young: usize,
+    /// ENIs the provider held with no record, released.
+    pub orphans_released: Vec<String>,
+    /// Free ENIs whose host name or MTU was put right.
+    pub normalised: Vec<String>,
+    /// What could not be done this pass (retried next pass).
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EniState {
+    Free,
+    InUse,
+    Excluded,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EniStatus {
+    #[serde(flatten)]
+    pub eni: Eni,
+    pub state: EniState,
+    /// The device's current name in the host, when it is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_device: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentList {
+    pub attachments: Vec<Attachment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EniList {
+    pub enis: Vec<EniStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    /// True once startup recovery finished; ADDs wait until then.
+    pub ready: bool,
+    pub provider: String,
+    pub enis_total: usize,
+    pub enis_free: usize,
+    pub attachments: usize,
+    pub uptime_secs: u64,
+}
+
+/// Error body of every non-2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{msg}")]
+pub struct ApiError {
+    pub code: u32,
+    pub msg: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub details: String,
+}
+
+impl ApiError {
+    pub fn new(code: u32, msg: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+}
