@@ -6,15 +6,17 @@
 //! only once the device is home. Whatever fails, ADD undoes every step it
 //! took; whatever dies, the record says what to finish or undo.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
+use crate::api::{GcReport, GcRequest};
 use crate::attachment::{now_ms, Attachment, AttachmentKey, AttachmentResult, Phase};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
@@ -503,6 +505,114 @@ impl EniManager {
                 .iter()
                 .filter_map(|r| r.gw)
                 .all(|gw: IpAddr| state.default_gateways.contains(&gw))
+    }
+}
+
+impl EniManager {
+    /// One GC pass (periodic loop, `enimctl gc` and CNI GC share it).
+    ///
+    /// An attachment is dead when its netns is gone or is not a network
+    /// namespace, or when a CNI GC list for its network omits it.
+    /// Attachments younger than `grace` are never collected: the view of
+    /// what is alive may lag behind a pod that is just starting.
+    pub async fn gc(&self, request: &GcRequest, grace: Duration) -> GcReport {
+        let mut report = GcReport::default();
+        let now = now_ms();
+        let grace_ms = grace.as_millis() as u64;
+        let valid: Option<HashSet<(&str, &str)>> = request.valid_attachments.as_ref().map(|v| {
+            v.iter()
+                .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+                .collect()
+        });
+
+        for record in self.checkpoint.list().await {
+            if request
+                .network
+                .as_ref()
+                .is_some_and(|n| *n != record.key.network)
+            {
+                continue;
+            }
+            if now.saturating_sub(record.created_ms) < grace_ms {
+                report.too_young += 1;
+                continue;
+            }
+            let omitted = valid.as_ref().is_some_and(|v| {
+                !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
+            });
+            let dead = omitted
+                || match self.plumbing.check_netns(&record.netns).await {
+                    Ok(()) => false,
+                    Err(e) if e.is_netns_gone() => true,
+                    Err(e) => {
+                        report.errors.push(format!("{}: {e}", record.key));
+                        false
+                    }
+                };
+            if !dead {
+                continue;
+            }
+            let _guard = self.locks.lock(&record.key).await;
+            // Re-read under the lock: a DEL or re-ADD may have won the race.
+            let Some(current) = self.checkpoint.get(&record.key).await else {
+                continue;
+            };
+            if current.created_ms != record.created_ms {
+                continue;
+            }
+            match self.teardown(current).await {
+                Ok(()) => report.collected.push(record.key.to_string()),
+                Err(e) => report.errors.push(format!("{}: {e}", record.key)),
+            }
+        }
+
+        // ENIs the provider assigns with no record: a crash between
+        // allocation and the intent write. The key lock orders this after
+        // any ADD still between those two steps.
+        match self.provider.list().await {
+            Ok(enis) => {
+                for eni in enis {
+                    let Some(owner) = eni.owner else { continue };
+                    if request
+                        .network
+                        .as_ref()
+                        .is_some_and(|n| *n != owner.network)
+                    {
+                        continue;
+                    }
+                    let key = key_of(&owner);
+                    let _guard = self.locks.lock(&key).await;
+                    if self.checkpoint.get(&key).await.is_some() {
+                        continue;
+                    }
+                    let still_held = self
+                        .provider
+                        .list()
+                        .await
+                        .ok()
+                        .and_then(|l| l.into_iter().find(|e| e.id == eni.id))
+                        .and_then(|e| e.owner)
+                        .is_some_and(|o| o.same_attachment(&owner));
+                    if !still_held {
+                        continue;
+                    }
+                    match self.provider.release(&owner).await {
+                        Ok(()) => report.orphans_released.push(eni.id.clone()),
+                        Err(e) => report
+                            .errors
+                            .push(format!("release orphan {}: {e}", eni.id)),
+                    }
+                }
+            }
+            Err(e) => report.errors.push(format!("provider list: {e}")),
+        }
+        if !report.collected.is_empty()
+            || !report.orphans_released.is_empty()
+            || !report.errors.is_empty()
+        {
+            tracing::info!(collected = ?report.collected, orphans = ?report.orphans_released, errors = ?report.errors, "GC pass");
+        }
+        report
     }
 }
 

@@ -1,0 +1,164 @@
+//! `enimd`'s configuration: one TOML file, with command-line flags
+//! overriding it (see `src/bin/enimd.rs`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use enim_provider_static::StaticEniConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::api::DEFAULT_SOCKET;
+
+pub const DEFAULT_CHECKPOINT: &str = "/var/lib/enim/checkpoint.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Where ENIs come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ProviderConfig {
+    /// ENIs declared right here (bare metal, labs, tests).
+    Static { enis: Vec<StaticEniConfig> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The API socket.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Group allowed to connect to the socket (mode 0660); without it the
+    /// socket is 0600 and only root can connect.
+    #[serde(default)]
+    pub socket_group: Option<u32>,
+    /// Non-root uids allowed to use the API (checked on every connection's
+    /// peer credentials; root is always allowed).
+    #[serde(default)]
+    pub allowed_uids: Vec<u32>,
+    #[serde(default = "default_checkpoint")]
+    pub checkpoint: PathBuf,
+    /// fsync each checkpoint write (power-loss safety); process crashes are
+    /// safe either way.
+    #[serde(default = "yes")]
+    pub checkpoint_fsync: bool,
+    /// The namespace ENIs live in when no pod holds them. Default: the
+    /// agent's own.
+    #[serde(default)]
+    pub host_netns: Option<PathBuf>,
+    /// Period of the GC loop; "0s" turns the loop off.
+    #[serde(default = "default_gc_interval", with = "humantime_serde")]
+    pub gc_interval: Duration,
+    /// Attachments younger than this are never collected.
+    #[serde(default = "default_gc_grace", with = "humantime_serde")]
+    pub gc_grace: Duration,
+    /// How long a request that arrives during startup recovery waits before
+    /// it is told to try again later.
+    #[serde(default = "default_startup_wait", with = "humantime_serde")]
+    pub startup_wait: Duration,
+    #[serde(default)]
+    pub log_format: LogFormat,
+    pub provider: ProviderConfig,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_socket() -> PathBuf {
+    DEFAULT_SOCKET.into()
+}
+fn default_checkpoint() -> PathBuf {
+    DEFAULT_CHECKPOINT.into()
+}
+fn default_gc_interval() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_gc_grace() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_startup_wait() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            source: Box::new(source),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_static_config_gets_defaults() {
+        let c = Config::parse(
+            r#"
+            [provider]
+            type = "static"
+            [[provider.enis]]
+            id = "eni-1"
+            mac = "02:00:00:00:00:01"
+            ipv4 = "10.0.0.10/24"
+            gateway4 = "10.0.0.1"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/enim/enimd.sock"));
+        assert_eq!(c.checkpoint, PathBuf::from("/var/lib/enim/checkpoint.json"));
+        assert_eq!(c.gc_interval, Duration::from_secs(10));
+        assert_eq!(c.log_format, LogFormat::Text);
+        let ProviderConfig::Static { enis } = &c.provider;
+        assert_eq!(enis[0].id, "eni-1");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let base = "[provider]\ntype = \"static\"\nenis = []\n";
+        assert!(Config::parse(&format!("sockt = \"/x\"\n{base}")).is_err());
+        assert!(Config::parse(&format!("gc_interval = \"soon\"\n{base}")).is_err());
+        assert!(Config::parse("[provider]\ntype = \"nimbus\"\n").is_err());
+        let err = Config::parse(&format!("{base}[[provider.enis]]\nid = \"e\"\nmac = \"zz\"\nipv4 = \"10.0.0.2/24\"\ngateway4 = \"10.0.0.1\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("MAC"), "{err}");
+    }
+}

@@ -1,0 +1,186 @@
+//! `enimd`: the node agent. It owns the manager, restores and reconciles
+//! state before serving ADDs, serves the API on a unix socket, runs the GC
+//! loop, and shuts down cleanly on SIGTERM.
+
+pub mod config;
+pub mod server;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use enim_provider::{EniProvider, ProviderError};
+use enim_provider_static::StaticProvider;
+use nix::fcntl::{Flock, FlockArg};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+use crate::api::GcRequest;
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::manager::{EniManager, ManagerError};
+use crate::netlink::rtnl::RtnlPlumbing;
+use crate::netlink::PlumbingError;
+use config::{Config, ProviderConfig};
+use server::{AppState, PeerCred};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("provider: {0}")]
+    Provider(#[from] ProviderError),
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
+    #[error("netlink: {0}")]
+    Plumbing(#[from] PlumbingError),
+    #[error("startup recovery failed, refusing to serve rather than lose state: {0}")]
+    Recovery(#[from] ManagerError),
+    #[error("another enimd holds {path}")]
+    AlreadyRunning { path: PathBuf },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
+    move |source| DaemonError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub fn build_provider(config: &ProviderConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    match config {
+        ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
+    }
+}
+
+/// One agent per checkpoint: an exclusive lock on `<checkpoint>.lock`, held
+/// for the life of the process.
+fn lock_state(checkpoint: &Path) -> Result<Flock<File>, DaemonError> {
+    let path = PathBuf::from(format!("{}.lock", checkpoint.display()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io_err("creating state dir", dir))?;
+    }
+    let file = File::create(&path).map_err(io_err("creating lock file", &path))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| DaemonError::AlreadyRunning { path })
+}
+
+/// Binds the API socket with mode 0600 (0660 with a socket group) from the
+/// first instant: the umask is tightened around bind, not fixed up after.
+fn bind_socket(config: &Config) -> Result<UnixListener, DaemonError> {
+    let path = &config.socket;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io_err("creating socket dir", dir))?;
+    }
+    if path.exists() {
+        // A live agent answers; a stale file from a crash does not.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning { path: path.clone() });
+        }
+        std::fs::remove_file(path).map_err(io_err("removing stale socket", path))?;
+    }
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = bound.map_err(io_err("binding socket", path))?;
+    if let Some(gid) = config.socket_group {
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| io_err("chown socket", path)(e.into()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(io_err("chmod socket", path))?;
+    }
+    Ok(listener)
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: finishing requests in flight"),
+        _ = int.recv() => tracing::info!("SIGINT: finishing requests in flight"),
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let started = Instant::now();
+    let provider = build_provider(&config.provider)?;
+    let _state_lock = lock_state(&config.checkpoint)?;
+    let checkpoint = Arc::new(Checkpoint::open(
+        &config.checkpoint,
+        config.checkpoint_fsync,
+    )?);
+    let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
+    let manager = Arc::new(EniManager::new(provider, plumbing, checkpoint));
+
+    // Listen first so early requests queue (bounded) instead of failing to
+    // connect, then restore before anything is served.
+    let listener = bind_socket(&config)?;
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let state = Arc::new(AppState {
+        manager: manager.clone(),
+        ready: ready_rx,
+        allowed_uids: config.allowed_uids.clone(),
+        startup_wait: config.startup_wait,
+        gc_grace: config.gc_grace,
+        started,
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let app = server::router(state).into_make_service_with_connect_info::<PeerCred>();
+    let mut server_stop = stop_rx.clone();
+    let mut gc_stop = stop_rx;
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop.changed().await;
+            })
+            .await
+    });
+    tracing::info!(socket = %config.socket.display(), "listening");
+
+    let report = manager.recover().await?;
+    let gc = manager.gc(&GcRequest::default(), config.gc_grace).await;
+    tracing::info!(
+        ?report,
+        collected = gc.collected.len(),
+        orphans = gc.orphans_released.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "state restored; serving"
+    );
+    let _ = ready_tx.send(true);
+
+    if !config.gc_interval.is_zero() {
+        let manager = manager.clone();
+        let (interval, grace) = (config.gc_interval, config.gc_grace);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => { manager.gc(&GcRequest::default(), grace).await; }
+                    _ = gc_stop.changed() => break,
+                }
+            }
+        });
+    }
+
+    stop_signal().await;
+    let _ = stop_tx.send(true);
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "server error"),
+        Err(e) => tracing::error!(error = %e, "server task failed"),
+    }
+    // Every checkpoint change was written through; nothing is buffered.
+    let _ = std::fs::remove_file(&config.socket);
+    tracing::info!("stopped");
+    Ok(())
+}

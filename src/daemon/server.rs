@@ -1,0 +1,231 @@
+//! The agent's HTTP/JSON API (routes in [`crate::api`]) on its unix socket.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use enim_provider::ProviderError;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+use crate::api::{
+    self, code, ApiError, AttachmentRequest, EniList, EniState, EniStatus, GcRequest,
+};
+use crate::manager::{EniManager, ManagerError};
+
+/// The credentials of the process at the other end of a connection, read
+/// by the kernel (SO_PEERCRED) when the connection was accepted.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerCred {
+    pub uid: Option<u32>,
+}
+
+impl Connected<axum::serve::IncomingStream<'_, UnixListener>> for PeerCred {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, UnixListener>) -> Self {
+        PeerCred {
+            uid: stream.io().peer_cred().ok().map(|c| c.uid()),
+        }
+    }
+}
+
+pub struct AppState {
+    pub manager: Arc<EniManager>,
+    pub ready: watch::Receiver<bool>,
+    pub allowed_uids: Vec<u32>,
+    pub startup_wait: Duration,
+    pub gc_grace: Duration,
+    pub started: Instant,
+}
+
+/// A handler's error: an HTTP status and the CNI-coded body.
+pub struct Failure(StatusCode, ApiError);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+impl From<ManagerError> for Failure {
+    fn from(e: ManagerError) -> Self {
+        let (status, code) = classify(&e);
+        Failure(status, ApiError::new(code, e.to_string()))
+    }
+}
+
+fn classify(e: &ManagerError) -> (StatusCode, u32) {
+    match e {
+        ManagerError::InvalidRequest(_) | ManagerError::Netns(_) => {
+            (StatusCode::BAD_REQUEST, code::INVALID_ENV)
+        }
+        ManagerError::Provider(p)
+            if p.is_transient() || matches!(p, ProviderError::Exhausted { .. }) =>
+        {
+            (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
+        }
+        ManagerError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::PROVIDER),
+        ManagerError::DeviceMissing { .. } => {
+            (StatusCode::INTERNAL_SERVER_ERROR, code::DEVICE_MISSING)
+        }
+        ManagerError::IfnameConflict { .. } => (StatusCode::CONFLICT, code::IFNAME_CONFLICT),
+        ManagerError::Plumbing { .. } => (StatusCode::INTERNAL_SERVER_ERROR, code::KERNEL),
+        ManagerError::Checkpoint(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::IO_FAILURE),
+        ManagerError::RollbackFailed { original, .. } => classify(original),
+        ManagerError::UnknownAttachment(_) => (StatusCode::NOT_FOUND, code::UNKNOWN_CONTAINER),
+        ManagerError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
+    }
+}
+
+type Shared = Arc<AppState>;
+
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route(api::ROUTE_ADD, post(add))
+        .route(api::ROUTE_DEL, post(del))
+        .route(api::ROUTE_CHECK, post(check))
+        .route(api::ROUTE_GC, post(gc))
+        .route(api::ROUTE_ENIS, get(enis))
+        .route(api::ROUTE_ATTACHMENTS, get(attachments))
+        .route(api::ROUTE_STATUS, get(status))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+/// Only root, or a uid the config allows, may use the API.
+async fn authorize(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<PeerCred>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match peer.uid {
+        Some(0) => next.run(request).await,
+        Some(uid) if state.allowed_uids.contains(&uid) => next.run(request).await,
+        uid => {
+            tracing::warn!(?uid, path = %request.uri().path(), "refused a caller not allowed by config");
+            Failure(
+                StatusCode::FORBIDDEN,
+                ApiError::new(
+                    code::FORBIDDEN,
+                    format!(
+                        "uid {} may not use enimd (root or allowed_uids only)",
+                        uid.map_or("unknown".into(), |u| u.to_string())
+                    ),
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
+/// Requests that change state wait (bounded) for startup recovery.
+async fn wait_ready(state: &AppState) -> Result<(), Failure> {
+    let mut ready = state.ready.clone();
+    if *ready.borrow() {
+        return Ok(());
+    }
+    let became_ready = matches!(
+        tokio::time::timeout(state.startup_wait, ready.wait_for(|r| *r)).await,
+        Ok(Ok(_))
+    );
+    match became_ready {
+        true => Ok(()),
+        false => Err(Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::new(
+                code::TRY_AGAIN_LATER,
+                "enimd is still restoring its state; try again later",
+            ),
+        )),
+    }
+}
+
+async fn add(
+    State(s): State<Shared>,
+    Json(req): Json<AttachmentRequest>,
+) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
+    wait_ready(&s).await?;
+    Ok(Json(s.manager.add(&req.owner(), &req.netns).await?))
+}
+
+async fn del(
+    State(s): State<Shared>,
+    Json(req): Json<AttachmentRequest>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    wait_ready(&s).await?;
+    s.manager.del(&req.owner()).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn check(
+    State(s): State<Shared>,
+    Json(req): Json<AttachmentRequest>,
+) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
+    wait_ready(&s).await?;
+    Ok(Json(s.manager.check(&req.owner(), &req.netns).await?))
+}
+
+async fn gc(
+    State(s): State<Shared>,
+    Json(req): Json<GcRequest>,
+) -> Result<Json<api::GcReport>, Failure> {
+    wait_ready(&s).await?;
+    Ok(Json(s.manager.gc(&req, s.gc_grace).await))
+}
+
+async fn enis(State(s): State<Shared>) -> Result<Json<EniList>, Failure> {
+    let listed = s
+        .manager
+        .provider()
+        .list()
+        .await
+        .map_err(ManagerError::from)?;
+    let host = s.manager.plumbing().host_links().await.unwrap_or_default();
+    let enis = listed
+        .into_iter()
+        .map(|eni| EniStatus {
+            state: if eni.owner.is_some() {
+                EniState::InUse
+            } else {
+                EniState::Free
+            },
+            host_device: host
+                .iter()
+                .find(|l| l.mac == eni.mac)
+                .map(|l| l.name.clone()),
+            eni,
+        })
+        .collect();
+    Ok(Json(EniList { enis }))
+}
+
+async fn attachments(State(s): State<Shared>) -> Json<api::AttachmentList> {
+    Json(api::AttachmentList {
+        attachments: s.manager.attachments().await,
+    })
+}
+
+async fn status(State(s): State<Shared>) -> Result<Json<api::Status>, Failure> {
+    let listed = s
+        .manager
+        .provider()
+        .list()
+        .await
+        .map_err(ManagerError::from)?;
+    let ready = *s.ready.borrow();
+    Ok(Json(api::Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        ready,
+        provider: s.manager.provider().name().to_string(),
+        enis_total: listed.len(),
+        enis_free: listed.iter().filter(|e| e.owner.is_none()).count(),
+        attachments: s.manager.checkpoint().len().await,
+        uptime_secs: s.started.elapsed().as_secs(),
+    }))
+}
