@@ -61,6 +61,28 @@ pub struct AttachmentRequest {
     pub netns: PathBuf,
     #[serde(default)]
     pub pod: PodRef,
+    /// CHECK only: which MTU the pod interface must have.
+    #[serde(default, skip_serializing_if = "is_recorded")]
+    pub expected_mtu: MtuExpectation,
+}
+
+/// What CHECK compares the interface MTU with. In a chain, a later plugin
+/// (e.g. `tuning`) may own the MTU; the runtime's final result then says
+/// what it should be, or says nothing (results before 1.1.0 carry no MTU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MtuExpectation {
+    /// The MTU enim set and recorded.
+    #[default]
+    Recorded,
+    /// This exact MTU (from the chain's final result).
+    Exactly(u32),
+    /// Not checked: the chain's result does not say.
+    Skip,
+}
+
+fn is_recorded(m: &MtuExpectation) -> bool {
+    *m == MtuExpectation::Recorded
 }
 
 impl AttachmentRequest {

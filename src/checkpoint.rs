@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::attachment::{Attachment, AttachmentKey};
+use enim_provider::MacAddr;
 
 /// The format this agent writes and reads.
 pub const CHECKPOINT_VERSION: &str = "enim/1";
@@ -39,10 +40,25 @@ pub enum CheckpointError {
     Write { path: PathBuf, source: io::Error },
 }
 
+/// Where a free ENI lives in the host: the name and MTU it had when enim
+/// first saw it, so GC can put a renamed or retuned free ENI right.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostHome {
+    pub name: String,
+    pub mtu: u32,
+}
+
+#[derive(Default)]
+struct State {
+    attachments: BTreeMap<AttachmentKey, Attachment>,
+    homes: BTreeMap<MacAddr, HostHome>,
+}
+
 #[derive(Serialize)]
 struct FileOut<'a> {
     version: &'static str,
     attachments: Vec<&'a Attachment>,
+    homes: &'a BTreeMap<MacAddr, HostHome>,
 }
 
 #[derive(Deserialize)]
@@ -53,12 +69,14 @@ struct VersionProbe {
 #[derive(Deserialize)]
 struct FileIn {
     attachments: Vec<Attachment>,
+    #[serde(default)]
+    homes: BTreeMap<MacAddr, HostHome>,
 }
 
 pub struct Checkpoint {
     path: PathBuf,
     fsync: bool,
-    entries: Mutex<BTreeMap<AttachmentKey, Attachment>>,
+    state: Mutex<State>,
     #[cfg(any(test, feature = "fault-injection"))]
     failing_writes: std::sync::atomic::AtomicU32,
 }
@@ -77,7 +95,7 @@ impl Checkpoint {
                         source,
                     })?;
                 }
-                BTreeMap::new()
+                State::default()
             }
             Err(source) => {
                 return Err(CheckpointError::Read {
@@ -89,7 +107,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             path: path.to_path_buf(),
             fsync,
-            entries: Mutex::new(entries),
+            state: Mutex::new(entries),
             #[cfg(any(test, feature = "fault-injection"))]
             failing_writes: Default::default(),
         })
@@ -100,15 +118,21 @@ impl Checkpoint {
     }
 
     pub async fn get(&self, key: &AttachmentKey) -> Option<Attachment> {
-        self.entries.lock().await.get(key).cloned()
+        self.state.lock().await.attachments.get(key).cloned()
     }
 
     pub async fn list(&self) -> Vec<Attachment> {
-        self.entries.lock().await.values().cloned().collect()
+        self.state
+            .lock()
+            .await
+            .attachments
+            .values()
+            .cloned()
+            .collect()
     }
 
     pub async fn len(&self) -> usize {
-        self.entries.lock().await.len()
+        self.state.lock().await.attachments.len()
     }
 
     pub async fn is_empty(&self) -> bool {
@@ -118,13 +142,13 @@ impl Checkpoint {
     /// Records (or replaces) an attachment and writes the file. On a write
     /// failure memory is rolled back, so it never claims what disk lacks.
     pub async fn put(&self, attachment: Attachment) -> Result<(), CheckpointError> {
-        let mut entries = self.entries.lock().await;
+        let mut state = self.state.lock().await;
         let key = attachment.key.clone();
-        let previous = entries.insert(key.clone(), attachment);
-        if let Err(e) = self.write(&entries).await {
+        let previous = state.attachments.insert(key.clone(), attachment);
+        if let Err(e) = self.write(&state).await {
             match previous {
-                Some(p) => entries.insert(key, p),
-                None => entries.remove(&key),
+                Some(p) => state.attachments.insert(key, p),
+                None => state.attachments.remove(&key),
             };
             return Err(e);
         }
@@ -133,15 +157,50 @@ impl Checkpoint {
 
     /// Drops an attachment and writes the file; absent keys are a no-op.
     pub async fn remove(&self, key: &AttachmentKey) -> Result<Option<Attachment>, CheckpointError> {
-        let mut entries = self.entries.lock().await;
-        let Some(previous) = entries.remove(key) else {
+        let mut state = self.state.lock().await;
+        let Some(previous) = state.attachments.remove(key) else {
             return Ok(None);
         };
-        if let Err(e) = self.write(&entries).await {
-            entries.insert(key.clone(), previous);
+        if let Err(e) = self.write(&state).await {
+            state.attachments.insert(key.clone(), previous);
             return Err(e);
         }
         Ok(Some(previous))
+    }
+
+    /// The recorded host home of an ENI.
+    pub async fn home(&self, mac: MacAddr) -> Option<HostHome> {
+        self.state.lock().await.homes.get(&mac).cloned()
+    }
+
+    pub async fn homes(&self) -> BTreeMap<MacAddr, HostHome> {
+        self.state.lock().await.homes.clone()
+    }
+
+    /// Records host homes not yet known (first sight wins: a later name may
+    /// be a wrong one GC must undo). Writes only if something is new.
+    pub async fn learn_homes(
+        &self,
+        seen: impl IntoIterator<Item = (MacAddr, HostHome)>,
+    ) -> Result<usize, CheckpointError> {
+        let mut state = self.state.lock().await;
+        let new: Vec<(MacAddr, HostHome)> = seen
+            .into_iter()
+            .filter(|(mac, _)| !state.homes.contains_key(mac))
+            .collect();
+        if new.is_empty() {
+            return Ok(0);
+        }
+        for (mac, home) in &new {
+            state.homes.insert(*mac, home.clone());
+        }
+        if let Err(e) = self.write(&state).await {
+            for (mac, _) in &new {
+                state.homes.remove(mac);
+            }
+            return Err(e);
+        }
+        Ok(new.len())
     }
 
     /// Makes the `nth` write from now (1 = the next) fail, for rollback
@@ -152,10 +211,7 @@ impl Checkpoint {
             .store(nth, std::sync::atomic::Ordering::SeqCst);
     }
 
-    async fn write(
-        &self,
-        entries: &BTreeMap<AttachmentKey, Attachment>,
-    ) -> Result<(), CheckpointError> {
+    async fn write(&self, state: &State) -> Result<(), CheckpointError> {
         #[cfg(any(test, feature = "fault-injection"))]
         {
             use std::sync::atomic::Ordering;
@@ -172,7 +228,8 @@ impl Checkpoint {
         }
         let bytes = serde_json::to_vec_pretty(&FileOut {
             version: CHECKPOINT_VERSION,
-            attachments: entries.values().collect(),
+            attachments: state.attachments.values().collect(),
+            homes: &state.homes,
         })
         .map_err(|e| CheckpointError::Write {
             path: self.path.clone(),
@@ -194,10 +251,7 @@ impl Checkpoint {
     }
 }
 
-fn parse(
-    path: &Path,
-    bytes: &[u8],
-) -> Result<BTreeMap<AttachmentKey, Attachment>, CheckpointError> {
+fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
     let corrupt = |source| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         source,
@@ -220,7 +274,10 @@ fn parse(
             });
         }
     }
-    Ok(entries)
+    Ok(State {
+        attachments: entries,
+        homes: file.homes,
+    })
 }
 
 /// temp file in the same directory + fsync + rename + fsync of the directory.

@@ -11,6 +11,7 @@ pub mod api;
 pub mod attachment;
 pub mod checkpoint;
 pub mod daemon;
+pub mod fault;
 pub mod manager;
 pub mod netlink;
 

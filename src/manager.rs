@@ -16,9 +16,10 @@ use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use crate::api::{GcReport, GcRequest};
+use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, Attachment, AttachmentKey, AttachmentResult, Phase};
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::{Checkpoint, CheckpointError, HostHome};
+use crate::fault::crash_point;
 use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +119,10 @@ pub struct EniManager {
     plumbing: Arc<dyn Plumbing>,
     checkpoint: Arc<Checkpoint>,
     locks: KeyLocks,
+    // ADD holds this shared from allocation until its intent is recorded;
+    // GC holds it exclusively while it renames free ENIs, so it never
+    // touches an ENI an ADD has just taken but not yet recorded.
+    allocation_fence: tokio::sync::RwLock<()>,
 }
 
 /// How far an ADD got, so a failure undoes exactly that.
@@ -146,6 +151,7 @@ impl EniManager {
             plumbing,
             checkpoint,
             locks: KeyLocks::default(),
+            allocation_fence: Default::default(),
         }
     }
 
@@ -187,13 +193,18 @@ impl EniManager {
             .check_netns(netns)
             .await
             .map_err(ManagerError::Netns)?;
+        let fence = self.allocation_fence.read().await;
         let eni = self.provider.allocate_next(owner).await?;
+        crash_point("add:after-allocate");
         let mut progress = AddProgress {
             host: None,
             recorded: false,
             moved: false,
         };
-        match self.attach(owner, &key, netns, &eni, &mut progress).await {
+        match self
+            .attach(owner, &key, netns, &eni, &mut progress, fence)
+            .await
+        {
             Ok(result) => Ok(result),
             Err(err) => {
                 tracing::warn!(%key, eni = %eni.id, error = %err, "ADD failed; rolling back");
@@ -215,6 +226,7 @@ impl EniManager {
         netns: &Path,
         eni: &Eni,
         progress: &mut AddProgress,
+        fence: tokio::sync::RwLockReadGuard<'_, ()>,
     ) -> Result<AttachmentResult, ManagerError> {
         let host = self
             .plumbing
@@ -226,6 +238,16 @@ impl EniManager {
                 mac: eni.mac.to_string(),
             })?;
         progress.host = Some(host.clone());
+        // First sight of this ENI in the host: remember its home.
+        self.checkpoint
+            .learn_homes([(
+                eni.mac,
+                HostHome {
+                    name: host.name.clone(),
+                    mtu: host.mtu,
+                },
+            )])
+            .await?;
         let now = now_ms();
         let mut record = Attachment {
             key: key.clone(),
@@ -246,6 +268,8 @@ impl EniManager {
         };
         self.checkpoint.put(record.clone()).await?;
         progress.recorded = true;
+        drop(fence);
+        crash_point("add:after-intent");
 
         progress.moved = true; // a failed move may still have moved: undo checks
         self.plumbing
@@ -261,6 +285,7 @@ impl EniManager {
                     source: e,
                 },
             })?;
+        crash_point("add:after-move");
         let config = PodLinkConfig {
             ifname: owner.ifname.clone(),
             mtu: record.mtu,
@@ -273,10 +298,12 @@ impl EniManager {
             .configure_pod_link(netns, eni.mac, &config)
             .await
             .map_err(ManagerError::plumbing("configure ENI in pod"))?;
+        crash_point("add:after-configure");
 
         record.phase = Phase::Ready;
         record.updated_ms = now_ms();
         self.checkpoint.put(record.clone()).await?;
+        crash_point("add:after-outcome");
         tracing::info!(%key, eni = %eni.id, pod = %owner.pod, "ENI attached");
         Ok(record.result())
     }
@@ -355,6 +382,7 @@ impl EniManager {
             record.updated_ms = now_ms();
             self.checkpoint.put(record.clone()).await?;
         }
+        crash_point("del:after-intent");
         match self
             .plumbing
             .move_to_host(
@@ -371,6 +399,7 @@ impl EniManager {
             }
             Err(e) => return Err(ManagerError::plumbing("return ENI to host")(e)),
         }
+        crash_point("del:after-move");
         let found = self
             .plumbing
             .restore_host_link(record.mac, &record.host_name, record.host_mtu)
@@ -379,7 +408,9 @@ impl EniManager {
         if !found {
             tracing::warn!(key = %record.key, eni = %record.eni_id, mac = %record.mac, "ENI device is nowhere in the host; releasing the record");
         }
+        crash_point("del:after-restore");
         self.provider.release(&owner).await?;
+        crash_point("del:after-release");
         self.checkpoint.remove(&record.key).await?;
         tracing::info!(key = %record.key, eni = %record.eni_id, "ENI released");
         Ok(())
@@ -392,6 +423,7 @@ impl EniManager {
         &self,
         owner: &EniOwner,
         netns: &Path,
+        mtu: MtuExpectation,
     ) -> Result<AttachmentResult, ManagerError> {
         validate_owner(owner)?;
         let key = key_of(owner);
@@ -427,11 +459,13 @@ impl EniManager {
                 state.link.name, key.ifname
             )));
         }
-        if state.link.mtu != record.mtu {
-            return Err(fail(format!(
-                "MTU is {}, not {}",
-                state.link.mtu, record.mtu
-            )));
+        let want_mtu = match mtu {
+            MtuExpectation::Recorded => Some(record.mtu),
+            MtuExpectation::Exactly(m) => Some(m),
+            MtuExpectation::Skip => None,
+        };
+        if let Some(want) = want_mtu.filter(|w| *w != state.link.mtu) {
+            return Err(fail(format!("MTU is {}, not {want}", state.link.mtu)));
         }
         if !state.link.up {
             return Err(fail("device is down".into()));
@@ -606,13 +640,73 @@ impl EniManager {
             }
             Err(e) => report.errors.push(format!("provider list: {e}")),
         }
+        self.normalise_free_enis(&mut report).await;
         if !report.collected.is_empty()
             || !report.orphans_released.is_empty()
+            || !report.normalised.is_empty()
             || !report.errors.is_empty()
         {
             tracing::info!(collected = ?report.collected, orphans = ?report.orphans_released, errors = ?report.errors, "GC pass");
         }
         report
+    }
+}
+
+impl EniManager {
+    /// Learns the host home of every free ENI seen for the first time, and
+    /// puts back the name and MTU of a free ENI that has drifted from its
+    /// home (renamed to `dev<N>` by a dying netns, or by hand).
+    async fn normalise_free_enis(&self, report: &mut GcReport) {
+        let _fence = self.allocation_fence.write().await;
+        let (enis, links) = match (self.provider.list().await, self.plumbing.host_links().await) {
+            (Ok(e), Ok(l)) => (e, l),
+            (Err(e), _) => return report.errors.push(format!("provider list: {e}")),
+            (_, Err(e)) => return report.errors.push(format!("host links: {e}")),
+        };
+        let recorded: HashSet<_> = self
+            .checkpoint
+            .list()
+            .await
+            .into_iter()
+            .map(|a| a.mac)
+            .collect();
+        let free_in_host = || {
+            enis.iter()
+                .filter(|e| e.owner.is_none() && !recorded.contains(&e.mac))
+                .filter_map(|e| links.iter().find(|l| l.mac == e.mac).map(|l| (e, l)))
+        };
+        let seen = free_in_host().map(|(e, l)| {
+            (
+                e.mac,
+                HostHome {
+                    name: l.name.clone(),
+                    mtu: l.mtu,
+                },
+            )
+        });
+        if let Err(e) = self.checkpoint.learn_homes(seen.collect::<Vec<_>>()).await {
+            report.errors.push(e.to_string());
+        }
+        let homes = self.checkpoint.homes().await;
+        for (eni, link) in free_in_host() {
+            let Some(home) = homes.get(&eni.mac) else {
+                continue;
+            };
+            if link.name == home.name && link.mtu == home.mtu {
+                continue;
+            }
+            match self
+                .plumbing
+                .restore_host_link(eni.mac, &home.name, home.mtu)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(eni = %eni.id, from = %link.name, to = %home.name, mtu = home.mtu, "normalised free ENI");
+                    report.normalised.push(eni.id.clone());
+                }
+                Err(e) => report.errors.push(format!("normalise {}: {e}", eni.id)),
+            }
+        }
     }
 }
 
@@ -809,7 +903,10 @@ mod tests {
         let report = r.mgr.recover().await.unwrap();
         assert_eq!(report.finished, 1);
         assert_eq!(r.mgr.attachments().await[0].phase, Phase::Ready);
-        r.mgr.check(&owner("c"), &r.netns).await.unwrap();
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
@@ -840,7 +937,10 @@ mod tests {
         r.mgr.checkpoint().put(stale).await.unwrap();
         r.mgr.del(&owner("old")).await.unwrap();
         assert_eq!(r.fake.pod_devs(), 1, "the new owner's ENI was moved");
-        r.mgr.check(&owner("new"), &r.netns).await.unwrap();
+        r.mgr
+            .check(&owner("new"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
         assert_eq!(r.mgr.attachments().await.len(), 1);
     }
 
@@ -848,7 +948,10 @@ mod tests {
     async fn check_reports_drift() {
         let r = rig(1);
         r.mgr.add(&owner("c"), &r.netns).await.unwrap();
-        r.mgr.check(&owner("c"), &r.netns).await.unwrap();
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
         r.fake
             .world
             .lock()
@@ -858,9 +961,105 @@ mod tests {
             .unwrap()[0]
             .link
             .mtu = 1400;
-        let err = r.mgr.check(&owner("c"), &r.netns).await.unwrap_err();
+        let err = r
+            .mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("MTU is 1400"), "{err}");
-        let err = r.mgr.check(&owner("nobody"), &r.netns).await.unwrap_err();
+        // A later chained plugin may own the MTU: the runtime's result rules.
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Exactly(1400))
+            .await
+            .unwrap();
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Skip)
+            .await
+            .unwrap();
+        let err = r
+            .mgr
+            .check(&owner("nobody"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ManagerError::UnknownAttachment(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn gc_collects_dead_and_orphans_and_normalises_free_enis() {
+        let r = rig(3);
+        let gone = PathBuf::from("/run/netns/gone");
+        r.fake.add_netns(&gone);
+        r.mgr.add(&owner("live"), &r.netns).await.unwrap();
+        r.mgr.add(&owner("dead"), &gone).await.unwrap();
+        // The pod died without DEL: its netns went away, the ENI came back
+        // to the host as dev<N>.
+        let mut dev = r.fake.remove_netns(&gone).remove(0);
+        dev.link.name = "dev42".into();
+        r.fake.world.lock().unwrap().host.push(dev);
+        // A crash between allocation and the intent write.
+        r.provider.allocate_next(&owner("orphan")).await.unwrap();
+
+        // Young attachments are left alone.
+        let report = r
+            .mgr
+            .gc(&GcRequest::default(), Duration::from_secs(3600))
+            .await;
+        assert_eq!(report.too_young, 2);
+        assert!(report.collected.is_empty());
+        assert_eq!(report.orphans_released, vec!["eni-3".to_string()]);
+
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(
+            report.collected,
+            vec!["n/dead/eth0".to_string()],
+            "{report:?}"
+        );
+        assert!(report.errors.is_empty(), "{report:?}");
+        let back = r.fake.host_dev(mac(2)).unwrap();
+        assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni2", HOST_MTU));
+        r.mgr
+            .check(&owner("live"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+
+        // A free ENI renamed and retuned by someone else is put right.
+        {
+            let mut w = r.fake.world.lock().unwrap();
+            let d = w.host.iter_mut().find(|d| d.link.mac == mac(3)).unwrap();
+            d.link.name = "dev7".into();
+            d.link.mtu = 1400;
+        }
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(report.normalised, vec!["eni-3".to_string()], "{report:?}");
+        let d = r.fake.host_dev(mac(3)).unwrap();
+        assert_eq!((d.link.name.as_str(), d.link.mtu), ("eni3", HOST_MTU));
+        // Nothing left to do: a second pass is a no-op.
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(report, GcReport::default());
+    }
+
+    #[tokio::test]
+    async fn gc_valid_list_collects_only_omitted_attachments_of_its_network() {
+        let r = rig(2);
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        let mut b = owner("b");
+        b.ifname = "net1".into();
+        r.mgr.add(&b, &r.netns).await.unwrap();
+        let request = GcRequest {
+            network: Some("n".into()),
+            valid_attachments: Some(vec![crate::api::ValidAttachment {
+                container_id: "a".into(),
+                ifname: "eth0".into(),
+            }]),
+        };
+        let report = r.mgr.gc(&request, Duration::ZERO).await;
+        assert_eq!(report.collected, vec!["n/b/net1".to_string()]);
+        // Another network's GC list never touches this network.
+        let other = GcRequest {
+            network: Some("other".into()),
+            valid_attachments: Some(vec![]),
+        };
+        assert!(r.mgr.gc(&other, Duration::ZERO).await.collected.is_empty());
+        assert_eq!(r.mgr.attachments().await.len(), 1);
     }
 }

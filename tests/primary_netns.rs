@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use common::*;
+use enim::api::MtuExpectation;
 use enim::manager::ManagerError;
 use enim_provider::{EniProvider, ProviderError};
 
@@ -88,7 +89,9 @@ async fn add_configures_pod_and_del_returns_eni_home() {
     assert_eq!(listed[0].owner.as_ref().unwrap().container_id, "c1");
 
     // CHECK passes against the kernel.
-    mgr.check(&o, &pod.path()).await.expect("CHECK");
+    mgr.check(&o, &pod.path(), MtuExpectation::Recorded)
+        .await
+        .expect("CHECK");
 
     mgr.del(&o).await.expect("DEL");
     sb.assert_home(0);
@@ -150,7 +153,7 @@ async fn stale_del_leaves_new_owner_alone() {
             .container_id,
         "new"
     );
-    mgr.check(&new, &pod.path())
+    mgr.check(&new, &pod.path(), MtuExpectation::Recorded)
         .await
         .expect("new owner's attachment intact");
     mgr.del(&new).await.unwrap();

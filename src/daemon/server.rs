@@ -168,7 +168,11 @@ async fn check(
     Json(req): Json<AttachmentRequest>,
 ) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
     wait_ready(&s).await?;
-    Ok(Json(s.manager.check(&req.owner(), &req.netns).await?))
+    Ok(Json(
+        s.manager
+            .check(&req.owner(), &req.netns, req.expected_mtu)
+            .await?,
+    ))
 }
 
 async fn gc(

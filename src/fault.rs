@@ -1,0 +1,40 @@
+//! Crash points for tests: with the `fault-injection` feature, setting
+//! `ENIMD_CRASH_AT=<point>` makes the process abort (as if SIGKILLed) when it
+//! reaches that point. Without the feature every point compiles to nothing.
+//!
+//! Points: `add:after-allocate`, `add:after-intent`, `add:after-move`,
+//! `add:after-configure` (before the outcome write), `add:after-outcome`,
+//! `del:after-intent`, `del:after-move`, `del:after-restore`,
+//! `del:after-release` (before the record is dropped).
+
+/// Every crash point the agent has, for tests that iterate over them.
+pub const CRASH_POINTS: &[&str] = &[
+    "add:after-allocate",
+    "add:after-intent",
+    "add:after-move",
+    "add:after-configure",
+    "add:after-outcome",
+    "del:after-intent",
+    "del:after-move",
+    "del:after-restore",
+    "del:after-release",
+];
+
+#[cfg(feature = "fault-injection")]
+pub fn crash_point(point: &'static str) {
+    use std::sync::OnceLock;
+    static TARGET: OnceLock<Option<String>> = OnceLock::new();
+    debug_assert!(
+        CRASH_POINTS.contains(&point),
+        "undeclared crash point {point}"
+    );
+    let target = TARGET.get_or_init(|| std::env::var("ENIMD_CRASH_AT").ok());
+    if target.as_deref() == Some(point) {
+        eprintln!("enimd: crash point {point} reached: aborting");
+        std::process::abort();
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn crash_point(_point: &'static str) {}
