@@ -99,19 +99,25 @@ fn bind_socket(config: &Config) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
-async fn stop_signal() {
+/// Installs the SIGTERM/SIGINT handlers now (before the socket exists, so a
+/// stop sent right after start is never fatal) and resolves on the first.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>, DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
+    let handler = |kind| signal(kind).map_err(io_err("installing signal handler", Path::new("-")));
+    let mut term = handler(SignalKind::terminate())?;
+    let mut int = handler(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: finishing requests in flight"),
         _ = int.recv() => tracing::info!("SIGINT: finishing requests in flight"),
-    }
+        }
+    })
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Instant::now();
+    let stop = stop_signal()?;
     let provider = build_provider(&config.provider)?;
     let _state_lock = lock_state(&config.checkpoint)?;
     let checkpoint = Arc::new(Checkpoint::open(
@@ -172,7 +178,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         });
     }
 
-    stop_signal().await;
+    stop.await;
     let _ = stop_tx.send(true);
     match server.await {
         Ok(Ok(())) => {}
