@@ -5,6 +5,8 @@
 //! for different owners never return the same ENI, and `allocate_next` for an
 //! owner that already holds an ENI returns that ENI again.
 
+pub mod cloud;
+
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
