@@ -10,6 +10,7 @@
 pub mod api;
 pub mod attachment;
 pub mod checkpoint;
+pub mod cni;
 pub mod daemon;
 pub mod fault;
 pub mod manager;

@@ -1,0 +1,294 @@
+//! The network configuration on stdin: bounded read, version negotiation
+//! and enim's own keys (`socket`, `timeoutSeconds`).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::CniError;
+use crate::api::{ValidAttachment, DEFAULT_SOCKET};
+
+/// Larger stdin is refused: a network config is a few KiB at most.
+pub const MAX_STDIN: u64 = 1024 * 1024;
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The result versions we can emit, newest last.
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CniVersion {
+    V0_4_0,
+    V1_0_0,
+    V1_1_0,
+}
+
+impl CniVersion {
+    pub const LATEST: CniVersion = CniVersion::V1_1_0;
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "0.4.0" => Some(CniVersion::V0_4_0),
+            "1.0.0" => Some(CniVersion::V1_0_0),
+            "1.1.0" => Some(CniVersion::V1_1_0),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CniVersion::V0_4_0 => "0.4.0",
+            CniVersion::V1_0_0 => "1.0.0",
+            CniVersion::V1_1_0 => "1.1.0",
+        }
+    }
+}
+
+/// The parts of a network configuration the plugin uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConf {
+    pub cni_version: CniVersion,
+    pub name: String,
+    pub socket: PathBuf,
+    pub timeout: Duration,
+    /// The previous plugin's result in a chain, in `cni_version`'s format.
+    pub prev_result: Option<Map<String, Value>>,
+    /// GC only: `cni.dev/valid-attachments`.
+    pub valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+/// Reads stdin up to [`MAX_STDIN`] bytes; one byte more is an error, found
+/// without reading the rest.
+pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
+    let mut buf = Vec::new();
+    (&mut r)
+        .take(MAX_STDIN + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| CniError::Io {
+            msg: "failed to read the network configuration from stdin".into(),
+            details: e.to_string(),
+        })?;
+    if buf.len() as u64 > MAX_STDIN {
+        return Err(CniError::decode(
+            "network configuration on stdin is larger than 1 MiB",
+            "",
+        ));
+    }
+    Ok(buf)
+}
+
+/// The `cniVersion` a config asks for, if it is one we speak. Used to pick
+/// the version of an error or VERSION answer even when parsing fails later.
+pub fn requested_version(stdin: &[u8]) -> Option<CniVersion> {
+    let v: Value = serde_json::from_slice(stdin).ok()?;
+    CniVersion::parse(v.get("cniVersion")?.as_str()?)
+}
+
+/// The spec's network name pattern (same as container ids).
+fn valid_name(name: &str) -> bool {
+    super::env::valid_container_id(name)
+}
+
+impl NetConf {
+    pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
+        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+            CniError::decode(
+                "failed to decode the network configuration on stdin as JSON",
+                e,
+            )
+        })?;
+        let Value::Object(mut obj) = value else {
+            return Err(CniError::decode(
+                "the network configuration on stdin is not a JSON object",
+                "",
+            ));
+        };
+
+        let version = match obj.get("cniVersion") {
+            None | Some(Value::Null) => {
+                return Err(CniError::InvalidConfig(
+                    "network configuration has no cniVersion".into(),
+                ))
+            }
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(CniError::InvalidConfig(
+                    "network configuration's cniVersion is not a string".into(),
+                ))
+            }
+        };
+        let name = match obj.get("name") {
+            None | Some(Value::Null) => {
+                return Err(CniError::InvalidConfig(
+                    "network configuration has no name".into(),
+                ))
+            }
+            Some(Value::String(s)) if valid_name(s) => s.clone(),
+            Some(other) => {
+                return Err(CniError::InvalidConfig(format!(
+                    "network name {other} is invalid: it must be a string matching ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
+                )))
+            }
+        };
+        let cni_version = CniVersion::parse(&version).ok_or_else(|| {
+            CniError::IncompatibleVersion(format!(
+                "CNI version {version:?} is not supported (supported: {})",
+                SUPPORTED_VERSIONS.join(", ")
+            ))
+        })?;
+
+        let socket = match obj.get("socket") {
+            None | Some(Value::Null) => PathBuf::from(DEFAULT_SOCKET),
+            Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
+            Some(_) => {
+                return Err(CniError::InvalidConfig(
+                    "\"socket\" must be a non-empty string (the agent's unix socket path)".into(),
+                ))
+            }
+        };
+
+        let timeout = match obj.get("timeoutSeconds") {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(Value::Number(n)) => {
+                let secs = n.as_f64().unwrap_or(f64::NAN);
+                // An upper bound keeps Duration arithmetic sane; a day is
+                // far beyond any runtime's own deadline anyway.
+                if !(secs > 0.0 && secs <= 86_400.0) {
+                    return Err(CniError::InvalidConfig(format!(
+                        "\"timeoutSeconds\" {n} must be greater than 0 and at most 86400"
+                    )));
+                }
+                Duration::from_secs_f64(secs)
+            }
+            Some(_) => {
+                return Err(CniError::InvalidConfig(
+                    "\"timeoutSeconds\" must be a number".into(),
+                ))
+            }
+        };
+
+        let prev_result = match obj.remove("prevResult") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(m)) => Some(m),
+            Some(_) => return Err(CniError::decode("prevResult is not a JSON object", "")),
+        };
+
+        let valid_attachments = match obj.remove("cni.dev/valid-attachments") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(serde_json::from_value(v).map_err(|e| {
+                CniError::InvalidConfig(format!(
+                    "cni.dev/valid-attachments is not a list of {{containerID, ifname}}: {e}"
+                ))
+            })?),
+        };
+
+        Ok(NetConf {
+            cni_version,
+            name,
+            socket,
+            timeout,
+            prev_result,
+            valid_attachments,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+
+    fn parse(s: &str) -> Result<NetConf, CniError> {
+        NetConf::parse(s.as_bytes())
+    }
+
+    #[test]
+    fn minimal() {
+        let c = parse(r#"{"cniVersion":"1.1.0","name":"enim","type":"enim"}"#).unwrap();
+        assert_eq!(c.cni_version, CniVersion::V1_1_0);
+        assert_eq!(c.name, "enim");
+        assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(c.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(c.prev_result, None);
+        assert_eq!(c.valid_attachments, None);
+    }
+
+    #[test]
+    fn own_keys() {
+        let c = parse(
+            r#"{"cniVersion":"0.4.0","name":"n","socket":"/tmp/s.sock","timeoutSeconds":1.5,
+                "prevResult":{"interfaces":[]},
+                "cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.cni_version, CniVersion::V0_4_0);
+        assert_eq!(c.socket, PathBuf::from("/tmp/s.sock"));
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert!(c.prev_result.is_some());
+        assert_eq!(
+            c.valid_attachments.unwrap(),
+            vec![ValidAttachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn codes() {
+        let code = |s: &str| parse(s).unwrap_err().code();
+        assert_eq!(code(""), 6);
+        assert_eq!(code("not json"), 6);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0","na"#), 6);
+        assert_eq!(code("[1,2]"), 6);
+        assert_eq!(code(r#"{"name":"n"}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0"}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":1,"name":"n"}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0","name":""}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0","name":"a b"}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":"0.3.1","name":"n"}"#), 1);
+        assert_eq!(code(r#"{"cniVersion":"2.0.0","name":"n"}"#), 1);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0","name":"n","socket":""}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":"1.1.0","name":"n","socket":3}"#), 7);
+        for t in ["0", "-1", "\"5\"", "1e9"] {
+            let s = format!(r#"{{"cniVersion":"1.1.0","name":"n","timeoutSeconds":{t}}}"#);
+            assert_eq!(code(&s), 7, "{t}");
+        }
+        assert_eq!(
+            code(r#"{"cniVersion":"1.1.0","name":"n","prevResult":[]}"#),
+            6
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.1.0","name":"n","cni.dev/valid-attachments":[{"x":1}]}"#),
+            7
+        );
+        let msg = parse(r#"{"cniVersion":"0.3.1","name":"n"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("0.3.1") && msg.contains("1.1.0"), "{msg}");
+    }
+
+    #[test]
+    fn stdin_limit() {
+        let exact = vec![b' '; MAX_STDIN as usize];
+        assert_eq!(read_stdin(Cursor::new(&exact)).unwrap().len(), exact.len());
+
+        // A reader that never ends proves we stop after the limit.
+        let e = read_stdin(std::io::repeat(b' ')).unwrap_err();
+        assert_eq!(e.code(), 6);
+        assert!(e.to_string().contains("1 MiB"));
+    }
+
+    #[test]
+    fn requested() {
+        assert_eq!(
+            requested_version(br#"{"cniVersion":"0.4.0"}"#),
+            Some(CniVersion::V0_4_0)
+        );
+        assert_eq!(requested_version(br#"{"cniVersion":"0.3.0"}"#), None);
+        assert_eq!(requested_version(b"junk"), None);
+    }
+}

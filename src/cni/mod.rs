@@ -1,0 +1,276 @@
+//! The `enim` CNI plugin (spec 1.1.0): what a container runtime execs.
+//!
+//! It is a thin, synchronous client of the node agent `enimd`: it checks
+//! its inputs, forwards ADD, DEL, CHECK, GC and STATUS over the agent's
+//! unix socket (see [`crate::api`]) and turns the answer into a CNI result
+//! of the version the configuration asks for.
+//!
+//! - [`env`]: CNI_* variables and CNI_ARGS.
+//! - [`config`]: the network configuration on stdin.
+//! - [`client`]: HTTP/1.1 over the unix socket, bounded in time.
+//! - [`result`]: versioned results and prevResult chaining.
+
+pub mod client;
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod result;
+
+use std::ffi::OsString;
+use std::io::Read;
+
+use serde_json::{json, Value};
+
+use crate::api::{
+    code, AttachmentRequest, GcReport, GcRequest, MtuExpectation, Status, ROUTE_ADD, ROUTE_CHECK,
+    ROUTE_DEL, ROUTE_GC, ROUTE_STATUS,
+};
+use crate::attachment::AttachmentResult;
+
+pub use client::Client;
+pub use config::{CniVersion, NetConf, SUPPORTED_VERSIONS};
+pub use env::{CniEnv, Command};
+pub use error::CniError;
+
+/// What the process prints on stdout and exits with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub stdout: Option<String>,
+    pub exit_code: i32,
+}
+
+/// Runs one invocation. `lookup` reads the environment; stdin carries the
+/// network configuration.
+pub fn execute(lookup: &dyn Fn(&str) -> Option<OsString>, stdin: impl Read) -> Outcome {
+    // Errors are reported in the version the config asked for, once known.
+    let mut version = CniVersion::LATEST;
+    match run(lookup, stdin, &mut version) {
+        Ok(None) => Outcome {
+            stdout: None,
+            exit_code: 0,
+        },
+        Ok(Some(v)) => Outcome {
+            stdout: Some(pretty(&v)),
+            exit_code: 0,
+        },
+        Err(e) => Outcome {
+            stdout: Some(pretty(&e.to_json(version.as_str()))),
+            exit_code: 1,
+        },
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+    s.push('\n');
+    s
+}
+
+fn run(
+    lookup: &dyn Fn(&str) -> Option<OsString>,
+    stdin: impl Read,
+    version: &mut CniVersion,
+) -> Result<Option<Value>, CniError> {
+    let command = env::command(lookup)?;
+    let input = config::read_stdin(stdin);
+
+    if command == Command::Version {
+        // VERSION must answer whatever it is given: it is how a runtime
+        // learns what we speak.
+        let asked = input
+            .ok()
+            .and_then(|b| config::requested_version(&b))
+            .unwrap_or(CniVersion::LATEST);
+        return Ok(Some(json!({
+            "cniVersion": asked.as_str(),
+            "supportedVersions": SUPPORTED_VERSIONS,
+        })));
+    }
+
+    let input = input?;
+    if let Some(v) = config::requested_version(&input) {
+        *version = v;
+    }
+    let conf = NetConf::parse(&input)?;
+    let env = CniEnv::from_lookup(lookup)?;
+    let client = Client::new(conf.socket.clone(), conf.timeout);
+
+    match command {
+        Command::Add => add(&client, conf, env),
+        Command::Del => {
+            // prevResult is of no use to DEL: the agent has the record.
+            client.post_ignore(ROUTE_DEL, &attachment_request(&conf, env))?;
+            Ok(None)
+        }
+        Command::Check => check(&client, conf, env),
+        Command::Gc => gc(&client, conf),
+        Command::Status => status(&client),
+        Command::Version => unreachable!("answered above"),
+    }
+}
+
+fn attachment_request(conf: &NetConf, env: CniEnv) -> AttachmentRequest {
+    // CniEnv::from_lookup guarantees these for ADD, DEL and CHECK.
+    AttachmentRequest {
+        network: conf.name.clone(),
+        container_id: env.container_id.unwrap_or_default(),
+        ifname: env.ifname.unwrap_or_default(),
+        netns: env.netns.unwrap_or_default(),
+        pod: env.pod,
+        expected_mtu: MtuExpectation::Recorded,
+    }
+}
+
+fn add(client: &Client, conf: NetConf, env: CniEnv) -> Result<Option<Value>, CniError> {
+    // A prevResult we could not extend is found before the agent attaches
+    // anything, not after.
+    if let Some(prev) = &conf.prev_result {
+        result::check_prev_shape(prev)?;
+    }
+    let req = attachment_request(&conf, env);
+    let ours: AttachmentResult = client.post(ROUTE_ADD, &req)?;
+    result::add_result(&ours, conf.cni_version, conf.prev_result).map(Some)
+}
+
+fn check(client: &Client, conf: NetConf, env: CniEnv) -> Result<Option<Value>, CniError> {
+    let mut req = attachment_request(&conf, env);
+    req.expected_mtu =
+        result::mtu_expectation(conf.prev_result.as_ref(), &req.ifname, conf.cni_version);
+    // The agent compares the kernel with its record.
+    let ours: AttachmentResult = client.post(ROUTE_CHECK, &req)?;
+    if let Some(prev) = &conf.prev_result {
+        result::check_prev_result(&ours, prev)?;
+    }
+    Ok(None)
+}
+
+fn gc(client: &Client, conf: NetConf) -> Result<Option<Value>, CniError> {
+    // Without the list (not a spec-conforming runtime) the agent falls back
+    // to judging liveness by the netns, which never frees a live pod.
+    let req = GcRequest {
+        network: Some(conf.name),
+        valid_attachments: conf.valid_attachments,
+    };
+    let report: GcReport = client.post(ROUTE_GC, &req)?;
+    if !report.errors.is_empty() {
+        // The spec asks GC to do what it can and report the rest.
+        return Err(CniError::try_again(
+            format!(
+                "GC left {} error(s); the agent retries them on its next pass",
+                report.errors.len()
+            ),
+            report.errors.join("; "),
+        ));
+    }
+    Ok(None)
+}
+
+fn status(client: &Client) -> Result<Option<Value>, CniError> {
+    let s: Status = match client.get(ROUTE_STATUS) {
+        Ok(s) => s,
+        Err(CniError::Agent(e))
+            if e.code == code::NOT_AVAILABLE || e.code == code::LIMITED_CONNECTIVITY =>
+        {
+            return Err(CniError::Agent(e))
+        }
+        // STATUS speaks only "available or not": any failure to learn is "not".
+        Err(e) => {
+            let details = match e.details() {
+                "" => format!("code {}", e.code()),
+                d => format!("code {}: {d}", e.code()),
+            };
+            return Err(CniError::not_available(
+                format!("enimd is not available: {e}"),
+                details,
+            ));
+        }
+    };
+    if !s.ready {
+        return Err(CniError::not_available(
+            "enimd is not ready: startup recovery is still under way",
+            format!("uptime {}s", s.uptime_secs),
+        ));
+    }
+    if s.enis_free == 0 {
+        return Err(CniError::not_available(
+            "no free ENI on this node",
+            format!("{} ENIs, {} attachments", s.enis_total, s.attachments),
+        ));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Cursor;
+
+    use super::*;
+
+    fn exec(vars: &[(&str, &str)], stdin: &str) -> (Value, i32) {
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        let out = execute(
+            &|k| map.get(k).cloned(),
+            Cursor::new(stdin.as_bytes().to_vec()),
+        );
+        let v = out
+            .stdout
+            .map(|s| serde_json::from_str(&s).unwrap())
+            .unwrap_or(Value::Null);
+        (v, out.exit_code)
+    }
+
+    #[test]
+    fn version() {
+        let (v, rc) = exec(&[("CNI_COMMAND", "VERSION")], r#"{"cniVersion":"0.4.0"}"#);
+        assert_eq!(rc, 0);
+        assert_eq!(
+            v,
+            json!({"cniVersion": "0.4.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]})
+        );
+        let (v, rc) = exec(&[("CNI_COMMAND", "VERSION")], "");
+        assert_eq!((v["cniVersion"].as_str(), rc), (Some("1.1.0"), 0));
+    }
+
+    #[test]
+    fn errors_carry_the_config_version() {
+        let (v, rc) = exec(
+            &[("CNI_COMMAND", "ADD")],
+            r#"{"cniVersion":"1.0.0","name":"n"}"#,
+        );
+        assert_eq!(rc, 1);
+        assert_eq!(v["cniVersion"], "1.0.0");
+        assert_eq!(v["code"], 4);
+        assert!(v["msg"].as_str().unwrap().contains("CNI_CONTAINERID"));
+
+        let (v, _) = exec(
+            &[("CNI_COMMAND", "ADD")],
+            r#"{"cniVersion":"0.3.1","name":"n"}"#,
+        );
+        assert_eq!(
+            (v["cniVersion"].as_str(), v["code"].as_u64()),
+            (Some("1.1.0"), Some(1))
+        );
+
+        let (v, _) = exec(&[("CNI_COMMAND", "NOPE")], "");
+        assert_eq!(v["code"], 4);
+    }
+
+    #[test]
+    fn agent_down() {
+        let conf = r#"{"cniVersion":"1.1.0","name":"n","socket":"/nonexistent/enimd.sock"}"#;
+        let vars = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        assert_eq!(exec(&vars, conf).0["code"], 11);
+        let (v, rc) = exec(&[("CNI_COMMAND", "STATUS")], conf);
+        assert_eq!((v["code"].as_u64(), rc), (Some(50), 1));
+        assert!(v["details"].as_str().unwrap().contains("code 11"));
+    }
+}
