@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod agent;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};

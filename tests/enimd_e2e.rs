@@ -1,0 +1,316 @@
+//! End to end: a real `enimd` in a sandbox host namespace and the real
+//! `enim` plugin exec'd as a runtime does, for every verb; chaining with the
+//! reference `tuning` plugin; restart; caller credentials.
+
+mod common;
+
+use std::path::Path;
+
+use common::agent::*;
+use common::*;
+
+macro_rules! require_kernel {
+    () => {
+        if !kernel_tests_enabled() {
+            return;
+        }
+    };
+}
+
+#[test]
+fn add_check_del_del() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "");
+    let conf = agent.net_conf("1.1.0");
+
+    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert_eq!(result["cniVersion"], "1.1.0");
+    let iface = &result["interfaces"][0];
+    assert_eq!(iface["name"], "eth0");
+    assert_eq!(iface["mac"], sb.enis[0].mac.to_string());
+    assert_eq!(iface["mtu"], POD_MTU);
+    assert_eq!(iface["sandbox"], pod.path().display().to_string());
+    assert_eq!(result["ips"][0]["address"], "10.77.0.10/24");
+    assert_eq!(result["ips"][0]["gateway"], "10.77.0.1");
+    assert_eq!(result["ips"][0]["interface"], 0);
+    assert!(result["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["dst"] == "0.0.0.0/0" && r["gw"] == "10.77.0.1"));
+    assert!(pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
+
+    let mut check_conf = conf.clone();
+    check_conf["prevResult"] = result.clone();
+    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+
+    // CHECK notices drift in the kernel.
+    pod.ip(&["addr", "del", "10.77.0.10/24", "dev", "eth0"]);
+    let msg = enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).err(103);
+    assert!(msg.contains("10.77.0.10"), "{msg}");
+
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+    sb.assert_home(0);
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+    // DEL without a netns (runtime lost it) also succeeds.
+    enim("DEL", "c1", None, "eth0", &conf).ok();
+    sb.assert_home(0);
+}
+
+#[test]
+fn results_follow_the_requested_version() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "");
+    for version in ["0.4.0", "1.0.0", "1.1.0"] {
+        let r = enim(
+            "ADD",
+            "c1",
+            Some(&pod.path()),
+            "eth0",
+            &agent.net_conf(version),
+        )
+        .ok();
+        assert_eq!(r["cniVersion"], version);
+        assert_eq!(
+            r["interfaces"][0]["mtu"].is_null(),
+            version != "1.1.0",
+            "{version}: {r}"
+        );
+        if version == "0.4.0" {
+            assert_eq!(r["ips"][0]["version"], "4", "{r}");
+        }
+        enim(
+            "DEL",
+            "c1",
+            Some(&pod.path()),
+            "eth0",
+            &agent.net_conf(version),
+        )
+        .ok();
+    }
+}
+
+#[test]
+fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
+    require_kernel!();
+    let sb = Sandbox::new(3);
+    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let conf = agent.net_conf("1.1.0");
+    let mut eni_of = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let r = enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
+        eni_of.push(r["interfaces"][0]["mac"].as_str().unwrap().to_string());
+    }
+    let mut gc_conf = conf.clone();
+    gc_conf["cni.dev/valid-attachments"] = serde_json::json!([
+        {"containerID": "c0", "ifname": "eth0"},
+        {"containerID": "c2", "ifname": "eth0"},
+    ]);
+    enim("GC", "", None, "", &gc_conf).ok();
+    assert!(pods[0].link("eth0").is_some(), "c0 must keep its ENI");
+    assert!(pods[2].link("eth0").is_some(), "c2 must keep its ENI");
+    assert!(pods[1].link("eth0").is_none(), "c1's ENI must be collected");
+    let home = sb
+        .enis
+        .iter()
+        .position(|e| e.mac.to_string() == eni_of[1])
+        .unwrap();
+    sb.assert_home(home);
+    // The collected ENI is free again.
+    let extra = NamedNetns::new("pod");
+    let r = enim("ADD", "c9", Some(&extra.path()), "eth0", &conf).ok();
+    assert_eq!(r["interfaces"][0]["mac"], eni_of[1]);
+}
+
+#[test]
+fn status_reports_exhaustion_and_a_dead_agent() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&sb, dir.path(), "");
+    let conf = agent.net_conf("1.1.0");
+    enim("STATUS", "", None, "", &conf).ok();
+    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let msg = enim("STATUS", "", None, "", &conf).err(50);
+    assert!(msg.to_lowercase().contains("free"), "{msg}");
+    // An ADD while exhausted is "try again later".
+    let other = NamedNetns::new("pod");
+    enim("ADD", "c2", Some(&other.path()), "eth0", &conf).err(11);
+    agent.stop();
+    enim("STATUS", "", None, "", &conf).err(50);
+    enim("ADD", "c2", Some(&other.path()), "eth0", &conf).err(11);
+}
+
+#[test]
+fn chain_with_reference_tuning_plugin() {
+    require_kernel!();
+    let tuning = "/usr/lib/cni/tuning";
+    assert!(
+        Path::new(tuning).exists(),
+        "{tuning} missing: install containernetworking-plugins"
+    );
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "");
+    // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
+    let conf = agent.net_conf("1.0.0");
+    let tuning_conf = |prev: &serde_json::Value| {
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "type": "tuning",
+            "mtu": 1400,
+            "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"},
+            "prevResult": prev,
+        })
+    };
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=chained";
+    let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let out = exec_plugin(
+        tuning,
+        "ADD",
+        "c1",
+        Some(&pod.path()),
+        "eth0",
+        args,
+        &tuning_conf(&first),
+    );
+    let last = out.ok();
+    assert_eq!(
+        last["interfaces"][0]["name"], "eth0",
+        "tuning must accept enim's result: {last}"
+    );
+    assert_eq!(pod.link("eth0").unwrap()["mtu"], 1400);
+    assert!(pod.exec_ok(&[
+        "sh",
+        "-c",
+        "test $(cat /proc/sys/net/ipv4/conf/eth0/arp_notify) = 1"
+    ]));
+
+    // CHECK runs over the chain with the final result as prevResult.
+    let mut check = conf.clone();
+    check["prevResult"] = last.clone();
+    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check).ok();
+    exec_plugin(
+        tuning,
+        "CHECK",
+        "c1",
+        Some(&pod.path()),
+        "eth0",
+        args,
+        &tuning_conf(&last),
+    )
+    .ok();
+
+    // DEL runs in reverse order.
+    exec_plugin(
+        tuning,
+        "DEL",
+        "c1",
+        Some(&pod.path()),
+        "eth0",
+        args,
+        &tuning_conf(&last),
+    )
+    .ok();
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &check).ok();
+    sb.assert_home(0);
+}
+
+#[test]
+fn restart_between_add_and_del_loses_nothing() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&sb, dir.path(), "");
+    let conf = agent.net_conf("1.1.0");
+    let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    agent.stop();
+    agent.restart();
+    // The restored agent knows the attachment: ADD is idempotent, CHECK passes.
+    let again = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert_eq!(first, again);
+    let mut check = conf.clone();
+    check["prevResult"] = first.clone();
+    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check).ok();
+    // A crash (SIGKILL) loses nothing either.
+    agent.kill9();
+    agent.restart();
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    sb.assert_home(0);
+    sb.assert_home(1);
+}
+
+#[test]
+fn callers_not_allowed_by_config_are_refused() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    // nobody's group may connect to the socket; only uid 4242 is allowed.
+    let agent = Agent::start(
+        &sb,
+        dir.path(),
+        "socket_group = 65534\nallowed_uids = [4242]",
+    );
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let conf = agent.net_conf("1.1.0");
+    let run_as = |uid: &str| {
+        let out = std::process::Command::new("setpriv")
+            .args([
+                "--reuid",
+                uid,
+                "--regid",
+                "65534",
+                "--clear-groups",
+                env!("CARGO_BIN_EXE_enim"),
+            ])
+            .env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", "c1")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", pod.path())
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = out;
+        std::io::Write::write_all(
+            &mut child.stdin.take().unwrap(),
+            conf.to_string().as_bytes(),
+        )
+        .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (status, stdout) = run_as("1234");
+    assert_ne!(status, Some(0), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["code"], 104, "{stdout}");
+    assert!(v["msg"].as_str().unwrap().contains("1234"), "{stdout}");
+    sb.assert_home(0);
+    // The allowed uid gets through.
+    let (status, stdout) = run_as("4242");
+    assert_eq!(status, Some(0), "{stdout}");
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    sb.assert_home(0);
+}
