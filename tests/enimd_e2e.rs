@@ -314,3 +314,32 @@ fn callers_not_allowed_by_config_are_refused() {
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     sb.assert_home(0);
 }
+
+/// Median wall time of an `enim` ADD and DEL exec over 20 cycles, printed
+/// for the record (run with --nocapture). Asserts only correctness.
+#[test]
+fn exec_add_del_timing() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "");
+    let conf = agent.net_conf("1.1.0");
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..20 {
+        let cid = format!("t{i}");
+        let t = std::time::Instant::now();
+        enim("ADD", &cid, Some(&pod.path()), "eth0", &conf).ok();
+        adds.push(t.elapsed());
+        let t = std::time::Instant::now();
+        enim("DEL", &cid, Some(&pod.path()), "eth0", &conf).ok();
+        dels.push(t.elapsed());
+    }
+    adds.sort();
+    dels.sort();
+    eprintln!(
+        "enim exec median of 20: ADD {:?}, DEL {:?}",
+        adds[10], dels[10]
+    );
+    sb.assert_home(0);
+}
