@@ -156,9 +156,11 @@ mod tests {
         assert!(Config::parse(&format!("sockt = \"/x\"\n{base}")).is_err());
         assert!(Config::parse(&format!("gc_interval = \"soon\"\n{base}")).is_err());
         assert!(Config::parse("[provider]\ntype = \"nimbus\"\n").is_err());
-        let err = Config::parse(&format!("{base}[[provider.enis]]\nid = \"e\"\nmac = \"zz\"\nipv4 = \"10.0.0.2/24\"\ngateway4 = \"10.0.0.1\"\n"))
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse(
+            "[provider]\ntype = \"static\"\n[[provider.enis]]\nid = \"e\"\nmac = \"zz\"\nipv4 = \"10.0.0.2/24\"\ngateway4 = \"10.0.0.1\"\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("MAC"), "{err}");
     }
 }
