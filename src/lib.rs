@@ -15,5 +15,6 @@ pub mod daemon;
 pub mod fault;
 pub mod manager;
 pub mod netlink;
+pub mod secondary;
 
 pub use enim_provider as provider;

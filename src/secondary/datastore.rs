@@ -1,0 +1,520 @@
+//! The address datastore of secondary mode (after AWS ipamd's DataStore):
+//! the secondary IPs of each host ENI, which attachment holds which, and a
+//! cooldown before a released address is handed out again (so a late packet
+//! or a stale DEL for the old pod never reaches the new one).
+//!
+//! Pure bookkeeping: no I/O. Time is passed in, so tests control it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::attachment::AttachmentKey;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataStoreError {
+    #[error("datastore: duplicate ENI {0}")]
+    DuplicateEni(String),
+    #[error("datastore: address {0} is already in the store")]
+    AddressAlreadyInStore(IpAddr),
+    #[error("datastore: unknown address {0}")]
+    UnknownAddress(IpAddr),
+    #[error("datastore: address {0} is assigned and cannot be removed")]
+    AddressInUse(IpAddr),
+    #[error("datastore: ENI {0} has assigned addresses and cannot be removed")]
+    EniInUse(String),
+    #[error("datastore: unknown ENI {0}")]
+    UnknownEni(String),
+    #[error("datastore: no free address (IPv6 needed: {ipv6}); {cooling} cooling down")]
+    NoFreeAddress { ipv6: bool, cooling: usize },
+}
+
+#[derive(Debug, Clone, Default)]
+struct AddressState {
+    assigned_to: Option<AttachmentKey>,
+    released_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct EniAddresses {
+    device_index: u32,
+    addresses: BTreeMap<IpAddr, AddressState>,
+}
+
+/// What an attachment holds: one IPv4 and, in dual stack, one IPv6, both
+/// on the same ENI so one route table serves both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Assignment {
+    pub eni_id: String,
+    pub ipv4: Option<IpAddr>,
+    pub ipv6: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DataStoreStats {
+    pub total: usize,
+    pub assigned: usize,
+    pub cooling: usize,
+}
+
+#[derive(Debug)]
+pub struct DataStore {
+    enis: BTreeMap<String, EniAddresses>,
+    cooldown: Duration,
+}
+
+impl DataStore {
+    pub fn new(cooldown: Duration) -> Self {
+        DataStore {
+            enis: BTreeMap::new(),
+            cooldown,
+        }
+    }
+
+    pub fn add_eni(&mut self, eni_id: &str, device_index: u32) -> Result<(), DataStoreError> {
+        if self.enis.contains_key(eni_id) {
+            return Err(DataStoreError::DuplicateEni(eni_id.into()));
+        }
+        self.enis.insert(
+            eni_id.into(),
+            EniAddresses {
+                device_index,
+                addresses: BTreeMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes an ENI and its addresses. Refused while any is assigned,
+    /// unless `force`.
+    pub fn remove_eni(&mut self, eni_id: &str, force: bool) -> Result<(), DataStoreError> {
+        let eni = self
+            .enis
+            .get(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        if !force && eni.addresses.values().any(|a| a.assigned_to.is_some()) {
+            return Err(DataStoreError::EniInUse(eni_id.into()));
+        }
+        self.enis.remove(eni_id);
+        Ok(())
+    }
+
+    pub fn add_address(&mut self, eni_id: &str, ip: IpAddr) -> Result<(), DataStoreError> {
+        if self.enis.values().any(|e| e.addresses.contains_key(&ip)) {
+            return Err(DataStoreError::AddressAlreadyInStore(ip));
+        }
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        eni.addresses.insert(ip, AddressState::default());
+        Ok(())
+    }
+
+    /// Removes an address. Refused while assigned, unless `force`.
+    pub fn del_address(
+        &mut self,
+        eni_id: &str,
+        ip: IpAddr,
+        force: bool,
+    ) -> Result<(), DataStoreError> {
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        let state = eni
+            .addresses
+            .get(&ip)
+            .ok_or(DataStoreError::UnknownAddress(ip))?;
+        if !force && state.assigned_to.is_some() {
+            return Err(DataStoreError::AddressInUse(ip));
+        }
+        eni.addresses.remove(&ip);
+        Ok(())
+    }
+
+    fn is_free(&self, state: &AddressState, now: Instant) -> bool {
+        state.assigned_to.is_none()
+            && state
+                .released_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.cooldown)
+    }
+
+    /// The current assignment of `key`, if any.
+    pub fn assignment(&self, key: &AttachmentKey) -> Option<Assignment> {
+        for (eni_id, eni) in &self.enis {
+            let held: Vec<IpAddr> = eni
+                .addresses
+                .iter()
+                .filter(|(_, s)| s.assigned_to.as_ref() == Some(key))
+                .map(|(ip, _)| *ip)
+                .collect();
+            if !held.is_empty() {
+                return Some(Assignment {
+                    eni_id: eni_id.clone(),
+                    ipv4: held.iter().copied().find(IpAddr::is_ipv4),
+                    ipv6: held.iter().copied().find(IpAddr::is_ipv6),
+                });
+            }
+        }
+        None
+    }
+
+    /// Assigns `key` an IPv4 address (and an IPv6 one from the same ENI when
+    /// `ipv6`). Idempotent: a key that holds addresses gets them again.
+    pub fn assign(
+        &mut self,
+        key: &AttachmentKey,
+        ipv6: bool,
+        now: Instant,
+    ) -> Result<Assignment, DataStoreError> {
+        if let Some(held) = self.assignment(key) {
+            return Ok(held);
+        }
+        let pick = |eni: &EniAddresses, v6: bool| {
+            eni.addresses
+                .iter()
+                .find(|(ip, s)| ip.is_ipv6() == v6 && self.is_free(s, now))
+                .map(|(ip, _)| *ip)
+        };
+        let choice = self.enis.iter().find_map(|(id, eni)| {
+            let v4 = pick(eni, false)?;
+            let v6 = if ipv6 { Some(pick(eni, true)?) } else { None };
+            Some((id.clone(), v4, v6))
+        });
+        let Some((eni_id, v4, v6)) = choice else {
+            return Err(DataStoreError::NoFreeAddress {
+                ipv6,
+                cooling: self.stats(now).cooling,
+            });
+        };
+        let eni = self.enis.get_mut(&eni_id).expect("chosen above");
+        for ip in std::iter::once(v4).chain(v6) {
+            let state = eni.addresses.get_mut(&ip).expect("chosen above");
+            state.assigned_to = Some(key.clone());
+            state.released_at = None;
+        }
+        Ok(Assignment {
+            eni_id,
+            ipv4: Some(v4),
+            ipv6: v6,
+        })
+    }
+
+    /// Re-establishes an assignment known from the checkpoint (startup).
+    pub fn restore(
+        &mut self,
+        key: &AttachmentKey,
+        eni_id: &str,
+        ips: &[IpAddr],
+    ) -> Result<(), DataStoreError> {
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        for ip in ips {
+            let state = eni
+                .addresses
+                .get(ip)
+                .ok_or(DataStoreError::UnknownAddress(*ip))?;
+            if state.assigned_to.as_ref().is_some_and(|k| k != key) {
+                return Err(DataStoreError::AddressInUse(*ip));
+            }
+        }
+        for ip in ips {
+            eni.addresses.get_mut(ip).expect("checked").assigned_to = Some(key.clone());
+        }
+        Ok(())
+    }
+
+    /// Frees what `key` holds; the addresses cool down from `now`.
+    pub fn unassign(&mut self, key: &AttachmentKey, now: Instant) -> Option<Assignment> {
+        let held = self.assignment(key)?;
+        let eni = self.enis.get_mut(&held.eni_id).expect("found above");
+        for state in eni
+            .addresses
+            .values_mut()
+            .filter(|s| s.assigned_to.as_ref() == Some(key))
+        {
+            state.assigned_to = None;
+            state.released_at = Some(now);
+        }
+        Some(held)
+    }
+
+    /// Addresses of an ENI that could be given back to the cloud: neither
+    /// assigned nor cooling down.
+    pub fn freeable(&self, eni_id: &str, now: Instant) -> Result<Vec<IpAddr>, DataStoreError> {
+        let eni = self
+            .enis
+            .get(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        Ok(eni
+            .addresses
+            .iter()
+            .filter(|(_, s)| self.is_free(s, now))
+            .map(|(ip, _)| *ip)
+            .collect())
+    }
+
+    pub fn stats(&self, now: Instant) -> DataStoreStats {
+        let mut stats = DataStoreStats::default();
+        for state in self.enis.values().flat_map(|e| e.addresses.values()) {
+            stats.total += 1;
+            if state.assigned_to.is_some() {
+                stats.assigned += 1;
+            } else if !self.is_free(state, now) {
+                stats.cooling += 1;
+            }
+        }
+        stats
+    }
+
+    /// The ENI with the fewest addresses below `max_per_eni`, if any needs
+    /// more (the seed's GetENINeedsIP).
+    pub fn eni_needing_addresses(&self, max_per_eni: usize) -> Option<String> {
+        self.enis
+            .iter()
+            .filter(|(_, e)| e.addresses.len() < max_per_eni)
+            .min_by_key(|(_, e)| e.addresses.len())
+            .map(|(id, _)| id.clone())
+    }
+
+    pub fn device_index(&self, eni_id: &str) -> Option<u32> {
+        self.enis.get(eni_id).map(|e| e.device_index)
+    }
+
+    pub fn eni_ids(&self) -> Vec<String> {
+        self.enis.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(c: &str) -> AttachmentKey {
+        AttachmentKey {
+            network: "n".into(),
+            container_id: c.into(),
+            ifname: "eth0".into(),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn store() -> DataStore {
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni("eni-a", 2).unwrap();
+        ds.add_address("eni-a", ip("10.0.0.11")).unwrap();
+        ds.add_address("eni-a", ip("fd00::11")).unwrap();
+        ds
+    }
+
+    #[test]
+    fn every_misuse_has_its_error() {
+        let now = Instant::now();
+        let mut ds = store();
+        assert_eq!(
+            ds.add_eni("eni-a", 3),
+            Err(DataStoreError::DuplicateEni("eni-a".into()))
+        );
+        assert_eq!(
+            ds.add_address("eni-a", ip("10.0.0.11")),
+            Err(DataStoreError::AddressAlreadyInStore(ip("10.0.0.11")))
+        );
+        ds.add_eni("eni-b", 3).unwrap();
+        // Unique across ENIs too.
+        assert_eq!(
+            ds.add_address("eni-b", ip("10.0.0.11")),
+            Err(DataStoreError::AddressAlreadyInStore(ip("10.0.0.11")))
+        );
+        assert_eq!(
+            ds.add_address("eni-x", ip("10.0.0.99")),
+            Err(DataStoreError::UnknownEni("eni-x".into()))
+        );
+        assert_eq!(
+            ds.del_address("eni-a", ip("10.0.0.99"), false),
+            Err(DataStoreError::UnknownAddress(ip("10.0.0.99")))
+        );
+        let a = ds.assign(&key("p"), true, now).unwrap();
+        assert_eq!(a.eni_id, "eni-a");
+        assert_eq!(
+            ds.del_address("eni-a", ip("10.0.0.11"), false),
+            Err(DataStoreError::AddressInUse(ip("10.0.0.11")))
+        );
+        assert_eq!(
+            ds.remove_eni("eni-a", false),
+            Err(DataStoreError::EniInUse("eni-a".into()))
+        );
+        assert_eq!(
+            ds.remove_eni("eni-x", false),
+            Err(DataStoreError::UnknownEni("eni-x".into()))
+        );
+        assert!(matches!(
+            ds.assign(&key("q"), false, now),
+            Err(DataStoreError::NoFreeAddress { .. })
+        ));
+        // Forced removal works while assigned.
+        ds.del_address("eni-a", ip("fd00::11"), true).unwrap();
+        ds.remove_eni("eni-a", true).unwrap();
+        assert!(ds.assignment(&key("p")).is_none());
+    }
+
+    #[test]
+    fn assign_is_idempotent_and_dual_stack_from_one_eni() {
+        let now = Instant::now();
+        let mut ds = store();
+        ds.add_eni("eni-b", 3).unwrap();
+        ds.add_address("eni-b", ip("10.0.1.11")).unwrap();
+        let a = ds.assign(&key("p"), true, now).unwrap();
+        assert_eq!(
+            a,
+            Assignment {
+                eni_id: "eni-a".into(),
+                ipv4: Some(ip("10.0.0.11")),
+                ipv6: Some(ip("fd00::11"))
+            }
+        );
+        assert_eq!(ds.assign(&key("p"), true, now).unwrap(), a);
+        // eni-b has no IPv6: a dual-stack pod cannot go there.
+        assert!(ds.assign(&key("q"), true, now).is_err());
+        assert_eq!(ds.assign(&key("q"), false, now).unwrap().eni_id, "eni-b");
+    }
+
+    #[test]
+    fn released_addresses_cool_down() {
+        let t0 = Instant::now();
+        let mut ds = store();
+        ds.assign(&key("p"), false, t0).unwrap();
+        assert_eq!(
+            ds.unassign(&key("p"), t0).unwrap().ipv4,
+            Some(ip("10.0.0.11"))
+        );
+        assert!(ds.unassign(&key("p"), t0).is_none());
+        assert_eq!(
+            ds.stats(t0),
+            DataStoreStats {
+                total: 2,
+                assigned: 0,
+                cooling: 1
+            }
+        );
+        assert!(ds
+            .assign(&key("q"), false, t0 + Duration::from_secs(29))
+            .is_err());
+        assert!(!ds.freeable("eni-a", t0).unwrap().contains(&ip("10.0.0.11")));
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(
+            ds.freeable("eni-a", later).unwrap(),
+            vec![ip("10.0.0.11"), ip("fd00::11")]
+        );
+        assert_eq!(
+            ds.assign(&key("q"), false, later).unwrap().ipv4,
+            Some(ip("10.0.0.11"))
+        );
+        assert_eq!(
+            ds.stats(later),
+            DataStoreStats {
+                total: 2,
+                assigned: 1,
+                cooling: 0
+            }
+        );
+    }
+
+    #[test]
+    fn restore_and_needing_addresses() {
+        let now = Instant::now();
+        let mut ds = store();
+        ds.add_eni("eni-b", 3).unwrap();
+        ds.restore(&key("p"), "eni-a", &[ip("10.0.0.11")]).unwrap();
+        assert_eq!(
+            ds.restore(&key("q"), "eni-a", &[ip("10.0.0.11")]),
+            Err(DataStoreError::AddressInUse(ip("10.0.0.11")))
+        );
+        assert_eq!(
+            ds.assignment(&key("p")).unwrap().ipv4,
+            Some(ip("10.0.0.11"))
+        );
+        assert_eq!(ds.eni_needing_addresses(2), Some("eni-b".into()));
+        assert_eq!(ds.eni_needing_addresses(0), None);
+        assert_eq!(ds.stats(now).assigned, 1);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Assign(u8, bool),
+        Unassign(u8),
+        AddAddress(u8, u8),
+        DelAddress(u8, u8, bool),
+        AddEni(u8),
+        RemoveEni(u8, bool),
+        Wait(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..8u8, any::<bool>()).prop_map(|(k, v6)| Op::Assign(k, v6)),
+            (0..8u8).prop_map(Op::Unassign),
+            (0..3u8, 0..12u8).prop_map(|(e, a)| Op::AddAddress(e, a)),
+            (0..3u8, 0..12u8, any::<bool>()).prop_map(|(e, a, f)| Op::DelAddress(e, a, f)),
+            (0..3u8).prop_map(Op::AddEni),
+            (0..3u8, any::<bool>()).prop_map(|(e, f)| Op::RemoveEni(e, f)),
+            (0..40u8).prop_map(Op::Wait),
+        ]
+    }
+
+    fn addr(a: u8) -> IpAddr {
+        if a % 2 == 0 {
+            IpAddr::from([10, 0, 0, a])
+        } else {
+            format!("fd00::{a}").parse().unwrap()
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_sequences_never_double_assign_and_keep_stats_consistent(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut ds = DataStore::new(Duration::from_secs(30));
+            let mut now = Instant::now();
+            for op in ops {
+                match op {
+                    Op::Assign(k, v6) => { let _ = ds.assign(&key(&k.to_string()), v6, now); }
+                    Op::Unassign(k) => { ds.unassign(&key(&k.to_string()), now); }
+                    Op::AddAddress(e, a) => { let _ = ds.add_address(&format!("eni-{e}"), addr(a)); }
+                    Op::DelAddress(e, a, f) => { let _ = ds.del_address(&format!("eni-{e}"), addr(a), f); }
+                    Op::AddEni(e) => { let _ = ds.add_eni(&format!("eni-{e}"), e as u32); }
+                    Op::RemoveEni(e, f) => { let _ = ds.remove_eni(&format!("eni-{e}"), f); }
+                    Op::Wait(s) => now += Duration::from_secs(s as u64),
+                }
+                // No address is in the store twice, and no key holds more
+                // than one address of a family or addresses on two ENIs.
+                let mut seen = std::collections::HashSet::new();
+                let mut holders: BTreeMap<AttachmentKey, (String, usize, usize)> = BTreeMap::new();
+                let (mut total, mut assigned, mut cooling) = (0, 0, 0);
+                for (id, eni) in &ds.enis {
+                    for (ip, s) in &eni.addresses {
+                        prop_assert!(seen.insert(*ip), "address {} twice", ip);
+                        total += 1;
+                        if let Some(k) = &s.assigned_to {
+                            assigned += 1;
+                            let h = holders.entry(k.clone()).or_insert((id.clone(), 0, 0));
+                            prop_assert_eq!(&h.0, id, "key on two ENIs");
+                            if ip.is_ipv4() { h.1 += 1 } else { h.2 += 1 }
+                            prop_assert!(h.1 <= 1 && h.2 <= 1, "key holds two addresses of a family");
+                        } else if !ds.is_free(s, now) {
+                            cooling += 1;
+                        }
+                    }
+                }
+                prop_assert_eq!(ds.stats(now), DataStoreStats { total, assigned, cooling });
+            }
+        }
+    }
+}
