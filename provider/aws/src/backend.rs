@@ -1,0 +1,605 @@
+//! [`AwsBackend`]: the [`CloudBackend`] the warm pool drives on EC2.
+//!
+//! Instance metadata is the truth for what is attached and how it is
+//! addressed (it is what the node's kernel sees); the EC2 API is the truth
+//! for what exists, which interfaces enim created (by tag), and for
+//! attachment state while metadata lags.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use aws_credential_types::Credentials;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::{Eni, MacAddr, ProviderError};
+use tokio::sync::{Mutex, OnceCell};
+
+use crate::config::AwsConfig;
+use crate::credentials::{CredentialsError, CredentialsProvider};
+use crate::ec2::{default_endpoint, CreateEni, Ec2Client, Ec2Error, NetworkInterface};
+use crate::imds::{Imds, ImdsError, InterfaceInfo};
+
+/// Marks an ENI as created by enim.
+pub const TAG_MANAGED: &str = "enim.io/managed";
+/// The instance an enim ENI belongs to.
+pub const TAG_NODE: &str = "enim.io/node";
+
+/// Bound on waiting for a lagging interface while listing: listing runs at
+/// pool start and should not stall for the full `metadata_wait`.
+const LIST_LAG_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AwsError {
+    #[error("{what}: {source}")]
+    Imds {
+        what: String,
+        #[source]
+        source: ImdsError,
+    },
+    #[error("{what}: {source}")]
+    Ec2 {
+        what: String,
+        #[source]
+        source: Ec2Error,
+    },
+    #[error("AWS credentials: {0}")]
+    Credentials(#[from] CredentialsError),
+    #[error("aws provider configuration: {0}")]
+    Config(String),
+    #[error("no primary interface (device 0 on card 0) in instance metadata")]
+    NoPrimary,
+    #[error("ENI {0} does not exist")]
+    Missing(String),
+    #[error("ENI {eni_id} does not carry {TAG_MANAGED}=true and {TAG_NODE}={instance}: enim did not create it for this node")]
+    NotOurs { eni_id: String, instance: String },
+    #[error("ENI {eni_id} is attached to {other}, not to this instance {instance}")]
+    ForeignAttachment {
+        eni_id: String,
+        other: String,
+        instance: String,
+    },
+    #[error("ENI {0} is this instance's primary interface; enim never detaches it")]
+    Primary(String),
+    #[error("ENI {eni_id} still {status} after {waited:?}")]
+    StateTimeout {
+        eni_id: String,
+        status: String,
+        waited: Duration,
+    },
+    #[error(
+        "instance {instance} already has {attached} interfaces on card 0, its limit is {limit}"
+    )]
+    NoFreeSlot {
+        instance: String,
+        attached: usize,
+        limit: usize,
+    },
+    #[error("ENI {eni_id}: EC2 reported MAC address {mac:?}, which is not a MAC address")]
+    BadMac { eni_id: String, mac: String },
+}
+
+impl From<AwsError> for ProviderError {
+    fn from(e: AwsError) -> Self {
+        let msg = e.to_string();
+        match &e {
+            AwsError::Ec2 { source, .. } => (source.provider_kind())(msg),
+            AwsError::Credentials(CredentialsError::Imds(_)) => ProviderError::Unavailable(msg),
+            AwsError::Missing(id) => ProviderError::UnknownEni(id.clone()),
+            AwsError::Credentials(_)
+            | AwsError::Config(_)
+            | AwsError::NotOurs { .. }
+            | AwsError::ForeignAttachment { .. }
+            | AwsError::Primary(_)
+            | AwsError::BadMac { .. } => ProviderError::Config(msg),
+            // Metadata trouble, slow detaches and a full instance can all
+            // clear up: the pool retries with backoff.
+            AwsError::Imds { .. }
+            | AwsError::NoPrimary
+            | AwsError::StateTimeout { .. }
+            | AwsError::NoFreeSlot { .. } => ProviderError::Unavailable(msg),
+        }
+    }
+}
+
+fn ec2(what: impl Into<String>) -> impl FnOnce(Ec2Error) -> AwsError {
+    let what = what.into();
+    move |source| AwsError::Ec2 { what, source }
+}
+
+fn imds(what: impl Into<String>) -> impl FnOnce(ImdsError) -> AwsError {
+    let what = what.into();
+    move |source| AwsError::Imds { what, source }
+}
+
+/// The EC2 backend of one instance.
+pub struct AwsBackend {
+    imds: Arc<Imds>,
+    ec2: Ec2Client,
+    instance_id: String,
+    instance_type: String,
+    region: String,
+    subnet_id: String,
+    config: AwsConfig,
+    limit: OnceCell<usize>,
+    /// Device-index choice and attach happen one at a time, so two creates
+    /// never pick the same index.
+    attach_lock: Mutex<()>,
+}
+
+impl AwsBackend {
+    /// Discovers the instance through IMDS and sets up the EC2 client with
+    /// the default credentials chain (environment, then instance role).
+    pub async fn discover(config: &AwsConfig) -> Result<AwsBackend, AwsError> {
+        Self::discover_with(config, None).await
+    }
+
+    /// As [`discover`](Self::discover), with fixed credentials when given.
+    pub async fn discover_with(
+        config: &AwsConfig,
+        credentials: Option<Credentials>,
+    ) -> Result<AwsBackend, AwsError> {
+        config.validate().map_err(AwsError::Config)?;
+        let imds_client =
+            Arc::new(Imds::new(&config.imds_endpoint).map_err(imds("instance metadata client"))?);
+        let instance_id = imds_client
+            .instance_id()
+            .await
+            .map_err(imds("discovering the instance id"))?;
+        let region = match &config.region {
+            Some(r) => r.clone(),
+            None => imds_client
+                .region()
+                .await
+                .map_err(imds("discovering the region"))?,
+        };
+        let instance_type = imds_client
+            .instance_type()
+            .await
+            .map_err(imds("discovering the instance type"))?;
+        let subnet_id = match &config.subnet_id {
+            Some(s) => s.clone(),
+            None => {
+                let interfaces = imds_client
+                    .interfaces(LIST_LAG_WAIT)
+                    .await
+                    .map_err(imds("discovering the primary interface"))?;
+                interfaces
+                    .into_iter()
+                    .find(InterfaceInfo::is_primary)
+                    .ok_or(AwsError::NoPrimary)?
+                    .subnet_id
+            }
+        };
+        let creds = Arc::new(match credentials {
+            Some(c) => CredentialsProvider::fixed(c),
+            None => CredentialsProvider::default_chain(imds_client.clone()).await?,
+        });
+        let endpoint = config
+            .ec2_endpoint
+            .clone()
+            .unwrap_or_else(|| default_endpoint("ec2", &region));
+        let ec2_client = Ec2Client::new(&endpoint, &region, creds.clone(), config.retry_policy())
+            .map_err(ec2("EC2 client"))?;
+        tracing::info!(
+            instance = %instance_id,
+            %instance_type,
+            %region,
+            subnet = %subnet_id,
+            %endpoint,
+            credentials = creds.describe(),
+            "AWS backend discovered the instance",
+        );
+        Ok(AwsBackend {
+            imds: imds_client,
+            ec2: ec2_client,
+            instance_id,
+            instance_type,
+            region,
+            subnet_id,
+            config: config.clone(),
+            limit: OnceCell::new(),
+            attach_lock: Mutex::new(()),
+        })
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    pub fn instance_type(&self) -> &str {
+        &self.instance_type
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    /// The subnet new ENIs are created in.
+    pub fn subnet_id(&self) -> &str {
+        &self.subnet_id
+    }
+
+    pub fn ec2(&self) -> &Ec2Client {
+        &self.ec2
+    }
+
+    fn tags(&self) -> Vec<(String, String)> {
+        vec![
+            (TAG_MANAGED.into(), "true".into()),
+            (TAG_NODE.into(), self.instance_id.clone()),
+        ]
+    }
+
+    fn is_ours(&self, eni: &NetworkInterface) -> bool {
+        eni.tag(TAG_MANAGED) == Some("true") && eni.tag(TAG_NODE) == Some(&self.instance_id)
+    }
+
+    /// Unique per create, at most 64 ASCII characters as EC2 requires.
+    fn client_token(&self) -> String {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let mut t = format!(
+            "enim-{}-{:x}-{:x}",
+            self.instance_id,
+            nanos,
+            fastrand::u32(..)
+        );
+        t.truncate(64);
+        t
+    }
+
+    async fn limit(&self) -> Result<usize, AwsError> {
+        self.limit
+            .get_or_try_init(|| async {
+                self.ec2
+                    .max_interfaces(&self.instance_type)
+                    .await
+                    .map_err(ec2(format!(
+                        "interface limit of instance type {}",
+                        self.instance_type
+                    )))
+            })
+            .await
+            .copied()
+    }
+
+    /// Interfaces on card 0 now and the lowest free device index there,
+    /// from EC2 (metadata may not show an attach in progress yet).
+    async fn device_slots(&self) -> Result<(usize, u32), AwsError> {
+        let attached = self
+            .ec2
+            .describe_network_interfaces(&[(
+                "attachment.instance-id",
+                &[self.instance_id.as_str()],
+            )])
+            .await
+            .map_err(ec2("listing this instance's interfaces"))?;
+        let used: BTreeSet<u32> = attached
+            .iter()
+            .filter_map(|n| n.attachment.as_ref())
+            .filter(|a| a.network_card_index.unwrap_or(0) == 0)
+            .filter_map(|a| a.device_index)
+            .collect();
+        let free = (1..).find(|i| !used.contains(i)).expect("a u32 is free");
+        Ok((used.len().max(1), free))
+    }
+
+    /// Attaches `eni_id` at the lowest free device index on card 0 and
+    /// marks it delete-on-termination.
+    async fn attach(&self, eni_id: &str) -> Result<(), AwsError> {
+        let attachment_id = {
+            let _one_at_a_time = self.attach_lock.lock().await;
+            let (attached, index) = self.device_slots().await?;
+            let limit = self.limit().await?;
+            if attached >= limit {
+                return Err(AwsError::NoFreeSlot {
+                    instance: self.instance_id.clone(),
+                    attached,
+                    limit,
+                });
+            }
+            match self
+                .ec2
+                .attach_network_interface(eni_id, &self.instance_id, index, 0)
+                .await
+            {
+                Ok(id) => id,
+                Err(e) => {
+                    // A retried attach whose first try went through fails,
+                    // yet the ENI is ours: check before reporting failure.
+                    let may_have_attached = !matches!(
+                        e,
+                        Ec2Error::AttachmentLimitExceeded { .. } | Ec2Error::Auth { .. }
+                    );
+                    let now = if may_have_attached {
+                        self.ec2
+                            .describe_network_interface(eni_id)
+                            .await
+                            .ok()
+                            .flatten()
+                    } else {
+                        None
+                    };
+                    match now.as_ref().and_then(|n| {
+                        (n.attached_instance() == Some(&self.instance_id))
+                            .then(|| n.attachment.as_ref()?.attachment_id.clone())
+                            .flatten()
+                    }) {
+                        Some(id) => id,
+                        None => {
+                            return Err(ec2(format!(
+                                "attaching ENI {eni_id} at device index {index}"
+                            ))(e))
+                        }
+                    }
+                }
+            }
+        };
+        // Without this a terminated node leaks its ENIs; the pool can still
+        // use the ENI, so a failure here is only logged.
+        if let Err(e) = self
+            .ec2
+            .set_delete_on_termination(eni_id, &attachment_id)
+            .await
+        {
+            tracing::warn!(eni = %eni_id, error = %e, "could not mark ENI delete-on-termination");
+        }
+        Ok(())
+    }
+
+    /// Waits until metadata shows `eni_id` under `mac` and returns it.
+    async fn await_metadata(&self, eni_id: &str, mac: &str) -> Result<Eni, AwsError> {
+        let mac: MacAddr = mac.parse().map_err(|_| AwsError::BadMac {
+            eni_id: eni_id.into(),
+            mac: mac.into(),
+        })?;
+        let info = self
+            .imds
+            .interface_settled(mac, Some(eni_id), self.config.metadata_wait)
+            .await
+            .map_err(imds(format!("ENI {eni_id} attached")))?;
+        Ok(info.to_eni(self.config.mtu))
+    }
+
+    /// Polls EC2 until `eni_id` is `available` (detached) or gone.
+    async fn await_detached(&self, eni_id: &str) -> Result<Option<NetworkInterface>, AwsError> {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let now = self
+                .ec2
+                .describe_network_interface(eni_id)
+                .await
+                .map_err(ec2(format!("waiting for ENI {eni_id} to detach")))?;
+            let Some(now) = now else { return Ok(None) };
+            if now.status == "available" {
+                return Ok(Some(now));
+            }
+            let waited = start.elapsed();
+            if waited + delay > self.config.detach_timeout {
+                return Err(AwsError::StateTimeout {
+                    eni_id: eni_id.into(),
+                    status: now.status,
+                    waited,
+                });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Looks `eni_id` up and checks it is enim's for this node.
+    async fn ours(&self, eni_id: &str) -> Result<Option<NetworkInterface>, AwsError> {
+        let Some(eni) = self
+            .ec2
+            .describe_network_interface(eni_id)
+            .await
+            .map_err(ec2(format!("looking up ENI {eni_id}")))?
+        else {
+            return Ok(None);
+        };
+        if !self.is_ours(&eni) {
+            return Err(AwsError::NotOurs {
+                eni_id: eni_id.into(),
+                instance: self.instance_id.clone(),
+            });
+        }
+        Ok(Some(eni))
+    }
+
+    async fn delete_quietly(&self, eni_id: &str) {
+        match self.do_detach_and_delete(eni_id).await {
+            Ok(()) => tracing::info!(eni = %eni_id, "deleted the ENI of a failed create"),
+            // Tagged, so the pool finds and deletes it later.
+            Err(e) => {
+                tracing::warn!(eni = %eni_id, error = %e, "could not delete the ENI of a failed create")
+            }
+        }
+    }
+
+    async fn do_create_and_attach(&self) -> Result<Eni, AwsError> {
+        // Refuse early rather than create an ENI that cannot be attached.
+        let limit = self.limit().await?;
+        let (attached, _) = self.device_slots().await?;
+        if attached >= limit {
+            return Err(AwsError::NoFreeSlot {
+                instance: self.instance_id.clone(),
+                attached,
+                limit,
+            });
+        }
+        let token = self.client_token();
+        let tags = self.tags();
+        let description = format!("enim pod ENI of {}", self.instance_id);
+        let created = self
+            .ec2
+            .create_network_interface(&CreateEni {
+                subnet_id: &self.subnet_id,
+                security_group_ids: &self.config.security_group_ids,
+                description: &description,
+                client_token: &token,
+                tags: &tags,
+                ipv6_address_count: u32::from(self.config.assign_ipv6),
+            })
+            .await
+            .map_err(ec2(format!("creating an ENI in {}", self.subnet_id)))?;
+        let id = created.network_interface_id.clone();
+        tracing::info!(eni = %id, mac = %created.mac_address, subnet = %self.subnet_id, "created ENI");
+
+        if let Err(e) = self.attach(&id).await {
+            self.delete_quietly(&id).await;
+            return Err(e);
+        }
+        match self.await_metadata(&id, &created.mac_address).await {
+            Ok(eni) => Ok(eni),
+            Err(e) => {
+                // Attached but invisible to the node: the pool would never
+                // use it, so take it away again rather than hold the slot.
+                self.delete_quietly(&id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn do_attach_existing(&self, eni_id: &str) -> Result<Eni, AwsError> {
+        let eni = self
+            .ours(eni_id)
+            .await?
+            .ok_or_else(|| AwsError::Missing(eni_id.into()))?;
+        match eni
+            .attachment
+            .as_ref()
+            .and_then(|a| a.instance_id.as_deref())
+        {
+            Some(other) if other != self.instance_id => {
+                return Err(AwsError::ForeignAttachment {
+                    eni_id: eni_id.into(),
+                    other: other.into(),
+                    instance: self.instance_id.clone(),
+                })
+            }
+            _ => {}
+        }
+        if eni.attached_instance() != Some(&self.instance_id) {
+            if eni.status != "available" {
+                // Mid-detach from an earlier run: let it finish first.
+                self.await_detached(eni_id)
+                    .await?
+                    .ok_or_else(|| AwsError::Missing(eni_id.into()))?;
+            }
+            self.attach(eni_id).await?;
+        }
+        self.await_metadata(eni_id, &eni.mac_address).await
+    }
+
+    async fn do_detach_and_delete(&self, eni_id: &str) -> Result<(), AwsError> {
+        let Some(eni) = self.ours(eni_id).await? else {
+            return Ok(());
+        };
+        if let Some(att) = &eni.attachment {
+            if let Some(other) = att
+                .instance_id
+                .as_deref()
+                .filter(|i| *i != self.instance_id)
+            {
+                return Err(AwsError::ForeignAttachment {
+                    eni_id: eni_id.into(),
+                    other: other.into(),
+                    instance: self.instance_id.clone(),
+                });
+            }
+            if att.device_index == Some(0) && att.network_card_index.unwrap_or(0) == 0 {
+                return Err(AwsError::Primary(eni_id.into()));
+            }
+            if let (Some(att_id), "attaching" | "attached" | "") =
+                (att.attachment_id.as_deref(), att.status.as_str())
+            {
+                match self.ec2.detach_network_interface(att_id).await {
+                    Ok(()) => tracing::info!(eni = %eni_id, "detaching ENI"),
+                    // Already detached (or detaching) meanwhile.
+                    Err(e) if e.is_not_found() || e.code() == Some("IncorrectState") => {}
+                    Err(e) => return Err(ec2(format!("detaching ENI {eni_id}"))(e)),
+                }
+            }
+        }
+        if eni.status != "available" && self.await_detached(eni_id).await?.is_none() {
+            return Ok(());
+        }
+        match self.ec2.delete_network_interface(eni_id).await {
+            Ok(()) => {
+                tracing::info!(eni = %eni_id, "deleted ENI");
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(ec2(format!("deleting ENI {eni_id}"))(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl CloudBackend for AwsBackend {
+    fn name(&self) -> &str {
+        "aws"
+    }
+
+    async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
+        let wait = self.config.metadata_wait.min(LIST_LAG_WAIT);
+        let interfaces = self
+            .imds
+            .interfaces(wait)
+            .await
+            .map_err(imds("listing attached interfaces"))?;
+        Ok(interfaces
+            .iter()
+            .filter(|i| !i.is_primary())
+            .map(|i| i.to_eni(self.config.mtu))
+            .collect())
+    }
+
+    async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
+        let enis = self
+            .ec2
+            .describe_network_interfaces(&[
+                (&format!("tag:{TAG_NODE}"), &[self.instance_id.as_str()]),
+                (&format!("tag:{TAG_MANAGED}"), &["true"]),
+            ])
+            .await
+            .map_err(ec2("listing enim's ENIs of this node"))?;
+        let mut out = Vec::new();
+        for eni in enis {
+            let attached_to = eni
+                .attachment
+                .as_ref()
+                .and_then(|a| a.instance_id.as_deref());
+            match attached_to {
+                Some(other) if other != self.instance_id => {
+                    tracing::warn!(eni = %eni.network_interface_id, instance = %other, "an ENI tagged for this node is attached elsewhere; ignoring it");
+                }
+                _ => out.push(TaggedEni {
+                    attached: eni.attached_instance() == Some(&self.instance_id),
+                    id: eni.network_interface_id,
+                }),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn eni_limit(&self) -> Result<usize, ProviderError> {
+        Ok(self.limit().await?)
+    }
+
+    async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
+        Ok(self.do_create_and_attach().await?)
+    }
+
+    async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
+        Ok(self.do_attach_existing(eni_id).await?)
+    }
+
+    async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
+        Ok(self.do_detach_and_delete(eni_id).await?)
+    }
+}
