@@ -1,0 +1,679 @@
+//! A small client of the BCE ENI OpenAPI (`bcc.<region>.baidubce.com`,
+//! `/v1/eni...`): signed with bce-auth-v1, retried with jittered backoff on
+//! throttling and server errors, every mutating call carrying a clientToken
+//! that stays the same across its retries so BCE can deduplicate them.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use enim_provider::ProviderError;
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{self, Credentials, SignInput};
+
+/// How long a signature stays valid. BCE rejects requests whose
+/// `x-bce-date` is outside this window of its own clock.
+const SIGNATURE_TTL_SECS: u32 = 1800;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("BCE {op}: {source}")]
+    Transport {
+        op: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("BCE {op}: HTTP {status} {code}: {message} (request id {request_id})")]
+    Http {
+        op: String,
+        status: u16,
+        code: String,
+        message: String,
+        request_id: String,
+    },
+    #[error("BCE {op}: unexpected answer: {why}")]
+    Decode { op: String, why: String },
+    #[error("BCE endpoint {endpoint:?}: {why}")]
+    Endpoint { endpoint: String, why: String },
+}
+
+/// Error codes BCE uses for throttling (besides HTTP 429).
+const THROTTLE_CODES: &[&str] = &[
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+    "RateLimitExceeded",
+];
+
+/// Error codes that mean the credentials or the signature are wrong.
+const AUTH_CODES: &[&str] = &[
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "RequestExpired",
+    "InvalidHTTPAuthHeader",
+    "InvalidAuthorization",
+];
+
+impl ApiError {
+    fn code(&self) -> Option<(u16, &str)> {
+        match self {
+            ApiError::Http { status, code, .. } => Some((*status, code.as_str())),
+            _ => None,
+        }
+    }
+
+    pub fn is_throttled(&self) -> bool {
+        matches!(self.code(), Some((status, code)) if status == 429 || THROTTLE_CODES.contains(&code))
+    }
+
+    /// Throttling, server errors and transport failures may pass; anything
+    /// else the server said no to will be said no to again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ApiError::Transport { .. } => true,
+            ApiError::Http { status, .. } => *status >= 500 || self.is_throttled(),
+            ApiError::Decode { .. } | ApiError::Endpoint { .. } => false,
+        }
+    }
+
+    pub fn is_auth(&self) -> bool {
+        matches!(self.code(), Some((status, code)) if status == 401 || status == 403 || AUTH_CODES.contains(&code))
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self.code(), Some((status, code)) if status == 404 || code.contains("NotFound") || code.starts_with("NoSuch"))
+    }
+}
+
+impl From<ApiError> for ProviderError {
+    fn from(e: ApiError) -> Self {
+        if e.is_throttled() {
+            ProviderError::Throttled(e.to_string())
+        } else if e.is_transient() {
+            ProviderError::Unavailable(e.to_string())
+        } else if e.is_auth() {
+            ProviderError::Config(format!(
+                "authentication with BCE failed (check access_key_id / secret_access_key \
+                 or BCE_ACCESS_KEY_ID / BCE_SECRET_ACCESS_KEY, the key's rights on the \
+                 ENI API, and the node's clock): {e}"
+            ))
+        } else {
+            ProviderError::Config(e.to_string())
+        }
+    }
+}
+
+/// Bounded exponential backoff with jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries per call, the first included.
+    pub max_attempts: u32,
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+impl RetryPolicy {
+    /// The pause before retry number `retry` (0-based): half of the
+    /// exponential step plus a random share of the other half, so that many
+    /// nodes throttled together do not come back together.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let step = self
+            .base
+            .saturating_mul(1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX))
+            .min(self.cap);
+        let half = step / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+/// ENI states as BCE reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EniStatus {
+    Available,
+    Attaching,
+    InUse,
+    Detaching,
+    Other(String),
+}
+
+impl EniStatus {
+    fn parse(s: &str) -> Self {
+        match s.to_ascii_lowercase().as_str() {
+            "available" => EniStatus::Available,
+            "attaching" => EniStatus::Attaching,
+            "inuse" => EniStatus::InUse,
+            "detaching" => EniStatus::Detaching,
+            _ => EniStatus::Other(s.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for EniStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EniStatus::Available => f.write_str("available"),
+            EniStatus::Attaching => f.write_str("attaching"),
+            EniStatus::InUse => f.write_str("inuse"),
+            EniStatus::Detaching => f.write_str("detaching"),
+            EniStatus::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrivateIp {
+    #[serde(default)]
+    pub primary: bool,
+    #[serde(default)]
+    pub private_ip_address: String,
+}
+
+/// An ENI as the OpenAPI describes it (only the fields enim reads).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiEni {
+    pub eni_id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub instance_id: String,
+    #[serde(default)]
+    pub mac_address: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub subnet_id: String,
+    #[serde(default)]
+    pub private_ip_set: Vec<PrivateIp>,
+}
+
+impl ApiEni {
+    pub fn status(&self) -> EniStatus {
+        EniStatus::parse(&self.status)
+    }
+
+    pub fn attached_to(&self) -> Option<&str> {
+        (!self.instance_id.is_empty()).then_some(self.instance_id.as_str())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListPage {
+    #[serde(default)]
+    enis: Vec<ApiEni>,
+    #[serde(default)]
+    is_truncated: bool,
+    #[serde(default)]
+    next_marker: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateEni<'a> {
+    pub name: &'a str,
+    pub subnet_id: &'a str,
+    pub security_group_ids: &'a [String],
+    pub private_ip_set: Vec<PrivateIp>,
+    pub description: &'a str,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Created {
+    eni_id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EniQuota {
+    pub total_quantity: u32,
+    #[serde(default)]
+    pub available_quantity: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ErrorBody {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    request_id: String,
+}
+
+/// A fresh idempotency token (ASCII, well under BCE's 64-character limit).
+pub fn client_token() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[derive(Clone)]
+pub struct ApiClient {
+    http: reqwest::Client,
+    /// `scheme://host[:port]`, no trailing slash.
+    base: String,
+    /// The Host header value, exactly as signed.
+    host: String,
+    creds: Credentials,
+    retry: RetryPolicy,
+}
+
+impl fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("base", &self.base)
+            .field("creds", &self.creds)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl ApiClient {
+    /// `endpoint` is `https://bcc.bj.baidubce.com`, `http://127.0.0.1:8080`
+    /// or a bare host (HTTPS assumed).
+    pub fn new(endpoint: &str, creds: Credentials, retry: RetryPolicy) -> Result<Self, ApiError> {
+        let bad = |why: String| ApiError::Endpoint {
+            endpoint: endpoint.to_string(),
+            why,
+        };
+        let with_scheme = if endpoint.contains("://") {
+            endpoint.to_string()
+        } else {
+            format!("https://{endpoint}")
+        };
+        let url = reqwest::Url::parse(&with_scheme).map_err(|e| bad(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad("scheme must be http or https".into()));
+        }
+        if url.path() != "/" || url.query().is_some() {
+            return Err(bad("give scheme, host and port only".into()));
+        }
+        let host_name = url.host_str().ok_or_else(|| bad("no host".into()))?;
+        // What hyper would send: the port only when it is not the default.
+        let host = match url.port() {
+            Some(p) => format!("{host_name}:{p}"),
+            None => host_name.to_string(),
+        };
+        let base = format!("{}://{host}", url.scheme());
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(ApiClient {
+            http,
+            base,
+            host,
+            creds,
+            retry,
+        })
+    }
+
+    /// One API call with retries. Returns the response body.
+    async fn call(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        params: &[(String, String)],
+        body: Option<String>,
+    ) -> Result<String, ApiError> {
+        let mut retry = 0;
+        loop {
+            match self
+                .call_once(op, method.clone(), path, params, body.clone())
+                .await
+            {
+                Ok(b) => return Ok(b),
+                Err(e) if e.is_transient() && retry + 1 < self.retry.max_attempts => {
+                    let pause = self.retry.delay(retry);
+                    tracing::debug!(error = %e, ?pause, "BCE call failed, retrying");
+                    tokio::time::sleep(pause).await;
+                    retry += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn call_once(
+        &self,
+        op: &str,
+        method: Method,
+        path: &str,
+        params: &[(String, String)],
+        body: Option<String>,
+    ) -> Result<String, ApiError> {
+        // Signed afresh on every try: a retry after a long backoff must not
+        // carry a stale date.
+        let date = auth::format_timestamp(SystemTime::now());
+        let signed = [
+            ("host".to_string(), self.host.clone()),
+            (auth::BCE_DATE.to_string(), date.clone()),
+        ];
+        let authorization = auth::authorization(
+            &self.creds,
+            &SignInput {
+                method: method.as_str(),
+                path,
+                params,
+                headers: &signed,
+                timestamp: &date,
+                expiration_secs: SIGNATURE_TTL_SECS,
+            },
+        );
+        // The wire query uses the same encoding as the signature; a
+        // parameter without a value goes out bare (`?attach`), as BCE's
+        // examples show.
+        let query = params
+            .iter()
+            .map(|(k, v)| {
+                if v.is_empty() {
+                    auth::uri_encode(k)
+                } else {
+                    format!("{}={}", auth::uri_encode(k), auth::uri_encode(v))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        let mut url = format!("{}{}", self.base, auth::uri_encode_path(path));
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(&query);
+        }
+        let mut req = self
+            .http
+            .request(method, &url)
+            .header(reqwest::header::HOST, &self.host)
+            .header(auth::BCE_DATE, &date)
+            .header(reqwest::header::AUTHORIZATION, authorization);
+        if let Some(b) = body {
+            req = req
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    "application/json;charset=UTF-8",
+                )
+                .body(b);
+        }
+        let transport = |source| ApiError::Transport {
+            op: op.to_string(),
+            source,
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let header_request_id = resp
+            .headers()
+            .get("x-bce-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let text = resp.text().await.map_err(transport)?;
+        if status.is_success() {
+            return Ok(text);
+        }
+        let parsed: ErrorBody = serde_json::from_str(&text).unwrap_or_default();
+        Err(ApiError::Http {
+            op: op.to_string(),
+            status: status.as_u16(),
+            code: if parsed.code.is_empty() {
+                status
+                    .canonical_reason()
+                    .unwrap_or("error")
+                    .replace(' ', "")
+            } else {
+                parsed.code
+            },
+            message: if parsed.message.is_empty() {
+                text.chars().take(200).collect()
+            } else {
+                parsed.message
+            },
+            request_id: if parsed.request_id.is_empty() {
+                header_request_id
+            } else {
+                parsed.request_id
+            },
+        })
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(op: &str, body: &str) -> Result<T, ApiError> {
+        serde_json::from_str(body).map_err(|e| ApiError::Decode {
+            op: op.to_string(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Every ENI of `vpc_id` (attached to `instance_id` when given), all
+    /// pages followed.
+    pub async fn list_enis(
+        &self,
+        vpc_id: &str,
+        instance_id: Option<&str>,
+        page_size: u32,
+    ) -> Result<Vec<ApiEni>, ApiError> {
+        let op = "list ENIs";
+        let mut out = Vec::new();
+        let mut marker: Option<String> = None;
+        // A server that keeps answering "truncated" with the same marker
+        // must not spin us forever.
+        for _ in 0..10_000 {
+            let mut params = vec![
+                ("vpcId".to_string(), vpc_id.to_string()),
+                ("maxKeys".to_string(), page_size.to_string()),
+            ];
+            if let Some(i) = instance_id {
+                params.push(("instanceId".to_string(), i.to_string()));
+            }
+            if let Some(m) = &marker {
+                params.push(("marker".to_string(), m.clone()));
+            }
+            let body = self.call(op, Method::GET, "/v1/eni", &params, None).await?;
+            let page: ListPage = Self::decode(op, &body)?;
+            out.extend(page.enis);
+            match (page.is_truncated, page.next_marker) {
+                (true, Some(next)) if !next.is_empty() && Some(&next) != marker.as_ref() => {
+                    marker = Some(next)
+                }
+                (true, _) => {
+                    return Err(ApiError::Decode {
+                        op: op.to_string(),
+                        why: "isTruncated without a new nextMarker".into(),
+                    })
+                }
+                (false, _) => return Ok(out),
+            }
+        }
+        Err(ApiError::Decode {
+            op: op.to_string(),
+            why: "too many pages".into(),
+        })
+    }
+
+    pub async fn get_eni(&self, eni_id: &str) -> Result<ApiEni, ApiError> {
+        let op = format!("get ENI {eni_id}");
+        let body = self
+            .call(&op, Method::GET, &format!("/v1/eni/{eni_id}"), &[], None)
+            .await?;
+        Self::decode(&op, &body)
+    }
+
+    pub async fn create_eni(&self, req: &CreateEni<'_>, token: &str) -> Result<String, ApiError> {
+        let op = format!("create ENI {}", req.name);
+        let body = serde_json::to_string(req).map_err(|e| ApiError::Decode {
+            op: op.clone(),
+            why: e.to_string(),
+        })?;
+        let params = [("clientToken".to_string(), token.to_string())];
+        let answer = self
+            .call(&op, Method::POST, "/v1/eni", &params, Some(body))
+            .await?;
+        let created: Created = Self::decode(&op, &answer)?;
+        Ok(created.eni_id)
+    }
+
+    async fn attach_action(
+        &self,
+        action: &str,
+        eni_id: &str,
+        instance_id: &str,
+        token: &str,
+    ) -> Result<(), ApiError> {
+        let op = format!("{action} ENI {eni_id} to/from {instance_id}");
+        let params = [
+            (action.to_string(), String::new()),
+            ("clientToken".to_string(), token.to_string()),
+        ];
+        let body = serde_json::json!({ "instanceId": instance_id }).to_string();
+        self.call(
+            &op,
+            Method::PUT,
+            &format!("/v1/eni/{eni_id}"),
+            &params,
+            Some(body),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn attach(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        token: &str,
+    ) -> Result<(), ApiError> {
+        self.attach_action("attach", eni_id, instance_id, token)
+            .await
+    }
+
+    pub async fn detach(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        token: &str,
+    ) -> Result<(), ApiError> {
+        self.attach_action("detach", eni_id, instance_id, token)
+            .await
+    }
+
+    pub async fn delete_eni(&self, eni_id: &str, token: &str) -> Result<(), ApiError> {
+        let op = format!("delete ENI {eni_id}");
+        let params = [("clientToken".to_string(), token.to_string())];
+        self.call(
+            &op,
+            Method::DELETE,
+            &format!("/v1/eni/{eni_id}"),
+            &params,
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn quota(&self, instance_id: &str) -> Result<EniQuota, ApiError> {
+        let op = format!("ENI quota of {instance_id}");
+        let params = [("instanceId".to_string(), instance_id.to_string())];
+        let body = self
+            .call(&op, Method::GET, "/v1/eni/quota", &params, None)
+            .await?;
+        Self::decode(&op, &body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http_err(status: u16, code: &str) -> ApiError {
+        ApiError::Http {
+            op: "op".into(),
+            status,
+            code: code.into(),
+            message: "m".into(),
+            request_id: "r".into(),
+        }
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        assert!(http_err(500, "InternalError").is_transient());
+        assert!(http_err(503, "ServiceUnavailable").is_transient());
+        assert!(http_err(429, "x").is_throttled());
+        assert!(http_err(400, "RequestLimitExceeded").is_throttled());
+        assert!(http_err(400, "RequestLimitExceeded").is_transient());
+        assert!(!http_err(400, "BadRequest").is_transient());
+        assert!(http_err(403, "SignatureDoesNotMatch").is_auth());
+        assert!(http_err(401, "x").is_auth());
+        assert!(http_err(404, "x").is_not_found());
+        assert!(http_err(400, "EniNotFound").is_not_found());
+        assert!(matches!(
+            ProviderError::from(http_err(429, "x")),
+            ProviderError::Throttled(_)
+        ));
+        assert!(matches!(
+            ProviderError::from(http_err(502, "x")),
+            ProviderError::Unavailable(_)
+        ));
+        let ProviderError::Config(msg) =
+            ProviderError::from(http_err(403, "SignatureDoesNotMatch"))
+        else {
+            panic!("auth errors are configuration errors");
+        };
+        assert!(
+            msg.contains("authentication") && msg.contains("SignatureDoesNotMatch"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn backoff_is_bounded_and_jittered() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+        };
+        for retry in 0..40 {
+            let d = p.delay(retry);
+            let step = (Duration::from_millis(100) * 2u32.pow(retry.min(5))).min(p.cap);
+            assert!(
+                d >= step / 2 && d <= step,
+                "retry {retry}: {d:?} vs {step:?}"
+            );
+        }
+        let samples: std::collections::HashSet<_> = (0..20).map(|_| p.delay(3)).collect();
+        assert!(samples.len() > 1, "no jitter");
+    }
+
+    #[test]
+    fn endpoints() {
+        let creds = Credentials {
+            access_key_id: "a".into(),
+            secret_access_key: "b".into(),
+        };
+        let p = RetryPolicy {
+            max_attempts: 1,
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(1),
+        };
+        let c = ApiClient::new("bcc.bj.baidubce.com", creds.clone(), p).unwrap();
+        assert_eq!(c.base, "https://bcc.bj.baidubce.com");
+        assert_eq!(c.host, "bcc.bj.baidubce.com");
+        let c = ApiClient::new("http://127.0.0.1:8080", creds.clone(), p).unwrap();
+        assert_eq!(
+            (c.base.as_str(), c.host.as_str()),
+            ("http://127.0.0.1:8080", "127.0.0.1:8080")
+        );
+        let c = ApiClient::new("https://h:443/", creds.clone(), p).unwrap();
+        assert_eq!(c.host, "h");
+        assert!(ApiClient::new("ftp://h", creds.clone(), p).is_err());
+        assert!(ApiClient::new("https://h/v1", creds, p).is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! enim's Baidu AI Cloud (BCE) backend: whole ENIs from BCE's ENI OpenAPI,
+//! discovered through BCC instance metadata, kept warm by the pool
+//! (`enim-provider-pool`).
+//!
+//! - [`auth`]: bce-auth-v1 request signing.
+//! - [`metadata`]: the instance metadata service (all paths in one place).
+//! - [`api`]: the ENI OpenAPI client (paging, clientTokens, retries).
+//! - [`backend`]: [`BceBackend`], the [`CloudBackend`] on top of both.
+//!
+//! [`build`] turns a [`BceConfig`] into a started warm pool.
+
+pub mod api;
+pub mod auth;
+pub mod backend;
+pub mod metadata;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use enim_provider::cloud::CloudBackend;
+use enim_provider::{EniProvider, ProviderError};
+use enim_provider_pool::{PoolConfig, WarmPool};
+use serde::{Deserialize, Serialize};
+
+pub use api::RetryPolicy;
+pub use auth::Credentials;
+pub use backend::{BackendSettings, BceBackend};
+
+pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
+pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";
+
+/// `[provider]` with `type = "bce"`. Everything but the credentials has a
+/// default or is discovered from instance metadata.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BceConfig {
+    /// BCE region (`bj`, `gz`, `su`, ...); default: metadata `region`.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// ENI OpenAPI endpoint; default `https://bcc.<region>.baidubce.com`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Instance metadata base URL; default
+    /// `http://169.254.169.254/1.0/meta-data/`.
+    #[serde(default)]
+    pub metadata_endpoint: Option<String>,
+    /// VPC to list ENIs in; default: metadata `vpc-id`.
+    #[serde(default)]
+    pub vpc_id: Option<String>,
+    /// Subnet new ENIs are created in; default: metadata `subnet-id`.
+    #[serde(default)]
+    pub subnet_id: Option<String>,
+    /// Security groups of new ENIs.
+    #[serde(default)]
+    pub security_group_ids: Vec<String>,
+    /// Access key; default: env `BCE_ACCESS_KEY_ID`.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`.
+    #[serde(default)]
+    pub secret_access_key: Option<String>,
+    /// Between two ENI status or metadata polls.
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Bound on one attach, detach or wait for metadata.
+    #[serde(default = "default_operation_timeout", with = "humantime_serde")]
+    pub operation_timeout: Duration,
+    /// Tries per API call on throttling, 5xx and transport errors.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// First backoff step of those retries (doubling, jittered).
+    #[serde(default = "default_retry_base", with = "humantime_serde")]
+    pub retry_base: Duration,
+    /// Largest backoff step.
+    #[serde(default = "default_retry_cap", with = "humantime_serde")]
+    pub retry_cap: Duration,
+    /// `maxKeys` of ENI list calls.
+    #[serde(default = "default_page_size")]
+    pub list_page_size: u32,
+    #[serde(default)]
+    pub pool: PoolConfig,
+}
+
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_operation_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_max_attempts() -> u32 {
+    5
+}
+fn default_retry_base() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_retry_cap() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_page_size() -> u32 {
+    100
+}
+
+impl Default for BceConfig {
+    fn default() -> Self {
+        BceConfig {
+            region: None,
+            endpoint: None,
+            metadata_endpoint: None,
+            vpc_id: None,
+            subnet_id: None,
+            security_group_ids: Vec::new(),
+            access_key_id: None,
+            secret_access_key: None,
+            poll_interval: default_poll_interval(),
+            operation_timeout: default_operation_timeout(),
+            max_attempts: default_max_attempts(),
+            retry_base: default_retry_base(),
+            retry_cap: default_retry_cap(),
+            list_page_size: default_page_size(),
+            pool: PoolConfig::default(),
+        }
+    }
+}
+
+impl fmt::Debug for BceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BceConfig")
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .field("metadata_endpoint", &self.metadata_endpoint)
+            .field("vpc_id", &self.vpc_id)
+            .field("subnet_id", &self.subnet_id)
+            .field("security_group_ids", &self.security_group_ids)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("poll_interval", &self.poll_interval)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_base", &self.retry_base)
+            .field("retry_cap", &self.retry_cap)
+            .field("list_page_size", &self.list_page_size)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+impl BceConfig {
+    fn validate(&self) -> Result<(), ProviderError> {
+        let bad = |why: &str| Err(ProviderError::Config(format!("bce: {why}")));
+        if self.poll_interval.is_zero() {
+            return bad("poll_interval must be above zero");
+        }
+        if self.operation_timeout < self.poll_interval {
+            return bad("operation_timeout must be at least poll_interval");
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts must be at least 1");
+        }
+        if self.retry_cap < self.retry_base {
+            return bad("retry_cap must be at least retry_base");
+        }
+        if !(1..=1000).contains(&self.list_page_size) {
+            return bad("list_page_size must be 1..=1000 (BCE's maxKeys limit)");
+        }
+        self.pool.validate()
+    }
+
+    /// Credentials from the config, else from the environment.
+    pub fn credentials(&self) -> Result<Credentials, ProviderError> {
+        let pick = |configured: &Option<String>, env: &str| {
+            configured
+                .clone()
+                .filter(|s| !s.is_empty())
+                .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
+        };
+        match (
+            pick(&self.access_key_id, ENV_ACCESS_KEY_ID),
+            pick(&self.secret_access_key, ENV_SECRET_ACCESS_KEY),
+        ) {
+            (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
+                access_key_id,
+                secret_access_key,
+            }),
+            _ => Err(ProviderError::Config(format!(
+                "bce: no credentials: set access_key_id and secret_access_key, or \
+                 {ENV_ACCESS_KEY_ID} and {ENV_SECRET_ACCESS_KEY}"
+            ))),
+        }
+    }
+}
+
+impl BceBackend {
+    /// Fills what `config` leaves open from instance metadata and checks
+    /// the credentials with one cheap signed call (the instance's ENI quota),
+    /// so bad keys fail the agent's start with a clear message.
+    pub async fn discover(config: &BceConfig) -> Result<BceBackend, ProviderError> {
+        config.validate()?;
+        let creds = config.credentials()?;
+        let meta_base = config
+            .metadata_endpoint
+            .as_deref()
+            .unwrap_or(metadata::DEFAULT_BASE);
+        let meta = metadata::MetadataClient::new(meta_base)
+            .map_err(|e| ProviderError::Config(format!("bce: metadata client: {e}")))?;
+        let instance_id = meta.instance_id().await?;
+        let or_meta = |configured: &Option<String>| configured.clone().filter(|s| !s.is_empty());
+        let endpoint = match or_meta(&config.endpoint) {
+            Some(e) => e,
+            None => {
+                let region = match or_meta(&config.region) {
+                    Some(r) => r,
+                    None => meta.region().await?,
+                };
+                format!("https://bcc.{region}.baidubce.com")
+            }
+        };
+        let vpc_id = match or_meta(&config.vpc_id) {
+            Some(v) => v,
+            None => meta.vpc_id().await?,
+        };
+        let subnet_id = match or_meta(&config.subnet_id) {
+            Some(s) => s,
+            None => meta.subnet_id().await?,
+        };
+        if config.security_group_ids.is_empty() {
+            tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
+        }
+        let retry = RetryPolicy {
+            max_attempts: config.max_attempts,
+            base: config.retry_base,
+            cap: config.retry_cap,
+        };
+        let api = api::ApiClient::new(&endpoint, creds, retry)
+            .map_err(|e| ProviderError::Config(format!("bce: {e}")))?;
+        let backend = BceBackend::new(
+            api,
+            meta,
+            BackendSettings {
+                instance_id,
+                vpc_id,
+                subnet_id,
+                security_group_ids: config.security_group_ids.clone(),
+                poll_interval: config.poll_interval,
+                operation_timeout: config.operation_timeout,
+                page_size: config.list_page_size,
+            },
+        );
+        backend.eni_limit().await?;
+        let s = backend.settings();
+        tracing::info!(instance = %s.instance_id, vpc = %s.vpc_id, subnet = %s.subnet_id, %endpoint, "bce backend ready");
+        Ok(backend)
+    }
+}
+
+/// The warm pool over a discovered [`BceBackend`], started.
+pub async fn start_pool(config: &BceConfig) -> Result<Arc<WarmPool>, ProviderError> {
+    let backend: Arc<dyn CloudBackend> = Arc::new(BceBackend::discover(config).await?);
+    WarmPool::start(backend, config.pool.clone()).await
+}
+
+/// What `enimd` calls for `type = "bce"`.
+pub async fn build(config: &BceConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = start_pool(config).await?;
+    Ok(pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_unknown_keys() {
+        let c: BceConfig = serde_json::from_str(r#"{"security_group_ids": ["g-1"]}"#).unwrap();
+        assert_eq!(c.poll_interval, Duration::from_secs(2));
+        assert_eq!(c.list_page_size, 100);
+        assert_eq!(c.pool, PoolConfig::default());
+        assert!(c.validate().is_ok());
+        assert!(serde_json::from_str::<BceConfig>(r#"{"regoin": "bj"}"#).is_err());
+        let c: BceConfig = serde_json::from_str(
+            r#"{"poll_interval": "50ms", "operation_timeout": "1s",
+                "pool": {"min_free": 2, "max_free": 4}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.poll_interval, Duration::from_millis(50));
+        assert_eq!(c.pool.min_free, 2);
+        let mut bad = c.clone();
+        bad.list_page_size = 0;
+        assert!(bad.validate().is_err());
+        let mut bad = c;
+        bad.pool.max_free = 1;
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let c = BceConfig {
+            access_key_id: Some("ak".into()),
+            secret_access_key: Some("topsecret".into()),
+            ..BceConfig::default()
+        };
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("ak") && !shown.contains("topsecret"),
+            "{shown}"
+        );
+        let creds = c.credentials().unwrap();
+        assert!(!format!("{creds:?}").contains("topsecret"));
+    }
+}

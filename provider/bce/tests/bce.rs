@@ -1,0 +1,484 @@
+//! The BCE backend and its warm pool against the loopback fake in
+//! `common` (signature-checking ENI OpenAPI plus instance metadata).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{FakeCloud, AK, INSTANCE, PRIMARY_MAC, SK, SUBNET, VPC};
+use enim_provider::cloud::CloudBackend;
+use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_provider_bce::api::ApiClient;
+use enim_provider_bce::{BceBackend, BceConfig, Credentials, RetryPolicy};
+use enim_provider_pool::{PoolConfig, PoolStats, WarmPool};
+
+fn config(cloud: &FakeCloud) -> BceConfig {
+    BceConfig {
+        endpoint: Some(cloud.api_url.clone()),
+        metadata_endpoint: Some(cloud.meta_url.clone()),
+        security_group_ids: vec!["g-enim".into()],
+        access_key_id: Some(AK.into()),
+        secret_access_key: Some(SK.into()),
+        poll_interval: Duration::from_millis(5),
+        operation_timeout: Duration::from_secs(5),
+        max_attempts: 4,
+        retry_base: Duration::from_millis(2),
+        retry_cap: Duration::from_millis(10),
+        // Small pages force every listing through several calls.
+        list_page_size: 2,
+        pool: PoolConfig {
+            min_free: 2,
+            max_free: 3,
+            initial_retry: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            resync_interval: Duration::from_millis(50),
+        },
+        ..BceConfig::default()
+    }
+}
+
+fn owner(n: u32) -> EniOwner {
+    EniOwner {
+        network: "net".into(),
+        container_id: format!("c{n}"),
+        ifname: "eth0".into(),
+        pod: PodRef::default(),
+    }
+}
+
+async fn wait_for(pool: &WarmPool, what: &str, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
+    let mut rx = pool.subscribe();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        rx.wait_for(|s| pred(s)).await.map(|s| *s)
+    })
+    .await;
+    match found {
+        Ok(Ok(s)) => s,
+        _ => panic!("timed out waiting for {what}; stats {:?}", pool.stats()),
+    }
+}
+
+#[tokio::test]
+async fn discovery_lists_secondaries_from_metadata_and_the_api() {
+    let cloud = FakeCloud::start().await;
+    let (user_eni, _other) = {
+        let mut w = cloud.world();
+        w.ipv6 = true;
+        let user = w.add_eni("user-eni", VPC, Some(INSTANCE));
+        let other = w.add_eni("elsewhere", VPC, Some("i-Other111"));
+        for n in 0..5 {
+            w.add_eni(&format!("spare-{n}"), VPC, None);
+        }
+        w.add_eni("other-vpc", "vpc-other", Some(INSTANCE));
+        (user, other)
+    };
+    // No region, VPC or subnet configured: all come from metadata.
+    let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
+    let s = backend.settings();
+    assert_eq!(
+        (
+            s.instance_id.as_str(),
+            s.vpc_id.as_str(),
+            s.subnet_id.as_str()
+        ),
+        (INSTANCE, VPC, SUBNET)
+    );
+
+    let attached = backend.attached().await.unwrap();
+    assert_eq!(attached.len(), 1, "{attached:?}");
+    let e = &attached[0];
+    assert_eq!(e.id, user_eni);
+    {
+        let w = cloud.world();
+        let fake = &w.enis[&user_eni];
+        assert_eq!(e.mac.to_string(), fake.mac);
+        assert_eq!(e.ipv4.to_string(), format!("{}/24", fake.ip));
+        assert_eq!(e.gateway4.to_string(), "10.0.1.1");
+        assert_eq!(
+            e.ipv6.map(|n| n.to_string()),
+            fake.ipv6.map(|a| format!("{a}/64"))
+        );
+        assert_eq!(
+            e.gateway6.map(|g| g.to_string()).as_deref(),
+            Some("2400:da00::1")
+        );
+        assert!(e.owner.is_none() && e.mtu.is_none());
+        assert!(attached.iter().all(|e| e.mac.to_string() != PRIMARY_MAC));
+    }
+
+    // The quota is the instance's interface limit.
+    assert_eq!(backend.eni_limit().await.unwrap(), 8);
+    // Nothing carries enim's name yet.
+    assert!(backend.tagged().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn listing_follows_every_page() {
+    let cloud = FakeCloud::start().await;
+    let ids: Vec<String> = {
+        let mut w = cloud.world();
+        w.server_max_keys = 3; // the server caps pages too
+        (0..7)
+            .map(|n| w.add_eni(&format!("e{n}"), VPC, None))
+            .collect()
+    };
+    let creds = Credentials {
+        access_key_id: AK.into(),
+        secret_access_key: SK.into(),
+    };
+    let retry = RetryPolicy {
+        max_attempts: 1,
+        base: Duration::from_millis(1),
+        cap: Duration::from_millis(1),
+    };
+    let api = ApiClient::new(&cloud.api_url, creds, retry).unwrap();
+    let listed = api.list_enis(VPC, None, 2).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|e| e.eni_id.clone()).collect::<Vec<_>>(),
+        ids
+    );
+    let w = cloud.world();
+    let lists: Vec<_> = w.log.iter().filter(|l| l.path == "/v1/eni").collect();
+    assert_eq!(lists.len(), 4, "7 ENIs in pages of 2: {lists:?}");
+    assert!(!lists[0].query.contains("marker"));
+    assert!(lists[1..].iter().all(|l| l.query.contains("marker=eni-")));
+    assert!(lists
+        .iter()
+        .all(|l| l.query.contains("maxKeys=2") && l.status == 200));
+}
+
+#[tokio::test]
+async fn create_attach_detach_delete_walk_the_status_machine() {
+    let cloud = FakeCloud::start().await;
+    {
+        let mut w = cloud.world();
+        w.transition_polls = 3;
+        w.metadata_lag = 2;
+    }
+    let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
+    let eni = backend.create_and_attach().await.unwrap();
+    {
+        let w = cloud.world();
+        let fake = &w.enis[&eni.id];
+        assert!(
+            fake.name.starts_with(&format!("enim-{INSTANCE}-")),
+            "{}",
+            fake.name
+        );
+        assert!(fake.description.contains(INSTANCE));
+        assert_eq!(fake.security_group_ids, vec!["g-enim".to_string()]);
+        assert_eq!(
+            (fake.status.as_str(), fake.instance_id.as_str()),
+            ("inuse", INSTANCE)
+        );
+        assert_eq!(eni.mac.to_string(), fake.mac);
+        assert_eq!(eni.ipv4.addr(), fake.ip);
+        // It went through "attaching" for several reads before "inuse".
+        let reads = w.count("GET", &format!("/v1/eni/{}", eni.id));
+        assert!(reads > 3, "only {reads} status reads");
+        assert_eq!(w.count("POST", "/v1/eni"), 1);
+        assert_eq!(w.count("PUT", "/v1/eni/"), 1);
+    }
+    let tagged = backend.tagged().await.unwrap();
+    assert_eq!(tagged.len(), 1);
+    assert!(tagged[0].attached && tagged[0].id == eni.id);
+    assert_eq!(backend.attached().await.unwrap(), vec![eni.clone()]);
+
+    backend.detach_and_delete(&eni.id).await.unwrap();
+    {
+        let w = cloud.world();
+        assert!(!w.enis.contains_key(&eni.id));
+        assert_eq!(w.count("PUT", "/v1/eni/"), 2);
+        assert_eq!(w.count("DELETE", "/v1/eni/"), 1);
+        // Every mutating call carried a clientToken.
+        for l in w.log.iter().filter(|l| l.method != "GET") {
+            assert!(l.query.contains("clientToken="), "{l:?}");
+        }
+        let put_queries: Vec<&str> = w
+            .log
+            .iter()
+            .filter(|l| l.method == "PUT")
+            .map(|l| l.query.as_str())
+            .collect();
+        assert!(
+            put_queries[0].starts_with("attach&") && put_queries[1].starts_with("detach&"),
+            "{put_queries:?}"
+        );
+        assert!(w.log.iter().all(|l| l.status != 403));
+    }
+    // Gone already: deleting again is fine.
+    backend.detach_and_delete(&eni.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn foreign_enis_are_never_deleted_or_adopted() {
+    let cloud = FakeCloud::start().await;
+    let user = cloud.world().add_eni("user-eni", VPC, Some(INSTANCE));
+    let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
+    let err = backend.detach_and_delete(&user).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Config(m) if m.contains("refusing")),
+        "{err}"
+    );
+    let err = backend.attach_existing(&user).await.unwrap_err();
+    assert!(matches!(err, ProviderError::Config(_)), "{err}");
+    let w = cloud.world();
+    assert_eq!(w.enis[&user].status, "inuse");
+    assert_eq!(
+        w.count("PUT", "/v1/eni/") + w.count("DELETE", "/v1/eni/"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn wrong_secret_is_a_clear_auth_error() {
+    let cloud = FakeCloud::start().await;
+    let mut cfg = config(&cloud);
+    cfg.secret_access_key = Some("not-the-secret".into());
+    let err = match BceBackend::discover(&cfg).await {
+        Ok(_) => panic!("a wrong secret was accepted"),
+        Err(e) => e,
+    };
+    assert!(!err.is_transient(), "{err}");
+    let ProviderError::Config(msg) = &err else {
+        panic!("expected a configuration error, got {err:?}");
+    };
+    assert!(
+        msg.contains("authentication") && msg.contains("SignatureDoesNotMatch"),
+        "{msg}"
+    );
+    assert!(!msg.contains("not-the-secret"), "the secret leaked: {msg}");
+    let w = cloud.world();
+    // Refused once, not retried.
+    assert_eq!(w.log.len(), 1, "{:?}", w.log);
+    assert_eq!(w.log[0].status, 403);
+}
+
+#[tokio::test]
+async fn an_unknown_key_is_refused_too() {
+    let cloud = FakeCloud::start().await;
+    let mut cfg = config(&cloud);
+    cfg.access_key_id = Some("ak-nobody".into());
+    let err = BceBackend::discover(&cfg).await.err().expect("accepted");
+    assert!(
+        matches!(&err, ProviderError::Config(m) if m.contains("InvalidAccessKeyId")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn throttling_and_server_errors_are_retried_within_bounds() {
+    let cloud = FakeCloud::start().await;
+    let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
+    let before = cloud.world().log.len();
+    cloud
+        .world()
+        .inject
+        .extend([(429, "RequestLimitExceeded"), (503, "ServiceUnavailable")]);
+    assert_eq!(backend.eni_limit().await.unwrap(), 8);
+    assert_eq!(cloud.world().log.len() - before, 3);
+
+    // Throttled on every try: gives up after max_attempts, as Throttled.
+    cloud
+        .world()
+        .inject
+        .extend([(429, "RequestLimitExceeded"); 10]);
+    let before = cloud.world().log.len();
+    let err = backend.eni_limit().await.unwrap_err();
+    assert!(
+        matches!(err, ProviderError::Throttled(_)) && err.is_transient(),
+        "{err}"
+    );
+    assert_eq!(cloud.world().log.len() - before, 4);
+    cloud.world().inject.clear();
+
+    cloud.world().inject.extend([(500, "InternalError"); 10]);
+    let err = backend.tagged().await.unwrap_err();
+    assert!(matches!(err, ProviderError::Unavailable(_)), "{err}");
+    cloud.world().inject.clear();
+
+    // A client error is not retried.
+    cloud.world().inject.push_back((400, "BadRequest"));
+    let before = cloud.world().log.len();
+    let err = backend.eni_limit().await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert_eq!(cloud.world().log.len() - before, 1);
+}
+
+#[tokio::test]
+async fn a_repeated_create_after_a_lost_answer_makes_one_eni() {
+    // The first create is served but its answer "lost" (a 503 injected after
+    // it would not model that), so replay the same clientToken by hand.
+    let cloud = FakeCloud::start().await;
+    let creds = Credentials {
+        access_key_id: AK.into(),
+        secret_access_key: SK.into(),
+    };
+    let retry = RetryPolicy {
+        max_attempts: 1,
+        base: Duration::from_millis(1),
+        cap: Duration::from_millis(1),
+    };
+    let api = ApiClient::new(&cloud.api_url, creds, retry).unwrap();
+    let req = enim_provider_bce::api::CreateEni {
+        name: "enim-x",
+        subnet_id: SUBNET,
+        security_group_ids: &[],
+        private_ip_set: vec![enim_provider_bce::api::PrivateIp {
+            primary: true,
+            private_ip_address: String::new(),
+        }],
+        description: "",
+    };
+    let a = api.create_eni(&req, "token-1").await.unwrap();
+    let b = api.create_eni(&req, "token-1").await.unwrap();
+    let c = api.create_eni(&req, "token-2").await.unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(cloud.world().enis.len(), 2);
+}
+
+#[tokio::test]
+async fn pool_fills_to_min_free_and_shrinks_to_max_free() {
+    let cloud = FakeCloud::start().await;
+    let cfg = config(&cloud);
+    let pool = enim_provider_bce::start_pool(&cfg).await.unwrap();
+    let s = wait_for(&pool, "min_free ENIs", |s| s.available == 2).await;
+    assert_eq!(s.used, 0);
+    assert_eq!(cloud.world().ours().len(), 2);
+    assert_eq!(cloud.world().attached_to_us().len(), 2);
+
+    // Nothing is detached before restore; then three pods take ENIs and the
+    // pool refills behind them.
+    pool.restore(&[]).await.unwrap();
+    let mut held = Vec::new();
+    for n in 0..3 {
+        held.push(pool.allocate_next(&owner(n)).await.unwrap_or_else(|e| {
+            // The pool may be between refills; wait and retry once.
+            panic!("allocation {n} failed: {e}")
+        }));
+        wait_for(&pool, "refill", |s| {
+            s.available >= 2 || s.remaining_interfaces == 0
+        })
+        .await;
+    }
+    let s = wait_for(&pool, "refill after 3 pods", |s| {
+        s.used == 3 && s.available == 2
+    })
+    .await;
+    assert_eq!(s.remaining_interfaces, 8 - 1 - 5);
+    assert_eq!(cloud.world().ours().len(), 5);
+    // Every handed-out ENI is a distinct, attached one.
+    let mut ids: Vec<_> = held.iter().map(|e| e.id.clone()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3);
+
+    for n in 0..3 {
+        pool.release(&owner(n)).await.unwrap();
+    }
+    // Five free: two above max_free are detached and deleted.
+    wait_for(&pool, "shrink to max_free", |s| {
+        s.used == 0 && s.available == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pool.stats().available, 3);
+    {
+        let w = cloud.world();
+        assert_eq!(
+            w.ours().len(),
+            3,
+            "surplus ENIs must be deleted, not just detached"
+        );
+        assert_eq!(w.attached_to_us().len(), 3);
+        assert_eq!(w.count("DELETE", "/v1/eni/"), 2);
+    }
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_quota_caps_the_pool() {
+    let cloud = FakeCloud::start().await;
+    cloud.world().quota_total = 3; // the primary and two ENIs
+    let mut cfg = config(&cloud);
+    cfg.pool.min_free = 5;
+    cfg.pool.max_free = 5;
+    let pool = enim_provider_bce::start_pool(&cfg).await.unwrap();
+    let s = wait_for(&pool, "quota reached", |s| s.available == 2).await;
+    assert_eq!(s.remaining_interfaces, 0);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    pool.shutdown().await;
+    let w = cloud.world();
+    assert_eq!(w.ours().len(), 2);
+    // The pool stopped at the limit instead of failing against it.
+    assert!(
+        w.log.iter().all(|l| l.status < 400),
+        "{:?}",
+        w.log.iter().filter(|l| l.status >= 400).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_agent_finds_its_enis_again() {
+    let cloud = FakeCloud::start().await;
+    let cfg = config(&cloud);
+    let first = enim_provider_bce::start_pool(&cfg).await.unwrap();
+    wait_for(&first, "fill", |s| s.available == 2).await;
+    let held = first.allocate_next(&owner(1)).await.unwrap();
+    wait_for(&first, "refill", |s| s.available == 2 && s.used == 1).await;
+    first.shutdown().await;
+    drop(first);
+    let (created_before, orphan) = {
+        let mut w = cloud.world();
+        // A crash between create and attach left one of ours unattached.
+        let orphan = w.add_eni(&format!("enim-{INSTANCE}-crashedxxxx"), VPC, None);
+        (w.count("POST", "/v1/eni"), orphan)
+    };
+
+    let second = enim_provider_bce::start_pool(&cfg).await.unwrap();
+    // All three attached ENIs are back, before the loop did anything.
+    let listed = second.list().await.unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed.iter().any(|e| e.id == held.id && e.mac == held.mac));
+    // The checkpoint says who holds what; the rest is free.
+    second
+        .restore(&[(held.id.clone(), owner(1))])
+        .await
+        .unwrap();
+    assert_eq!(second.allocate_next(&owner(1)).await.unwrap().id, held.id);
+    let s = wait_for(&second, "steady", |s| s.used == 1 && s.available == 2).await;
+    assert_eq!(s.needed, 0);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    second.shutdown().await;
+    let w = cloud.world();
+    assert_eq!(
+        w.count("POST", "/v1/eni"),
+        created_before,
+        "no new ENI was needed"
+    );
+    assert!(
+        !w.enis.contains_key(&orphan),
+        "the unattached leftover is deleted"
+    );
+    assert_eq!(w.ours().len(), 3);
+}
+
+#[tokio::test]
+async fn build_returns_a_started_provider() {
+    let cloud = FakeCloud::start().await;
+    let provider: Arc<dyn EniProvider> = enim_provider_bce::build(&config(&cloud)).await.unwrap();
+    assert_eq!(provider.name(), "bce");
+    // The pool fills in the background; an allocation succeeds once it has.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let eni = loop {
+        match provider.allocate_next(&owner(7)).await {
+            Ok(e) => break e,
+            Err(ProviderError::Exhausted { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(cloud.world().enis[&eni.id].status, "inuse");
+}
