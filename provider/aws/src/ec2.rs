@@ -291,15 +291,17 @@ impl QueryClient {
         action: &str,
         params: &[(String, String)],
     ) -> Result<String, Ec2Error> {
-        let body = {
-            let mut form = form_urlencoded::Serializer::new(String::new());
-            form.append_pair("Action", action);
-            form.append_pair("Version", &self.version);
-            for (k, v) in params {
-                form.append_pair(k, v);
-            }
-            form.finish()
-        };
+        let mut body = format!(
+            "Action={}&Version={}",
+            form_encode(action),
+            form_encode(&self.version)
+        );
+        for (k, v) in params {
+            body.push('&');
+            body.push_str(&form_encode(k));
+            body.push('=');
+            body.push_str(&form_encode(v));
+        }
         let mut attempt = 1;
         let mut refreshed = false;
         loop {
@@ -392,6 +394,24 @@ impl QueryClient {
         }
         Err(classify(action, status, &text))
     }
+}
+
+/// Form encoding with only the RFC 3986 unreserved characters left as
+/// they are (and space as `+`): the strictest common reading, so a server
+/// that re-encodes the parsed form before checking the signature (moto
+/// does) arrives at the same bytes.
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -1004,6 +1024,14 @@ mod tests {
             default_endpoint("ec2", "cn-north-1"),
             "https://ec2.cn-north-1.amazonaws.com.cn/"
         );
+    }
+
+    #[test]
+    fn form_encoding_keeps_only_unreserved() {
+        assert_eq!(form_encode("aZ09-_.~"), "aZ09-_.~");
+        assert_eq!(form_encode("a b*c:d/e"), "a+b%2Ac%3Ad%2Fe");
+        assert_eq!(form_encode("{\"x\":[1]}"), "%7B%22x%22%3A%5B1%5D%7D");
+        assert_eq!(form_encode("é"), "%C3%A9");
     }
 
     #[test]

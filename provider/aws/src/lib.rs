@@ -14,3 +14,16 @@ pub mod imds;
 
 pub use backend::{AwsBackend, AwsError, TAG_MANAGED, TAG_NODE};
 pub use config::AwsConfig;
+
+/// The IAM actions the node's credentials must allow. `ec2:CreateTags`
+/// covers the tags set on create (TagSpecification).
+pub const REQUIRED_IAM_ACTIONS: &[&str] = &[
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateTags",
+    "ec2:AttachNetworkInterface",
+    "ec2:ModifyNetworkInterfaceAttribute",
+    "ec2:DetachNetworkInterface",
+    "ec2:DeleteNetworkInterface",
+];

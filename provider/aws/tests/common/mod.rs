@@ -1,0 +1,887 @@
+//! Test rig for the AWS backend, all on loopback: a moto EC2/IAM server
+//! (signatures checked), a fake IMDSv2 that serves the instance's
+//! interfaces from moto's state, and a fault-injecting proxy in front of
+//! moto. Every server is stopped on drop, pass or fail.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::net::{Ipv6Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_credential_types::Credentials;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use enim_provider_aws::credentials::CredentialsProvider;
+use enim_provider_aws::ec2::{Ec2Client, Items, NetworkInterface, QueryClient, RetryPolicy};
+use enim_provider_aws::{AwsConfig, TAG_MANAGED, TAG_NODE};
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+
+pub const REGION: &str = "us-east-1";
+pub const INSTANCE_TYPE: &str = "m5.xlarge";
+/// DescribeInstanceTypes in moto: m5.xlarge takes 4 interfaces.
+pub const INSTANCE_ENI_LIMIT: usize = 4;
+
+/// Whether moto can run here. Without it the tests skip with a message,
+/// except under CI=true, where a skip would hide a broken setup.
+pub fn moto_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import moto.server, flask, flask_cors"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("CI=true but moto is not installed: python3 -m pip install 'moto[server]'");
+        }
+        eprintln!("SKIPPED: moto is not installed (python3 -m pip install 'moto[server]')");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A moto server process, killed on drop.
+pub struct Moto {
+    child: Child,
+    pub url: String,
+    log: PathBuf,
+}
+
+impl Moto {
+    pub async fn start() -> Moto {
+        let http = reqwest::Client::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let log =
+                std::env::temp_dir().join(format!("enim-moto-{}-{port}.log", std::process::id()));
+            let out = std::fs::File::create(&log).unwrap();
+            let child = Command::new("python3")
+                .args([
+                    "-m",
+                    "moto.server",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
+                // Check signatures from the first request on.
+                .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+                .env("PYTHONUNBUFFERED", "1")
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .expect("spawning python3 -m moto.server");
+            let mut moto = Moto {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+                log,
+            };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = moto.child.try_wait() {
+                    break; // port taken, most likely: try another
+                }
+                if let Ok(r) = http
+                    .get(format!("{}/moto-api/data.json", moto.url))
+                    .send()
+                    .await
+                {
+                    if r.status().is_success() {
+                        return moto;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            eprintln!("moto did not come up on port {port}:\n{}", moto.log_tail());
+        }
+        panic!("could not start moto");
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Turns signature checking off (`None`) or on after `n` more actions.
+    pub async fn set_auth_after(&self, n: Option<u32>) {
+        let body = n.map_or("inf".to_string(), |n| n.to_string());
+        let r = reqwest::Client::new()
+            .post(format!("{}/moto-api/reset-auth", self.url))
+            .header("content-type", "text/plain")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "reset-auth: {}", r.status());
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[derive(Deserialize)]
+struct CreateAccessKeyResponse {
+    #[serde(rename = "CreateAccessKeyResult")]
+    result: CreateAccessKeyResult,
+}
+#[derive(Deserialize)]
+struct CreateAccessKeyResult {
+    #[serde(rename = "AccessKey")]
+    key: AccessKey,
+}
+#[derive(Deserialize)]
+struct AccessKey {
+    #[serde(rename = "AccessKeyId")]
+    id: String,
+    #[serde(rename = "SecretAccessKey")]
+    secret: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateVpcResponse {
+    vpc: Vpc,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Vpc {
+    vpc_id: String,
+    #[serde(default)]
+    ipv6_cidr_block_association_set: Items<Ipv6Assoc>,
+}
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+struct Ipv6Assoc {
+    ipv6_cidr_block: String,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DescribeSubnetsResponse {
+    subnet_set: Items<Subnet>,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateSubnetResponse {
+    subnet: Subnet,
+}
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct Subnet {
+    pub subnet_id: String,
+    pub cidr_block: String,
+    #[serde(default)]
+    ipv6_cidr_block_association_set: Items<Ipv6Assoc>,
+}
+impl Subnet {
+    fn ipv6(&self) -> Option<String> {
+        self.ipv6_cidr_block_association_set
+            .item
+            .first()
+            .map(|a| a.ipv6_cidr_block.clone())
+    }
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RunInstancesResponse {
+    instances_set: Items<Instance>,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Instance {
+    instance_id: String,
+    network_interface_set: Items<PrimaryNic>,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PrimaryNic {
+    network_interface_id: String,
+}
+
+fn xml<T: for<'de> Deserialize<'de>>(s: &str) -> T {
+    quick_xml::de::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+fn p(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+pub fn fixed(creds: &Credentials) -> Arc<CredentialsProvider> {
+    Arc::new(CredentialsProvider::fixed(creds.clone()))
+}
+
+/// moto, an instance in a dual-stack subnet, the fake IMDS and the proxy.
+pub struct Env {
+    pub moto: Moto,
+    /// Full EC2 rights, for the rig itself.
+    pub admin: Credentials,
+    /// Only the actions enim documents it needs.
+    pub node: Credentials,
+    pub admin_ec2: Ec2Client,
+    pub iam: QueryClient,
+    pub vpc_id: String,
+    pub subnet_id: String,
+    pub subnet_v4: Ipv4Net,
+    pub subnet_v6: Ipv6Net,
+    pub instance_id: String,
+    pub primary_eni: String,
+    pub imds: FakeImds,
+    pub proxy: FaultProxy,
+}
+
+impl Env {
+    /// `None` when moto is not installed (and CI is not set).
+    pub async fn start() -> Option<Env> {
+        if !moto_available() {
+            return None;
+        }
+        let moto = Moto::start().await;
+
+        // IAM users first, with checks off; then checks on for good.
+        moto.set_auth_after(None).await;
+        let bootstrap = Credentials::new("AKIABOOTSTRAP", "bootstrap", None, None, "test");
+        let iam = QueryClient::new(
+            &moto.url,
+            REGION,
+            "iam",
+            "2010-05-08",
+            fixed(&bootstrap),
+            RetryPolicy::default(),
+        )
+        .unwrap();
+        let admin = iam_user(&iam, "enim-admin", &["ec2:*", "iam:*"]).await;
+        let node = iam_user(&iam, "enim-node", enim_provider_aws::REQUIRED_IAM_ACTIONS).await;
+        moto.set_auth_after(Some(0)).await;
+
+        let admin_ec2 =
+            Ec2Client::new(&moto.url, REGION, fixed(&admin), RetryPolicy::default()).unwrap();
+        let iam = QueryClient::new(
+            &moto.url,
+            REGION,
+            "iam",
+            "2010-05-08",
+            fixed(&admin),
+            RetryPolicy::default(),
+        )
+        .unwrap();
+        let q = admin_ec2.query();
+        let vpc: CreateVpcResponse = xml(&q
+            .call(
+                "CreateVpc",
+                &p(&[
+                    ("CidrBlock", "10.0.0.0/16"),
+                    ("AmazonProvidedIpv6CidrBlock", "true"),
+                ]),
+            )
+            .await
+            .unwrap());
+        let vpc_v6: Ipv6Net = vpc.vpc.ipv6_cidr_block_association_set.item[0]
+            .ipv6_cidr_block
+            .parse()
+            .unwrap();
+        let subnet_v6 = vpc_v6.subnets(64).unwrap().nth(1).unwrap();
+        let subnet: CreateSubnetResponse = xml(&q
+            .call(
+                "CreateSubnet",
+                &p(&[
+                    ("VpcId", &vpc.vpc.vpc_id),
+                    ("CidrBlock", "10.0.1.0/24"),
+                    ("Ipv6CidrBlock", &subnet_v6.to_string()),
+                    ("AvailabilityZone", "us-east-1a"),
+                ]),
+            )
+            .await
+            .unwrap());
+        let run: RunInstancesResponse = xml(&q
+            .call(
+                "RunInstances",
+                &p(&[
+                    ("ImageId", "ami-12c6146b"),
+                    ("MinCount", "1"),
+                    ("MaxCount", "1"),
+                    ("InstanceType", INSTANCE_TYPE),
+                    ("SubnetId", &subnet.subnet.subnet_id),
+                ]),
+            )
+            .await
+            .unwrap());
+        let instance = &run.instances_set.item[0];
+        let instance_id = instance.instance_id.clone();
+        let primary_eni = instance.network_interface_set.item[0]
+            .network_interface_id
+            .clone();
+
+        let imds = FakeImds::start(
+            Ec2Client::new(&moto.url, REGION, fixed(&admin), RetryPolicy::default()).unwrap(),
+            instance_id.clone(),
+        )
+        .await;
+        let proxy = FaultProxy::start(&moto.url).await;
+        Some(Env {
+            admin,
+            node,
+            admin_ec2,
+            iam,
+            vpc_id: vpc.vpc.vpc_id,
+            subnet_id: subnet.subnet.subnet_id,
+            subnet_v4: "10.0.1.0/24".parse().unwrap(),
+            subnet_v6,
+            instance_id,
+            primary_eni,
+            imds,
+            proxy,
+            moto,
+        })
+    }
+
+    /// A backend config pointing at the proxy and the fake IMDS, with
+    /// short waits so failures show quickly.
+    pub fn config(&self) -> AwsConfig {
+        AwsConfig {
+            imds_endpoint: self.imds.url.clone(),
+            ec2_endpoint: Some(self.proxy.url.clone()),
+            api_attempts: 4,
+            api_backoff: Duration::from_millis(20),
+            api_max_backoff: Duration::from_millis(200),
+            metadata_wait: Duration::from_secs(10),
+            detach_timeout: Duration::from_secs(10),
+            ..AwsConfig::default()
+        }
+    }
+
+    /// A new IAM user allowed exactly `actions`.
+    pub async fn iam_user(&self, name: &str, actions: &[&str]) -> Credentials {
+        iam_user(&self.iam, name, actions).await
+    }
+
+    /// Every ENI moto holds (the rig's view, not through the proxy).
+    pub async fn all_enis(&self) -> Vec<NetworkInterface> {
+        self.admin_ec2
+            .describe_network_interfaces(&[])
+            .await
+            .unwrap()
+    }
+
+    /// ENIs tagged for this node.
+    pub async fn tagged_ids(&self) -> HashSet<String> {
+        self.all_enis()
+            .await
+            .into_iter()
+            .filter(|e| {
+                e.tag(TAG_NODE) == Some(&self.instance_id) && e.tag(TAG_MANAGED) == Some("true")
+            })
+            .map(|e| e.network_interface_id)
+            .collect()
+    }
+
+    /// ENIs attached to the instance, by id, with their device index.
+    pub async fn attached(&self) -> HashMap<String, u32> {
+        self.all_enis()
+            .await
+            .into_iter()
+            .filter(|e| e.attached_instance() == Some(&self.instance_id))
+            .map(|e| {
+                let idx = e.attachment.as_ref().and_then(|a| a.device_index).unwrap();
+                (e.network_interface_id, idx)
+            })
+            .collect()
+    }
+
+    /// Creates an ENI as enim would (tagged for this node) without attaching
+    /// it: what a crash between create and attach leaves behind.
+    pub async fn create_tagged_eni(&self) -> NetworkInterface {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct R {
+            network_interface: NetworkInterface,
+        }
+        let r: R = xml(&self
+            .admin_ec2
+            .query()
+            .call(
+                "CreateNetworkInterface",
+                &p(&[
+                    ("SubnetId", &self.subnet_id),
+                    ("TagSpecification.1.ResourceType", "network-interface"),
+                    ("TagSpecification.1.Tag.1.Key", TAG_MANAGED),
+                    ("TagSpecification.1.Tag.1.Value", "true"),
+                    ("TagSpecification.1.Tag.2.Key", TAG_NODE),
+                    ("TagSpecification.1.Tag.2.Value", &self.instance_id),
+                ]),
+            )
+            .await
+            .unwrap());
+        r.network_interface
+    }
+}
+
+async fn iam_user(iam: &QueryClient, name: &str, actions: &[&str]) -> Credentials {
+    iam.call("CreateUser", &p(&[("UserName", name)]))
+        .await
+        .unwrap();
+    let key: CreateAccessKeyResponse = xml(&iam
+        .call("CreateAccessKey", &p(&[("UserName", name)]))
+        .await
+        .unwrap());
+    let policy = serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+    });
+    iam.call(
+        "PutUserPolicy",
+        &p(&[
+            ("UserName", name),
+            ("PolicyName", "enim"),
+            ("PolicyDocument", &policy.to_string()),
+        ]),
+    )
+    .await
+    .unwrap();
+    Credentials::new(key.result.key.id, key.result.key.secret, None, None, "test")
+}
+
+async fn serve(router: axum::Router) -> (String, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// How the fake reports an interface's network card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CardKey {
+    /// `network-card` (current instances).
+    NetworkCard,
+    /// Only the older `network-card-index`.
+    LegacyIndex,
+    /// Neither: both 404, meaning card 0.
+    Missing,
+}
+
+struct ImdsState {
+    ec2: Ec2Client,
+    instance_id: String,
+    tokens: Mutex<HashSet<String>>,
+    /// Requests that mention a non-primary MAC before it shows up.
+    hide_new_for: AtomicUsize,
+    views: Mutex<HashMap<String, usize>>,
+    hidden_hits: AtomicUsize,
+    unauthorized: AtomicUsize,
+    card_key: Mutex<CardKey>,
+    role: Mutex<Option<(String, Credentials)>>,
+}
+
+/// A loopback IMDSv2: a token from PUT /latest/api/token is required on
+/// every GET (401 without), 404 where AWS has nothing, and the instance's
+/// interfaces come live from moto.
+pub struct FakeImds {
+    pub url: String,
+    state: Arc<ImdsState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeImds {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeImds {
+    pub async fn start(ec2: Ec2Client, instance_id: String) -> FakeImds {
+        let state = Arc::new(ImdsState {
+            ec2,
+            instance_id,
+            tokens: Mutex::new(HashSet::new()),
+            hide_new_for: AtomicUsize::new(0),
+            views: Mutex::new(HashMap::new()),
+            hidden_hits: AtomicUsize::new(0),
+            unauthorized: AtomicUsize::new(0),
+            card_key: Mutex::new(CardKey::LegacyIndex),
+            role: Mutex::new(None),
+        });
+        let router = axum::Router::new()
+            .fallback(imds_handler)
+            .with_state(state.clone());
+        let (url, task) = serve(router).await;
+        FakeImds { url, state, task }
+    }
+
+    /// Newly attached interfaces stay invisible for `n` requests that
+    /// mention them (attach lag).
+    pub fn hide_new_interfaces_for(&self, n: usize) {
+        self.state.hide_new_for.store(n, Ordering::SeqCst);
+    }
+
+    /// Requests answered as if an interface were not there yet.
+    pub fn hidden_hits(&self) -> usize {
+        self.state.hidden_hits.load(Ordering::SeqCst)
+    }
+
+    /// 401s served (requests without a valid token).
+    pub fn unauthorized(&self) -> usize {
+        self.state.unauthorized.load(Ordering::SeqCst)
+    }
+
+    /// Invalidates every token, as an IMDS restart or expiry would.
+    pub fn expire_tokens(&self) {
+        self.state.tokens.lock().unwrap().clear();
+    }
+
+    pub fn set_card_key(&self, k: CardKey) {
+        *self.state.card_key.lock().unwrap() = k;
+    }
+
+    /// Serves these credentials as the instance role `role`.
+    pub fn set_role(&self, role: &str, creds: Credentials) {
+        *self.state.role.lock().unwrap() = Some((role.into(), creds));
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (status, [("content-type", "text/plain")], body.into()).into_response()
+}
+
+fn not_found() -> Response {
+    text(StatusCode::NOT_FOUND, "<html>404 - Not Found</html>")
+}
+
+async fn imds_handler(
+    State(st): State<Arc<ImdsState>>,
+    method: Method,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    let path = uri.path();
+    if method == Method::PUT && path == "/latest/api/token" {
+        let ttl = headers
+            .get("x-aws-ec2-metadata-token-ttl-seconds")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u32>().ok());
+        if !ttl.is_some_and(|t| (1..=21600).contains(&t)) {
+            return text(StatusCode::BAD_REQUEST, "missing or invalid TTL");
+        }
+        let token = format!("tok-{:016x}", fastrand::u64(..));
+        st.tokens.lock().unwrap().insert(token.clone());
+        return text(StatusCode::OK, token);
+    }
+    if method != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "");
+    }
+    let token_ok = headers
+        .get("x-aws-ec2-metadata-token")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| st.tokens.lock().unwrap().contains(t));
+    if !token_ok {
+        st.unauthorized.fetch_add(1, Ordering::SeqCst);
+        return text(StatusCode::UNAUTHORIZED, "");
+    }
+    let Some(rest) = path.strip_prefix("/latest/meta-data/") else {
+        return not_found();
+    };
+    match rest {
+        "instance-id" => return text(StatusCode::OK, st.instance_id.clone()),
+        "placement/region" => return text(StatusCode::OK, REGION),
+        "instance-type" => return text(StatusCode::OK, INSTANCE_TYPE),
+        "iam/security-credentials/" | "iam/security-credentials" => {
+            return match &*st.role.lock().unwrap() {
+                Some((role, _)) => text(StatusCode::OK, role.clone()),
+                None => not_found(),
+            }
+        }
+        _ => {}
+    }
+    if let Some(role) = rest.strip_prefix("iam/security-credentials/") {
+        let served = st.role.lock().unwrap().clone();
+        return match served {
+            Some((r, c)) if r == role => text(
+                StatusCode::OK,
+                serde_json::json!({
+                    "Code": "Success",
+                    "LastUpdated": "2026-01-01T00:00:00Z",
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": c.access_key_id(),
+                    "SecretAccessKey": c.secret_access_key(),
+                    "Token": c.session_token(),
+                    "Expiration": "2099-01-01T00:00:00Z",
+                })
+                .to_string(),
+            ),
+            _ => not_found(),
+        };
+    }
+    let Some(net) = rest.strip_prefix("network/interfaces/macs/") else {
+        return not_found();
+    };
+    let enis = st
+        .ec2
+        .describe_network_interfaces(&[("attachment.instance-id", &[st.instance_id.as_str()])])
+        .await
+        .unwrap();
+    let is_primary =
+        |e: &NetworkInterface| e.attachment.as_ref().and_then(|a| a.device_index) == Some(0);
+    // Counts a request mentioning `mac`; false while it is still hidden.
+    let visible = |e: &NetworkInterface| {
+        if is_primary(e) {
+            return true;
+        }
+        let hide = st.hide_new_for.load(Ordering::SeqCst);
+        let mut views = st.views.lock().unwrap();
+        let n = views.entry(e.mac_address.clone()).or_insert(0);
+        *n += 1;
+        if *n <= hide {
+            st.hidden_hits.fetch_add(1, Ordering::SeqCst);
+            false
+        } else {
+            true
+        }
+    };
+    if net.is_empty() {
+        let mut body = String::new();
+        for e in &enis {
+            if visible(e) {
+                body.push_str(&format!("{}/\n", e.mac_address));
+            }
+        }
+        return text(StatusCode::OK, body.trim_end().to_string());
+    }
+    let (mac, leaf) = net.split_once('/').unwrap_or((net, ""));
+    let Some(eni) = enis.iter().find(|e| e.mac_address == mac) else {
+        return not_found();
+    };
+    if !visible(eni) {
+        return not_found();
+    }
+    let subnet = subnet(&st.ec2, &eni.subnet_id).await;
+    let att = eni.attachment.as_ref().unwrap();
+    let card_key = *st.card_key.lock().unwrap();
+    let card = att.network_card_index.unwrap_or(0).to_string();
+    let v6: Vec<String> = eni
+        .ipv6_addresses_set
+        .item
+        .iter()
+        .map(|i| i.ipv6_address.clone())
+        .collect();
+    let value = match leaf {
+        "interface-id" => Some(eni.network_interface_id.clone()),
+        "device-number" => Some(att.device_index.unwrap().to_string()),
+        "network-card" => (card_key == CardKey::NetworkCard).then_some(card),
+        "network-card-index" => (card_key == CardKey::LegacyIndex).then_some(card),
+        "local-ipv4s" => eni.private_ip_address.clone(),
+        "subnet-id" => Some(eni.subnet_id.clone()),
+        "subnet-ipv4-cidr-block" => Some(subnet.cidr_block.clone()),
+        "ipv6s" => (!v6.is_empty()).then(|| v6.join("\n")),
+        "subnet-ipv6-cidr-blocks" => subnet.ipv6(),
+        "mac" => Some(eni.mac_address.clone()),
+        _ => None,
+    };
+    match value {
+        Some(v) => text(StatusCode::OK, v),
+        None => not_found(),
+    }
+}
+
+async fn subnet(ec2: &Ec2Client, id: &str) -> Subnet {
+    let r: DescribeSubnetsResponse = xml(&ec2
+        .query()
+        .call("DescribeSubnets", &p(&[("SubnetId.1", id)]))
+        .await
+        .unwrap());
+    r.subnet_set.item[0].clone()
+}
+
+#[derive(Debug, Clone)]
+struct Fault {
+    action: String,
+    remaining: usize,
+    status: u16,
+    /// Empty: a bare (non-XML) error page.
+    code: String,
+}
+
+struct ProxyState {
+    upstream: String,
+    http: reqwest::Client,
+    faults: Mutex<Vec<Fault>>,
+    calls: Mutex<Vec<(String, bool)>>,
+}
+
+/// Forwards to moto byte for byte (the Host header included, so
+/// signatures still verify), except for injected faults.
+pub struct FaultProxy {
+    pub url: String,
+    state: Arc<ProxyState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: &str) -> FaultProxy {
+        let state = Arc::new(ProxyState {
+            upstream: upstream.trim_end_matches('/').into(),
+            http: reqwest::Client::new(),
+            faults: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+        });
+        let router = axum::Router::new()
+            .fallback(proxy_handler)
+            .with_state(state.clone());
+        let (url, task) = serve(router).await;
+        FaultProxy { url, state, task }
+    }
+
+    /// The next `times` calls of `action` fail with `status` and `code`
+    /// (an EC2 error document; empty `code`: a bare error page).
+    pub fn inject(&self, action: &str, times: usize, status: u16, code: &str) {
+        self.state.faults.lock().unwrap().push(Fault {
+            action: action.into(),
+            remaining: times,
+            status,
+            code: code.into(),
+        });
+    }
+
+    /// Calls of `action` so far (faulted ones included).
+    pub fn calls(&self, action: &str) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, _)| a == action)
+            .count()
+    }
+
+    /// Calls of `action` answered with an injected fault.
+    pub fn faulted(&self, action: &str) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, f)| a == action && *f)
+            .count()
+    }
+}
+
+async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+    let action = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "Action")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let fault = {
+        let mut faults = st.faults.lock().unwrap();
+        let f = faults
+            .iter_mut()
+            .find(|f| f.action == action && f.remaining > 0)
+            .map(|f| {
+                f.remaining -= 1;
+                f.clone()
+            });
+        faults.retain(|f| f.remaining > 0);
+        f
+    };
+    st.calls
+        .lock()
+        .unwrap()
+        .push((action.clone(), fault.is_some()));
+    if let Some(f) = fault {
+        let status = StatusCode::from_u16(f.status).unwrap();
+        if f.code.is_empty() {
+            return text(status, "<html><body>Service Unavailable</body></html>");
+        }
+        let xml = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code>\
+             <Message>injected by the test proxy</Message></Error></Errors><RequestID>fault</RequestID></Response>",
+            f.code
+        );
+        return (status, [("content-type", "text/xml")], xml).into_response();
+    }
+    let url = format!(
+        "{}{}",
+        st.upstream,
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+    );
+    let mut up = st.http.request(parts.method.clone(), url);
+    for (k, v) in parts.headers.iter() {
+        if k == "content-length" || k == "connection" || k == "transfer-encoding" {
+            continue;
+        }
+        up = up.header(k, v);
+    }
+    let resp = match up.body(body).send().await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("text/xml")
+        .to_string();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .body(Body::from(bytes))
+        .unwrap()
+}
+
+/// Polls `f` until it is true, at most `within`.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn ipv6_in(net: Ipv6Net, a: Ipv6Addr) -> bool {
+    net.contains(&a)
+}
