@@ -165,12 +165,21 @@ impl fmt::Display for EniStatus {
     }
 }
 
+/// BCE may send `null` where a value is absent; read it as the default.
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PrivateIp {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub primary: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub private_ip_address: String,
 }
 
@@ -179,19 +188,19 @@ pub struct PrivateIp {
 #[serde(rename_all = "camelCase")]
 pub struct ApiEni {
     pub eni_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub description: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub instance_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub mac_address: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub status: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub subnet_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub private_ip_set: Vec<PrivateIp>,
 }
 
@@ -208,11 +217,11 @@ impl ApiEni {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ListPage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     enis: Vec<ApiEni>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     is_truncated: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     next_marker: Option<String>,
 }
 
@@ -236,18 +245,18 @@ struct Created {
 #[serde(rename_all = "camelCase")]
 pub struct EniQuota {
     pub total_quantity: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub available_quantity: u32,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct ErrorBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     code: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     message: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     request_id: String,
 }
 
@@ -650,6 +659,23 @@ mod tests {
         }
         let samples: std::collections::HashSet<_> = (0..20).map(|_| p.delay(3)).collect();
         assert!(samples.len() > 1, "no jitter");
+    }
+
+    #[test]
+    fn answers_with_nulls_and_extra_fields_decode() {
+        let e: ApiEni = serde_json::from_str(
+            r#"{"eniId": "eni-1", "name": null, "instanceId": null, "status": "Available",
+                "privateIpSet": null, "zoneName": "cn-bj-a", "macAddress": "fa:f6:00:00:00:02"}"#,
+        )
+        .unwrap();
+        assert_eq!(e.attached_to(), None);
+        assert_eq!(e.status(), EniStatus::Available);
+        assert!(e.private_ip_set.is_empty() && e.name.is_empty());
+        let p: ListPage =
+            serde_json::from_str(r#"{"enis": [], "isTruncated": false, "nextMarker": null}"#)
+                .unwrap();
+        assert!(p.enis.is_empty() && p.next_marker.is_none());
+        assert!(serde_json::from_str::<ApiEni>(r#"{"name": "x"}"#).is_err());
     }
 
     #[test]

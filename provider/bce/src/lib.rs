@@ -207,22 +207,22 @@ impl BceBackend {
         let meta = metadata::MetadataClient::new(meta_base)
             .map_err(|e| ProviderError::Config(format!("bce: metadata client: {e}")))?;
         let instance_id = meta.instance_id().await?;
-        let or_meta = |configured: &Option<String>| configured.clone().filter(|s| !s.is_empty());
-        let endpoint = match or_meta(&config.endpoint) {
+        let given = |configured: &Option<String>| configured.clone().filter(|s| !s.is_empty());
+        let endpoint = match given(&config.endpoint) {
             Some(e) => e,
             None => {
-                let region = match or_meta(&config.region) {
+                let region = match given(&config.region) {
                     Some(r) => r,
                     None => meta.region().await?,
                 };
                 format!("https://bcc.{region}.baidubce.com")
             }
         };
-        let vpc_id = match or_meta(&config.vpc_id) {
+        let vpc_id = match given(&config.vpc_id) {
             Some(v) => v,
             None => meta.vpc_id().await?,
         };
-        let subnet_id = match or_meta(&config.subnet_id) {
+        let subnet_id = match given(&config.subnet_id) {
             Some(s) => s,
             None => meta.subnet_id().await?,
         };
