@@ -261,12 +261,18 @@ impl QueryClient {
             action: "(client setup)".into(),
             detail,
         };
-        endpoint
+        let uri = endpoint
             .parse::<http::Uri>()
             .map_err(|e| request_err(format!("endpoint {endpoint:?}: {e}")))?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
+            .timeout(Duration::from_secs(30));
+        // HTTPS_PROXY may be how a node reaches EC2, but a proxy can never
+        // reach this host's loopback (local endpoints, tests).
+        if uri.host().is_some_and(is_loopback) {
+            builder = builder.no_proxy();
+        }
+        let http = builder
             .build()
             .map_err(|e| request_err(format!("building the HTTP client: {e}")))?;
         Ok(QueryClient {
@@ -394,6 +400,14 @@ impl QueryClient {
         }
         Err(classify(action, status, &text))
     }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Form encoding with only the RFC 3986 unreserved characters left as
@@ -1024,6 +1038,16 @@ mod tests {
             default_endpoint("ec2", "cn-north-1"),
             "https://ec2.cn-north-1.amazonaws.com.cn/"
         );
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["127.0.0.1", "localhost", "[::1]", "127.1.2.3"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["ec2.us-east-1.amazonaws.com", "10.0.0.1", "[2600::1]"] {
+            assert!(!is_loopback(h), "{h}");
+        }
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub struct Moto {
 
 impl Moto {
     pub async fn start() -> Moto {
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
         for _ in 0..5 {
             let port = free_port();
             let log =
@@ -124,7 +124,10 @@ impl Moto {
     /// Turns signature checking off (`None`) or on after `n` more actions.
     pub async fn set_auth_after(&self, n: Option<u32>) {
         let body = n.map_or("inf".to_string(), |n| n.to_string());
-        let r = reqwest::Client::new()
+        let r = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
             .post(format!("{}/moto-api/reset-auth", self.url))
             .header("content-type", "text/plain")
             .body(body)
@@ -497,7 +500,13 @@ struct ImdsState {
     unauthorized: AtomicUsize,
     card_key: Mutex<CardKey>,
     role: Mutex<Option<(String, Credentials)>>,
+    /// The "hypervisor": called once per non-primary MAC when metadata
+    /// first shows it, with its device index (e.g. to plug a veth).
+    on_new: Mutex<Option<NewInterfaceHook>>,
+    plugged: Mutex<HashSet<String>>,
 }
+
+pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
 
 /// A loopback IMDSv2: a token from PUT /latest/api/token is required on
 /// every GET (401 without), 404 where AWS has nothing, and the instance's
@@ -526,6 +535,8 @@ impl FakeImds {
             unauthorized: AtomicUsize::new(0),
             card_key: Mutex::new(CardKey::LegacyIndex),
             role: Mutex::new(None),
+            on_new: Mutex::new(None),
+            plugged: Mutex::new(HashSet::new()),
         });
         let router = axum::Router::new()
             .fallback(imds_handler)
@@ -557,6 +568,12 @@ impl FakeImds {
 
     pub fn set_card_key(&self, k: CardKey) {
         *self.state.card_key.lock().unwrap() = k;
+    }
+
+    /// Runs `hook(mac, device_index)` once for each interface the first
+    /// time metadata shows it (before answering).
+    pub fn on_new_interface(&self, hook: NewInterfaceHook) {
+        *self.state.on_new.lock().unwrap() = Some(hook);
     }
 
     /// Serves these credentials as the instance role `role`.
@@ -658,10 +675,21 @@ async fn imds_handler(
         *n += 1;
         if *n <= hide {
             st.hidden_hits.fetch_add(1, Ordering::SeqCst);
-            false
-        } else {
-            true
+            return false;
         }
+        drop(views);
+        let hook = st.on_new.lock().unwrap().clone();
+        if let Some(hook) = hook {
+            if st.plugged.lock().unwrap().insert(e.mac_address.clone()) {
+                let idx = e
+                    .attachment
+                    .as_ref()
+                    .and_then(|a| a.device_index)
+                    .unwrap_or(0);
+                hook(&e.mac_address, idx);
+            }
+        }
+        true
     };
     if net.is_empty() {
         let mut body = String::new();
@@ -751,7 +779,7 @@ impl FaultProxy {
     pub async fn start(upstream: &str) -> FaultProxy {
         let state = Arc::new(ProxyState {
             upstream: upstream.trim_end_matches('/').into(),
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
             faults: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
         });
