@@ -1,0 +1,592 @@
+//! The warm pool: an [`EniProvider`] over a [`CloudBackend`] that keeps ENIs
+//! attached ahead of demand.
+//!
+//! Clouds throttle attaching ENIs to about one per 15 s, so a pod ADD must
+//! never wait on a cloud call while a free ENI exists. [`WarmPool`] hands out
+//! ENIs it already holds, straight from memory, and a background task (the
+//! resync loop) creates ENIs while fewer than `min_free` are free and deletes
+//! the surplus above `max_free`. The watermark and statistics names follow
+//! CCE/cilium IPAM (PreAllocate / MaxAboveWatermark, `Statistics`); the loop
+//! timing follows the Kubernetes node CIDR allocator (`Resync`,
+//! `InitialRetry`, `MaxBackoff`).
+//!
+//! Safety rules the pool keeps:
+//! - it never detaches an ENI before [`EniProvider::restore`] has run once,
+//!   because until then it cannot tell a free ENI from one a running pod
+//!   holds;
+//! - it only ever detaches ENIs that carry enim's tag (found by
+//!   [`CloudBackend::tagged`] or created by the pool itself), never an
+//!   interface someone else attached;
+//! - an ENI being detached is marked `leaving` under the same lock that
+//!   allocation takes, so it cannot be handed to a pod meanwhile.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use enim_provider::cloud::CloudBackend;
+use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+#[cfg(test)]
+mod tests;
+
+/// Watermarks and loop timing of the warm pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Free ENIs to keep attached ahead of demand (PreAllocate).
+    pub min_free: usize,
+    /// Free ENIs above this are detached and deleted (MaxAboveWatermark).
+    pub max_free: usize,
+    /// First retry delay after a failed round; doubles per failure.
+    #[serde(with = "humantime_serde")]
+    pub initial_retry: Duration,
+    /// Upper bound of the retry delay.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Delay between rounds when nothing failed and nothing woke the loop.
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            min_free: 1,
+            max_free: 3,
+            initial_retry: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+impl PoolConfig {
+    pub fn validate(&self) -> Result<(), ProviderError> {
+        let bad = |why: String| Err(ProviderError::Config(format!("warm pool: {why}")));
+        if self.max_free < self.min_free {
+            return bad(format!(
+                "max_free ({}) must be >= min_free ({})",
+                self.max_free, self.min_free
+            ));
+        }
+        if self.initial_retry.is_zero() {
+            return bad("initial_retry must be above zero".into());
+        }
+        if self.max_backoff < self.initial_retry {
+            return bad(format!(
+                "max_backoff ({:?}) must be >= initial_retry ({:?})",
+                self.max_backoff, self.initial_retry
+            ));
+        }
+        if self.resync_interval.is_zero() {
+            return bad("resync_interval must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// Pool statistics (CCE/cilium IPAM `Statistics`, counted in ENIs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStats {
+    /// ENIs assigned to an owner.
+    pub used: usize,
+    /// Free ENIs that can be allocated now (not being detached).
+    pub available: usize,
+    /// ENIs still to create to reach `min_free`, bounded by
+    /// `remaining_interfaces`.
+    pub needed: usize,
+    /// Free ENIs above `max_free`.
+    pub excess: usize,
+    /// ENIs the instance may still attach: the limit minus the primary
+    /// minus every ENI the pool holds.
+    pub remaining_interfaces: usize,
+}
+
+/// The warm pool. Create it with [`WarmPool::start`]; use it through
+/// [`EniProvider`].
+pub struct WarmPool {
+    inner: Arc<Inner>,
+    // Dropping the sender (with the pool) also stops the loop: it sees the
+    // channel closed at its next step.
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Inner {
+    backend: Arc<dyn CloudBackend>,
+    config: PoolConfig,
+    /// ENIs the instance may have attached, the primary included.
+    eni_limit: usize,
+    state: Mutex<State>,
+    /// Wakes the loop early: an allocation or release changed the free count.
+    wake: Notify,
+    /// Serialises rounds, so `resync_now` and the loop never both create.
+    round: tokio::sync::Mutex<()>,
+    stats: watch::Sender<PoolStats>,
+}
+
+#[derive(Default)]
+struct State {
+    members: Vec<Member>,
+    /// Tagged ENIs that are not attached (a crash between create and
+    /// attach); deleted by `start` or, if that failed, by the loop.
+    orphans: Vec<String>,
+    /// `restore` has run: free ENIs are really free and may be detached.
+    restored: bool,
+}
+
+struct Member {
+    eni: Eni,
+    /// Carries enim's tag: only these are ever detached.
+    ours: bool,
+    /// Being detached: never allocated, not counted as available.
+    leaving: bool,
+}
+
+impl Member {
+    fn is_free(&self) -> bool {
+        self.eni.owner.is_none() && !self.leaving
+    }
+}
+
+/// What a round does next, decided under the state lock.
+enum Step {
+    Create,
+    Shrink(String),
+    DeleteOrphan(String),
+    Idle,
+}
+
+impl WarmPool {
+    /// Validates `config`, discovers what the instance has (attached ENIs
+    /// become free pool members; tagged ENIs that are not attached are
+    /// deleted) and starts the resync loop. Must run inside a tokio runtime.
+    ///
+    /// An orphan whose deletion fails does not fail the start: the loop
+    /// retries it with backoff, so it is never leaked.
+    pub async fn start(
+        backend: Arc<dyn CloudBackend>,
+        config: PoolConfig,
+    ) -> Result<Arc<WarmPool>, ProviderError> {
+        config.validate()?;
+        let eni_limit = backend
+            .eni_limit()
+            .await
+            .map_err(|e| context(e, "eni_limit"))?;
+        let attached = backend
+            .attached()
+            .await
+            .map_err(|e| context(e, "list attached ENIs"))?;
+        let tagged = backend
+            .tagged()
+            .await
+            .map_err(|e| context(e, "list tagged ENIs"))?;
+
+        let tagged_ids: HashSet<&str> = tagged.iter().map(|t| t.id.as_str()).collect();
+        let mut state = State::default();
+        for mut eni in attached {
+            if state.members.iter().any(|m| m.eni.id == eni.id) {
+                continue;
+            }
+            eni.owner = None;
+            let ours = tagged_ids.contains(eni.id.as_str());
+            state.members.push(Member {
+                eni,
+                ours,
+                leaving: false,
+            });
+        }
+        for t in &tagged {
+            let in_pool = state.members.iter().any(|m| m.eni.id == t.id);
+            if !t.attached && !in_pool {
+                state.orphans.push(t.id.clone());
+            } else if t.attached && !in_pool {
+                // The cloud says attached but metadata does not show it yet:
+                // deleting it could hit an ENI being attached right now.
+                tracing::warn!(eni = %t.id, "tagged ENI is attached but not in instance metadata; leaving it alone");
+            }
+        }
+        let mut orphans = Vec::new();
+        for id in std::mem::take(&mut state.orphans) {
+            match backend.detach_and_delete(&id).await {
+                Ok(()) => tracing::info!(eni = %id, "deleted a tagged ENI that was never attached"),
+                Err(e) => {
+                    tracing::warn!(eni = %id, error = %e, "deleting an unattached tagged ENI failed; the resync loop retries");
+                    orphans.push(id);
+                }
+            }
+        }
+        state.orphans = orphans;
+        tracing::info!(
+            backend = backend.name(),
+            eni_limit,
+            attached = state.members.len(),
+            "warm pool discovered",
+        );
+
+        let stats = stats_of(&state, &config, eni_limit);
+        let inner = Arc::new(Inner {
+            backend,
+            config,
+            eni_limit,
+            state: Mutex::new(state),
+            wake: Notify::new(),
+            round: tokio::sync::Mutex::new(()),
+            stats: watch::Sender::new(stats),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(inner.clone(), stop_rx));
+        Ok(Arc::new(WarmPool {
+            inner,
+            stop,
+            task: Mutex::new(Some(task)),
+        }))
+    }
+
+    /// The current statistics.
+    pub fn stats(&self) -> PoolStats {
+        self.inner.stats_now()
+    }
+
+    /// Statistics as they change: every change of the pool publishes a new
+    /// value. `wait_for` on the receiver waits for a state without polling.
+    pub fn subscribe(&self) -> watch::Receiver<PoolStats> {
+        self.inner.stats.subscribe()
+    }
+
+    /// Runs one round now (fill, shrink, orphan clean-up) and returns its
+    /// outcome, after any round already in progress. For tests and
+    /// operator-triggered resyncs; the loop keeps running.
+    pub async fn resync_now(&self) -> Result<(), ProviderError> {
+        self.inner.round(&self.stop.subscribe()).await
+    }
+
+    /// Stops the resync loop and waits for it to end. A cloud call in
+    /// progress is allowed to finish, so no ENI is left half-created or
+    /// half-deleted by the pool itself. Idempotent.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "warm pool loop ended abnormally");
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    fn stats_now(&self) -> PoolStats {
+        stats_of(&self.state(), &self.config, self.eni_limit)
+    }
+
+    /// Publishes the statistics of `state`; called with the lock held so
+    /// published values follow the order of changes.
+    fn publish(&self, state: &State) {
+        self.stats
+            .send_replace(stats_of(state, &self.config, self.eni_limit));
+    }
+
+    /// One round: steps until there is nothing to do, or the first error.
+    async fn round(&self, stop: &watch::Receiver<bool>) -> Result<(), ProviderError> {
+        let _round = self.round.lock().await;
+        loop {
+            if stopped(stop) {
+                return Ok(());
+            }
+            match self.next_step() {
+                Step::Idle => return Ok(()),
+                Step::Create => {
+                    let eni = self
+                        .backend
+                        .create_and_attach()
+                        .await
+                        .map_err(|e| context(e, "create and attach an ENI"))?;
+                    tracing::info!(eni = %eni.id, mac = %eni.mac, "ENI attached to the warm pool");
+                    let mut st = self.state();
+                    if st.members.iter().any(|m| m.eni.id == eni.id) {
+                        tracing::warn!(eni = %eni.id, "cloud returned an ENI the pool already holds");
+                        continue;
+                    }
+                    st.members.push(Member {
+                        eni: Eni { owner: None, ..eni },
+                        ours: true,
+                        leaving: false,
+                    });
+                    self.publish(&st);
+                }
+                Step::Shrink(id) => {
+                    let result = self.backend.detach_and_delete(&id).await;
+                    let mut st = self.state();
+                    match result {
+                        Ok(()) => {
+                            st.members.retain(|m| m.eni.id != id);
+                            self.publish(&st);
+                            tracing::info!(eni = %id, "surplus ENI detached and deleted");
+                        }
+                        Err(e) => {
+                            // Still attached as far as we know: free again.
+                            if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == id) {
+                                m.leaving = false;
+                            }
+                            self.publish(&st);
+                            return Err(context(e, &format!("detach and delete surplus ENI {id}")));
+                        }
+                    }
+                }
+                Step::DeleteOrphan(id) => {
+                    self.backend
+                        .detach_and_delete(&id)
+                        .await
+                        .map_err(|e| context(e, &format!("delete unattached ENI {id}")))?;
+                    self.state().orphans.retain(|o| *o != id);
+                    tracing::info!(eni = %id, "deleted a tagged ENI that was never attached");
+                }
+            }
+        }
+    }
+
+    fn next_step(&self) -> Step {
+        let mut st = self.state();
+        let free = st.members.iter().filter(|m| m.is_free()).count();
+        // The primary interface counts toward the limit.
+        if free < self.config.min_free && st.members.len() + 1 < self.eni_limit {
+            return Step::Create;
+        }
+        if st.restored && free > self.config.max_free {
+            let surplus = st.members.iter_mut().rev().find(|m| m.ours && m.is_free());
+            if let Some(m) = surplus {
+                m.leaving = true;
+                let id = m.eni.id.clone();
+                self.publish(&st);
+                return Step::Shrink(id);
+            }
+        }
+        match st.orphans.first() {
+            Some(id) => Step::DeleteOrphan(id.clone()),
+            None => Step::Idle,
+        }
+    }
+}
+
+/// The resync loop: a round, then wait. After a failure it waits the
+/// backoff delay and ignores wake-ups, so pods hitting an empty pool cannot
+/// hammer a throttling cloud; after success it waits `resync_interval` or
+/// until woken.
+async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Backoff::new(inner.config.initial_retry, inner.config.max_backoff);
+    loop {
+        let delay = match inner.round(&stop).await {
+            Ok(()) => {
+                backoff.reset();
+                None
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, transient = e.is_transient(), retry_in = ?delay, "warm pool round failed");
+                Some(delay)
+            }
+        };
+        if stopped(&stop) {
+            return;
+        }
+        let stopping = match delay {
+            Some(delay) => tokio::select! {
+                _ = tokio::time::sleep(delay) => false,
+                _ = stop.changed() => true,
+            },
+            None => tokio::select! {
+                _ = tokio::time::sleep(inner.config.resync_interval) => false,
+                _ = inner.wake.notified() => false,
+                _ = stop.changed() => true,
+            },
+        };
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Exponential backoff: `initial` doubling to `max`, back to `initial` after
+/// a success.
+#[derive(Debug)]
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            initial,
+            max,
+            next: initial,
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = delay.saturating_mul(2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+fn stopped(stop: &watch::Receiver<bool>) -> bool {
+    // A closed channel means the pool was dropped.
+    *stop.borrow() || stop.has_changed().is_err()
+}
+
+fn stats_of(state: &State, config: &PoolConfig, eni_limit: usize) -> PoolStats {
+    let used = state
+        .members
+        .iter()
+        .filter(|m| m.eni.owner.is_some())
+        .count();
+    let available = state.members.iter().filter(|m| m.is_free()).count();
+    let remaining_interfaces = eni_limit.saturating_sub(1 + state.members.len());
+    PoolStats {
+        used,
+        available,
+        needed: config
+            .min_free
+            .saturating_sub(available)
+            .min(remaining_interfaces),
+        excess: available.saturating_sub(config.max_free),
+        remaining_interfaces,
+    }
+}
+
+/// Prefixes what the pool was doing to a cloud error, keeping its kind (and
+/// so `is_transient`).
+fn context(e: ProviderError, what: &str) -> ProviderError {
+    match e {
+        ProviderError::Config(m) => ProviderError::Config(format!("{what}: {m}")),
+        ProviderError::Unavailable(m) => ProviderError::Unavailable(format!("{what}: {m}")),
+        ProviderError::Throttled(m) => ProviderError::Throttled(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent between single
+    // field stores, so a lock poisoned by a panic is still sound to use.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[async_trait]
+impl EniProvider for WarmPool {
+    fn name(&self) -> &str {
+        self.inner.backend.name()
+    }
+
+    async fn list(&self) -> Result<Vec<Eni>, ProviderError> {
+        Ok(self
+            .inner
+            .state()
+            .members
+            .iter()
+            .map(|m| m.eni.clone())
+            .collect())
+    }
+
+    async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let result = {
+            let mut st = self.inner.state();
+            let total = st.members.len();
+            if let Some(held) = st.members.iter().find(|m| {
+                m.eni
+                    .owner
+                    .as_ref()
+                    .is_some_and(|o| o.same_attachment(owner))
+            }) {
+                return Ok(held.eni.clone());
+            }
+            match st.members.iter_mut().find(|m| m.is_free()) {
+                Some(m) => {
+                    m.eni.owner = Some(owner.clone());
+                    let eni = m.eni.clone();
+                    self.inner.publish(&st);
+                    Ok(eni)
+                }
+                None => Err(ProviderError::Exhausted { total }),
+            }
+        };
+        // Either way the free count fell or is too low: let the loop refill.
+        self.inner.wake.notify_one();
+        result
+    }
+
+    async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
+        {
+            let mut st = self.inner.state();
+            let mut changed = false;
+            for m in st.members.iter_mut() {
+                if m.eni
+                    .owner
+                    .as_ref()
+                    .is_some_and(|o| o.same_attachment(owner))
+                {
+                    m.eni.owner = None;
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Ok(());
+            }
+            self.inner.publish(&st);
+        }
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError> {
+        {
+            let mut st = self.inner.state();
+            // Check everything first so a bad checkpoint changes nothing.
+            for (eni_id, owner) in assignments {
+                let Some(m) = st.members.iter().find(|m| &m.eni.id == eni_id) else {
+                    continue;
+                };
+                if let Some(holder) = m.eni.owner.as_ref().filter(|h| !h.same_attachment(owner)) {
+                    return Err(ProviderError::OwnedByOther {
+                        eni_id: eni_id.clone(),
+                        holder: holder.to_string(),
+                        requester: owner.to_string(),
+                    });
+                }
+            }
+            for (eni_id, owner) in assignments {
+                match st
+                    .members
+                    .iter_mut()
+                    .find(|m| &m.eni.id == eni_id && !m.leaving)
+                {
+                    Some(m) => m.eni.owner = Some(owner.clone()),
+                    None => tracing::warn!(
+                        eni = %eni_id,
+                        %owner,
+                        "checkpoint names an ENI the pool no longer holds; skipping it",
+                    ),
+                }
+            }
+            st.restored = true;
+            self.inner.publish(&st);
+        }
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+}

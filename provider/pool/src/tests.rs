@@ -1,0 +1,711 @@
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, ProviderError};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+
+use super::*;
+
+/// An in-memory cloud: ENIs with attached/tagged flags, an attachment
+/// limit, call counters, injectable transient failures and gates that hold
+/// create or delete calls until the test opens them.
+struct FakeCloud {
+    st: Mutex<FakeState>,
+    /// Bumped after every call, so tests can wait for a cloud state.
+    events: watch::Sender<u64>,
+    create_gate: Semaphore,
+    delete_gate: Semaphore,
+}
+
+#[derive(Default)]
+struct FakeState {
+    /// ENIs the instance may have attached, the primary included.
+    limit: usize,
+    next_id: u32,
+    enis: BTreeMap<String, FakeEni>,
+    /// The next this many create/delete calls fail with `Throttled`.
+    fail_next: usize,
+    hold_creates: bool,
+    hold_deletes: bool,
+    creates: usize,
+    creates_started: usize,
+    deletes: Vec<String>,
+    create_times: Vec<Instant>,
+    delete_times: Vec<Instant>,
+    /// Creates that would have exceeded the limit.
+    over_limit: usize,
+}
+
+struct FakeEni {
+    eni: Eni,
+    attached: bool,
+    tagged: bool,
+}
+
+fn eni(n: u32) -> Eni {
+    Eni {
+        id: format!("eni-{n}"),
+        mac: MacAddr([2, 0, 0, 0, (n >> 8) as u8, n as u8]),
+        ipv4: format!("10.0.{}.{}/16", n >> 8, n & 0xff).parse().unwrap(),
+        gateway4: "10.0.255.254".parse().unwrap(),
+        ipv6: None,
+        gateway6: None,
+        mtu: Some(9001),
+        owner: None,
+    }
+}
+
+impl FakeCloud {
+    fn new(limit: usize) -> Arc<FakeCloud> {
+        Arc::new(FakeCloud {
+            st: Mutex::new(FakeState {
+                limit,
+                next_id: 1,
+                ..Default::default()
+            }),
+            events: watch::Sender::new(0),
+            create_gate: Semaphore::new(0),
+            delete_gate: Semaphore::new(0),
+        })
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.st.lock().unwrap()
+    }
+
+    /// Adds an ENI directly (as a previous agent run would have left it).
+    fn add(&self, attached: bool, tagged: bool) -> String {
+        let mut st = self.st();
+        let e = eni(st.next_id);
+        st.next_id += 1;
+        let id = e.id.clone();
+        st.enis.insert(
+            id.clone(),
+            FakeEni {
+                eni: e,
+                attached,
+                tagged,
+            },
+        );
+        id
+    }
+
+    fn attached_count(&self) -> usize {
+        self.st().enis.values().filter(|e| e.attached).count()
+    }
+
+    fn fail_next(&self, n: usize) {
+        self.st().fail_next = n;
+    }
+
+    fn bump(&self) {
+        self.events.send_modify(|n| *n += 1);
+    }
+
+    /// Waits until `pred` holds on the cloud state, re-checking after each
+    /// call the fake serves.
+    async fn until(&self, pred: impl Fn(&FakeState) -> bool) {
+        let mut rx = self.events.subscribe();
+        rx.wait_for(|_| pred(&self.st())).await.unwrap();
+    }
+
+    fn injected_failure(&self) -> Result<(), ProviderError> {
+        let mut st = self.st();
+        if st.fail_next > 0 {
+            st.fail_next -= 1;
+            return Err(ProviderError::Throttled("injected".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CloudBackend for FakeCloud {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
+        Ok(self
+            .st()
+            .enis
+            .values()
+            .filter(|e| e.attached)
+            .map(|e| e.eni.clone())
+            .collect())
+    }
+
+    async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
+        Ok(self
+            .st()
+            .enis
+            .values()
+            .filter(|e| e.tagged)
+            .map(|e| TaggedEni {
+                id: e.eni.id.clone(),
+                attached: e.attached,
+            })
+            .collect())
+    }
+
+    async fn eni_limit(&self) -> Result<usize, ProviderError> {
+        Ok(self.st().limit)
+    }
+
+    async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
+        let hold = {
+            let mut st = self.st();
+            st.creates_started += 1;
+            st.create_times.push(Instant::now());
+            st.hold_creates
+        };
+        self.bump();
+        if hold {
+            self.create_gate.acquire().await.unwrap().forget();
+        }
+        let result = self.injected_failure().and_then(|()| {
+            let mut st = self.st();
+            let attached = st.enis.values().filter(|e| e.attached).count();
+            if attached + 1 >= st.limit {
+                st.over_limit += 1;
+                return Err(ProviderError::Config("ENI limit exceeded".into()));
+            }
+            let e = eni(st.next_id);
+            st.next_id += 1;
+            st.creates += 1;
+            st.enis.insert(
+                e.id.clone(),
+                FakeEni {
+                    eni: e.clone(),
+                    attached: true,
+                    tagged: true,
+                },
+            );
+            Ok(e)
+        });
+        self.bump();
+        result
+    }
+
+    async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
+        Err(ProviderError::UnknownEni(eni_id.into()))
+    }
+
+    async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let hold = {
+            let mut st = self.st();
+            st.delete_times.push(Instant::now());
+            st.hold_deletes
+        };
+        self.bump();
+        if hold {
+            self.delete_gate.acquire().await.unwrap().forget();
+        }
+        let result = self.injected_failure().and_then(|()| {
+            let mut st = self.st();
+            match st.enis.get(eni_id) {
+                Some(e) if !e.tagged => {
+                    Err(ProviderError::Config(format!("{eni_id} is not enim's")))
+                }
+                Some(_) => {
+                    st.enis.remove(eni_id);
+                    st.deletes.push(eni_id.into());
+                    Ok(())
+                }
+                None => Err(ProviderError::UnknownEni(eni_id.into())),
+            }
+        });
+        self.bump();
+        result
+    }
+}
+
+fn owner(c: &str) -> EniOwner {
+    EniOwner {
+        network: "net".into(),
+        container_id: c.into(),
+        ifname: "eth0".into(),
+        pod: Default::default(),
+    }
+}
+
+fn config(min_free: usize, max_free: usize) -> PoolConfig {
+    PoolConfig {
+        min_free,
+        max_free,
+        ..PoolConfig::default()
+    }
+}
+
+async fn start(cloud: &Arc<FakeCloud>, config: PoolConfig) -> Arc<WarmPool> {
+    WarmPool::start(cloud.clone(), config).await.unwrap()
+}
+
+async fn wait_stats(pool: &WarmPool, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
+    *pool.subscribe().wait_for(|s| pred(s)).await.unwrap()
+}
+
+/// Allocates, waiting for the filler when the pool is momentarily empty.
+async fn allocate_waiting(pool: &WarmPool, o: &EniOwner) -> Eni {
+    loop {
+        match pool.allocate_next(o).await {
+            Ok(e) => return e,
+            Err(ProviderError::Exhausted { .. }) => {
+                wait_stats(pool, |s| s.available > 0).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn config_defaults_parse_and_validation() {
+    let d = PoolConfig::default();
+    assert_eq!((d.min_free, d.max_free), (1, 3));
+    assert_eq!(d.initial_retry, Duration::from_secs(1));
+    assert_eq!(d.max_backoff, Duration::from_secs(60));
+    assert_eq!(d.resync_interval, Duration::from_secs(30));
+    d.validate().unwrap();
+
+    let c: PoolConfig =
+        serde_json::from_str(r#"{"min_free": 2, "max_backoff": "2m", "resync_interval": "500ms"}"#)
+            .unwrap();
+    assert_eq!(c.min_free, 2);
+    assert_eq!(c.max_free, 3);
+    assert_eq!(c.max_backoff, Duration::from_secs(120));
+    assert_eq!(c.resync_interval, Duration::from_millis(500));
+    assert!(serde_json::from_str::<PoolConfig>(r#"{"min_fre": 2}"#).is_err());
+
+    let bad = [
+        config(4, 3),
+        PoolConfig {
+            initial_retry: Duration::ZERO,
+            ..config(1, 3)
+        },
+        PoolConfig {
+            max_backoff: Duration::from_millis(500),
+            ..config(1, 3)
+        },
+        PoolConfig {
+            resync_interval: Duration::ZERO,
+            ..config(1, 3)
+        },
+    ];
+    for c in bad {
+        assert!(
+            matches!(c.validate(), Err(ProviderError::Config(_))),
+            "{c:?} accepted"
+        );
+    }
+}
+
+#[test]
+fn backoff_doubles_caps_and_resets() {
+    let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+    let delays: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
+    assert_eq!(delays, [1, 2, 4, 5, 5]);
+    b.reset();
+    assert_eq!(b.next_delay(), Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn invalid_config_fails_start() {
+    let cloud = FakeCloud::new(8);
+    assert!(matches!(
+        WarmPool::start(cloud.clone(), config(3, 1)).await,
+        Err(ProviderError::Config(_))
+    ));
+}
+
+#[tokio::test]
+async fn fills_to_min_free() {
+    let cloud = FakeCloud::new(8);
+    let pool = start(&cloud, config(2, 3)).await;
+    let s = wait_stats(&pool, |s| s.available == 2).await;
+    assert_eq!(
+        s,
+        PoolStats {
+            used: 0,
+            available: 2,
+            needed: 0,
+            excess: 0,
+            remaining_interfaces: 5,
+        }
+    );
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.st().creates, 2, "filled past min_free");
+    assert_eq!(pool.list().await.unwrap().len(), 2);
+
+    // Taking one wakes the loop to replace it.
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    let s = wait_stats(&pool, |s| s.available == 2).await;
+    assert_eq!((s.used, s.remaining_interfaces), (1, 4));
+    assert_eq!(cloud.st().creates, 3);
+    let listed = pool.list().await.unwrap();
+    let held: Vec<_> = listed.iter().filter(|e| e.owner.is_some()).collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].id, a.id);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn allocate_is_idempotent_and_release_frees() {
+    let cloud = FakeCloud::new(8);
+    let pool = start(&cloud, config(2, 3)).await;
+    wait_stats(&pool, |s| s.available == 2).await;
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    let mut same = owner("a");
+    same.pod.name = "other metadata".into();
+    assert_eq!(pool.allocate_next(&same).await.unwrap().id, a.id);
+    assert_eq!(pool.stats().used, 1);
+    pool.release(&owner("b")).await.unwrap(); // holds none: fine
+    assert_eq!(pool.stats().used, 1);
+    pool.release(&owner("a")).await.unwrap();
+    pool.release(&owner("a")).await.unwrap();
+    assert_eq!(pool.stats().used, 0);
+    assert!(pool.list().await.unwrap().iter().all(|e| e.owner.is_none()));
+    assert_eq!(pool.name(), "fake");
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn eni_limit_is_respected() {
+    // Primary + 2 secondaries, but the pool wants 5 free.
+    let cloud = FakeCloud::new(3);
+    let pool = start(&cloud, config(5, 5)).await;
+    wait_stats(&pool, |s| s.available == 2).await;
+    pool.resync_now().await.unwrap();
+    assert_eq!(
+        pool.stats(),
+        PoolStats {
+            used: 0,
+            available: 2,
+            needed: 0,
+            excess: 0,
+            remaining_interfaces: 0,
+        }
+    );
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    let b = pool.allocate_next(&owner("b")).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(
+        pool.allocate_next(&owner("c")).await.unwrap_err(),
+        ProviderError::Exhausted { total: 2 }
+    );
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.st().creates_started, 2);
+    assert_eq!(cloud.st().over_limit, 0);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn shrinks_to_max_free_after_releases() {
+    let cloud = FakeCloud::new(16);
+    let pool = start(&cloud, config(1, 2)).await;
+    pool.restore(&[]).await.unwrap();
+    let owners: Vec<_> = (0..5).map(|i| owner(&format!("c{i}"))).collect();
+    let mut ids = HashSet::new();
+    for o in &owners {
+        assert!(ids.insert(allocate_waiting(&pool, o).await.id));
+    }
+    wait_stats(&pool, |s| s.used == 5 && s.available == 1).await;
+    assert!(cloud.st().deletes.is_empty());
+
+    for o in &owners {
+        pool.release(o).await.unwrap();
+    }
+    let s = wait_stats(&pool, |s| s.available == 2).await;
+    assert_eq!((s.used, s.excess, s.needed), (0, 0, 0));
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.st().deletes.len(), 4, "6 ENIs shrunk to 2");
+    assert_eq!(cloud.attached_count(), 2);
+    let mut listed: Vec<_> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    listed.sort();
+    let mut in_cloud: Vec<_> = cloud.st().enis.keys().cloned().collect();
+    in_cloud.sort();
+    assert_eq!(listed, in_cloud);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_detach_before_restore_and_never_an_untagged_eni() {
+    let cloud = FakeCloud::new(16);
+    let held = cloud.add(true, true);
+    for _ in 0..3 {
+        cloud.add(true, true);
+    }
+    // Last, so a shrink that ignored the tag would pick it first.
+    let foreign = cloud.add(true, false);
+    let pool = start(&cloud, config(0, 1)).await;
+    pool.resync_now().await.unwrap();
+    assert_eq!(pool.stats().excess, 4);
+    assert!(
+        cloud.st().deletes.is_empty(),
+        "detached before the checkpoint was restored"
+    );
+
+    pool.restore(&[(held.clone(), owner("pod"))]).await.unwrap();
+    pool.resync_now().await.unwrap();
+    let s = pool.stats();
+    assert_eq!((s.used, s.available), (1, 1));
+    let deletes = cloud.st().deletes.clone();
+    assert_eq!(deletes.len(), 3);
+    assert!(!deletes.contains(&held), "deleted a pod's ENI");
+    assert!(!deletes.contains(&foreign), "deleted an untagged ENI");
+    let free: Vec<_> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.owner.is_none())
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(free, [foreign]);
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaving_eni_is_never_allocated_and_comes_back_on_failure() {
+    let cloud = FakeCloud::new(16);
+    for _ in 0..3 {
+        cloud.add(true, true);
+    }
+    cloud.st().hold_deletes = true;
+    let pool = start(&cloud, config(0, 2)).await;
+    pool.restore(&[]).await.unwrap();
+    // The loop marks the surplus ENI leaving and blocks in the delete.
+    cloud.until(|st| st.delete_times.len() == 1).await;
+    let s = pool.stats();
+    assert_eq!((s.available, s.excess), (2, 0));
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    let b = pool.allocate_next(&owner("b")).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(
+        pool.allocate_next(&owner("c")).await.unwrap_err(),
+        ProviderError::Exhausted { total: 3 }
+    );
+
+    // The delete fails: the ENI is free again and can be taken.
+    cloud.fail_next(1);
+    cloud.delete_gate.add_permits(1);
+    let s = wait_stats(&pool, |s| s.available == 1).await;
+    assert_eq!(s.used, 2);
+    assert!(cloud.st().deletes.is_empty());
+    let c = pool.allocate_next(&owner("c")).await.unwrap();
+    assert!(c.id != a.id && c.id != b.id);
+    assert_eq!(cloud.attached_count(), 3);
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_grows_caps_and_resets() {
+    let cloud = FakeCloud::new(16);
+    let cfg = PoolConfig {
+        initial_retry: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(4),
+        resync_interval: Duration::from_secs(30),
+        ..config(1, 3)
+    };
+    let gaps = |from: usize| -> Vec<Duration> {
+        let t = cloud.st().create_times.clone();
+        t[from..].windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    let secs = |s: &[u64]| -> Vec<Duration> { s.iter().map(|&s| Duration::from_secs(s)).collect() };
+
+    // Five failures, then success: retries after 1, 2, 4, 4 (capped), 4 s.
+    cloud.fail_next(5);
+    let pool = start(&cloud, cfg).await;
+    wait_stats(&pool, |s| s.available == 1).await;
+    assert_eq!(gaps(0), secs(&[1, 2, 4, 4, 4]));
+    assert_eq!(cloud.st().creates, 1);
+
+    // Allocations during the backoff did not cut it short.
+    let before = cloud.st().create_times.len();
+    cloud.fail_next(3);
+    pool.allocate_next(&owner("a")).await.unwrap();
+    cloud.until(|st| st.create_times.len() == before + 2).await;
+    for i in 0..5 {
+        let e = pool.allocate_next(&owner(&format!("x{i}"))).await;
+        assert_eq!(e.unwrap_err(), ProviderError::Exhausted { total: 1 });
+        tokio::task::yield_now().await;
+    }
+    wait_stats(&pool, |s| s.available == 1).await;
+    // Success reset the backoff: the next failures restart at 1 s.
+    assert_eq!(gaps(before), secs(&[1, 2, 4]));
+
+    let before = cloud.st().create_times.len();
+    cloud.fail_next(2);
+    pool.allocate_next(&owner("b")).await.unwrap();
+    wait_stats(&pool, |s| s.available == 1).await;
+    assert_eq!(gaps(before), secs(&[1, 2]));
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn allocate_on_empty_pool_never_waits_for_the_cloud() {
+    let cloud = FakeCloud::new(16);
+    cloud.st().hold_creates = true;
+    let pool = start(&cloud, config(1, 3)).await;
+    cloud.until(|st| st.creates_started == 1).await;
+    // The create is in flight and held; allocation must answer now.
+    let r = tokio::time::timeout(Duration::from_secs(5), pool.allocate_next(&owner("a")))
+        .await
+        .expect("allocate waited on the cloud");
+    assert_eq!(r.unwrap_err(), ProviderError::Exhausted { total: 0 });
+    assert_eq!(cloud.st().creates, 0);
+
+    cloud.st().hold_creates = false;
+    cloud.create_gate.add_permits(1);
+    let e = allocate_waiting(&pool, &owner("a")).await;
+    assert_eq!(e.owner, Some(owner("a")));
+    pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allocations_never_share() {
+    let cloud = FakeCloud::new(16);
+    for _ in 0..8 {
+        cloud.add(true, true);
+    }
+    let pool = start(&cloud, config(0, 8)).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let (pool, barrier) = (pool.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            pool.allocate_next(&owner(&format!("c{i}"))).await
+        }));
+    }
+    let mut ids = HashSet::new();
+    let mut exhausted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(e) => assert!(ids.insert(e.id), "ENI handed out twice"),
+            Err(ProviderError::Exhausted { total: 8 }) => exhausted += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((ids.len(), exhausted), (8, 24));
+    let owners: HashSet<_> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.owner.unwrap().container_id)
+        .collect();
+    assert_eq!(owners.len(), 8);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_finds_attached_and_deletes_unattached_tagged() {
+    let cloud = FakeCloud::new(16);
+    let pool = start(&cloud, config(2, 3)).await;
+    wait_stats(&pool, |s| s.available == 2).await;
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    wait_stats(&pool, |s| s.available == 2).await;
+    pool.shutdown().await;
+    drop(pool);
+    // A crash between create and attach left this one behind.
+    let orphan = cloud.add(false, true);
+    // Someone else's unattached ENI is not enim's to delete.
+    let foreign = cloud.add(false, false);
+
+    let pool = start(&cloud, config(2, 3)).await;
+    assert!(cloud.st().deletes.contains(&orphan));
+    assert!(!cloud.st().enis.contains_key(&orphan));
+    assert!(cloud.st().enis.contains_key(&foreign));
+    let listed = pool.list().await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|e| e.owner.is_none()));
+    pool.restore(&[(a.id.clone(), owner("a"))]).await.unwrap();
+    assert_eq!(pool.allocate_next(&owner("a")).await.unwrap().id, a.id);
+    pool.resync_now().await.unwrap();
+    let s = pool.stats();
+    assert_eq!((s.used, s.available), (1, 2));
+    assert_eq!(cloud.st().creates, 3, "restart created ENIs it already had");
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_orphan_delete_is_retried_by_the_loop() {
+    let cloud = FakeCloud::new(16);
+    let orphan = cloud.add(false, true);
+    // Start's delete fails, so does the loop's first retry.
+    cloud.fail_next(2);
+    let pool = start(&cloud, config(0, 3)).await;
+    cloud.until(|st| st.deletes.contains(&orphan)).await;
+    let t = cloud.st().delete_times.clone();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[2] - t[1], Duration::from_secs(1));
+    assert!(!cloud.st().enis.contains_key(&orphan));
+    assert!(pool.list().await.unwrap().is_empty());
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn restore_skips_unknown_and_rejects_conflicts_atomically() {
+    let cloud = FakeCloud::new(16);
+    let e1 = cloud.add(true, true);
+    let e2 = cloud.add(true, true);
+    let pool = start(&cloud, config(0, 3)).await;
+    pool.restore(&[(e1.clone(), owner("x")), ("eni-gone".into(), owner("y"))])
+        .await
+        .unwrap();
+    assert_eq!(pool.allocate_next(&owner("x")).await.unwrap().id, e1);
+    assert_eq!(pool.stats().used, 1);
+    // Same owner again: fine.
+    pool.restore(&[(e1.clone(), owner("x"))]).await.unwrap();
+
+    // One conflict in the batch: nothing of it applies.
+    let err = pool
+        .restore(&[(e2.clone(), owner("z")), (e1.clone(), owner("y"))])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::OwnedByOther { eni_id, .. } if *eni_id == e1),
+        "{err}"
+    );
+    let listed = pool.list().await.unwrap();
+    let e2_owner = listed.iter().find(|e| e.id == e2).unwrap().owner.clone();
+    assert_eq!(e2_owner, None);
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_the_loop() {
+    let cloud = FakeCloud::new(16);
+    let pool = start(&cloud, config(1, 3)).await;
+    wait_stats(&pool, |s| s.available == 1).await;
+    pool.shutdown().await;
+    pool.shutdown().await; // idempotent
+    pool.allocate_next(&owner("a")).await.unwrap();
+    assert!(pool.allocate_next(&owner("b")).await.is_err());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(cloud.st().creates_started, 1);
+    // resync_now on a stopped pool does nothing either.
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.st().creates_started, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_pool_stops_the_loop() {
+    let cloud = FakeCloud::new(16);
+    let pool = start(&cloud, config(1, 3)).await;
+    wait_stats(&pool, |s| s.available == 1).await;
+    drop(pool);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    // The loop's task held the backend; it is gone once the loop ended.
+    assert_eq!(Arc::strong_count(&cloud), 1);
+}
