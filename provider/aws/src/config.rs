@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::ec2::RetryPolicy;
@@ -48,6 +49,9 @@ pub struct AwsConfig {
     /// EC2 calls: retry delay bound.
     #[serde(default = "default_api_max_backoff", with = "humantime_serde")]
     pub api_max_backoff: Duration,
+    /// Warm-pool watermarks and timing.
+    #[serde(default)]
+    pub pool: PoolConfig,
 }
 
 impl Default for AwsConfig {
@@ -65,6 +69,7 @@ impl Default for AwsConfig {
             api_attempts: default_api_attempts(),
             api_backoff: default_api_backoff(),
             api_max_backoff: default_api_max_backoff(),
+            pool: PoolConfig::default(),
         }
     }
 }
@@ -79,6 +84,9 @@ impl AwsConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if let Err(e) = self.pool.validate() {
+            return Err(format!("aws: {e}"));
+        }
         if self.api_attempts == 0 {
             return Err("aws: api_attempts must be at least 1".into());
         }
@@ -131,4 +139,84 @@ fn default_api_backoff() -> Duration {
 }
 fn default_api_max_backoff() -> Duration {
     Duration::from_secs(10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let c: AwsConfig = toml::from_str("").unwrap();
+        assert_eq!(c, AwsConfig::default());
+        assert_eq!(c.imds_endpoint, "http://169.254.169.254");
+        assert_eq!(c.region, None);
+        assert_eq!(c.pool, PoolConfig::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c: AwsConfig = toml::from_str(
+            r#"
+            region = "eu-west-1"
+            imds_endpoint = "http://127.0.0.1:1338"
+            ec2_endpoint = "http://127.0.0.1:5000"
+            subnet_id = "subnet-0abc"
+            security_group_ids = ["sg-1", "sg-2"]
+            assign_ipv6 = true
+            mtu = 9001
+            metadata_wait = "30s"
+            detach_timeout = "1m"
+            api_attempts = 3
+            api_backoff = "100ms"
+            api_max_backoff = "5s"
+            [pool]
+            min_free = 2
+            max_free = 4
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.security_group_ids, ["sg-1", "sg-2"]);
+        assert_eq!(c.metadata_wait, Duration::from_secs(30));
+        assert_eq!(c.api_backoff, Duration::from_millis(100));
+        assert_eq!((c.pool.min_free, c.pool.max_free), (2, 4));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let e = toml::from_str::<AwsConfig>("regoin = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("regoin"), "{e}");
+        let e = toml::from_str::<AwsConfig>("[pool]\nmin_fre = 1").unwrap_err();
+        assert!(e.to_string().contains("min_fre"), "{e}");
+
+        let bad = |c: AwsConfig| c.validate().unwrap_err();
+        assert!(bad(AwsConfig {
+            api_attempts: 0,
+            ..Default::default()
+        })
+        .contains("api_attempts"));
+        assert!(bad(AwsConfig {
+            api_backoff: Duration::from_secs(2),
+            api_max_backoff: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .contains("api_max_backoff"));
+        assert!(bad(AwsConfig {
+            mtu: Some(100),
+            ..Default::default()
+        })
+        .contains("mtu"));
+        assert!(bad(AwsConfig {
+            ec2_endpoint: Some("ec2.local".into()),
+            ..Default::default()
+        })
+        .contains("ec2_endpoint"));
+        let mut c = AwsConfig::default();
+        c.pool.min_free = 5;
+        c.pool.max_free = 1;
+        assert!(bad(c).contains("max_free"));
+    }
 }

@@ -5,6 +5,7 @@
 //! - [`ec2`]: a small SigV4-signed client of the EC2 Query API.
 //! - [`backend`]: [`AwsBackend`], the [`enim_provider::cloud::CloudBackend`]
 //!   the warm pool drives.
+//! - [`build`]: a started [`WarmPool`] over it, as `enimd` uses it.
 
 pub mod backend;
 pub mod config;
@@ -12,8 +13,33 @@ pub mod credentials;
 pub mod ec2;
 pub mod imds;
 
+use std::sync::Arc;
+
+use aws_credential_types::Credentials;
+use enim_provider::{EniProvider, ProviderError};
+use enim_provider_pool::WarmPool;
+
 pub use backend::{AwsBackend, AwsError, TAG_MANAGED, TAG_NODE};
 pub use config::AwsConfig;
+pub use enim_provider_pool::PoolConfig;
+
+/// The AWS provider for `enimd`: discovers the instance, then starts a
+/// warm pool over the EC2 backend. Credentials come from the environment,
+/// else the instance role.
+pub async fn build(config: &AwsConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = build_with(config, None).await?;
+    Ok(pool)
+}
+
+/// As [`build`], with fixed credentials when given, returning the pool
+/// itself (for its statistics and shutdown).
+pub async fn build_with(
+    config: &AwsConfig,
+    credentials: Option<Credentials>,
+) -> Result<Arc<WarmPool>, ProviderError> {
+    let backend = AwsBackend::discover_with(config, credentials).await?;
+    WarmPool::start(Arc::new(backend), config.pool.clone()).await
+}
 
 /// The IAM actions the node's credentials must allow. `ec2:CreateTags`
 /// covers the tags set on create (TagSpecification).

@@ -1,0 +1,208 @@
+//! The warm pool over the AWS backend, against moto (signatures checked),
+//! the fake IMDSv2 and the fault-injecting proxy.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_credential_types::Credentials;
+use common::Env;
+use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_provider_aws::{build_with, AwsConfig, PoolConfig};
+use enim_provider_pool::{PoolStats, WarmPool};
+
+fn owner(n: u32) -> EniOwner {
+    EniOwner {
+        network: "aws".into(),
+        container_id: format!("ctr-{n}"),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: format!("pod-{n}"),
+            uid: None,
+        },
+    }
+}
+
+fn pool_config(env: &Env, min_free: usize, max_free: usize) -> AwsConfig {
+    AwsConfig {
+        pool: PoolConfig {
+            min_free,
+            max_free,
+            initial_retry: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            resync_interval: Duration::from_millis(200),
+        },
+        ..env.config()
+    }
+}
+
+async fn wait_stats(pool: &WarmPool, what: &str, f: impl Fn(&PoolStats) -> bool) -> PoolStats {
+    let mut rx = pool.subscribe();
+    let got = match tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|s| f(s))).await {
+        Ok(Ok(s)) => Some(*s),
+        _ => None,
+    };
+    got.unwrap_or_else(|| panic!("timed out waiting for {what}; stats now {:?}", pool.stats()))
+}
+
+async fn pool_ids(pool: &WarmPool) -> HashSet<String> {
+    pool.list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+#[tokio::test]
+async fn fill_allocate_release_shrink_and_restart() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    // A throttling burst during the first fill is absorbed by the client.
+    env.proxy
+        .inject("CreateNetworkInterface", 2, 503, "RequestLimitExceeded");
+    let config = pool_config(&env, 1, 2);
+    let pool = build_with(&config, Some(env.node.clone())).await.unwrap();
+    assert_eq!(pool.name(), "aws");
+
+    // Fill to min_free.
+    wait_stats(&pool, "min_free", |s| s.available == 1).await;
+    assert_eq!(env.proxy.faulted("CreateNetworkInterface"), 2);
+    assert_eq!(env.tagged_ids().await, pool_ids(&pool).await);
+    // Shrinking needs the checkpoint restored (nothing held here).
+    pool.restore(&[]).await.unwrap();
+
+    // Allocate: idempotent per owner, and the pool refills behind it.
+    let a = pool.allocate_next(&owner(1)).await.unwrap();
+    assert_eq!(a.owner.as_ref(), Some(&owner(1)));
+    assert_eq!(pool.allocate_next(&owner(1)).await.unwrap().id, a.id);
+    wait_stats(&pool, "refill after a", |s| s.available == 1 && s.used == 1).await;
+    let b = pool.allocate_next(&owner(2)).await.unwrap();
+    // m5.xlarge: 4 interfaces, the primary included, so 3 for pods.
+    let s = wait_stats(&pool, "refill after b", |s| s.available == 1 && s.used == 2).await;
+    assert_eq!(s.remaining_interfaces, 0);
+    let c = pool.allocate_next(&owner(3)).await.unwrap();
+    let e = pool.allocate_next(&owner(4)).await.unwrap_err();
+    assert_eq!(e, ProviderError::Exhausted { total: 3 });
+    assert!(!env.attached().await.is_empty());
+    let held: HashSet<String> = [&a, &b, &c].iter().map(|e| e.id.clone()).collect();
+    assert_eq!(env.tagged_ids().await, held);
+    for id in &held {
+        assert!(env.attached().await.contains_key(id), "{id} attached");
+    }
+    // Addresses come from metadata, in the subnet, behind its router.
+    for eni in [&a, &b, &c] {
+        assert!(env.subnet_v4.contains(&eni.ipv4.addr()));
+        assert_eq!(eni.gateway4.to_string(), "10.0.1.1");
+    }
+
+    // Release all three: 3 free > max_free 2, so one is detached and
+    // deleted.
+    for n in 1..=3 {
+        pool.release(&owner(n)).await.unwrap();
+    }
+    // Releasing twice is fine.
+    pool.release(&owner(1)).await.unwrap();
+    // Done once the leaving ENI is gone: 2 members, so 1 slot free.
+    wait_stats(&pool, "shrink to max_free", |s| {
+        s.available == 2 && s.used == 0 && s.remaining_interfaces == 1
+    })
+    .await;
+    let kept = pool_ids(&pool).await;
+    assert_eq!(kept.len(), 2);
+    assert!(kept.is_subset(&held));
+    // Exactly the pool's ENIs are left in EC2, all attached, plus the primary.
+    common::eventually(Duration::from_secs(5), "EC2 to match the pool", || async {
+        env.tagged_ids().await == kept
+    })
+    .await;
+    let attached = env.attached().await;
+    assert_eq!(attached.len(), 3);
+    assert!(attached.contains_key(&env.primary_eni));
+    pool.shutdown().await;
+    drop(pool);
+
+    // A restarted agent finds the attached ENIs, and deletes a leftover
+    // that a crash between create and attach left behind.
+    let orphan = env.create_tagged_eni().await;
+    let pool = build_with(&config, Some(env.node.clone())).await.unwrap();
+    assert_eq!(pool_ids(&pool).await, kept);
+    assert_eq!(pool.stats().available, 2);
+    assert!(!env
+        .tagged_ids()
+        .await
+        .contains(&orphan.network_interface_id));
+    assert_eq!(env.tagged_ids().await, kept);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn attachment_limit_exceeded_makes_the_pool_back_off() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    env.proxy
+        .inject("AttachNetworkInterface", 3, 400, "AttachmentLimitExceeded");
+    let start = Instant::now();
+    let pool = build_with(&pool_config(&env, 1, 1), Some(env.node.clone()))
+        .await
+        .unwrap();
+    wait_stats(&pool, "min_free despite three refusals", |s| {
+        s.available == 1
+    })
+    .await;
+    // Backoff 100, 200, 400 ms between the failed rounds.
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    // Each refusal: create, attach refused (not retried), delete.
+    assert_eq!(env.proxy.calls("AttachNetworkInterface"), 4);
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), 4);
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 3);
+    assert_eq!(env.tagged_ids().await, pool_ids(&pool).await);
+    assert_eq!(env.tagged_ids().await.len(), 1);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_lag_during_fill() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    env.imds.hide_new_interfaces_for(4);
+    let pool = build_with(&pool_config(&env, 2, 2), Some(env.node.clone()))
+        .await
+        .unwrap();
+    wait_stats(&pool, "min_free", |s| s.available == 2).await;
+    assert!(env.imds.hidden_hits() >= 8, "{}", env.imds.hidden_hits());
+    assert_eq!(env.tagged_ids().await, pool_ids(&pool).await);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn build_fails_clearly_on_a_wrong_secret() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let bad = Credentials::new(env.node.access_key_id(), "wrong", None, None, "test");
+    let e = build_with(&pool_config(&env, 1, 1), Some(bad))
+        .await
+        .err()
+        .expect("auth error");
+    assert!(matches!(e, ProviderError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("AuthFailure"), "{e}");
+    assert!(!e.is_transient());
+    assert!(env.tagged_ids().await.is_empty());
+
+    // Through the public entry point too (as enimd calls it); the pool is
+    // an EniProvider.
+    let good = build_with(&pool_config(&env, 0, 0), Some(env.node.clone()))
+        .await
+        .unwrap();
+    let provider: Arc<dyn EniProvider> = good.clone();
+    assert_eq!(provider.list().await.unwrap(), vec![]);
+    good.shutdown().await;
+}
