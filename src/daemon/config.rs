@@ -41,6 +41,8 @@ pub enum LogFormat {
 pub enum ProviderConfig {
     /// ENIs declared right here (bare metal, labs, tests).
     Static { enis: Vec<StaticEniConfig> },
+    /// Baidu BCE ENIs kept warm by the pool (README: "Baidu BCE provider").
+    Bce(Box<enim_provider_bce::BceConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,7 +148,9 @@ mod tests {
         assert_eq!(c.checkpoint, PathBuf::from("/var/lib/enim/checkpoint.json"));
         assert_eq!(c.gc_interval, Duration::from_secs(10));
         assert_eq!(c.log_format, LogFormat::Text);
-        let ProviderConfig::Static { enis } = &c.provider;
+        let ProviderConfig::Static { enis } = &c.provider else {
+            panic!("not static: {:?}", c.provider);
+        };
         assert_eq!(enis[0].id, "eni-1");
     }
 
@@ -162,5 +166,21 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("MAC"), "{err}");
+    }
+
+    #[test]
+    fn bce_provider_config() {
+        let c = Config::parse(
+            "[provider]\ntype = \"bce\"\nsecurity_group_ids = [\"g-1\"]\n\
+             poll_interval = \"1s\"\n[provider.pool]\nmin_free = 2\nmax_free = 4\n",
+        )
+        .unwrap();
+        let ProviderConfig::Bce(bce) = &c.provider else {
+            panic!("not bce: {:?}", c.provider);
+        };
+        assert_eq!(bce.security_group_ids, ["g-1"]);
+        assert_eq!(bce.poll_interval, Duration::from_secs(1));
+        assert_eq!((bce.pool.min_free, bce.pool.max_free), (2, 4));
+        assert!(Config::parse("[provider]\ntype = \"bce\"\nregoin = \"bj\"\n").is_err());
     }
 }

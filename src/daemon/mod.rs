@@ -54,9 +54,12 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> D
     }
 }
 
-pub fn build_provider(config: &ProviderConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
+pub async fn build_provider(
+    config: &ProviderConfig,
+) -> Result<Arc<dyn EniProvider>, ProviderError> {
     match config {
         ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
+        ProviderConfig::Bce(bce) => enim_provider_bce::build(bce).await,
     }
 }
 
@@ -118,8 +121,10 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>, DaemonError> {
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Instant::now();
     let stop = stop_signal()?;
-    let provider = build_provider(&config.provider)?;
+    // Lock first: a cloud provider's warm pool starts creating ENIs as soon
+    // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
+    let provider = build_provider(&config.provider).await?;
     let checkpoint = Arc::new(Checkpoint::open(
         &config.checkpoint,
         config.checkpoint_fsync,
