@@ -43,6 +43,8 @@ pub enum ProviderConfig {
     Static { enis: Vec<StaticEniConfig> },
     /// Baidu BCE ENIs kept warm by the pool (README: "Baidu BCE provider").
     Bce(Box<enim_provider_bce::BceConfig>),
+    /// EC2 ENIs kept warm by the pool (README: "AWS provider").
+    Aws(Box<enim_provider_aws::AwsConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,5 +184,22 @@ mod tests {
         assert_eq!(bce.poll_interval, Duration::from_secs(1));
         assert_eq!((bce.pool.min_free, bce.pool.max_free), (2, 4));
         assert!(Config::parse("[provider]\ntype = \"bce\"\nregoin = \"bj\"\n").is_err());
+    }
+
+    #[test]
+    fn aws_provider_config() {
+        let c = Config::parse(
+            "[provider]\ntype = \"aws\"\nsubnet_id = \"subnet-1\"\n\
+             security_group_ids = [\"sg-1\"]\n[provider.pool]\nmin_free = 2\nmax_free = 4\n",
+        )
+        .unwrap();
+        let ProviderConfig::Aws(aws) = &c.provider else {
+            panic!("not aws: {:?}", c.provider);
+        };
+        assert_eq!(aws.subnet_id.as_deref(), Some("subnet-1"));
+        assert_eq!(aws.security_group_ids, ["sg-1"]);
+        assert_eq!(aws.imds_endpoint, "http://169.254.169.254");
+        assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
+        assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
     }
 }

@@ -1,0 +1,249 @@
+//! End to end on "AWS": a real `enimd` with `type = "aws"` over moto (EC2
+//! and IAM, signatures checked), the fake IMDSv2 and the fault proxy from
+//! the AWS provider's test rig, and the real `enim` plugin. Each ENI moto
+//! attaches shows up as a veth with moto's MAC in a sandbox host namespace
+//! (the fake IMDS plugs it the first time it shows the interface, as a
+//! hypervisor would), its far end on a bridge holding the subnet's router
+//! address in a gateway namespace.
+//!
+//! enimd runs in the test's own namespace (it must reach the loopback
+//! servers) and keeps ENIs in the sandbox through `host_netns`.
+
+mod common;
+
+#[path = "../provider/aws/tests/common/mod.rs"]
+mod aws_rig;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::agent::enim;
+use common::{kernel_tests_enabled, NamedNetns};
+
+const NETWORK: &str = "enim-aws-e2e";
+
+struct Enimd {
+    child: Option<Child>,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Enimd {
+    fn start(dir: &Path, config: &str, env: &aws_rig::Env) -> Enimd {
+        let path = dir.join("enimd.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = dir.join("enimd.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_enimd"))
+            .arg("--config")
+            .arg(&path)
+            .env("AWS_ACCESS_KEY_ID", env.node.access_key_id())
+            .env("AWS_SECRET_ACCESS_KEY", env.node.secret_access_key())
+            .env_remove("AWS_SESSION_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn enimd");
+        let mut d = Enimd {
+            child: Some(child),
+            socket: dir.join("enimd.sock"),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
+                && d.ctl(&["status"])["ready"] == true
+            {
+                return d;
+            }
+            if let Some(s) = d.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("enimd exited early ({s}): {}", d.log());
+            }
+            assert!(Instant::now() < deadline, "enimd not ready: {}", d.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn ctl(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_enimctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "enimctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn conf(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": NETWORK,
+            "type": "enim",
+            "socket": self.socket,
+        })
+    }
+
+    fn stop(&mut self) {
+        let mut child = self.child.take().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "enimd exit {status}: {}", self.log());
+    }
+}
+
+impl Drop for Enimd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs blocking test steps (plugin execs, `ip`, enimctl) in place: the
+/// runtime's other worker keeps serving the fake IMDS and the proxy.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enimd_serves_pods_from_the_aws_warm_pool() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+
+    // The sandbox: ENIs appear in `host` when attached; their far ends sit
+    // on a bridge with the subnet's router address.
+    let host = Arc::new(NamedNetns::new("awshost"));
+    let gw = Arc::new(NamedNetns::new("awsgw"));
+    gw.ip(&["link", "add", "br0", "type", "bridge"]);
+    gw.ip(&["addr", "add", "10.0.1.1/24", "dev", "br0"]);
+    gw.ip(&["link", "set", "br0", "up"]);
+    {
+        let (host, gw) = (host.clone(), gw.clone());
+        env.imds
+            .on_new_interface(Arc::new(move |mac: &str, idx: u32| {
+                let (name, peer) = (format!("ens{}", 5 + idx), format!("gw{idx}"));
+                host.ip(&[
+                    "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer,
+                    "netns", &gw.name,
+                ]);
+                gw.ip(&["link", "set", &peer, "master", "br0", "up"]);
+            }));
+    }
+
+    // One ENI left attached by an earlier agent run: the pool adopts it.
+    let earlier = env.create_tagged_eni().await;
+    env.admin_ec2
+        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        format!(
+        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
+         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
+         [provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
+         max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
+        sock = dir.path().join("enimd.sock").display().to_string(),
+        ckpt = dir.path().join("state/checkpoint.json").display().to_string(),
+        netns = host.path().display().to_string(),
+        imds = env.imds.url,
+        ec2 = env.proxy.url,
+    );
+    let mut agent = blocking(|| Enimd::start(dir.path(), &config, &env));
+
+    // Pod 1 takes the adopted ENI; the pool makes another for pod 2.
+    let pod1 = NamedNetns::new("awspod1");
+    let pod2 = NamedNetns::new("awspod2");
+    let conf = agent.conf();
+    let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
+    assert_eq!(r1["interfaces"][0]["mac"], earlier.mac_address);
+    assert_eq!(
+        r1["ips"][0]["address"],
+        format!("{}/24", earlier.private_ip_address.clone().unwrap())
+    );
+    assert_eq!(r1["ips"][0]["gateway"], "10.0.1.1");
+
+    aws_rig::eventually(Duration::from_secs(20), "the pool to refill", || async {
+        env.tagged_ids().await.len() == 2 && env.attached().await.len() == 3
+    })
+    .await;
+    let r2 = blocking(|| {
+        // The refill is attached; enimd may still be waiting for metadata.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf);
+            if out.status == 0 || Instant::now() > deadline {
+                return out.ok();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let mac2 = r2["interfaces"][0]["mac"].as_str().unwrap().to_string();
+    assert_ne!(mac2, earlier.mac_address);
+    assert_eq!(r2["ips"][0]["gateway"], "10.0.1.1");
+
+    // Both pods reach the router through their own ENI.
+    for pod in [&pod1, &pod2] {
+        assert!(
+            blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])),
+            "ping from {}",
+            pod.name
+        );
+    }
+
+    // DEL both: the ENIs go home; one free ENI is above max_free 1, so the
+    // pool detaches and deletes one.
+    for (cid, pod) in [("c1", &pod1), ("c2", &pod2)] {
+        blocking(|| enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok());
+    }
+    blocking(|| {
+        for mac in [&earlier.mac_address, &mac2] {
+            assert!(
+                host.link_by_mac(mac.parse().unwrap()).is_some(),
+                "{mac} home"
+            );
+        }
+    });
+    aws_rig::eventually(Duration::from_secs(20), "the pool to shrink", || async {
+        env.tagged_ids().await.len() == 1
+    })
+    .await;
+    let left = env.tagged_ids().await;
+    let enis = blocking(|| agent.ctl(&["enis"]));
+    let listed: Vec<&str> = enis["enis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 1, "{enis}");
+    assert!(left.contains(listed[0]));
+    blocking(|| agent.stop());
+    // Nothing enim made is lost or leaked: the one kept ENI is attached.
+    assert_eq!(env.tagged_ids().await, left);
+    assert_eq!(env.attached().await.len(), 2, "primary + the kept ENI");
+}
