@@ -247,3 +247,42 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
     assert_eq!(env.tagged_ids().await, left);
     assert_eq!(env.attached().await.len(), 2, "primary + the kept ENI");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enimd_stops_at_start_on_a_wrong_secret() {
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "socket = {sock:?}\ncheckpoint = {ckpt:?}\ngc_interval = \"0s\"\n\
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n",
+        sock = dir.path().join("enimd.sock").display().to_string(),
+        ckpt = dir
+            .path()
+            .join("state/checkpoint.json")
+            .display()
+            .to_string(),
+        imds = env.imds.url,
+        ec2 = env.proxy.url,
+    );
+    let path = dir.path().join("enimd.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = blocking(|| {
+        Command::new(env!("CARGO_BIN_EXE_enimd"))
+            .arg("--config")
+            .arg(&path)
+            .env("AWS_ACCESS_KEY_ID", env.node.access_key_id())
+            .env("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+            .env_remove("AWS_SESSION_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "enimd started: {stderr}");
+    assert!(stderr.contains("AuthFailure"), "{stderr}");
+    assert!(stderr.contains("secret access key"), "{stderr}");
+    assert!(!dir.path().join("enimd.sock").exists());
+    assert!(env.tagged_ids().await.is_empty());
+}
