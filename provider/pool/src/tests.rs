@@ -110,7 +110,10 @@ impl FakeCloud {
     /// call the fake serves.
     async fn until(&self, pred: impl Fn(&FakeState) -> bool) {
         let mut rx = self.events.subscribe();
-        rx.wait_for(|_| pred(&self.st())).await.unwrap();
+        tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|_| pred(&self.st())))
+            .await
+            .expect("the cloud never reached the expected state")
+            .unwrap();
     }
 
     fn injected_failure(&self) -> Result<(), ProviderError> {
@@ -245,8 +248,17 @@ async fn start(cloud: &Arc<FakeCloud>, config: PoolConfig) -> Arc<WarmPool> {
     WarmPool::start(cloud.clone(), config).await.unwrap()
 }
 
+/// A bound that turns a pool stuck in the wrong state into a failure
+/// instead of a hang (virtual time in the paused-clock tests).
+const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
 async fn wait_stats(pool: &WarmPool, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
-    *pool.subscribe().wait_for(|s| pred(s)).await.unwrap()
+    let mut rx = pool.subscribe();
+    let stats = tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|s| pred(s)))
+        .await
+        .unwrap_or_else(|_| panic!("pool stuck at {:?}", pool.stats()))
+        .unwrap();
+    *stats
 }
 
 /// Allocates, waiting for the filler when the pool is momentarily empty.
@@ -369,6 +381,32 @@ async fn allocate_is_idempotent_and_release_frees() {
     assert_eq!(pool.stats().used, 0);
     assert!(pool.list().await.unwrap().iter().all(|e| e.owner.is_none()));
     assert_eq!(pool.name(), "fake");
+    pool.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn allocate_and_release_wake_the_loop_at_once() {
+    let cloud = FakeCloud::new(16);
+    let cfg = PoolConfig {
+        resync_interval: Duration::from_secs(3600),
+        ..config(1, 1)
+    };
+    let pool = start(&cloud, cfg).await;
+    pool.restore(&[]).await.unwrap();
+    wait_stats(&pool, |s| s.available == 1).await;
+    // Let the loop settle into its long wait, with no wake-up pending.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let t0 = Instant::now();
+    pool.allocate_next(&owner("a")).await.unwrap();
+    wait_stats(&pool, |s| s.available == 1 && s.used == 1).await;
+    assert_eq!(cloud.st().create_times.last(), Some(&t0), "refill waited");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let t1 = Instant::now();
+    pool.release(&owner("a")).await.unwrap();
+    wait_stats(&pool, |s| s.available == 1 && s.used == 0).await;
+    assert_eq!(cloud.st().delete_times, [t1], "shrink waited");
     pool.shutdown().await;
 }
 
