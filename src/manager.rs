@@ -615,6 +615,11 @@ impl EniManager {
                         continue;
                     }
                     let key = key_of(&owner);
+                    // Recorded: not an orphan. Checked before taking the key
+                    // lock, so GC never waits behind an ADD in progress.
+                    if self.checkpoint.get(&key).await.is_some() {
+                        continue;
+                    }
                     let _guard = self.locks.lock(&key).await;
                     if self.checkpoint.get(&key).await.is_some() {
                         continue;
@@ -1061,5 +1066,34 @@ mod tests {
         };
         assert!(r.mgr.gc(&other, Duration::ZERO).await.collected.is_empty());
         assert_eq!(r.mgr.attachments().await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn gc_never_collects_an_attachment_mid_add() {
+        let r = Arc::new(rig(1));
+        let (entered, resume) = r.fake.pause_configure();
+        let adder = {
+            let r = r.clone();
+            tokio::spawn(async move { r.mgr.add(&owner("c"), &r.netns).await })
+        };
+        entered.notified().await;
+        assert_eq!(r.mgr.attachments().await[0].phase, Phase::Adding);
+        // The runtime's view lags: its GC list does not have the new pod yet.
+        let lagging = GcRequest {
+            network: None,
+            valid_attachments: Some(vec![]),
+        };
+        let report = r.mgr.gc(&lagging, Duration::from_secs(30)).await;
+        assert_eq!(
+            (report.too_young, report.collected.len()),
+            (1, 0),
+            "{report:?}"
+        );
+        resume.notify_one();
+        adder.await.unwrap().expect("the ADD completes untouched");
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
     }
 }

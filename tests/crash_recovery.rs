@@ -17,105 +17,6 @@ macro_rules! require_kernel {
     };
 }
 
-/// Every ENI is either (a) in a live pod netns under the pod's ifname,
-/// configured and recorded once, or (b) in the host under its host name
-/// with its host MTU, free in the provider and in no record. No record
-/// points at a missing ENI. ENIs in `destroyed` (veth stand-ins that died
-/// with their netns) must be free and unrecorded, wherever they are not.
-fn assert_invariant(
-    sb: &Sandbox,
-    pods: &[&NamedNetns],
-    agent: &Agent,
-    destroyed: &[usize],
-    when: &str,
-) {
-    let enis = agent.ctl(&["enis"]);
-    let attachments = agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .clone();
-    for (i, eni) in sb.enis.iter().enumerate() {
-        let mac = eni.mac.to_string();
-        let status = enis["enis"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["id"] == eni.id.as_str())
-            .unwrap();
-        let records: Vec<_> = attachments
-            .iter()
-            .filter(|a| a["mac"] == mac.as_str())
-            .collect();
-        if destroyed.contains(&i) {
-            assert_eq!(
-                status["state"], "free",
-                "{when}: destroyed ENI {i} is still held: {status}"
-            );
-            assert!(
-                records.is_empty(),
-                "{when}: destroyed ENI {i} is still recorded: {records:?}"
-            );
-            continue;
-        }
-        if let Some(link) = sb.host.link_by_mac(eni.mac) {
-            assert_eq!(
-                link["ifname"],
-                format!("eni{i}"),
-                "{when}: ENI {i} home name"
-            );
-            assert_eq!(link["mtu"], HOST_MTU, "{when}: ENI {i} home MTU");
-            assert_eq!(
-                status["state"], "free",
-                "{when}: ENI {i} is home but the provider holds it: {status}"
-            );
-            assert!(
-                records.is_empty(),
-                "{when}: ENI {i} is home but recorded: {records:?}"
-            );
-            continue;
-        }
-        let pod = pods
-            .iter()
-            .find(|p| p.link_by_mac(eni.mac).is_some())
-            .unwrap_or_else(|| panic!("{when}: ENI {i} is neither home nor in a pod"));
-        let link = pod.link_by_mac(eni.mac).unwrap();
-        assert_eq!(link["ifname"], "eth0", "{when}: ENI {i} in pod");
-        assert_eq!(link["mtu"], POD_MTU, "{when}: ENI {i} pod MTU");
-        assert!(
-            pod.addrs("eth0").contains(&format!("10.77.{i}.10/24")),
-            "{when}: ENI {i} not configured"
-        );
-        assert!(
-            pod.ip(&["route", "show", "default"])
-                .contains(&format!("via 10.77.{i}.1")),
-            "{when}: no default route"
-        );
-        assert_eq!(
-            records.len(),
-            1,
-            "{when}: ENI {i} in a pod must be recorded once: {records:?}"
-        );
-        assert_eq!(records[0]["phase"], "ready", "{when}");
-        assert_eq!(
-            records[0]["netns"],
-            pod.path().display().to_string(),
-            "{when}"
-        );
-        assert_eq!(status["state"], "in_use", "{when}");
-        assert_eq!(
-            status["owner"]["container_id"], records[0]["container_id"],
-            "{when}: two owners"
-        );
-    }
-    for rec in &attachments {
-        let mac: enim_provider::MacAddr = rec["mac"].as_str().unwrap().parse().unwrap();
-        let held = pods.iter().any(|p| {
-            p.path().display().to_string() == rec["netns"] && p.link_by_mac(mac).is_some()
-        });
-        assert!(held, "{when}: record points at a missing ENI: {rec}");
-    }
-}
-
 fn crash_env(point: &str) -> Vec<(String, String)> {
     vec![("ENIMD_CRASH_AT".into(), point.into())]
 }
@@ -281,4 +182,53 @@ fn young_attachments_survive_gc_grace() {
         "a young attachment was collected"
     );
     assert_eq!(agent.ctl(&["gc"])["too_young"], 1);
+}
+
+#[test]
+fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let plain = NamedNetns::new("pod");
+    let shadowed = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "c1", Some(&plain.path()), "eth0", &conf).ok();
+    enim("ADD", "c2", Some(&shadowed.path()), "eth0", &conf).ok();
+    // c1: the netns mount is gone and a plain file is left at the path.
+    sh(&["umount", &plain.path().display().to_string()]);
+    // c2: an empty file is bind-mounted over the netns path.
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").unwrap();
+    sh(&[
+        "mount",
+        "--bind",
+        &empty.display().to_string(),
+        &shadowed.path().display().to_string(),
+    ]);
+
+    let report = agent.ctl(&["gc"]);
+    let mut collected: Vec<String> = report["collected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    collected.sort();
+    assert_eq!(
+        collected,
+        vec!["enim-e2e/c1/eth0", "enim-e2e/c2/eth0"],
+        "{report}"
+    );
+    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+    // Nothing is left to retry: the next pass does nothing.
+    let again = agent.ctl(&["gc"]);
+    assert_eq!(again["collected"], serde_json::json!([]), "{again}");
+    assert_eq!(again["errors"], serde_json::json!([]), "{again}");
+    assert!(agent.ctl(&["attachments"])["attachments"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_eq!(agent.ctl(&["status"])["enis_free"], 2);
+    sh(&["umount", &shadowed.path().display().to_string()]);
 }

@@ -5,7 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use async_trait::async_trait;
 use enim_provider::MacAddr;
@@ -31,6 +33,9 @@ pub struct FakePlumbing {
     pub world: Mutex<FakeWorld>,
     faults: Mutex<HashSet<&'static str>>,
     next_index: Mutex<u32>,
+    /// When set, configure_pod_link announces itself on `.0` and waits for
+    /// `.1`: lets a test act while an ADD is in the middle.
+    configure_gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
 }
 
 /// Steps a fault can be armed at. `configure_pod_link:partial` applies the
@@ -83,6 +88,13 @@ impl FakePlumbing {
             .netns
             .remove(path)
             .unwrap_or_default()
+    }
+
+    /// Pauses the next configure step; returns (entered, resume).
+    pub fn pause_configure(&self) -> (Arc<Notify>, Arc<Notify>) {
+        let gate = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        *self.configure_gate.lock().unwrap() = Some(gate.clone());
+        gate
     }
 
     pub fn fail_once(&self, step: &'static str) {
@@ -197,6 +209,11 @@ impl Plumbing for FakePlumbing {
         config: &PodLinkConfig,
     ) -> Result<LinkInfo, PlumbingError> {
         self.fault("configure_pod_link")?;
+        let gate = self.configure_gate.lock().unwrap().take();
+        if let Some((entered, resume)) = gate {
+            entered.notify_one();
+            resume.notified().await;
+        }
         let mut w = self.world.lock().unwrap();
         let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
         let dev = pod.iter_mut().find(|d| d.link.mac == mac).ok_or_else(|| {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::Sandbox;
+use super::{NamedNetns, Sandbox, HOST_MTU, POD_MTU};
 
 pub const NETWORK: &str = "enim-e2e";
 
@@ -274,4 +274,103 @@ pub fn enim(
         &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"),
         conf,
     )
+}
+
+/// Every ENI is either (a) in a live pod netns under the pod's ifname,
+/// configured and recorded once, or (b) in the host under its host name
+/// with its host MTU, free in the provider and in no record. No record
+/// points at a missing ENI. ENIs in `destroyed` (veth stand-ins that died
+/// with their netns) must be free and unrecorded, wherever they are not.
+pub fn assert_invariant(
+    sb: &Sandbox,
+    pods: &[&NamedNetns],
+    agent: &Agent,
+    destroyed: &[usize],
+    when: &str,
+) {
+    let enis = agent.ctl(&["enis"]);
+    let attachments = agent.ctl(&["attachments"])["attachments"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for (i, eni) in sb.enis.iter().enumerate() {
+        let mac = eni.mac.to_string();
+        let status = enis["enis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == eni.id.as_str())
+            .unwrap();
+        let records: Vec<_> = attachments
+            .iter()
+            .filter(|a| a["mac"] == mac.as_str())
+            .collect();
+        if destroyed.contains(&i) {
+            assert_eq!(
+                status["state"], "free",
+                "{when}: destroyed ENI {i} is still held: {status}"
+            );
+            assert!(
+                records.is_empty(),
+                "{when}: destroyed ENI {i} is still recorded: {records:?}"
+            );
+            continue;
+        }
+        if let Some(link) = sb.host.link_by_mac(eni.mac) {
+            assert_eq!(
+                link["ifname"],
+                format!("eni{i}"),
+                "{when}: ENI {i} home name"
+            );
+            assert_eq!(link["mtu"], HOST_MTU, "{when}: ENI {i} home MTU");
+            assert_eq!(
+                status["state"], "free",
+                "{when}: ENI {i} is home but the provider holds it: {status}"
+            );
+            assert!(
+                records.is_empty(),
+                "{when}: ENI {i} is home but recorded: {records:?}"
+            );
+            continue;
+        }
+        let pod = pods
+            .iter()
+            .find(|p| p.link_by_mac(eni.mac).is_some())
+            .unwrap_or_else(|| panic!("{when}: ENI {i} is neither home nor in a pod"));
+        let link = pod.link_by_mac(eni.mac).unwrap();
+        assert_eq!(link["ifname"], "eth0", "{when}: ENI {i} in pod");
+        assert_eq!(link["mtu"], POD_MTU, "{when}: ENI {i} pod MTU");
+        assert!(
+            pod.addrs("eth0").contains(&format!("10.77.{i}.10/24")),
+            "{when}: ENI {i} not configured"
+        );
+        assert!(
+            pod.ip(&["route", "show", "default"])
+                .contains(&format!("via 10.77.{i}.1")),
+            "{when}: no default route"
+        );
+        assert_eq!(
+            records.len(),
+            1,
+            "{when}: ENI {i} in a pod must be recorded once: {records:?}"
+        );
+        assert_eq!(records[0]["phase"], "ready", "{when}");
+        assert_eq!(
+            records[0]["netns"],
+            pod.path().display().to_string(),
+            "{when}"
+        );
+        assert_eq!(status["state"], "in_use", "{when}");
+        assert_eq!(
+            status["owner"]["container_id"], records[0]["container_id"],
+            "{when}: two owners"
+        );
+    }
+    for rec in &attachments {
+        let mac: enim_provider::MacAddr = rec["mac"].as_str().unwrap().parse().unwrap();
+        let held = pods.iter().any(|p| {
+            p.path().display().to_string() == rec["netns"] && p.link_by_mac(mac).is_some()
+        });
+        assert!(held, "{when}: record points at a missing ENI: {rec}");
+    }
 }

@@ -152,56 +152,58 @@ pub const POD_MTU: u32 = 9000;
 
 impl Sandbox {
     pub fn new(n: usize) -> Self {
-        let host = NamedNetns::new("host");
-        let gateway = NamedNetns::new("gw");
-        let mut enis = Vec::new();
+        let mut sb = Sandbox {
+            host: NamedNetns::new("host"),
+            gateway: NamedNetns::new("gw"),
+            enis: Vec::new(),
+        };
         for i in 0..n {
-            let mac = MacAddr([0x02, 0xe1, 0, 0, 0, i as u8 + 1]);
-            let name = format!("eni{i}");
-            let peer = format!("gw{i}");
-            host.ip(&[
-                "link",
-                "add",
-                &name,
-                "address",
-                &mac.to_string(),
-                "mtu",
-                "1500",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &peer,
-                "netns",
-                &gateway.name,
-                "mtu",
-                "9000",
-            ]);
-            gateway.ip(&["addr", "add", &format!("10.77.{i}.1/24"), "dev", &peer]);
-            gateway.ip(&[
-                "addr",
-                "add",
-                &format!("fd00:e1:{i}::1/64"),
-                "dev",
-                &peer,
-                "nodad",
-            ]);
-            gateway.ip(&["link", "set", &peer, "up"]);
-            enis.push(StaticEniConfig {
+            sb.enis.push(StaticEniConfig {
                 id: format!("eni-{i:04}"),
-                mac,
+                mac: MacAddr([0x02, 0xe1, 0, 0, 0, i as u8 + 1]),
                 ipv4: format!("10.77.{i}.10/24").parse().unwrap(),
                 gateway4: format!("10.77.{i}.1").parse().unwrap(),
                 ipv6: Some(format!("fd00:e1:{i}::10/64").parse().unwrap()),
                 gateway6: Some(format!("fd00:e1:{i}::1").parse().unwrap()),
                 mtu: Some(POD_MTU),
             });
+            sb.plug_eni(i);
         }
-        Sandbox {
-            host,
-            gateway,
-            enis,
+        sb
+    }
+
+    /// Creates ENI i's veth pair: `eni<i>` in the host, its far end with the
+    /// gateway addresses in the gateway namespace. Also brings back an ENI
+    /// destroyed with a pod netns, as a physical one would return.
+    pub fn plug_eni(&self, i: usize) {
+        // A deleted netns is torn down asynchronously: wait until the old
+        // pair is really gone before making the new one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.gateway.link(&format!("gw{i}")).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "old veth of ENI {i} never went away"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let mac = self.enis[i].mac.to_string();
+        let (name, peer) = (format!("eni{i}"), format!("gw{i}"));
+        let gw_ns = self.gateway.name.as_str();
+        self.host.ip(&[
+            "link", "add", &name, "address", &mac, "mtu", "1500", "type", "veth", "peer", "name",
+            &peer, "netns", gw_ns, "mtu", "9000",
+        ]);
+        self.gateway
+            .ip(&["addr", "add", &format!("10.77.{i}.1/24"), "dev", &peer]);
+        self.gateway.ip(&[
+            "addr",
+            "add",
+            &format!("fd00:e1:{i}::1/64"),
+            "dev",
+            &peer,
+            "nodad",
+        ]);
+        self.gateway.ip(&["link", "set", &peer, "up"]);
     }
 
     /// A manager over this sandbox with its checkpoint at `checkpoint`.
