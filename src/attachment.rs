@@ -61,6 +61,11 @@ pub struct Attachment {
     /// Unix time in milliseconds.
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// Set when the ADD's result may never have reached the runtime (the
+    /// plugin went away mid-request): unless a retried ADD, a CHECK or a DEL
+    /// claims the attachment before this time (Unix ms), GC collects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
 }
 
 impl Attachment {

@@ -6,6 +6,16 @@
 //! directory. A reader therefore sees the old file or the new one, never a
 //! mix. A file that cannot be read or has an unknown version is an error
 //! naming the file; it is never silently replaced.
+//!
+//! Format versions (the `version` field):
+//! - `enim/1`: `attachments` only.
+//! - `enim/2`: adds `homes` (free ENIs' host name and MTU) and, per
+//!   attachment, `expires_ms` (an ADD whose result was never delivered).
+//!
+//! This agent writes `enim/2` and reads both: an `enim/1` file is migrated in
+//! memory (the new fields start empty) and rewritten as `enim/2` on the next
+//! change. A version newer than it knows is refused with an error saying to
+//! upgrade, never guessed at.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -18,8 +28,10 @@ use tokio::sync::Mutex;
 use crate::attachment::{Attachment, AttachmentKey};
 use enim_provider::MacAddr;
 
-/// The format this agent writes and reads.
-pub const CHECKPOINT_VERSION: &str = "enim/1";
+/// The format this agent writes.
+pub const CHECKPOINT_VERSION: &str = "enim/2";
+/// The newest format number this agent reads (it reads every older one).
+pub const NEWEST_READABLE: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -31,7 +43,7 @@ pub enum CheckpointError {
         source: serde_json::Error,
     },
     #[error(
-        "checkpoint {path} has version {found:?}; this agent reads only {CHECKPOINT_VERSION:?}"
+        "checkpoint {path} has version {found:?}, newer or other than this agent reads (enim/1 to enim/{NEWEST_READABLE}); it was left as it is: run a newer enimd"
     )]
     UnsupportedVersion { path: PathBuf, found: String },
     #[error("checkpoint {path} records attachment {key} twice")]
@@ -257,12 +269,19 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
         source,
     };
     let probe: VersionProbe = serde_json::from_slice(bytes).map_err(corrupt)?;
-    if probe.version != CHECKPOINT_VERSION {
+    let readable = probe
+        .version
+        .strip_prefix("enim/")
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| (1..=NEWEST_READABLE).contains(&n));
+    if !readable {
         return Err(CheckpointError::UnsupportedVersion {
             path: path.to_path_buf(),
             found: probe.version,
         });
     }
+    // enim/1 -> enim/2 needs no rewriting: the fields enim/2 added are
+    // optional and start empty.
     let file: FileIn = serde_json::from_slice(bytes).map_err(corrupt)?;
     let mut entries = BTreeMap::new();
     for a in file.attachments {
@@ -329,6 +348,7 @@ mod tests {
             phase: Phase::Ready,
             created_ms: 1_700_000_000_000,
             updated_ms: 1_700_000_000_000,
+            expires_ms: None,
         }
     }
 
@@ -342,7 +362,7 @@ mod tests {
         cp.remove(&attachment("a").key).await.unwrap();
         let text = fs::read_to_string(&path).unwrap();
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(json["version"], "enim/1");
+        assert_eq!(json["version"], "enim/2");
         let again = Checkpoint::open(&path, true).unwrap();
         assert_eq!(again.list().await, vec![attachment("b")]);
         // No temp file is left behind.
@@ -358,7 +378,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("checkpoint.json");
         for (content, want_version) in [
-            ("{\"version\":\"enim/1\",\"attach", false),
+            ("{\"version\":\"enim/2\",\"attach", false),
             ("{\"version\":\"enim/9\",\"attachments\":[]}", true),
         ] {
             fs::write(&path, content).unwrap();
@@ -389,6 +409,46 @@ mod tests {
         assert_eq!(
             Checkpoint::open(&path, false).unwrap().list().await,
             vec![attachment("a")]
+        );
+    }
+
+    /// Every format version this agent knows has a fixture; each must load
+    /// (older ones migrated), and a newer one must be refused clearly.
+    #[tokio::test]
+    async fn reads_every_known_version_and_refuses_newer() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        for (name, homes) in [("checkpoint-enim-1.json", 0), ("checkpoint-enim-2.json", 1)] {
+            let path = dir.path().join(name);
+            fs::copy(fixtures.join(name), &path).unwrap();
+            let cp = Checkpoint::open(&path, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let list = cp.list().await;
+            assert_eq!(list.len(), 1, "{name}");
+            assert_eq!(list[0].eni_id, "eni-0001", "{name}");
+            assert_eq!(list[0].key.container_id, "abc123", "{name}");
+            assert_eq!(cp.homes().await.len(), homes, "{name}");
+            // The next write upgrades the file to the current format.
+            cp.remove(&list[0].key).await.unwrap();
+            let json: serde_json::Value =
+                serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+            assert_eq!(json["version"], CHECKPOINT_VERSION, "{name}");
+        }
+        let newer = dir.path().join("checkpoint-enim-3.json");
+        fs::copy(fixtures.join("checkpoint-enim-3.json"), &newer).unwrap();
+        let before = fs::read(&newer).unwrap();
+        let err = Checkpoint::open(&newer, false)
+            .err()
+            .expect("a newer format must be refused");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, CheckpointError::UnsupportedVersion { .. }),
+            "{msg}"
+        );
+        assert!(msg.contains("enim/3") && msg.contains("newer"), "{msg}");
+        assert_eq!(
+            fs::read(&newer).unwrap(),
+            before,
+            "a refused file must be left as it is"
         );
     }
 }

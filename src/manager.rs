@@ -265,6 +265,7 @@ impl EniManager {
             phase: Phase::Adding,
             created_ms: now,
             updated_ms: now,
+            expires_ms: None,
         };
         self.checkpoint.put(record.clone()).await?;
         progress.recorded = true;
