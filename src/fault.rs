@@ -1,6 +1,8 @@
 //! Crash points for tests: with the `fault-injection` feature, setting
 //! `ENIMD_CRASH_AT=<point>` makes the process abort (as if SIGKILLed) when it
-//! reaches that point. Without the feature every point compiles to nothing.
+//! reaches that point, and `ENIMD_DELAY_AT=<point>=<ms>` makes it stall
+//! there (to kill a client mid-request). Without the feature every point
+//! compiles to nothing.
 //!
 //! Points: `add:after-allocate`, `add:after-intent`, `add:after-move`,
 //! `add:after-configure` (before the outcome write), `add:after-outcome`,
@@ -28,6 +30,18 @@ pub fn crash_point(point: &'static str) {
         CRASH_POINTS.contains(&point),
         "undeclared crash point {point}"
     );
+    static DELAY: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let spec = std::env::var("ENIMD_DELAY_AT").ok()?;
+        let (at, ms) = spec.rsplit_once('=')?;
+        Some((at.to_string(), ms.parse().ok()?))
+    });
+    if let Some((at, ms)) = delay {
+        if at == point {
+            // Blocks one runtime worker; acceptable in a test-only build.
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+        }
+    }
     let target = TARGET.get_or_init(|| std::env::var("ENIMD_CRASH_AT").ok());
     if target.as_deref() == Some(point) {
         eprintln!("enimd: crash point {point} reached: aborting");

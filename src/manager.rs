@@ -181,6 +181,9 @@ impl EniManager {
 
         if let Some(existing) = self.checkpoint.get(&key).await {
             if existing.phase == Phase::Ready && existing.netns == netns {
+                // The runtime retried: it now has the result, so the
+                // attachment is claimed and no longer expires.
+                self.claim(existing.clone()).await?;
                 return Ok(existing.result());
             }
             // An interrupted attempt, or the same attachment aimed at another
@@ -477,6 +480,7 @@ impl EniManager {
                 return Err(fail(format!("address {} is missing", ip.address)));
             }
         }
+        self.claim(record.clone()).await?;
         for route in &result.routes {
             if let Some(gw) = route.gw {
                 if !state.default_gateways.contains(&gw) {
@@ -485,6 +489,38 @@ impl EniManager {
             }
         }
         Ok(result)
+    }
+
+    /// Clears the expiry of an attachment the runtime has shown it knows.
+    async fn claim(&self, mut record: Attachment) -> Result<(), ManagerError> {
+        if record.expires_ms.take().is_some() {
+            record.updated_ms = now_ms();
+            self.checkpoint.put(record).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks a ready attachment whose ADD result may never have reached the
+    /// runtime: it is kept for `ttl`, waiting for a retried ADD, a CHECK or
+    /// a DEL, and collected by GC after that.
+    pub async fn mark_unclaimed(
+        &self,
+        key: &AttachmentKey,
+        ttl: Duration,
+    ) -> Result<(), ManagerError> {
+        let _guard = self.locks.lock(key).await;
+        let Some(mut record) = self.checkpoint.get(key).await else {
+            return Ok(());
+        };
+        if record.phase != Phase::Ready {
+            return Ok(());
+        }
+        let now = now_ms();
+        record.expires_ms = Some(now + ttl.as_millis() as u64);
+        record.updated_ms = now;
+        self.checkpoint.put(record).await?;
+        tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the attachment for a retry or DEL");
+        Ok(())
     }
 
     pub async fn attachments(&self) -> Vec<Attachment> {
@@ -568,7 +604,10 @@ impl EniManager {
             {
                 continue;
             }
-            if now.saturating_sub(record.created_ms) < grace_ms {
+            // An ADD whose result nobody claimed in time is dead whatever
+            // its age: the runtime has given up on it.
+            let expired = record.expires_ms.is_some_and(|t| now >= t);
+            if !expired && now.saturating_sub(record.created_ms) < grace_ms {
                 report.too_young += 1;
                 continue;
             }
@@ -576,6 +615,7 @@ impl EniManager {
                 !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
             });
             let dead = omitted
+                || expired
                 || match self.plumbing.check_netns(&record.netns).await {
                     Ok(()) => false,
                     Err(e) if e.is_netns_gone() => true,
@@ -769,6 +809,9 @@ mod tests {
                 ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
                 gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
                 mtu: Some(9000),
+                device_index: None,
+                secondary_ipv4: vec![],
+                secondary_ipv6: vec![],
             })
             .collect();
         let names: Vec<String> = (1..=n).map(|i| format!("eni{i}")).collect();
@@ -1096,5 +1139,56 @@ mod tests {
             .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn unclaimed_attachments_expire_unless_claimed() {
+        let r = rig(2);
+        let other = PathBuf::from("/run/netns/other");
+        r.fake.add_netns(&other);
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        r.mgr.add(&owner("b"), &other).await.unwrap();
+        let long = Duration::from_secs(3600);
+        for cid in ["a", "b"] {
+            r.mgr
+                .mark_unclaimed(&key_of(&owner(cid)), Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        // "a" is claimed by the runtime's retried ADD; "b" is never claimed.
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        assert!(r
+            .mgr
+            .attachments()
+            .await
+            .iter()
+            .find(|a| a.key.container_id == "a")
+            .unwrap()
+            .expires_ms
+            .is_none());
+        // Expiry beats the grace period: the runtime has given up on "b".
+        let report = r.mgr.gc(&GcRequest::default(), long).await;
+        assert_eq!(report.collected, vec!["n/b/eth0".to_string()], "{report:?}");
+        assert_eq!(report.too_young, 1);
+        r.mgr
+            .check(&owner("a"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+        // A kept-but-unexpired one stays, and CHECK claims it too.
+        r.mgr
+            .mark_unclaimed(&key_of(&owner("a")), long)
+            .await
+            .unwrap();
+        assert!(r
+            .mgr
+            .gc(&GcRequest::default(), Duration::ZERO)
+            .await
+            .collected
+            .is_empty());
+        r.mgr
+            .check(&owner("a"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+        assert!(r.mgr.attachments().await[0].expires_ms.is_none());
     }
 }

@@ -232,3 +232,91 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     assert_eq!(agent.ctl(&["status"])["enis_free"], 2);
     sh(&["umount", &shadowed.path().display().to_string()]);
 }
+
+/// Kills the plugin in the middle of an ADD: the agent finishes the ADD
+/// (nothing half-built, nothing ripped out), keeps it for the runtime's
+/// retry, and collects it once `allocation_expiry` passes unclaimed.
+#[test]
+fn plugin_killed_mid_add_is_kept_then_expires() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let (retried, abandoned) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(
+        &sb,
+        dir.path(),
+        "allocation_expiry = \"2s\"\ngc_grace = \"1h\"",
+    );
+    agent.stop();
+    agent.env = vec![("ENIMD_DELAY_AT".into(), "add:after-move=1000".into())];
+    agent.restart();
+    let conf = agent.net_conf("1.1.0");
+    let kill_mid_add = |cid: &str, pod: &NamedNetns| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_enim"))
+            .env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", pod.path())
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(
+            &mut child.stdin.take().unwrap(),
+            conf.to_string().as_bytes(),
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    };
+    // Each ADD finishes in the agent and is kept with an expiry (bounded
+    // wait). One at a time: the stall holds a runtime worker, and a plugin
+    // killed before its request was read has asked for nothing at all.
+    let expiring = |cid: &str| {
+        agent.ctl(&["attachments"])["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["container_id"] == cid)
+            .cloned()
+            .filter(|a| a["phase"] == "ready" && a["expires_ms"].is_u64())
+    };
+    for (cid, pod) in [("c1", &retried), ("c2", &abandoned)] {
+        kill_mid_add(cid, pod);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while expiring(cid).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{cid}: an unclaimed ADD was not kept with an expiry: {}",
+                agent.ctl(&["attachments"])
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    for (cid, pod) in [("c1", &retried), ("c2", &abandoned)] {
+        assert!(
+            pod.link("eth0").is_some(),
+            "{cid}: the agent ripped out or never finished the ADD"
+        );
+    }
+    // The runtime retries c1's ADD: same attachment, now claimed.
+    agent.env.clear();
+    let r = enim("ADD", "c1", Some(&retried.path()), "eth0", &conf).ok();
+    assert_eq!(r["interfaces"][0]["name"], "eth0");
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let report = agent.ctl(&["gc"]);
+    assert_eq!(
+        report["collected"],
+        serde_json::json!(["enim-e2e/c2/eth0"]),
+        "{report}"
+    );
+    assert!(
+        retried.link("eth0").is_some(),
+        "the claimed attachment was collected"
+    );
+    assert!(abandoned.link("eth0").is_none());
+    assert_invariant(&sb, &[&retried, &abandoned], &agent, &[], "after expiry");
+}

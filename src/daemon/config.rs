@@ -81,6 +81,11 @@ pub struct Config {
     /// it is told to try again later.
     #[serde(default = "default_startup_wait", with = "humantime_serde")]
     pub startup_wait: Duration,
+    /// How long an attachment whose ADD caller went away mid-request is
+    /// kept, waiting for the runtime's retried ADD or its DEL, before GC
+    /// collects it.
+    #[serde(default = "default_allocation_expiry", with = "humantime_serde")]
+    pub allocation_expiry: Duration,
     #[serde(default)]
     pub log_format: LogFormat,
     pub provider: ProviderConfig,
@@ -100,6 +105,9 @@ fn default_gc_interval() -> Duration {
 }
 fn default_gc_grace() -> Duration {
     Duration::from_secs(30)
+}
+fn default_allocation_expiry() -> Duration {
+    Duration::from_secs(120)
 }
 fn default_startup_wait() -> Duration {
     Duration::from_secs(10)

@@ -143,6 +143,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         allowed_uids: config.allowed_uids.clone(),
         startup_wait: config.startup_wait,
         gc_grace: config.gc_grace,
+        allocation_expiry: config.allocation_expiry,
         started,
     });
     let (stop_tx, stop_rx) = watch::channel(false);

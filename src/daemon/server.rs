@@ -40,6 +40,7 @@ pub struct AppState {
     pub allowed_uids: Vec<u32>,
     pub startup_wait: Duration,
     pub gc_grace: Duration,
+    pub allocation_expiry: Duration,
     pub started: Instant,
 }
 
@@ -151,7 +152,60 @@ async fn add(
     Json(req): Json<AttachmentRequest>,
 ) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
     wait_ready(&s).await?;
-    Ok(Json(s.manager.add(&req.owner(), &req.netns).await?))
+    let owner = req.owner();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    // The ADD runs in its own task, so a plugin that dies or hangs up
+    // mid-request cannot cancel it half-way: a finished attachment nobody
+    // claims expires cleanly, a half-built one would not.
+    let task = {
+        let manager = s.manager.clone();
+        let owner = owner.clone();
+        tokio::spawn(async move {
+            let result = manager.add(&owner, &req.netns).await;
+            let _ = done_tx.send(result.is_ok());
+            result
+        })
+    };
+    let mut unclaimed = UnclaimedGuard {
+        state: s.clone(),
+        key: crate::manager::key_of(&owner),
+        done: Some(done_rx),
+    };
+    let result = task.await.map_err(|e| {
+        Failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::new(code::INTERNAL, format!("ADD task failed: {e}")),
+        )
+    })?;
+    unclaimed.done = None; // answered: the caller gets the result
+    Ok(Json(result?))
+}
+
+/// Armed while an ADD is answered; if the request is dropped first (the
+/// caller disconnected), the attachment is marked to expire unless the
+/// runtime claims it.
+struct UnclaimedGuard {
+    state: Shared,
+    key: crate::attachment::AttachmentKey,
+    done: Option<tokio::sync::oneshot::Receiver<bool>>,
+}
+
+impl Drop for UnclaimedGuard {
+    fn drop(&mut self) {
+        let Some(done) = self.done.take() else { return };
+        let (state, key) = (self.state.clone(), self.key.clone());
+        tokio::spawn(async move {
+            if done.await == Ok(true) {
+                if let Err(e) = state
+                    .manager
+                    .mark_unclaimed(&key, state.allocation_expiry)
+                    .await
+                {
+                    tracing::error!(%key, error = %e, "could not mark an unclaimed attachment");
+                }
+            }
+        });
+    }
 }
 
 async fn del(
