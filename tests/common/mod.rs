@@ -166,6 +166,9 @@ impl Sandbox {
                 ipv6: Some(format!("fd00:e1:{i}::10/64").parse().unwrap()),
                 gateway6: Some(format!("fd00:e1:{i}::1").parse().unwrap()),
                 mtu: Some(POD_MTU),
+                device_index: None,
+                secondary_ipv4: vec![],
+                secondary_ipv6: vec![],
             });
             sb.plug_eni(i);
         }

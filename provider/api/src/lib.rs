@@ -8,7 +8,7 @@
 pub mod cloud;
 
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -205,6 +205,20 @@ pub trait EniProvider: Send + Sync {
     /// Re-establishes assignments known from the agent's checkpoint after a
     /// restart. Providers whose cloud remembers ownership may ignore it.
     async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError>;
+
+    /// Secondary mode: the secondary private addresses `eni` carries, handed
+    /// to pods one each. Providers that know none return an empty list.
+    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<IpAddr>, ProviderError> {
+        let _ = eni;
+        Ok(Vec::new())
+    }
+
+    /// Secondary mode: the ENI's device index on the instance (its route
+    /// table is numbered from it). `None` when the provider does not know.
+    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
+        let _ = eni;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! config (bare metal, labs and tests). Ownership lives in memory and is
 //! rebuilt from the agent's checkpoint through [`EniProvider::restore`].
 
-use std::collections::HashSet;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -25,6 +25,24 @@ pub struct StaticEniConfig {
     pub gateway6: Option<Ipv6Addr>,
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// Secondary mode: the ENI's device index (its route table is numbered
+    /// from it). Default: its 1-based position in the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_index: Option<u32>,
+    /// Secondary mode: secondary IPv4 addresses inside `ipv4`'s subnet, one
+    /// per pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secondary_ipv4: Vec<Ipv4Addr>,
+    /// Secondary mode: secondary IPv6 addresses inside `ipv6`'s subnet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secondary_ipv6: Vec<Ipv6Addr>,
+}
+
+/// What secondary mode needs of a declared ENI beyond [`Eni`].
+#[derive(Debug, Clone)]
+struct SecondaryInfo {
+    device_index: u32,
+    addresses: Vec<IpAddr>,
 }
 
 pub struct StaticProvider {
@@ -32,6 +50,8 @@ pub struct StaticProvider {
     // the concurrency guarantee the API asks for; the critical section is a
     // scan of a short vector.
     slots: Mutex<Vec<Eni>>,
+    // Immutable after construction: no lock needed.
+    secondary: HashMap<String, SecondaryInfo>,
 }
 
 impl StaticProvider {
@@ -41,7 +61,10 @@ impl StaticProvider {
         let mut ids = HashSet::new();
         let mut macs = HashSet::new();
         let mut slots = Vec::with_capacity(enis.len());
-        for e in enis {
+        let mut secondary = HashMap::new();
+        let mut indexes = HashSet::new();
+        let mut addresses = HashSet::new();
+        for (position, e) in enis.into_iter().enumerate() {
             let bad = |why: String| ProviderError::Config(format!("ENI {:?}: {why}", e.id));
             if e.id.is_empty() {
                 return Err(ProviderError::Config("an ENI has an empty id".into()));
@@ -68,6 +91,48 @@ impl StaticProvider {
                     return Err(bad(format!("mtu {mtu} is outside 68..=65535")));
                 }
             }
+            let device_index = e.device_index.unwrap_or(position as u32 + 1);
+            if !indexes.insert(device_index) {
+                return Err(bad(format!("device_index {device_index} is used twice")));
+            }
+            for ip in &e.secondary_ipv4 {
+                if !e.ipv4.contains(ip) || *ip == e.ipv4.addr() || *ip == e.gateway4 {
+                    return Err(bad(format!(
+                        "secondary address {ip} must be another address inside {}",
+                        e.ipv4
+                    )));
+                }
+            }
+            if !e.secondary_ipv6.is_empty() {
+                let (Some(net), Some(gw)) = (e.ipv6, e.gateway6) else {
+                    return Err(bad("secondary_ipv6 needs ipv6 and gateway6".into()));
+                };
+                for ip in &e.secondary_ipv6 {
+                    if !net.contains(ip) || *ip == net.addr() || *ip == gw {
+                        return Err(bad(format!(
+                            "secondary address {ip} must be another address inside {net}"
+                        )));
+                    }
+                }
+            }
+            let ips: Vec<IpAddr> = e
+                .secondary_ipv4
+                .iter()
+                .map(|ip| IpAddr::V4(*ip))
+                .chain(e.secondary_ipv6.iter().map(|ip| IpAddr::V6(*ip)))
+                .collect();
+            for ip in &ips {
+                if !addresses.insert(*ip) {
+                    return Err(bad(format!("secondary address {ip} is declared twice")));
+                }
+            }
+            secondary.insert(
+                e.id.clone(),
+                SecondaryInfo {
+                    device_index,
+                    addresses: ips,
+                },
+            );
             slots.push(Eni {
                 id: e.id,
                 mac: e.mac,
@@ -81,6 +146,7 @@ impl StaticProvider {
         }
         Ok(StaticProvider {
             slots: Mutex::new(slots),
+            secondary,
         })
     }
 
@@ -152,6 +218,20 @@ impl EniProvider for StaticProvider {
         }
         Ok(())
     }
+
+    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<IpAddr>, ProviderError> {
+        self.secondary
+            .get(&eni.id)
+            .map(|s| s.addresses.clone())
+            .ok_or_else(|| ProviderError::UnknownEni(eni.id.clone()))
+    }
+
+    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
+        self.secondary
+            .get(&eni.id)
+            .map(|s| Some(s.device_index))
+            .ok_or_else(|| ProviderError::UnknownEni(eni.id.clone()))
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +248,9 @@ mod tests {
             ipv6: None,
             gateway6: None,
             mtu: None,
+            device_index: None,
+            secondary_ipv4: vec![],
+            secondary_ipv6: vec![],
         }
     }
 
@@ -247,5 +330,61 @@ mod tests {
         let mut v6 = eni(1);
         v6.gateway6 = Some("fd00::1".parse().unwrap());
         assert!(StaticProvider::new(vec![v6]).is_err());
+    }
+
+    #[tokio::test]
+    async fn secondary_addresses_and_device_indexes() {
+        let mut a = eni(1);
+        a.secondary_ipv4 = vec!["10.0.1.11".parse().unwrap(), "10.0.1.12".parse().unwrap()];
+        a.ipv6 = Some("fd00:1::10/64".parse().unwrap());
+        a.gateway6 = Some("fd00:1::1".parse().unwrap());
+        a.secondary_ipv6 = vec!["fd00:1::11".parse().unwrap()];
+        let mut b = eni(2);
+        b.device_index = Some(7);
+        let p = StaticProvider::new(vec![a.clone(), b.clone()]).unwrap();
+        let listed = p.list().await.unwrap();
+        let ips: Vec<String> = p
+            .secondary_addresses(&listed[0])
+            .await
+            .unwrap()
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect();
+        assert_eq!(ips, ["10.0.1.11", "10.0.1.12", "fd00:1::11"]);
+        assert!(p.secondary_addresses(&listed[1]).await.unwrap().is_empty());
+        // Default: the 1-based position; explicit indexes win.
+        assert_eq!(p.device_index(&listed[0]).await.unwrap(), Some(1));
+        assert_eq!(p.device_index(&listed[1]).await.unwrap(), Some(7));
+
+        let bad = |f: fn(&mut StaticEniConfig)| {
+            let mut e = a.clone();
+            f(&mut e);
+            StaticProvider::new(vec![e, b.clone()])
+                .err()
+                .map(|e| e.to_string())
+        };
+        for (why, f) in [
+            (
+                "outside subnet",
+                (|e: &mut StaticEniConfig| e.secondary_ipv4.push("10.9.9.9".parse().unwrap()))
+                    as fn(&mut StaticEniConfig),
+            ),
+            ("the primary", |e| {
+                e.secondary_ipv4.push("10.0.1.10".parse().unwrap())
+            }),
+            ("the gateway", |e| {
+                e.secondary_ipv4.push("10.0.1.1".parse().unwrap())
+            }),
+            ("twice", |e| {
+                e.secondary_ipv4.push("10.0.1.11".parse().unwrap())
+            }),
+            ("v6 without ipv6", |e| {
+                e.ipv6 = None;
+                e.gateway6 = None;
+            }),
+            ("index clash", |e| e.device_index = Some(7)),
+        ] {
+            assert!(bad(f).is_some(), "{why} accepted");
+        }
     }
 }
