@@ -12,6 +12,7 @@ pub mod attachment;
 pub mod checkpoint;
 pub mod cni;
 pub mod daemon;
+pub mod exclusion;
 pub mod fault;
 pub mod manager;
 pub mod netlink;

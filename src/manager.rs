@@ -19,6 +19,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, Attachment, AttachmentKey, AttachmentResult, Phase};
 use crate::checkpoint::{Checkpoint, CheckpointError, HostHome};
+use crate::exclusion::{excluded_owner, is_excluded_owner, Exclusions};
 use crate::fault::crash_point;
 use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
 
@@ -123,6 +124,8 @@ pub struct EniManager {
     // GC holds it exclusively while it renames free ENIs, so it never
     // touches an ENI an ADD has just taken but not yet recorded.
     allocation_fence: tokio::sync::RwLock<()>,
+    // Configured exclusions; the primary interface joins them at recovery.
+    exclusions: std::sync::RwLock<Exclusions>,
 }
 
 /// How far an ADD got, so a failure undoes exactly that.
@@ -152,7 +155,41 @@ impl EniManager {
             checkpoint,
             locks: KeyLocks::default(),
             allocation_fence: Default::default(),
+            exclusions: Default::default(),
         }
+    }
+
+    /// ENIs and addresses never to hand out (the primary interface is added
+    /// at recovery whatever this says).
+    pub fn with_exclusions(self, exclusions: Exclusions) -> Self {
+        *self.exclusions.write().unwrap_or_else(|p| p.into_inner()) = exclusions;
+        self
+    }
+
+    fn exclusions(&self) -> Exclusions {
+        self.exclusions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reserves every excluded ENI that is free (and not held by one of
+    /// `held`, an attachment made before the exclusion: it is left alone
+    /// until released), so the provider can never hand it out.
+    async fn reserve_excluded(&self, held: &HashSet<String>) -> Result<Vec<String>, ManagerError> {
+        let exclusions = self.exclusions();
+        let reservations: Vec<(String, EniOwner)> = self
+            .provider
+            .list()
+            .await?
+            .into_iter()
+            .filter(|e| e.owner.is_none() && !held.contains(&e.id) && exclusions.is_excluded(e))
+            .map(|e| (e.id.clone(), excluded_owner(&e.id)))
+            .collect();
+        if !reservations.is_empty() {
+            self.provider.restore(&reservations).await?;
+        }
+        Ok(reservations.into_iter().map(|(id, _)| id).collect())
     }
 
     pub fn provider(&self) -> &Arc<dyn EniProvider> {
@@ -537,6 +574,20 @@ impl EniManager {
             .map(|r| (r.eni_id.clone(), r.owner()))
             .collect();
         self.provider.restore(&assignments).await?;
+        // The node's own interface is never a pod's, whatever the config says.
+        let primary = self.plumbing.primary_mac().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not find the primary interface");
+            None
+        });
+        {
+            let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
+            *ex = std::mem::take(&mut *ex).with_primary(primary);
+        }
+        let held: HashSet<String> = records.iter().map(|r| r.eni_id.clone()).collect();
+        let reserved = self.reserve_excluded(&held).await?;
+        if !reserved.is_empty() {
+            tracing::info!(?reserved, ?primary, "excluded ENIs reserved");
+        }
         let mut report = RecoveryReport::default();
         for record in records {
             let _guard = self.locks.lock(&record.key).await;
@@ -648,6 +699,9 @@ impl EniManager {
             Ok(enis) => {
                 for eni in enis {
                     let Some(owner) = eni.owner else { continue };
+                    if is_excluded_owner(&owner) {
+                        continue;
+                    }
                     if request
                         .network
                         .as_ref()
@@ -687,6 +741,17 @@ impl EniManager {
             Err(e) => report.errors.push(format!("provider list: {e}")),
         }
         self.normalise_free_enis(&mut report).await;
+        // An excluded ENI whose last attachment just went is reserved again.
+        let held: HashSet<String> = self
+            .checkpoint
+            .list()
+            .await
+            .into_iter()
+            .map(|a| a.eni_id)
+            .collect();
+        if let Err(e) = self.reserve_excluded(&held).await {
+            report.errors.push(format!("reserve excluded ENIs: {e}"));
+        }
         if !report.collected.is_empty()
             || !report.orphans_released.is_empty()
             || !report.normalised.is_empty()
@@ -1190,5 +1255,62 @@ mod tests {
             .await
             .unwrap();
         assert!(r.mgr.attachments().await[0].expires_ms.is_none());
+    }
+
+    #[tokio::test]
+    async fn excluded_and_primary_enis_are_never_handed_out() {
+        use crate::exclusion::ExclusionConfig;
+        let r = rig(4);
+        r.fake.add_netns(&PathBuf::from("/run/netns/p2"));
+        // eni-1 is in use from before it was excluded; eni-2 excluded by MAC;
+        // eni-3 is the node's primary interface.
+        r.mgr.add(&owner("old"), &r.netns).await.unwrap();
+        *r.fake.primary.lock().unwrap() = Some(mac(3));
+        let mgr = EniManager::new(
+            r.provider.clone(),
+            r.fake.clone(),
+            r.mgr.checkpoint().clone(),
+        )
+        .with_exclusions(Exclusions::from_config(&ExclusionConfig {
+            enis: vec!["eni-1".into(), mac(2).to_string()],
+            addresses: vec![],
+        }));
+        mgr.recover().await.unwrap();
+        let listed = r.provider.list().await.unwrap();
+        let holder = |id: &str| listed.iter().find(|e| e.id == id).unwrap().owner.clone();
+        assert_eq!(
+            holder("eni-1").unwrap().container_id,
+            "old",
+            "a live attachment keeps its ENI"
+        );
+        assert!(is_excluded_owner(&holder("eni-2").unwrap()));
+        assert!(is_excluded_owner(&holder("eni-3").unwrap()));
+        // Only eni-4 can be handed out.
+        let p2 = PathBuf::from("/run/netns/p2");
+        assert_eq!(mgr.add(&owner("new"), &p2).await.unwrap().eni_id, "eni-4");
+        r.fake.add_netns(&PathBuf::from("/run/netns/p3"));
+        let err = mgr
+            .add(&owner("third"), &PathBuf::from("/run/netns/p3"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ManagerError::Provider(ProviderError::Exhausted { .. })),
+            "{err}"
+        );
+        // GC neither releases reservations as orphans nor renames them.
+        let report = mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert!(
+            report.orphans_released.is_empty() && report.normalised.is_empty(),
+            "{report:?}"
+        );
+        // Once the old attachment goes, eni-1 becomes reserved, not free.
+        mgr.del(&owner("old")).await.unwrap();
+        mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        let listed = r.provider.list().await.unwrap();
+        assert!(
+            is_excluded_owner(listed[0].owner.as_ref().unwrap()),
+            "{:?}",
+            listed[0]
+        );
     }
 }

@@ -343,3 +343,64 @@ fn exec_add_del_timing() {
     );
     sb.assert_home(0);
 }
+
+#[test]
+fn excluded_enis_and_the_primary_interface_are_never_handed_out() {
+    require_kernel!();
+    let sb = Sandbox::new(4);
+    // eni0 carries the host's default route: it is the primary interface.
+    sb.host.ip(&["addr", "add", "10.77.0.99/24", "dev", "eni0"]);
+    sb.host.ip(&["link", "set", "eni0", "up"]);
+    sb.host.ip(&["route", "add", "default", "via", "10.77.0.1"]);
+    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mac2 = sb.enis[2].mac.to_string();
+    let agent = Agent::start(&sb, dir.path(), &format!("[exclude]\nenis = [\"{mac2}\"]"));
+    let conf = agent.net_conf("1.1.0");
+    let enis = agent.ctl(&["enis"]);
+    let state = |id: &str| {
+        enis["enis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap()["state"]
+            .clone()
+    };
+    assert_eq!(
+        state("eni-0000"),
+        "excluded",
+        "the primary interface: {enis}"
+    );
+    assert_eq!(state("eni-0002"), "excluded", "excluded by MAC: {enis}");
+    assert_eq!(state("eni-0001"), "free");
+    let mut got = Vec::new();
+    for (i, pod) in pods.iter().take(2).enumerate() {
+        let r = enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
+        got.push(r["interfaces"][0]["mac"].as_str().unwrap().to_string());
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![sb.enis[1].mac.to_string(), sb.enis[3].mac.to_string()]
+    );
+    enim("ADD", "c2", Some(&pods[2].path()), "eth0", &conf).err(11);
+    // The primary interface was not touched.
+    let primary = sb
+        .host
+        .link("eni0")
+        .expect("primary still in the host under its name");
+    assert!(primary["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "UP"));
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_enimctl"))
+        .args(["--socket"])
+        .arg(&agent.socket)
+        .arg("enis")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert_eq!(table.matches("excluded").count(), 2, "{table}");
+}

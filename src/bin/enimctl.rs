@@ -107,7 +107,10 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
                         s.eni.ipv4.to_string(),
                         s.eni.ipv6.map_or("-".into(), |v| v.to_string()),
                         state,
-                        s.eni.owner.map_or("-".into(), |o| o.to_string()),
+                        match (&s.state, s.eni.owner) {
+                            (api::EniState::Excluded, _) | (_, None) => "-".into(),
+                            (_, Some(o)) => o.to_string(),
+                        },
                         s.host_device.unwrap_or_else(|| "-".into()),
                     ]
                 })

@@ -88,6 +88,10 @@ pub struct Config {
     pub allocation_expiry: Duration,
     #[serde(default)]
     pub log_format: LogFormat,
+    /// ENIs (by id or MAC) and addresses never handed out. The node's
+    /// primary interface is always excluded as well.
+    #[serde(default)]
+    pub exclude: crate::exclusion::ExclusionConfig,
     pub provider: ProviderConfig,
 }
 

@@ -131,7 +131,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config.checkpoint_fsync,
     )?);
     let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
-    let manager = Arc::new(EniManager::new(provider, plumbing, checkpoint));
+    let manager = Arc::new(
+        EniManager::new(provider, plumbing, checkpoint)
+            .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude)),
+    );
 
     // Listen first so early requests queue (bounded) instead of failing to
     // connect, then restore before anything is served.

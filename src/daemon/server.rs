@@ -248,10 +248,10 @@ async fn enis(State(s): State<Shared>) -> Result<Json<EniList>, Failure> {
     let enis = listed
         .into_iter()
         .map(|eni| EniStatus {
-            state: if eni.owner.is_some() {
-                EniState::InUse
-            } else {
-                EniState::Free
+            state: match &eni.owner {
+                Some(o) if crate::exclusion::is_excluded_owner(o) => EniState::Excluded,
+                Some(_) => EniState::InUse,
+                None => EniState::Free,
             },
             host_device: host
                 .iter()

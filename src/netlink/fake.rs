@@ -36,6 +36,8 @@ pub struct FakePlumbing {
     /// When set, configure_pod_link announces itself on `.0` and waits for
     /// `.1`: lets a test act while an ADD is in the middle.
     configure_gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
+    /// What primary_mac answers.
+    pub primary: Mutex<Option<MacAddr>>,
 }
 
 /// Steps a fault can be armed at. `configure_pod_link:partial` applies the
@@ -287,6 +289,10 @@ impl Plumbing for FakePlumbing {
         dev.gateways.clear();
         w.host.push(dev);
         Ok(true)
+    }
+
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
+        Ok(*self.primary.lock().unwrap())
     }
 
     async fn restore_host_link(

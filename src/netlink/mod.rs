@@ -157,6 +157,10 @@ pub trait Plumbing: Send + Sync {
         host_mtu: u32,
     ) -> Result<bool, PlumbingError>;
 
+    /// The MAC of the host's primary interface: the device of the main
+    /// table's IPv4 default route, if there is one.
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError>;
+
     /// Brings a device that is in the host namespace back to its host name
     /// and MTU, whatever name it has now (`dev<N>` after a netns died).
     /// Returns false when no such device is in the host.

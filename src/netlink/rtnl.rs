@@ -407,6 +407,14 @@ impl Plumbing for RtnlPlumbing {
         Ok(true)
     }
 
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
+        let index = default_route_oif(&self.host_handle).await?;
+        match index {
+            Some(index) => Ok(self.host_link_by_index(index).await?.map(|l| l.mac)),
+            None => Ok(None),
+        }
+    }
+
     async fn restore_host_link(
         &self,
         mac: MacAddr,
@@ -442,6 +450,26 @@ impl Plumbing for RtnlPlumbing {
         }
         Ok(true)
     }
+}
+
+/// The output device of the main table's IPv4 default route.
+async fn default_route_oif(handle: &Handle) -> Result<Option<u32>, PlumbingError> {
+    let routes: Vec<RouteMessage> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("route dump"))?;
+    Ok(routes
+        .iter()
+        .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
+        .find_map(|r| {
+            r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            })
+        }))
 }
 
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {

@@ -1,0 +1,120 @@
+//! Exclusions (the seed's blacklist): ENIs and addresses that are never
+//! handed to a pod. The node's primary interface is always among them.
+//!
+//! An excluded ENI is reserved in the provider under a reserved owner, so no
+//! provider, static or cloud, can hand it out, and listings show it as such.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use enim_provider::{Eni, EniOwner, MacAddr, PodRef};
+use serde::{Deserialize, Serialize};
+
+/// The network name of the reserved owner that holds excluded ENIs.
+pub const EXCLUDED_NETWORK: &str = "enim.io/excluded";
+
+/// What the config excludes (`[exclude]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExclusionConfig {
+    /// ENI ids or MAC addresses.
+    #[serde(default)]
+    pub enis: Vec<String>,
+    /// Addresses never handed out; an ENI whose primary address is listed is
+    /// excluded as a whole.
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Exclusions {
+    ids: HashSet<String>,
+    macs: HashSet<MacAddr>,
+    addresses: HashSet<IpAddr>,
+}
+
+impl Exclusions {
+    pub fn from_config(config: &ExclusionConfig) -> Self {
+        let mut ex = Exclusions::default();
+        for entry in &config.enis {
+            match entry.parse::<MacAddr>() {
+                Ok(mac) => ex.macs.insert(mac),
+                Err(_) => ex.ids.insert(entry.clone()),
+            };
+        }
+        ex.addresses.extend(config.addresses.iter().copied());
+        ex
+    }
+
+    /// Adds the node's primary interface, whatever the config says.
+    pub fn with_primary(mut self, mac: Option<MacAddr>) -> Self {
+        self.macs.extend(mac);
+        self
+    }
+
+    pub fn is_excluded(&self, eni: &Eni) -> bool {
+        self.ids.contains(&eni.id)
+            || self.macs.contains(&eni.mac)
+            || self.addresses.contains(&IpAddr::V4(eni.ipv4.addr()))
+            || eni
+                .ipv6
+                .is_some_and(|v6| self.addresses.contains(&IpAddr::V6(v6.addr())))
+    }
+
+    pub fn is_excluded_address(&self, ip: &IpAddr) -> bool {
+        self.addresses.contains(ip)
+    }
+}
+
+/// The reserved owner that holds excluded ENI `eni_id` (one per ENI, so
+/// each reservation is its own attachment key).
+pub fn excluded_owner(eni_id: &str) -> EniOwner {
+    EniOwner {
+        network: EXCLUDED_NETWORK.into(),
+        container_id: "excluded".into(),
+        ifname: eni_id.into(),
+        pod: PodRef::default(),
+    }
+}
+
+pub fn is_excluded_owner(owner: &EniOwner) -> bool {
+    owner.network == EXCLUDED_NETWORK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eni(id: &str, mac: u8, v4: &str) -> Eni {
+        Eni {
+            id: id.into(),
+            mac: MacAddr([2, 0, 0, 0, 0, mac]),
+            ipv4: v4.parse().unwrap(),
+            gateway4: "10.0.0.1".parse().unwrap(),
+            ipv6: Some("fd00::5/64".parse().unwrap()),
+            gateway6: None,
+            mtu: None,
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn by_id_mac_address_and_primary() {
+        let ex = Exclusions::from_config(&ExclusionConfig {
+            enis: vec!["eni-a".into(), "02:00:00:00:00:02".into()],
+            addresses: vec!["10.0.0.3".parse().unwrap()],
+        });
+        assert!(ex.is_excluded(&eni("eni-a", 1, "10.0.0.1/24")));
+        assert!(ex.is_excluded(&eni("eni-b", 2, "10.0.0.2/24")));
+        assert!(ex.is_excluded(&eni("eni-c", 3, "10.0.0.3/24")));
+        assert!(!ex.is_excluded(&eni("eni-d", 4, "10.0.0.4/24")));
+        let ex = ex.with_primary(Some(MacAddr([2, 0, 0, 0, 0, 4])));
+        assert!(ex.is_excluded(&eni("eni-d", 4, "10.0.0.4/24")));
+        let by_v6 = Exclusions::from_config(&ExclusionConfig {
+            enis: vec![],
+            addresses: vec!["fd00::5".parse().unwrap()],
+        });
+        assert!(by_v6.is_excluded(&eni("eni-e", 5, "10.0.0.5/24")));
+        assert!(is_excluded_owner(&excluded_owner("eni-a")));
+    }
+}
