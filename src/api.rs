@@ -123,6 +123,10 @@ pub struct GcReport {
     pub too_young: usize,
     /// ENIs the provider held with no record, released.
     pub orphans_released: Vec<String>,
+    /// Collected attachments whose device was nowhere on the node: only the
+    /// record was dropped (a subset of `collected`).
+    #[serde(default)]
+    pub records_dropped: Vec<String>,
     /// Free ENIs whose host name or MTU was put right.
     pub normalised: Vec<String>,
     /// What could not be done this pass (retried next pass).

@@ -91,7 +91,11 @@ pub struct Checkpoint {
     state: Mutex<State>,
     #[cfg(any(test, feature = "fault-injection"))]
     failing_writes: std::sync::atomic::AtomicU32,
+    write_observer: std::sync::OnceLock<WriteObserver>,
 }
+
+/// Told how long each successful write took (for metrics).
+pub type WriteObserver = Box<dyn Fn(std::time::Duration) + Send + Sync>;
 
 impl Checkpoint {
     /// Loads the checkpoint at `path`; a missing file is an empty checkpoint
@@ -122,11 +126,17 @@ impl Checkpoint {
             state: Mutex::new(entries),
             #[cfg(any(test, feature = "fault-injection"))]
             failing_writes: Default::default(),
+            write_observer: Default::default(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Sets the observer told of each write's duration (once).
+    pub fn set_write_observer(&self, observer: WriteObserver) {
+        let _ = self.write_observer.set(observer);
     }
 
     pub async fn get(&self, key: &AttachmentKey) -> Option<Attachment> {
@@ -250,6 +260,7 @@ impl Checkpoint {
         let path = self.path.clone();
         let fsync = self.fsync;
         // File I/O and fsync block; keep them off the async workers.
+        let started = std::time::Instant::now();
         tokio::task::spawn_blocking(move || write_atomically(&path, &bytes, fsync))
             .await
             .map_err(|e| CheckpointError::Write {
@@ -259,7 +270,11 @@ impl Checkpoint {
             .map_err(|source| CheckpointError::Write {
                 path: self.path.clone(),
                 source,
-            })
+            })?;
+        if let Some(observe) = self.write_observer.get() {
+            observe(started.elapsed());
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,8 @@
 //! Points: `add:after-allocate`, `add:after-intent`, `add:after-move`,
 //! `add:after-configure` (before the outcome write), `add:after-outcome`,
 //! `del:after-intent`, `del:after-move`, `del:after-restore`,
-//! `del:after-release` (before the record is dropped).
+//! `del:after-release` (before the record is dropped),
+//! `startup:before-recover` (listening, not yet ready).
 
 /// Every crash point the agent has, for tests that iterate over them.
 pub const CRASH_POINTS: &[&str] = &[
@@ -20,6 +21,7 @@ pub const CRASH_POINTS: &[&str] = &[
     "del:after-move",
     "del:after-restore",
     "del:after-release",
+    "startup:before-recover",
 ];
 
 #[cfg(feature = "fault-injection")]

@@ -390,7 +390,7 @@ impl EniManager {
         let key = key_of(owner);
         let _guard = self.locks.lock(&key).await;
         match self.checkpoint.get(&key).await {
-            Some(record) => self.teardown(record).await,
+            Some(record) => self.teardown(record).await.map(drop),
             None => {
                 // No record: at most a crash between allocation and the
                 // intent write left an assignment. Releasing by owner frees
@@ -403,7 +403,7 @@ impl EniManager {
 
     /// Moves the ENI home, restores its host name and MTU, releases it and
     /// drops the record, in that order. Used by DEL, GC and recovery.
-    pub(crate) async fn teardown(&self, mut record: Attachment) -> Result<(), ManagerError> {
+    pub(crate) async fn teardown(&self, mut record: Attachment) -> Result<Teardown, ManagerError> {
         let owner = record.owner();
         let holder = self
             .provider
@@ -416,7 +416,7 @@ impl EniManager {
             // Our record is stale: the ENI was handed to someone else since.
             tracing::warn!(key = %record.key, eni = %record.eni_id, %holder, "ENI belongs to another attachment; dropping only the stale record");
             self.checkpoint.remove(&record.key).await?;
-            return Ok(());
+            return Ok(Teardown::StaleRecord);
         }
         if record.phase != Phase::Deleting {
             record.phase = Phase::Deleting;
@@ -454,7 +454,11 @@ impl EniManager {
         crash_point("del:after-release");
         self.checkpoint.remove(&record.key).await?;
         tracing::info!(key = %record.key, eni = %record.eni_id, "ENI released");
-        Ok(())
+        Ok(if found {
+            Teardown::Home
+        } else {
+            Teardown::DeviceGone
+        })
     }
 
     /// Verifies that the recorded attachment is what the kernel has: the
@@ -687,7 +691,12 @@ impl EniManager {
                 continue;
             }
             match self.teardown(current).await {
-                Ok(()) => report.collected.push(record.key.to_string()),
+                Ok(outcome) => {
+                    if outcome == Teardown::DeviceGone {
+                        report.records_dropped.push(record.key.to_string());
+                    }
+                    report.collected.push(record.key.to_string())
+                }
                 Err(e) => report.errors.push(format!("{}: {e}", record.key)),
             }
         }
@@ -819,6 +828,17 @@ impl EniManager {
             }
         }
     }
+}
+
+/// How a teardown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Teardown {
+    /// The ENI is home under its host name and MTU, and released.
+    Home,
+    /// The device was nowhere (a veth died with its netns): released anyway.
+    DeviceGone,
+    /// The ENI belonged to another attachment: only our record was dropped.
+    StaleRecord,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]

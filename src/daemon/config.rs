@@ -88,6 +88,10 @@ pub struct Config {
     pub allocation_expiry: Duration,
     #[serde(default)]
     pub log_format: LogFormat,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (TCP), e.g.
+    /// "127.0.0.1:9464". Off when unset.
+    #[serde(default)]
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// ENIs (by id or MAC) and addresses never handed out. The node's
     /// primary interface is always excluded as well.
     #[serde(default)]

@@ -3,6 +3,7 @@
 //! loop, and shuts down cleanly on SIGTERM.
 
 pub mod config;
+pub mod metrics;
 pub mod server;
 
 use std::fs::File;
@@ -125,11 +126,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Lock first: a cloud provider's warm pool starts creating ENIs as soon
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
-    let provider = build_provider(&config.provider).await?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let provider: Arc<dyn EniProvider> = Arc::new(metrics::MeteredProvider::new(
+        build_provider(&config.provider).await?,
+        metrics.clone(),
+    ));
     let checkpoint = Arc::new(Checkpoint::open(
         &config.checkpoint,
         config.checkpoint_fsync,
     )?);
+    {
+        let metrics = metrics.clone();
+        checkpoint.set_write_observer(Box::new(move |took| metrics.observe_checkpoint_write(took)));
+    }
     let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
     let manager = Arc::new(
         EniManager::new(provider, plumbing, checkpoint)
@@ -140,19 +149,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // connect, then restore before anything is served.
     let listener = bind_socket(&config)?;
     let (ready_tx, ready_rx) = watch::channel(false);
+    let ready_rx_for_health = ready_rx.clone();
     let state = Arc::new(AppState {
         manager: manager.clone(),
         ready: ready_rx,
         allowed_uids: config.allowed_uids.clone(),
         startup_wait: config.startup_wait,
-        gc_grace: config.gc_grace,
         allocation_expiry: config.allocation_expiry,
+        gc_grace: config.gc_grace,
+        metrics: metrics.clone(),
         started,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let app = server::router(state).into_make_service_with_connect_info::<PeerCred>();
     let mut server_stop = stop_rx.clone();
-    let mut gc_stop = stop_rx;
+    let mut gc_stop = stop_rx.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
@@ -161,9 +172,35 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             .await
     });
     tracing::info!(socket = %config.socket.display(), "listening");
+    if let Some(address) = config.metrics_address {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| DaemonError::Io {
+                what: "binding metrics listener",
+                path: PathBuf::from(address.to_string()),
+                source,
+            })?;
+        let app = metrics::router(
+            metrics.clone(),
+            manager.clone(),
+            ready_rx_for_health.clone(),
+        );
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stop.changed().await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        });
+        tracing::info!(%address, "serving /metrics, /healthz, /readyz");
+    }
 
+    crate::fault::crash_point("startup:before-recover");
     let report = manager.recover().await?;
     let gc = manager.gc(&GcRequest::default(), config.gc_grace).await;
+    metrics.observe_gc(&gc);
     tracing::info!(
         ?report,
         collected = gc.collected.len(),
@@ -175,13 +212,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     if !config.gc_interval.is_zero() {
         let manager = manager.clone();
+        let metrics = metrics.clone();
         let (interval, grace) = (config.gc_interval, config.gc_grace);
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.tick().await;
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => { manager.gc(&GcRequest::default(), grace).await; }
+                    _ = ticker.tick() => {
+                        metrics.observe_gc(&manager.gc(&GcRequest::default(), grace).await);
+                    }
                     _ = gc_stop.changed() => break,
                 }
             }

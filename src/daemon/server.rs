@@ -41,6 +41,7 @@ pub struct AppState {
     pub startup_wait: Duration,
     pub gc_grace: Duration,
     pub allocation_expiry: Duration,
+    pub metrics: Arc<crate::daemon::metrics::Metrics>,
     pub started: Instant,
 }
 
@@ -94,8 +95,28 @@ pub fn router(state: Shared) -> Router {
         .route(api::ROUTE_ENIS, get(enis))
         .route(api::ROUTE_ATTACHMENTS, get(attachments))
         .route(api::ROUTE_STATUS, get(status))
+        .layer(middleware::from_fn_with_state(state.clone(), measure))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
+}
+
+/// Counts and times the attachment verbs by result.
+async fn measure(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let verb = match request.uri().path() {
+        api::ROUTE_ADD => Some("ADD"),
+        api::ROUTE_DEL => Some("DEL"),
+        api::ROUTE_CHECK => Some("CHECK"),
+        api::ROUTE_GC => Some("GC"),
+        _ => None,
+    };
+    let started = Instant::now();
+    let response = next.run(request).await;
+    if let Some(verb) = verb {
+        state
+            .metrics
+            .observe_request(verb, started, response.status().is_success());
+    }
+    response
 }
 
 /// Only root, or a uid the config allows, may use the API.
@@ -234,7 +255,9 @@ async fn gc(
     Json(req): Json<GcRequest>,
 ) -> Result<Json<api::GcReport>, Failure> {
     wait_ready(&s).await?;
-    Ok(Json(s.manager.gc(&req, s.gc_grace).await))
+    let report = s.manager.gc(&req, s.gc_grace).await;
+    s.metrics.observe_gc(&report);
+    Ok(Json(report))
 }
 
 async fn enis(State(s): State<Shared>) -> Result<Json<EniList>, Failure> {

@@ -374,3 +374,50 @@ pub fn assert_invariant(
         assert!(held, "{when}: record points at a missing ENI: {rec}");
     }
 }
+
+/// A plain HTTP/1.1 GET to `addr` from inside the network namespace at
+/// `netns` (the agent's loopback is the sandbox's, not ours). Returns the
+/// status code and body.
+pub fn http_get_in(netns: &Path, addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let netns = std::fs::File::open(netns).unwrap();
+    let path = path.to_string();
+    std::thread::spawn(move || {
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        let status = raw
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    })
+    .join()
+    .unwrap()
+}
+
+/// The value of one sample line `name{labels} value` in a Prometheus text
+/// exposition, or 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}

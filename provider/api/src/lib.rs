@@ -219,6 +219,20 @@ pub trait EniProvider: Send + Sync {
         let _ = eni;
         Ok(None)
     }
+    /// Warm-pool statistics, for providers that keep a pool.
+    fn statistics(&self) -> Option<PoolStatistics> {
+        None
+    }
+}
+
+/// A warm pool's state in the seed's terms: ENIs in use, free, still to
+/// pre-allocate, and above the high watermark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStatistics {
+    pub used: usize,
+    pub available: usize,
+    pub needed: usize,
+    pub excess: usize,
 }
 
 #[cfg(test)]

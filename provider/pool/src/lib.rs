@@ -493,6 +493,16 @@ impl EniProvider for WarmPool {
         self.inner.backend.name()
     }
 
+    fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
+        let s = self.stats();
+        Some(enim_provider::PoolStatistics {
+            used: s.used,
+            available: s.available,
+            needed: s.needed,
+            excess: s.excess,
+        })
+    }
+
     async fn list(&self) -> Result<Vec<Eni>, ProviderError> {
         Ok(self
             .inner

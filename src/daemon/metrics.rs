@@ -1,0 +1,326 @@
+//! Prometheus metrics, health and readiness, served on an optional TCP
+//! listener (`metrics_address`; off by default, loopback when set so).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::api::GcReport;
+use crate::manager::EniManager;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbResult {
+    pub verb: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Verb {
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Kind {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Operation {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Statistic {
+    pub statistic: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~26 s: netlink steps to slow cloud calls.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<VerbResult, Counter>,
+    request_seconds: Family<Verb, Histogram, fn() -> Histogram>,
+    gc_actions: Family<Kind, Counter>,
+    provider_seconds: Family<Operation, Histogram, fn() -> Histogram>,
+    provider_errors: Family<Operation, Counter>,
+    checkpoint_write_seconds: Histogram,
+    enis: Family<StateLabel, Gauge>,
+    attachments: Gauge,
+    pool: Family<Statistic, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("enim");
+        let m = Metrics {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency_histogram),
+            gc_actions: Family::default(),
+            provider_seconds: Family::new_with_constructor(latency_histogram),
+            provider_errors: Family::default(),
+            checkpoint_write_seconds: latency_histogram(),
+            enis: Family::default(),
+            attachments: Gauge::default(),
+            pool: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "ADD/DEL/CHECK/GC requests by result",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request latency by verb",
+            m.request_seconds.clone(),
+        );
+        registry.register("gc_actions", "GC actions by kind", m.gc_actions.clone());
+        registry.register(
+            "provider_call_duration_seconds",
+            "Provider call latency by operation",
+            m.provider_seconds.clone(),
+        );
+        registry.register(
+            "provider_errors",
+            "Provider call errors by operation",
+            m.provider_errors.clone(),
+        );
+        registry.register(
+            "checkpoint_write_duration_seconds",
+            "Checkpoint write latency",
+            m.checkpoint_write_seconds.clone(),
+        );
+        registry.register("enis", "ENIs by state", m.enis.clone());
+        registry.register("attachments", "Attachments recorded", m.attachments.clone());
+        registry.register("pool", "Warm-pool statistics", m.pool.clone());
+        Metrics { registry, ..m }
+    }
+
+    pub fn observe_request(&self, verb: &str, started: Instant, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.requests
+            .get_or_create(&VerbResult {
+                verb: verb.into(),
+                result: result.into(),
+            })
+            .inc();
+        self.request_seconds
+            .get_or_create(&Verb { verb: verb.into() })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn observe_gc(&self, report: &GcReport) {
+        let moved_back = report
+            .collected
+            .len()
+            .saturating_sub(report.records_dropped.len());
+        for (kind, n) in [
+            ("moved_back", moved_back),
+            ("renamed", report.normalised.len()),
+            ("released", report.orphans_released.len()),
+            ("record_dropped", report.records_dropped.len()),
+        ] {
+            self.gc_actions
+                .get_or_create(&Kind { kind: kind.into() })
+                .inc_by(n as u64);
+        }
+    }
+
+    pub fn observe_checkpoint_write(&self, took: Duration) {
+        self.checkpoint_write_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Refreshes the gauges from the manager, then encodes everything.
+    pub async fn render(&self, manager: &EniManager) -> Result<String, std::fmt::Error> {
+        if let Ok(enis) = manager.provider().list().await {
+            let mut counts = [0i64; 3];
+            for e in &enis {
+                let i = match &e.owner {
+                    Some(o) if crate::exclusion::is_excluded_owner(o) => 2,
+                    Some(_) => 1,
+                    None => 0,
+                };
+                counts[i] += 1;
+            }
+            for (state, n) in ["free", "in_use", "excluded"].iter().zip(counts) {
+                self.enis
+                    .get_or_create(&StateLabel {
+                        state: state.to_string(),
+                    })
+                    .set(n);
+            }
+        }
+        self.attachments
+            .set(manager.checkpoint().len().await as i64);
+        if let Some(stats) = manager.provider().statistics() {
+            for (name, v) in [
+                ("used", stats.used),
+                ("available", stats.available),
+                ("needed", stats.needed),
+                ("excess", stats.excess),
+            ] {
+                self.pool
+                    .get_or_create(&Statistic {
+                        statistic: name.into(),
+                    })
+                    .set(v as i64);
+            }
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Times every provider call and counts its errors.
+pub struct MeteredProvider {
+    inner: Arc<dyn EniProvider>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredProvider {
+    pub fn new(inner: Arc<dyn EniProvider>, metrics: Arc<Metrics>) -> Self {
+        MeteredProvider { inner, metrics }
+    }
+
+    fn record<T>(&self, op: &str, started: Instant, result: &Result<T, ProviderError>) {
+        let label = Operation {
+            operation: op.into(),
+        };
+        self.metrics
+            .provider_seconds
+            .get_or_create(&label)
+            .observe(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            self.metrics.provider_errors.get_or_create(&label).inc();
+        }
+    }
+}
+
+#[async_trait]
+impl EniProvider for MeteredProvider {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn list(&self) -> Result<Vec<Eni>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.list().await;
+        self.record("list", t, &r);
+        r
+    }
+
+    async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.allocate_next(owner).await;
+        self.record("allocate", t, &r);
+        r
+    }
+
+    async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.release(owner).await;
+        self.record("release", t, &r);
+        r
+    }
+
+    async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.restore(assignments).await;
+        self.record("restore", t, &r);
+        r
+    }
+
+    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<std::net::IpAddr>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.secondary_addresses(eni).await;
+        self.record("secondary_addresses", t, &r);
+        r
+    }
+
+    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
+        self.inner.device_index(eni).await
+    }
+
+    fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
+        self.inner.statistics()
+    }
+}
+
+#[derive(Clone)]
+struct HealthState {
+    metrics: Arc<Metrics>,
+    manager: Arc<EniManager>,
+    ready: watch::Receiver<bool>,
+}
+
+/// `/metrics`, `/healthz` (alive) and `/readyz` (startup reconcile done
+/// and the provider answering).
+pub fn router(
+    metrics: Arc<Metrics>,
+    manager: Arc<EniManager>,
+    ready: watch::Receiver<bool>,
+) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(HealthState {
+            metrics,
+            manager,
+            ready,
+        })
+}
+
+async fn scrape(State(s): State<HealthState>) -> impl IntoResponse {
+    match s.metrics.render(&s.manager).await {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn readyz(State(s): State<HealthState>) -> impl IntoResponse {
+    if !*s.ready.borrow() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "restoring state\n").into_response();
+    }
+    match s.manager.provider().list().await {
+        Ok(_) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider: {e}\n")).into_response(),
+    }
+}

@@ -1,0 +1,146 @@
+//! Metrics, health and readiness scraped over HTTP from a real enimd, and
+//! checked against the actions performed.
+
+mod common;
+
+use common::agent::*;
+use common::*;
+
+#[test]
+fn metrics_match_the_actions_performed() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let sb = Sandbox::new(3);
+    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let addr: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
+    let agent = Agent::start(
+        &sb,
+        dir.path(),
+        &format!("metrics_address = \"{addr}\"\ngc_grace = \"0s\""),
+    );
+    let host = sb.host.path();
+    assert_eq!(http_get_in(&host, addr, "/healthz").0, 200);
+    assert_eq!(http_get_in(&host, addr, "/readyz").0, 200);
+
+    let conf = agent.net_conf("1.1.0");
+    for (i, pod) in pods.iter().enumerate() {
+        enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
+    }
+    enim("DEL", "c0", Some(&pods[0].path()), "eth0", &conf).ok();
+    let mut check = conf.clone();
+    check["prevResult"] = enim("ADD", "c1", Some(&pods[1].path()), "eth0", &conf).ok();
+    enim("CHECK", "c1", Some(&pods[1].path()), "eth0", &check).ok();
+    // A failing CHECK (unknown container) counts as an error.
+    enim("CHECK", "nope", Some(&pods[1].path()), "eth0", &check).err(3);
+    // c2's pod dies without DEL; GC moves nothing back (veth died) and drops the record.
+    let _ = &pods[2];
+    let (status, text) = http_get_in(&host, addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 2.0, "{text}");
+    assert_eq!(metric(&text, "enim_enis{state=\"free\"}"), 1.0, "{text}");
+    assert_eq!(metric(&text, "enim_attachments"), 2.0, "{text}");
+    assert_eq!(
+        metric(&text, "enim_requests_total{verb=\"ADD\",result=\"ok\"}"),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "enim_requests_total{verb=\"DEL\",result=\"ok\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "enim_requests_total{verb=\"CHECK\",result=\"ok\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "enim_requests_total{verb=\"CHECK\",result=\"error\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "enim_request_duration_seconds_count{verb=\"ADD\"}"),
+        4.0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "enim_checkpoint_write_duration_seconds_count") >= 7.0,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "enim_provider_call_duration_seconds_count{operation=\"allocate\"}"
+        ) >= 3.0,
+        "{text}"
+    );
+
+    // GC of a pod that died without DEL: its veth died too, so the record is dropped.
+    drop(pods);
+    let report = agent.ctl(&["gc"]);
+    assert_eq!(report["collected"].as_array().unwrap().len(), 2, "{report}");
+    let (_, text) = http_get_in(&host, addr, "/metrics");
+    assert_eq!(
+        metric(&text, "enim_gc_actions_total{kind=\"record_dropped\"}"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 0.0, "{text}");
+    assert_eq!(
+        metric(&text, "enim_requests_total{verb=\"GC\",result=\"ok\"}"),
+        1.0,
+        "{text}"
+    );
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn readyz_waits_for_startup_recovery() {
+    if !kernel_tests_enabled() {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
+    let mut agent = Agent::start(&sb, dir.path(), &format!("metrics_address = \"{addr}\""));
+    assert_eq!(http_get_in(&sb.host.path(), addr, "/readyz").0, 200);
+    agent.stop();
+    // Held in startup recovery, the agent is alive but not ready.
+    agent.env = vec![(
+        "ENIMD_DELAY_AT".into(),
+        "startup:before-recover=1500".into(),
+    )];
+    let host = sb.host.path();
+    let probe = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "metrics listener never came up"
+            );
+            let answer = std::panic::catch_unwind(|| {
+                (
+                    http_get_in(&host, addr, "/healthz").0,
+                    http_get_in(&host, addr, "/readyz").0,
+                )
+            });
+            if let Ok(answer) = answer {
+                return answer;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
+    agent.restart();
+    assert_eq!(
+        probe.join().unwrap(),
+        (200, 503),
+        "live but not ready during recovery"
+    );
+    assert_eq!(http_get_in(&sb.host.path(), addr, "/readyz").0, 200);
+}
