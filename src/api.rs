@@ -129,6 +129,10 @@ pub struct GcReport {
     pub records_dropped: Vec<String>,
     /// Free ENIs whose host name or MTU was put right.
     pub normalised: Vec<String>,
+    /// Secondary mode: kernel objects of enim's shape that no attachment
+    /// explained (veths, rules, route tables, proxy entries), removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub swept: Vec<String>,
     /// What could not be done this pass (retried next pass).
     pub errors: Vec<String>,
 }
@@ -154,6 +158,9 @@ pub struct EniStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentList {
     pub attachments: Vec<Attachment>,
+    /// Secondary mode's pod attachments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<crate::secondary::record::SecondaryAttachment>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,6 +11,8 @@
 //! - `enim/1`: `attachments` only.
 //! - `enim/2`: adds `homes` (free ENIs' host name and MTU) and, per
 //!   attachment, `expires_ms` (an ADD whose result was never delivered).
+//!   Secondary mode adds `pods` (its pod attachments), written only when
+//!   there are some, so primary-mode files are unaffected.
 //!
 //! This agent writes `enim/2` and reads both: an `enim/1` file is migrated in
 //! memory (the new fields start empty) and rewritten as `enim/2` on the next
@@ -26,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::attachment::{Attachment, AttachmentKey};
+use crate::secondary::record::SecondaryAttachment;
 use enim_provider::MacAddr;
 
 /// The format this agent writes.
@@ -64,6 +67,7 @@ pub struct HostHome {
 struct State {
     attachments: BTreeMap<AttachmentKey, Attachment>,
     homes: BTreeMap<MacAddr, HostHome>,
+    pods: BTreeMap<AttachmentKey, SecondaryAttachment>,
 }
 
 #[derive(Serialize)]
@@ -71,6 +75,8 @@ struct FileOut<'a> {
     version: &'static str,
     attachments: Vec<&'a Attachment>,
     homes: &'a BTreeMap<MacAddr, HostHome>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pods: Vec<&'a SecondaryAttachment>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +89,10 @@ struct FileIn {
     attachments: Vec<Attachment>,
     #[serde(default)]
     homes: BTreeMap<MacAddr, HostHome>,
+    /// Secondary mode's pod attachments; absent when there are none, so a
+    /// primary-mode file is unchanged.
+    #[serde(default)]
+    pods: Vec<SecondaryAttachment>,
 }
 
 pub struct Checkpoint {
@@ -153,8 +163,10 @@ impl Checkpoint {
             .collect()
     }
 
+    /// Attachments of either mode.
     pub async fn len(&self) -> usize {
-        self.state.lock().await.attachments.len()
+        let state = self.state.lock().await;
+        state.attachments.len() + state.pods.len()
     }
 
     pub async fn is_empty(&self) -> bool {
@@ -185,6 +197,47 @@ impl Checkpoint {
         };
         if let Err(e) = self.write(&state).await {
             state.attachments.insert(key.clone(), previous);
+            return Err(e);
+        }
+        Ok(Some(previous))
+    }
+
+    /// A secondary-mode pod attachment.
+    pub async fn pod(&self, key: &AttachmentKey) -> Option<SecondaryAttachment> {
+        self.state.lock().await.pods.get(key).cloned()
+    }
+
+    pub async fn pods(&self) -> Vec<SecondaryAttachment> {
+        self.state.lock().await.pods.values().cloned().collect()
+    }
+
+    /// Records (or replaces) a pod attachment and writes the file; memory
+    /// is rolled back on a write failure.
+    pub async fn put_pod(&self, pod: SecondaryAttachment) -> Result<(), CheckpointError> {
+        let mut state = self.state.lock().await;
+        let key = pod.key.clone();
+        let previous = state.pods.insert(key.clone(), pod);
+        if let Err(e) = self.write(&state).await {
+            match previous {
+                Some(p) => state.pods.insert(key, p),
+                None => state.pods.remove(&key),
+            };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Drops a pod attachment and writes the file; absent keys are a no-op.
+    pub async fn remove_pod(
+        &self,
+        key: &AttachmentKey,
+    ) -> Result<Option<SecondaryAttachment>, CheckpointError> {
+        let mut state = self.state.lock().await;
+        let Some(previous) = state.pods.remove(key) else {
+            return Ok(None);
+        };
+        if let Err(e) = self.write(&state).await {
+            state.pods.insert(key.clone(), previous);
             return Err(e);
         }
         Ok(Some(previous))
@@ -252,6 +305,7 @@ impl Checkpoint {
             version: CHECKPOINT_VERSION,
             attachments: state.attachments.values().collect(),
             homes: &state.homes,
+            pods: state.pods.values().collect(),
         })
         .map_err(|e| CheckpointError::Write {
             path: self.path.clone(),
@@ -308,9 +362,20 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
             });
         }
     }
+    let mut pods = BTreeMap::new();
+    for p in file.pods {
+        let key = p.key.clone();
+        if entries.contains_key(&key) || pods.insert(key.clone(), p).is_some() {
+            return Err(CheckpointError::DuplicateKey {
+                path: path.to_path_buf(),
+                key,
+            });
+        }
+    }
     Ok(State {
         attachments: entries,
         homes: file.homes,
+        pods,
     })
 }
 

@@ -22,6 +22,8 @@ use crate::checkpoint::{Checkpoint, CheckpointError, HostHome};
 use crate::exclusion::{excluded_owner, is_excluded_owner, Exclusions};
 use crate::fault::crash_point;
 use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
+use crate::secondary::datastore::DataStoreError;
+use crate::secondary::manager::SecondaryManager;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
@@ -54,6 +56,9 @@ pub enum ManagerError {
     UnknownAttachment(AttachmentKey),
     #[error("attachment {key} does not match the kernel: {why}")]
     CheckFailed { key: AttachmentKey, why: String },
+    /// Secondary mode: the address store refused.
+    #[error("{0}")]
+    Addresses(#[from] DataStoreError),
 }
 
 impl ManagerError {
@@ -68,6 +73,8 @@ impl ManagerError {
                 e.is_transient() || matches!(e, ProviderError::Exhausted { .. })
             }
             ManagerError::RollbackFailed { original, .. } => original.is_transient(),
+            // Cooling addresses come back, and DELs free others.
+            ManagerError::Addresses(DataStoreError::NoFreeAddress { .. }) => true,
             _ => false,
         }
     }
@@ -124,6 +131,8 @@ pub struct EniManager {
     // GC holds it exclusively while it renames free ENIs, so it never
     // touches an ENI an ADD has just taken but not yet recorded.
     allocation_fence: tokio::sync::RwLock<()>,
+    // Secondary mode: every verb goes to this engine instead.
+    secondary: Option<Arc<SecondaryManager>>,
     // Configured exclusions; the primary interface joins them at recovery.
     exclusions: std::sync::RwLock<Exclusions>,
 }
@@ -155,6 +164,7 @@ impl EniManager {
             checkpoint,
             locks: KeyLocks::default(),
             allocation_fence: Default::default(),
+            secondary: None,
             exclusions: Default::default(),
         }
     }
@@ -204,6 +214,17 @@ impl EniManager {
         &self.checkpoint
     }
 
+    /// Switches the node to secondary mode: ADD, DEL, CHECK, GC and
+    /// recovery are served by `engine`.
+    pub fn with_secondary(mut self, engine: Arc<SecondaryManager>) -> Self {
+        self.secondary = Some(engine);
+        self
+    }
+
+    pub fn secondary(&self) -> Option<&Arc<SecondaryManager>> {
+        self.secondary.as_ref()
+    }
+
     /// Gives `owner` an ENI of its own in the netns at `netns`. Idempotent:
     /// a repeated ADD of a ready attachment returns the recorded result.
     pub async fn add(
@@ -211,6 +232,9 @@ impl EniManager {
         owner: &EniOwner,
         netns: &Path,
     ) -> Result<AttachmentResult, ManagerError> {
+        if let Some(engine) = &self.secondary {
+            return engine.add(owner, netns).await;
+        }
         validate_owner(owner)?;
         validate_ifname(&owner.ifname).map_err(ManagerError::InvalidRequest)?;
         let key = key_of(owner);
@@ -386,6 +410,9 @@ impl EniManager {
     /// the netns or the device is already gone, and never touches an ENI
     /// that now belongs to another container.
     pub async fn del(&self, owner: &EniOwner) -> Result<(), ManagerError> {
+        if let Some(engine) = &self.secondary {
+            return engine.del(owner).await;
+        }
         validate_owner(owner)?;
         let key = key_of(owner);
         let _guard = self.locks.lock(&key).await;
@@ -470,6 +497,9 @@ impl EniManager {
         netns: &Path,
         mtu: MtuExpectation,
     ) -> Result<AttachmentResult, ManagerError> {
+        if let Some(engine) = &self.secondary {
+            return engine.check(owner, netns, mtu).await;
+        }
         validate_owner(owner)?;
         let key = key_of(owner);
         let _guard = self.locks.lock(&key).await;
@@ -572,6 +602,9 @@ impl EniManager {
     /// or undoes attachments a crash left in an intent phase. Run before
     /// serving any ADD.
     pub async fn recover(&self) -> Result<RecoveryReport, ManagerError> {
+        if let Some(engine) = &self.secondary {
+            return engine.recover().await;
+        }
         let records = self.checkpoint.list().await;
         let assignments: Vec<(String, EniOwner)> = records
             .iter()
@@ -642,6 +675,9 @@ impl EniManager {
     /// Attachments younger than `grace` are never collected: the view of
     /// what is alive may lag behind a pod that is just starting.
     pub async fn gc(&self, request: &GcRequest, grace: Duration) -> GcReport {
+        if let Some(engine) = &self.secondary {
+            return engine.gc(request, grace).await;
+        }
         let mut report = GcReport::default();
         let now = now_ms();
         let grace_ms = grace.as_millis() as u64;

@@ -96,7 +96,25 @@ pub struct Config {
     /// primary interface is always excluded as well.
     #[serde(default)]
     pub exclude: crate::exclusion::ExclusionConfig,
+    /// How pods get ENIs: a whole ENI each (primary), or a secondary
+    /// address of a host ENI each (secondary; README "Secondary mode").
+    #[serde(default)]
+    pub mode: Mode,
+    /// Secondary mode's knobs (used only with `mode = "secondary"`).
+    #[serde(default)]
+    pub secondary: crate::secondary::SecondaryConfig,
     pub provider: ProviderConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Each pod gets a whole ENI, moved into its namespace.
+    #[default]
+    Primary,
+    /// ENIs stay in the host; each pod gets one of their secondary
+    /// addresses over a veth pair, with policy routing.
+    Secondary,
 }
 
 fn yes() -> bool {
@@ -137,10 +155,15 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|source| ConfigError::Parse {
+        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
             path: PathBuf::from("<inline>"),
             source: Box::new(source),
-        })
+        })?;
+        config
+            .secondary
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(config)
     }
 }
 

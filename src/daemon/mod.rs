@@ -140,10 +140,20 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         checkpoint.set_write_observer(Box::new(move |took| metrics.observe_checkpoint_write(took)));
     }
     let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
-    let manager = Arc::new(
-        EniManager::new(provider, plumbing, checkpoint)
-            .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude)),
-    );
+    let manager = EniManager::new(provider.clone(), plumbing, checkpoint.clone())
+        .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude));
+    let manager = Arc::new(match config.mode {
+        config::Mode::Primary => manager,
+        config::Mode::Secondary => manager.with_secondary(
+            crate::secondary::manager::SecondaryManager::over_host(
+                config.secondary.clone(),
+                config.host_netns.as_deref(),
+                provider,
+                checkpoint,
+            )
+            .await?,
+        ),
+    });
 
     // Listen first so early requests queue (bounded) instead of failing to
     // connect, then restore before anything is served.

@@ -81,6 +81,10 @@ fn classify(e: &ManagerError) -> (StatusCode, u32) {
         ManagerError::RollbackFailed { original, .. } => classify(original),
         ManagerError::UnknownAttachment(_) => (StatusCode::NOT_FOUND, code::UNKNOWN_CONTAINER),
         ManagerError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
+        ManagerError::Addresses(_) if e.is_transient() => {
+            (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
+        }
+        ManagerError::Addresses(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL),
     }
 }
 
@@ -287,8 +291,13 @@ async fn enis(State(s): State<Shared>) -> Result<Json<EniList>, Failure> {
 }
 
 async fn attachments(State(s): State<Shared>) -> Json<api::AttachmentList> {
+    let pods = match s.manager.secondary() {
+        Some(engine) => engine.pods().await,
+        None => Vec::new(),
+    };
     Json(api::AttachmentList {
         attachments: s.manager.attachments().await,
+        pods,
     })
 }
 

@@ -282,6 +282,13 @@ impl DataStore {
             .map(|(id, _)| id.clone())
     }
 
+    /// Whether any ENI offers IPv6 addresses: pods are then dual-stack.
+    pub fn has_ipv6(&self) -> bool {
+        self.enis
+            .values()
+            .any(|e| e.addresses.keys().any(IpAddr::is_ipv6))
+    }
+
     pub fn device_index(&self, eni_id: &str) -> Option<u32> {
         self.enis.get(eni_id).map(|e| e.device_index)
     }

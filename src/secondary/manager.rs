@@ -1,0 +1,724 @@
+//! The secondary-mode engine behind [`crate::manager::EniManager`]: ADD,
+//! DEL, CHECK, GC and recovery of pods that hold a secondary address of a
+//! host ENI.
+//!
+//! Same rules as primary mode: the checkpoint records intent before the
+//! kernel is touched and the outcome after; a failed ADD undoes every step
+//! (teardown is idempotent, so "every step" is simply all of it); a record
+//! left in an intent phase by a crash is finished or undone at recovery.
+//! GC collects dead pods and sweeps whatever in the host has enim's shape
+//! (veth name, rule priorities, table range) but no record.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use enim_provider::{EniOwner, EniProvider, MacAddr, ProviderError};
+use ipnet::IpNet;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, RwLock as AsyncRwLock};
+
+use super::datastore::{DataStore, DataStoreStats};
+use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
+use super::record::SecondaryAttachment;
+use super::{SecondaryConfig, GATEWAY4, GATEWAY6, MAX_DEVICE_INDEX};
+use crate::api::{GcReport, GcRequest, MtuExpectation};
+use crate::attachment::{now_ms, AttachmentKey, AttachmentResult, Phase};
+use crate::checkpoint::Checkpoint;
+use crate::manager::{key_of, ManagerError, RecoveryReport};
+use crate::netlink::{validate_ifname, PlumbingError};
+
+/// A host ENI in use by this node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HostEni {
+    pub id: String,
+    pub mac: MacAddr,
+    pub device_index: u32,
+    pub name: String,
+    pub table: u32,
+    pub mtu: u32,
+}
+
+/// Serialises operations on one attachment key, different keys in parallel.
+#[derive(Default)]
+struct KeyLocks {
+    map: std::sync::Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
+}
+
+struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: AttachmentKey,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl KeyLocks {
+    async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
+        let mutex = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.clone()).or_default().clone()
+        };
+        KeyGuard {
+            locks: self,
+            key: key.clone(),
+            guard: Some(mutex.lock_owned().await),
+        }
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        // Clones are made only under the map lock: a count of one means
+        // nobody waits on this key any more.
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+pub struct SecondaryManager {
+    config: SecondaryConfig,
+    provider: Arc<dyn EniProvider>,
+    plumbing: Arc<dyn SecondaryPlumbing>,
+    checkpoint: Arc<Checkpoint>,
+    store: std::sync::Mutex<DataStore>,
+    enis: std::sync::RwLock<BTreeMap<String, HostEni>>,
+    locks: KeyLocks,
+    // ADD, DEL and GC's teardowns hold it shared for their whole run; the
+    // orphan sweep holds it exclusively, so it never takes a pod that is
+    // half made or half removed for an orphan.
+    sweep_fence: AsyncRwLock<()>,
+}
+
+fn plumbing_err(step: &'static str) -> impl FnOnce(PlumbingError) -> ManagerError {
+    move |source| ManagerError::Plumbing { step, source }
+}
+
+fn validate(owner: &EniOwner) -> Result<(), ManagerError> {
+    for (what, value) in [
+        ("network name", &owner.network),
+        ("container id", &owner.container_id),
+    ] {
+        if value.is_empty() {
+            return Err(ManagerError::InvalidRequest(format!("{what} is empty")));
+        }
+    }
+    validate_ifname(&owner.ifname).map_err(ManagerError::InvalidRequest)
+}
+
+impl SecondaryManager {
+    pub fn new(
+        config: SecondaryConfig,
+        provider: Arc<dyn EniProvider>,
+        plumbing: Arc<dyn SecondaryPlumbing>,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Result<Self, ManagerError> {
+        config
+            .validate()
+            .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
+        Ok(SecondaryManager {
+            store: std::sync::Mutex::new(DataStore::new(config.cooldown)),
+            config,
+            provider,
+            plumbing,
+            checkpoint,
+            enis: Default::default(),
+            locks: KeyLocks::default(),
+            sweep_fence: Default::default(),
+        })
+    }
+
+    /// The engine over the real plumbing of the host namespace at
+    /// `host_netns` (the agent's own when `None`).
+    pub async fn over_host(
+        config: SecondaryConfig,
+        host_netns: Option<&Path>,
+        provider: Arc<dyn EniProvider>,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Result<Arc<Self>, ManagerError> {
+        let plumbing = RtnlSecondary::new(host_netns)
+            .await
+            .map_err(plumbing_err("open the host namespace"))?;
+        Ok(Arc::new(Self::new(
+            config,
+            provider,
+            Arc::new(plumbing),
+            checkpoint,
+        )?))
+    }
+
+    pub fn config(&self) -> &SecondaryConfig {
+        &self.config
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, DataStore> {
+        // The store's methods leave it consistent at every return, so a
+        // panic elsewhere while it was held does not make it unsound.
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host ENIs in use.
+    pub fn host_enis(&self) -> Vec<HostEni> {
+        self.enis
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn host_eni(&self, id: &str) -> Option<HostEni> {
+        self.enis
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn stats(&self) -> DataStoreStats {
+        self.store().stats(Instant::now())
+    }
+
+    pub async fn pods(&self) -> Vec<SecondaryAttachment> {
+        self.checkpoint.pods().await
+    }
+
+    fn spec(&self, record: &SecondaryAttachment) -> PodSpec {
+        PodSpec {
+            netns: record.netns.clone(),
+            ifname: record.key.ifname.clone(),
+            host_veth: record.host_veth.clone(),
+            mtu: record.mtu,
+            ipv4: record.ipv4,
+            ipv6: record.ipv6,
+            eni: self.host_eni(&record.eni_id).map(|e| e.name),
+            table: record.table,
+            priority_to_pod: record.rule_priority_to_pod,
+            priority_from_pod: record.rule_priority_from_pod,
+        }
+    }
+
+    /// Sets up every ENI the provider lists as a host ENI, builds the
+    /// address store from their secondary addresses, restores the
+    /// assignments of the checkpoint's records, and finishes or undoes the
+    /// records a crash left mid-way. Run before serving any ADD.
+    pub async fn recover(&self) -> Result<RecoveryReport, ManagerError> {
+        let mut store = DataStore::new(self.config.cooldown);
+        let mut enis = BTreeMap::new();
+        let mut any_ipv6 = false;
+        for eni in self.provider.list().await? {
+            let index = self.provider.device_index(&eni).await?.ok_or_else(|| {
+                ProviderError::Config(format!(
+                    "secondary mode needs the device index of ENI {}; the provider does not know it",
+                    eni.id
+                ))
+            })?;
+            if index > MAX_DEVICE_INDEX {
+                return Err(ProviderError::Config(format!(
+                    "ENI {} has device index {index}; secondary mode allows 0..={MAX_DEVICE_INDEX}",
+                    eni.id
+                ))
+                .into());
+            }
+            let addresses = self.provider.secondary_addresses(&eni).await?;
+            let spec = HostEniSpec {
+                mac: eni.mac,
+                name: self.config.eni_name(index),
+                mtu: eni.mtu,
+                table: self.config.table(index),
+                ipv4: eni.ipv4,
+                gateway4: eni.gateway4,
+                ipv6: eni.ipv6.filter(|_| eni.gateway6.is_some()),
+                gateway6: eni.gateway6,
+            };
+            let link = match self.plumbing.setup_eni(&spec).await {
+                Ok(link) => link,
+                Err(e @ PlumbingError::LinkNotFound { .. }) => {
+                    // Not plugged (yet): its pods cannot be served, others can.
+                    tracing::warn!(eni = %eni.id, error = %e, "ENI not in the host; not used");
+                    continue;
+                }
+                Err(e) => return Err(plumbing_err("set up host ENI")(e)),
+            };
+            store
+                .add_eni(&eni.id, index)
+                .map_err(|e| ProviderError::Config(e.to_string()))?;
+            for ip in addresses {
+                if ip.is_ipv6() && spec.ipv6.is_none() {
+                    tracing::warn!(eni = %eni.id, %ip, "IPv6 secondary address on an ENI without IPv6 gateway; not used");
+                    continue;
+                }
+                any_ipv6 |= ip.is_ipv6();
+                store
+                    .add_address(&eni.id, ip)
+                    .map_err(|e| ProviderError::Config(format!("ENI {}: {e}", eni.id)))?;
+            }
+            tracing::info!(eni = %eni.id, name = %spec.name, table = spec.table, "host ENI ready");
+            enis.insert(
+                eni.id.clone(),
+                HostEni {
+                    id: eni.id.clone(),
+                    mac: eni.mac,
+                    device_index: index,
+                    name: spec.name,
+                    table: spec.table,
+                    mtu: link.mtu,
+                },
+            );
+        }
+        self.plumbing
+            .enable_forwarding(any_ipv6)
+            .await
+            .map_err(plumbing_err("enable forwarding"))?;
+
+        let records = self.checkpoint.pods().await;
+        for record in &records {
+            // A live pod's record is never dropped at restart, even when
+            // its address is no longer offered: the pod keeps working, and
+            // DEL or GC clean it up.
+            if let Err(e) = store.restore(&record.key, &record.eni_id, &record.ips()) {
+                tracing::warn!(key = %record.key, error = %e, "record's address is not in the store; kept as it is");
+            }
+        }
+        *self.store() = store;
+        *self.enis.write().unwrap_or_else(|p| p.into_inner()) = enis;
+
+        let mut report = RecoveryReport::default();
+        for record in records {
+            let _fence = self.sweep_fence.read().await;
+            let _guard = self.locks.lock(&record.key).await;
+            match record.phase {
+                Phase::Ready => report.ready += 1,
+                Phase::Adding if self.configured_as_recorded(&record).await => {
+                    // The crash hit after the pod was fully set up: finish.
+                    let mut done = record;
+                    done.phase = Phase::Ready;
+                    done.updated_ms = now_ms();
+                    self.checkpoint.put_pod(done).await?;
+                    report.finished += 1;
+                }
+                Phase::Adding | Phase::Deleting => {
+                    self.teardown(record).await?;
+                    report.rolled_back += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn configured_as_recorded(&self, record: &SecondaryAttachment) -> bool {
+        record.mac.is_some()
+            && self
+                .mismatch(record, MtuExpectation::Recorded)
+                .await
+                .is_none()
+    }
+
+    /// Gives `owner` a secondary address over a veth pair into `netns`.
+    /// Idempotent: a repeated ADD of a ready attachment returns its result.
+    pub async fn add(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+    ) -> Result<AttachmentResult, ManagerError> {
+        validate(owner)?;
+        let key = key_of(owner);
+        let _fence = self.sweep_fence.read().await;
+        let _guard = self.locks.lock(&key).await;
+
+        if let Some(existing) = self.checkpoint.pod(&key).await {
+            if existing.phase == Phase::Ready && existing.netns == netns {
+                return Ok(existing.result());
+            }
+            tracing::info!(%key, phase = ?existing.phase, "undoing previous attempt before ADD");
+            self.teardown(existing).await?;
+        }
+        self.plumbing
+            .check_netns(netns)
+            .await
+            .map_err(ManagerError::Netns)?;
+
+        let (assignment, eni) = {
+            let mut store = self.store();
+            let dual_stack = store.has_ipv6();
+            let assignment = store.assign(&key, dual_stack, Instant::now())?;
+            match self.host_eni(&assignment.eni_id) {
+                Some(eni) => (assignment, eni),
+                None => {
+                    // Cannot happen: the store only holds host ENIs.
+                    store.unassign(&key, Instant::now());
+                    return Err(ManagerError::InvalidRequest(format!(
+                        "ENI {} is not a host ENI",
+                        assignment.eni_id
+                    )));
+                }
+            }
+        };
+        let now = now_ms();
+        let mut record = SecondaryAttachment {
+            key: key.clone(),
+            pod: owner.pod.clone(),
+            eni_id: eni.id.clone(),
+            table: eni.table,
+            rule_priority_to_pod: self.config.rule_priority_to_pod,
+            rule_priority_from_pod: self.config.rule_priority_from_pod,
+            host_veth: self.config.veth_name(&key),
+            netns: netns.to_path_buf(),
+            mtu: eni.mtu,
+            ipv4: assignment.ipv4.and_then(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            }),
+            ipv6: assignment.ipv6.and_then(|ip| match ip {
+                IpAddr::V6(v6) => Some(v6),
+                IpAddr::V4(_) => None,
+            }),
+            mac: None,
+            phase: Phase::Adding,
+            created_ms: now,
+            updated_ms: now,
+        };
+        if let Err(e) = self.checkpoint.put_pod(record.clone()).await {
+            self.store().unassign(&key, Instant::now());
+            return Err(e.into());
+        }
+        let spec = self.spec(&record);
+        let outcome = match self.plumbing.setup_pod(&spec).await {
+            Ok(mac) => {
+                record.mac = Some(mac);
+                record.phase = Phase::Ready;
+                record.updated_ms = now_ms();
+                self.checkpoint
+                    .put_pod(record.clone())
+                    .await
+                    .map_err(ManagerError::from)
+            }
+            Err(PlumbingError::NameTaken { ifname, netns }) => {
+                Err(ManagerError::IfnameConflict { ifname, netns })
+            }
+            Err(e) if e.is_netns_gone() => Err(ManagerError::Netns(e)),
+            Err(e) => Err(plumbing_err("plumb pod")(e)),
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(%key, eni = %eni.id, ips = ?record.ips(), pod = %owner.pod, "secondary address attached");
+                Ok(record.result())
+            }
+            Err(err) => {
+                tracing::warn!(%key, error = %err, "ADD failed; rolling back");
+                match self.undo_add(&record, &spec).await {
+                    Ok(()) => Err(err),
+                    Err(undo) => Err(ManagerError::RollbackFailed {
+                        original: Box::new(err),
+                        undo: Box::new(undo),
+                    }),
+                }
+            }
+        }
+    }
+
+    async fn undo_add(
+        &self,
+        record: &SecondaryAttachment,
+        spec: &PodSpec,
+    ) -> Result<(), ManagerError> {
+        // On failure the Adding record (and the address) stay: recovery
+        // or GC finishes the undo.
+        self.plumbing
+            .teardown_pod(spec)
+            .await
+            .map_err(plumbing_err("undo pod plumbing"))?;
+        self.store().unassign(&record.key, Instant::now());
+        self.checkpoint.remove_pod(&record.key).await?;
+        Ok(())
+    }
+
+    /// Removes the pod's plumbing and returns its address (with cooldown).
+    /// Succeeds when the record, the netns or the veth is already gone.
+    pub async fn del(&self, owner: &EniOwner) -> Result<(), ManagerError> {
+        validate(owner)?;
+        let key = key_of(owner);
+        let _fence = self.sweep_fence.read().await;
+        let _guard = self.locks.lock(&key).await;
+        match self.checkpoint.pod(&key).await {
+            Some(record) => self.teardown(record).await,
+            None => {
+                // Unknown: nothing of this attachment can be in the kernel
+                // (intent is written before acting), and the store frees
+                // only what this very key holds.
+                self.store().unassign(&key, Instant::now());
+                Ok(())
+            }
+        }
+    }
+
+    /// Deleting intent, kernel teardown, address back, record dropped.
+    /// The caller holds the sweep fence (shared) and the key lock.
+    async fn teardown(&self, mut record: SecondaryAttachment) -> Result<(), ManagerError> {
+        if record.phase != Phase::Deleting {
+            record.phase = Phase::Deleting;
+            record.updated_ms = now_ms();
+            self.checkpoint.put_pod(record.clone()).await?;
+        }
+        let mut spec = self.spec(&record);
+        // Rules and proxy entries are keyed by address alone: never remove
+        // those of an address another attachment holds now (a stale record).
+        let others: HashSet<IpAddr> = self
+            .checkpoint
+            .pods()
+            .await
+            .iter()
+            .filter(|p| p.key != record.key)
+            .flat_map(|p| p.ips())
+            .collect();
+        spec.ipv4 = spec.ipv4.filter(|ip| !others.contains(&IpAddr::V4(*ip)));
+        spec.ipv6 = spec.ipv6.filter(|ip| !others.contains(&IpAddr::V6(*ip)));
+        self.plumbing
+            .teardown_pod(&spec)
+            .await
+            .map_err(plumbing_err("remove pod plumbing"))?;
+        self.store().unassign(&record.key, Instant::now());
+        self.checkpoint.remove_pod(&record.key).await?;
+        tracing::info!(key = %record.key, ips = ?record.ips(), "secondary address released");
+        Ok(())
+    }
+
+    /// What differs between the record and the kernel, if anything.
+    async fn mismatch(&self, record: &SecondaryAttachment, mtu: MtuExpectation) -> Option<String> {
+        let seen = match self.plumbing.observe_pod(&self.spec(record)).await {
+            Ok(seen) => seen,
+            Err(e) => return Some(e.to_string()),
+        };
+        let Some(pod) = seen.pod else {
+            return Some(format!(
+                "no interface {:?} in {}",
+                record.key.ifname,
+                record.netns.display()
+            ));
+        };
+        let want_mtu = match mtu {
+            MtuExpectation::Recorded => Some(record.mtu),
+            MtuExpectation::Exactly(m) => Some(m),
+            MtuExpectation::Skip => None,
+        };
+        if let Some(want) = want_mtu.filter(|w| *w != pod.link.mtu) {
+            return Some(format!("MTU is {}, not {want}", pod.link.mtu));
+        }
+        if !pod.link.up {
+            return Some("pod interface is down".into());
+        }
+        if record.mac.is_some_and(|m| m != pod.link.mac) {
+            return Some(format!("pod interface has MAC {}", pod.link.mac));
+        }
+        for ip in record.ips() {
+            let net = IpNet::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
+            if !pod.addrs.contains(&net) {
+                return Some(format!("address {net} is missing"));
+            }
+        }
+        let gateways = [
+            record.ipv4.map(|_| IpAddr::V4(GATEWAY4)),
+            record.ipv6.map(|_| IpAddr::V6(GATEWAY6)),
+        ];
+        for gw in gateways.into_iter().flatten() {
+            if !pod.default_gateways.contains(&gw) {
+                return Some(format!("default route via {gw} is missing"));
+            }
+        }
+        match seen.host_veth_up {
+            None => return Some(format!("host veth {} is missing", record.host_veth)),
+            Some(false) => return Some(format!("host veth {} is down", record.host_veth)),
+            Some(true) => {}
+        }
+        if !seen.missing.is_empty() {
+            return Some(format!("missing in the host: {}", seen.missing.join(", ")));
+        }
+        None
+    }
+
+    pub async fn check(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+        mtu: MtuExpectation,
+    ) -> Result<AttachmentResult, ManagerError> {
+        validate(owner)?;
+        let key = key_of(owner);
+        let _guard = self.locks.lock(&key).await;
+        let record = self
+            .checkpoint
+            .pod(&key)
+            .await
+            .ok_or_else(|| ManagerError::UnknownAttachment(key.clone()))?;
+        let fail = |why: String| ManagerError::CheckFailed {
+            key: key.clone(),
+            why,
+        };
+        if record.phase != Phase::Ready {
+            return Err(fail(format!("attachment is in phase {:?}", record.phase)));
+        }
+        if record.netns != netns {
+            return Err(fail(format!(
+                "recorded netns is {}, not {}",
+                record.netns.display(),
+                netns.display()
+            )));
+        }
+        if let Some(why) = self.mismatch(&record, mtu).await {
+            return Err(fail(why));
+        }
+        Ok(record.result())
+    }
+
+    /// One GC pass: collects dead pods (netns gone, or omitted by a CNI GC
+    /// list; never younger than `grace`), puts the host ENIs right again,
+    /// and sweeps enim-shaped kernel objects that no record explains.
+    pub async fn gc(&self, request: &GcRequest, grace: Duration) -> GcReport {
+        let mut report = GcReport::default();
+        let now = now_ms();
+        let grace_ms = grace.as_millis() as u64;
+        let valid: Option<HashSet<(&str, &str)>> = request.valid_attachments.as_ref().map(|v| {
+            v.iter()
+                .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+                .collect()
+        });
+        for record in self.checkpoint.pods().await {
+            if request
+                .network
+                .as_ref()
+                .is_some_and(|n| *n != record.key.network)
+            {
+                continue;
+            }
+            if now.saturating_sub(record.created_ms) < grace_ms {
+                report.too_young += 1;
+                continue;
+            }
+            let omitted = valid.as_ref().is_some_and(|v| {
+                !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
+            });
+            let dead = omitted
+                || match self.plumbing.check_netns(&record.netns).await {
+                    Ok(()) => false,
+                    Err(e) if e.is_netns_gone() => true,
+                    Err(e) => {
+                        report.errors.push(format!("{}: {e}", record.key));
+                        false
+                    }
+                };
+            if !dead {
+                continue;
+            }
+            let _fence = self.sweep_fence.read().await;
+            let _guard = self.locks.lock(&record.key).await;
+            // Re-read under the lock: a DEL or a re-ADD may have won.
+            let Some(current) = self.checkpoint.pod(&record.key).await else {
+                continue;
+            };
+            if current.created_ms != record.created_ms {
+                continue;
+            }
+            match self.teardown(current).await {
+                Ok(()) => report.collected.push(record.key.to_string()),
+                Err(e) => report.errors.push(format!("{}: {e}", record.key)),
+            }
+        }
+        self.reconcile_enis(&mut report).await;
+        self.sweep(&mut report).await;
+        if !report.collected.is_empty() || !report.swept.is_empty() || !report.errors.is_empty() {
+            tracing::info!(collected = ?report.collected, swept = ?report.swept, errors = ?report.errors, "secondary GC pass");
+        }
+        report
+    }
+
+    /// Re-applies the host ENI setup (idempotent): a link flap flushes the
+    /// routes of an ENI's table, and this puts them back.
+    async fn reconcile_enis(&self, report: &mut GcReport) {
+        let enis = match self.provider.list().await {
+            Ok(e) => e,
+            Err(e) => return report.errors.push(format!("provider list: {e}")),
+        };
+        for host in self.host_enis() {
+            let Some(eni) = enis.iter().find(|e| e.id == host.id) else {
+                continue;
+            };
+            let spec = HostEniSpec {
+                mac: eni.mac,
+                name: host.name.clone(),
+                mtu: eni.mtu,
+                table: host.table,
+                ipv4: eni.ipv4,
+                gateway4: eni.gateway4,
+                ipv6: eni.ipv6.filter(|_| eni.gateway6.is_some()),
+                gateway6: eni.gateway6,
+            };
+            if let Err(e) = self.plumbing.setup_eni(&spec).await {
+                report.errors.push(format!("ENI {}: {e}", host.id));
+            }
+        }
+    }
+
+    /// Removes veths, rules, routes and proxy entries of enim's shape that
+    /// no record (in any phase) and no host ENI accounts for.
+    async fn sweep(&self, report: &mut GcReport) {
+        let _fence = self.sweep_fence.write().await;
+        let enis = self.host_enis();
+        let eni_names: Vec<String> = enis.iter().map(|e| e.name.clone()).collect();
+        let inventory = match self.plumbing.inventory(&self.config, &eni_names).await {
+            Ok(i) => i,
+            Err(e) => return report.errors.push(format!("host inventory: {e}")),
+        };
+        // Read after the inventory: anything listed was made after its
+        // intent record was written, and no ADD or DEL runs meanwhile.
+        let records = self.checkpoint.pods().await;
+        let live_veths: HashSet<&str> = records.iter().map(|r| r.host_veth.as_str()).collect();
+        let live_rules: BTreeSet<_> = records.iter().flat_map(|r| self.spec(r).rules()).collect();
+        let live_tables: HashSet<u32> = enis.iter().map(|e| e.table).collect();
+        let eni_of: HashMap<&str, &str> = enis
+            .iter()
+            .map(|e| (e.id.as_str(), e.name.as_str()))
+            .collect();
+        let live_proxies: HashSet<(IpAddr, &str)> = records
+            .iter()
+            .filter_map(|r| Some((r, *eni_of.get(r.eni_id.as_str())?)))
+            .flat_map(|(r, eni)| r.ips().into_iter().map(move |ip| (ip, eni)))
+            .collect();
+
+        for rule in inventory.rules.iter().filter(|r| !live_rules.contains(r)) {
+            match self.plumbing.remove_rule(rule).await {
+                Ok(()) => report.swept.push(format!("rule {rule}")),
+                Err(e) => report.errors.push(format!("rule {rule}: {e}")),
+            }
+        }
+        for (ip, eni) in &inventory.proxies {
+            if live_proxies.contains(&(*ip, eni.as_str())) {
+                continue;
+            }
+            match self.plumbing.remove_proxy(*ip, eni).await {
+                Ok(()) => report.swept.push(format!("proxy {ip} on {eni}")),
+                Err(e) => report.errors.push(format!("proxy {ip} on {eni}: {e}")),
+            }
+        }
+        for veth in inventory
+            .veths
+            .iter()
+            .filter(|v| !live_veths.contains(v.as_str()))
+        {
+            match self.plumbing.remove_veth(veth).await {
+                Ok(()) => report.swept.push(format!("veth {veth}")),
+                Err(e) => report.errors.push(format!("veth {veth}: {e}")),
+            }
+        }
+        for table in inventory.tables.iter().filter(|t| !live_tables.contains(t)) {
+            match self.plumbing.flush_table(*table).await {
+                Ok(()) => report.swept.push(format!("table {table}")),
+                Err(e) => report.errors.push(format!("table {table}: {e}")),
+            }
+        }
+    }
+}
