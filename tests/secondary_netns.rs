@@ -1,0 +1,671 @@
+//! Secondary mode against the real kernel: veth "ENIs" stay in a sandbox
+//! host namespace and carry secondary addresses, pods in their own
+//! namespaces reach the gateway namespace through their own ENI.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use enim::api::{GcRequest, MtuExpectation};
+use enim::checkpoint::Checkpoint;
+use enim::manager::{EniManager, ManagerError};
+use enim::netlink::rtnl::RtnlPlumbing;
+use enim::secondary::manager::SecondaryManager;
+use enim::secondary::record::SecondaryAttachment;
+use enim::secondary::SecondaryConfig;
+use enim_provider_static::{StaticEniConfig, StaticProvider};
+
+macro_rules! require_kernel {
+    () => {
+        if !kernel_tests_enabled() {
+            return;
+        }
+    };
+}
+
+/// The sandbox's ENIs with `counts[i]` secondary IPv4 addresses on ENI i
+/// (10.77.i.11 and up), as many IPv6 ones (fd00:e1:i::11 and up) when
+/// `ipv6`, and device index i + 1.
+fn with_secondaries(sb: &Sandbox, counts: &[usize], ipv6: bool) -> Vec<StaticEniConfig> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut e = sb.enis[i].clone();
+            e.device_index = Some(i as u32 + 1);
+            e.secondary_ipv4 = (0..*n)
+                .map(|k| format!("10.77.{i}.{}", 11 + k).parse().unwrap())
+                .collect();
+            if ipv6 {
+                e.secondary_ipv6 = (0..*n)
+                    .map(|k| format!("fd00:e1:{i}::{:x}", 0x11 + k).parse().unwrap())
+                    .collect();
+            }
+            e
+        })
+        .collect()
+}
+
+fn test_config() -> SecondaryConfig {
+    SecondaryConfig {
+        cooldown: Duration::ZERO,
+        ..SecondaryConfig::default()
+    }
+}
+
+/// A manager in secondary mode over the sandbox, started as enimd starts
+/// it: recovery, then one GC pass.
+async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc<EniManager> {
+    let provider = Arc::new(StaticProvider::new(enis.to_vec()).unwrap());
+    let checkpoint = Arc::new(Checkpoint::open(checkpoint, false).unwrap());
+    let host = sb.host.path();
+    let plumbing = Arc::new(RtnlPlumbing::new(Some(&host)).await.unwrap());
+    let engine = SecondaryManager::over_host(
+        test_config(),
+        Some(&host),
+        provider.clone(),
+        checkpoint.clone(),
+    )
+    .await
+    .unwrap();
+    let mgr = Arc::new(EniManager::new(provider, plumbing, checkpoint).with_secondary(engine));
+    mgr.recover().await.expect("recover");
+    let report = mgr.gc(&GcRequest::default(), Duration::from_secs(30)).await;
+    assert!(report.errors.is_empty(), "startup GC: {report:?}");
+    mgr
+}
+
+fn pods(mgr: &EniManager) -> impl std::future::Future<Output = Vec<SecondaryAttachment>> + '_ {
+    mgr.secondary().expect("secondary mode").pods()
+}
+
+async fn pod_record(mgr: &EniManager, cid: &str) -> SecondaryAttachment {
+    pods(mgr)
+        .await
+        .into_iter()
+        .find(|p| p.key.container_id == cid)
+        .unwrap_or_else(|| panic!("no record for {cid}"))
+}
+
+/// Everything of the host namespace a pod could leave behind: rules,
+/// routes of every table, links, proxy neighbour entries.
+fn host_state(sb: &Sandbox) -> Vec<String> {
+    let mut out = Vec::new();
+    for family in ["-4", "-6"] {
+        out.push(sb.host.ip(&[family, "rule", "list"]));
+        out.push(sb.host.ip(&[family, "route", "show", "table", "all"]));
+        out.push(sb.host.ip(&[family, "neigh", "show", "proxy"]));
+    }
+    out.push(link_names(&sb.host).join(" "));
+    out
+}
+
+fn link_names(ns: &NamedNetns) -> Vec<String> {
+    let links: serde_json::Value = serde_json::from_str(&ns.ip(&["-j", "link", "show"])).unwrap();
+    let mut names: Vec<String> = links
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["ifname"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn rules(sb: &Sandbox) -> String {
+    sb.host.ip(&["-4", "rule", "list"]) + &sb.host.ip(&["-6", "rule", "list"])
+}
+
+fn ping(pod: &NamedNetns, target: &str) -> bool {
+    let v6 = if target.contains(':') { "-6" } else { "-4" };
+    pod.exec_ok(&["ping", v6, "-c", "1", "-W", "2", target])
+}
+
+/// `ip route get <dst> from <pod ip> iif <host veth>` in the host: the
+/// path the kernel picks for the pod's packets.
+fn route_of(sb: &Sandbox, pod: &SecondaryAttachment, ip: IpAddr, dst: &str) -> String {
+    sb.host.ip(&[
+        "route",
+        "get",
+        dst,
+        "from",
+        &ip.to_string(),
+        "iif",
+        &pod.host_veth,
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_leaves_through_its_own_eni() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let enis = with_secondaries(&sb, &[2, 1], false);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+
+    // The ENIs were renamed, tuned and given their tables.
+    for (i, name) in ["enis1", "enis2"].iter().enumerate() {
+        let link = sb
+            .host
+            .link(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(link["address"], enis[i].mac.to_string());
+        assert_eq!(link["mtu"], POD_MTU);
+        let table = sb
+            .host
+            .ip(&["route", "show", "table", &format!("100{}", i + 1)]);
+        assert!(
+            table.contains(&format!("default via 10.77.{i}.1 dev {name}")),
+            "{table}"
+        );
+        assert!(
+            table.contains(&format!("10.77.{i}.1 dev {name}")),
+            "{table}"
+        );
+        assert!(sb.host.exec_ok(&[
+            "sh",
+            "-c",
+            &format!("test $(cat /proc/sys/net/ipv4/conf/{name}/rp_filter) = 2")
+        ]));
+    }
+    assert!(sb
+        .host
+        .exec_ok(&["sh", "-c", "test $(cat /proc/sys/net/ipv4/ip_forward) = 1"]));
+
+    let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+    let cids = ["a", "b", "c"];
+    for (cid, ns) in cids.iter().zip(&netns) {
+        let result = mgr.add(&owner(cid, "eth0"), &ns.path()).await.expect("ADD");
+        assert_eq!(result.interface.name, "eth0");
+        assert_eq!(result.interface.mtu, POD_MTU);
+        assert_eq!(result.ips.len(), 1, "IPv4 only: {result:?}");
+        assert_eq!(result.ips[0].gateway, Some("169.254.1.1".parse().unwrap()));
+        assert_eq!(result.routes[0].dst.to_string(), "0.0.0.0/0");
+        let link = ns.link("eth0").expect("eth0 in pod");
+        assert_eq!(link["address"], result.interface.mac.to_string());
+        assert_eq!(link["mtu"], POD_MTU);
+        assert_eq!(
+            ns.addrs("eth0"),
+            vec![result.ips[0].address.to_string()],
+            "the pod address as /32"
+        );
+    }
+    let (a, b, c) = (
+        pod_record(&mgr, "a").await,
+        pod_record(&mgr, "b").await,
+        pod_record(&mgr, "c").await,
+    );
+    // Two pods share the first ENI, the third has the second.
+    assert_eq!(
+        (a.eni_id.as_str(), b.eni_id.as_str(), c.eni_id.as_str()),
+        ("eni-0000", "eni-0000", "eni-0001")
+    );
+    let ip = |p: &SecondaryAttachment| IpAddr::V4(p.ipv4.unwrap());
+    assert_eq!(ip(&a).to_string(), "10.77.0.11");
+    assert_eq!(ip(&b).to_string(), "10.77.0.12");
+    assert_eq!(ip(&c).to_string(), "10.77.1.11");
+
+    let listed = rules(&sb);
+    for (p, table) in [(&a, 1001), (&b, 1001), (&c, 1002)] {
+        let ip = ip(p);
+        assert!(
+            listed.contains(&format!("512:\tfrom all to {ip} lookup main")),
+            "{listed}"
+        );
+        assert!(
+            listed.contains(&format!("1536:\tfrom {ip} lookup {table}")),
+            "{listed}"
+        );
+    }
+
+    // Each pod's packets, to its gateway, to the other ENI's gateway and to
+    // anywhere, leave through its own ENI by its own table, from its own
+    // address.
+    for (p, eni, table) in [
+        (&a, "enis1", 1001),
+        (&b, "enis1", 1001),
+        (&c, "enis2", 1002),
+    ] {
+        for dst in ["10.77.0.1", "10.77.1.1", "192.0.2.1"] {
+            let route = route_of(&sb, p, ip(p), dst);
+            assert!(
+                route.contains(&format!("from {} ", ip(p)))
+                    && route.contains(&format!("dev {eni} table {table}")),
+                "{} to {dst}: {route}",
+                p.key.container_id
+            );
+        }
+    }
+    for (ns, p, gw) in [
+        (&netns[0], &a, "10.77.0.1"),
+        (&netns[1], &b, "10.77.0.1"),
+        (&netns[2], &c, "10.77.1.1"),
+    ] {
+        assert!(ping(ns, gw), "{} cannot ping {gw}", p.key.container_id);
+    }
+    // The gateway saw each pod's address on the link of the pod's ENI.
+    for (p, link) in [(&a, "gw0"), (&b, "gw0"), (&c, "gw1")] {
+        let neigh = sb.gateway.ip(&["neigh", "show", &ip(p).to_string()]);
+        assert!(neigh.contains(&format!("dev {link}")), "{neigh}");
+    }
+    // Pods on the node reach each other directly.
+    assert!(
+        ping(&netns[0], &ip(&c).to_string()),
+        "pod a cannot reach pod c"
+    );
+
+    for cid in cids {
+        mgr.check(
+            &owner(cid, "eth0"),
+            &pod_record(&mgr, cid).await.netns,
+            MtuExpectation::Recorded,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CHECK {cid}: {e}"));
+    }
+    // CHECK notices a missing rule.
+    sb.host
+        .ip(&["rule", "del", "priority", "1536", "from", "10.77.0.12"]);
+    let err = mgr
+        .check(
+            &owner("b", "eth0"),
+            &netns[1].path(),
+            MtuExpectation::Recorded,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("from 10.77.0.12"), "{err}");
+
+    // Exhausted: all three addresses are in use.
+    let extra = NamedNetns::new("pod");
+    let err = mgr
+        .add(&owner("d", "eth0"), &extra.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ManagerError::Addresses(_)) && err.is_transient(),
+        "{err}"
+    );
+
+    for cid in cids {
+        mgr.del(&owner(cid, "eth0")).await.expect("DEL");
+        mgr.del(&owner(cid, "eth0")).await.expect("second DEL");
+    }
+    assert!(pods(&mgr).await.is_empty());
+    let listed = rules(&sb);
+    assert!(!listed.contains("10.77."), "rules left: {listed}");
+    assert!(netns.iter().all(|ns| ns.link("eth0").is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let enis = with_secondaries(&sb, &[10, 10], true);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let before = host_state(&sb);
+
+    let netns: Vec<NamedNetns> = (0..20).map(|_| NamedNetns::new("pod")).collect();
+    for (i, ns) in netns.iter().enumerate() {
+        let result = mgr
+            .add(&owner(&format!("p{i}"), "eth0"), &ns.path())
+            .await
+            .unwrap_or_else(|e| panic!("ADD p{i}: {e}"));
+        assert_eq!(result.ips.len(), 2, "dual stack: {result:?}");
+    }
+    let during = host_state(&sb);
+    assert_ne!(before, during);
+    let listed = rules(&sb);
+    assert_eq!(listed.matches("lookup main").count(), 40 + 2, "{listed}");
+    // Spot checks at both ends of the range, both families.
+    for (i, gw4, gw6) in [
+        (0, "10.77.0.1", "fd00:e1::1"),
+        (19, "10.77.1.1", "fd00:e1:1::1"),
+    ] {
+        assert!(ping(&netns[i], gw4), "p{i} IPv4");
+        assert!(ping(&netns[i], gw6), "p{i} IPv6");
+    }
+
+    for i in 0..20 {
+        mgr.del(&owner(&format!("p{i}"), "eth0"))
+            .await
+            .unwrap_or_else(|e| panic!("DEL p{i}: {e}"));
+    }
+    let after = host_state(&sb);
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(b, a, "the host differs after the cycle");
+    }
+    assert!(pods(&mgr).await.is_empty());
+    let stats = mgr.secondary().unwrap().stats();
+    assert_eq!((stats.total, stats.assigned), (40, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pod_reaches_the_gateway_on_both() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let enis = with_secondaries(&sb, &[2], true);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let pod = NamedNetns::new("pod");
+    let result = mgr.add(&owner("v6", "eth0"), &pod.path()).await.unwrap();
+    let ips: Vec<String> = result.ips.iter().map(|i| i.address.to_string()).collect();
+    assert_eq!(ips, ["10.77.0.11/32", "fd00:e1::11/128"]);
+    let gws: Vec<String> = result
+        .ips
+        .iter()
+        .map(|i| i.gateway.unwrap().to_string())
+        .collect();
+    assert_eq!(gws, ["169.254.1.1", "fe80::1"]);
+    let routes: Vec<String> = result
+        .routes
+        .iter()
+        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+        .collect();
+    assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+
+    let v6: serde_json::Value =
+        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
+    let global = v6[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["local"] == "fd00:e1::11")
+        .expect("pod IPv6 address");
+    assert_eq!(global["prefixlen"], 128);
+    assert!(global.get("tentative").is_none(), "{global}");
+    let default6 = pod.ip(&["-6", "route", "show", "default"]);
+    assert!(default6.contains("via fe80::1 dev eth0"), "{default6}");
+
+    assert!(ping(&pod, "10.77.0.1"), "IPv4");
+    assert!(ping(&pod, "fd00:e1::1"), "IPv6");
+    let record = pod_record(&mgr, "v6").await;
+    let route = route_of(&sb, &record, "fd00:e1::11".parse().unwrap(), "2001:db8::1");
+    assert!(route.contains("dev enis1 table 1001"), "{route}");
+    let proxies = sb.host.ip(&["-6", "neigh", "show", "proxy"]);
+    assert!(proxies.contains("fd00:e1::11 dev enis1"), "{proxies}");
+    mgr.check(&owner("v6", "eth0"), &pod.path(), MtuExpectation::Recorded)
+        .await
+        .unwrap();
+    mgr.del(&owner("v6", "eth0")).await.unwrap();
+    assert!(sb
+        .host
+        .ip(&["-6", "neigh", "show", "proxy"])
+        .trim()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let enis = with_secondaries(&sb, &[3], true);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let live = NamedNetns::new("pod");
+    let dying = NamedNetns::new("pod");
+    mgr.add(&owner("live", "eth0"), &live.path()).await.unwrap();
+    mgr.add(&owner("dead", "eth0"), &dying.path())
+        .await
+        .unwrap();
+    let live_rec = pod_record(&mgr, "live").await;
+    let dead_rec = pod_record(&mgr, "dead").await;
+    let live_rules = rules(&sb);
+
+    // The pod dies without DEL: its netns goes, and its veth pair with it.
+    // The rules, proxy entries and record remain.
+    drop(dying);
+    let dead_ip = dead_rec.ipv4.unwrap().to_string();
+    assert!(rules(&sb).contains(&dead_ip));
+
+    // Strangers of enim's shape with no record (a crash before a record
+    // was written, a lost checkpoint) and lookalikes that are not enim's.
+    sb.host.ip(&[
+        "link",
+        "add",
+        "enim0123456789a",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "enimtmp0",
+    ]);
+    sb.host.ip(&[
+        "link",
+        "add",
+        "enim-keep",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "enim-keep-p",
+    ]);
+    sb.host.ip(&[
+        "rule",
+        "add",
+        "priority",
+        "512",
+        "to",
+        "10.77.0.99",
+        "lookup",
+        "main",
+    ]);
+    sb.host.ip(&[
+        "rule",
+        "add",
+        "priority",
+        "1536",
+        "from",
+        "10.77.0.99",
+        "lookup",
+        "1007",
+    ]);
+    sb.host.ip(&[
+        "rule",
+        "add",
+        "priority",
+        "600",
+        "to",
+        "10.77.0.98",
+        "lookup",
+        "main",
+    ]);
+    sb.host.ip(&[
+        "rule",
+        "add",
+        "priority",
+        "1536",
+        "from",
+        "10.77.0.0/24",
+        "lookup",
+        "1001",
+    ]);
+    sb.host.ip(&[
+        "route",
+        "add",
+        "10.77.0.77",
+        "dev",
+        "enis1",
+        "table",
+        "1007",
+    ]);
+    sb.host
+        .ip(&["neigh", "add", "proxy", "10.77.0.99", "dev", "enis1"]);
+
+    // Young records are spared; the sweep runs regardless.
+    let report = mgr
+        .gc(&GcRequest::default(), Duration::from_secs(3600))
+        .await;
+    assert_eq!(report.too_young, 2, "{report:?}");
+    assert!(report.collected.is_empty(), "{report:?}");
+    let mut swept = report.swept.clone();
+    swept.sort();
+    assert_eq!(
+        swept,
+        [
+            "proxy 10.77.0.99 on enis1",
+            "rule 1536: from 10.77.0.99 lookup 1007",
+            "rule 512: to 10.77.0.99 lookup 254",
+            "table 1007",
+            "veth enim0123456789a",
+        ],
+        "{report:?}"
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+
+    let report = mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(
+        report.collected,
+        vec!["enim-test/dead/eth0".to_string()],
+        "{report:?}"
+    );
+    assert!(report.swept.is_empty(), "{report:?}");
+    let now = rules(&sb);
+    assert!(!now.contains(&format!("{dead_ip} ")), "{now}");
+    assert!(!now.contains("10.77.0.99"), "{now}");
+    assert!(
+        now.contains("600:\tfrom all to 10.77.0.98 lookup main"),
+        "{now}"
+    );
+    assert!(now.contains("from 10.77.0.0/24 lookup 1001"), "{now}");
+    assert!(sb.host.link("enim-keep").is_some());
+    assert!(sb.host.link(&dead_rec.host_veth).is_none());
+    // The live pod is untouched and works.
+    for line in live_rules
+        .lines()
+        .filter(|l| l.contains(&live_rec.ipv4.unwrap().to_string()))
+    {
+        assert!(now.contains(line), "live rule {line:?} lost: {now}");
+    }
+    assert!(sb.host.link(&live_rec.host_veth).is_some());
+    assert!(ping(&live, "10.77.0.1") && ping(&live, "fd00:e1::1"));
+    mgr.check(
+        &owner("live", "eth0"),
+        &live.path(),
+        MtuExpectation::Recorded,
+    )
+    .await
+    .unwrap();
+    // The dead pod's address is free again.
+    let stats = mgr.secondary().unwrap().stats();
+    assert_eq!(stats.assigned, 2, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let enis = with_secondaries(&sb, &[2, 2], true);
+    let dir = tempfile::tempdir().unwrap();
+    let cp = dir.path().join("cp.json");
+    let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+    let before = host_state(&sb);
+    let first = start(&sb, &enis, &cp).await;
+    let started = host_state(&sb);
+    for (i, ns) in netns.iter().take(2).enumerate() {
+        first
+            .add(&owner(&format!("p{i}"), "eth0"), &ns.path())
+            .await
+            .unwrap();
+    }
+    let records = pods(&first).await;
+    let plumbed = host_state(&sb);
+    drop(first);
+
+    // A new agent over the same checkpoint: nothing of the live pods is
+    // touched, and it knows which addresses they hold.
+    let second = start(&sb, &enis, &cp).await;
+    assert_eq!(pods(&second).await, records);
+    assert_eq!(host_state(&sb), plumbed, "restart changed the host");
+    for ns in netns.iter().take(2) {
+        assert!(ping(ns, "10.77.0.1") && ping(ns, "fd00:e1::1"));
+    }
+    let third_pod = second
+        .add(&owner("p2", "eth0"), &netns[2].path())
+        .await
+        .unwrap();
+    let taken: BTreeSet<String> = records
+        .iter()
+        .map(|r| r.ipv4.unwrap().to_string())
+        .collect();
+    let fresh = third_pod.ips[0].address.addr().to_string();
+    assert!(!taken.contains(&fresh), "{fresh} handed out twice");
+    assert!(ping(&netns[2], "10.77.1.1"));
+    for i in 0..2 {
+        second
+            .check(
+                &owner(&format!("p{i}"), "eth0"),
+                &netns[i].path(),
+                MtuExpectation::Recorded,
+            )
+            .await
+            .unwrap();
+    }
+    drop(second);
+
+    // The checkpoint is lost: startup reconcile removes every pod's rules,
+    // routes, proxy entries and veth, since no attachment explains them.
+    let third = start(&sb, &enis, &dir.path().join("fresh.json")).await;
+    assert!(pods(&third).await.is_empty());
+    assert_eq!(
+        host_state(&sb),
+        started,
+        "leftovers after a lost checkpoint"
+    );
+    assert_ne!(started, before, "ENI setup changed nothing?");
+    assert!(netns.iter().all(|ns| ns.link("eth0").is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_adds_roll_back_completely() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let enis = with_secondaries(&sb, &[1], true);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let before = host_state(&sb);
+
+    // The pod already has an eth0: nothing may be left, and its own eth0
+    // must survive.
+    let pod = NamedNetns::new("pod");
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
+    ]);
+    let err = mgr.add(&owner("c", "eth0"), &pod.path()).await.unwrap_err();
+    assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
+    assert_eq!(host_state(&sb), before);
+    assert!(pod.link("eth0").is_some(), "the pod's own eth0 was removed");
+    assert!(pods(&mgr).await.is_empty());
+
+    // A netns that is not one.
+    let bogus = dir.path().join("not-a-netns");
+    std::fs::write(&bogus, "").unwrap();
+    let err = mgr.add(&owner("c", "eth0"), &bogus).await.unwrap_err();
+    assert!(matches!(err, ManagerError::Netns(_)), "{err}");
+
+    // The single address is free again: the next ADD gets it.
+    let result = mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap();
+    assert_eq!(result.ips[0].address.to_string(), "10.77.0.11/32");
+    assert!(ping(&pod, "10.77.0.1"));
+    // A repeated ADD returns the same result; ADD into another netns moves it.
+    assert_eq!(
+        mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap(),
+        result
+    );
+    let other = NamedNetns::new("pod");
+    mgr.add(&owner("c", "net1"), &other.path()).await.unwrap();
+    assert!(pod.link("net1").is_none() && other.link("net1").is_some());
+    assert!(ping_from(&other, "net1"));
+    mgr.del(&owner("c", "net1")).await.unwrap();
+    assert_eq!(host_state(&sb), before);
+}
+
+fn ping_from(ns: &NamedNetns, dev: &str) -> bool {
+    ns.exec_ok(&["ping", "-I", dev, "-c", "1", "-W", "2", "10.77.0.1"])
+}
