@@ -669,3 +669,71 @@ async fn failed_adds_roll_back_completely() {
 fn ping_from(ns: &NamedNetns, dev: &str) -> bool {
     ns.exec_ok(&["ping", "-I", dev, "-c", "1", "-W", "2", "10.77.0.1"])
 }
+
+/// The real enimd, configured for secondary mode, and the real plugin.
+#[test]
+fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
+    use common::agent::{enim, Agent};
+    require_kernel!();
+    let mut sb = Sandbox::new(1);
+    sb.enis = with_secondaries(&sb, &[2], true);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(
+        &sb,
+        dir.path(),
+        "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"\nrule_priority_to_pod = 600\n",
+    );
+    let conf = agent.net_conf("1.1.0");
+    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let ips: Vec<(String, String)> = result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["address"].as_str().unwrap().to_string(),
+                i["gateway"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ips,
+        [
+            ("10.77.0.11/32".to_string(), "169.254.1.1".to_string()),
+            ("fd00:e1::11/128".to_string(), "fe80::1".to_string())
+        ]
+    );
+    let iface = &result["interfaces"][0];
+    assert_eq!(iface["name"], "eth0");
+    assert_eq!(iface["mac"], pod.link("eth0").unwrap()["address"]);
+    assert_eq!(iface["sandbox"], pod.path().display().to_string());
+    assert!(ping(&pod, "10.77.0.1") && ping(&pod, "fd00:e1::1"));
+    // The configured priority is the one used.
+    assert!(rules(&sb).contains("600:\tfrom all to 10.77.0.11 lookup main"));
+    let listed = agent.ctl(&["attachments"]);
+    assert_eq!(listed["pods"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed["pods"][0]["host_veth"].as_str().unwrap().len(), 15);
+
+    let mut check_conf = conf.clone();
+    check_conf["prevResult"] = result.clone();
+    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+
+    agent.stop();
+    let plumbed = host_state(&sb);
+    agent.restart();
+    assert_eq!(host_state(&sb), plumbed, "restart changed the host");
+    assert!(ping(&pod, "10.77.0.1") && ping(&pod, "fd00:e1::1"));
+    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+    // The restarted agent knows the first address is taken.
+    let other = NamedNetns::new("pod");
+    let second = enim("ADD", "c2", Some(&other.path()), "eth0", &conf).ok();
+    assert_eq!(second["ips"][0]["address"], "10.77.0.12/32");
+
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
+    enim("DEL", "c2", None, "eth0", &conf).ok();
+    assert!(pod.link("eth0").is_none() && other.link("eth0").is_none());
+    assert!(!rules(&sb).contains("10.77."), "{}", rules(&sb));
+    agent.stop();
+}
