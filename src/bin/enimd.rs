@@ -4,15 +4,60 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use enim::daemon::config::{Config, LogFormat};
+use enim::daemon::install::{self, CniInstall, InstallError};
 
+/// Without a subcommand enimd runs the agent, so the flags below keep
+/// working as before; they cannot be mixed with a subcommand.
 #[derive(Parser, Debug)]
 #[command(
     name = "enimd",
     version,
-    about = "enim node agent: hands whole ENIs to pods"
+    about = "enim node agent: hands whole ENIs to pods",
+    args_conflicts_with_subcommands = true
 )]
+struct Cli {
+    #[command(flatten)]
+    run: Args,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Install the `enim` CNI plugin and its conflist on this node, each
+    /// atomically (temp file, fsync, rename), then exit. Idempotent.
+    InstallCni(InstallCniArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InstallCniArgs {
+    /// The plugin binary to install [default: `enim` next to this enimd].
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// Where the runtime looks for CNI plugins.
+    #[arg(long, default_value = install::DEFAULT_CNI_BIN_DIR)]
+    cni_bin_dir: PathBuf,
+    /// Where the runtime looks for network configs.
+    #[arg(long, default_value = install::DEFAULT_NET_D_DIR)]
+    net_d_dir: PathBuf,
+    /// File name of the conflist in the net.d dir.
+    #[arg(long, default_value = install::DEFAULT_CONFLIST_NAME)]
+    conflist_name: String,
+    /// CNI network name in the conflist.
+    #[arg(long, default_value = install::DEFAULT_NETWORK_NAME)]
+    network_name: String,
+    /// enimd config whose `socket` goes into the conflist.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Agent socket for the conflist (overrides --config's) [default:
+    /// /run/enim/enimd.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// Config file (TOML).
     #[arg(
@@ -40,7 +85,69 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::InstallCni(args)) => install_cni(args),
+        None => run_agent(cli.run),
+    }
+}
+
+fn install_cni(args: InstallCniArgs) -> ExitCode {
+    let socket = match (args.socket, &args.config) {
+        (Some(socket), _) => socket,
+        (None, Some(path)) => match Config::load(path) {
+            Ok(c) => c.socket,
+            Err(e) => {
+                eprintln!("enimd install-cni: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, None) => enim::api::DEFAULT_SOCKET.into(),
+    };
+    let plugin = match args.plugin {
+        Some(p) => p,
+        None => match install::default_plugin_path() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("enimd install-cni: locating enimd's own dir: {e} (pass --plugin)");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let opts = CniInstall {
+        plugin,
+        cni_bin_dir: args.cni_bin_dir,
+        net_d_dir: args.net_d_dir,
+        conflist_name: args.conflist_name,
+        network_name: args.network_name,
+        socket,
+    };
+    match install::install_cni(&opts) {
+        Ok(done) => {
+            let word = |o| match o {
+                install::Outcome::Created => "created",
+                install::Outcome::Replaced => "replaced",
+                install::Outcome::Unchanged => "unchanged",
+            };
+            println!("{}: {}", done.plugin.display(), word(done.plugin_outcome));
+            println!(
+                "{}: {}",
+                done.conflist.display(),
+                word(done.conflist_outcome)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("enimd install-cni: {e}");
+            match e {
+                InstallError::Invalid(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn run_agent(args: Args) -> ExitCode {
     let mut config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {

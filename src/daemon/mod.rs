@@ -3,6 +3,7 @@
 //! loop, and shuts down cleanly on SIGTERM.
 
 pub mod config;
+pub mod install;
 pub mod metrics;
 pub mod server;
 

@@ -1,0 +1,514 @@
+//! `enimd install-cni`: puts the `enim` plugin binary into the CNI bin dir
+//! and the conflist into net.d on the node (the DaemonSet's init container
+//! runs it; see README "Operating enim").
+//!
+//! Both files are replaced atomically: the new content goes to a temporary
+//! file in the same directory, is fsynced, then renamed over the final name,
+//! and the directory is fsynced. So the runtime and kubelet (which watch and
+//! exec these paths at any moment) see the old file, or the complete new
+//! one, never half of either; a running `enim` keeps its old inode. Running
+//! it again with the same inputs changes nothing.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::api::DEFAULT_SOCKET;
+
+/// The plugin's file name in the CNI bin dir, which is also its `type`.
+pub const PLUGIN_NAME: &str = "enim";
+pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_NET_D_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_CONFLIST_NAME: &str = "10-enim.conflist";
+pub const DEFAULT_NETWORK_NAME: &str = "enim";
+/// The conflist's `cniVersion`: the newest the plugin speaks.
+pub const CNI_VERSION: &str = "1.1.0";
+
+const PLUGIN_MODE: u32 = 0o755;
+const CONFLIST_MODE: u32 = 0o644;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("plugin binary {path}: {source} (build `enim` next to enimd, or pass --plugin)")]
+    Plugin { path: PathBuf, source: io::Error },
+    #[error("plugin binary {path} is not a regular file")]
+    PluginNotAFile { path: PathBuf },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> InstallError + 'a {
+    move |source| InstallError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What to install where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniInstall {
+    /// The `enim` binary to copy.
+    pub plugin: PathBuf,
+    pub cni_bin_dir: PathBuf,
+    pub net_d_dir: PathBuf,
+    /// File name of the conflist in net.d; the runtime uses the
+    /// lexicographically first file, hence the "10-" prefix.
+    pub conflist_name: String,
+    /// The CNI network name (part of every attachment's key).
+    pub network_name: String,
+    /// The agent's API socket, as the plugin will find it on the host.
+    pub socket: PathBuf,
+}
+
+impl CniInstall {
+    /// The defaults, with the plugin taken from `plugin`.
+    pub fn with_plugin(plugin: PathBuf) -> CniInstall {
+        CniInstall {
+            plugin,
+            cni_bin_dir: DEFAULT_CNI_BIN_DIR.into(),
+            net_d_dir: DEFAULT_NET_D_DIR.into(),
+            conflist_name: DEFAULT_CONFLIST_NAME.into(),
+            network_name: DEFAULT_NETWORK_NAME.into(),
+            socket: DEFAULT_SOCKET.into(),
+        }
+    }
+}
+
+/// What happened to one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Created,
+    Replaced,
+    /// Already there with the same content and mode; not touched.
+    Unchanged,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub plugin: PathBuf,
+    pub plugin_outcome: Outcome,
+    pub conflist: PathBuf,
+    pub conflist_outcome: Outcome,
+}
+
+/// The default plugin source: `enim` next to the running executable.
+pub fn default_plugin_path() -> io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| io::Error::other(format!("{} has no parent dir", exe.display())))?;
+    Ok(dir.join(PLUGIN_NAME))
+}
+
+/// The conflist text for `network_name` and `socket`.
+pub fn conflist(network_name: &str, socket: &Path) -> Result<String, InstallError> {
+    let socket = socket
+        .to_str()
+        .ok_or_else(|| InstallError::Invalid(format!("socket {socket:?} is not UTF-8")))?;
+    let value = serde_json::json!({
+        "cniVersion": CNI_VERSION,
+        "name": network_name,
+        "plugins": [{ "type": PLUGIN_NAME, "socket": socket }],
+    });
+    let mut text = serde_json::to_string_pretty(&value)
+        .map_err(|e| InstallError::Invalid(format!("encoding conflist: {e}")))?;
+    text.push('\n');
+    Ok(text)
+}
+
+fn validate(opts: &CniInstall) -> Result<(), InstallError> {
+    if !crate::cni::env::valid_container_id(&opts.network_name) {
+        return Err(InstallError::Invalid(format!(
+            "network name {:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$",
+            opts.network_name
+        )));
+    }
+    let name = &opts.conflist_name;
+    // A bare file name: a path here would write outside net.d. Runtimes
+    // read a `.conf` as a single plugin config, so only `.conflist` fits.
+    if name.contains('/') || name.starts_with('.') || !name.ends_with(".conflist") {
+        return Err(InstallError::Invalid(format!(
+            "conflist name {name:?} must be a plain file name ending in .conflist"
+        )));
+    }
+    if !opts.socket.is_absolute() {
+        return Err(InstallError::Invalid(format!(
+            "socket {} must be an absolute path (the plugin runs with another cwd)",
+            opts.socket.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Installs the plugin, then the conflist.
+pub fn install_cni(opts: &CniInstall) -> Result<Installed, InstallError> {
+    validate(opts)?;
+    let conflist = conflist(&opts.network_name, &opts.socket)?;
+    let meta = std::fs::metadata(&opts.plugin).map_err(|source| InstallError::Plugin {
+        path: opts.plugin.clone(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(InstallError::PluginNotAFile {
+            path: opts.plugin.clone(),
+        });
+    }
+    let binary = std::fs::read(&opts.plugin).map_err(|source| InstallError::Plugin {
+        path: opts.plugin.clone(),
+        source,
+    })?;
+
+    // Binary first: a conflist naming a plugin that is not there yet would
+    // make every pod sandbox fail until it is.
+    let plugin_outcome = replace_file(&opts.cni_bin_dir, PLUGIN_NAME, PLUGIN_MODE, &binary)?;
+    let conflist_outcome = replace_file(
+        &opts.net_d_dir,
+        &opts.conflist_name,
+        CONFLIST_MODE,
+        conflist.as_bytes(),
+    )?;
+    Ok(Installed {
+        plugin: opts.cni_bin_dir.join(PLUGIN_NAME),
+        plugin_outcome,
+        conflist: opts.net_d_dir.join(&opts.conflist_name),
+        conflist_outcome,
+    })
+}
+
+/// Makes `dir/name` hold exactly `contents` with `mode`, atomically; leaves
+/// it alone when it already does.
+pub fn replace_file(
+    dir: &Path,
+    name: &str,
+    mode: u32,
+    contents: &[u8],
+) -> Result<Outcome, InstallError> {
+    let target = dir.join(name);
+    let existing = match std::fs::symlink_metadata(&target) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_err("inspecting", &target)(e)),
+    };
+    if let Some(m) = &existing {
+        if m.is_file()
+            && m.mode() & 0o7777 == mode
+            && m.len() == contents.len() as u64
+            && std::fs::read(&target).map_err(io_err("reading", &target))? == contents
+        {
+            return Ok(Outcome::Unchanged);
+        }
+    }
+    replace_file_with(dir, name, mode, |f| f.write_all(contents))?;
+    Ok(if existing.is_some() {
+        Outcome::Replaced
+    } else {
+        Outcome::Created
+    })
+}
+
+/// Removes the temporary file unless it was renamed into place.
+struct TempGuard<'a> {
+    path: &'a Path,
+    armed: bool,
+}
+
+impl Drop for TempGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::fs::remove_file(self.path);
+        }
+    }
+}
+
+/// The atomic replace itself: `write` fills a fresh temporary file in
+/// `dir`, which is then fsynced and renamed over `dir/name`. If anything
+/// fails, `dir/name` is untouched and the temporary file is removed.
+pub fn replace_file_with(
+    dir: &Path,
+    name: &str,
+    mode: u32,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), InstallError> {
+    std::fs::create_dir_all(dir).map_err(io_err("creating dir", dir))?;
+    let target = dir.join(name);
+    let (tmp_path, mut file) = create_temp(dir, name)?;
+    let mut guard = TempGuard {
+        path: &tmp_path,
+        armed: true,
+    };
+    write(&mut file).map_err(io_err("writing", &tmp_path))?;
+    // fchmod: the mode is exact whatever the umask.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io_err("chmod", &tmp_path))?;
+    // Data on disk before the name points at it, so a power cut never
+    // leaves the final name on an empty file.
+    file.sync_all().map_err(io_err("fsync", &tmp_path))?;
+    drop(file);
+    std::fs::rename(&tmp_path, &target).map_err(|source| InstallError::Io {
+        what: "renaming into place",
+        path: target.clone(),
+        source,
+    })?;
+    guard.armed = false;
+    // And the rename itself on disk.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync dir", dir))?;
+    Ok(())
+}
+
+/// A new, exclusively created temporary file next to `name`. Its name
+/// starts with a dot and ends in no config extension, so neither libcni
+/// (which loads `*.conf`, `*.conflist`, `*.json`) nor a `type` lookup ever
+/// picks it up.
+fn create_temp(dir: &Path, name: &str) -> Result<(PathBuf, File), InstallError> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(f) => return Ok((path, f)),
+            // Left by an earlier process with the same pid (containers
+            // reuse pids); take the next name.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_err("creating temporary file in", dir)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn mode_of(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o7777
+    }
+
+    fn dir_names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn setup() -> (tempfile::TempDir, CniInstall) {
+        let tmp = tempfile::tempdir().unwrap();
+        let plugin = tmp.path().join("build/enim");
+        std::fs::create_dir_all(plugin.parent().unwrap()).unwrap();
+        std::fs::write(&plugin, b"\x7fELF plugin v1").unwrap();
+        let opts = CniInstall {
+            cni_bin_dir: tmp.path().join("opt/cni/bin"),
+            net_d_dir: tmp.path().join("etc/cni/net.d"),
+            ..CniInstall::with_plugin(plugin)
+        };
+        (tmp, opts)
+    }
+
+    #[test]
+    fn installs_binary_and_conflist_with_exact_modes() {
+        let (_tmp, opts) = setup();
+        // A restrictive source mode must not leak into the installed file.
+        std::fs::set_permissions(&opts.plugin, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(done.plugin, opts.cni_bin_dir.join("enim"));
+        assert_eq!(done.conflist, opts.net_d_dir.join("10-enim.conflist"));
+        assert_eq!(done.plugin_outcome, Outcome::Created);
+        assert_eq!(done.conflist_outcome, Outcome::Created);
+        assert_eq!(std::fs::read(&done.plugin).unwrap(), b"\x7fELF plugin v1");
+        assert_eq!(mode_of(&done.plugin), 0o755);
+        assert_eq!(mode_of(&done.conflist), 0o644);
+        // No temporary files left behind.
+        assert_eq!(dir_names(&opts.cni_bin_dir), ["enim"]);
+        assert_eq!(dir_names(&opts.net_d_dir), ["10-enim.conflist"]);
+
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&done.conflist).unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "cniVersion": "1.1.0",
+                "name": "enim",
+                "plugins": [{ "type": "enim", "socket": "/run/enim/enimd.sock" }],
+            })
+        );
+    }
+
+    #[test]
+    fn second_run_is_a_no_op_and_changes_are_applied() {
+        let (_tmp, mut opts) = setup();
+        let first = install_cni(&opts).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let (bin_ino, conf_ino) = (ino(&first.plugin), ino(&first.conflist));
+
+        let again = install_cni(&opts).unwrap();
+        assert_eq!(again.plugin_outcome, Outcome::Unchanged);
+        assert_eq!(again.conflist_outcome, Outcome::Unchanged);
+        // Untouched, not rewritten with the same bytes.
+        assert_eq!(ino(&again.plugin), bin_ino);
+        assert_eq!(ino(&again.conflist), conf_ino);
+
+        // A wrong mode alone is fixed.
+        std::fs::set_permissions(&first.plugin, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let fixed = install_cni(&opts).unwrap();
+        assert_eq!(fixed.plugin_outcome, Outcome::Replaced);
+        assert_eq!(mode_of(&fixed.plugin), 0o755);
+
+        // A new socket replaces the conflist.
+        opts.socket = "/run/other/enimd.sock".into();
+        let moved = install_cni(&opts).unwrap();
+        assert_eq!(moved.plugin_outcome, Outcome::Unchanged);
+        assert_eq!(moved.conflist_outcome, Outcome::Replaced);
+        let text = std::fs::read_to_string(&moved.conflist).unwrap();
+        assert!(text.contains("\"/run/other/enimd.sock\""), "{text}");
+    }
+
+    #[test]
+    fn replacement_is_a_new_inode_and_the_old_one_stays_whole() {
+        let (_tmp, opts) = setup();
+        let first = install_cni(&opts).unwrap();
+        // What a process that opened (or is running) the old file sees.
+        let old = File::open(&first.plugin).unwrap();
+        let old_ino = old.metadata().unwrap().ino();
+
+        std::fs::write(&opts.plugin, b"\x7fELF plugin v2, longer than v1").unwrap();
+        let second = install_cni(&opts).unwrap();
+        assert_eq!(second.plugin_outcome, Outcome::Replaced);
+        assert_ne!(std::fs::metadata(&second.plugin).unwrap().ino(), old_ino);
+        // An in-place rewrite would have changed the old inode's bytes.
+        let mut seen = Vec::new();
+        io::Read::read_to_end(&mut &old, &mut seen).unwrap();
+        assert_eq!(seen, b"\x7fELF plugin v1");
+        assert_eq!(
+            std::fs::read(&second.plugin).unwrap(),
+            b"\x7fELF plugin v2, longer than v1"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("10-enim.conflist"), b"old, complete").unwrap();
+        let err = replace_file_with(dir, "10-enim.conflist", 0o644, |f| {
+            f.write_all(b"new, half")?;
+            Err(io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("disk full"), "{err}");
+        assert_eq!(
+            std::fs::read(dir.join("10-enim.conflist")).unwrap(),
+            b"old, complete"
+        );
+        assert_eq!(dir_names(dir), ["10-enim.conflist"]);
+    }
+
+    #[test]
+    fn the_final_name_only_ever_shows_complete_content() {
+        // Two large, distinct versions written alternately while a reader
+        // polls the final name: every read must be one of them in full (or
+        // nothing before the first rename). Writing in place would expose
+        // truncated or mixed files here.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let a = Arc::new(vec![b'a'; 4 << 20]);
+        let b = Arc::new(vec![b'b'; 3 << 20]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (dir, a, b, stop) = (dir.clone(), a.clone(), b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut reads, mut bad) = (0u32, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    match std::fs::read(dir.join("enim")) {
+                        Ok(got) => {
+                            reads += 1;
+                            if got != *a && got != *b {
+                                bad.push(got.len());
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => panic!("reading: {e}"),
+                    }
+                }
+                (reads, bad)
+            })
+        };
+        for i in 0..40 {
+            let data = if i % 2 == 0 { &a } else { &b };
+            replace_file(&dir, "enim", 0o755, data).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (reads, bad) = reader.join().unwrap();
+        assert!(
+            bad.is_empty(),
+            "{} partial reads, first lengths {:?}",
+            bad.len(),
+            &bad[..bad.len().min(8)]
+        );
+        assert!(reads > 0, "the reader never saw the file");
+        assert_eq!(dir_names(&dir), ["enim"]);
+    }
+
+    #[test]
+    fn clear_errors_for_bad_input() {
+        let (_tmp, opts) = setup();
+        let missing = CniInstall {
+            plugin: opts.plugin.with_file_name("nope"),
+            ..opts.clone()
+        };
+        let err = install_cni(&missing).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("--plugin"), "{err}");
+        // Nothing was written, not even the dirs.
+        assert!(!opts.cni_bin_dir.exists() && !opts.net_d_dir.exists());
+
+        let dir_plugin = CniInstall {
+            plugin: opts.plugin.parent().unwrap().to_path_buf(),
+            ..opts.clone()
+        };
+        assert!(matches!(
+            install_cni(&dir_plugin),
+            Err(InstallError::PluginNotAFile { .. })
+        ));
+
+        for (name, network, socket) in [
+            ("../10-enim.conflist", "enim", "/run/enim/enimd.sock"),
+            ("10-enim.conf", "enim", "/run/enim/enimd.sock"),
+            ("10-enim.conflist", "bad name", "/run/enim/enimd.sock"),
+            ("10-enim.conflist", "enim", "enimd.sock"),
+        ] {
+            let bad = CniInstall {
+                conflist_name: name.into(),
+                network_name: network.into(),
+                socket: socket.into(),
+                ..opts.clone()
+            };
+            assert!(
+                matches!(install_cni(&bad), Err(InstallError::Invalid(_))),
+                "{name} {network} {socket}"
+            );
+        }
+
+        // A directory in the way of the conflist: named in the error.
+        std::fs::create_dir_all(opts.net_d_dir.join("10-enim.conflist")).unwrap();
+        let err = install_cni(&opts).unwrap_err().to_string();
+        assert!(err.contains("10-enim.conflist"), "{err}");
+    }
+}

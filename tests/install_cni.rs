@@ -1,0 +1,232 @@
+//! `enimd install-cni` as the init container runs it: the real binary, temp
+//! dirs standing in for /opt/cni/bin and /etc/cni/net.d.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use enim::cni::NetConf;
+
+const ENIMD: &str = env!("CARGO_BIN_EXE_enimd");
+const ENIM: &str = env!("CARGO_BIN_EXE_enim");
+
+/// Runs enimd under umask 077, so modes that merely follow the umask fail.
+fn enimd(args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg("umask 077; exec \"$0\" \"$@\"")
+        .arg(ENIMD)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    bin: PathBuf,
+    netd: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::tempdir().unwrap();
+        Dirs {
+            bin: tmp.path().join("opt/cni/bin"),
+            netd: tmp.path().join("etc/cni/net.d"),
+            _tmp: tmp,
+        }
+    }
+
+    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec![
+            "install-cni",
+            "--cni-bin-dir",
+            self.bin.to_str().unwrap(),
+            "--net-d-dir",
+            self.netd.to_str().unwrap(),
+        ];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn conflist(&self) -> PathBuf {
+        self.netd.join("10-enim.conflist")
+    }
+}
+
+/// The network config the runtime hands the plugin for the first entry of
+/// the conflist (libcni copies `name` and `cniVersion` into it).
+fn plugin_netconf(conflist: &Path) -> NetConf {
+    let list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(conflist).unwrap()).unwrap();
+    let plugins = list["plugins"].as_array().unwrap();
+    assert_eq!(plugins.len(), 1, "{list}");
+    assert_eq!(plugins[0]["type"], "enim");
+    let mut conf = plugins[0].clone();
+    conf["name"] = list["name"].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    NetConf::parse(conf.to_string().as_bytes()).unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().mode() & 0o7777
+}
+
+#[test]
+fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
+    let d = Dirs::new();
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.matches(": created").count(), 2, "{stdout}");
+
+    // The default plugin is the `enim` built next to enimd.
+    let installed = d.bin.join("enim");
+    assert!(
+        std::fs::read(&installed).unwrap() == std::fs::read(ENIM).unwrap(),
+        "{} differs from {ENIM}",
+        installed.display()
+    );
+    assert_eq!(mode(&installed), 0o755);
+    assert_eq!(mode(&d.conflist()), 0o644);
+
+    let conf = plugin_netconf(&d.conflist());
+    assert_eq!(conf.name, "enim");
+    assert_eq!(conf.cni_version.as_str(), "1.1.0");
+    assert_eq!(conf.socket, PathBuf::from("/run/enim/enimd.sock"));
+
+    // The installed binary runs: it answers VERSION with 1.1.0 among others.
+    let mut child = Command::new(&installed)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        br#"{"cniVersion":"1.1.0"}"#,
+    )
+    .unwrap();
+    let version = child.wait_with_output().unwrap();
+    assert!(
+        text(&version.stdout).contains("1.1.0"),
+        "{}",
+        text(&version.stdout)
+    );
+
+    // Again: nothing changes, not even the inodes.
+    let inodes = |d: &Dirs| {
+        (
+            std::fs::metadata(d.bin.join("enim")).unwrap().ino(),
+            std::fs::metadata(d.conflist()).unwrap().ino(),
+        )
+    };
+    let before = inodes(&d);
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).matches(": unchanged").count(),
+        2,
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(inodes(&d), before);
+}
+
+#[test]
+fn socket_comes_from_the_config_unless_given() {
+    let d = Dirs::new();
+    let config = d._tmp.path().join("enimd.toml");
+    std::fs::write(
+        &config,
+        "socket = \"/run/custom/agent.sock\"\n[provider]\ntype = \"static\"\nenis = []\n",
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+
+    let out = enimd(&d.args(&["--config", cfg, "--network-name", "pods"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let conf = plugin_netconf(&d.conflist());
+    assert_eq!(conf.socket, PathBuf::from("/run/custom/agent.sock"));
+    assert_eq!(conf.name, "pods");
+
+    // --socket wins, and replaces the existing conflist.
+    let out = enimd(&d.args(&["--config", cfg, "--socket", "/run/x/y.sock"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
+    assert_eq!(
+        plugin_netconf(&d.conflist()).socket,
+        PathBuf::from("/run/x/y.sock")
+    );
+    assert_eq!(mode(&d.conflist()), 0o644);
+}
+
+#[test]
+fn failures_are_clear_and_write_nothing() {
+    let d = Dirs::new();
+    let missing = d._tmp.path().join("no/enim");
+    let out = enimd(&d.args(&["--plugin", missing.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(missing.to_str().unwrap()) && err.contains("--plugin"),
+        "{err}"
+    );
+
+    let bad_config = d._tmp.path().join("bad.toml");
+    std::fs::write(&bad_config, "sockt = \"/x\"\n").unwrap();
+    let out = enimd(&d.args(&["--config", bad_config.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("bad.toml"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = enimd(&d.args(&["--conflist-name", "10-enim.conf"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(".conflist"));
+
+    assert!(!d.bin.exists() && !d.netd.exists());
+
+    // Agent flags belong to the agent, not to install-cni.
+    let out = enimd(&["--socket", "/x", "install-cni"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn existing_files_are_replaced_whole_and_dirs_are_kept() {
+    let d = Dirs::new();
+    std::fs::create_dir_all(&d.bin).unwrap();
+    std::fs::create_dir_all(&d.netd).unwrap();
+    std::fs::write(d.bin.join("enim"), b"old plugin").unwrap();
+    std::fs::set_permissions(d.bin.join("enim"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(d.bin.join("bridge"), b"another plugin").unwrap();
+    std::fs::write(d.conflist(), b"{\"half\":").unwrap();
+    std::fs::write(d.netd.join("99-other.conflist"), b"{}").unwrap();
+
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).matches(": replaced").count(), 2);
+    assert_eq!(mode(&d.bin.join("enim")), 0o755);
+    assert_eq!(plugin_netconf(&d.conflist()).name, "enim");
+    // Others' files untouched, and no temporary files left.
+    assert_eq!(
+        std::fs::read(d.bin.join("bridge")).unwrap(),
+        b"another plugin"
+    );
+    let names = |dir: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&d.bin), ["bridge", "enim"]);
+    assert_eq!(names(&d.netd), ["10-enim.conflist", "99-other.conflist"]);
+}
