@@ -722,3 +722,448 @@ impl SecondaryManager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secondary::fake::{FakeSecondary, FAULT_STEPS};
+    use enim_provider_static::{StaticEniConfig, StaticProvider};
+    use std::path::PathBuf;
+
+    struct Rig {
+        mgr: SecondaryManager,
+        fake: Arc<FakeSecondary>,
+        provider: Arc<StaticProvider>,
+        checkpoint: Arc<Checkpoint>,
+        _dir: tempfile::TempDir,
+        netns: PathBuf,
+    }
+
+    fn mac(i: u8) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, i])
+    }
+
+    fn enis(n: u8) -> Vec<StaticEniConfig> {
+        (1..=n)
+            .map(|i| StaticEniConfig {
+                id: format!("eni-{i}"),
+                mac: mac(i),
+                ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
+                gateway4: format!("10.0.{i}.1").parse().unwrap(),
+                ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
+                gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
+                mtu: Some(9001),
+                device_index: Some(u32::from(i)),
+                secondary_ipv4: vec![
+                    format!("10.0.{i}.11").parse().unwrap(),
+                    format!("10.0.{i}.12").parse().unwrap(),
+                ],
+                secondary_ipv6: vec![
+                    format!("fd00:{i}::11").parse().unwrap(),
+                    format!("fd00:{i}::12").parse().unwrap(),
+                ],
+            })
+            .collect()
+    }
+
+    fn config() -> SecondaryConfig {
+        SecondaryConfig {
+            cooldown: Duration::ZERO,
+            ..SecondaryConfig::default()
+        }
+    }
+
+    async fn rig(n: u8) -> Rig {
+        let names: Vec<String> = (1..=n).map(|i| format!("eth{i}")).collect();
+        let devs: Vec<(MacAddr, &str)> = (1..=n)
+            .map(|i| (mac(i), names[i as usize - 1].as_str()))
+            .collect();
+        let fake = Arc::new(FakeSecondary::with_enis(&devs));
+        let netns = PathBuf::from("/run/netns/pod");
+        fake.add_netns(&netns);
+        let provider = Arc::new(StaticProvider::new(enis(n)).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let mgr =
+            SecondaryManager::new(config(), provider.clone(), fake.clone(), checkpoint.clone())
+                .unwrap();
+        mgr.recover().await.unwrap();
+        Rig {
+            mgr,
+            fake,
+            provider,
+            checkpoint,
+            _dir: dir,
+            netns,
+        }
+    }
+
+    impl Rig {
+        /// The same node after a restart: a new engine over the same kernel
+        /// and checkpoint file.
+        async fn restarted(&self) -> SecondaryManager {
+            let checkpoint = Arc::new(Checkpoint::open(self.checkpoint.path(), false).unwrap());
+            let mgr = SecondaryManager::new(
+                config(),
+                self.provider.clone(),
+                self.fake.clone(),
+                checkpoint,
+            )
+            .unwrap();
+            mgr.recover().await.unwrap();
+            mgr
+        }
+
+        async fn assert_untouched(&self, why: &str) {
+            assert!(
+                self.fake.world().is_clean(),
+                "{why}: {:?}",
+                self.fake.world()
+            );
+            assert!(self.mgr.pods().await.is_empty(), "{why}: a record is left");
+            assert_eq!(self.mgr.stats().assigned, 0, "{why}: an address is held");
+        }
+    }
+
+    fn owner(cid: &str) -> EniOwner {
+        EniOwner {
+            network: "n".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+            pod: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn recovery_sets_up_host_enis_and_the_store() {
+        let r = rig(2).await;
+        let w = r.fake.world().clone();
+        assert_eq!(
+            w.enis.values().cloned().collect::<Vec<_>>(),
+            ["enis1", "enis2"]
+        );
+        assert_eq!(w.tables.iter().copied().collect::<Vec<_>>(), [1001, 1002]);
+        assert_eq!(w.forwarding, Some(true), "IPv6 forwarding too");
+        assert_eq!(r.mgr.stats().total, 8);
+        let enis = r.mgr.host_enis();
+        assert_eq!(
+            (enis[1].name.as_str(), enis[1].table, enis[1].mtu),
+            ("enis2", 1002, 9001)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_eni_device_is_skipped() {
+        let fake = Arc::new(FakeSecondary::with_enis(&[(mac(2), "eth2")]));
+        let provider = Arc::new(StaticProvider::new(enis(2)).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let mgr = SecondaryManager::new(config(), provider, fake.clone(), cp).unwrap();
+        mgr.recover().await.unwrap();
+        let ids: Vec<String> = mgr.host_enis().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["eni-2"]);
+        assert_eq!(mgr.stats().total, 4);
+    }
+
+    #[tokio::test]
+    async fn add_records_plumbs_and_is_idempotent() {
+        let r = rig(1).await;
+        let first = r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        assert_eq!(r.mgr.add(&owner("a"), &r.netns).await.unwrap(), first);
+        let ips: Vec<String> = first.ips.iter().map(|i| i.address.to_string()).collect();
+        assert_eq!(ips, ["10.0.1.11/32", "fd00:1::11/128"]);
+        assert_eq!(first.interface.mtu, 9001);
+        let recs = r.mgr.pods().await;
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].phase, Phase::Ready);
+        assert_eq!(recs[0].table, 1001);
+        assert_eq!(Some(first.interface.mac), recs[0].mac);
+        let w = r.fake.world().clone();
+        assert_eq!(w.rules.len(), 4, "{:?}", w.rules);
+        assert_eq!(w.proxies.len(), 2);
+        r.mgr
+            .check(&owner("a"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+        r.mgr.del(&owner("a")).await.unwrap();
+        r.mgr.del(&owner("a")).await.unwrap();
+        r.assert_untouched("after DEL").await;
+    }
+
+    #[tokio::test]
+    async fn every_add_fault_rolls_back_completely() {
+        for step in FAULT_STEPS {
+            let r = rig(1).await;
+            r.fake.fail_once(step);
+            let err = r.mgr.add(&owner("c"), &r.netns).await.expect_err(step);
+            assert!(
+                !matches!(err, ManagerError::RollbackFailed { .. }),
+                "{step}: {err}"
+            );
+            r.assert_untouched(step).await;
+            r.mgr
+                .add(&owner("c"), &r.netns)
+                .await
+                .unwrap_or_else(|e| panic!("{step}: retry: {e}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn checkpoint_write_failures_roll_back() {
+        // Write 1 is the intent (before the kernel), write 2 the outcome.
+        for nth in [1, 2] {
+            let r = rig(1).await;
+            r.checkpoint.fail_nth_write(nth);
+            let err = r.mgr.add(&owner("c"), &r.netns).await.unwrap_err();
+            assert!(matches!(err, ManagerError::Checkpoint(_)), "{err}");
+            r.assert_untouched(&format!("checkpoint write {nth}")).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn ifname_clash_leaves_the_pods_interface_alone() {
+        let r = rig(1).await;
+        r.fake
+            .world()
+            .foreign
+            .insert((r.netns.clone(), "eth0".into()));
+        let err = r.mgr.add(&owner("c"), &r.netns).await.unwrap_err();
+        assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
+        r.assert_untouched("clash").await;
+        assert_eq!(r.fake.world().foreign.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn failed_undo_keeps_record_and_address_and_recovery_finishes_it() {
+        let r = rig(1).await;
+        r.fake.fail_once("setup_pod:partial");
+        r.fake.fail_once("teardown_pod");
+        let err = r.mgr.add(&owner("c"), &r.netns).await.unwrap_err();
+        assert!(matches!(err, ManagerError::RollbackFailed { .. }), "{err}");
+        let recs = r.mgr.pods().await;
+        assert_eq!(recs.len(), 1, "the half-done attachment must stay recorded");
+        assert_eq!(recs[0].phase, Phase::Adding);
+        // Its address is not handed out while the kernel may still use it.
+        assert_eq!(r.mgr.stats().assigned, 2);
+        let restarted = r.restarted().await;
+        assert!(r.fake.world().is_clean(), "{:?}", r.fake.world());
+        assert!(restarted.pods().await.is_empty());
+        assert_eq!(restarted.stats().assigned, 0);
+    }
+
+    #[tokio::test]
+    async fn recovery_finishes_or_undoes_intents_and_keeps_ready_pods() {
+        let r = rig(2).await;
+        let other = PathBuf::from("/run/netns/other");
+        r.fake.add_netns(&other);
+        r.mgr.add(&owner("ready"), &r.netns).await.unwrap();
+        r.mgr.add(&owner("adding"), &other).await.unwrap();
+        let mut rec = r.checkpoint.pod(&key_of(&owner("adding"))).await.unwrap();
+        // A crash before the outcome write, after everything was set up.
+        rec.phase = Phase::Adding;
+        r.checkpoint.put_pod(rec).await.unwrap();
+        let third = PathBuf::from("/run/netns/third");
+        r.fake.add_netns(&third);
+        r.mgr.add(&owner("deleting"), &third).await.unwrap();
+        let mut rec = r.checkpoint.pod(&key_of(&owner("deleting"))).await.unwrap();
+        rec.phase = Phase::Deleting;
+        r.checkpoint.put_pod(rec).await.unwrap();
+        let taken: BTreeSet<Vec<IpAddr>> = r
+            .mgr
+            .pods()
+            .await
+            .iter()
+            .filter(|p| p.key.container_id != "deleting")
+            .map(|p| p.ips())
+            .collect();
+
+        let restarted = r.restarted().await;
+        let pods = restarted.pods().await;
+        let phases: Vec<(String, Phase)> = pods
+            .iter()
+            .map(|p| (p.key.container_id.clone(), p.phase))
+            .collect();
+        assert_eq!(
+            phases,
+            [
+                ("adding".into(), Phase::Ready),
+                ("ready".into(), Phase::Ready)
+            ]
+        );
+        assert_eq!(r.fake.world().veths.len(), 2);
+        // The store knows what the surviving pods hold.
+        assert_eq!(restarted.stats().assigned, 4);
+        let fresh = restarted.add(&owner("new"), &third).await.unwrap();
+        let fresh_ips: Vec<IpAddr> = fresh.ips.iter().map(|i| i.address.addr()).collect();
+        assert!(
+            !taken.contains(&fresh_ips),
+            "{fresh_ips:?} handed out twice"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_record_never_removes_another_pods_rules() {
+        let r = rig(1).await;
+        r.mgr.add(&owner("old"), &r.netns).await.unwrap();
+        let stale = r.checkpoint.pod(&key_of(&owner("old"))).await.unwrap();
+        r.mgr.del(&owner("old")).await.unwrap();
+        // Cooldown is zero here: the same address goes to the next pod.
+        let other = PathBuf::from("/run/netns/other");
+        r.fake.add_netns(&other);
+        r.mgr.add(&owner("new"), &other).await.unwrap();
+        assert_eq!(
+            r.checkpoint
+                .pod(&key_of(&owner("new")))
+                .await
+                .unwrap()
+                .ips(),
+            stale.ips()
+        );
+        // A crash left the old record behind.
+        r.checkpoint.put_pod(stale).await.unwrap();
+        r.mgr.del(&owner("old")).await.unwrap();
+        r.mgr
+            .check(&owner("new"), &other, MtuExpectation::Recorded)
+            .await
+            .expect("the new pod keeps its rules and proxy entries");
+        assert_eq!(r.mgr.stats().assigned, 2);
+    }
+
+    #[tokio::test]
+    async fn gc_collects_dead_pods_and_sweeps_orphans_only() {
+        let r = rig(2).await;
+        let gone = PathBuf::from("/run/netns/gone");
+        r.fake.add_netns(&gone);
+        r.mgr.add(&owner("live"), &r.netns).await.unwrap();
+        r.mgr.add(&owner("dead"), &gone).await.unwrap();
+        r.fake.kill_netns(&gone);
+        let stranger = super::super::plumbing::OwnedRule {
+            priority: 512,
+            table: super::super::plumbing::MAIN_TABLE,
+            selector: super::super::plumbing::RuleSelector::To("10.0.1.99".parse().unwrap()),
+        };
+        {
+            let mut w = r.fake.world();
+            w.rules.insert(stranger);
+            w.tables.insert(1042);
+            w.veths.insert(
+                "enim00000000000".into(),
+                crate::secondary::fake::FakeVeth {
+                    netns: "/run/netns/x".into(),
+                    ifname: "eth0".into(),
+                    mac: mac(9),
+                    mtu: 1500,
+                    ips: vec![],
+                },
+            );
+        }
+        let report = r
+            .mgr
+            .gc(&GcRequest::default(), Duration::from_secs(3600))
+            .await;
+        assert_eq!(
+            (report.too_young, report.collected.len()),
+            (2, 0),
+            "{report:?}"
+        );
+        let mut swept = report.swept.clone();
+        swept.sort();
+        assert_eq!(
+            swept,
+            [
+                "rule 512: to 10.0.1.99 lookup 254",
+                "table 1042",
+                "veth enim00000000000"
+            ],
+            "{report:?}"
+        );
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(report.collected, ["n/dead/eth0"], "{report:?}");
+        assert!(
+            report.swept.is_empty() && report.errors.is_empty(),
+            "{report:?}"
+        );
+        r.mgr
+            .check(&owner("live"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+        let w = r.fake.world().clone();
+        assert_eq!((w.rules.len(), w.proxies.len(), w.veths.len()), (4, 2, 1));
+        assert_eq!(w.tables.iter().copied().collect::<Vec<_>>(), [1001, 1002]);
+        assert_eq!(r.mgr.stats().assigned, 2);
+        // A second pass finds nothing.
+        let again = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(again, GcReport::default());
+    }
+
+    #[tokio::test]
+    async fn the_sweep_waits_for_an_add_in_progress() {
+        let r = Arc::new(rig(1).await);
+        let (entered, resume) = r.fake.pause_setup();
+        let adder = {
+            let r = r.clone();
+            tokio::spawn(async move { r.mgr.add(&owner("c"), &r.netns).await })
+        };
+        entered.notified().await;
+        // The veth exists, its rules do not yet: a sweep now would see a
+        // stranger. It must wait for the ADD instead.
+        let sweeper = {
+            let r = r.clone();
+            tokio::spawn(async move { r.mgr.gc(&GcRequest::default(), Duration::ZERO).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!sweeper.is_finished(), "GC swept while an ADD was half-way");
+        resume.notify_one();
+        adder.await.unwrap().expect("the ADD completes");
+        let report = sweeper.await.unwrap();
+        assert!(report.swept.is_empty(), "{report:?}");
+        r.mgr
+            .check(&owner("c"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn exhaustion_is_transient_and_check_reports_drift() {
+        let r = rig(1).await;
+        for cid in ["a", "b"] {
+            let ns = PathBuf::from(format!("/run/netns/{cid}"));
+            r.fake.add_netns(&ns);
+            r.mgr.add(&owner(cid), &ns).await.unwrap();
+        }
+        let err = r.mgr.add(&owner("c"), &r.netns).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        r.assert_untouched_except(2).await;
+        r.fake.world().rules.clear();
+        let err = r
+            .mgr
+            .check(
+                &owner("a"),
+                Path::new("/run/netns/a"),
+                MtuExpectation::Recorded,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ManagerError::CheckFailed { .. }), "{err}");
+        assert!(err.to_string().contains("rule 512: to 10.0.1.11"), "{err}");
+        let err = r
+            .mgr
+            .check(&owner("a"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("recorded netns"), "{err}");
+        let err = r
+            .mgr
+            .check(&owner("zz"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ManagerError::UnknownAttachment(_)), "{err}");
+    }
+
+    impl Rig {
+        async fn assert_untouched_except(&self, pods: usize) {
+            assert_eq!(self.mgr.pods().await.len(), pods);
+            assert_eq!(self.fake.world().veths.len(), pods);
+        }
+    }
+}

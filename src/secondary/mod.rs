@@ -19,6 +19,8 @@
 //!   <ENI table>` at `rule_priority_from_pod`.
 
 pub mod datastore;
+#[cfg(test)]
+pub mod fake;
 pub mod manager;
 pub mod plumbing;
 pub mod record;
