@@ -597,11 +597,11 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
     let fresh = third_pod.ips[0].address.addr().to_string();
     assert!(!taken.contains(&fresh), "{fresh} handed out twice");
     assert!(ping(&netns[2], "10.77.1.1"));
-    for i in 0..2 {
+    for (i, ns) in netns.iter().take(2).enumerate() {
         second
             .check(
                 &owner(&format!("p{i}"), "eth0"),
-                &netns[i].path(),
+                &ns.path(),
                 MtuExpectation::Recorded,
             )
             .await
