@@ -241,4 +241,32 @@ mod tests {
         assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
         assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
     }
+
+    #[test]
+    fn secondary_mode_config() {
+        let provider = "[provider]\ntype = \"static\"\nenis = []\n";
+        let c = Config::parse(provider).unwrap();
+        assert_eq!(c.mode, Mode::Primary);
+        assert_eq!(c.secondary, crate::secondary::SecondaryConfig::default());
+        let c = Config::parse(&format!(
+            "mode = \"secondary\"\n[secondary]\ntable_offset = 2000\n\
+             rule_priority_to_pod = 100\ncooldown = \"5s\"\n{provider}"
+        ))
+        .unwrap();
+        assert_eq!(c.mode, Mode::Secondary);
+        assert_eq!(c.secondary.table_offset, 2000);
+        assert_eq!(c.secondary.rule_priority_to_pod, 100);
+        assert_eq!(c.secondary.rule_priority_from_pod, 1536);
+        assert_eq!(c.secondary.cooldown, Duration::from_secs(5));
+        assert_eq!(c.secondary.veth_prefix, "enim");
+        for bad in [
+            "mode = \"tertiary\"\n",
+            "[secondary]\ntable_ofset = 1\n",
+            "[secondary]\nrule_priority_to_pod = 2000\n",
+            "[secondary]\ntable_offset = 200\n",
+            "[secondary]\nveth_prefix = \"much-too-long\"\n",
+        ] {
+            assert!(Config::parse(&format!("{bad}{provider}")).is_err(), "{bad}");
+        }
+    }
 }
