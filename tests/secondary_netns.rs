@@ -70,6 +70,7 @@ async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc
         Some(&host),
         provider.clone(),
         checkpoint.clone(),
+        Default::default(),
     )
     .await
     .unwrap();
@@ -736,4 +737,90 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
     assert!(pod.link("eth0").is_none() && other.link("eth0").is_none());
     assert!(!rules(&sb).contains("10.77."), "{}", rules(&sb));
     agent.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_primary_interface_is_never_a_host_eni() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    // ENI 1 carries the host's default route: it is the node's own NIC.
+    sb.host.ip(&["addr", "add", "192.0.2.10/24", "dev", "eni1"]);
+    sb.host.ip(&["link", "set", "eni1", "up"]);
+    sb.host
+        .ip(&["route", "add", "default", "via", "192.0.2.1", "dev", "eni1"]);
+    let enis = with_secondaries(&sb, &[2, 2], false);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let used: Vec<String> = mgr
+        .secondary()
+        .unwrap()
+        .host_enis()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(used, ["eni-0000"]);
+    assert!(
+        sb.host.link("eni1").is_some(),
+        "the primary NIC was renamed"
+    );
+    assert!(sb.host.link("enis1").is_some());
+    let all = sb.host.ip(&["route", "show", "table", "all"]);
+    assert!(!all.contains("table 1002"), "{all}");
+}
+
+/// What a crash leaves, made by hand from a real ADD: an ADD whose outcome
+/// was never written is undone at restart; a DEL that had removed part of
+/// the plumbing is finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    let enis = with_secondaries(&sb, &[2], true);
+    let dir = tempfile::tempdir().unwrap();
+    let cp = dir.path().join("cp.json");
+    let first = start(&sb, &enis, &cp).await;
+    let clean = host_state(&sb);
+    let (adding, deleting) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
+    first
+        .add(&owner("adding", "eth0"), &adding.path())
+        .await
+        .unwrap();
+    first
+        .add(&owner("deleting", "eth0"), &deleting.path())
+        .await
+        .unwrap();
+    let checkpoint = first.checkpoint().clone();
+    drop(first);
+
+    // Crash after plumbing, before the outcome: Adding, no MAC known.
+    let mut rec = checkpoint
+        .pods()
+        .await
+        .into_iter()
+        .find(|p| p.key.container_id == "adding")
+        .unwrap();
+    rec.phase = enim::attachment::Phase::Adding;
+    rec.mac = None;
+    checkpoint.put_pod(rec).await.unwrap();
+    // Crash mid-DEL: Deleting, rules gone, veth still there.
+    let mut rec = checkpoint
+        .pods()
+        .await
+        .into_iter()
+        .find(|p| p.key.container_id == "deleting")
+        .unwrap();
+    rec.phase = enim::attachment::Phase::Deleting;
+    let ip4 = rec.ipv4.unwrap().to_string();
+    let ip6 = rec.ipv6.unwrap().to_string();
+    checkpoint.put_pod(rec).await.unwrap();
+    drop(checkpoint);
+    sb.host.ip(&["rule", "del", "priority", "512", "to", &ip4]);
+    sb.host
+        .ip(&["-6", "rule", "del", "priority", "1536", "from", &ip6]);
+
+    let second = start(&sb, &enis, &cp).await;
+    assert!(pods(&second).await.is_empty());
+    assert_eq!(host_state(&sb), clean);
+    assert!(adding.link("eth0").is_none() && deleting.link("eth0").is_none());
+    assert_eq!(second.secondary().unwrap().stats().assigned, 0);
 }

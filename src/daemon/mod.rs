@@ -151,6 +151,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 config.host_netns.as_deref(),
                 provider,
                 checkpoint,
+                crate::exclusion::Exclusions::from_config(&config.exclude),
             )
             .await?,
         ),

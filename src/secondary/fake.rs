@@ -48,6 +48,8 @@ pub struct FakeWorld {
     pub proxies: BTreeSet<(IpAddr, String)>,
     pub tables: BTreeSet<u32>,
     pub forwarding: Option<bool>,
+    /// The host's default-route device.
+    pub primary: Option<MacAddr>,
 }
 
 impl FakeWorld {
@@ -125,6 +127,10 @@ impl SecondaryPlumbing for FakeSecondary {
     async fn enable_forwarding(&self, ipv6: bool) -> Result<(), PlumbingError> {
         self.world().forwarding = Some(ipv6);
         Ok(())
+    }
+
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
+        Ok(self.world().primary)
     }
 
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {

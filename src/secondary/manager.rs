@@ -26,6 +26,7 @@ use super::{SecondaryConfig, GATEWAY4, GATEWAY6, MAX_DEVICE_INDEX};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, AttachmentKey, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
+use crate::exclusion::Exclusions;
 use crate::manager::{key_of, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
 
@@ -93,6 +94,9 @@ pub struct SecondaryManager {
     // orphan sweep holds it exclusively, so it never takes a pod that is
     // half made or half removed for an orphan.
     sweep_fence: AsyncRwLock<()>,
+    // ENIs and addresses never used; the primary interface joins them at
+    // recovery.
+    exclusions: Exclusions,
 }
 
 fn plumbing_err(step: &'static str) -> impl FnOnce(PlumbingError) -> ManagerError {
@@ -130,7 +134,15 @@ impl SecondaryManager {
             enis: Default::default(),
             locks: KeyLocks::default(),
             sweep_fence: Default::default(),
+            exclusions: Exclusions::default(),
         })
+    }
+
+    /// ENIs and addresses never to use (the node's primary interface is
+    /// added at recovery whatever this says).
+    pub fn with_exclusions(mut self, exclusions: Exclusions) -> Self {
+        self.exclusions = exclusions;
+        self
     }
 
     /// The engine over the real plumbing of the host namespace at
@@ -140,16 +152,15 @@ impl SecondaryManager {
         host_netns: Option<&Path>,
         provider: Arc<dyn EniProvider>,
         checkpoint: Arc<Checkpoint>,
+        exclusions: Exclusions,
     ) -> Result<Arc<Self>, ManagerError> {
         let plumbing = RtnlSecondary::new(host_netns)
             .await
             .map_err(plumbing_err("open the host namespace"))?;
-        Ok(Arc::new(Self::new(
-            config,
-            provider,
-            Arc::new(plumbing),
-            checkpoint,
-        )?))
+        Ok(Arc::new(
+            Self::new(config, provider, Arc::new(plumbing), checkpoint)?
+                .with_exclusions(exclusions),
+        ))
     }
 
     pub fn config(&self) -> &SecondaryConfig {
@@ -211,7 +222,18 @@ impl SecondaryManager {
         let mut store = DataStore::new(self.config.cooldown);
         let mut enis = BTreeMap::new();
         let mut any_ipv6 = false;
+        // Renaming the node's own interface would cut the node off.
+        let primary = self
+            .plumbing
+            .primary_mac()
+            .await
+            .map_err(plumbing_err("find the primary interface"))?;
+        let exclusions = self.exclusions.clone().with_primary(primary);
         for eni in self.provider.list().await? {
+            if exclusions.is_excluded(&eni) {
+                tracing::info!(eni = %eni.id, mac = %eni.mac, "excluded; not used as a host ENI");
+                continue;
+            }
             let index = self.provider.device_index(&eni).await?.ok_or_else(|| {
                 ProviderError::Config(format!(
                     "secondary mode needs the device index of ENI {}; the provider does not know it",
@@ -249,6 +271,9 @@ impl SecondaryManager {
                 .add_eni(&eni.id, index)
                 .map_err(|e| ProviderError::Config(e.to_string()))?;
             for ip in addresses {
+                if exclusions.is_excluded_address(&ip) {
+                    continue;
+                }
                 if ip.is_ipv6() && spec.ipv6.is_none() {
                     tracing::warn!(eni = %eni.id, %ip, "IPv6 secondary address on an ENI without IPv6 gateway; not used");
                     continue;
@@ -849,6 +874,36 @@ mod tests {
         assert_eq!(
             (enis[1].name.as_str(), enis[1].table, enis[1].mtu),
             ("enis2", 1002, 9001)
+        );
+    }
+
+    #[tokio::test]
+    async fn excluded_enis_addresses_and_the_primary_interface_are_not_used() {
+        let fake = Arc::new(FakeSecondary::with_enis(&[
+            (mac(1), "eth1"),
+            (mac(2), "eth2"),
+            (mac(3), "eth3"),
+        ]));
+        fake.world().primary = Some(mac(3));
+        let provider = Arc::new(StaticProvider::new(enis(3)).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let exclusions = Exclusions::from_config(&crate::exclusion::ExclusionConfig {
+            enis: vec!["eni-1".into()],
+            addresses: vec!["10.0.2.11".parse().unwrap()],
+        });
+        let mgr = SecondaryManager::new(config(), provider, fake.clone(), cp)
+            .unwrap()
+            .with_exclusions(exclusions);
+        mgr.recover().await.unwrap();
+        let ids: Vec<String> = mgr.host_enis().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["eni-2"]);
+        assert_eq!(mgr.stats().total, 3);
+        let names: Vec<String> = fake.world().enis.values().cloned().collect();
+        assert_eq!(
+            names,
+            ["eth1", "enis2", "eth3"],
+            "excluded devices were touched"
         );
     }
 

@@ -162,6 +162,10 @@ pub trait SecondaryPlumbing: Send + Sync {
     /// IPv4 forwarding on in the host namespace (and IPv6 when asked).
     async fn enable_forwarding(&self, ipv6: bool) -> Result<(), PlumbingError>;
 
+    /// The MAC of the host's primary interface (the device of the main
+    /// table's IPv4 default route), never to be used as a host ENI.
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError>;
+
     /// Renames, tunes and brings up a host ENI and fills its route table.
     /// Idempotent. Fails with [`PlumbingError::LinkNotFound`] when no
     /// device has the MAC.
@@ -658,6 +662,26 @@ impl SecondaryPlumbing for RtnlSecondary {
             entries.push(("ipv6/conf/all/forwarding".to_string(), "1"));
         }
         self.write_sysctls(entries).await
+    }
+
+    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
+        let oif = self
+            .routes()
+            .await?
+            .iter()
+            .filter(|r| {
+                r.header.address_family == AddressFamily::Inet
+                    && r.header.destination_prefix_length == 0
+                    && table_of_route(r) == MAIN_TABLE
+            })
+            .find_map(route_oif);
+        let Some(oif) = oif else { return Ok(None) };
+        let mut found = self.handle.link().get().match_index(oif).execute();
+        match found.try_next().await {
+            Ok(msg) => Ok(msg.as_ref().and_then(link_info).map(|l| l.mac)),
+            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl("link get")(e)),
+        }
     }
 
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {
