@@ -824,3 +824,52 @@ async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
     assert!(adding.link("eth0").is_none() && deleting.link("eth0").is_none());
     assert_eq!(second.secondary().unwrap().stats().assigned, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_adds_and_dels_share_nothing() {
+    require_kernel!();
+    let sb = Sandbox::new(2);
+    let enis = with_secondaries(&sb, &[6, 6], true);
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let before = host_state(&sb);
+    let netns: Vec<Arc<NamedNetns>> = (0..12).map(|_| Arc::new(NamedNetns::new("pod"))).collect();
+    let adds: Vec<_> = netns
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| {
+            let (mgr, path) = (mgr.clone(), ns.path());
+            tokio::spawn(async move { mgr.add(&owner(&format!("p{i}"), "eth0"), &path).await })
+        })
+        .collect();
+    let mut seen = BTreeSet::new();
+    for (i, add) in adds.into_iter().enumerate() {
+        let result = add
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("ADD p{i}: {e}"));
+        for ip in result.ips {
+            assert!(seen.insert(ip.address), "{} handed out twice", ip.address);
+        }
+    }
+    assert_eq!(seen.len(), 24);
+    for (i, ns) in netns.iter().enumerate().step_by(5) {
+        let record = pod_record(&mgr, &format!("p{i}")).await;
+        let gw = if record.eni_id == "eni-0000" {
+            "10.77.0.1"
+        } else {
+            "10.77.1.1"
+        };
+        assert!(ping(ns, gw), "p{i} cannot reach {gw}");
+    }
+    let dels: Vec<_> = (0..12)
+        .map(|i| {
+            let mgr = mgr.clone();
+            tokio::spawn(async move { mgr.del(&owner(&format!("p{i}"), "eth0")).await })
+        })
+        .collect();
+    for del in dels {
+        del.await.unwrap().expect("DEL");
+    }
+    assert_eq!(host_state(&sb), before);
+}

@@ -1152,6 +1152,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn cni_gc_collects_only_omitted_attachments_of_its_network() {
+        let r = rig(2).await;
+        let mut b = owner("b");
+        b.ifname = "net1".into();
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        r.mgr.add(&b, &r.netns).await.unwrap();
+        let request = GcRequest {
+            network: Some("n".into()),
+            valid_attachments: Some(vec![crate::api::ValidAttachment {
+                container_id: "a".into(),
+                ifname: "eth0".into(),
+            }]),
+        };
+        let other = GcRequest {
+            network: Some("other".into()),
+            valid_attachments: Some(vec![]),
+        };
+        assert!(r.mgr.gc(&other, Duration::ZERO).await.collected.is_empty());
+        let report = r.mgr.gc(&request, Duration::ZERO).await;
+        assert_eq!(report.collected, ["n/b/net1"], "{report:?}");
+        let left: Vec<String> = r
+            .mgr
+            .pods()
+            .await
+            .iter()
+            .map(|p| p.key.to_string())
+            .collect();
+        assert_eq!(left, ["n/a/eth0"]);
+        assert_eq!(r.fake.world().veths.len(), 1);
+    }
+
+    #[tokio::test]
     async fn the_sweep_waits_for_an_add_in_progress() {
         let r = Arc::new(rig(1).await);
         let (entered, resume) = r.fake.pause_setup();
