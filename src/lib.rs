@@ -14,6 +14,7 @@ pub mod cni;
 pub mod daemon;
 pub mod exclusion;
 pub mod fault;
+mod keylock;
 pub mod manager;
 pub mod netlink;
 pub mod secondary;

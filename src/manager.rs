@@ -6,7 +6,7 @@
 //! only once the device is home. Whatever fails, ADD undoes every step it
 //! took; whatever dies, the record says what to finish or undo.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,13 +14,12 @@ use std::time::Duration;
 
 use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
-
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, Attachment, AttachmentKey, AttachmentResult, Phase};
 use crate::checkpoint::{Checkpoint, CheckpointError, HostHome};
 use crate::exclusion::{excluded_owner, is_excluded_owner, Exclusions};
 use crate::fault::crash_point;
+use crate::keylock::KeyLocks;
 use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
 use crate::secondary::datastore::DataStoreError;
 use crate::secondary::manager::SecondaryManager;
@@ -76,48 +75,6 @@ impl ManagerError {
             // Cooling addresses come back, and DELs free others.
             ManagerError::Addresses(DataStoreError::NoFreeAddress { .. }) => true,
             _ => false,
-        }
-    }
-}
-
-/// Serialises operations on one attachment key while letting different
-/// keys run in parallel.
-#[derive(Default)]
-struct KeyLocks {
-    map: std::sync::Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
-}
-
-struct KeyGuard<'a> {
-    locks: &'a KeyLocks,
-    key: AttachmentKey,
-    guard: Option<OwnedMutexGuard<()>>,
-}
-
-impl KeyLocks {
-    async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
-        let mutex = {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(key.clone()).or_default().clone()
-        };
-        KeyGuard {
-            locks: self,
-            key: key.clone(),
-            guard: Some(mutex.lock_owned().await),
-        }
-    }
-}
-
-impl Drop for KeyGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
-        // Clones are only made under the map lock, so a count of one means
-        // nobody waits on this key any more.
-        if map
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) == 1)
-        {
-            map.remove(&self.key);
         }
     }
 }

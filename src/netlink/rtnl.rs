@@ -40,7 +40,8 @@ pub async fn handle_in(netns: &Netns) -> Result<Handle, PlumbingError> {
     Ok(handle)
 }
 
-fn link_info(msg: &LinkMessage) -> Option<LinkInfo> {
+/// A link dump entry as [`LinkInfo`]; `None` for links without a name or MAC.
+pub(crate) fn link_info(msg: &LinkMessage) -> Option<LinkInfo> {
     let mut name = None;
     let mut mac = None;
     let mut mtu = 0;

@@ -17,16 +17,17 @@ use std::time::{Duration, Instant};
 
 use enim_provider::{EniOwner, EniProvider, MacAddr, ProviderError};
 use ipnet::IpNet;
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, RwLock as AsyncRwLock};
+use tokio::sync::RwLock as AsyncRwLock;
 
 use super::datastore::{DataStore, DataStoreStats};
 use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::record::SecondaryAttachment;
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6, MAX_DEVICE_INDEX};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
-use crate::attachment::{now_ms, AttachmentKey, AttachmentResult, Phase};
+use crate::attachment::{now_ms, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
+use crate::keylock::KeyLocks;
 use crate::manager::{key_of, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
 
@@ -39,47 +40,6 @@ pub struct HostEni {
     pub name: String,
     pub table: u32,
     pub mtu: u32,
-}
-
-/// Serialises operations on one attachment key, different keys in parallel.
-#[derive(Default)]
-struct KeyLocks {
-    map: std::sync::Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
-}
-
-struct KeyGuard<'a> {
-    locks: &'a KeyLocks,
-    key: AttachmentKey,
-    guard: Option<OwnedMutexGuard<()>>,
-}
-
-impl KeyLocks {
-    async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
-        let mutex = {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(key.clone()).or_default().clone()
-        };
-        KeyGuard {
-            locks: self,
-            key: key.clone(),
-            guard: Some(mutex.lock_owned().await),
-        }
-    }
-}
-
-impl Drop for KeyGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
-        // Clones are made only under the map lock: a count of one means
-        // nobody waits on this key any more.
-        if map
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) == 1)
-        {
-            map.remove(&self.key);
-        }
-    }
 }
 
 pub struct SecondaryManager {

@@ -19,7 +19,7 @@ use futures::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use rtnetlink::packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo as NlLinkInfo, LinkMessage,
 };
 use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -32,7 +32,7 @@ use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::{Handle, IpVersion, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
-use crate::netlink::rtnl::handle_in;
+use crate::netlink::rtnl::{handle_in, link_info};
 use crate::netlink::{netns, LinkInfo, Netns, PlumbingError, PodLinkState};
 
 /// A host ENI as secondary mode sets it up.
@@ -220,29 +220,6 @@ fn tolerate(
         Err(e) if errno(&e).is_some_and(|n| errnos.contains(&n)) => Ok(()),
         other => other.map_err(nl(op)),
     }
-}
-
-fn link_info(msg: &LinkMessage) -> Option<LinkInfo> {
-    let mut name = None;
-    let mut mac = None;
-    let mut mtu = 0;
-    for attr in &msg.attributes {
-        match attr {
-            LinkAttribute::IfName(n) => name = Some(n.clone()),
-            LinkAttribute::Address(a) if a.len() == 6 => {
-                mac = Some(MacAddr(a.as_slice().try_into().ok()?))
-            }
-            LinkAttribute::Mtu(m) => mtu = *m,
-            _ => {}
-        }
-    }
-    Some(LinkInfo {
-        index: msg.header.index,
-        name: name?,
-        mac: mac?,
-        mtu,
-        up: msg.header.flags.contains(LinkFlags::Up),
-    })
 }
 
 fn is_veth(msg: &LinkMessage) -> bool {
