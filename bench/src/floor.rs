@@ -1,0 +1,173 @@
+//! The kernel floor: the fewest rtnetlink messages that do what an ADD and
+//! a DEL must, in-process, with no agent, no checkpoint and no exec.
+//!
+//! ADD: find the device, move + rename it into the pod in one message, then
+//! in the pod find it again (the ifindex may change), add the address, set
+//! it up, add the default route. DEL: in the pod find it, set it down, move
+//! it home + rename in one message. A socket is opened in each pod's
+//! namespace per operation, as any agent must for a namespace it has not
+//! seen before.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use enim::netlink::rtnl::handle_in;
+use enim::netlink::Netns;
+use futures::TryStreamExt;
+use ipnet::{IpNet, Ipv4Net};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::link::{LinkFlags, LinkMessage};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+
+use crate::R;
+
+pub struct Floor {
+    host: Netns,
+    host_handle: Handle,
+}
+
+async fn link_by_name(handle: &Handle, name: &str) -> R<Option<LinkMessage>> {
+    let mut req = handle.link().get().match_name(name).execute();
+    match req.try_next().await {
+        Ok(m) => Ok(m),
+        Err(rtnetlink::Error::NetlinkError(e))
+            if e.code.map(|c| -c.get()) == Some(libc::ENODEV) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(format!("link get {name}: {e}").into()),
+    }
+}
+
+async fn index_of(handle: &Handle, name: &str) -> R<u32> {
+    Ok(link_by_name(handle, name)
+        .await?
+        .ok_or_else(|| format!("no device {name}"))?
+        .header
+        .index)
+}
+
+impl Floor {
+    /// Opens the host namespace and a netlink socket in it (once, as an
+    /// agent keeps its host socket).
+    pub async fn new(host: &Path) -> R<Floor> {
+        let host = Netns::open(host)?;
+        let host_handle = handle_in(&host).await?;
+        Ok(Floor { host, host_handle })
+    }
+
+    pub fn host_handle(&self) -> &Handle {
+        &self.host_handle
+    }
+
+    pub async fn add(
+        &self,
+        host_name: &str,
+        pod_path: &Path,
+        ifname: &str,
+        addr: Ipv4Net,
+        gateway: Ipv4Addr,
+    ) -> R<()> {
+        let pod_ns = Netns::open(pod_path)?;
+        let index = index_of(&self.host_handle, host_name).await?;
+        self.host_handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .setns_by_fd(pod_ns.file().as_raw_fd())
+                    .name(ifname)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| format!("move {host_name} into pod: {e}"))?;
+        let pod = handle_in(&pod_ns).await?;
+        let index = index_of(&pod, ifname).await?;
+        pod.address()
+            .add(index, IpAddr::V4(addr.addr()), addr.prefix_len())
+            .execute()
+            .await
+            .map_err(|e| format!("address add: {e}"))?;
+        pod.link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(|e| format!("link up: {e}"))?;
+        pod.route()
+            .add(
+                RouteMessageBuilder::<Ipv4Addr>::new()
+                    .output_interface(index)
+                    .gateway(gateway)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| format!("route add: {e}"))?;
+        Ok(())
+    }
+
+    pub async fn del(&self, pod_path: &Path, ifname: &str, host_name: &str) -> R<()> {
+        let pod_ns = Netns::open(pod_path)?;
+        let pod = handle_in(&pod_ns).await?;
+        let index = index_of(&pod, ifname).await?;
+        pod.link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+            .map_err(|e| format!("link down: {e}"))?;
+        pod.link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .setns_by_fd(self.host.file().as_raw_fd())
+                    .name(host_name)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| format!("move {ifname} home: {e}"))?;
+        Ok(())
+    }
+}
+
+/// What the bench checks in a pod after ADD: the interface, whether it is
+/// up, and its global addresses.
+pub struct PodIface {
+    pub up: bool,
+    pub addrs: Vec<IpNet>,
+}
+
+pub async fn pod_iface(pod_path: &Path, ifname: &str) -> R<Option<PodIface>> {
+    let pod_ns = Netns::open(pod_path)?;
+    let pod = handle_in(&pod_ns).await?;
+    let Some(link) = link_by_name(&pod, ifname).await? else {
+        return Ok(None);
+    };
+    let msgs: Vec<AddressMessage> = pod
+        .address()
+        .get()
+        .set_link_index_filter(link.header.index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| format!("address dump: {e}"))?;
+    let addrs = msgs
+        .iter()
+        .filter_map(|m| {
+            m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => IpNet::new(*ip, m.header.prefix_len).ok(),
+                _ => None,
+            })
+        })
+        .filter(|n| matches!(n, IpNet::V4(_)))
+        .collect();
+    Ok(Some(PodIface {
+        up: link.header.flags.contains(LinkFlags::Up),
+        addrs,
+    }))
+}
+
+/// Whether `name` exists in the namespace of `handle`.
+pub async fn has_link(handle: &Handle, name: &str) -> R<bool> {
+    Ok(link_by_name(handle, name).await?.is_some())
+}

@@ -1,0 +1,922 @@
+//! The measurements, in the order they run: set-up, process start, API
+//! round trip, interleaved ADD/DEL latency, parallel throughput, memory
+//! after many cycles, then the scale scenarios with their own agents.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use enim::api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
+use enim::attachment::now_ms;
+use enim::netlink::Netns;
+use enim_provider::MacAddr;
+use ipnet::Ipv4Net;
+use serde_json::json;
+
+use crate::agent::{self, Enimd, NETWORK};
+use crate::exec::{exec, Bins, Call};
+use crate::floor::{self, Floor};
+use crate::sandbox::{enter, netns_path, Eni, Sandbox};
+use crate::stats::{summarize, Summary};
+use crate::{Opts, R};
+
+/// The ways of doing the same ADD and DEL: enim as configured by default,
+/// the reference plugin, the kernel floor, and (latency only, a what-if)
+/// enim with its checkpoint written without fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Enim,
+    HostDevice,
+    Floor,
+    EnimNoFsync,
+}
+
+/// Compared everywhere; indices 0, 1, 2 in every per-method array.
+pub const METHODS: [Method; 3] = [Method::Enim, Method::HostDevice, Method::Floor];
+/// Compared in the latency loop.
+pub const LAT_METHODS: [Method; 4] = [
+    Method::Enim,
+    Method::HostDevice,
+    Method::Floor,
+    Method::EnimNoFsync,
+];
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Enim => "enim",
+            Method::HostDevice => "host-device",
+            Method::Floor => "floor",
+            Method::EnimNoFsync => "enim, checkpoint_fsync = false (what-if)",
+        }
+    }
+    pub fn key(self) -> &'static str {
+        match self {
+            Method::Enim => "enim",
+            Method::HostDevice => "host_device",
+            Method::Floor => "floor",
+            Method::EnimNoFsync => "enim_no_fsync",
+        }
+    }
+
+    fn is_enim(self) -> bool {
+        matches!(self, Method::Enim | Method::EnimNoFsync)
+    }
+}
+
+/// Sizes of one run; `--smoke` shrinks everything to "does it work".
+struct Plan {
+    cycles: usize,
+    warmup: usize,
+    verify_every: usize,
+    levels: [usize; 3],
+    rounds: usize,
+    rss_cycles: usize,
+    version_execs: usize,
+    status_calls: usize,
+    gc_dead: usize,
+    gc_moved: usize,
+    restore: usize,
+    gc_grace_s: u64,
+}
+
+impl Plan {
+    fn new(o: &Opts) -> Plan {
+        if o.smoke {
+            Plan {
+                cycles: o.cycles,
+                warmup: 1,
+                verify_every: 1,
+                levels: [1, 4, 16],
+                rounds: 1,
+                rss_cycles: 0,
+                version_execs: 3,
+                status_calls: 20,
+                gc_dead: 20,
+                gc_moved: 3,
+                restore: 200,
+                gc_grace_s: 1,
+            }
+        } else {
+            Plan {
+                cycles: o.cycles,
+                warmup: 5,
+                verify_every: 25,
+                levels: [1, 4, 16],
+                rounds: 3,
+                rss_cycles: 1000,
+                version_execs: 200,
+                status_calls: 1000,
+                gc_dead: 1000,
+                gc_moved: 50,
+                restore: 10_000,
+                gc_grace_s: 3,
+            }
+        }
+    }
+
+    /// Cycles per worker in one throughput round: about 20-50 cycles a
+    /// round whatever the level.
+    fn per_worker(&self, level: usize, smoke: bool) -> usize {
+        if smoke {
+            1
+        } else {
+            (48 / level).clamp(3, 20)
+        }
+    }
+}
+
+/// The main sandbox: 16 ENIs for the latency and throughput phases, 50 for
+/// the GC move-back scenario, a pod namespace for each.
+pub struct Ctx {
+    pub sb: Sandbox,
+    pub bins: Bins,
+    pub main_enis: Vec<Eni>,
+    pub pods: Vec<PathBuf>,
+    pub moved_enis: Vec<Eni>,
+    pub moved_pods: Vec<PathBuf>,
+    pub work: PathBuf,
+    pub pids_file: PathBuf,
+    pub enim_conf: Vec<u8>,
+    pub enim_conf_no_fsync: Vec<u8>,
+    pub smoke: bool,
+}
+
+const MAIN_ENIS: usize = 16;
+
+fn eni(id: String, host_name: String, mac: [u8; 6], net: [u8; 3]) -> Eni {
+    Eni {
+        id,
+        host_name,
+        mac: MacAddr(mac),
+        ipv4: Ipv4Net::new(Ipv4Addr::new(net[0], net[1], net[2], 10), 24).expect("/24"),
+        gateway4: Ipv4Addr::new(net[0], net[1], net[2], 1),
+    }
+}
+
+/// Stand-in ENI i of a family: distinct MACs and /24s per family.
+fn family(fam: u8, i: usize, id: &str, host: &str, net_base: u8) -> Eni {
+    let (hi, lo) = ((i >> 8) as u8, (i & 0xff) as u8);
+    eni(
+        format!("{id}-{i:05}"),
+        format!("{host}{i}"),
+        [0x02, 0xe1, 0xde, fam, hi, lo],
+        [10, net_base + hi, lo],
+    )
+}
+
+impl Ctx {
+    fn new(o: &Opts, plan: &Plan, work: PathBuf) -> R<Ctx> {
+        let bins = Bins {
+            enim: o.bin_dir.join("enim"),
+            enimd: o.bin_dir.join("enimd"),
+            host_device: o.cni_path.join("host-device"),
+            cni_path: o.cni_path.clone(),
+        };
+        for b in [
+            &bins.enim,
+            &bins.enimd,
+            &bins.host_device,
+            &o.cni_path.join("static"),
+        ] {
+            if !b.exists() {
+                return Err(format!("{} is missing (host-device and static come from Debian's containernetworking-plugins)", b.display()).into());
+            }
+        }
+        let mut sb = Sandbox::new(&o.tag)?;
+        let main_enis: Vec<Eni> = (0..MAIN_ENIS)
+            .map(|i| family(0, i, "eni", "eni", 77))
+            .collect();
+        sb.add_enis(&main_enis, "gw")?;
+        let pods = sb.add_pods("pod", MAIN_ENIS)?;
+        let moved_enis: Vec<Eni> = (0..plan.gc_moved)
+            .map(|i| family(1, i, "mb", "mb", 78))
+            .collect();
+        sb.add_enis(&moved_enis, "mbp")?;
+        let moved_pods = sb.add_pods("mbpod", plan.gc_moved)?;
+        let pids_file = work.join("enimd.pids");
+        let conf = |agent: &str| {
+            serde_json::to_vec(&json!({
+                "cniVersion": "1.1.0",
+                "name": NETWORK,
+                "type": "enim",
+                "socket": work.join(agent).join("enimd.sock"),
+                "timeoutSeconds": 20,
+            }))
+        };
+        let enim_conf = conf("main")?;
+        let enim_conf_no_fsync = conf("no-fsync")?;
+        Ok(Ctx {
+            sb,
+            bins,
+            main_enis,
+            pods: pods.iter().map(|p| netns_path(p)).collect(),
+            moved_enis,
+            moved_pods: moved_pods.iter().map(|p| netns_path(p)).collect(),
+            work,
+            pids_file,
+            enim_conf,
+            enim_conf_no_fsync,
+            smoke: o.smoke,
+        })
+    }
+
+    fn hd_conf(&self, e: &Eni) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "cniVersion": "1.0.0",
+            "name": "hd-bench",
+            "type": "host-device",
+            "device": e.host_name,
+            "ipam": {
+                "type": "static",
+                "addresses": [{"address": e.ipv4.to_string(), "gateway": e.gateway4.to_string()}],
+                "routes": [{"dst": "0.0.0.0/0", "gw": e.gateway4.to_string()}],
+            },
+        }))
+        .expect("JSON")
+    }
+}
+
+/// A thread's tools for cycles: it lives in the sandbox host namespace
+/// (so host-device, which moves devices back to its own namespace, works
+/// as under a runtime there) and has its own runtime and host socket for
+/// the floor.
+struct Worker<'a> {
+    ctx: &'a Ctx,
+    rt: tokio::runtime::Runtime,
+    floor: Floor,
+}
+
+/// One ADD+DEL cycle's two latencies.
+type Cycle = (Duration, Duration);
+
+impl<'a> Worker<'a> {
+    /// Call only on a thread made for it: it moves the thread into the
+    /// sandbox host namespace for good.
+    fn on_this_thread(ctx: &'a Ctx) -> R<Worker<'a>> {
+        enter(&Netns::open(&ctx.sb.host_path())?)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let floor = rt.block_on(Floor::new(&ctx.sb.host_path()))?;
+        Ok(Worker { ctx, rt, floor })
+    }
+
+    /// ADD then DEL with `method`, in pod `slot` (and, for host-device and
+    /// the floor, ENI `slot`; enim picks its own). `verify` checks the pod
+    /// after each step, outside the timings.
+    fn cycle(&self, method: Method, slot: usize, cid: &str, verify: bool) -> R<Cycle> {
+        let ctx = self.ctx;
+        let pod = ctx.pods[slot].as_path();
+        let eni = &ctx.main_enis[slot];
+        let call = |plugin, command, conf| pod_call(ctx, plugin, command, cid, pod, conf);
+        let hd_conf;
+        let enim_conf = match method {
+            Method::EnimNoFsync => &ctx.enim_conf_no_fsync,
+            _ => &ctx.enim_conf,
+        };
+        let add = match method {
+            Method::Enim | Method::EnimNoFsync => {
+                let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
+                out.ok("enim ADD")?.ok_or("enim ADD printed no result")?;
+                out.elapsed
+            }
+            Method::HostDevice => {
+                hd_conf = ctx.hd_conf(eni);
+                let out = exec(&call(&ctx.bins.host_device, "ADD", &hd_conf))?;
+                out.ok("host-device ADD")?;
+                out.elapsed
+            }
+            Method::Floor => {
+                let t = Instant::now();
+                self.rt.block_on(self.floor.add(
+                    &eni.host_name,
+                    pod,
+                    "eth0",
+                    eni.ipv4,
+                    eni.gateway4,
+                ))?;
+                t.elapsed()
+            }
+        };
+        if verify {
+            self.verify_added(method, slot)?;
+        }
+        let del = match method {
+            Method::Enim | Method::EnimNoFsync => {
+                let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
+                out.ok("enim DEL")?;
+                out.elapsed
+            }
+            Method::HostDevice => {
+                let conf = ctx.hd_conf(eni);
+                let out = exec(&call(&ctx.bins.host_device, "DEL", &conf))?;
+                out.ok("host-device DEL")?;
+                out.elapsed
+            }
+            Method::Floor => {
+                let t = Instant::now();
+                self.rt
+                    .block_on(self.floor.del(pod, "eth0", &eni.host_name))?;
+                t.elapsed()
+            }
+        };
+        if verify {
+            self.verify_deleted(method, slot)?;
+        }
+        Ok((add, del))
+    }
+
+    fn verify_added(&self, method: Method, slot: usize) -> R<()> {
+        let pod = &self.ctx.pods[slot];
+        let iface = self
+            .rt
+            .block_on(floor::pod_iface(pod, "eth0"))?
+            .ok_or_else(|| format!("{}: no eth0 in {} after ADD", method.name(), pod.display()))?;
+        let ok_addr = match method {
+            // enim picks the ENI: any of the sandbox's addresses will do.
+            Method::Enim | Method::EnimNoFsync => iface.addrs.iter().any(|a| {
+                self.ctx
+                    .main_enis
+                    .iter()
+                    .any(|e| ipnet::IpNet::V4(e.ipv4) == *a)
+            }),
+            _ => iface
+                .addrs
+                .contains(&ipnet::IpNet::V4(self.ctx.main_enis[slot].ipv4)),
+        };
+        if !iface.up || !ok_addr {
+            return Err(format!(
+                "{}: eth0 in {} after ADD: up={} addrs={:?}",
+                method.name(),
+                pod.display(),
+                iface.up,
+                iface.addrs
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    fn verify_deleted(&self, method: Method, slot: usize) -> R<()> {
+        let pod = &self.ctx.pods[slot];
+        if self.rt.block_on(floor::pod_iface(pod, "eth0"))?.is_some() {
+            return Err(format!(
+                "{}: eth0 still in {} after DEL",
+                method.name(),
+                pod.display()
+            )
+            .into());
+        }
+        if !method.is_enim() {
+            let name = &self.ctx.main_enis[slot].host_name;
+            if !self
+                .rt
+                .block_on(floor::has_link(self.floor.host_handle(), name))?
+            {
+                return Err(format!("{}: {name} is not home after DEL", method.name()).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A plugin call for the pod interface `eth0` in `pod`.
+fn pod_call<'c>(
+    ctx: &'c Ctx,
+    plugin: &'c Path,
+    command: &'c str,
+    cid: &'c str,
+    pod: &'c Path,
+    conf: &'c [u8],
+) -> Call<'c> {
+    Call {
+        plugin,
+        command,
+        container_id: cid,
+        netns: Some(pod),
+        ifname: "eth0",
+        cni_path: &ctx.bins.cni_path,
+        conf,
+    }
+}
+
+/// Latencies of one method over the interleaved loop.
+#[derive(Default)]
+pub struct Lat {
+    pub add: Vec<Duration>,
+    pub del: Vec<Duration>,
+}
+
+/// Runs `f` on a fresh thread (which may enter namespaces) and returns its
+/// result.
+fn on_thread<T: Send>(f: impl FnOnce() -> R<T> + Send) -> R<T> {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| Err("bench thread panicked".into()))
+    })
+}
+
+/// `cycles` interleaved ADD+DEL cycles of every method, one pod at a time;
+/// the order rotates each cycle so none always runs first.
+fn latency(ctx: &Ctx, plan: &Plan) -> R<[Lat; 4]> {
+    on_thread(|| {
+        let w = Worker::on_this_thread(ctx)?;
+        for i in 0..plan.warmup {
+            for m in LAT_METHODS {
+                w.cycle(m, 0, &format!("warm-{}-{i}", m.key()), true)?;
+            }
+        }
+        let mut lat: [Lat; 4] = Default::default();
+        for c in 0..plan.cycles {
+            for k in 0..LAT_METHODS.len() {
+                let idx = (c + k) % LAT_METHODS.len();
+                let m = LAT_METHODS[idx];
+                let verify = c % plan.verify_every == 0;
+                let (a, d) = w.cycle(m, 0, &format!("lat-{}-{c}", m.key()), verify)?;
+                lat[idx].add.push(a);
+                lat[idx].del.push(d);
+            }
+        }
+        Ok(lat)
+    })
+}
+
+/// `level` workers, each in its own pod, doing `per_worker` cycles of
+/// `method` at once; returns cycles done and the wall time of all of them.
+fn parallel(
+    ctx: &Ctx,
+    method: Method,
+    level: usize,
+    per_worker: usize,
+    tag: &str,
+) -> R<(usize, Duration)> {
+    let barrier = Barrier::new(level + 1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..level)
+            .map(|slot| {
+                let barrier = &barrier;
+                s.spawn(move || -> R<()> {
+                    let w = Worker::on_this_thread(ctx);
+                    // Everyone meets the barrier, set up or not.
+                    barrier.wait();
+                    let w = w?;
+                    for i in 0..per_worker {
+                        let cid = format!("{tag}-{}-w{slot}-{i}", method.key());
+                        w.cycle(method, slot, &cid, false)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        barrier.wait();
+        let started = Instant::now();
+        let mut first_err = None;
+        for w in workers {
+            let r = w.join().unwrap_or_else(|_| Err("worker panicked".into()));
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        let wall = started.elapsed();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok((level * per_worker, wall)),
+        }
+    })
+}
+
+/// Cycles per second at one level, per method (summed over rounds).
+pub struct Throughput {
+    pub level: usize,
+    pub cycles: [usize; 3],
+    pub wall: [Duration; 3],
+}
+
+impl Throughput {
+    pub fn rate(&self, idx: usize) -> f64 {
+        self.cycles[idx] as f64 / self.wall[idx].as_secs_f64()
+    }
+}
+
+fn throughput(ctx: &Ctx, plan: &Plan) -> R<Vec<Throughput>> {
+    let mut out = Vec::new();
+    for level in plan.levels {
+        let mut t = Throughput {
+            level,
+            cycles: [0; 3],
+            wall: [Duration::ZERO; 3],
+        };
+        let k = plan.per_worker(level, ctx.smoke);
+        for round in 0..plan.rounds {
+            for j in 0..3 {
+                let idx = (round + j) % 3;
+                let (n, wall) =
+                    parallel(ctx, METHODS[idx], level, k, &format!("p{level}r{round}"))?;
+                t.cycles[idx] += n;
+                t.wall[idx] += wall;
+            }
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Every main ENI is home under its name, none is held, nothing recorded.
+fn check_all_home(ctx: &Ctx, agent: &Enimd, when: &str) -> R<()> {
+    let s = agent.status()?;
+    if s.attachments != 0 || s.enis_free != s.enis_total {
+        return Err(format!("{when}: enimd still holds attachments: {s:?}").into());
+    }
+    let names = on_thread(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let host = Netns::open(&ctx.sb.host_path())?;
+            let h = enim::netlink::rtnl::handle_in(&host).await?;
+            let links = enim::netlink::rtnl::links(&h).await?;
+            R::Ok(links.into_iter().map(|l| l.name).collect::<Vec<_>>())
+        })
+    })?;
+    for e in ctx.main_enis.iter().chain(&ctx.moved_enis) {
+        if !names.contains(&e.host_name) {
+            return Err(format!("{when}: {} is not home (host has {names:?})", e.host_name).into());
+        }
+    }
+    Ok(())
+}
+
+pub struct Scale {
+    pub gc_dead: usize,
+    pub gc_dead_ms: f64,
+    pub gc_moved: usize,
+    pub gc_moved_ms: f64,
+    pub restore: usize,
+    pub restore_ms: f64,
+    pub restore_logged_ms: Option<u64>,
+    pub restore_empty_ms: f64,
+}
+
+/// GC of `n` ready records whose netns paths do not exist and whose ENIs
+/// have no device: the records are older than the grace period when the
+/// GC route is called, so every one is collected.
+fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
+    let n = plan.gc_dead;
+    let dir = ctx.work.join("gc-dead");
+    let enis: Vec<Eni> = (0..n).map(|i| family(2, i, "dead", "dd", 200)).collect();
+    agent::write_config(
+        &dir,
+        &ctx.sb.host_path(),
+        &enis,
+        &format!("gc_grace = \"{}s\"", plan.gc_grace_s),
+    )?;
+    let created = now_ms();
+    let records: Vec<_> = enis
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let gone = netns_path(&format!("{}-gone{i}", ctx.sb.tag));
+            agent::record(e, &format!("dead-{i}"), &gone, created)
+        })
+        .collect::<R<_>>()?;
+    agent::write_checkpoint(&dir, &records)?;
+    // Young at start-up, so the start-up pass leaves them for the timed one.
+    let agent = Enimd::start(
+        &ctx.bins.enimd,
+        &dir,
+        &ctx.pids_file,
+        Duration::from_secs(60),
+    )?;
+    let held = agent.status()?.attachments;
+    if held != n {
+        return Err(format!("gc-dead: enimd restored {held} of {n} records").into());
+    }
+    let old_at = created + plan.gc_grace_s * 1000 + 200;
+    let now = now_ms();
+    if now < old_at {
+        std::thread::sleep(Duration::from_millis(old_at - now));
+    }
+    let client = agent.client(Duration::from_secs(600));
+    let t = Instant::now();
+    let report: GcReport = client.post(ROUTE_GC, &GcRequest::default())?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if report.collected.len() != n || !report.errors.is_empty() {
+        return Err(format!(
+            "gc-dead: collected {} of {n}, errors {:?}",
+            report.collected.len(),
+            report.errors.iter().take(3).collect::<Vec<_>>()
+        )
+        .into());
+    }
+    let left = agent.status()?.attachments;
+    if left != 0 {
+        return Err(format!("gc-dead: {left} records left after GC").into());
+    }
+    agent.stop()?;
+    Ok(ms)
+}
+
+/// CNI GC (the plugin, exec'd) whose valid-attachments list omits `n` live
+/// attachments: enimd must move every ENI back home.
+fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
+    let n = plan.gc_moved;
+    let dir = ctx.work.join("gc-moved");
+    agent::write_config(
+        &dir,
+        &ctx.sb.host_path(),
+        &ctx.moved_enis,
+        "gc_grace = \"0s\"",
+    )?;
+    let agent = Enimd::start(
+        &ctx.bins.enimd,
+        &dir,
+        &ctx.pids_file,
+        Duration::from_secs(30),
+    )?;
+    let conf = serde_json::to_vec(&json!({
+        "cniVersion": "1.1.0",
+        "name": NETWORK,
+        "type": "enim",
+        "socket": agent.socket,
+    }))?;
+    for (i, pod) in ctx.moved_pods.iter().enumerate() {
+        let out = exec(&Call {
+            plugin: &ctx.bins.enim,
+            command: "ADD",
+            container_id: &format!("mb-{i}"),
+            netns: Some(pod),
+            ifname: "eth0",
+            cni_path: &ctx.bins.cni_path,
+            conf: &conf,
+        })?;
+        out.ok("enim ADD (gc move-back set-up)")?;
+    }
+    let held = agent.status()?.attachments;
+    if held != n {
+        return Err(format!("gc-moved: {held} of {n} attachments made").into());
+    }
+    let mut gc_conf: serde_json::Value = serde_json::from_slice(&conf)?;
+    gc_conf["cni.dev/valid-attachments"] = json!([]);
+    let out = exec(&Call {
+        plugin: &ctx.bins.enim,
+        command: "GC",
+        container_id: "",
+        netns: None,
+        ifname: "",
+        cni_path: &ctx.bins.cni_path,
+        conf: &serde_json::to_vec(&gc_conf)?,
+    })?;
+    out.ok("enim GC")?;
+    let s: Status = agent.client(Duration::from_secs(30)).get(ROUTE_STATUS)?;
+    if s.attachments != 0 || s.enis_free != n {
+        return Err(format!("gc-moved: after GC: {s:?}").into());
+    }
+    agent.stop()?;
+    Ok(out.elapsed.as_secs_f64() * 1e3)
+}
+
+/// Start-up with `n` ready records (pods alive, older than the grace
+/// period, so the start-up GC pass checks every one) and `n` ENIs; and,
+/// for comparison, the same config with no records.
+fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
+    let n = plan.restore;
+    let enis: Vec<Eni> = (0..n).map(|i| family(3, i, "rs", "rs", 100)).collect();
+    let empty = ctx.work.join("restore-empty");
+    agent::write_config(&empty, &ctx.sb.host_path(), &enis, "")?;
+    let agent = Enimd::start(
+        &ctx.bins.enimd,
+        &empty,
+        &ctx.pids_file,
+        Duration::from_secs(60),
+    )?;
+    let empty_ms = agent.exec_to_ready.as_secs_f64() * 1e3;
+    agent.stop()?;
+
+    let dir = ctx.work.join("restore");
+    agent::write_config(&dir, &ctx.sb.host_path(), &enis, "")?;
+    let hour_ago = now_ms() - 3_600_000;
+    let live = &ctx.pods[0];
+    let records: Vec<_> = enis
+        .iter()
+        .enumerate()
+        .map(|(i, e)| agent::record(e, &format!("rs-{i}"), live, hour_ago))
+        .collect::<R<_>>()?;
+    agent::write_checkpoint(&dir, &records)?;
+    let agent = Enimd::start(
+        &ctx.bins.enimd,
+        &dir,
+        &ctx.pids_file,
+        Duration::from_secs(120),
+    )?;
+    let ms = agent.exec_to_ready.as_secs_f64() * 1e3;
+    let s = agent.status()?;
+    if s.attachments != n {
+        return Err(format!("restore: {} of {n} records after start-up", s.attachments).into());
+    }
+    let logged = agent.logged_restore_ms();
+    agent.stop()?;
+    Ok((ms, logged, empty_ms))
+}
+
+/// Every figure of one run.
+pub struct Results {
+    pub smoke: bool,
+    pub kernel: String,
+    pub cpus: usize,
+    pub cycles: usize,
+    pub lat: [(Summary, Summary); 4],
+    pub throughput: Vec<Throughput>,
+    pub scale: Scale,
+    pub startup_ms: f64,
+    pub status_rt: Summary,
+    pub rss_idle_kib: u64,
+    pub rss_warm_kib: u64,
+    pub rss_after_kib: u64,
+    pub rss_cycles: usize,
+    /// (enim cycles done, VmRSS KiB) through the run.
+    pub rss_series: Vec<(usize, u64)>,
+    pub version_exec: [Summary; 2],
+    pub sizes: [(String, u64); 3],
+}
+
+pub fn run(o: &Opts) -> R<Results> {
+    let plan = Plan::new(o);
+    let (work, _tmp_guard) = match &o.work {
+        Some(w) => (w.clone(), None),
+        None => {
+            let w = std::env::temp_dir().join(format!("{}-work", o.tag));
+            (w.clone(), Some(RemoveDir(w)))
+        }
+    };
+    std::fs::create_dir_all(&work)?;
+    let say = |what: &str| eprintln!("enim-bench: {what}");
+    say("setting up the sandbox");
+    let ctx = Ctx::new(o, &plan, work.clone())?;
+
+    let main_dir = work.join("main");
+    agent::write_config(&main_dir, &ctx.sb.host_path(), &ctx.main_enis, "")?;
+    let main = Enimd::start(
+        &ctx.bins.enimd,
+        &main_dir,
+        &ctx.pids_file,
+        Duration::from_secs(30),
+    )?;
+    let startup_ms = main.exec_to_ready.as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(200));
+    let rss_idle_kib = main.rss_kib()?;
+
+    say("process start (VERSION) and API round trip");
+    let version_exec = version_execs(&ctx, plan.version_execs)?;
+    let client = main.client(Duration::from_secs(10));
+    let mut rts = Vec::with_capacity(plan.status_calls);
+    for _ in 0..plan.status_calls {
+        let t = Instant::now();
+        let s: Status = client.get(ROUTE_STATUS)?;
+        rts.push(t.elapsed());
+        if !s.ready {
+            return Err("main enimd is not ready".into());
+        }
+    }
+
+    // The what-if agent over the same ENIs; the loop never lets two
+    // agents hold a device at once.
+    let no_fsync_dir = work.join("no-fsync");
+    agent::write_config(
+        &no_fsync_dir,
+        &ctx.sb.host_path(),
+        &ctx.main_enis,
+        "checkpoint_fsync = false",
+    )?;
+    let no_fsync = Enimd::start(
+        &ctx.bins.enimd,
+        &no_fsync_dir,
+        &ctx.pids_file,
+        Duration::from_secs(30),
+    )?;
+    say(&format!(
+        "latency: {} interleaved ADD+DEL cycles per method",
+        plan.cycles
+    ));
+    let lat = latency(&ctx, &plan)?;
+    check_all_home(&ctx, &no_fsync, "after the latency phase (what-if agent)")?;
+    no_fsync.stop()?;
+    let rss_warm_kib = main.rss_kib()?;
+    check_all_home(&ctx, &main, "after the latency phase")?;
+    let mut enim_cycles = plan.warmup + plan.cycles;
+    let mut rss_series = vec![(0, rss_idle_kib), (enim_cycles, rss_warm_kib)];
+
+    say("throughput: 1, 4 and 16 pods in parallel");
+    let throughput = throughput(&ctx, &plan)?;
+    check_all_home(&ctx, &main, "after the throughput phase")?;
+    enim_cycles += throughput.iter().map(|t| t.cycles[0]).sum::<usize>();
+    rss_series.push((enim_cycles, main.rss_kib()?));
+    if enim_cycles < plan.rss_cycles {
+        say(&format!(
+            "{} more enim cycles for the memory figure",
+            plan.rss_cycles - enim_cycles
+        ));
+    }
+    // In steps, sampling as it goes: growth shows as a slope, warm-up as a
+    // step at the start.
+    let mut step = 0;
+    while enim_cycles < plan.rss_cycles {
+        let k = (plan.rss_cycles - enim_cycles).min(160).div_ceil(MAIN_ENIS);
+        let (n, _) = parallel(&ctx, Method::Enim, MAIN_ENIS, k, &format!("rss{step}"))?;
+        enim_cycles += n;
+        step += 1;
+        rss_series.push((enim_cycles, main.rss_kib()?));
+    }
+    check_all_home(&ctx, &main, "after the memory phase")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let rss_after_kib = main.rss_kib()?;
+    main.stop()?;
+
+    say(&format!(
+        "GC of {} dead records without devices",
+        plan.gc_dead
+    ));
+    let gc_dead_ms = gc_dead(&ctx, &plan)?;
+    say(&format!(
+        "CNI GC of {} attachments moved back home",
+        plan.gc_moved
+    ));
+    let gc_moved_ms = gc_moved(&ctx, &plan)?;
+    say(&format!("start-up restore of {} records", plan.restore));
+    let (restore_ms, restore_logged_ms, restore_empty_ms) = restore(&ctx, &plan)?;
+
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    Ok(Results {
+        smoke: o.smoke,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cycles: plan.cycles,
+        lat: lat.map(|l| (summarize(&l.add), summarize(&l.del))),
+        throughput,
+        scale: Scale {
+            gc_dead: plan.gc_dead,
+            gc_dead_ms,
+            gc_moved: plan.gc_moved,
+            gc_moved_ms,
+            restore: plan.restore,
+            restore_ms,
+            restore_logged_ms,
+            restore_empty_ms,
+        },
+        startup_ms,
+        status_rt: summarize(&rts),
+        rss_idle_kib,
+        rss_warm_kib,
+        rss_after_kib,
+        rss_cycles: enim_cycles,
+        rss_series,
+        version_exec,
+        sizes: [
+            ("enim".into(), size(&ctx.bins.enim)),
+            ("enimd".into(), size(&ctx.bins.enimd)),
+            ("host-device".into(), size(&ctx.bins.host_device)),
+        ],
+    })
+}
+
+/// `n` VERSION execs of enim and of host-device, alternating.
+fn version_execs(ctx: &Ctx, n: usize) -> R<[Summary; 2]> {
+    let conf = br#"{"cniVersion":"1.0.0"}"#;
+    let mut t: [Vec<Duration>; 2] = Default::default();
+    for i in 0..n {
+        for j in 0..2 {
+            let idx = (i + j) % 2;
+            let plugin = if idx == 0 {
+                &ctx.bins.enim
+            } else {
+                &ctx.bins.host_device
+            };
+            let out = exec(&Call {
+                plugin,
+                command: "VERSION",
+                container_id: "",
+                netns: None,
+                ifname: "",
+                cni_path: &ctx.bins.cni_path,
+                conf,
+            })?;
+            out.ok("VERSION")?;
+            t[idx].push(out.elapsed);
+        }
+    }
+    Ok([summarize(&t[0]), summarize(&t[1])])
+}
+
+/// Removes the bench's own temporary work directory on drop.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

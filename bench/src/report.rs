@@ -1,0 +1,350 @@
+//! The run's figures as a markdown table (stdout) and as JSON (every
+//! figure, for tooling), with the targets judged on this run's own numbers.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::phases::{Results, LAT_METHODS, METHODS};
+use crate::stats::Summary;
+
+/// One target, judged.
+pub struct Target {
+    pub name: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+    /// "≤ 1.15", "< 200", ...
+    pub limit: String,
+    pub met: bool,
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+const ENIM: usize = 0;
+const HD: usize = 1;
+const FLOOR: usize = 2;
+
+pub fn targets(r: &Results) -> Vec<Target> {
+    let add = |i: usize| r.lat[i].0.p50;
+    let del = |i: usize| r.lat[i].1.p50;
+    let le = |name, value: f64, limit: f64, unit| Target {
+        name,
+        value,
+        unit,
+        limit: format!("≤ {limit}"),
+        met: value <= limit,
+    };
+    let lt = |name, value: f64, limit: f64, unit| Target {
+        name,
+        value,
+        unit,
+        limit: format!("< {limit}"),
+        met: value < limit,
+    };
+    let mut t = vec![
+        le(
+            "ADD p50 enim / floor",
+            ratio(add(ENIM), add(FLOOR)),
+            1.15,
+            "×",
+        ),
+        le(
+            "ADD p50 enim / host-device",
+            ratio(add(ENIM), add(HD)),
+            0.8,
+            "×",
+        ),
+        le(
+            "DEL p50 enim / floor",
+            ratio(del(ENIM), del(FLOOR)),
+            1.15,
+            "×",
+        ),
+        le(
+            "DEL p50 enim / host-device",
+            ratio(del(ENIM), del(HD)),
+            0.8,
+            "×",
+        ),
+    ];
+    if let Some(top) = r.throughput.iter().max_by_key(|t| t.level) {
+        let v = ratio(top.rate(ENIM), top.rate(HD));
+        t.push(Target {
+            name: "cycles/s at the top level enim / host-device",
+            value: v,
+            unit: "×",
+            limit: "≥ 1".into(),
+            met: v >= 1.0,
+        });
+    }
+    t.push(lt(
+        "GC of the dead records without devices",
+        r.scale.gc_dead_ms,
+        200.0,
+        "ms",
+    ));
+    t.push(lt("restore, exec → ready", r.scale.restore_ms, 500.0, "ms"));
+    t.push(le("enimd RSS idle", mib(r.rss_idle_kib), 16.0, "MiB"));
+    t.push(le(
+        "enimd RSS after the cycles / idle",
+        ratio(r.rss_after_kib as f64, r.rss_idle_kib as f64),
+        1.10,
+        "×",
+    ));
+    t
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn f2(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn markdown(r: &Results) -> String {
+    let mut s = String::new();
+    let mode = if r.smoke {
+        "smoke (not a measurement)"
+    } else {
+        "full"
+    };
+    let _ = writeln!(
+        s,
+        "\n## enim benchmark: {mode}; {} cycles per method; kernel {}, {} CPUs\n",
+        r.cycles, r.kernel, r.cpus
+    );
+    let _ = writeln!(
+        s,
+        "Absolute times depend on the machine; the ratios (same run, interleaved) are the headline.\n"
+    );
+
+    let _ = writeln!(s, "### ADD and DEL latency (ms)\n");
+    let _ = writeln!(s, "| op | method | p50 | p95 | p99 | max | n |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    for (op, pick) in [("ADD", 0), ("DEL", 1)] {
+        for (i, m) in LAT_METHODS.iter().enumerate() {
+            let x: Summary = if pick == 0 { r.lat[i].0 } else { r.lat[i].1 };
+            let _ = writeln!(
+                s,
+                "| {op} | {} | {} | {} | {} | {} | {} |",
+                m.name(),
+                f2(x.p50),
+                f2(x.p95),
+                f2(x.p99),
+                f2(x.max),
+                x.n
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nenim and host-device: exec of the plugin to its exit (env + stdin, as a runtime does); \
+         floor: the minimal rtnetlink messages in-process. The what-if row is a second enimd \
+         differing only in `checkpoint_fsync = false`, interleaved with the rest.\n"
+    );
+
+    let _ = writeln!(s, "### Throughput (ADD+DEL cycles per second)\n");
+    let _ = writeln!(
+        s,
+        "| pods in parallel | enim | host-device | floor | enim / host-device |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|");
+    for t in &r.throughput {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            t.level,
+            f2(t.rate(ENIM)),
+            f2(t.rate(HD)),
+            f2(t.rate(FLOOR)),
+            f2(ratio(t.rate(ENIM), t.rate(HD)))
+        );
+    }
+
+    let sc = &r.scale;
+    let _ = writeln!(s, "\n### Scale, API, resources\n");
+    let _ = writeln!(s, "| measure | value |");
+    let _ = writeln!(s, "|---|---:|");
+    let mut row = |k: String, v: String| {
+        let _ = writeln!(s, "| {k} | {v} |");
+    };
+    row(
+        format!("GC route, {} dead records without devices", sc.gc_dead),
+        format!("{} ms", f2(sc.gc_dead_ms)),
+    );
+    row(
+        format!(
+            "CNI GC (exec), {} dead attachments moved back home",
+            sc.gc_moved
+        ),
+        format!("{} ms", f2(sc.gc_moved_ms)),
+    );
+    row(
+        format!("start-up restore, {} records, exec → ready", sc.restore),
+        format!(
+            "{} ms{}",
+            f2(sc.restore_ms),
+            sc.restore_logged_ms
+                .map(|m| format!(" (enimd's own: {m} ms)"))
+                .unwrap_or_default()
+        ),
+    );
+    row(
+        format!("start-up, {} ENIs and no records, exec → ready", sc.restore),
+        format!("{} ms", f2(sc.restore_empty_ms)),
+    );
+    row(
+        "start-up, 16 ENIs and no records, exec → ready".into(),
+        format!("{} ms", f2(r.startup_ms)),
+    );
+    row(
+        "API status round trip p50 / p99".into(),
+        format!(
+            "{} / {} µs",
+            f2(r.status_rt.p50 * 1e3),
+            f2(r.status_rt.p99 * 1e3)
+        ),
+    );
+    row(
+        "enimd RSS idle".into(),
+        format!("{} MiB", f2(mib(r.rss_idle_kib))),
+    );
+    row(
+        "enimd RSS after the latency phase".into(),
+        format!("{} MiB", f2(mib(r.rss_warm_kib))),
+    );
+    row(
+        format!("enimd RSS after {} enim cycles", r.rss_cycles),
+        format!(
+            "{} MiB ({:+.1} % of idle)",
+            f2(mib(r.rss_after_kib)),
+            (ratio(r.rss_after_kib as f64, r.rss_idle_kib as f64) - 1.0) * 100.0
+        ),
+    );
+    for (name, bytes) in &r.sizes {
+        row(
+            format!("{name} binary size"),
+            format!("{} MiB", f2(*bytes as f64 / 1048576.0)),
+        );
+    }
+    row(
+        "VERSION exec → exit p50: enim / host-device".into(),
+        format!(
+            "{} / {} ms",
+            f2(r.version_exec[0].p50),
+            f2(r.version_exec[1].p50)
+        ),
+    );
+
+    let _ = writeln!(s, "\n### Targets\n");
+    let _ = writeln!(s, "| target | value | limit | met |");
+    let _ = writeln!(s, "|---|---:|---:|---|");
+    for t in targets(r) {
+        let met = if r.smoke {
+            "(smoke: not judged)"
+        } else if t.met {
+            "yes"
+        } else {
+            "**no**"
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} {} | {} {} | {met} |",
+            t.name,
+            f2(t.value),
+            t.unit,
+            t.limit,
+            t.unit
+        );
+    }
+    s
+}
+
+fn summary(x: &Summary) -> Value {
+    json!({"n": x.n, "p50": x.p50, "p95": x.p95, "p99": x.p99, "max": x.max, "mean": x.mean})
+}
+
+pub fn json(r: &Results) -> Value {
+    let mut lat = serde_json::Map::new();
+    for (i, m) in LAT_METHODS.iter().enumerate() {
+        lat.insert(
+            m.key().into(),
+            json!({"add": summary(&r.lat[i].0), "del": summary(&r.lat[i].1)}),
+        );
+    }
+    let throughput: Vec<Value> = r
+        .throughput
+        .iter()
+        .map(|t| {
+            let mut per = serde_json::Map::new();
+            for (i, m) in METHODS.iter().enumerate() {
+                per.insert(
+                    m.key().into(),
+                    json!({
+                        "cycles": t.cycles[i],
+                        "wall_s": t.wall[i].as_secs_f64(),
+                        "cycles_per_s": t.rate(i),
+                    }),
+                );
+            }
+            json!({"parallel": t.level, "methods": per, "enim_over_host_device": ratio(t.rate(ENIM), t.rate(HD))})
+        })
+        .collect();
+    let targets: Vec<Value> = targets(r)
+        .iter()
+        .map(|t| json!({"name": t.name, "value": t.value, "unit": t.unit, "limit": t.limit, "met": t.met}))
+        .collect();
+    let sc = &r.scale;
+    json!({
+        "schema": "enim-bench/1",
+        "mode": if r.smoke { "smoke" } else { "full" },
+        "note": "absolute times are machine-dependent; ratios from the same interleaved run are the headline",
+        "machine": {"kernel": r.kernel, "cpus": r.cpus},
+        "cycles_per_method": r.cycles,
+        "latency_ms": lat,
+        "ratios": {
+            "add_p50_enim_over_floor": ratio(r.lat[ENIM].0.p50, r.lat[FLOOR].0.p50),
+            "add_p50_enim_over_host_device": ratio(r.lat[ENIM].0.p50, r.lat[HD].0.p50),
+            "del_p50_enim_over_floor": ratio(r.lat[ENIM].1.p50, r.lat[FLOOR].1.p50),
+            "del_p50_enim_over_host_device": ratio(r.lat[ENIM].1.p50, r.lat[HD].1.p50),
+        },
+        "throughput": throughput,
+        "scale": {
+            "gc_dead_no_device": {"records": sc.gc_dead, "ms": sc.gc_dead_ms},
+            "gc_moved_back_cni_exec": {"attachments": sc.gc_moved, "ms": sc.gc_moved_ms},
+            "restore": {
+                "records": sc.restore,
+                "exec_to_ready_ms": sc.restore_ms,
+                "enimd_logged_ms": sc.restore_logged_ms,
+                "same_enis_no_records_exec_to_ready_ms": sc.restore_empty_ms,
+            },
+            "startup_16_enis_exec_to_ready_ms": r.startup_ms,
+        },
+        "api": {"status_round_trip_ms": summary(&r.status_rt)},
+        "resources": {
+            "enimd_rss_idle_kib": r.rss_idle_kib,
+            "enimd_rss_after_latency_phase_kib": r.rss_warm_kib,
+            "enimd_rss_after_cycles_kib": r.rss_after_kib,
+            "enim_cycles_before_last_rss": r.rss_cycles,
+            "rss_series": r.rss_series.iter().map(|(c, k)| json!({"enim_cycles": c, "rss_kib": k})).collect::<Vec<_>>(),
+            "binary_bytes": r.sizes.iter().map(|(n, b)| (n.clone(), json!(b))).collect::<serde_json::Map<_, _>>(),
+            "version_exec_ms": {"enim": summary(&r.version_exec[0]), "host_device": summary(&r.version_exec[1])},
+        },
+        "targets": targets,
+    })
+}

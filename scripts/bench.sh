@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Benchmarks enim on this machine against Debian's reference host-device
+# plugin (static IPAM) and the kernel floor, in the same run, interleaved:
+# ADD/DEL latency through exec, throughput at 1/4/16 pods in parallel, GC
+# and restore at scale, API round trip, enimd memory, binary size.
+#
+#   sudo scripts/bench.sh               full run: release build, markdown table
+#                                       on stdout, every figure as JSON in
+#                                       $CARGO_TARGET_DIR/enim-bench/latest.json
+#   sudo scripts/bench.sh --smoke       a few cycles of everything (CI): checks
+#                                       that it all works, times nothing
+#   extra arguments go to enim-bench: --cycles N, --json FILE
+#
+# It makes its own uniquely named namespaces and veth pairs, never touches
+# this machine's own interfaces, sends traffic only inside its namespaces,
+# and removes everything on exit, pass or fail.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench.sh: run as root: it creates network namespaces" >&2; exit 1; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+
+smoke=false
+for a in "$@"; do [ "$a" = --smoke ] && smoke=true; done
+for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
+  [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
+done
+
+# The smoke checks behaviour, so a debug build (mostly built by the tests
+# already) will do; figures come from release builds only.
+if $smoke; then profile=debug; flags=(); name=smoke; else profile=release; flags=(--release); name=latest; fi
+echo "== building enim and enim-bench ($profile)" >&2
+(cd "$root" && cargo build --quiet "${flags[@]}" -p enim --bins -p enim-bench)
+bin="$target/$profile"
+
+tag="enimb$$"
+work=$(mktemp -d "${TMPDIR:-/tmp}/enim-bench.XXXXXX")
+cleanup() {
+  # enimd processes the bench started (listed by pid, and checked to be
+  # ours by their config path in case a pid was reused).
+  if [ -f "$work/enimd.pids" ]; then
+    while read -r pid; do
+      if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$work/"; then
+        kill "$pid" 2>/dev/null || true
+      fi
+    done <"$work/enimd.pids"
+  fi
+  # Every namespace of this run (their veths go with them).
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+json="$target/enim-bench/$name.json"
+mkdir -p "$(dirname "$json")"
+"$bin/enim-bench" --bin-dir "$bin" --tag "$tag" --work "$work" --json "$json" "$@"
