@@ -293,6 +293,23 @@ pub fn assert_invariant(
         .as_array()
         .unwrap()
         .clone();
+    // One link dump per namespace, not one per ENI: the soak checks this
+    // after every event.
+    let dump = |ns: &NamedNetns| -> Vec<serde_json::Value> {
+        serde_json::from_str::<serde_json::Value>(&ns.ip(&["-j", "link", "show"]))
+            .unwrap()
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let by_mac = |links: &[serde_json::Value], mac: &str| {
+        links
+            .iter()
+            .find(|l| l["address"].as_str() == Some(mac))
+            .cloned()
+    };
+    let host_links = dump(&sb.host);
+    let pod_links: Vec<Vec<serde_json::Value>> = pods.iter().map(|p| dump(p)).collect();
     for (i, eni) in sb.enis.iter().enumerate() {
         let mac = eni.mac.to_string();
         let status = enis["enis"]
@@ -316,7 +333,7 @@ pub fn assert_invariant(
             );
             continue;
         }
-        if let Some(link) = sb.host.link_by_mac(eni.mac) {
+        if let Some(link) = by_mac(&host_links, &mac) {
             assert_eq!(
                 link["ifname"],
                 format!("eni{i}"),
@@ -333,11 +350,11 @@ pub fn assert_invariant(
             );
             continue;
         }
-        let pod = pods
+        let (pod, link) = pods
             .iter()
-            .find(|p| p.link_by_mac(eni.mac).is_some())
+            .zip(&pod_links)
+            .find_map(|(p, links)| by_mac(links, &mac).map(|l| (p, l)))
             .unwrap_or_else(|| panic!("{when}: ENI {i} is neither home nor in a pod"));
-        let link = pod.link_by_mac(eni.mac).unwrap();
         assert_eq!(link["ifname"], "eth0", "{when}: ENI {i} in pod");
         assert_eq!(link["mtu"], POD_MTU, "{when}: ENI {i} pod MTU");
         assert!(
@@ -368,8 +385,9 @@ pub fn assert_invariant(
     }
     for rec in &attachments {
         let mac: enim_provider::MacAddr = rec["mac"].as_str().unwrap().parse().unwrap();
-        let held = pods.iter().any(|p| {
-            p.path().display().to_string() == rec["netns"] && p.link_by_mac(mac).is_some()
+        let held = pods.iter().zip(&pod_links).any(|(p, links)| {
+            p.path().display().to_string() == rec["netns"]
+                && by_mac(links, &mac.to_string()).is_some()
         });
         assert!(held, "{when}: record points at a missing ENI: {rec}");
     }
