@@ -4,8 +4,8 @@
 //! `scripts/bench.sh`, which builds the binaries and cleans up after it.
 //!
 //! ```text
-//! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--json FILE]
-//!            [--tag TAG] [--work DIR] [--cni-path DIR]
+//! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N]
+//!            [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]
 //! ```
 
 mod agent;
@@ -30,10 +30,12 @@ pub struct Opts {
     pub json: Option<PathBuf>,
     pub smoke: bool,
     pub cycles: usize,
+    /// enim cycles before the last RSS sample (0: the mode's default).
+    pub rss_cycles: usize,
 }
 
-const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--json FILE] \
-                     [--tag TAG] [--work DIR] [--cni-path DIR]";
+const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
+                     [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]";
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -44,6 +46,7 @@ fn parse_args() -> Result<Opts, String> {
         json: None,
         smoke: false,
         cycles: 0,
+        rss_cycles: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -55,6 +58,9 @@ fn parse_args() -> Result<Opts, String> {
             "--work" => o.work = Some(val()?.into()),
             "--json" => o.json = Some(val()?.into()),
             "--cycles" => o.cycles = val()?.parse().map_err(|e| format!("--cycles: {e}"))?,
+            "--rss-cycles" => {
+                o.rss_cycles = val()?.parse().map_err(|e| format!("--rss-cycles: {e}"))?
+            }
             "--smoke" => o.smoke = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),

@@ -105,7 +105,7 @@ impl Plan {
                 verify_every: 25,
                 levels: [1, 4, 16],
                 rounds: 3,
-                rss_cycles: 1000,
+                rss_cycles: if o.rss_cycles > 0 { o.rss_cycles } else { 1000 },
                 version_execs: 200,
                 status_calls: 1000,
                 gc_dead: 1000,
@@ -726,8 +726,13 @@ pub struct Results {
     pub smoke: bool,
     pub kernel: String,
     pub cpus: usize,
+    /// 1-minute load average when the run started and when it ended: the
+    /// machine may be shared, and load shows in every absolute figure.
+    pub load: (f64, f64),
     pub cycles: usize,
     pub lat: [(Summary, Summary); 4],
+    /// Every sample behind `lat`, in ms, in the order taken.
+    pub lat_raw: [(Vec<f64>, Vec<f64>); 4],
     pub throughput: Vec<Throughput>,
     pub scale: Scale,
     pub startup_ms: f64,
@@ -742,8 +747,16 @@ pub struct Results {
     pub sizes: [(String, u64); 3],
 }
 
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 pub fn run(o: &Opts) -> R<Results> {
     let plan = Plan::new(o);
+    let load_start = loadavg();
     let (work, _tmp_guard) = match &o.work {
         Some(w) => (w.clone(), None),
         None => {
@@ -855,8 +868,10 @@ pub fn run(o: &Opts) -> R<Results> {
             .trim()
             .to_string(),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load: (load_start, loadavg()),
         cycles: plan.cycles,
-        lat: lat.map(|l| (summarize(&l.add), summarize(&l.del))),
+        lat: std::array::from_fn(|i| (summarize(&lat[i].add), summarize(&lat[i].del))),
+        lat_raw: lat.map(|l| (ms(&l.add), ms(&l.del))),
         throughput,
         scale: Scale {
             gc_dead: plan.gc_dead,
@@ -882,6 +897,10 @@ pub fn run(o: &Opts) -> R<Results> {
             ("host-device".into(), size(&ctx.bins.host_device)),
         ],
     })
+}
+
+fn ms(samples: &[Duration]) -> Vec<f64> {
+    samples.iter().map(|d| d.as_secs_f64() * 1e3).collect()
 }
 
 /// `n` VERSION execs of enim and of host-device, alternating.

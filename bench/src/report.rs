@@ -29,6 +29,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 const ENIM: usize = 0;
 const HD: usize = 1;
 const FLOOR: usize = 2;
+const NO_FSYNC: usize = 3;
 
 pub fn targets(r: &Results) -> Vec<Target> {
     let add = |i: usize| r.lat[i].0.p50;
@@ -125,8 +126,9 @@ pub fn markdown(r: &Results) -> String {
     };
     let _ = writeln!(
         s,
-        "\n## enim benchmark: {mode}; {} cycles per method; kernel {}, {} CPUs\n",
-        r.cycles, r.kernel, r.cpus
+        "\n## enim benchmark: {mode}; {} cycles per method; kernel {}, {} CPUs, \
+         load average {:.1} at start, {:.1} at end\n",
+        r.cycles, r.kernel, r.cpus, r.load.0, r.load.1
     );
     let _ = writeln!(
         s,
@@ -134,19 +136,20 @@ pub fn markdown(r: &Results) -> String {
     );
 
     let _ = writeln!(s, "### ADD and DEL latency (ms)\n");
-    let _ = writeln!(s, "| op | method | p50 | p95 | p99 | max | n |");
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "| op | method | p50 | p95 | p99 | max | mean | n |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
     for (op, pick) in [("ADD", 0), ("DEL", 1)] {
         for (i, m) in LAT_METHODS.iter().enumerate() {
             let x: Summary = if pick == 0 { r.lat[i].0 } else { r.lat[i].1 };
             let _ = writeln!(
                 s,
-                "| {op} | {} | {} | {} | {} | {} | {} |",
+                "| {op} | {} | {} | {} | {} | {} | {} | {} |",
                 m.name(),
                 f2(x.p50),
                 f2(x.p95),
                 f2(x.p99),
                 f2(x.max),
+                f2(x.mean),
                 x.n
             );
         }
@@ -156,6 +159,28 @@ pub fn markdown(r: &Results) -> String {
         "\nenim and host-device: exec of the plugin to its exit (env + stdin, as a runtime does); \
          floor: the minimal rtnetlink messages in-process. The what-if row is a second enimd \
          differing only in `checkpoint_fsync = false`, interleaved with the rest.\n"
+    );
+    let _ = writeln!(s, "### Ratios (same run)\n");
+    let _ = writeln!(s, "| ratio | of p50 | of means |");
+    let _ = writeln!(s, "|---|---:|---:|");
+    for (op, pick) in [("ADD", 0), ("DEL", 1)] {
+        let x = |i: usize| if pick == 0 { r.lat[i].0 } else { r.lat[i].1 };
+        for (a, b) in [(ENIM, FLOOR), (ENIM, HD), (NO_FSYNC, FLOOR), (NO_FSYNC, HD)] {
+            let _ = writeln!(
+                s,
+                "| {op} {} / {} | {} | {} |",
+                LAT_METHODS[a].name(),
+                LAT_METHODS[b].name(),
+                f2(ratio(x(a).p50, x(b).p50)),
+                f2(ratio(x(a).mean, x(b).mean))
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nA netns move waits in the kernel for whole scheduler ticks (`rcu_barrier()` under \
+         the RTNL lock; 4 ms at HZ=250), so single latencies cluster a tick apart and a median \
+         can step by a whole tick between runs; the mean is steadier.\n"
     );
 
     let _ = writeln!(s, "### Throughput (ADD+DEL cycles per second)\n");
@@ -284,7 +309,12 @@ pub fn json(r: &Results) -> Value {
     for (i, m) in LAT_METHODS.iter().enumerate() {
         lat.insert(
             m.key().into(),
-            json!({"add": summary(&r.lat[i].0), "del": summary(&r.lat[i].1)}),
+            json!({
+                "add": summary(&r.lat[i].0),
+                "del": summary(&r.lat[i].1),
+                "add_samples": r.lat_raw[i].0,
+                "del_samples": r.lat_raw[i].1,
+            }),
         );
     }
     let throughput: Vec<Value> = r
@@ -314,7 +344,7 @@ pub fn json(r: &Results) -> Value {
         "schema": "enim-bench/1",
         "mode": if r.smoke { "smoke" } else { "full" },
         "note": "absolute times are machine-dependent; ratios from the same interleaved run are the headline",
-        "machine": {"kernel": r.kernel, "cpus": r.cpus},
+        "machine": {"kernel": r.kernel, "cpus": r.cpus, "loadavg_1min_start": r.load.0, "loadavg_1min_end": r.load.1},
         "cycles_per_method": r.cycles,
         "latency_ms": lat,
         "ratios": {
