@@ -6,7 +6,7 @@
 //! only once the device is home. Whatever fails, ADD undoes every step it
 //! took; whatever dies, the record says what to finish or undo.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -644,6 +644,7 @@ impl EniManager {
                 .collect()
         });
 
+        let mut dead = Vec::new();
         for record in self.checkpoint.list().await {
             if request
                 .network
@@ -662,7 +663,7 @@ impl EniManager {
             let omitted = valid.as_ref().is_some_and(|v| {
                 !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
             });
-            let dead = omitted
+            let is_dead = omitted
                 || expired
                 || match self.plumbing.check_netns(&record.netns).await {
                     Ok(()) => false,
@@ -672,27 +673,11 @@ impl EniManager {
                         false
                     }
                 };
-            if !dead {
-                continue;
-            }
-            let _guard = self.locks.lock(&record.key).await;
-            // Re-read under the lock: a DEL or re-ADD may have won the race.
-            let Some(current) = self.checkpoint.get(&record.key).await else {
-                continue;
-            };
-            if current.created_ms != record.created_ms {
-                continue;
-            }
-            match self.teardown(current).await {
-                Ok(outcome) => {
-                    if outcome == Teardown::DeviceGone {
-                        report.records_dropped.push(record.key.to_string());
-                    }
-                    report.collected.push(record.key.to_string())
-                }
-                Err(e) => report.errors.push(format!("{}: {e}", record.key)),
+            if is_dead {
+                dead.push(record);
             }
         }
+        self.collect_dead(dead, &mut report).await;
 
         // ENIs the provider assigns with no record: a crash between
         // allocation and the intent write. The key lock orders this after
@@ -766,6 +751,113 @@ impl EniManager {
 }
 
 impl EniManager {
+    /// Tears down dead attachments as one batch: the same steps and crash
+    /// points as DEL's teardown, but one provider listing, one intent write
+    /// and one outcome write for the whole batch instead of two fsyncs and a
+    /// listing per record.
+    async fn collect_dead(&self, mut dead: Vec<Attachment>, report: &mut GcReport) {
+        if dead.is_empty() {
+            return;
+        }
+        // Key order, so concurrent passes take the locks in the same order.
+        dead.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut guards = Vec::with_capacity(dead.len());
+        for record in &dead {
+            guards.push(self.locks.lock(&record.key).await);
+        }
+        // Re-read under the locks: a DEL or re-ADD may have won the race.
+        let mut current = Vec::with_capacity(dead.len());
+        for record in dead {
+            if let Some(now) = self.checkpoint.get(&record.key).await {
+                if now.created_ms == record.created_ms {
+                    current.push(now);
+                }
+            }
+        }
+        let holders: HashMap<String, Option<EniOwner>> = match self.provider.list().await {
+            Ok(enis) => enis.into_iter().map(|e| (e.id, e.owner)).collect(),
+            Err(e) => return report.errors.push(format!("provider list: {e}")),
+        };
+        let (stale, ours): (Vec<Attachment>, Vec<Attachment>) =
+            current.into_iter().partition(|r| {
+                holders
+                    .get(&r.eni_id)
+                    .and_then(|h| h.as_ref())
+                    .is_some_and(|h| !h.same_attachment(&r.owner()))
+            });
+        for r in &stale {
+            tracing::warn!(key = %r.key, eni = %r.eni_id, "ENI belongs to another attachment; dropping only the stale record");
+        }
+        let now = now_ms();
+        let intents: Vec<Attachment> = ours
+            .iter()
+            .filter(|r| r.phase != Phase::Deleting)
+            .map(|r| Attachment {
+                phase: Phase::Deleting,
+                updated_ms: now,
+                ..r.clone()
+            })
+            .collect();
+        let stale_keys: Vec<AttachmentKey> = stale.iter().map(|r| r.key.clone()).collect();
+        if let Err(e) = self.checkpoint.update_many(intents, &stale_keys).await {
+            return report.errors.push(format!("GC intent write: {e}"));
+        }
+        report
+            .collected
+            .extend(stale.iter().map(|r| r.key.to_string()));
+        crash_point("del:after-intent");
+
+        let mut home = Vec::with_capacity(ours.len());
+        for r in ours {
+            match self
+                .plumbing
+                .move_to_host(&r.netns, r.mac, &r.host_name, r.host_mtu)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is_netns_gone() => {}
+                Err(e) => {
+                    report
+                        .errors
+                        .push(format!("{}: return ENI to host: {e}", r.key));
+                    continue;
+                }
+            }
+            match self
+                .plumbing
+                .restore_host_link(r.mac, &r.host_name, r.host_mtu)
+                .await
+            {
+                Ok(found) => home.push((r, found)),
+                Err(e) => report
+                    .errors
+                    .push(format!("{}: restore host name and MTU: {e}", r.key)),
+            }
+        }
+        crash_point("del:after-restore");
+        let mut released = Vec::with_capacity(home.len());
+        for (r, found) in home {
+            match self.provider.release(&r.owner()).await {
+                Ok(()) => released.push((r, found)),
+                Err(e) => report.errors.push(format!("{}: release: {e}", r.key)),
+            }
+        }
+        crash_point("del:after-release");
+        let keys: Vec<AttachmentKey> = released.iter().map(|(r, _)| r.key.clone()).collect();
+        if let Err(e) = self.checkpoint.update_many(Vec::new(), &keys).await {
+            // The records stay in phase Deleting; the next pass finishes them.
+            return report.errors.push(format!("GC outcome write: {e}"));
+        }
+        for (r, found) in released {
+            if !found {
+                report.records_dropped.push(r.key.to_string());
+            }
+            tracing::info!(key = %r.key, eni = %r.eni_id, "collected");
+            report.collected.push(r.key.to_string());
+        }
+        drop(guards);
+    }
+
     /// Learns the host home of every free ENI seen for the first time, and
     /// puts back the name and MTU of a free ENI that has drifted from its
     /// home (renamed to `dev<N>` by a dying netns, or by hand).

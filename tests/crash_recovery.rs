@@ -320,3 +320,39 @@ fn plugin_killed_mid_add_is_kept_then_expires() {
     assert!(abandoned.link("eth0").is_none());
     assert_invariant(&sb, &[&retried, &abandoned], &agent, &[], "after expiry");
 }
+
+/// GC tears dead attachments down as one batch with DEL's crash points:
+/// a crash at each, mid-batch (here in the startup reconcile), still ends
+/// with nothing leaked once the agent is back.
+#[test]
+fn crash_at_every_point_of_a_batched_gc() {
+    require_kernel!();
+    for point in CRASH_POINTS
+        .iter()
+        .filter(|p| p.starts_with("del:") && **p != "del:after-move")
+    {
+        let sb = Sandbox::new(3);
+        let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+        let conf = agent.net_conf("1.1.0");
+        for (i, pod) in pods.iter().enumerate() {
+            enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
+        }
+        agent.stop();
+        // Two pods die together; their ENIs come back as physical ones do.
+        let mut pods = pods.into_iter();
+        drop((pods.next(), pods.next()));
+        let keep = pods.next().unwrap();
+        sb.plug_eni(0);
+        sb.plug_eni(1);
+        agent.env = crash_env(point);
+        agent.spawn();
+        agent.wait_crashed();
+        agent.env.clear();
+        agent.restart();
+        agent.ctl(&["gc"]);
+        assert_invariant(&sb, &[&keep], &agent, &[], point);
+        assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
+    }
+}

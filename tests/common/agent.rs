@@ -69,6 +69,12 @@ impl Agent {
     }
 
     pub fn restart(&mut self) {
+        self.spawn();
+        self.wait_ready();
+    }
+
+    /// Starts the process without waiting for it to be ready.
+    pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "agent already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -91,6 +97,9 @@ impl Agent {
             .spawn()
             .expect("spawn enimd");
         self.child = Some(child);
+    }
+
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             // Ready means startup recovery and reconcile are done.
