@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N]
-//!            [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]
+//!            [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]
 //! ```
 
 mod agent;
@@ -32,10 +32,12 @@ pub struct Opts {
     pub cycles: usize,
     /// enim cycles before the last RSS sample (0: the mode's default).
     pub rss_cycles: usize,
+    /// Idle time before each timed latency operation (None: the default).
+    pub gap_ms: Option<u64>,
 }
 
 const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
-                     [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]";
+                     [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]";
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -47,6 +49,7 @@ fn parse_args() -> Result<Opts, String> {
         smoke: false,
         cycles: 0,
         rss_cycles: 0,
+        gap_ms: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -61,6 +64,7 @@ fn parse_args() -> Result<Opts, String> {
             "--rss-cycles" => {
                 o.rss_cycles = val()?.parse().map_err(|e| format!("--rss-cycles: {e}"))?
             }
+            "--gap-ms" => o.gap_ms = Some(val()?.parse().map_err(|e| format!("--gap-ms: {e}"))?),
             "--smoke" => o.smoke = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),

@@ -79,6 +79,7 @@ struct Plan {
     gc_moved: usize,
     restore: usize,
     gc_grace_s: u64,
+    gap: Duration,
 }
 
 impl Plan {
@@ -97,6 +98,7 @@ impl Plan {
                 gc_moved: 3,
                 restore: 200,
                 gc_grace_s: 1,
+                gap: Duration::ZERO,
             }
         } else {
             Plan {
@@ -112,6 +114,7 @@ impl Plan {
                 gc_moved: 50,
                 restore: 10_000,
                 gc_grace_s: 3,
+                gap: Duration::from_millis(o.gap_ms.unwrap_or(DEFAULT_GAP_MS)),
             }
         }
     }
@@ -144,6 +147,14 @@ pub struct Ctx {
 }
 
 const MAIN_ENIS: usize = 16;
+
+/// Idle time before each timed operation of the latency loop (`--gap-ms`).
+/// None by default: operations run back to back, as on a busy node, each
+/// inheriting the kernel's pending RCU work of the one before (balanced
+/// over predecessors, see `latency`). With idle gaps the in-process floor's
+/// netns move gets several ms faster while an exec'd plugin's does not,
+/// which `--gap-ms 60` shows.
+pub const DEFAULT_GAP_MS: u64 = 0;
 
 fn eni(id: String, host_name: String, mac: [u8; 6], net: [u8; 3]) -> Eni {
     Eni {
@@ -246,6 +257,8 @@ struct Worker<'a> {
     ctx: &'a Ctx,
     rt: tokio::runtime::Runtime,
     floor: Floor,
+    /// Idle time before each timed operation (see `latency`).
+    gap: Duration,
 }
 
 /// One ADD+DEL cycle's two latencies.
@@ -260,7 +273,12 @@ impl<'a> Worker<'a> {
             .enable_all()
             .build()?;
         let floor = rt.block_on(Floor::new(&ctx.sb.host_path()))?;
-        Ok(Worker { ctx, rt, floor })
+        Ok(Worker {
+            ctx,
+            rt,
+            floor,
+            gap: Duration::ZERO,
+        })
     }
 
     /// ADD then DEL with `method`, in pod `slot` (and, for host-device and
@@ -276,6 +294,7 @@ impl<'a> Worker<'a> {
             Method::EnimNoFsync => &ctx.enim_conf_no_fsync,
             _ => &ctx.enim_conf,
         };
+        std::thread::sleep(self.gap);
         let add = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
@@ -303,6 +322,7 @@ impl<'a> Worker<'a> {
         if verify {
             self.verify_added(method, slot)?;
         }
+        std::thread::sleep(self.gap);
         let del = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
@@ -419,28 +439,55 @@ fn on_thread<T: Send>(f: impl FnOnce() -> R<T> + Send) -> R<T> {
     })
 }
 
-/// `cycles` interleaved ADD+DEL cycles of every method, one pod at a time;
-/// the order rotates each cycle so none always runs first.
-fn latency(ctx: &Ctx, plan: &Plan) -> R<[Lat; 4]> {
+/// Every order of `n` items (Heap's algorithm).
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    fn heap(k: usize, a: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if k <= 1 {
+            out.push(a.clone());
+            return;
+        }
+        for i in 0..k {
+            heap(k - 1, a, out);
+            let j = if k % 2 == 0 { i } else { 0 };
+            a.swap(j, k - 1);
+        }
+    }
+    let mut out = Vec::new();
+    heap(n, &mut (0..n).collect(), &mut out);
+    out
+}
+
+/// `cycles` interleaved ADD+DEL cycles of every method, one pod at a time.
+/// Cycles go through every order of the methods in turn, so each method
+/// follows each other one equally often: what an operation leaves behind
+/// in the kernel must not always land on the same successor (with a fixed
+/// rotation the floor's ADD measured about 5 ms slower right after
+/// host-device's DEL than after enim's).
+/// Each timed operation starts after `plan.gap` of idle time.
+fn latency(ctx: &Ctx, plan: &Plan) -> R<([Lat; 4], Vec<Vec<usize>>)> {
     on_thread(|| {
-        let w = Worker::on_this_thread(ctx)?;
+        let mut w = Worker::on_this_thread(ctx)?;
+        w.gap = plan.gap;
         for i in 0..plan.warmup {
             for m in LAT_METHODS {
                 w.cycle(m, 0, &format!("warm-{}-{i}", m.key()), true)?;
             }
         }
+        let orders = permutations(LAT_METHODS.len());
         let mut lat: [Lat; 4] = Default::default();
+        let mut taken = Vec::with_capacity(plan.cycles);
         for c in 0..plan.cycles {
-            for k in 0..LAT_METHODS.len() {
-                let idx = (c + k) % LAT_METHODS.len();
+            let order = &orders[c % orders.len()];
+            for &idx in order {
                 let m = LAT_METHODS[idx];
                 let verify = c % plan.verify_every == 0;
                 let (a, d) = w.cycle(m, 0, &format!("lat-{}-{c}", m.key()), verify)?;
                 lat[idx].add.push(a);
                 lat[idx].del.push(d);
             }
+            taken.push(order.clone());
         }
-        Ok(lat)
+        Ok((lat, taken))
     })
 }
 
@@ -733,6 +780,9 @@ pub struct Results {
     pub lat: [(Summary, Summary); 4],
     /// Every sample behind `lat`, in ms, in the order taken.
     pub lat_raw: [(Vec<f64>, Vec<f64>); 4],
+    /// The order of the methods (indices into `LAT_METHODS`) per cycle.
+    pub lat_order: Vec<Vec<usize>>,
+    pub gap_ms: u64,
     pub throughput: Vec<Throughput>,
     pub scale: Scale,
     pub startup_ms: f64,
@@ -813,7 +863,7 @@ pub fn run(o: &Opts) -> R<Results> {
         "latency: {} interleaved ADD+DEL cycles per method",
         plan.cycles
     ));
-    let lat = latency(&ctx, &plan)?;
+    let (lat, lat_order) = latency(&ctx, &plan)?;
     check_all_home(&ctx, &no_fsync, "after the latency phase (what-if agent)")?;
     no_fsync.stop()?;
     let rss_warm_kib = main.rss_kib()?;
@@ -872,6 +922,8 @@ pub fn run(o: &Opts) -> R<Results> {
         cycles: plan.cycles,
         lat: std::array::from_fn(|i| (summarize(&lat[i].add), summarize(&lat[i].del))),
         lat_raw: lat.map(|l| (ms(&l.add), ms(&l.del))),
+        lat_order,
+        gap_ms: plan.gap.as_millis() as u64,
         throughput,
         scale: Scale {
             gc_dead: plan.gc_dead,
@@ -937,5 +989,32 @@ struct RemoveDir(PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::permutations;
+
+    #[test]
+    fn every_order_once() {
+        let p = permutations(4);
+        assert_eq!(p.len(), 24);
+        let mut uniq = p.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), 24);
+        // Balanced: each method follows each other one equally often.
+        let mut follows = [[0; 4]; 4];
+        for o in &p {
+            for w in o.windows(2) {
+                follows[w[0]][w[1]] += 1;
+            }
+        }
+        for (a, row) in follows.iter().enumerate() {
+            for (b, n) in row.iter().enumerate() {
+                assert_eq!(*n, if a == b { 0 } else { 6 }, "{a} -> {b}");
+            }
+        }
     }
 }

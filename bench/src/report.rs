@@ -158,7 +158,10 @@ pub fn markdown(r: &Results) -> String {
         s,
         "\nenim and host-device: exec of the plugin to its exit (env + stdin, as a runtime does); \
          floor: the minimal rtnetlink messages in-process. The what-if row is a second enimd \
-         differing only in `checkpoint_fsync = false`, interleaved with the rest.\n"
+         differing only in `checkpoint_fsync = false`. Cycles go through all 24 orders of the \
+         four, so each follows each other equally often; idle time before each timed \
+         operation: {} ms.\n",
+        r.gap_ms
     );
     let _ = writeln!(s, "### Ratios (same run)\n");
     let _ = writeln!(s, "| ratio | of p50 | of means |");
@@ -217,7 +220,12 @@ pub fn markdown(r: &Results) -> String {
             "CNI GC (exec), {} dead attachments moved back home",
             sc.gc_moved
         ),
-        format!("{} ms", f2(sc.gc_moved_ms)),
+        format!(
+            "{} ms ({} ms each; floor DEL p50 {} ms)",
+            f2(sc.gc_moved_ms),
+            f2(sc.gc_moved_ms / sc.gc_moved as f64),
+            f2(r.lat[FLOOR].1.p50)
+        ),
     );
     row(
         format!("start-up restore, {} records, exec → ready", sc.restore),
@@ -346,6 +354,8 @@ pub fn json(r: &Results) -> Value {
         "note": "absolute times are machine-dependent; ratios from the same interleaved run are the headline",
         "machine": {"kernel": r.kernel, "cpus": r.cpus, "loadavg_1min_start": r.load.0, "loadavg_1min_end": r.load.1},
         "cycles_per_method": r.cycles,
+        "gap_ms_before_each_timed_op": r.gap_ms,
+        "latency_order": r.lat_order.iter().map(|o| o.iter().map(|&i| LAT_METHODS[i].key()).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "latency_ms": lat,
         "ratios": {
             "add_p50_enim_over_floor": ratio(r.lat[ENIM].0.p50, r.lat[FLOOR].0.p50),
