@@ -81,6 +81,17 @@ pub enum MtuExpectation {
     Skip,
 }
 
+impl MtuExpectation {
+    /// The MTU to require, given the one enim recorded; `None`: any.
+    pub fn want(self, recorded: u32) -> Option<u32> {
+        match self {
+            MtuExpectation::Recorded => Some(recorded),
+            MtuExpectation::Exactly(m) => Some(m),
+            MtuExpectation::Skip => None,
+        }
+    }
+}
+
 fn is_recorded(m: &MtuExpectation) -> bool {
     *m == MtuExpectation::Recorded
 }

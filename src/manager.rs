@@ -7,7 +7,6 @@
 //! took; whatever dies, the record says what to finish or undo.
 
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -485,37 +484,11 @@ impl EniManager {
             .await
             .map_err(|e| fail(e.to_string()))?
             .ok_or_else(|| fail(format!("no device with MAC {} in the netns", record.mac)))?;
-        if state.link.name != key.ifname {
-            return Err(fail(format!(
-                "device is named {:?}, not {:?}",
-                state.link.name, key.ifname
-            )));
-        }
-        let want_mtu = match mtu {
-            MtuExpectation::Recorded => Some(record.mtu),
-            MtuExpectation::Exactly(m) => Some(m),
-            MtuExpectation::Skip => None,
-        };
-        if let Some(want) = want_mtu.filter(|w| *w != state.link.mtu) {
-            return Err(fail(format!("MTU is {}, not {want}", state.link.mtu)));
-        }
-        if !state.link.up {
-            return Err(fail("device is down".into()));
-        }
         let result = record.result();
-        for ip in &result.ips {
-            if !state.addrs.contains(&ip.address) {
-                return Err(fail(format!("address {} is missing", ip.address)));
-            }
+        if let Some(why) = state.mismatch(&result, mtu.want(record.mtu)) {
+            return Err(fail(why));
         }
         self.claim(record.clone()).await?;
-        for route in &result.routes {
-            if let Some(gw) = route.gw {
-                if !state.default_gateways.contains(&gw) {
-                    return Err(fail(format!("default route via {gw} is missing")));
-                }
-            }
-        }
         Ok(result)
     }
 
@@ -608,19 +581,7 @@ impl EniManager {
         let Ok(Some(state)) = self.plumbing.pod_link(&record.netns, record.mac).await else {
             return false;
         };
-        let result = record.result();
-        state.link.name == record.key.ifname
-            && state.link.up
-            && state.link.mtu == record.mtu
-            && result
-                .ips
-                .iter()
-                .all(|ip| state.addrs.contains(&ip.address))
-            && result
-                .routes
-                .iter()
-                .filter_map(|r| r.gw)
-                .all(|gw: IpAddr| state.default_gateways.contains(&gw))
+        state.mismatch(&record.result(), Some(record.mtu)).is_none()
     }
 }
 

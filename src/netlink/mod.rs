@@ -19,6 +19,8 @@ use enim_provider::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+use crate::attachment::AttachmentResult;
+
 pub use netns::Netns;
 
 /// A device as seen in one namespace.
@@ -49,6 +51,39 @@ pub struct PodLinkState {
     pub addrs: Vec<IpNet>,
     /// Gateways of the default routes (IPv4 and IPv6) through this link.
     pub default_gateways: Vec<IpAddr>,
+}
+
+impl PodLinkState {
+    /// Why this pod interface differs from what `result` promises (name,
+    /// MTU when `want_mtu` is set, link up, addresses, default routes), or
+    /// `None` when it matches. Both modes' CHECK and recovery use it.
+    pub fn mismatch(&self, result: &AttachmentResult, want_mtu: Option<u32>) -> Option<String> {
+        if self.link.name != result.interface.name {
+            return Some(format!(
+                "device is named {:?}, not {:?}",
+                self.link.name, result.interface.name
+            ));
+        }
+        if let Some(want) = want_mtu.filter(|w| *w != self.link.mtu) {
+            return Some(format!("MTU is {}, not {want}", self.link.mtu));
+        }
+        if !self.link.up {
+            return Some("interface is down".into());
+        }
+        if let Some(ip) = result
+            .ips
+            .iter()
+            .find(|ip| !self.addrs.contains(&ip.address))
+        {
+            return Some(format!("address {} is missing", ip.address));
+        }
+        let missing_gw = result
+            .routes
+            .iter()
+            .filter_map(|r| r.gw)
+            .find(|gw| !self.default_gateways.contains(gw));
+        missing_gw.map(|gw| format!("default route via {gw} is missing"))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -16,13 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use enim_provider::{EniOwner, EniProvider, MacAddr, ProviderError};
-use ipnet::IpNet;
 use tokio::sync::RwLock as AsyncRwLock;
 
 use super::datastore::{DataStore, DataStoreStats};
 use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::record::SecondaryAttachment;
-use super::{SecondaryConfig, GATEWAY4, GATEWAY6, MAX_DEVICE_INDEX};
+use super::{SecondaryConfig, MAX_DEVICE_INDEX};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
@@ -486,34 +485,11 @@ impl SecondaryManager {
                 record.netns.display()
             ));
         };
-        let want_mtu = match mtu {
-            MtuExpectation::Recorded => Some(record.mtu),
-            MtuExpectation::Exactly(m) => Some(m),
-            MtuExpectation::Skip => None,
-        };
-        if let Some(want) = want_mtu.filter(|w| *w != pod.link.mtu) {
-            return Some(format!("MTU is {}, not {want}", pod.link.mtu));
-        }
-        if !pod.link.up {
-            return Some("pod interface is down".into());
+        if let Some(why) = pod.mismatch(&record.result(), mtu.want(record.mtu)) {
+            return Some(why);
         }
         if record.mac.is_some_and(|m| m != pod.link.mac) {
             return Some(format!("pod interface has MAC {}", pod.link.mac));
-        }
-        for ip in record.ips() {
-            let net = IpNet::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
-            if !pod.addrs.contains(&net) {
-                return Some(format!("address {net} is missing"));
-            }
-        }
-        let gateways = [
-            record.ipv4.map(|_| IpAddr::V4(GATEWAY4)),
-            record.ipv6.map(|_| IpAddr::V6(GATEWAY6)),
-        ];
-        for gw in gateways.into_iter().flatten() {
-            if !pod.default_gateways.contains(&gw) {
-                return Some(format!("default route via {gw} is missing"));
-            }
         }
         match seen.host_veth_up {
             None => return Some(format!("host veth {} is missing", record.host_veth)),
