@@ -894,7 +894,7 @@ pub struct RecoveryReport {
     pub rolled_back: usize,
 }
 
-fn validate_owner(owner: &EniOwner) -> Result<(), ManagerError> {
+pub(crate) fn validate_owner(owner: &EniOwner) -> Result<(), ManagerError> {
     if owner.network.is_empty() {
         return Err(ManagerError::InvalidRequest("network name is empty".into()));
     }

@@ -27,7 +27,7 @@ use crate::attachment::{now_ms, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
 use crate::keylock::KeyLocks;
-use crate::manager::{key_of, ManagerError, RecoveryReport};
+use crate::manager::{key_of, validate_owner, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
 
 /// A host ENI in use by this node.
@@ -63,14 +63,7 @@ fn plumbing_err(step: &'static str) -> impl FnOnce(PlumbingError) -> ManagerErro
 }
 
 fn validate(owner: &EniOwner) -> Result<(), ManagerError> {
-    for (what, value) in [
-        ("network name", &owner.network),
-        ("container id", &owner.container_id),
-    ] {
-        if value.is_empty() {
-            return Err(ManagerError::InvalidRequest(format!("{what} is empty")));
-        }
-    }
+    validate_owner(owner)?;
     validate_ifname(&owner.ifname).map_err(ManagerError::InvalidRequest)
 }
 
