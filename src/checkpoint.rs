@@ -1,11 +1,26 @@
 //! The checkpoint: every attachment this node holds, in one versioned JSON
 //! file that survives agent restarts.
 //!
-//! Each change is written through before the caller goes on: a temp file in
-//! the same directory, fsync, rename over the old file, fsync of the
-//! directory. A reader therefore sees the old file or the new one, never a
-//! mix. A file that cannot be read or has an unknown version is an error
-//! naming the file; it is never silently replaced.
+//! A file is written as a temp file in the same directory, fsync, rename
+//! over the old file. A reader therefore sees the old file or the new one,
+//! never a mix. A file that cannot be read or has an unknown version is an
+//! error naming the file; it is never silently replaced.
+//!
+//! Two kinds of change:
+//! - **Written through** (`put`, `remove`, `update_many`, ...): on disk before
+//!   the call returns. Intents use these, so a crash after acting always
+//!   leaves a record of what was begun.
+//! - **Written behind** (`put_behind`, `remove_behind`): in memory at once,
+//!   on disk a moment later from a background task (or with the next write,
+//!   or at `flush`). Only for outcomes whose intent is already on disk: if
+//!   the agent dies first, recovery finds the intent and finishes it from
+//!   what the kernel shows. This keeps one fsync, not two, on the path of
+//!   every ADD and DEL.
+//!
+//! The directory is not fsynced after the rename. That fsync only makes the
+//! rename survive a power cut; the file is whole either way, and a power cut
+//! reboots the node, which ends every pod netns the newer file could have
+//! named: GC collects the older file's records just the same.
 //!
 //! Format versions (the `version` field):
 //! - `enim/1`: `attachments` only.
@@ -23,6 +38,8 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -68,6 +85,9 @@ struct State {
     attachments: BTreeMap<AttachmentKey, Attachment>,
     homes: BTreeMap<MacAddr, HostHome>,
     pods: BTreeMap<AttachmentKey, SecondaryAttachment>,
+    /// Memory holds changes the file lacks (written behind, or their write
+    /// failed); the next write of any kind carries them.
+    unwritten: bool,
 }
 
 #[derive(Serialize)]
@@ -99,6 +119,8 @@ pub struct Checkpoint {
     path: PathBuf,
     fsync: bool,
     state: Mutex<State>,
+    /// A write-behind task is spawned and has not yet taken the state.
+    flush_pending: AtomicBool,
     #[cfg(any(test, feature = "fault-injection"))]
     failing_writes: std::sync::atomic::AtomicU32,
     write_observer: std::sync::OnceLock<WriteObserver>,
@@ -134,6 +156,7 @@ impl Checkpoint {
             path: path.to_path_buf(),
             fsync,
             state: Mutex::new(entries),
+            flush_pending: AtomicBool::new(false),
             #[cfg(any(test, feature = "fault-injection"))]
             failing_writes: Default::default(),
             write_observer: Default::default(),
@@ -179,7 +202,7 @@ impl Checkpoint {
         let mut state = self.state.lock().await;
         let key = attachment.key.clone();
         let previous = state.attachments.insert(key.clone(), attachment);
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             match previous {
                 Some(p) => state.attachments.insert(key, p),
                 None => state.attachments.remove(&key),
@@ -209,7 +232,7 @@ impl Checkpoint {
         for key in removes {
             previous.push((key.clone(), state.attachments.remove(key)));
         }
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             // Undo in reverse, so a key touched twice ends as it began.
             for (key, before) in previous.into_iter().rev() {
                 match before {
@@ -228,7 +251,7 @@ impl Checkpoint {
         let Some(previous) = state.attachments.remove(key) else {
             return Ok(None);
         };
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             state.attachments.insert(key.clone(), previous);
             return Err(e);
         }
@@ -250,7 +273,7 @@ impl Checkpoint {
         let mut state = self.state.lock().await;
         let key = pod.key.clone();
         let previous = state.pods.insert(key.clone(), pod);
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             match previous {
                 Some(p) => state.pods.insert(key, p),
                 None => state.pods.remove(&key),
@@ -269,7 +292,7 @@ impl Checkpoint {
         let Some(previous) = state.pods.remove(key) else {
             return Ok(None);
         };
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             state.pods.insert(key.clone(), previous);
             return Err(e);
         }
@@ -302,13 +325,85 @@ impl Checkpoint {
         for (mac, home) in &new {
             state.homes.insert(*mac, home.clone());
         }
-        if let Err(e) = self.write(&state).await {
+        if let Err(e) = self.write(&mut state).await {
             for (mac, _) in &new {
                 state.homes.remove(mac);
             }
             return Err(e);
         }
         Ok(new.len())
+    }
+
+    /// Records (or replaces) an attachment now and writes it behind the
+    /// caller. Only for an outcome whose intent is on disk: see the module
+    /// comment.
+    pub async fn put_behind(self: &Arc<Self>, attachment: Attachment) {
+        let mut state = self.state.lock().await;
+        state.attachments.insert(attachment.key.clone(), attachment);
+        state.unwritten = true;
+        drop(state);
+        self.write_behind();
+    }
+
+    /// Drops an attachment now and writes that behind the caller (an
+    /// outcome whose intent is on disk).
+    pub async fn remove_behind(self: &Arc<Self>, key: &AttachmentKey) -> Option<Attachment> {
+        let mut state = self.state.lock().await;
+        let removed = state.attachments.remove(key);
+        if removed.is_some() {
+            state.unwritten = true;
+        }
+        drop(state);
+        self.write_behind();
+        removed
+    }
+
+    /// Writes what memory holds and the file lacks; a no-op when nothing
+    /// is. The agent calls it at shutdown and on every GC tick (a failed
+    /// write-behind is retried there).
+    pub async fn flush(&self) -> Result<(), CheckpointError> {
+        let mut state = self.state.lock().await;
+        if state.unwritten {
+            self.write(&mut state).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether memory holds changes the file lacks.
+    pub async fn has_unwritten(&self) -> bool {
+        self.state.lock().await.unwritten
+    }
+
+    /// Spawns the task that writes pending changes, unless one is already
+    /// waiting: it will see these changes too, as it takes the state after
+    /// them. Changes that a write through carried first leave it nothing to do.
+    fn write_behind(self: &Arc<Self>) {
+        if self.flush_pending.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let checkpoint = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut state = checkpoint.state.lock().await;
+            // Cleared while holding the state: a change made after this
+            // point spawns a task of its own.
+            checkpoint.flush_pending.store(false, Ordering::SeqCst);
+            if !state.unwritten {
+                return;
+            }
+            if let Err(e) = checkpoint.write(&mut state).await {
+                tracing::error!(error = %e, "checkpoint write-behind failed; the next write or GC tick retries it");
+            }
+        });
+    }
+
+    /// Waits until no write-behind task is waiting or writing.
+    #[cfg(test)]
+    pub(crate) async fn settle(&self) {
+        while self.flush_pending.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        // A task that took the state holds it until its write is done.
+        drop(self.state.lock().await);
     }
 
     /// Makes the `nth` write from now (1 = the next) fail, for rollback
@@ -319,10 +414,9 @@ impl Checkpoint {
             .store(nth, std::sync::atomic::Ordering::SeqCst);
     }
 
-    async fn write(&self, state: &State) -> Result<(), CheckpointError> {
+    async fn write(&self, state: &mut State) -> Result<(), CheckpointError> {
         #[cfg(any(test, feature = "fault-injection"))]
         {
-            use std::sync::atomic::Ordering;
             let countdown = self.failing_writes.load(Ordering::SeqCst);
             if countdown > 0 {
                 self.failing_writes.store(countdown - 1, Ordering::SeqCst);
@@ -358,6 +452,7 @@ impl Checkpoint {
                 path: self.path.clone(),
                 source,
             })?;
+        state.unwritten = false;
         if let Some(observe) = self.write_observer.get() {
             observe(started.elapsed());
         }
@@ -409,10 +504,12 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
         attachments: entries,
         homes: file.homes,
         pods,
+        unwritten: false,
     })
 }
 
-/// temp file in the same directory + fsync + rename + fsync of the directory.
+/// temp file in the same directory + fsync + rename (the directory is not
+/// fsynced: see the module comment).
 fn write_atomically(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
     let dir = path
         .parent()
@@ -428,11 +525,7 @@ fn write_atomically(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
         file.sync_all()?;
     }
     drop(file);
-    fs::rename(&tmp, path)?;
-    if fsync {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

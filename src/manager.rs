@@ -323,7 +323,9 @@ impl EniManager {
 
         record.phase = Phase::Ready;
         record.updated_ms = now_ms();
-        self.checkpoint.put(record.clone()).await?;
+        // Written behind: should the agent die before it lands, recovery
+        // finds the intent with the device fully configured and finishes it.
+        self.checkpoint.put_behind(record.clone()).await;
         crash_point("add:after-outcome");
         tracing::info!(%key, eni = %eni.id, pod = %owner.pod, "ENI attached");
         Ok(record.result())
@@ -435,7 +437,9 @@ impl EniManager {
         crash_point("del:after-restore");
         self.provider.release(&owner).await?;
         crash_point("del:after-release");
-        self.checkpoint.remove(&record.key).await?;
+        // Written behind: should the agent die before it lands, recovery
+        // repeats this teardown from the intent, which is idempotent.
+        self.checkpoint.remove_behind(&record.key).await;
         tracing::info!(key = %record.key, eni = %record.eni_id, "ENI released");
         Ok(if found {
             Teardown::Home
@@ -1024,8 +1028,8 @@ mod tests {
 
     #[tokio::test]
     async fn checkpoint_write_failures_roll_back() {
-        // Write 1 is the intent (before the move), write 2 the outcome
-        // (after the device is configured in the pod).
+        // Write 1 records the ENI's host home (first sight), write 2 the
+        // intent (before the move): a failure of either undoes the ADD.
         for nth in [1, 2] {
             let r = rig(1);
             r.mgr.checkpoint().fail_nth_write(nth);
@@ -1037,6 +1041,53 @@ mod tests {
             assert!(matches!(err, ManagerError::Checkpoint(_)), "{err}");
             r.assert_untouched(&format!("checkpoint write {nth}")).await;
         }
+    }
+
+    #[tokio::test]
+    async fn outcomes_are_written_behind_and_a_failed_one_is_retried() {
+        let r = rig(1);
+        let cp = r.mgr.checkpoint().clone();
+        let on_disk = || {
+            let path = cp.path().to_path_buf();
+            async move {
+                Checkpoint::open(&path, false)
+                    .unwrap()
+                    .list()
+                    .await
+                    .into_iter()
+                    .map(|a| a.phase)
+                    .collect::<Vec<_>>()
+            }
+        };
+        // Write 3 is ADD's outcome, written behind: its failure does not
+        // fail the ADD, and memory keeps the outcome for the next write.
+        cp.fail_nth_write(3);
+        r.mgr.add(&owner("c"), &r.netns).await.unwrap();
+        assert_eq!(r.mgr.attachments().await[0].phase, Phase::Ready);
+        cp.settle().await;
+        assert!(
+            cp.has_unwritten().await,
+            "the failed write-behind left nothing pending"
+        );
+        assert_eq!(
+            on_disk().await,
+            vec![Phase::Adding],
+            "disk keeps the intent"
+        );
+        cp.flush().await.unwrap();
+        assert!(!cp.has_unwritten().await);
+        assert_eq!(on_disk().await, vec![Phase::Ready]);
+
+        // DEL's outcome (the record's removal) lands behind it too.
+        r.mgr.del(&owner("c")).await.unwrap();
+        assert!(r.mgr.attachments().await.is_empty());
+        cp.settle().await;
+        assert!(!cp.has_unwritten().await);
+        assert_eq!(
+            on_disk().await,
+            Vec::<Phase>::new(),
+            "the removal never landed"
+        );
     }
 
     #[tokio::test]

@@ -310,6 +310,9 @@ async fn restart_restores_ownership_from_checkpoint() {
     {
         let (mgr, _) = sb.manager(&cp).await;
         mgr.add(&o, &pod.path()).await.unwrap();
+        // A clean stop lands the outcome written behind (enimd does this
+        // at shutdown; a crash instead is recovery's case, tested apart).
+        mgr.checkpoint().flush().await.unwrap();
     }
     let (mgr, provider) = sb.manager(&cp).await;
     let report = mgr.recover().await.unwrap();

@@ -233,6 +233,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 tokio::select! {
                     _ = ticker.tick() => {
                         metrics.observe_gc(&manager.gc(&GcRequest::default(), grace).await);
+                        // Retries a write-behind that failed (a full disk).
+                        if let Err(e) = manager.checkpoint().flush().await {
+                            tracing::error!(error = %e, "checkpoint write failed; retrying next tick");
+                        }
                     }
                     _ = gc_stop.changed() => break,
                 }
@@ -247,7 +251,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(Err(e)) => tracing::error!(error = %e, "server error"),
         Err(e) => tracing::error!(error = %e, "server task failed"),
     }
-    // Every checkpoint change was written through; nothing is buffered.
+    // Requests are finished: land the outcomes still written behind.
+    if let Err(e) = manager.checkpoint().flush().await {
+        tracing::error!(error = %e, "final checkpoint write failed; recovery will finish the recorded intents");
+    }
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("stopped");
     Ok(())
