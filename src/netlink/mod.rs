@@ -181,9 +181,10 @@ pub trait Plumbing: Send + Sync {
         mac: MacAddr,
     ) -> Result<Option<PodLinkState>, PlumbingError>;
 
-    /// The reverse of ADD inside the pod: link down, host MTU, addresses
-    /// flushed, then moved to the host and renamed to `host_name` in one
-    /// message. Returns false when the device is not in that netns.
+    /// The reverse of ADD: the device moves to the host, renamed to
+    /// `host_name` and set to `host_mtu`, in one message (the move leaves it
+    /// down with no addresses or routes). Returns false when the device is
+    /// not in that netns.
     async fn move_to_host(
         &self,
         netns: &Path,

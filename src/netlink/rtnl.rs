@@ -366,26 +366,14 @@ impl Plumbing for RtnlPlumbing {
         let Some(link) = link_by_mac(&pod, mac).await? else {
             return Ok(false);
         };
-        set_link(
-            &pod,
-            LinkUnspec::new_with_index(link.index)
-                .down()
-                .mtu(host_mtu)
-                .build(),
-            "set down and host MTU",
-        )
-        .await?;
-        for addr in addresses(&pod, link.index).await? {
-            pod.address()
-                .del(addr)
-                .execute()
-                .await
-                .map_err(nl("flush address"))?;
-        }
+        // No separate down or address flush: the move itself closes the
+        // device and flushes its addresses and routes. The host MTU rides
+        // in the move message, applied once the device is home.
         let move_as = |name: &str| {
             LinkUnspec::new_with_index(link.index)
                 .setns_by_fd(self.host.file().as_raw_fd())
                 .name(name)
+                .mtu(host_mtu)
                 .build()
         };
         match set_link(&pod, move_as(host_name), "move to host").await {

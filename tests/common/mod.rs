@@ -229,6 +229,12 @@ impl Sandbox {
             .unwrap_or_else(|| panic!("ENI {i} is not in the host namespace"));
         assert_eq!(link["ifname"], format!("eni{i}"), "ENI {i} host name");
         assert_eq!(link["mtu"], HOST_MTU, "ENI {i} host MTU");
+        // The pod's addresses must not follow the ENI home.
+        assert_eq!(
+            self.host.addrs(&format!("eni{i}")),
+            Vec::<String>::new(),
+            "ENI {i} host addresses"
+        );
     }
 }
 
