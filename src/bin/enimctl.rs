@@ -133,35 +133,7 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
             if args.json {
                 return Ok(pretty(&list));
             }
-            let rows = list
-                .attachments
-                .into_iter()
-                .map(|a| {
-                    vec![
-                        a.pod.to_string(),
-                        a.key.network.clone(),
-                        short(&a.key.container_id),
-                        a.key.ifname.clone(),
-                        a.eni_id.clone(),
-                        a.ipv4.to_string(),
-                        format!("{:?}", a.phase).to_lowercase(),
-                        a.netns.display().to_string(),
-                    ]
-                })
-                .collect();
-            Ok(table(
-                &[
-                    "POD",
-                    "NETWORK",
-                    "CONTAINER",
-                    "IFNAME",
-                    "ENI",
-                    "IPV4",
-                    "PHASE",
-                    "NETNS",
-                ],
-                rows,
-            ))
+            Ok(attachments_table(list))
         }
         Command::Gc { network } => {
             let report: GcReport = client.post(
@@ -184,21 +156,71 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
             Ok(table(
                 &[
                     "COLLECTED",
+                    "RECORDS DROPPED",
                     "ORPHANS RELEASED",
                     "NORMALISED",
+                    "SWEPT",
                     "TOO YOUNG",
                     "ERRORS",
                 ],
                 vec![vec![
                     list(&report.collected),
+                    list(&report.records_dropped),
                     list(&report.orphans_released),
                     list(&report.normalised),
+                    list(&report.swept),
                     report.too_young.to_string(),
                     list(&report.errors),
                 ]],
             ))
         }
     }
+}
+
+/// Both modes' attachments, one row each: an exclusive ENI (primary mode)
+/// or a secondary address of an ENI over a veth (secondary mode).
+fn attachments_table(list: AttachmentList) -> String {
+    let phase = |p: enim::attachment::Phase| format!("{p:?}").to_lowercase();
+    let exclusive = list.attachments.into_iter().map(|a| {
+        vec![
+            a.pod.to_string(),
+            a.key.network.clone(),
+            short(&a.key.container_id),
+            a.key.ifname.clone(),
+            "exclusive".into(),
+            a.eni_id.clone(),
+            a.ipv4.to_string(),
+            phase(a.phase),
+            a.netns.display().to_string(),
+        ]
+    });
+    let secondary = list.pods.into_iter().map(|p| {
+        vec![
+            p.pod.to_string(),
+            p.key.network.clone(),
+            short(&p.key.container_id),
+            p.key.ifname.clone(),
+            "secondary".into(),
+            p.eni_id.clone(),
+            p.ipv4.map_or("-".into(), |v| format!("{v}/32")),
+            phase(p.phase),
+            p.netns.display().to_string(),
+        ]
+    });
+    table(
+        &[
+            "POD",
+            "NETWORK",
+            "CONTAINER",
+            "IFNAME",
+            "MODE",
+            "ENI",
+            "IPV4",
+            "PHASE",
+            "NETNS",
+        ],
+        exclusive.chain(secondary).collect(),
+    )
 }
 
 /// Container ids are 64 hex digits; 12 are enough to tell them apart.
@@ -230,4 +252,78 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
 
 fn pretty<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attachments_table_shows_both_modes() {
+        let list: AttachmentList = serde_json::from_value(serde_json::json!({
+            "attachments": [{
+                "network": "enim", "container_id": "0123456789abcdef0123", "ifname": "eth0",
+                "pod": {"namespace": "default", "name": "web-0", "uid": "u1"},
+                "eni_id": "eni-0001", "mac": "02:e1:00:00:00:01", "host_name": "eth1",
+                "host_mtu": 1500, "netns": "/var/run/netns/cni-1", "mtu": 9001,
+                "ipv4": "10.0.1.10/24", "gateway4": "10.0.1.1", "phase": "ready",
+                "created_ms": 1, "updated_ms": 1
+            }],
+            "pods": [{
+                "network": "enim", "container_id": "fedcba9876543210fedc", "ifname": "eth0",
+                "pod": {"namespace": "default", "name": "db-0", "uid": "u2"},
+                "eni_id": "eni-0002", "table": 1002, "rule_priority_to_pod": 512,
+                "rule_priority_from_pod": 1536, "host_veth": "enim1a2b3c4d5e6",
+                "netns": "/var/run/netns/cni-2", "mtu": 1500, "ipv4": "10.0.2.20",
+                "phase": "adding", "created_ms": 1, "updated_ms": 1
+            }]
+        }))
+        .unwrap();
+        let out = attachments_table(list);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+        assert_eq!(
+            cells(0),
+            [
+                "POD",
+                "NETWORK",
+                "CONTAINER",
+                "IFNAME",
+                "MODE",
+                "ENI",
+                "IPV4",
+                "PHASE",
+                "NETNS"
+            ]
+        );
+        assert_eq!(
+            cells(1),
+            [
+                "default/web-0",
+                "enim",
+                "0123456789ab",
+                "eth0",
+                "exclusive",
+                "eni-0001",
+                "10.0.1.10/24",
+                "ready",
+                "/var/run/netns/cni-1"
+            ]
+        );
+        assert_eq!(
+            cells(2),
+            [
+                "default/db-0",
+                "enim",
+                "fedcba987654",
+                "eth0",
+                "secondary",
+                "eni-0002",
+                "10.0.2.20/32",
+                "adding",
+                "/var/run/netns/cni-2"
+            ]
+        );
+    }
 }
