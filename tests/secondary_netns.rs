@@ -873,3 +873,75 @@ async fn concurrent_adds_and_dels_share_nothing() {
     }
     assert_eq!(host_state(&sb), before);
 }
+
+/// Secondary mode end to end: the real enimd (`mode = "secondary"`) and
+/// the real plugin; enimctl and the metrics show the pod while it lives.
+#[test]
+fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
+    use common::agent::{enim, http_get_in, metric, Agent};
+    require_kernel!();
+    let mut sb = Sandbox::new(2);
+    sb.enis = with_secondaries(&sb, &[2, 1], false);
+    let dir = tempfile::tempdir().unwrap();
+    let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
+    let agent = Agent::start(
+        &sb,
+        dir.path(),
+        &format!(
+            "mode = \"secondary\"\nmetrics_address = \"{addr}\"\ngc_grace = \"0s\"\n\
+             [secondary]\ncooldown = \"0s\""
+        ),
+    );
+    let host = sb.host.path();
+    let scrape = || {
+        let (status, text) = http_get_in(&host, addr, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        text
+    };
+    let text = scrape();
+    assert_eq!(
+        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
+        3.0,
+        "{text}"
+    );
+
+    let pod = NamedNetns::new("pod");
+    let conf = agent.net_conf("1.1.0");
+    let result = enim("ADD", "c0", Some(&pod.path()), "eth0", &conf).ok();
+    let address = result["ips"][0]["address"].as_str().unwrap().to_string();
+    assert!(address.starts_with("10.77.0.1"), "{result}");
+    assert!(
+        ping(&pod, "10.77.0.1"),
+        "the pod cannot reach its ENI's gateway"
+    );
+
+    let listed = agent.ctl(&["attachments"]);
+    assert_eq!(listed["attachments"], serde_json::json!([]), "{listed}");
+    let pods = listed["pods"].as_array().expect("pods listed");
+    assert_eq!(pods.len(), 1, "{listed}");
+    assert_eq!(pods[0]["container_id"], "c0");
+    assert_eq!(pods[0]["eni_id"], sb.enis[0].id.as_str());
+    assert_eq!(agent.ctl(&["status"])["attachments"], 1);
+    let text = scrape();
+    assert_eq!(
+        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "enim_attachments"), 1.0, "{text}");
+
+    enim("DEL", "c0", Some(&pod.path()), "eth0", &conf).ok();
+    assert_eq!(agent.ctl(&["attachments"])["pods"], serde_json::Value::Null);
+    let text = scrape();
+    assert_eq!(
+        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "enim_attachments"), 0.0, "{text}");
+}

@@ -69,6 +69,7 @@ pub struct Metrics {
     enis: Family<StateLabel, Gauge>,
     attachments: Gauge,
     pool: Family<Statistic, Gauge>,
+    secondary_addresses: Family<StateLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -90,6 +91,7 @@ impl Metrics {
             enis: Family::default(),
             attachments: Gauge::default(),
             pool: Family::default(),
+            secondary_addresses: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -121,6 +123,11 @@ impl Metrics {
         registry.register("enis", "ENIs by state", m.enis.clone());
         registry.register("attachments", "Attachments recorded", m.attachments.clone());
         registry.register("pool", "Warm-pool statistics", m.pool.clone());
+        registry.register(
+            "secondary_addresses",
+            "Secondary mode: ENI secondary addresses by state",
+            m.secondary_addresses.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -192,6 +199,21 @@ impl Metrics {
                         statistic: name.into(),
                     })
                     .set(v as i64);
+            }
+        }
+        if let Some(engine) = manager.secondary() {
+            let stats = engine.stats();
+            let free = stats.total - stats.assigned - stats.cooling;
+            for (state, n) in [
+                ("assigned", stats.assigned),
+                ("cooling", stats.cooling),
+                ("free", free),
+            ] {
+                self.secondary_addresses
+                    .get_or_create(&StateLabel {
+                        state: state.to_string(),
+                    })
+                    .set(n as i64);
             }
         }
         let mut out = String::new();
