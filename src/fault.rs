@@ -9,6 +9,10 @@
 //! `del:after-intent`, `del:after-move`, `del:after-restore`,
 //! `del:after-release` (before the record is dropped),
 //! `startup:before-recover` (listening, not yet ready).
+//!
+//! Secondary mode has its own list ([`SECONDARY_CRASH_POINTS`]): the ADD
+//! points without the move, and `del:after-unplumb` (veth, rules and
+//! routes removed) in place of DEL's move and restore.
 
 /// Every crash point the agent has, for tests that iterate over them.
 pub const CRASH_POINTS: &[&str] = &[
@@ -24,12 +28,23 @@ pub const CRASH_POINTS: &[&str] = &[
     "startup:before-recover",
 ];
 
+/// The crash points secondary mode passes, in order.
+pub const SECONDARY_CRASH_POINTS: &[&str] = &[
+    "add:after-allocate",
+    "add:after-intent",
+    "add:after-configure",
+    "add:after-outcome",
+    "del:after-intent",
+    "del:after-unplumb",
+    "del:after-release",
+];
+
 #[cfg(feature = "fault-injection")]
 pub fn crash_point(point: &'static str) {
     use std::sync::OnceLock;
     static TARGET: OnceLock<Option<String>> = OnceLock::new();
     debug_assert!(
-        CRASH_POINTS.contains(&point),
+        CRASH_POINTS.contains(&point) || SECONDARY_CRASH_POINTS.contains(&point),
         "undeclared crash point {point}"
     );
     static DELAY: OnceLock<Option<(String, u64)>> = OnceLock::new();

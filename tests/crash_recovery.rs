@@ -7,7 +7,7 @@ mod common;
 
 use common::agent::*;
 use common::*;
-use enim::fault::CRASH_POINTS;
+use enim::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
 
 macro_rules! require_kernel {
     () => {
@@ -84,6 +84,75 @@ fn crash_at_every_del_point_then_restart_and_gc() {
             .unwrap()
             .is_empty());
         assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
+    }
+}
+
+/// Secondary mode: the agent is killed at each of its ADD and DEL points,
+/// restarted, and GC runs. Then the host holds exactly the live pods'
+/// plumbing (nothing when the ADD was undone), the runtime's retry
+/// succeeds, and after DEL the host is as before the first ADD.
+#[test]
+fn secondary_crash_at_every_point_then_restart_and_gc() {
+    require_kernel!();
+    let config = "mode = \"secondary\"\ngc_grace = \"0s\"\n[secondary]\ncooldown = \"0s\"";
+    for point in SECONDARY_CRASH_POINTS {
+        let mut sb = Sandbox::new(1);
+        sb.enis = sb.enis_with_secondaries(&[2], false);
+        let pod = NamedNetns::new("pod");
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::start(&sb, dir.path(), config);
+        let clean = sb.host_state();
+        let conf = agent.net_conf("1.1.0");
+        let pods = |agent: &Agent| {
+            agent.ctl(&["attachments"])["pods"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        };
+        let reaches_gateway = || pod.exec_ok(&["ping", "-4", "-c", "1", "-W", "2", "10.77.0.1"]);
+        let is_add = point.starts_with("add:");
+        if !is_add {
+            enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+        }
+        agent.stop();
+        agent.env = crash_env(point);
+        agent.restart();
+        let verb = if is_add { "ADD" } else { "DEL" };
+        enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
+        agent.wait_crashed();
+
+        agent.env.clear();
+        agent.restart();
+        agent.ctl(&["gc"]);
+        match pods(&agent).as_slice() {
+            [] => assert_eq!(
+                sb.host_state(),
+                clean,
+                "{point}: undone, yet plumbing is left"
+            ),
+            [p] => {
+                assert_eq!(p["phase"], "ready", "{point}: {p}");
+                assert!(reaches_gateway(), "{point}: the kept pod is cut off");
+            }
+            more => panic!("{point}: {more:?}"),
+        }
+
+        // The runtime retries: an ADD works, and the DEL leaves nothing.
+        if is_add {
+            enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+            assert!(reaches_gateway(), "{point}: retried ADD");
+        }
+        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+        assert!(pods(&agent).is_empty(), "{point}");
+        assert_eq!(sb.host_state(), clean, "{point}: DEL left plumbing");
+        // Both addresses are free again: two more pods get one each.
+        let others = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+        for (i, other) in others.iter().enumerate() {
+            enim("ADD", &format!("o{i}"), Some(&other.path()), "eth0", &conf).ok();
+        }
+        for (i, other) in others.iter().enumerate() {
+            enim("DEL", &format!("o{i}"), Some(&other.path()), "eth0", &conf).ok();
+        }
     }
 }
 

@@ -28,29 +28,6 @@ macro_rules! require_kernel {
     };
 }
 
-/// The sandbox's ENIs with `counts[i]` secondary IPv4 addresses on ENI i
-/// (10.77.i.11 and up), as many IPv6 ones (fd00:e1:i::11 and up) when
-/// `ipv6`, and device index i + 1.
-fn with_secondaries(sb: &Sandbox, counts: &[usize], ipv6: bool) -> Vec<StaticEniConfig> {
-    counts
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let mut e = sb.enis[i].clone();
-            e.device_index = Some(i as u32 + 1);
-            e.secondary_ipv4 = (0..*n)
-                .map(|k| format!("10.77.{i}.{}", 11 + k).parse().unwrap())
-                .collect();
-            if ipv6 {
-                e.secondary_ipv6 = (0..*n)
-                    .map(|k| format!("fd00:e1:{i}::{:x}", 0x11 + k).parse().unwrap())
-                    .collect();
-            }
-            e
-        })
-        .collect()
-}
-
 fn test_config() -> SecondaryConfig {
     SecondaryConfig {
         cooldown: Duration::ZERO,
@@ -93,31 +70,6 @@ async fn pod_record(mgr: &EniManager, cid: &str) -> SecondaryAttachment {
         .unwrap_or_else(|| panic!("no record for {cid}"))
 }
 
-/// Everything of the host namespace a pod could leave behind: rules,
-/// routes of every table, links, proxy neighbour entries.
-fn host_state(sb: &Sandbox) -> Vec<String> {
-    let mut out = Vec::new();
-    for family in ["-4", "-6"] {
-        out.push(sb.host.ip(&[family, "rule", "list"]));
-        out.push(sb.host.ip(&[family, "route", "show", "table", "all"]));
-        out.push(sb.host.ip(&[family, "neigh", "show", "proxy"]));
-    }
-    out.push(link_names(&sb.host).join(" "));
-    out
-}
-
-fn link_names(ns: &NamedNetns) -> Vec<String> {
-    let links: serde_json::Value = serde_json::from_str(&ns.ip(&["-j", "link", "show"])).unwrap();
-    let mut names: Vec<String> = links
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["ifname"].as_str().unwrap().to_string())
-        .collect();
-    names.sort();
-    names
-}
-
 fn rules(sb: &Sandbox) -> String {
     sb.host.ip(&["-4", "rule", "list"]) + &sb.host.ip(&["-6", "rule", "list"])
 }
@@ -145,7 +97,7 @@ fn route_of(sb: &Sandbox, pod: &SecondaryAttachment, ip: IpAddr, dst: &str) -> S
 async fn each_pod_leaves_through_its_own_eni() {
     require_kernel!();
     let sb = Sandbox::new(2);
-    let enis = with_secondaries(&sb, &[2, 1], false);
+    let enis = sb.enis_with_secondaries(&[2, 1], false);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
 
@@ -307,10 +259,10 @@ async fn each_pod_leaves_through_its_own_eni() {
 async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
     require_kernel!();
     let sb = Sandbox::new(2);
-    let enis = with_secondaries(&sb, &[10, 10], true);
+    let enis = sb.enis_with_secondaries(&[10, 10], true);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
-    let before = host_state(&sb);
+    let before = sb.host_state();
 
     let netns: Vec<NamedNetns> = (0..20).map(|_| NamedNetns::new("pod")).collect();
     for (i, ns) in netns.iter().enumerate() {
@@ -320,7 +272,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
             .unwrap_or_else(|e| panic!("ADD p{i}: {e}"));
         assert_eq!(result.ips.len(), 2, "dual stack: {result:?}");
     }
-    let during = host_state(&sb);
+    let during = sb.host_state();
     assert_ne!(before, during);
     let listed = rules(&sb);
     assert_eq!(listed.matches("lookup main").count(), 40 + 2, "{listed}");
@@ -338,7 +290,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
             .await
             .unwrap_or_else(|e| panic!("DEL p{i}: {e}"));
     }
-    let after = host_state(&sb);
+    let after = sb.host_state();
     for (b, a) in before.iter().zip(&after) {
         assert_eq!(b, a, "the host differs after the cycle");
     }
@@ -351,7 +303,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
 async fn dual_stack_pod_reaches_the_gateway_on_both() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    let enis = with_secondaries(&sb, &[2], true);
+    let enis = sb.enis_with_secondaries(&[2], true);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
     let pod = NamedNetns::new("pod");
@@ -406,7 +358,7 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
 async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    let enis = with_secondaries(&sb, &[3], true);
+    let enis = sb.enis_with_secondaries(&[3], true);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
     let live = NamedNetns::new("pod");
@@ -562,13 +514,13 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
 async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
     require_kernel!();
     let sb = Sandbox::new(2);
-    let enis = with_secondaries(&sb, &[2, 2], true);
+    let enis = sb.enis_with_secondaries(&[2, 2], true);
     let dir = tempfile::tempdir().unwrap();
     let cp = dir.path().join("cp.json");
     let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-    let before = host_state(&sb);
+    let before = sb.host_state();
     let first = start(&sb, &enis, &cp).await;
-    let started = host_state(&sb);
+    let started = sb.host_state();
     for (i, ns) in netns.iter().take(2).enumerate() {
         first
             .add(&owner(&format!("p{i}"), "eth0"), &ns.path())
@@ -576,14 +528,14 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
             .unwrap();
     }
     let records = pods(&first).await;
-    let plumbed = host_state(&sb);
+    let plumbed = sb.host_state();
     drop(first);
 
     // A new agent over the same checkpoint: nothing of the live pods is
     // touched, and it knows which addresses they hold.
     let second = start(&sb, &enis, &cp).await;
     assert_eq!(pods(&second).await, records);
-    assert_eq!(host_state(&sb), plumbed, "restart changed the host");
+    assert_eq!(sb.host_state(), plumbed, "restart changed the host");
     for ns in netns.iter().take(2) {
         assert!(ping(ns, "10.77.0.1") && ping(ns, "fd00:e1::1"));
     }
@@ -615,7 +567,7 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
     let third = start(&sb, &enis, &dir.path().join("fresh.json")).await;
     assert!(pods(&third).await.is_empty());
     assert_eq!(
-        host_state(&sb),
+        sb.host_state(),
         started,
         "leftovers after a lost checkpoint"
     );
@@ -627,10 +579,10 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
 async fn failed_adds_roll_back_completely() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    let enis = with_secondaries(&sb, &[1], true);
+    let enis = sb.enis_with_secondaries(&[1], true);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
-    let before = host_state(&sb);
+    let before = sb.host_state();
 
     // The pod already has an eth0: nothing may be left, and its own eth0
     // must survive.
@@ -640,7 +592,7 @@ async fn failed_adds_roll_back_completely() {
     ]);
     let err = mgr.add(&owner("c", "eth0"), &pod.path()).await.unwrap_err();
     assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
-    assert_eq!(host_state(&sb), before);
+    assert_eq!(sb.host_state(), before);
     assert!(pod.link("eth0").is_some(), "the pod's own eth0 was removed");
     assert!(pods(&mgr).await.is_empty());
 
@@ -664,7 +616,7 @@ async fn failed_adds_roll_back_completely() {
     assert!(pod.link("net1").is_none() && other.link("net1").is_some());
     assert!(ping_from(&other, "net1"));
     mgr.del(&owner("c", "net1")).await.unwrap();
-    assert_eq!(host_state(&sb), before);
+    assert_eq!(sb.host_state(), before);
 }
 
 fn ping_from(ns: &NamedNetns, dev: &str) -> bool {
@@ -677,7 +629,7 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
     use common::agent::{enim, Agent};
     require_kernel!();
     let mut sb = Sandbox::new(1);
-    sb.enis = with_secondaries(&sb, &[2], true);
+    sb.enis = sb.enis_with_secondaries(&[2], true);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(
@@ -721,9 +673,9 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
     enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
 
     agent.stop();
-    let plumbed = host_state(&sb);
+    let plumbed = sb.host_state();
     agent.restart();
-    assert_eq!(host_state(&sb), plumbed, "restart changed the host");
+    assert_eq!(sb.host_state(), plumbed, "restart changed the host");
     assert!(ping(&pod, "10.77.0.1") && ping(&pod, "fd00:e1::1"));
     enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
     // The restarted agent knows the first address is taken.
@@ -748,7 +700,7 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
     sb.host.ip(&["link", "set", "eni1", "up"]);
     sb.host
         .ip(&["route", "add", "default", "via", "192.0.2.1", "dev", "eni1"]);
-    let enis = with_secondaries(&sb, &[2, 2], false);
+    let enis = sb.enis_with_secondaries(&[2, 2], false);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
     let used: Vec<String> = mgr
@@ -775,11 +727,11 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
 async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    let enis = with_secondaries(&sb, &[2], true);
+    let enis = sb.enis_with_secondaries(&[2], true);
     let dir = tempfile::tempdir().unwrap();
     let cp = dir.path().join("cp.json");
     let first = start(&sb, &enis, &cp).await;
-    let clean = host_state(&sb);
+    let clean = sb.host_state();
     let (adding, deleting) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
     first
         .add(&owner("adding", "eth0"), &adding.path())
@@ -820,7 +772,7 @@ async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
 
     let second = start(&sb, &enis, &cp).await;
     assert!(pods(&second).await.is_empty());
-    assert_eq!(host_state(&sb), clean);
+    assert_eq!(sb.host_state(), clean);
     assert!(adding.link("eth0").is_none() && deleting.link("eth0").is_none());
     assert_eq!(second.secondary().unwrap().stats().assigned, 0);
 }
@@ -829,10 +781,10 @@ async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
 async fn concurrent_adds_and_dels_share_nothing() {
     require_kernel!();
     let sb = Sandbox::new(2);
-    let enis = with_secondaries(&sb, &[6, 6], true);
+    let enis = sb.enis_with_secondaries(&[6, 6], true);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
-    let before = host_state(&sb);
+    let before = sb.host_state();
     let netns: Vec<Arc<NamedNetns>> = (0..12).map(|_| Arc::new(NamedNetns::new("pod"))).collect();
     let adds: Vec<_> = netns
         .iter()
@@ -871,7 +823,7 @@ async fn concurrent_adds_and_dels_share_nothing() {
     for del in dels {
         del.await.unwrap().expect("DEL");
     }
-    assert_eq!(host_state(&sb), before);
+    assert_eq!(sb.host_state(), before);
 }
 
 /// Secondary mode end to end: the real enimd (`mode = "secondary"`) and
@@ -881,7 +833,7 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
     use common::agent::{enim, http_get_in, metric, Agent};
     require_kernel!();
     let mut sb = Sandbox::new(2);
-    sb.enis = with_secondaries(&sb, &[2, 1], false);
+    sb.enis = sb.enis_with_secondaries(&[2, 1], false);
     let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
     let agent = Agent::start(

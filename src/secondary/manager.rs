@@ -26,6 +26,7 @@ use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::attachment::{now_ms, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
+use crate::fault::crash_point;
 use crate::keylock::KeyLocks;
 use crate::manager::{key_of, validate_owner, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
@@ -336,6 +337,7 @@ impl SecondaryManager {
                 }
             }
         };
+        crash_point("add:after-allocate");
         let now = now_ms();
         let mut record = SecondaryAttachment {
             key: key.clone(),
@@ -364,9 +366,11 @@ impl SecondaryManager {
             self.store().unassign(&key, Instant::now());
             return Err(e.into());
         }
+        crash_point("add:after-intent");
         let spec = self.spec(&record);
         let outcome = match self.plumbing.setup_pod(&spec).await {
             Ok(mac) => {
+                crash_point("add:after-configure");
                 record.mac = Some(mac);
                 record.phase = Phase::Ready;
                 record.updated_ms = now_ms();
@@ -383,6 +387,7 @@ impl SecondaryManager {
         };
         match outcome {
             Ok(()) => {
+                crash_point("add:after-outcome");
                 tracing::info!(%key, eni = %eni.id, ips = ?record.ips(), pod = %owner.pod, "secondary address attached");
                 Ok(record.result())
             }
@@ -442,6 +447,7 @@ impl SecondaryManager {
             record.updated_ms = now_ms();
             self.checkpoint.put_pod(record.clone()).await?;
         }
+        crash_point("del:after-intent");
         let mut spec = self.spec(&record);
         // Rules and proxy entries are keyed by address alone: never remove
         // those of an address another attachment holds now (a stale record).
@@ -459,7 +465,9 @@ impl SecondaryManager {
             .teardown_pod(&spec)
             .await
             .map_err(plumbing_err("remove pod plumbing"))?;
+        crash_point("del:after-unplumb");
         self.store().unassign(&record.key, Instant::now());
+        crash_point("del:after-release");
         self.checkpoint.remove_pod(&record.key).await?;
         tracing::info!(key = %record.key, ips = ?record.ips(), "secondary address released");
         Ok(())

@@ -127,6 +127,20 @@ impl NamedNetns {
             .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
             .collect()
     }
+
+    /// Every link's name, sorted.
+    pub fn link_names(&self) -> Vec<String> {
+        let links: serde_json::Value =
+            serde_json::from_str(&self.ip(&["-j", "link", "show"])).unwrap();
+        let mut names: Vec<String> = links
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["ifname"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 impl Drop for NamedNetns {
@@ -219,6 +233,42 @@ impl Sandbox {
         let checkpoint = Arc::new(Checkpoint::open(checkpoint, true).unwrap());
         let manager = Arc::new(EniManager::new(provider.clone(), plumbing, checkpoint));
         (manager, provider)
+    }
+
+    /// The sandbox's ENIs for secondary mode: `counts[i]` secondary IPv4
+    /// addresses on ENI i (10.77.i.11 and up), as many IPv6 ones
+    /// (fd00:e1:i::11 and up) when `ipv6`, and device index i + 1.
+    pub fn enis_with_secondaries(&self, counts: &[usize], ipv6: bool) -> Vec<StaticEniConfig> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut e = self.enis[i].clone();
+                e.device_index = Some(i as u32 + 1);
+                e.secondary_ipv4 = (0..*n)
+                    .map(|k| format!("10.77.{i}.{}", 11 + k).parse().unwrap())
+                    .collect();
+                if ipv6 {
+                    e.secondary_ipv6 = (0..*n)
+                        .map(|k| format!("fd00:e1:{i}::{:x}", 0x11 + k).parse().unwrap())
+                        .collect();
+                }
+                e
+            })
+            .collect()
+    }
+
+    /// Everything of the host namespace a secondary-mode pod could leave
+    /// behind: rules, routes of every table, links, proxy neighbour entries.
+    pub fn host_state(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for family in ["-4", "-6"] {
+            out.push(self.host.ip(&[family, "rule", "list"]));
+            out.push(self.host.ip(&[family, "route", "show", "table", "all"]));
+            out.push(self.host.ip(&[family, "neigh", "show", "proxy"]));
+        }
+        out.push(self.host.link_names().join(" "));
+        out
     }
 
     /// Asserts ENI i is home: in the host netns under `eni<i>` with the host MTU.
