@@ -601,44 +601,15 @@ impl EniManager {
             return engine.gc(request, grace).await;
         }
         let mut report = GcReport::default();
-        let now = now_ms();
-        let grace_ms = grace.as_millis() as u64;
-        let valid: Option<HashSet<(&str, &str)>> = request.valid_attachments.as_ref().map(|v| {
-            v.iter()
-                .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
-                .collect()
-        });
-
+        let liveness = Liveness::new(request, grace);
         let mut dead = Vec::new();
         for record in self.checkpoint.list().await {
-            if request
-                .network
-                .as_ref()
-                .is_some_and(|n| *n != record.key.network)
+            let netns_alive = || self.plumbing.check_netns(&record.netns);
+            let (key, created, expires) = (&record.key, record.created_ms, record.expires_ms);
+            if liveness
+                .is_dead(key, created, expires, netns_alive, &mut report)
+                .await
             {
-                continue;
-            }
-            // An ADD whose result nobody claimed in time is dead whatever
-            // its age: the runtime has given up on it.
-            let expired = record.expires_ms.is_some_and(|t| now >= t);
-            if !expired && now.saturating_sub(record.created_ms) < grace_ms {
-                report.too_young += 1;
-                continue;
-            }
-            let omitted = valid.as_ref().is_some_and(|v| {
-                !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
-            });
-            let is_dead = omitted
-                || expired
-                || match self.plumbing.check_netns(&record.netns).await {
-                    Ok(()) => false,
-                    Err(e) if e.is_netns_gone() => true,
-                    Err(e) => {
-                        report.errors.push(format!("{}: {e}", record.key));
-                        false
-                    }
-                };
-            if is_dead {
                 dead.push(record);
             }
         }
@@ -712,6 +683,75 @@ impl EniManager {
             tracing::info!(collected = ?report.collected, orphans = ?report.orphans_released, errors = ?report.errors, "GC pass");
         }
         report
+    }
+}
+
+/// The question a GC pass asks of every attachment, in either mode: is it
+/// dead? Only attachments of the pass's network (all without one) that are
+/// older than the grace period are considered; such an attachment is dead
+/// when a CNI GC list omits it, its unclaimed allocation expired, or its
+/// netns is gone or no network namespace.
+pub(crate) struct Liveness<'r> {
+    network: Option<&'r str>,
+    valid: Option<HashSet<(&'r str, &'r str)>>,
+    now_ms: u64,
+    grace_ms: u64,
+}
+
+impl<'r> Liveness<'r> {
+    pub(crate) fn new(request: &'r GcRequest, grace: Duration) -> Self {
+        Liveness {
+            network: request.network.as_deref(),
+            valid: request.valid_attachments.as_ref().map(|v| {
+                v.iter()
+                    .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+                    .collect()
+            }),
+            now_ms: now_ms(),
+            grace_ms: grace.as_millis() as u64,
+        }
+    }
+
+    /// `netns_alive` checks the netns, and runs only when the cheaper tests
+    /// did not decide. Young attachments are counted in the report, and a
+    /// netns that cannot be checked is an error there (the attachment is
+    /// kept, so a passing fault never collects a live pod).
+    pub(crate) async fn is_dead<F>(
+        &self,
+        key: &AttachmentKey,
+        created_ms: u64,
+        expires_ms: Option<u64>,
+        netns_alive: impl FnOnce() -> F,
+        report: &mut GcReport,
+    ) -> bool
+    where
+        F: std::future::Future<Output = Result<(), PlumbingError>>,
+    {
+        if self.network.is_some_and(|n| n != key.network) {
+            return false;
+        }
+        // An ADD whose result nobody claimed in time is dead whatever its
+        // age: the runtime has given up on it.
+        let expired = expires_ms.is_some_and(|t| self.now_ms >= t);
+        if !expired && self.now_ms.saturating_sub(created_ms) < self.grace_ms {
+            report.too_young += 1;
+            return false;
+        }
+        let omitted = self
+            .valid
+            .as_ref()
+            .is_some_and(|v| !v.contains(&(key.container_id.as_str(), key.ifname.as_str())));
+        if omitted || expired {
+            return true;
+        }
+        match netns_alive().await {
+            Ok(()) => false,
+            Err(e) if e.is_netns_gone() => true,
+            Err(e) => {
+                report.errors.push(format!("{key}: {e}"));
+                false
+            }
+        }
     }
 }
 

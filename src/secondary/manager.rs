@@ -28,7 +28,7 @@ use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
 use crate::fault::crash_point;
 use crate::keylock::KeyLocks;
-use crate::manager::{key_of, validate_owner, ManagerError, RecoveryReport};
+use crate::manager::{key_of, validate_owner, Liveness, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
 
 /// A host ENI in use by this node.
@@ -542,38 +542,19 @@ impl SecondaryManager {
     /// and sweeps enim-shaped kernel objects that no record explains.
     pub async fn gc(&self, request: &GcRequest, grace: Duration) -> GcReport {
         let mut report = GcReport::default();
-        let now = now_ms();
-        let grace_ms = grace.as_millis() as u64;
-        let valid: Option<HashSet<(&str, &str)>> = request.valid_attachments.as_ref().map(|v| {
-            v.iter()
-                .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
-                .collect()
-        });
+        let liveness = Liveness::new(request, grace);
         for record in self.checkpoint.pods().await {
-            if request
-                .network
-                .as_ref()
-                .is_some_and(|n| *n != record.key.network)
+            let netns_alive = || self.plumbing.check_netns(&record.netns);
+            if !liveness
+                .is_dead(
+                    &record.key,
+                    record.created_ms,
+                    None,
+                    netns_alive,
+                    &mut report,
+                )
+                .await
             {
-                continue;
-            }
-            if now.saturating_sub(record.created_ms) < grace_ms {
-                report.too_young += 1;
-                continue;
-            }
-            let omitted = valid.as_ref().is_some_and(|v| {
-                !v.contains(&(record.key.container_id.as_str(), record.key.ifname.as_str()))
-            });
-            let dead = omitted
-                || match self.plumbing.check_netns(&record.netns).await {
-                    Ok(()) => false,
-                    Err(e) if e.is_netns_gone() => true,
-                    Err(e) => {
-                        report.errors.push(format!("{}: {e}", record.key));
-                        false
-                    }
-                };
-            if !dead {
                 continue;
             }
             let _fence = self.sweep_fence.read().await;
