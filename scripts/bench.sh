@@ -9,7 +9,9 @@
 #                                       $CARGO_TARGET_DIR/enim-bench/latest.json
 #   sudo scripts/bench.sh --smoke       a few cycles of everything (CI): checks
 #                                       that it all works, times nothing
-#   extra arguments go to enim-bench: --cycles N, --json FILE
+#   extra arguments go to enim-bench: --cycles N, --json FILE,
+#   --rss-cycles N, --rss-workers N, --only PHASE,... (api, latency,
+#   throughput, rss, gc-dead, gc-moved, restore; JSON to partial.json)
 #
 # It makes its own uniquely named namespaces and veth pairs, never touches
 # this machine's own interfaces, sends traffic only inside its namespaces,
@@ -20,7 +22,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
 smoke=false
-for a in "$@"; do [ "$a" = --smoke ] && smoke=true; done
+only=false
+for a in "$@"; do
+  [ "$a" = --smoke ] && smoke=true
+  [ "$a" = --only ] && only=true
+done
 for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
   [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
 done
@@ -53,6 +59,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# A run of some phases only must not replace the last full run's figures.
+if $only; then name=partial; fi
 json="$target/enim-bench/$name.json"
 mkdir -p "$(dirname "$json")"
 "$bin/enim-bench" --bin-dir "$bin" --tag "$tag" --work "$work" --json "$json" "$@"

@@ -19,6 +19,14 @@ use crate::R;
 
 pub const NETWORK: &str = "enim-bench";
 
+/// One memory sample of an enimd.
+#[derive(Debug, Clone, Copy)]
+pub struct Mem {
+    pub rss_kib: u64,
+    pub anon_kib: u64,
+    pub threads: u64,
+}
+
 /// Writes `dir/enimd.toml`: the ENIs as a static provider, the GC loop off
 /// (the bench triggers GC itself), everything else at its default unless
 /// `extra` (top-level keys) says otherwise.
@@ -167,14 +175,23 @@ impl Enimd {
         self.child.as_ref().map_or(0, |c| c.id())
     }
 
-    /// Resident set size in KiB (VmRSS).
-    pub fn rss_kib(&self) -> R<u64> {
+    /// VmRSS, its anonymous part and the thread count, from
+    /// /proc/<pid>/status: a step in anonymous memory that comes with new
+    /// threads is malloc arenas and stacks, not data piling up.
+    pub fn mem(&self) -> R<Mem> {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| "no VmRSS in /proc/<pid>/status".into())
+        let field = |name: &str| -> R<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .ok_or_else(|| format!("no {name} in /proc/<pid>/status").into())
+        };
+        Ok(Mem {
+            rss_kib: field("VmRSS")?,
+            anon_kib: field("RssAnon")?,
+            threads: field("Threads")?,
+        })
     }
 
     pub fn log_tail(&self) -> String {

@@ -5,8 +5,12 @@
 //!
 //! ```text
 //! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N]
-//!            [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]
+//!            [--rss-workers N] [--only PHASE,...] [--gap-ms N] [--json FILE]
+//!            [--tag TAG] [--work DIR] [--cni-path DIR]
 //! ```
+//!
+//! `--only` runs just the named phases (of `phases::PHASES`); the figures
+//! of the others show as not run.
 
 mod agent;
 mod exec;
@@ -32,12 +36,23 @@ pub struct Opts {
     pub cycles: usize,
     /// enim cycles before the last RSS sample (0: the mode's default).
     pub rss_cycles: usize,
+    /// Pods in parallel in the memory phase.
+    pub rss_workers: usize,
+    /// Phases to run (empty: all).
+    pub only: Vec<String>,
     /// Idle time before each timed latency operation (None: the default).
     pub gap_ms: Option<u64>,
 }
 
+impl Opts {
+    pub fn runs(&self, phase: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == phase)
+    }
+}
+
 const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
-                     [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]";
+                     [--rss-workers N] [--only PHASE,...] [--gap-ms N] [--json FILE] [--tag TAG] \
+                     [--work DIR] [--cni-path DIR]";
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -49,6 +64,8 @@ fn parse_args() -> Result<Opts, String> {
         smoke: false,
         cycles: 0,
         rss_cycles: 0,
+        rss_workers: phases::MAIN_ENIS,
+        only: Vec::new(),
         gap_ms: None,
     };
     let mut args = std::env::args().skip(1);
@@ -64,6 +81,22 @@ fn parse_args() -> Result<Opts, String> {
             "--rss-cycles" => {
                 o.rss_cycles = val()?.parse().map_err(|e| format!("--rss-cycles: {e}"))?
             }
+            "--rss-workers" => {
+                o.rss_workers = val()?.parse().map_err(|e| format!("--rss-workers: {e}"))?
+            }
+            "--only" => {
+                o.only = val()?.split(',').map(|p| p.trim().to_string()).collect();
+                if let Some(bad) = o
+                    .only
+                    .iter()
+                    .find(|p| !phases::PHASES.contains(&p.as_str()))
+                {
+                    return Err(format!(
+                        "--only: unknown phase {bad:?} (phases: {})",
+                        phases::PHASES.join(",")
+                    ));
+                }
+            }
             "--gap-ms" => o.gap_ms = Some(val()?.parse().map_err(|e| format!("--gap-ms: {e}"))?),
             "--smoke" => o.smoke = true,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -76,6 +109,9 @@ fn parse_args() -> Result<Opts, String> {
     // Namespace names are "<tag>-<what><i>"; keep them short and plain.
     if o.tag.is_empty() || o.tag.len() > 24 || !o.tag.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err("--tag must be 1 to 24 ASCII letters or digits".into());
+    }
+    if !(1..=phases::MAIN_ENIS).contains(&o.rss_workers) {
+        return Err(format!("--rss-workers must be 1 to {}", phases::MAIN_ENIS));
     }
     if o.cycles == 0 {
         o.cycles = if o.smoke { 3 } else { 200 };

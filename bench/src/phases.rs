@@ -14,7 +14,7 @@ use enim_provider::MacAddr;
 use ipnet::Ipv4Net;
 use serde_json::json;
 
-use crate::agent::{self, Enimd, NETWORK};
+use crate::agent::{self, Enimd, Mem, NETWORK};
 use crate::exec::{exec, Bins, Call};
 use crate::floor::{self, Floor};
 use crate::sandbox::{enter, netns_path, Eni, Sandbox};
@@ -64,6 +64,18 @@ impl Method {
         matches!(self, Method::Enim | Method::EnimNoFsync)
     }
 }
+
+/// The phases `--only` can pick, in the order they run. The main enimd's
+/// start-up and idle memory are measured whatever is picked.
+pub const PHASES: [&str; 7] = [
+    "api",
+    "latency",
+    "throughput",
+    "rss",
+    "gc-dead",
+    "gc-moved",
+    "restore",
+];
 
 /// Sizes of one run; `--smoke` shrinks everything to "does it work".
 struct Plan {
@@ -146,7 +158,7 @@ pub struct Ctx {
     pub smoke: bool,
 }
 
-const MAIN_ENIS: usize = 16;
+pub const MAIN_ENIS: usize = 16;
 
 /// Idle time before each timed operation of the latency loop (`--gap-ms`).
 /// None by default: operations run back to back, as on a busy node, each
@@ -768,6 +780,13 @@ fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
     Ok((ms, logged, empty_ms))
 }
 
+/// enimd's memory after `cycles` enim cycles in all, taken after `after`.
+pub struct RssSample {
+    pub cycles: usize,
+    pub after: &'static str,
+    pub mem: Mem,
+}
+
 /// Every figure of one run.
 pub struct Results {
     pub smoke: bool,
@@ -791,8 +810,8 @@ pub struct Results {
     pub rss_warm_kib: u64,
     pub rss_after_kib: u64,
     pub rss_cycles: usize,
-    /// (enim cycles done, VmRSS KiB) through the run.
-    pub rss_series: Vec<(usize, u64)>,
+    /// enimd's memory through the run.
+    pub rss_series: Vec<RssSample>,
     pub version_exec: [Summary; 2],
     pub sizes: [(String, u64); 3],
 }
@@ -829,86 +848,132 @@ pub fn run(o: &Opts) -> R<Results> {
     )?;
     let startup_ms = main.exec_to_ready.as_secs_f64() * 1e3;
     std::thread::sleep(Duration::from_millis(200));
-    let rss_idle_kib = main.rss_kib()?;
+    let mut rss_series = Vec::new();
+    let mut enim_cycles = 0;
+    let mut sample = |cycles: usize, after: &'static str| -> R<u64> {
+        let mem = main.mem()?;
+        eprintln!(
+            "enim-bench: enimd after {after} ({cycles} enim cycles): RSS {} KiB, anon {} KiB, {} threads",
+            mem.rss_kib, mem.anon_kib, mem.threads
+        );
+        rss_series.push(RssSample { cycles, after, mem });
+        Ok(mem.rss_kib)
+    };
+    let rss_idle_kib = sample(0, "start-up")?;
 
-    say("process start (VERSION) and API round trip");
-    let version_exec = version_execs(&ctx, plan.version_execs)?;
-    let client = main.client(Duration::from_secs(10));
-    let mut rts = Vec::with_capacity(plan.status_calls);
-    for _ in 0..plan.status_calls {
-        let t = Instant::now();
-        let s: Status = client.get(ROUTE_STATUS)?;
-        rts.push(t.elapsed());
-        if !s.ready {
-            return Err("main enimd is not ready".into());
+    let (version_exec, rts) = if o.runs("api") {
+        say("process start (VERSION) and API round trip");
+        let version_exec = version_execs(&ctx, plan.version_execs)?;
+        let client = main.client(Duration::from_secs(10));
+        let mut rts = Vec::with_capacity(plan.status_calls);
+        for _ in 0..plan.status_calls {
+            let t = Instant::now();
+            let s: Status = client.get(ROUTE_STATUS)?;
+            rts.push(t.elapsed());
+            if !s.ready {
+                return Err("main enimd is not ready".into());
+            }
         }
-    }
+        (version_exec, rts)
+    } else {
+        (version_execs(&ctx, 0)?, Vec::new())
+    };
 
-    // The what-if agent over the same ENIs; the loop never lets two
-    // agents hold a device at once.
-    let no_fsync_dir = work.join("no-fsync");
-    agent::write_config(
-        &no_fsync_dir,
-        &ctx.sb.host_path(),
-        &ctx.main_enis,
-        "checkpoint_fsync = false",
-    )?;
-    let no_fsync = Enimd::start(
-        &ctx.bins.enimd,
-        &no_fsync_dir,
-        &ctx.pids_file,
-        Duration::from_secs(30),
-    )?;
-    say(&format!(
-        "latency: {} interleaved ADD+DEL cycles per method",
-        plan.cycles
-    ));
-    let (lat, lat_order) = latency(&ctx, &plan)?;
-    check_all_home(&ctx, &no_fsync, "after the latency phase (what-if agent)")?;
-    no_fsync.stop()?;
-    let rss_warm_kib = main.rss_kib()?;
-    check_all_home(&ctx, &main, "after the latency phase")?;
-    let mut enim_cycles = plan.warmup + plan.cycles;
-    let mut rss_series = vec![(0, rss_idle_kib), (enim_cycles, rss_warm_kib)];
-
-    say("throughput: 1, 4 and 16 pods in parallel");
-    let throughput = throughput(&ctx, &plan)?;
-    check_all_home(&ctx, &main, "after the throughput phase")?;
-    enim_cycles += throughput.iter().map(|t| t.cycles[0]).sum::<usize>();
-    rss_series.push((enim_cycles, main.rss_kib()?));
-    if enim_cycles < plan.rss_cycles {
+    let (lat, lat_order) = if o.runs("latency") {
+        // The what-if agent over the same ENIs; the loop never lets two
+        // agents hold a device at once.
+        let no_fsync_dir = work.join("no-fsync");
+        agent::write_config(
+            &no_fsync_dir,
+            &ctx.sb.host_path(),
+            &ctx.main_enis,
+            "checkpoint_fsync = false",
+        )?;
+        let no_fsync = Enimd::start(
+            &ctx.bins.enimd,
+            &no_fsync_dir,
+            &ctx.pids_file,
+            Duration::from_secs(30),
+        )?;
         say(&format!(
-            "{} more enim cycles for the memory figure",
-            plan.rss_cycles - enim_cycles
+            "latency: {} interleaved ADD+DEL cycles per method",
+            plan.cycles
         ));
+        let out = latency(&ctx, &plan)?;
+        check_all_home(&ctx, &no_fsync, "after the latency phase (what-if agent)")?;
+        no_fsync.stop()?;
+        check_all_home(&ctx, &main, "after the latency phase")?;
+        enim_cycles += plan.warmup + plan.cycles;
+        out
+    } else {
+        Default::default()
+    };
+    let rss_warm_kib = sample(enim_cycles, "latency")?;
+
+    let throughput = if o.runs("throughput") {
+        say("throughput: 1, 4 and 16 pods in parallel");
+        let throughput = throughput(&ctx, &plan)?;
+        check_all_home(&ctx, &main, "after the throughput phase")?;
+        enim_cycles += throughput.iter().map(|t| t.cycles[0]).sum::<usize>();
+        sample(enim_cycles, "throughput")?;
+        throughput
+    } else {
+        Vec::new()
+    };
+
+    if o.runs("rss") {
+        if enim_cycles < plan.rss_cycles {
+            say(&format!(
+                "{} more enim cycles for the memory figure, {} pods in parallel",
+                plan.rss_cycles - enim_cycles,
+                o.rss_workers
+            ));
+        }
+        // In steps, sampling as it goes: growth shows as a slope, warm-up as
+        // a step at the start (hence the early samples when it starts cold).
+        let mut step = 0;
+        while enim_cycles < plan.rss_cycles {
+            let next = match enim_cycles {
+                0..10 => 10,
+                10..100 => 100,
+                n => n + 160,
+            };
+            let k = (next.min(plan.rss_cycles) - enim_cycles).div_ceil(o.rss_workers);
+            let (n, _) = parallel(&ctx, Method::Enim, o.rss_workers, k, &format!("rss{step}"))?;
+            enim_cycles += n;
+            step += 1;
+            sample(enim_cycles, "memory step")?;
+        }
+        check_all_home(&ctx, &main, "after the memory phase")?;
     }
-    // In steps, sampling as it goes: growth shows as a slope, warm-up as a
-    // step at the start.
-    let mut step = 0;
-    while enim_cycles < plan.rss_cycles {
-        let k = (plan.rss_cycles - enim_cycles).min(160).div_ceil(MAIN_ENIS);
-        let (n, _) = parallel(&ctx, Method::Enim, MAIN_ENIS, k, &format!("rss{step}"))?;
-        enim_cycles += n;
-        step += 1;
-        rss_series.push((enim_cycles, main.rss_kib()?));
-    }
-    check_all_home(&ctx, &main, "after the memory phase")?;
     std::thread::sleep(Duration::from_millis(200));
-    let rss_after_kib = main.rss_kib()?;
+    let rss_after_kib = sample(enim_cycles, "the cycles and 200 ms idle")?;
     main.stop()?;
 
-    say(&format!(
-        "GC of {} dead records without devices",
-        plan.gc_dead
-    ));
-    let gc_dead_ms = gc_dead(&ctx, &plan)?;
-    say(&format!(
-        "CNI GC of {} attachments moved back home",
-        plan.gc_moved
-    ));
-    let gc_moved_ms = gc_moved(&ctx, &plan)?;
-    say(&format!("start-up restore of {} records", plan.restore));
-    let (restore_ms, restore_logged_ms, restore_empty_ms) = restore(&ctx, &plan)?;
+    let gc_dead_ms = if o.runs("gc-dead") {
+        say(&format!(
+            "GC of {} dead records without devices",
+            plan.gc_dead
+        ));
+        gc_dead(&ctx, &plan)?
+    } else {
+        f64::NAN
+    };
+    let gc_moved_ms = if o.runs("gc-moved") {
+        say(&format!(
+            "CNI GC of {} attachments moved back home",
+            plan.gc_moved
+        ));
+        gc_moved(&ctx, &plan)?
+    } else {
+        f64::NAN
+    };
+    let (restore_ms, restore_logged_ms, restore_empty_ms) = if o.runs("restore") {
+        say(&format!("start-up restore of {} records", plan.restore));
+        restore(&ctx, &plan)?
+    } else {
+        (f64::NAN, None, f64::NAN)
+    };
 
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     Ok(Results {

@@ -290,6 +290,8 @@ pub fn markdown(r: &Results) -> String {
     for t in targets(r) {
         let met = if r.smoke {
             "(smoke: not judged)"
+        } else if t.value.is_nan() {
+            "(not run)"
         } else if t.met {
             "yes"
         } else {
@@ -381,7 +383,7 @@ pub fn json(r: &Results) -> Value {
             "enimd_rss_after_latency_phase_kib": r.rss_warm_kib,
             "enimd_rss_after_cycles_kib": r.rss_after_kib,
             "enim_cycles_before_last_rss": r.rss_cycles,
-            "rss_series": r.rss_series.iter().map(|(c, k)| json!({"enim_cycles": c, "rss_kib": k})).collect::<Vec<_>>(),
+            "rss_series": r.rss_series.iter().map(|x| json!({"enim_cycles": x.cycles, "after": x.after, "rss_kib": x.mem.rss_kib, "rss_anon_kib": x.mem.anon_kib, "threads": x.mem.threads})).collect::<Vec<_>>(),
             "binary_bytes": r.sizes.iter().map(|(n, b)| (n.clone(), json!(b))).collect::<serde_json::Map<_, _>>(),
             "version_exec_ms": {"enim": summary(&r.version_exec[0]), "host_device": summary(&r.version_exec[1])},
         },

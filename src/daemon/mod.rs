@@ -3,6 +3,7 @@
 //! loop, and shuts down cleanly on SIGTERM.
 
 pub mod config;
+pub mod heap;
 pub mod install;
 pub mod metrics;
 pub mod server;
@@ -161,6 +162,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // connect, then restore before anything is served.
     let listener = bind_socket(&config)?;
     let (ready_tx, ready_rx) = watch::channel(false);
+    let heap = Arc::new(heap::Trimmer::default());
+    tokio::spawn(heap.clone().run());
     let ready_rx_for_health = ready_rx.clone();
     let state = Arc::new(AppState {
         manager: manager.clone(),
@@ -170,6 +173,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         allocation_expiry: config.allocation_expiry,
         gc_grace: config.gc_grace,
         metrics: metrics.clone(),
+        heap: heap.clone(),
         started,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -220,6 +224,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ms = started.elapsed().as_millis() as u64,
         "state restored; serving"
     );
+    heap::release_free_heap();
     let _ = ready_tx.send(true);
 
     if !config.gc_interval.is_zero() {
@@ -237,6 +242,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                         if let Err(e) = manager.checkpoint().flush().await {
                             tracing::error!(error = %e, "checkpoint write failed; retrying next tick");
                         }
+                        heap::release_free_heap();
                     }
                     _ = gc_stop.changed() => break,
                 }

@@ -42,6 +42,8 @@ pub struct AppState {
     pub gc_grace: Duration,
     pub allocation_expiry: Duration,
     pub metrics: Arc<crate::daemon::metrics::Metrics>,
+    /// Operations in flight, for trimming the heap after bursts.
+    pub heap: Arc<crate::daemon::heap::Trimmer>,
     pub started: Instant,
 }
 
@@ -104,7 +106,8 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// Counts and times the attachment verbs by result.
+/// Counts and times the attachment verbs by result, and tells the heap
+/// trimmer when they run.
 async fn measure(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let verb = match request.uri().path() {
         api::ROUTE_ADD => Some("ADD"),
@@ -114,6 +117,7 @@ async fn measure(State(state): State<Shared>, request: Request, next: Next) -> R
         _ => None,
     };
     let started = Instant::now();
+    let _busy = verb.map(|_| state.heap.busy());
     let response = next.run(request).await;
     if let Some(verb) = verb {
         state
