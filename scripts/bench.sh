@@ -9,7 +9,11 @@
 #                                       $CARGO_TARGET_DIR/enim-bench/latest.json
 #   sudo scripts/bench.sh --smoke       a few cycles of everything (CI): checks
 #                                       that it all works, times nothing
-#   extra arguments go to enim-bench: --cycles N, --json FILE
+#   sudo scripts/bench.sh --only gc-dead,restore
+#                                       just those scale scenarios (gc-dead,
+#                                       gc-moved, restore; gc: both GC ones),
+#                                       release build, JSON in latest-only.json
+#   extra arguments go to enim-bench: --cycles N, --json FILE, --only PHASES
 #
 # It makes its own uniquely named namespaces and veth pairs, never touches
 # this machine's own interfaces, sends traffic only inside its namespaces,
@@ -20,7 +24,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
 smoke=false
-for a in "$@"; do [ "$a" = --smoke ] && smoke=true; done
+only=false
+for a in "$@"; do
+  [ "$a" = --smoke ] && smoke=true
+  [ "$a" = --only ] && only=true
+done
 for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
   [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
 done
@@ -28,6 +36,8 @@ done
 # The smoke checks behaviour, so a debug build (mostly built by the tests
 # already) will do; figures come from release builds only.
 if $smoke; then profile=debug; flags=(); name=smoke; else profile=release; flags=(--release); name=latest; fi
+# A partial run never overwrites the full run's figures.
+if $only; then name=$name-only; fi
 echo "== building enim and enim-bench ($profile)" >&2
 (cd "$root" && cargo build --quiet "${flags[@]}" -p enim --bins -p enim-bench)
 bin="$target/$profile"

@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N]
-//!            [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]
+//!            [--gap-ms N] [--only PHASES] [--json FILE] [--tag TAG] [--work DIR]
+//!            [--cni-path DIR]
 //! ```
+//!
+//! `--only gc,restore` runs just those scale scenarios (`gc` is `gc-dead`
+//! and `gc-moved`), at full or `--smoke` sizes, for quick before/after
+//! figures; the markdown and JSON then hold only their figures.
 
 mod agent;
 mod exec;
@@ -34,10 +39,15 @@ pub struct Opts {
     pub rss_cycles: usize,
     /// Idle time before each timed latency operation (None: the default).
     pub gap_ms: Option<u64>,
+    /// `--only`: just these scale scenarios.
+    pub only: Option<Vec<phases::ScalePhase>>,
 }
 
 const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
-                     [--gap-ms N] [--json FILE] [--tag TAG] [--work DIR] [--cni-path DIR]";
+                     [--gap-ms N] [--only PHASES] [--json FILE] [--tag TAG] [--work DIR] \
+                     [--cni-path DIR]\n\
+                     --only PHASES: just these scale scenarios, comma-separated: \
+                     gc-dead, gc-moved, restore (gc: both GC ones)";
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -50,6 +60,7 @@ fn parse_args() -> Result<Opts, String> {
         cycles: 0,
         rss_cycles: 0,
         gap_ms: None,
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -65,6 +76,7 @@ fn parse_args() -> Result<Opts, String> {
                 o.rss_cycles = val()?.parse().map_err(|e| format!("--rss-cycles: {e}"))?
             }
             "--gap-ms" => o.gap_ms = Some(val()?.parse().map_err(|e| format!("--gap-ms: {e}"))?),
+            "--only" => o.only = Some(phases::ScalePhase::parse_list(&val()?)?),
             "--smoke" => o.smoke = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
@@ -100,10 +112,14 @@ fn main() -> ExitCode {
         eprintln!("enim-bench: must run as root: it creates network namespaces");
         return ExitCode::from(2);
     }
-    match phases::run(&opts) {
-        Ok(results) => {
-            print!("{}", report::markdown(&results));
-            let json = report::json(&results);
+    let run = match &opts.only {
+        Some(only) => phases::run_only(&opts, only)
+            .map(|r| (report::markdown_only(&r), report::json_only(&r))),
+        None => phases::run(&opts).map(|r| (report::markdown(&r), report::json(&r))),
+    };
+    match run {
+        Ok((markdown, json)) => {
+            print!("{markdown}");
             if let Some(path) = &opts.json {
                 if let Err(e) = std::fs::write(path, serde_json::to_vec_pretty(&json).unwrap()) {
                     eprintln!("enim-bench: writing {}: {e}", path.display());

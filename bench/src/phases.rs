@@ -804,10 +804,10 @@ fn loadavg() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-pub fn run(o: &Opts) -> R<Results> {
-    let plan = Plan::new(o);
-    let load_start = loadavg();
-    let (work, _tmp_guard) = match &o.work {
+/// The run's work directory, and a guard that removes it when the bench
+/// made it itself.
+fn work_dir(o: &Opts) -> R<(PathBuf, Option<RemoveDir>)> {
+    let (work, guard) = match &o.work {
         Some(w) => (w.clone(), None),
         None => {
             let w = std::env::temp_dir().join(format!("{}-work", o.tag));
@@ -815,6 +815,101 @@ pub fn run(o: &Opts) -> R<Results> {
         }
     };
     std::fs::create_dir_all(&work)?;
+    Ok((work, guard))
+}
+
+/// A scale scenario that `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalePhase {
+    GcDead,
+    GcMoved,
+    Restore,
+}
+
+impl ScalePhase {
+    /// `gc-dead`, `gc-moved`, `restore`, or `gc` for both GC scenarios,
+    /// comma-separated.
+    pub fn parse_list(s: &str) -> Result<Vec<ScalePhase>, String> {
+        let mut out = Vec::new();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let picked: &[ScalePhase] = match name {
+                "gc" => &[ScalePhase::GcDead, ScalePhase::GcMoved],
+                "gc-dead" => &[ScalePhase::GcDead],
+                "gc-moved" => &[ScalePhase::GcMoved],
+                "restore" => &[ScalePhase::Restore],
+                other => {
+                    return Err(format!(
+                        "--only: unknown phase {other:?} (gc, gc-dead, gc-moved, restore)"
+                    ))
+                }
+            };
+            for p in picked {
+                if !out.contains(p) {
+                    out.push(*p);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err("--only needs at least one phase".into());
+        }
+        Ok(out)
+    }
+}
+
+/// The figures of an `--only` run: the chosen scale scenarios, NaN for
+/// the others.
+pub struct ScaleOnly {
+    pub smoke: bool,
+    pub load: (f64, f64),
+    pub phases: Vec<ScalePhase>,
+    pub scale: Scale,
+}
+
+/// Only the scale scenarios in `phases`, with the same sizes as a full
+/// (or smoke) run, skipping latency, throughput and memory: for quick
+/// before/after figures while working on GC or start-up.
+pub fn run_only(o: &Opts, phases: &[ScalePhase]) -> R<ScaleOnly> {
+    let plan = Plan::new(o);
+    let load_start = loadavg();
+    let (work, _tmp_guard) = work_dir(o)?;
+    eprintln!("enim-bench: setting up the sandbox");
+    let ctx = Ctx::new(o, &plan, work)?;
+    let mut scale = Scale {
+        gc_dead: plan.gc_dead,
+        gc_dead_ms: f64::NAN,
+        gc_moved: plan.gc_moved,
+        gc_moved_ms: f64::NAN,
+        restore: plan.restore,
+        restore_ms: f64::NAN,
+        restore_logged_ms: None,
+        restore_empty_ms: f64::NAN,
+    };
+    for p in phases {
+        eprintln!("enim-bench: {p:?}");
+        match p {
+            ScalePhase::GcDead => scale.gc_dead_ms = gc_dead(&ctx, &plan)?,
+            ScalePhase::GcMoved => scale.gc_moved_ms = gc_moved(&ctx, &plan)?,
+            ScalePhase::Restore => {
+                (
+                    scale.restore_ms,
+                    scale.restore_logged_ms,
+                    scale.restore_empty_ms,
+                ) = restore(&ctx, &plan)?
+            }
+        }
+    }
+    Ok(ScaleOnly {
+        smoke: o.smoke,
+        load: (load_start, loadavg()),
+        phases: phases.to_vec(),
+        scale,
+    })
+}
+
+pub fn run(o: &Opts) -> R<Results> {
+    let plan = Plan::new(o);
+    let load_start = loadavg();
+    let (work, _tmp_guard) = work_dir(o)?;
     let say = |what: &str| eprintln!("enim-bench: {what}");
     say("setting up the sandbox");
     let ctx = Ctx::new(o, &plan, work.clone())?;

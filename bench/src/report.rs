@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::phases::{Results, LAT_METHODS, METHODS};
+use crate::phases::{Results, ScaleOnly, ScalePhase, LAT_METHODS, METHODS};
 use crate::stats::Summary;
 
 /// One target, judged.
@@ -386,5 +386,95 @@ pub fn json(r: &Results) -> Value {
             "version_exec_ms": {"enim": summary(&r.version_exec[0]), "host_device": summary(&r.version_exec[1])},
         },
         "targets": targets,
+    })
+}
+
+/// An `--only` run: the scale figures it took, with their targets.
+pub fn markdown_only(r: &ScaleOnly) -> String {
+    let mut s = String::new();
+    let mode = if r.smoke {
+        "smoke (not a measurement)"
+    } else {
+        "full sizes"
+    };
+    let _ = writeln!(
+        s,
+        "\n## enim benchmark, only {:?}: {mode}; load average {:.1} at start, {:.1} at end\n",
+        r.phases, r.load.0, r.load.1
+    );
+    let _ = writeln!(s, "| measure | value | target |");
+    let _ = writeln!(s, "|---|---:|---|");
+    let sc = &r.scale;
+    let judge = |v: f64, limit: f64| {
+        if r.smoke {
+            "(smoke: not judged)".to_string()
+        } else {
+            format!(
+                "< {limit} ms: {}",
+                if v < limit { "met" } else { "**not met**" }
+            )
+        }
+    };
+    for p in &r.phases {
+        match p {
+            ScalePhase::GcDead => {
+                let _ = writeln!(
+                    s,
+                    "| GC route, {} dead records without devices | {} ms | {} |",
+                    sc.gc_dead,
+                    f2(sc.gc_dead_ms),
+                    judge(sc.gc_dead_ms, 200.0)
+                );
+            }
+            ScalePhase::GcMoved => {
+                let _ = writeln!(
+                    s,
+                    "| CNI GC (exec), {} dead attachments moved back home | {} ms | |",
+                    sc.gc_moved,
+                    f2(sc.gc_moved_ms)
+                );
+            }
+            ScalePhase::Restore => {
+                let _ = writeln!(
+                    s,
+                    "| start-up restore, {} records, exec → ready | {} ms{} | {} |",
+                    sc.restore,
+                    f2(sc.restore_ms),
+                    sc.restore_logged_ms
+                        .map(|m| format!(" (enimd's own: {m} ms)"))
+                        .unwrap_or_default(),
+                    judge(sc.restore_ms, 500.0)
+                );
+                let _ = writeln!(
+                    s,
+                    "| start-up, {} ENIs and no records, exec → ready | {} ms | |",
+                    sc.restore,
+                    f2(sc.restore_empty_ms)
+                );
+            }
+        }
+    }
+    s
+}
+
+/// An `--only` run as JSON; figures of phases not run are null.
+pub fn json_only(r: &ScaleOnly) -> Value {
+    let num = |v: f64| if v.is_nan() { Value::Null } else { json!(v) };
+    let sc = &r.scale;
+    json!({
+        "schema": "enim-bench/1",
+        "mode": if r.smoke { "smoke-only" } else { "only" },
+        "phases": r.phases.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>(),
+        "machine": {"loadavg_1min_start": r.load.0, "loadavg_1min_end": r.load.1},
+        "scale": {
+            "gc_dead_no_device": {"records": sc.gc_dead, "ms": num(sc.gc_dead_ms)},
+            "gc_moved_back_cni_exec": {"attachments": sc.gc_moved, "ms": num(sc.gc_moved_ms)},
+            "restore": {
+                "records": sc.restore,
+                "exec_to_ready_ms": num(sc.restore_ms),
+                "enimd_logged_ms": sc.restore_logged_ms,
+                "same_enis_no_records_exec_to_ready_ms": num(sc.restore_empty_ms),
+            },
+        },
     })
 }
