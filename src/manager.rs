@@ -19,7 +19,9 @@ use crate::checkpoint::{Checkpoint, CheckpointError, HostHome};
 use crate::exclusion::{excluded_owner, is_excluded_owner, Exclusions};
 use crate::fault::crash_point;
 use crate::keylock::KeyLocks;
-use crate::netlink::{validate_ifname, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
+use crate::netlink::{
+    validate_ifname, HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig,
+};
 use crate::secondary::datastore::DataStoreError;
 use crate::secondary::manager::SecondaryManager;
 
@@ -812,27 +814,41 @@ impl EniManager {
             .extend(stale.iter().map(|r| r.key.to_string()));
         crash_point("del:after-intent");
 
-        let mut home = Vec::with_capacity(ours.len());
+        let mut moved = Vec::with_capacity(ours.len());
         for r in ours {
             match self
                 .plumbing
                 .move_to_host(&r.netns, r.mac, &r.host_name, r.host_mtu)
                 .await
             {
-                Ok(_) => {}
-                Err(e) if e.is_netns_gone() => {}
-                Err(e) => {
-                    report
-                        .errors
-                        .push(format!("{}: return ENI to host: {e}", r.key));
-                    continue;
-                }
+                Ok(_) => moved.push(r),
+                Err(e) if e.is_netns_gone() => moved.push(r),
+                Err(e) => report
+                    .errors
+                    .push(format!("{}: return ENI to host: {e}", r.key)),
             }
-            match self
-                .plumbing
-                .restore_host_link(r.mac, &r.host_name, r.host_mtu)
-                .await
-            {
+        }
+        // Every device is as home as a move can make it: one look at the
+        // host for the whole batch (was a link dump per device not found).
+        let homes: Vec<HostLinkHome<'_>> = moved
+            .iter()
+            .map(|r| HostLinkHome {
+                mac: r.mac,
+                name: &r.host_name,
+                mtu: r.host_mtu,
+            })
+            .collect();
+        let restored = match self.plumbing.restore_host_links(&homes).await {
+            Ok(restored) => restored,
+            Err(e) => {
+                report.errors.push(format!("host links: {e}"));
+                return;
+            }
+        };
+        drop(homes);
+        let mut home = Vec::with_capacity(moved.len());
+        for (r, restored) in moved.into_iter().zip(restored) {
+            match restored {
                 Ok(found) => home.push((r, found)),
                 Err(e) => report
                     .errors
@@ -880,10 +896,12 @@ impl EniManager {
             .into_iter()
             .map(|a| a.mac)
             .collect();
+        // By MAC: thousands of free ENIs must not each scan every link.
+        let links: HashMap<_, _> = links.iter().map(|l| (l.mac, l)).collect();
         let free_in_host = || {
             enis.iter()
                 .filter(|e| e.owner.is_none() && !recorded.contains(&e.mac))
-                .filter_map(|e| links.iter().find(|l| l.mac == e.mac).map(|l| (e, l)))
+                .filter_map(|e| links.get(&e.mac).map(|l| (e, *l)))
         };
         let seen = free_in_host().map(|(e, l)| {
             (
@@ -1307,6 +1325,68 @@ mod tests {
         // Nothing left to do: a second pass is a no-op.
         let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
         assert_eq!(report, GcReport::default());
+    }
+
+    #[tokio::test]
+    async fn gc_of_records_without_devices_looks_at_the_host_once() {
+        let r = rig(5);
+        for i in 1..=5 {
+            let ns = PathBuf::from(format!("/run/netns/p{i}"));
+            r.fake.add_netns(&ns);
+            r.mgr.add(&owner(&format!("c{i}")), &ns).await.unwrap();
+        }
+        // Four pods died with their devices (veths go with the netns); the
+        // fifth's ENI came back to the host as dev9 with another MTU.
+        for i in 1..=4 {
+            r.fake
+                .remove_netns(&PathBuf::from(format!("/run/netns/p{i}")));
+        }
+        let mut dev = r.fake.remove_netns(&PathBuf::from("/run/netns/p5"))[0].clone();
+        dev.link.name = "dev9".into();
+        dev.link.mtu = 1400;
+        r.fake.world.lock().unwrap().host.push(dev);
+        let lookups = r.fake.calls("host_link");
+
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(report.collected.len(), 5, "{report:?}");
+        assert!(report.errors.is_empty(), "{report:?}");
+        assert_eq!(report.records_dropped.len(), 4, "{report:?}");
+        assert_eq!(r.fake.calls("restore_host_links"), 1);
+        assert_eq!(r.fake.calls("restore_host_link"), 0);
+        assert_eq!(r.fake.calls("host_link"), lookups);
+        let back = r.fake.host_dev(mac(5)).unwrap();
+        assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni5", HOST_MTU));
+        assert!(r.mgr.attachments().await.is_empty());
+        assert!(r
+            .provider
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| e.owner.is_none()));
+    }
+
+    #[tokio::test]
+    async fn gc_keeps_a_record_whose_device_could_not_be_put_home() {
+        let r = rig(1);
+        let gone = PathBuf::from("/run/netns/gone");
+        r.fake.add_netns(&gone);
+        r.mgr.add(&owner("c"), &gone).await.unwrap();
+        let mut dev = r.fake.remove_netns(&gone).remove(0);
+        dev.link.name = "dev3".into();
+        r.fake.world.lock().unwrap().host.push(dev);
+        r.fake.fail_once("restore_host_link");
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert!(report.collected.is_empty(), "{report:?}");
+        assert_eq!(report.errors.len(), 1, "{report:?}");
+        // Still recorded (as being deleted) and assigned: the next pass
+        // finishes it.
+        assert_eq!(r.mgr.attachments().await[0].phase, Phase::Deleting);
+        assert!(r.provider.list().await.unwrap()[0].owner.is_some());
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert_eq!(report.collected, vec!["n/c/eth0".to_string()]);
+        let back = r.fake.host_dev(mac(1)).unwrap();
+        assert_eq!(back.link.name, "eni1");
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use enim_provider::MacAddr;
 use ipnet::IpNet;
 
-use super::{LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
+use super::{HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeDev {
@@ -38,6 +38,9 @@ pub struct FakePlumbing {
     configure_gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
     /// What primary_mac answers.
     pub primary: Mutex<Option<MacAddr>>,
+    /// Calls of the host lookups, by method name: the real ones cost a
+    /// netlink round trip each, a link dump for the batch ones.
+    calls: Mutex<HashMap<&'static str, usize>>,
 }
 
 /// Steps a fault can be armed at. `configure_pod_link:partial` applies the
@@ -111,6 +114,15 @@ impl FakePlumbing {
         }
     }
 
+    fn count(&self, method: &'static str) {
+        *self.calls.lock().unwrap().entry(method).or_default() += 1;
+    }
+
+    /// How often `method` was called.
+    pub fn calls(&self, method: &str) -> usize {
+        self.calls.lock().unwrap().get(method).copied().unwrap_or(0)
+    }
+
     fn index(&self) -> u32 {
         let mut i = self.next_index.lock().unwrap();
         *i += 1;
@@ -154,11 +166,13 @@ impl Plumbing for FakePlumbing {
     }
 
     async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
+        self.count("host_link");
         self.fault("host_link")?;
         Ok(self.host_dev(mac).map(|d| d.link))
     }
 
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
+        self.count("host_links");
         Ok(self
             .world
             .lock()
@@ -301,13 +315,36 @@ impl Plumbing for FakePlumbing {
         host_name: &str,
         host_mtu: u32,
     ) -> Result<bool, PlumbingError> {
+        self.count("restore_host_link");
         self.fault("restore_host_link")?;
+        Ok(self.put_home(mac, host_name, host_mtu))
+    }
+
+    async fn restore_host_links(
+        &self,
+        homes: &[HostLinkHome<'_>],
+    ) -> Result<Vec<Result<bool, PlumbingError>>, PlumbingError> {
+        self.count("restore_host_links");
+        self.fault("restore_host_links")?;
+        Ok(homes
+            .iter()
+            .map(|h| {
+                // The same per-device fault as the one-at-a-time method.
+                self.fault("restore_host_link")?;
+                Ok(self.put_home(h.mac, h.name, h.mtu))
+            })
+            .collect())
+    }
+}
+
+impl FakePlumbing {
+    fn put_home(&self, mac: MacAddr, host_name: &str, host_mtu: u32) -> bool {
         let mut w = self.world.lock().unwrap();
         let Some(dev) = w.host.iter_mut().find(|d| d.link.mac == mac) else {
-            return Ok(false);
+            return false;
         };
         dev.link.name = host_name.into();
         dev.link.mtu = host_mtu;
-        Ok(true)
+        true
     }
 }

@@ -206,6 +206,23 @@ pub trait Plumbing: Send + Sync {
         host_name: &str,
         host_mtu: u32,
     ) -> Result<bool, PlumbingError>;
+
+    /// [`Plumbing::restore_host_link`] for many devices at once (GC's
+    /// batches): one look at the host's devices for the whole batch, so a
+    /// device that is nowhere costs no netlink round trip. The outer error
+    /// is that look failing; otherwise one result per entry, in order.
+    async fn restore_host_links(
+        &self,
+        homes: &[HostLinkHome<'_>],
+    ) -> Result<Vec<Result<bool, PlumbingError>>, PlumbingError>;
+}
+
+/// Where a device belongs in the host: its MAC, host name and MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLinkHome<'a> {
+    pub mac: MacAddr,
+    pub name: &'a str,
+    pub mtu: u32,
 }
 
 /// Checks a CNI interface name as the kernel would: 1 to 15 bytes, not `.`

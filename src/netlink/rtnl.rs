@@ -16,7 +16,7 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use super::{LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
+use super::{HostLinkHome, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
 
 const EEXIST: i32 = libc::EEXIST;
 
@@ -413,6 +413,51 @@ impl Plumbing for RtnlPlumbing {
         let Some(link) = self.host_link(mac).await? else {
             return Ok(false);
         };
+        self.put_home(&link, host_name, host_mtu).await?;
+        Ok(true)
+    }
+
+    async fn restore_host_links(
+        &self,
+        homes: &[HostLinkHome<'_>],
+    ) -> Result<Vec<Result<bool, PlumbingError>>, PlumbingError> {
+        // One dump for the batch: a cache miss in host_link dumps every
+        // link, and a dead pod's veth is a miss every time (1000 dumps for
+        // 1000 dead records).
+        let by_mac: HashMap<MacAddr, LinkInfo> = self
+            .dump_host_links()
+            .await?
+            .into_iter()
+            .map(|l| (l.mac, l))
+            .collect();
+        let mut out = Vec::with_capacity(homes.len());
+        for home in homes {
+            let Some(link) = by_mac.get(&home.mac) else {
+                out.push(Ok(false));
+                continue;
+            };
+            out.push(match self.put_home(link, home.name, home.mtu).await {
+                Ok(()) => Ok(true),
+                // Gone or moved since the dump: look it up afresh.
+                Err(e) if e.errno() == Some(libc::ENODEV) => {
+                    self.restore_host_link(home.mac, home.name, home.mtu).await
+                }
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl RtnlPlumbing {
+    /// Renames and retunes host device `link` to `host_name` and `host_mtu`
+    /// where it differs.
+    async fn put_home(
+        &self,
+        link: &LinkInfo,
+        host_name: &str,
+        host_mtu: u32,
+    ) -> Result<(), PlumbingError> {
         if link.name != host_name {
             // Kernels before 6.2 refuse to rename an UP device (EBUSY).
             let msg = LinkUnspec::new_with_index(link.index)
@@ -437,7 +482,7 @@ impl Plumbing for RtnlPlumbing {
             )
             .await?;
         }
-        Ok(true)
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! config (bare metal, labs and tests). Ownership lives in memory and is
 //! rebuilt from the agent's checkpoint through [`EniProvider::restore`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 
@@ -47,11 +47,102 @@ struct SecondaryInfo {
 
 pub struct StaticProvider {
     // One lock over all slots makes "find free + assign" atomic, which is all
-    // the concurrency guarantee the API asks for; the critical section is a
-    // scan of a short vector.
-    slots: Mutex<Vec<Eni>>,
+    // the concurrency guarantee the API asks for.
+    slots: Mutex<Slots>,
     // Immutable after construction: no lock needed.
     secondary: HashMap<String, SecondaryInfo>,
+}
+
+/// An owner's identity (network, container id, ifname): pod metadata aside.
+type OwnerKey = (String, String, String);
+
+fn owner_key(owner: &EniOwner) -> OwnerKey {
+    (
+        owner.network.clone(),
+        owner.container_id.clone(),
+        owner.ifname.clone(),
+    )
+}
+
+/// The declared ENIs in config order, with indexes so that restoring or
+/// releasing one of 10,000 entries is not a scan of all of them (a start-up
+/// restore was O(n²)). Only `assign` and `clear` change ownership, so the
+/// indexes cannot drift from `enis`.
+struct Slots {
+    enis: Vec<Eni>,
+    /// ENI id -> position; fixed after construction.
+    by_id: HashMap<String, usize>,
+    /// Owner -> the positions it holds: one, unless a restore gave the same
+    /// attachment a second ENI.
+    by_owner: HashMap<OwnerKey, Vec<usize>>,
+    /// Free positions; allocation takes the lowest, i.e. config order.
+    free: BTreeSet<usize>,
+}
+
+impl Slots {
+    fn new(enis: Vec<Eni>) -> Slots {
+        let by_id = enis
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.clone(), i))
+            .collect();
+        let free = (0..enis.len()).collect();
+        Slots {
+            enis,
+            by_id,
+            by_owner: HashMap::new(),
+            free,
+        }
+    }
+
+    /// The lowest position `owner` holds.
+    fn held_by(&self, owner: &EniOwner) -> Option<usize> {
+        self.by_owner
+            .get(&owner_key(owner))
+            .and_then(|at| at.iter().min().copied())
+    }
+
+    fn assign(&mut self, at: usize, owner: EniOwner) {
+        self.clear(at);
+        self.free.remove(&at);
+        self.by_owner.entry(owner_key(&owner)).or_default().push(at);
+        self.enis[at].owner = Some(owner);
+    }
+
+    fn clear(&mut self, at: usize) {
+        let Some(old) = self.enis[at].owner.take() else {
+            return;
+        };
+        let key = owner_key(&old);
+        if let Some(held) = self.by_owner.get_mut(&key) {
+            held.retain(|i| *i != at);
+            if held.is_empty() {
+                self.by_owner.remove(&key);
+            }
+        }
+        self.free.insert(at);
+    }
+
+    /// Panics unless the indexes say exactly what the slots say.
+    #[cfg(test)]
+    fn assert_consistent(&self) {
+        let mut owners: HashMap<OwnerKey, Vec<usize>> = HashMap::new();
+        let mut free = BTreeSet::new();
+        for (i, e) in self.enis.iter().enumerate() {
+            assert_eq!(self.by_id[&e.id], i);
+            match &e.owner {
+                Some(o) => owners.entry(owner_key(o)).or_default().push(i),
+                None => {
+                    free.insert(i);
+                }
+            }
+        }
+        let mut indexed = self.by_owner.clone();
+        indexed.values_mut().for_each(|v| v.sort_unstable());
+        assert_eq!(indexed, owners, "owner index");
+        assert_eq!(self.free, free, "free set");
+        assert_eq!(self.by_id.len(), self.enis.len());
+    }
 }
 
 impl StaticProvider {
@@ -145,12 +236,12 @@ impl StaticProvider {
             });
         }
         Ok(StaticProvider {
-            slots: Mutex::new(slots),
+            slots: Mutex::new(Slots::new(slots)),
             secondary,
         })
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Eni>> {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
         // A panic while holding the lock cannot leave a slot half-assigned
         // (assignments are single stores), so a poisoned lock is still sound.
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
@@ -164,31 +255,32 @@ impl EniProvider for StaticProvider {
     }
 
     async fn list(&self) -> Result<Vec<Eni>, ProviderError> {
-        Ok(self.slots().clone())
+        Ok(self.slots().enis.clone())
     }
 
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
         let mut slots = self.slots();
-        if let Some(held) = slots
-            .iter()
-            .find(|e| e.owner.as_ref().is_some_and(|o| o.same_attachment(owner)))
-        {
-            return Ok(held.clone());
+        if let Some(held) = slots.held_by(owner) {
+            return Ok(slots.enis[held].clone());
         }
-        let total = slots.len();
-        let free = slots
-            .iter_mut()
-            .find(|e| e.owner.is_none())
+        let total = slots.enis.len();
+        let free = *slots
+            .free
+            .first()
             .ok_or(ProviderError::Exhausted { total })?;
-        free.owner = Some(owner.clone());
-        Ok(free.clone())
+        slots.assign(free, owner.clone());
+        Ok(slots.enis[free].clone())
     }
 
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
-        for e in self.slots().iter_mut() {
-            if e.owner.as_ref().is_some_and(|o| o.same_attachment(owner)) {
-                e.owner = None;
-            }
+        let mut slots = self.slots();
+        let held = slots
+            .by_owner
+            .get(&owner_key(owner))
+            .cloned()
+            .unwrap_or_default();
+        for at in held {
+            slots.clear(at);
         }
         Ok(())
     }
@@ -196,12 +288,13 @@ impl EniProvider for StaticProvider {
     async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError> {
         let mut slots = self.slots();
         // Check everything first so a bad checkpoint changes nothing.
+        let mut positions = Vec::with_capacity(assignments.len());
         for (eni_id, owner) in assignments {
-            let slot = slots
-                .iter()
-                .find(|e| &e.id == eni_id)
+            let at = *slots
+                .by_id
+                .get(eni_id)
                 .ok_or_else(|| ProviderError::UnknownEni(eni_id.clone()))?;
-            if let Some(holder) = &slot.owner {
+            if let Some(holder) = &slots.enis[at].owner {
                 if !holder.same_attachment(owner) {
                     return Err(ProviderError::OwnedByOther {
                         eni_id: eni_id.clone(),
@@ -210,11 +303,10 @@ impl EniProvider for StaticProvider {
                     });
                 }
             }
+            positions.push(at);
         }
-        for (eni_id, owner) in assignments {
-            if let Some(slot) = slots.iter_mut().find(|e| &e.id == eni_id) {
-                slot.owner = Some(owner.clone());
-            }
+        for (at, (_, owner)) in positions.into_iter().zip(assignments) {
+            slots.assign(at, owner.clone());
         }
         Ok(())
     }
@@ -317,6 +409,47 @@ mod tests {
             p.restore(&[("eni-9".into(), owner("y"))]).await,
             Err(ProviderError::UnknownEni(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn indexes_follow_allocate_release_and_restore() {
+        let p = StaticProvider::new((1..=6).map(eni).collect()).unwrap();
+        let check = || p.slots().assert_consistent();
+        p.restore(&[("eni-3".into(), owner("r")), ("eni-1".into(), owner("s"))])
+            .await
+            .unwrap();
+        check();
+        // Allocation still takes the first free ENI in config order.
+        assert_eq!(p.allocate_next(&owner("a")).await.unwrap().id, "eni-2");
+        assert_eq!(p.allocate_next(&owner("b")).await.unwrap().id, "eni-4");
+        check();
+        // Restoring the same attachment again (new pod metadata) keeps it.
+        let mut again = owner("r");
+        again.pod.name = "renamed".into();
+        p.restore(&[("eni-3".into(), again)]).await.unwrap();
+        assert_eq!(p.allocate_next(&owner("r")).await.unwrap().id, "eni-3");
+        check();
+        // A rejected restore changes nothing.
+        assert!(p
+            .restore(&[("eni-5".into(), owner("x")), ("eni-2".into(), owner("x"))])
+            .await
+            .is_err());
+        check();
+        assert!(p.list().await.unwrap()[4].owner.is_none());
+        // A restore that gives an attachment a second ENI: release frees both.
+        p.restore(&[("eni-6".into(), owner("s"))]).await.unwrap();
+        check();
+        p.release(&owner("s")).await.unwrap();
+        check();
+        let listed = p.list().await.unwrap();
+        assert!(listed[0].owner.is_none() && listed[5].owner.is_none());
+        p.release(&owner("a")).await.unwrap();
+        p.release(&owner("nobody")).await.unwrap();
+        check();
+        assert_eq!(p.allocate_next(&owner("c")).await.unwrap().id, "eni-1");
+        assert_eq!(p.allocate_next(&owner("d")).await.unwrap().id, "eni-2");
+        assert_eq!(p.allocate_next(&owner("e")).await.unwrap().id, "eni-5");
+        check();
     }
 
     #[test]
