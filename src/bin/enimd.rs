@@ -172,6 +172,7 @@ fn run_agent(args: Args) -> ExitCode {
     }
     init_logging(config.log_format);
 
+    enim::daemon::heap::limit_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
