@@ -515,6 +515,9 @@ impl EniManager {
         key: &AttachmentKey,
         ttl: Duration,
     ) -> Result<(), ManagerError> {
+        if let Some(engine) = &self.secondary {
+            return engine.mark_unclaimed(key, ttl).await;
+        }
         let _guard = self.locks.lock(key).await;
         let Some(mut record) = self.checkpoint.get(key).await else {
             return Ok(());

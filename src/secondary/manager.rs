@@ -23,7 +23,7 @@ use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::record::SecondaryAttachment;
 use super::{SecondaryConfig, MAX_DEVICE_INDEX};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
-use crate::attachment::{now_ms, AttachmentResult, Phase};
+use crate::attachment::{now_ms, AttachmentKey, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
 use crate::fault::crash_point;
@@ -311,7 +311,10 @@ impl SecondaryManager {
 
         if let Some(existing) = self.checkpoint.pod(&key).await {
             if existing.phase == Phase::Ready && existing.netns == netns {
-                return Ok(existing.result());
+                // The runtime retried: it now has the result.
+                let result = existing.result();
+                self.claim(existing).await?;
+                return Ok(result);
             }
             tracing::info!(%key, phase = ?existing.phase, "undoing previous attempt before ADD");
             self.teardown(existing).await?;
@@ -361,6 +364,7 @@ impl SecondaryManager {
             phase: Phase::Adding,
             created_ms: now,
             updated_ms: now,
+            expires_ms: None,
         };
         if let Err(e) = self.checkpoint.put_pod(record.clone()).await {
             self.store().unassign(&key, Instant::now());
@@ -534,7 +538,41 @@ impl SecondaryManager {
         if let Some(why) = self.mismatch(&record, mtu).await {
             return Err(fail(why));
         }
-        Ok(record.result())
+        let result = record.result();
+        self.claim(record).await?;
+        Ok(result)
+    }
+
+    /// Clears the expiry of a pod the runtime has shown it knows.
+    async fn claim(&self, mut record: SecondaryAttachment) -> Result<(), ManagerError> {
+        if record.expires_ms.take().is_some() {
+            record.updated_ms = now_ms();
+            self.checkpoint.put_pod(record).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks a ready pod whose ADD result may never have reached the
+    /// runtime: kept for `ttl` for a retried ADD, a CHECK or a DEL, and
+    /// collected by GC after that.
+    pub async fn mark_unclaimed(
+        &self,
+        key: &AttachmentKey,
+        ttl: Duration,
+    ) -> Result<(), ManagerError> {
+        let _guard = self.locks.lock(key).await;
+        let Some(mut record) = self.checkpoint.pod(key).await else {
+            return Ok(());
+        };
+        if record.phase != Phase::Ready {
+            return Ok(());
+        }
+        let now = now_ms();
+        record.expires_ms = Some(now + ttl.as_millis() as u64);
+        record.updated_ms = now;
+        self.checkpoint.put_pod(record).await?;
+        tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the pod for a retry or DEL");
+        Ok(())
     }
 
     /// One GC pass: collects dead pods (netns gone, or omitted by a CNI GC
@@ -549,7 +587,7 @@ impl SecondaryManager {
                 .is_dead(
                     &record.key,
                     record.created_ms,
-                    None,
+                    record.expires_ms,
                     netns_alive,
                     &mut report,
                 )
@@ -1170,5 +1208,63 @@ mod tests {
             assert_eq!(self.mgr.pods().await.len(), pods);
             assert_eq!(self.fake.world().veths.len(), pods);
         }
+    }
+
+    #[tokio::test]
+    async fn unclaimed_pods_expire_unless_claimed() {
+        let r = rig(1).await;
+        let other = PathBuf::from("/run/netns/other");
+        r.fake.add_netns(&other);
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        r.mgr.add(&owner("b"), &other).await.unwrap();
+        for cid in ["a", "b"] {
+            r.mgr
+                .mark_unclaimed(&key_of(&owner(cid)), Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        // "a" is claimed by the runtime's retried ADD; "b" never is.
+        r.mgr.add(&owner("a"), &r.netns).await.unwrap();
+        let mgr = &r.mgr;
+        let expiry = |cid: &'static str| async move {
+            mgr.pods()
+                .await
+                .into_iter()
+                .find(|p| p.key.container_id == cid)
+                .map(|p| p.expires_ms)
+        };
+        assert_eq!(expiry("a").await, Some(None));
+        // Expiry beats the grace period: the runtime has given up on "b".
+        let long = Duration::from_secs(3600);
+        let held_by_both = r.mgr.stats().assigned;
+        let report = r.mgr.gc(&GcRequest::default(), long).await;
+        assert_eq!(report.collected, vec!["n/b/eth0".to_string()], "{report:?}");
+        assert_eq!(report.too_young, 1);
+        assert_eq!(expiry("b").await, None, "b's record is gone");
+        assert_eq!(
+            r.mgr.stats().assigned * 2,
+            held_by_both,
+            "b's addresses are back"
+        );
+        // A kept-but-unexpired pod stays, and CHECK claims it.
+        r.mgr
+            .mark_unclaimed(&key_of(&owner("a")), long)
+            .await
+            .unwrap();
+        let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
+        assert!(report.collected.is_empty(), "{report:?}");
+        r.mgr
+            .check(&owner("a"), &r.netns, MtuExpectation::Recorded)
+            .await
+            .unwrap();
+        assert_eq!(expiry("a").await, Some(None));
+        // The expiry survives a restart (it is in the checkpoint).
+        r.mgr
+            .mark_unclaimed(&key_of(&owner("a")), Duration::ZERO)
+            .await
+            .unwrap();
+        let again = r.restarted().await;
+        let report = again.gc(&GcRequest::default(), long).await;
+        assert_eq!(report.collected, vec!["n/a/eth0".to_string()], "{report:?}");
     }
 }

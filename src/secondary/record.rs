@@ -41,6 +41,11 @@ pub struct SecondaryAttachment {
     /// Unix time in milliseconds.
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// Set when the ADD's result may never have reached the runtime: GC
+    /// collects the pod after this time (Unix ms) unless a retried ADD, a
+    /// CHECK or a DEL claims it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
 }
 
 impl SecondaryAttachment {
