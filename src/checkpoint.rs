@@ -44,7 +44,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::attachment::{Attachment, AttachmentKey};
+use crate::attachment::{Attachment, AttachmentKey, Phase};
 use crate::secondary::record::SecondaryAttachment;
 use enim_provider::MacAddr;
 
@@ -334,6 +334,47 @@ impl Checkpoint {
         Ok(new.len())
     }
 
+    /// Sets (`Some`: ready attachments only) or clears (`None`) the expiry
+    /// of an attachment of either mode, in one step under the state lock, so
+    /// a DEL racing it finds the record either before or after. Writes only
+    /// on a change, and reports whether there was one.
+    pub async fn set_expiry(
+        &self,
+        key: &AttachmentKey,
+        expires_ms: Option<u64>,
+    ) -> Result<bool, CheckpointError> {
+        let mut state = self.state.lock().await;
+        let now = crate::attachment::now_ms();
+        let applies = |phase: Phase, current: Option<u64>| {
+            current != expires_ms && (expires_ms.is_none() || phase == Phase::Ready)
+        };
+        // The field's old value, to roll back to on a failed write.
+        let before = if let Some(a) = state.attachments.get_mut(key) {
+            if !applies(a.phase, a.expires_ms) {
+                return Ok(false);
+            }
+            a.updated_ms = now;
+            std::mem::replace(&mut a.expires_ms, expires_ms)
+        } else if let Some(p) = state.pods.get_mut(key) {
+            if !applies(p.phase, p.expires_ms) {
+                return Ok(false);
+            }
+            p.updated_ms = now;
+            std::mem::replace(&mut p.expires_ms, expires_ms)
+        } else {
+            return Ok(false);
+        };
+        if let Err(e) = self.write(&mut state).await {
+            if let Some(a) = state.attachments.get_mut(key) {
+                a.expires_ms = before;
+            } else if let Some(p) = state.pods.get_mut(key) {
+                p.expires_ms = before;
+            }
+            return Err(e);
+        }
+        Ok(true)
+    }
+
     /// Records (or replaces) an attachment now and writes it behind the
     /// caller. Only for an outcome whose intent is on disk: see the module
     /// comment.
@@ -556,6 +597,59 @@ mod tests {
             updated_ms: 1_700_000_000_000,
             expires_ms: None,
         }
+    }
+
+    #[tokio::test]
+    async fn expiry_is_set_on_ready_records_cleared_and_rolled_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let cp = Checkpoint::open(&path, false).unwrap();
+        let ready = attachment("r");
+        let adding = Attachment {
+            phase: Phase::Adding,
+            ..attachment("a")
+        };
+        cp.put(ready.clone()).await.unwrap();
+        cp.put(adding.clone()).await.unwrap();
+        let reread = |key: AttachmentKey| {
+            let path = path.clone();
+            async move {
+                Checkpoint::open(&path, false)
+                    .unwrap()
+                    .get(&key)
+                    .await
+                    .unwrap()
+                    .expires_ms
+            }
+        };
+
+        assert!(cp.set_expiry(&ready.key, Some(5)).await.unwrap());
+        assert_eq!(reread(ready.key.clone()).await, Some(5), "written");
+        assert!(
+            !cp.set_expiry(&ready.key, Some(5)).await.unwrap(),
+            "no change"
+        );
+        assert!(
+            !cp.set_expiry(&adding.key, Some(5)).await.unwrap(),
+            "not ready"
+        );
+        assert_eq!(cp.get(&adding.key).await.unwrap().expires_ms, None);
+        let unknown = attachment("nobody").key;
+        assert!(!cp.set_expiry(&unknown, Some(5)).await.unwrap());
+
+        cp.fail_nth_write(1);
+        assert!(cp.set_expiry(&ready.key, None).await.is_err());
+        assert_eq!(
+            cp.get(&ready.key).await.unwrap().expires_ms,
+            Some(5),
+            "rolled back"
+        );
+        assert!(cp.set_expiry(&ready.key, None).await.unwrap(), "claimed");
+        assert_eq!(reread(ready.key.clone()).await, None);
+        assert!(
+            !cp.set_expiry(&ready.key, None).await.unwrap(),
+            "nothing to claim"
+        );
     }
 
     #[tokio::test]

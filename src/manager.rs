@@ -202,7 +202,7 @@ impl EniManager {
             if existing.phase == Phase::Ready && existing.netns == netns {
                 // The runtime retried: it now has the result, so the
                 // attachment is claimed and no longer expires.
-                self.claim(existing.clone()).await?;
+                self.checkpoint.set_expiry(&key, None).await?;
                 return Ok(existing.result());
             }
             // An interrupted attempt, or the same attachment aimed at another
@@ -494,42 +494,22 @@ impl EniManager {
         if let Some(why) = state.mismatch(&result, mtu.want(record.mtu)) {
             return Err(fail(why));
         }
-        self.claim(record.clone()).await?;
+        self.checkpoint.set_expiry(&record.key, None).await?;
         Ok(result)
     }
 
-    /// Clears the expiry of an attachment the runtime has shown it knows.
-    async fn claim(&self, mut record: Attachment) -> Result<(), ManagerError> {
-        if record.expires_ms.take().is_some() {
-            record.updated_ms = now_ms();
-            self.checkpoint.put(record).await?;
-        }
-        Ok(())
-    }
-
-    /// Marks a ready attachment whose ADD result may never have reached the
-    /// runtime: it is kept for `ttl`, waiting for a retried ADD, a CHECK or
-    /// a DEL, and collected by GC after that.
+    /// Marks a ready attachment (either mode) whose ADD result may never
+    /// have reached the runtime: it is kept for `ttl`, waiting for a retried
+    /// ADD, a CHECK or a DEL, and collected by GC after that.
     pub async fn mark_unclaimed(
         &self,
         key: &AttachmentKey,
         ttl: Duration,
     ) -> Result<(), ManagerError> {
-        if let Some(engine) = &self.secondary {
-            return engine.mark_unclaimed(key, ttl).await;
+        let expires = now_ms() + ttl.as_millis() as u64;
+        if self.checkpoint.set_expiry(key, Some(expires)).await? {
+            tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the attachment for a retry or DEL");
         }
-        let _guard = self.locks.lock(key).await;
-        let Some(mut record) = self.checkpoint.get(key).await else {
-            return Ok(());
-        };
-        if record.phase != Phase::Ready {
-            return Ok(());
-        }
-        let now = now_ms();
-        record.expires_ms = Some(now + ttl.as_millis() as u64);
-        record.updated_ms = now;
-        self.checkpoint.put(record).await?;
-        tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the attachment for a retry or DEL");
         Ok(())
     }
 

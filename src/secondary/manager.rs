@@ -23,7 +23,7 @@ use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::record::SecondaryAttachment;
 use super::{SecondaryConfig, MAX_DEVICE_INDEX};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
-use crate::attachment::{now_ms, AttachmentKey, AttachmentResult, Phase};
+use crate::attachment::{now_ms, AttachmentResult, Phase};
 use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
 use crate::fault::crash_point;
@@ -312,9 +312,8 @@ impl SecondaryManager {
         if let Some(existing) = self.checkpoint.pod(&key).await {
             if existing.phase == Phase::Ready && existing.netns == netns {
                 // The runtime retried: it now has the result.
-                let result = existing.result();
-                self.claim(existing).await?;
-                return Ok(result);
+                self.checkpoint.set_expiry(&key, None).await?;
+                return Ok(existing.result());
             }
             tracing::info!(%key, phase = ?existing.phase, "undoing previous attempt before ADD");
             self.teardown(existing).await?;
@@ -538,41 +537,9 @@ impl SecondaryManager {
         if let Some(why) = self.mismatch(&record, mtu).await {
             return Err(fail(why));
         }
-        let result = record.result();
-        self.claim(record).await?;
-        Ok(result)
-    }
-
-    /// Clears the expiry of a pod the runtime has shown it knows.
-    async fn claim(&self, mut record: SecondaryAttachment) -> Result<(), ManagerError> {
-        if record.expires_ms.take().is_some() {
-            record.updated_ms = now_ms();
-            self.checkpoint.put_pod(record).await?;
-        }
-        Ok(())
-    }
-
-    /// Marks a ready pod whose ADD result may never have reached the
-    /// runtime: kept for `ttl` for a retried ADD, a CHECK or a DEL, and
-    /// collected by GC after that.
-    pub async fn mark_unclaimed(
-        &self,
-        key: &AttachmentKey,
-        ttl: Duration,
-    ) -> Result<(), ManagerError> {
-        let _guard = self.locks.lock(key).await;
-        let Some(mut record) = self.checkpoint.pod(key).await else {
-            return Ok(());
-        };
-        if record.phase != Phase::Ready {
-            return Ok(());
-        }
-        let now = now_ms();
-        record.expires_ms = Some(now + ttl.as_millis() as u64);
-        record.updated_ms = now;
-        self.checkpoint.put_pod(record).await?;
-        tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the pod for a retry or DEL");
-        Ok(())
+        // The runtime has shown it knows the pod: claimed, no expiry.
+        self.checkpoint.set_expiry(&key, None).await?;
+        Ok(record.result())
     }
 
     /// One GC pass: collects dead pods (netns gone, or omitted by a CNI GC
@@ -1213,15 +1180,24 @@ mod tests {
     #[tokio::test]
     async fn unclaimed_pods_expire_unless_claimed() {
         let r = rig(1).await;
+        // What the agent does when an ADD's caller went away (the server
+        // calls EniManager::mark_unclaimed, which sets this).
+        let mark_unclaimed = |cid: &'static str, ttl: Duration| {
+            let checkpoint = r.checkpoint.clone();
+            async move {
+                let expires = now_ms() + ttl.as_millis() as u64;
+                assert!(checkpoint
+                    .set_expiry(&key_of(&owner(cid)), Some(expires))
+                    .await
+                    .unwrap());
+            }
+        };
         let other = PathBuf::from("/run/netns/other");
         r.fake.add_netns(&other);
         r.mgr.add(&owner("a"), &r.netns).await.unwrap();
         r.mgr.add(&owner("b"), &other).await.unwrap();
         for cid in ["a", "b"] {
-            r.mgr
-                .mark_unclaimed(&key_of(&owner(cid)), Duration::ZERO)
-                .await
-                .unwrap();
+            mark_unclaimed(cid, Duration::ZERO).await;
         }
         // "a" is claimed by the runtime's retried ADD; "b" never is.
         r.mgr.add(&owner("a"), &r.netns).await.unwrap();
@@ -1247,10 +1223,7 @@ mod tests {
             "b's addresses are back"
         );
         // A kept-but-unexpired pod stays, and CHECK claims it.
-        r.mgr
-            .mark_unclaimed(&key_of(&owner("a")), long)
-            .await
-            .unwrap();
+        mark_unclaimed("a", long).await;
         let report = r.mgr.gc(&GcRequest::default(), Duration::ZERO).await;
         assert!(report.collected.is_empty(), "{report:?}");
         r.mgr
@@ -1259,10 +1232,7 @@ mod tests {
             .unwrap();
         assert_eq!(expiry("a").await, Some(None));
         // The expiry survives a restart (it is in the checkpoint).
-        r.mgr
-            .mark_unclaimed(&key_of(&owner("a")), Duration::ZERO)
-            .await
-            .unwrap();
+        mark_unclaimed("a", Duration::ZERO).await;
         let again = r.restarted().await;
         let report = again.gc(&GcRequest::default(), long).await;
         assert_eq!(report.collected, vec!["n/a/eth0".to_string()], "{report:?}");
