@@ -302,9 +302,6 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     sh(&["umount", &shadowed.path().display().to_string()]);
 }
 
-/// Kills the plugin in the middle of an ADD: the agent finishes the ADD
-/// (nothing half-built, nothing ripped out), keeps it for the runtime's
-/// retry, and collects it once `allocation_expiry` passes unclaimed.
 /// Execs the plugin's ADD and kills it 300 ms in, while the agent (held up
 /// at a delay point) is still working on it: the result reaches nobody.
 fn kill_plugin_mid_add(conf: &serde_json::Value, cid: &str, pod: &NamedNetns) {
@@ -329,102 +326,49 @@ fn kill_plugin_mid_add(conf: &serde_json::Value, cid: &str, pod: &NamedNetns) {
     child.wait().unwrap();
 }
 
-/// Secondary mode: an ADD whose plugin died is kept with an expiry; the
-/// retried one is claimed, the abandoned one collected after expiry with
-/// its veth, rules and address.
-#[test]
-fn secondary_plugin_killed_mid_add_is_kept_then_expires() {
-    require_kernel!();
-    let mut sb = Sandbox::new(1);
-    sb.enis = sb.enis_with_secondaries(&[2], false);
+/// Kills the plugin in the middle of an ADD: the agent finishes the ADD
+/// (nothing half-built, nothing ripped out), keeps it for the runtime's
+/// retry, and collects it once `allocation_expiry` passes unclaimed. In
+/// secondary mode the records are `pods` and the stall is after the veth
+/// is plumbed; in primary mode after the move.
+fn unclaimed_add_is_kept_then_expires(secondary: bool) {
+    let mut sb = Sandbox::new(2);
+    let (mode, delay_at, records) = if secondary {
+        sb.enis = sb.enis_with_secondaries(&[2, 0], false);
+        (
+            "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"",
+            "add:after-configure=1000",
+            "pods",
+        )
+    } else {
+        ("", "add:after-move=1000", "attachments")
+    };
     let (retried, abandoned) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::start(
         &sb,
         dir.path(),
-        "mode = \"secondary\"\nallocation_expiry = \"2s\"\ngc_grace = \"1h\"\n\
-         [secondary]\ncooldown = \"0s\"",
+        &format!("allocation_expiry = \"2s\"\ngc_grace = \"1h\"\n{mode}"),
     );
     agent.stop();
-    agent.env = vec![("ENIMD_DELAY_AT".into(), "add:after-configure=1000".into())];
+    agent.env = vec![("ENIMD_DELAY_AT".into(), delay_at.into())];
     agent.restart();
     let conf = agent.net_conf("1.1.0");
-    let pod_record = |cid: &str| {
-        agent.ctl(&["attachments"])["pods"]
+    let record = |cid: &str| {
+        agent.ctl(&["attachments"])[records]
             .as_array()
             .cloned()
             .unwrap_or_default()
             .into_iter()
-            .find(|p| p["container_id"] == cid)
+            .find(|a| a["container_id"] == cid)
     };
-    for (cid, pod) in [("c1", &retried), ("c2", &abandoned)] {
-        kill_plugin_mid_add(&conf, cid, pod);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while !pod_record(cid).is_some_and(|p| p["phase"] == "ready" && p["expires_ms"].is_u64()) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{cid}: an unclaimed ADD was not kept with an expiry: {}",
-                agent.ctl(&["attachments"])
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        assert!(pod.link("eth0").is_some(), "{cid}: no pod interface");
-    }
-    let r = enim("ADD", "c1", Some(&retried.path()), "eth0", &conf).ok();
-    assert_eq!(r["interfaces"][0]["name"], "eth0", "{r}");
-    assert!(
-        pod_record("c1").unwrap()["expires_ms"].is_null(),
-        "c1 not claimed"
-    );
-    std::thread::sleep(std::time::Duration::from_millis(2100));
-    let report = agent.ctl(&["gc"]);
-    assert_eq!(
-        report["collected"],
-        serde_json::json!(["enim-e2e/c2/eth0"]),
-        "{report}"
-    );
-    assert!(
-        retried.link("eth0").is_some(),
-        "the claimed pod was collected"
-    );
-    assert!(
-        abandoned.link("eth0").is_none(),
-        "the abandoned pod kept its veth"
-    );
-    assert!(pod_record("c2").is_none());
-}
-
-#[test]
-fn plugin_killed_mid_add_is_kept_then_expires() {
-    require_kernel!();
-    let sb = Sandbox::new(2);
-    let (retried, abandoned) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(
-        &sb,
-        dir.path(),
-        "allocation_expiry = \"2s\"\ngc_grace = \"1h\"",
-    );
-    agent.stop();
-    agent.env = vec![("ENIMD_DELAY_AT".into(), "add:after-move=1000".into())];
-    agent.restart();
-    let conf = agent.net_conf("1.1.0");
     // Each ADD finishes in the agent and is kept with an expiry (bounded
     // wait). One at a time: the stall holds a runtime worker, and a plugin
     // killed before its request was read has asked for nothing at all.
-    let expiring = |cid: &str| {
-        agent.ctl(&["attachments"])["attachments"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["container_id"] == cid)
-            .cloned()
-            .filter(|a| a["phase"] == "ready" && a["expires_ms"].is_u64())
-    };
     for (cid, pod) in [("c1", &retried), ("c2", &abandoned)] {
         kill_plugin_mid_add(&conf, cid, pod);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-        while expiring(cid).is_none() {
+        while !record(cid).is_some_and(|a| a["phase"] == "ready" && a["expires_ms"].is_u64()) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{cid}: an unclaimed ADD was not kept with an expiry: {}",
@@ -432,17 +376,18 @@ fn plugin_killed_mid_add_is_kept_then_expires() {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-    }
-    for (cid, pod) in [("c1", &retried), ("c2", &abandoned)] {
         assert!(
             pod.link("eth0").is_some(),
             "{cid}: the agent ripped out or never finished the ADD"
         );
     }
     // The runtime retries c1's ADD: same attachment, now claimed.
-    agent.env.clear();
     let r = enim("ADD", "c1", Some(&retried.path()), "eth0", &conf).ok();
-    assert_eq!(r["interfaces"][0]["name"], "eth0");
+    assert_eq!(r["interfaces"][0]["name"], "eth0", "{r}");
+    assert!(
+        record("c1").unwrap()["expires_ms"].is_null(),
+        "c1 not claimed"
+    );
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let report = agent.ctl(&["gc"]);
     assert_eq!(
@@ -455,7 +400,22 @@ fn plugin_killed_mid_add_is_kept_then_expires() {
         "the claimed attachment was collected"
     );
     assert!(abandoned.link("eth0").is_none());
-    assert_invariant(&sb, &[&retried, &abandoned], &agent, &[], "after expiry");
+    assert!(record("c2").is_none());
+    if !secondary {
+        assert_invariant(&sb, &[&retried, &abandoned], &agent, &[], "after expiry");
+    }
+}
+
+#[test]
+fn plugin_killed_mid_add_is_kept_then_expires() {
+    require_kernel!();
+    unclaimed_add_is_kept_then_expires(false);
+}
+
+#[test]
+fn secondary_plugin_killed_mid_add_is_kept_then_expires() {
+    require_kernel!();
+    unclaimed_add_is_kept_then_expires(true);
 }
 
 /// GC tears dead attachments down as one batch with DEL's crash points:
