@@ -19,6 +19,14 @@
 //!   interface someone else attached;
 //! - an ENI being detached is marked `leaving` under the same lock that
 //!   allocation takes, so it cannot be handed to a pod meanwhile.
+//!
+//! Rounds on the resync timer (not those an allocation wakes) also compare
+//! the pool with what the instance shows attached: an ENI attached from
+//! outside becomes a free member (never detached by the pool: it is not
+//! known to be enim's); a free member the instance has not shown for
+//! [`MISSING_ROUNDS`] rounds in a row (detached from outside) leaves the pool,
+//! and one a pod holds is kept and reported, so a live pod's record is
+//! never dropped. Two rounds, because metadata may lag an attach.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +41,10 @@ use tokio::task::JoinHandle;
 
 #[cfg(test)]
 mod tests;
+
+/// Timer rounds in a row a free member must be missing from the instance
+/// before it leaves the pool.
+pub const MISSING_ROUNDS: u8 = 2;
 
 /// Watermarks and loop timing of the warm pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +158,8 @@ struct Member {
     ours: bool,
     /// Being detached: never allocated, not counted as available.
     leaving: bool,
+    /// Timer rounds in a row the instance did not show it attached.
+    missing_rounds: u8,
 }
 
 impl Member {
@@ -199,6 +213,7 @@ impl WarmPool {
                 eni,
                 ours,
                 leaving: false,
+                missing_rounds: 0,
             });
         }
         for t in &tagged {
@@ -263,7 +278,7 @@ impl WarmPool {
     /// outcome, after any round already in progress. For tests and
     /// operator-triggered resyncs; the loop keeps running.
     pub async fn resync_now(&self) -> Result<(), ProviderError> {
-        self.inner.round(&self.stop.subscribe()).await
+        self.inner.round(&self.stop.subscribe(), true).await
     }
 
     /// Stops the resync loop and waits for it to end. A cloud call in
@@ -296,9 +311,17 @@ impl Inner {
             .send_replace(stats_of(state, &self.config, self.eni_limit));
     }
 
-    /// One round: steps until there is nothing to do, or the first error.
-    async fn round(&self, stop: &watch::Receiver<bool>) -> Result<(), ProviderError> {
+    /// One round: with `reconcile`, first compares the pool with the
+    /// instance; then steps until there is nothing to do, or the first error.
+    async fn round(
+        &self,
+        stop: &watch::Receiver<bool>,
+        reconcile: bool,
+    ) -> Result<(), ProviderError> {
         let _round = self.round.lock().await;
+        if reconcile {
+            self.reconcile().await?;
+        }
         loop {
             if stopped(stop) {
                 return Ok(());
@@ -321,6 +344,7 @@ impl Inner {
                         eni: Eni { owner: None, ..eni },
                         ours: true,
                         leaving: false,
+                        missing_rounds: 0,
                     });
                     self.publish(&st);
                 }
@@ -355,6 +379,51 @@ impl Inner {
         }
     }
 
+    /// Takes in ENIs attached from outside the pool and lets go of free
+    /// ones detached from outside (see the module comment). Runs under the
+    /// round lock, so no create or shrink of the pool's own is in flight.
+    async fn reconcile(&self) -> Result<(), ProviderError> {
+        let attached = self
+            .backend
+            .attached()
+            .await
+            .map_err(|e| context(e, "list attached ENIs"))?;
+        let mut st = self.state();
+        let shown: HashSet<&str> = attached.iter().map(|e| e.id.as_str()).collect();
+        for m in st.members.iter_mut().filter(|m| !m.leaving) {
+            if shown.contains(m.eni.id.as_str()) {
+                m.missing_rounds = 0;
+                continue;
+            }
+            m.missing_rounds = m.missing_rounds.saturating_add(1);
+            if m.eni.owner.is_some() && m.missing_rounds == MISSING_ROUNDS {
+                tracing::error!(eni = %m.eni.id, owner = ?m.eni.owner, "an ENI a pod holds is no longer attached to the instance; kept until the pod goes");
+            }
+        }
+        st.members.retain(|m| {
+            let lost = m.is_free() && m.missing_rounds >= MISSING_ROUNDS;
+            if lost {
+                tracing::warn!(eni = %m.eni.id, "a free ENI was detached from outside the pool; no longer handed out");
+            }
+            !lost
+        });
+        for mut eni in attached {
+            if st.members.iter().any(|m| m.eni.id == eni.id) {
+                continue;
+            }
+            tracing::info!(eni = %eni.id, mac = %eni.mac, "an ENI attached from outside the pool; now a free member");
+            eni.owner = None;
+            st.members.push(Member {
+                eni,
+                ours: false,
+                leaving: false,
+                missing_rounds: 0,
+            });
+        }
+        self.publish(&st);
+        Ok(())
+    }
+
     fn next_step(&self) -> Step {
         let mut st = self.state();
         let free = st.members.iter().filter(|m| m.is_free()).count();
@@ -384,10 +453,15 @@ impl Inner {
 /// until woken.
 async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Backoff::new(inner.config.initial_retry, inner.config.max_backoff);
+    // The first round follows discovery; rounds on the timer reconcile (a
+    // failed one is retried with its reconcile), woken ones do not: an
+    // allocation must not cost a metadata walk.
+    let mut reconcile = false;
     loop {
-        let delay = match inner.round(&stop).await {
+        let delay = match inner.round(&stop, reconcile).await {
             Ok(()) => {
                 backoff.reset();
+                reconcile = false;
                 None
             }
             Err(e) => {
@@ -405,7 +479,10 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                 _ = stop.changed() => true,
             },
             None => tokio::select! {
-                _ = tokio::time::sleep(inner.config.resync_interval) => false,
+                _ = tokio::time::sleep(inner.config.resync_interval) => {
+                    reconcile = true;
+                    false
+                }
                 _ = inner.wake.notified() => false,
                 _ = stop.changed() => true,
             },

@@ -747,3 +747,61 @@ async fn dropping_the_pool_stops_the_loop() {
     // The loop's task held the backend; it is gone once the loop ended.
     assert_eq!(Arc::strong_count(&cloud), 1);
 }
+
+async fn member_ids(pool: &WarmPool) -> Vec<String> {
+    let mut ids: Vec<String> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Timer rounds compare the pool with the instance: an ENI attached from
+/// outside becomes a free member (never detached as surplus: it is not
+/// known to be enim's); a free member detached from outside leaves after
+/// MISSING_ROUNDS rounds; one a pod holds stays however long it is missing.
+#[tokio::test(start_paused = true)]
+async fn timer_rounds_follow_enis_attached_and_detached_outside() {
+    let cloud = FakeCloud::new(16);
+    let held = cloud.add(true, true);
+    let resync = Duration::from_secs(10);
+    let pool = start(
+        &cloud,
+        PoolConfig {
+            resync_interval: resync,
+            ..config(0, 0)
+        },
+    )
+    .await;
+    pool.restore(&[]).await.unwrap();
+    assert_eq!(pool.allocate_next(&owner("pod")).await.unwrap().id, held);
+
+    // Someone attaches an ENI of their own: the next timer round takes it in.
+    let outside = cloud.add(true, false);
+    assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    tokio::time::sleep(resync + Duration::from_millis(100)).await;
+    assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
+    // Free and above max_free = 0, yet never detached: not enim's.
+    tokio::time::sleep(resync * 2).await;
+    assert!(cloud.st().deletes.is_empty());
+    assert_eq!(pool.allocate_next(&owner("p2")).await.unwrap().id, outside);
+    pool.release(&owner("p2")).await.unwrap();
+
+    // Someone detaches both. One round: nothing dropped yet (metadata may
+    // lag an attach); after MISSING_ROUNDS rounds the free one is gone and
+    // the one a pod holds stays.
+    for id in [&held, &outside] {
+        cloud.st().enis.get_mut(id.as_str()).unwrap().attached = false;
+    }
+    tokio::time::sleep(resync).await;
+    assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
+    tokio::time::sleep(resync * u32::from(MISSING_ROUNDS)).await;
+    assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    let stats = pool.stats();
+    assert_eq!((stats.used, stats.available), (1, 0), "{stats:?}");
+    pool.shutdown().await;
+}
