@@ -13,15 +13,23 @@ use rtnetlink::packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 use super::{HostLinkHome, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
 
 const EEXIST: i32 = libc::EEXIST;
 
-fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> PlumbingError {
+pub(crate) fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> PlumbingError {
     move |source| PlumbingError::Netlink { op, source }
+}
+
+/// The errno of a netlink error reply; `None` for other errors.
+pub(crate) fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
 }
 
 /// Opens an rtnetlink connection inside `netns` (thread pattern, see
@@ -79,7 +87,20 @@ pub async fn link_by_mac(handle: &Handle, mac: MacAddr) -> Result<Option<LinkInf
     Ok(links(handle).await?.into_iter().find(|l| l.mac == mac))
 }
 
-async fn set_link(
+/// The device with ifindex `index`, if there is one.
+pub(crate) async fn link_by_index(
+    handle: &Handle,
+    index: u32,
+) -> Result<Option<LinkInfo>, PlumbingError> {
+    let mut found = handle.link().get().match_index(index).execute();
+    match found.try_next().await {
+        Ok(msg) => Ok(msg.as_ref().and_then(link_info)),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(nl("link get")(e)),
+    }
+}
+
+pub(crate) async fn set_link(
     handle: &Handle,
     msg: LinkMessage,
     op: &'static str,
@@ -105,38 +126,102 @@ fn address_net(msg: &AddressMessage) -> Option<IpNet> {
     })
 }
 
-async fn default_gateways(handle: &Handle, index: u32) -> Result<Vec<IpAddr>, PlumbingError> {
-    let mut out = Vec::new();
+/// The main routing table's id.
+pub const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
+
+/// Every route of both families. Without strict checking the kernel dumps
+/// every table, so callers filter by [`table_of_route`].
+pub(crate) async fn dump_routes(handle: &Handle) -> Result<Vec<RouteMessage>, PlumbingError> {
+    let mut all = Vec::new();
     for family in [
         RouteMessageBuilder::<Ipv4Addr>::new().build(),
         RouteMessageBuilder::<Ipv6Addr>::new().build(),
     ] {
-        let routes: Vec<RouteMessage> = handle
+        let part: Vec<RouteMessage> = handle
             .route()
             .get(family)
             .execute()
             .try_collect()
             .await
             .map_err(nl("route dump"))?;
-        for r in routes
-            .iter()
-            .filter(|r| r.header.destination_prefix_length == 0)
-        {
-            let oif = r
-                .attributes
-                .iter()
-                .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
-            let gw = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Gateway(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-                RouteAttribute::Gateway(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-                _ => None,
-            });
-            if let (true, Some(gw)) = (oif, gw) {
-                out.push(gw);
-            }
-        }
+        all.extend(part);
     }
-    Ok(out)
+    Ok(all)
+}
+
+pub(crate) fn table_of_route(r: &RouteMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(r.header.table as u32)
+}
+
+pub(crate) fn route_oif(r: &RouteMessage) -> Option<u32> {
+    r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(i) => Some(*i),
+        _ => None,
+    })
+}
+
+pub(crate) fn route_gateway(r: &RouteMessage) -> Option<IpAddr> {
+    r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        RouteAttribute::Gateway(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    })
+}
+
+/// What the pod interface `link` has now: its addresses (link-local ones
+/// left out) and the gateways of the main table's default routes through
+/// it. Both modes' CHECK and recovery compare this with the result.
+pub(crate) async fn pod_link_state(
+    handle: &Handle,
+    link: LinkInfo,
+) -> Result<PodLinkState, PlumbingError> {
+    let addrs = addresses(handle, link.index)
+        .await?
+        .iter()
+        .filter_map(address_net)
+        .filter(|n| !is_link_local(n))
+        .collect();
+    let default_gateways = dump_routes(handle)
+        .await?
+        .iter()
+        .filter(|r| {
+            r.header.destination_prefix_length == 0
+                && table_of_route(r) == MAIN_TABLE
+                && route_oif(r) == Some(link.index)
+        })
+        .filter_map(route_gateway)
+        .collect();
+    Ok(PodLinkState {
+        link,
+        addrs,
+        default_gateways,
+    })
+}
+
+/// The MAC of the node's primary interface: the device of the main
+/// table's IPv4 default route, if there is one. It dumps routes, so the
+/// caller keeps other dumps off `handle` meanwhile (EBUSY).
+pub(crate) async fn primary_mac(handle: &Handle) -> Result<Option<MacAddr>, PlumbingError> {
+    let oif = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect::<Vec<RouteMessage>>()
+        .await
+        .map_err(nl("route dump"))?
+        .iter()
+        .filter(|r| r.header.destination_prefix_length == 0 && table_of_route(r) == MAIN_TABLE)
+        .find_map(route_oif);
+    match oif {
+        Some(index) => Ok(link_by_index(handle, index).await?.map(|l| l.mac)),
+        None => Ok(None),
+    }
 }
 
 /// The real plumbing. The "host" is the namespace ENIs live in when no pod
@@ -167,12 +252,7 @@ impl RtnlPlumbing {
     }
 
     async fn host_link_by_index(&self, index: u32) -> Result<Option<LinkInfo>, PlumbingError> {
-        let mut found = self.host_handle.link().get().match_index(index).execute();
-        match found.try_next().await {
-            Ok(msg) => Ok(msg.as_ref().and_then(link_info)),
-            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
-            Err(e) => Err(nl("link get")(e)),
-        }
+        link_by_index(&self.host_handle, index).await
     }
 
     async fn dump_host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
@@ -337,21 +417,10 @@ impl Plumbing for RtnlPlumbing {
     ) -> Result<Option<PodLinkState>, PlumbingError> {
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
-        let Some(link) = link_by_mac(&pod, mac).await? else {
-            return Ok(None);
-        };
-        let addrs = addresses(&pod, link.index)
-            .await?
-            .iter()
-            .filter_map(address_net)
-            .filter(|n| !is_link_local(n))
-            .collect();
-        let default_gateways = default_gateways(&pod, link.index).await?;
-        Ok(Some(PodLinkState {
-            link,
-            addrs,
-            default_gateways,
-        }))
+        match link_by_mac(&pod, mac).await? {
+            Some(link) => Ok(Some(pod_link_state(&pod, link).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn move_to_host(
@@ -397,11 +466,8 @@ impl Plumbing for RtnlPlumbing {
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
-        let index = default_route_oif(&self.host_handle).await?;
-        match index {
-            Some(index) => Ok(self.host_link_by_index(index).await?.map(|l| l.mac)),
-            None => Ok(None),
-        }
+        let _one_dump_at_a_time = self.host_dump.lock().await;
+        primary_mac(&self.host_handle).await
     }
 
     async fn restore_host_link(
@@ -484,30 +550,6 @@ impl RtnlPlumbing {
         }
         Ok(())
     }
-}
-
-/// The output device of the main table's IPv4 default route.
-async fn default_route_oif(handle: &Handle) -> Result<Option<u32>, PlumbingError> {
-    let routes: Vec<RouteMessage> = handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("route dump"))?;
-    Ok(routes
-        .iter()
-        .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
-        .find_map(|r| {
-            r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Oif(i) => Some(*i),
-                _ => None,
-            })
-        }))
-}
-
-fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.map(|c| -c.get()) == Some(errno))
 }
 
 fn is_link_local(net: &IpNet) -> bool {

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use enim_provider::MacAddr;
 use futures::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo as NlLinkInfo, LinkMessage,
 };
@@ -32,7 +32,10 @@ use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::{Handle, IpVersion, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
-use crate::netlink::rtnl::{handle_in, link_info};
+use crate::netlink::rtnl::{
+    dump_routes, errno, handle_in, link_info, nl, pod_link_state, primary_mac, route_oif, set_link,
+    table_of_route,
+};
 use crate::netlink::{netns, LinkInfo, Netns, PlumbingError, PodLinkState};
 
 /// A host ENI as secondary mode sets it up.
@@ -100,7 +103,7 @@ impl PodSpec {
     }
 }
 
-pub const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
+pub use crate::netlink::rtnl::MAIN_TABLE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RuleSelector {
@@ -199,17 +202,6 @@ pub trait SecondaryPlumbing: Send + Sync {
     async fn remove_proxy(&self, ip: IpAddr, eni: &str) -> Result<(), PlumbingError>;
 }
 
-fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> PlumbingError {
-    move |source| PlumbingError::Netlink { op, source }
-}
-
-fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
-        _ => None,
-    }
-}
-
 /// Treats the listed errnos as success (already there / already gone).
 fn tolerate(
     result: Result<(), rtnetlink::Error>,
@@ -240,14 +232,6 @@ async fn link_by_name(handle: &Handle, name: &str) -> Result<Option<LinkInfo>, P
     }
 }
 
-async fn set_link(
-    handle: &Handle,
-    msg: LinkMessage,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    handle.link().set(msg).execute().await.map_err(nl(op))
-}
-
 async fn add_address(
     handle: &Handle,
     index: u32,
@@ -264,56 +248,12 @@ async fn add_address(
     tolerate(req.execute().await, &[libc::EEXIST], op)
 }
 
-fn table_of_route(r: &RouteMessage) -> u32 {
-    r.attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Table(t) => Some(*t),
-            _ => None,
-        })
-        .unwrap_or(r.header.table as u32)
-}
-
 fn route_dst(r: &RouteMessage) -> Option<IpAddr> {
     r.attributes.iter().find_map(|a| match a {
         RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
         RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
         _ => None,
     })
-}
-
-fn route_oif(r: &RouteMessage) -> Option<u32> {
-    r.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Oif(i) => Some(*i),
-        _ => None,
-    })
-}
-
-fn route_gateway(r: &RouteMessage) -> Option<IpAddr> {
-    r.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Gateway(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-        RouteAttribute::Gateway(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    })
-}
-
-async fn dump_routes(handle: &Handle) -> Result<Vec<RouteMessage>, PlumbingError> {
-    let mut all = Vec::new();
-    for family in [
-        RouteMessageBuilder::<Ipv4Addr>::new().build(),
-        RouteMessageBuilder::<Ipv6Addr>::new().build(),
-    ] {
-        // Without strict checking the kernel dumps every table.
-        let part: Vec<RouteMessage> = handle
-            .route()
-            .get(family)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("route dump"))?;
-        all.extend(part);
-    }
-    Ok(all)
 }
 
 fn host_prefix(ip: IpAddr) -> u8 {
@@ -642,23 +582,8 @@ impl SecondaryPlumbing for RtnlSecondary {
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
-        let oif = self
-            .routes()
-            .await?
-            .iter()
-            .filter(|r| {
-                r.header.address_family == AddressFamily::Inet
-                    && r.header.destination_prefix_length == 0
-                    && table_of_route(r) == MAIN_TABLE
-            })
-            .find_map(route_oif);
-        let Some(oif) = oif else { return Ok(None) };
-        let mut found = self.handle.link().get().match_index(oif).execute();
-        match found.try_next().await {
-            Ok(msg) => Ok(msg.as_ref().and_then(link_info).map(|l| l.mac)),
-            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
-            Err(e) => Err(nl("link get")(e)),
-        }
+        let _turn = self.dump.lock().await;
+        primary_mac(&self.handle).await
     }
 
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {
@@ -874,42 +799,7 @@ impl SecondaryPlumbing for RtnlSecondary {
         let pod_handle = handle_in(&ns).await?;
         let pod = match link_by_name(&pod_handle, &spec.ifname).await? {
             None => None,
-            Some(link) => {
-                let addrs: Vec<AddressMessage> = pod_handle
-                    .address()
-                    .get()
-                    .set_link_index_filter(link.index)
-                    .execute()
-                    .try_collect()
-                    .await
-                    .map_err(nl("address dump"))?;
-                let addrs = addrs
-                    .iter()
-                    .filter_map(|m| {
-                        m.attributes.iter().find_map(|a| match a {
-                            AddressAttribute::Address(ip) => {
-                                IpNet::new(*ip, m.header.prefix_len).ok()
-                            }
-                            _ => None,
-                        })
-                    })
-                    .collect();
-                let default_gateways = dump_routes(&pod_handle)
-                    .await?
-                    .iter()
-                    .filter(|r| {
-                        r.header.destination_prefix_length == 0
-                            && table_of_route(r) == MAIN_TABLE
-                            && route_oif(r) == Some(link.index)
-                    })
-                    .filter_map(route_gateway)
-                    .collect();
-                Some(PodLinkState {
-                    link,
-                    addrs,
-                    default_gateways,
-                })
-            }
+            Some(link) => Some(pod_link_state(&pod_handle, link).await?),
         };
         drop((pod_handle, ns));
 
