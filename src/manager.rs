@@ -474,16 +474,7 @@ impl EniManager {
             key: key.clone(),
             why,
         };
-        if record.phase != Phase::Ready {
-            return Err(fail(format!("attachment is in phase {:?}", record.phase)));
-        }
-        if record.netns != netns {
-            return Err(fail(format!(
-                "recorded netns is {}, not {}",
-                record.netns.display(),
-                netns.display()
-            )));
-        }
+        ready_in(record.phase, &record.netns, netns).map_err(fail)?;
         let state = self
             .plumbing
             .pod_link(netns, record.mac)
@@ -937,6 +928,22 @@ pub struct RecoveryReport {
     pub ready: usize,
     pub finished: usize,
     pub rolled_back: usize,
+}
+
+/// CHECK's first questions, the same in both modes: is the attachment
+/// ready, and in the netns the runtime names? `Err` says why not.
+pub(crate) fn ready_in(phase: Phase, recorded: &Path, netns: &Path) -> Result<(), String> {
+    if phase != Phase::Ready {
+        return Err(format!("attachment is in phase {phase:?}"));
+    }
+    if recorded != netns {
+        return Err(format!(
+            "recorded netns is {}, not {}",
+            recorded.display(),
+            netns.display()
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_owner(owner: &EniOwner) -> Result<(), ManagerError> {

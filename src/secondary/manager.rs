@@ -28,7 +28,7 @@ use crate::checkpoint::Checkpoint;
 use crate::exclusion::Exclusions;
 use crate::fault::crash_point;
 use crate::keylock::KeyLocks;
-use crate::manager::{key_of, validate_owner, Liveness, ManagerError, RecoveryReport};
+use crate::manager::{key_of, ready_in, validate_owner, Liveness, ManagerError, RecoveryReport};
 use crate::netlink::{validate_ifname, PlumbingError};
 
 /// A host ENI in use by this node.
@@ -524,16 +524,7 @@ impl SecondaryManager {
             key: key.clone(),
             why,
         };
-        if record.phase != Phase::Ready {
-            return Err(fail(format!("attachment is in phase {:?}", record.phase)));
-        }
-        if record.netns != netns {
-            return Err(fail(format!(
-                "recorded netns is {}, not {}",
-                record.netns.display(),
-                netns.display()
-            )));
-        }
+        ready_in(record.phase, &record.netns, netns).map_err(fail)?;
         if let Some(why) = self.mismatch(&record, mtu).await {
             return Err(fail(why));
         }
