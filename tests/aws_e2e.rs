@@ -72,19 +72,7 @@ impl Enimd {
     }
 
     fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_enimctl"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--json")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "enimctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        common::agent::enimctl(&self.socket, args)
     }
 
     fn conf(&self) -> serde_json::Value {

@@ -160,19 +160,7 @@ impl Agent {
 
     /// `enimctl --json <args>` against this agent.
     pub fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_enimctl"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--json")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "enimctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        enimctl(&self.socket, args)
     }
 
     /// SIGKILL: a crash.
@@ -191,6 +179,23 @@ impl Agent {
             "socket": self.socket,
         })
     }
+}
+
+/// `enimctl --json <args>` against the agent at `socket`; it must succeed.
+pub fn enimctl(socket: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_enimctl"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "enimctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 impl Drop for Agent {
