@@ -30,7 +30,7 @@ pub struct Mem {
 /// Writes `dir/enimd.toml`: the ENIs as a static provider, the GC loop off
 /// (the bench triggers GC itself), everything else at its default unless
 /// `extra` (top-level keys) says otherwise.
-pub fn write_config(dir: &Path, host_netns: &Path, enis: &[Eni], extra: &str) -> R<PathBuf> {
+pub fn write_config(dir: &Path, host_netns: &Path, enis: &[Eni], extra: &str) -> R<()> {
     fs::create_dir_all(dir)?;
     let mut t = String::with_capacity(160 * enis.len() + 512);
     writeln!(
@@ -54,9 +54,8 @@ pub fn write_config(dir: &Path, host_netns: &Path, enis: &[Eni], extra: &str) ->
             e.id, e.mac, e.ipv4, e.gateway4
         )?;
     }
-    let path = dir.join("enimd.toml");
-    fs::write(&path, t)?;
-    Ok(path)
+    fs::write(dir.join("enimd.toml"), t)?;
+    Ok(())
 }
 
 /// A ready attachment record of `eni` for container `cid` in `netns`, as

@@ -190,6 +190,18 @@ fn family(fam: u8, i: usize, id: &str, host: &str, net_base: u8) -> Eni {
 }
 
 impl Ctx {
+    /// Writes an enimd config in `dir` for `enis` in the sandbox host,
+    /// `extra` added to its top-level table.
+    fn write_config(&self, dir: &Path, enis: &[Eni], extra: &str) -> R<()> {
+        agent::write_config(dir, &self.sb.host_path(), enis, extra)
+    }
+
+    /// Starts enimd on `dir`'s config (listed for clean-up) and waits up to
+    /// `timeout` for it to be ready.
+    fn enimd(&self, dir: &Path, timeout: Duration) -> R<Enimd> {
+        Enimd::start(&self.bins.enimd, dir, &self.pids_file, timeout)
+    }
+
     fn new(o: &Opts, plan: &Plan, work: PathBuf) -> R<Ctx> {
         let bins = Bins {
             enim: o.bin_dir.join("enim"),
@@ -626,12 +638,7 @@ fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
     let n = plan.gc_dead;
     let dir = ctx.work.join("gc-dead");
     let enis: Vec<Eni> = (0..n).map(|i| family(2, i, "dead", "dd", 200)).collect();
-    agent::write_config(
-        &dir,
-        &ctx.sb.host_path(),
-        &enis,
-        &format!("gc_grace = \"{}s\"", plan.gc_grace_s),
-    )?;
+    ctx.write_config(&dir, &enis, &format!("gc_grace = \"{}s\"", plan.gc_grace_s))?;
     let created = now_ms();
     let records: Vec<_> = enis
         .iter()
@@ -643,12 +650,7 @@ fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
         .collect::<R<_>>()?;
     agent::write_checkpoint(&dir, &records)?;
     // Young at start-up, so the start-up pass leaves them for the timed one.
-    let agent = Enimd::start(
-        &ctx.bins.enimd,
-        &dir,
-        &ctx.pids_file,
-        Duration::from_secs(60),
-    )?;
+    let agent = ctx.enimd(&dir, Duration::from_secs(60))?;
     let held = agent.status()?.attachments;
     if held != n {
         return Err(format!("gc-dead: enimd restored {held} of {n} records").into());
@@ -683,18 +685,8 @@ fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
 fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
     let n = plan.gc_moved;
     let dir = ctx.work.join("gc-moved");
-    agent::write_config(
-        &dir,
-        &ctx.sb.host_path(),
-        &ctx.moved_enis,
-        "gc_grace = \"0s\"",
-    )?;
-    let agent = Enimd::start(
-        &ctx.bins.enimd,
-        &dir,
-        &ctx.pids_file,
-        Duration::from_secs(30),
-    )?;
+    ctx.write_config(&dir, &ctx.moved_enis, "gc_grace = \"0s\"")?;
+    let agent = ctx.enimd(&dir, Duration::from_secs(30))?;
     let conf = serde_json::to_vec(&json!({
         "cniVersion": "1.1.0",
         "name": NETWORK,
@@ -744,18 +736,13 @@ fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
     let n = plan.restore;
     let enis: Vec<Eni> = (0..n).map(|i| family(3, i, "rs", "rs", 100)).collect();
     let empty = ctx.work.join("restore-empty");
-    agent::write_config(&empty, &ctx.sb.host_path(), &enis, "")?;
-    let agent = Enimd::start(
-        &ctx.bins.enimd,
-        &empty,
-        &ctx.pids_file,
-        Duration::from_secs(60),
-    )?;
+    ctx.write_config(&empty, &enis, "")?;
+    let agent = ctx.enimd(&empty, Duration::from_secs(60))?;
     let empty_ms = agent.exec_to_ready.as_secs_f64() * 1e3;
     agent.stop()?;
 
     let dir = ctx.work.join("restore");
-    agent::write_config(&dir, &ctx.sb.host_path(), &enis, "")?;
+    ctx.write_config(&dir, &enis, "")?;
     let hour_ago = now_ms() - 3_600_000;
     let live = &ctx.pods[0];
     let records: Vec<_> = enis
@@ -764,12 +751,7 @@ fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
         .map(|(i, e)| agent::record(e, &format!("rs-{i}"), live, hour_ago))
         .collect::<R<_>>()?;
     agent::write_checkpoint(&dir, &records)?;
-    let agent = Enimd::start(
-        &ctx.bins.enimd,
-        &dir,
-        &ctx.pids_file,
-        Duration::from_secs(120),
-    )?;
+    let agent = ctx.enimd(&dir, Duration::from_secs(120))?;
     let ms = agent.exec_to_ready.as_secs_f64() * 1e3;
     let s = agent.status()?;
     if s.attachments != n {
@@ -839,13 +821,8 @@ pub fn run(o: &Opts) -> R<Results> {
     let ctx = Ctx::new(o, &plan, work.clone())?;
 
     let main_dir = work.join("main");
-    agent::write_config(&main_dir, &ctx.sb.host_path(), &ctx.main_enis, "")?;
-    let main = Enimd::start(
-        &ctx.bins.enimd,
-        &main_dir,
-        &ctx.pids_file,
-        Duration::from_secs(30),
-    )?;
+    ctx.write_config(&main_dir, &ctx.main_enis, "")?;
+    let main = ctx.enimd(&main_dir, Duration::from_secs(30))?;
     let startup_ms = main.exec_to_ready.as_secs_f64() * 1e3;
     std::thread::sleep(Duration::from_millis(200));
     let mut rss_series = Vec::new();
@@ -883,18 +860,8 @@ pub fn run(o: &Opts) -> R<Results> {
         // The what-if agent over the same ENIs; the loop never lets two
         // agents hold a device at once.
         let no_fsync_dir = work.join("no-fsync");
-        agent::write_config(
-            &no_fsync_dir,
-            &ctx.sb.host_path(),
-            &ctx.main_enis,
-            "checkpoint_fsync = false",
-        )?;
-        let no_fsync = Enimd::start(
-            &ctx.bins.enimd,
-            &no_fsync_dir,
-            &ctx.pids_file,
-            Duration::from_secs(30),
-        )?;
+        ctx.write_config(&no_fsync_dir, &ctx.main_enis, "checkpoint_fsync = false")?;
+        let no_fsync = ctx.enimd(&no_fsync_dir, Duration::from_secs(30))?;
         say(&format!(
             "latency: {} interleaved ADD+DEL cycles per method",
             plan.cycles
