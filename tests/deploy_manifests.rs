@@ -943,30 +943,16 @@ fn deploy_manifests_match_what_enimd_does() {
 // breaks one thing in the parsed manifests and expects a problem naming it.
 
 fn agent_mut(m: &mut Manifests) -> &mut Container {
-    let spec = m.daemon_sets[0]
-        .spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap();
-    spec.containers
+    spec_mut(m)
+        .containers
         .iter_mut()
         .find(|c| c.name == AGENT)
         .unwrap()
 }
 
 fn init_mut(m: &mut Manifests) -> &mut Container {
-    let spec = m.daemon_sets[0]
-        .spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap();
-    spec.init_containers
+    spec_mut(m)
+        .init_containers
         .as_mut()
         .unwrap()
         .iter_mut()
