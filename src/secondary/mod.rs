@@ -42,6 +42,14 @@ pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 /// enim's is `table_offset ..= table_offset + MAX_DEVICE_INDEX`.
 pub const MAX_DEVICE_INDEX: u32 = 255;
 
+/// A pod's addresses in order, IPv4 first, from its optional halves.
+pub(crate) fn pod_ips(ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> Vec<std::net::IpAddr> {
+    ipv4.map(std::net::IpAddr::V4)
+        .into_iter()
+        .chain(ipv6.map(std::net::IpAddr::V6))
+        .collect()
+}
+
 const IFNAMSIZ: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -74,11 +74,7 @@ pub struct PodSpec {
 
 impl PodSpec {
     pub fn ips(&self) -> Vec<IpAddr> {
-        self.ipv4
-            .map(IpAddr::V4)
-            .into_iter()
-            .chain(self.ipv6.map(IpAddr::V6))
-            .collect()
+        super::pod_ips(self.ipv4, self.ipv6)
     }
 
     /// The two rules of each pod address.

@@ -59,11 +59,7 @@ impl SecondaryAttachment {
     }
 
     pub fn ips(&self) -> Vec<IpAddr> {
-        self.ipv4
-            .map(IpAddr::V4)
-            .into_iter()
-            .chain(self.ipv6.map(IpAddr::V6))
-            .collect()
+        super::pod_ips(self.ipv4, self.ipv6)
     }
 
     /// The CNI-shaped result: the pod address as a host prefix, the
