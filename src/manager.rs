@@ -342,22 +342,27 @@ impl EniManager {
         progress: &AddProgress,
     ) -> Result<(), ManagerError> {
         if let Some(host) = &progress.host {
-            if progress.moved {
+            let moved = if progress.moved {
                 match self
                     .plumbing
                     .move_to_host(netns, eni.mac, &host.name, host.mtu)
                     .await
                 {
-                    Ok(_) => {}
+                    Ok(moved) => moved,
                     // The netns vanished: the kernel handles the device.
-                    Err(e) if e.is_netns_gone() => {}
+                    Err(e) if e.is_netns_gone() => None,
                     Err(e) => return Err(ManagerError::plumbing("return ENI to host")(e)),
                 }
+            } else {
+                None
+            };
+            // Unless the move already set the host name and MTU.
+            if !moved.is_some_and(|l| l.is_home(&host.name, host.mtu)) {
+                self.plumbing
+                    .restore_host_link(eni.mac, &host.name, host.mtu)
+                    .await
+                    .map_err(ManagerError::plumbing("restore host name and MTU"))?;
             }
-            self.plumbing
-                .restore_host_link(eni.mac, &host.name, host.mtu)
-                .await
-                .map_err(ManagerError::plumbing("restore host name and MTU"))?;
         }
         self.provider.release(owner).await?;
         if progress.recorded {
@@ -411,7 +416,7 @@ impl EniManager {
             self.checkpoint.put(record.clone()).await?;
         }
         crash_point("del:after-intent");
-        match self
+        let moved = match self
             .plumbing
             .move_to_host(
                 &record.netns,
@@ -421,18 +426,22 @@ impl EniManager {
             )
             .await
         {
-            Ok(_) => {}
+            Ok(moved) => moved,
             Err(e) if e.is_netns_gone() => {
                 tracing::info!(key = %record.key, netns = %record.netns.display(), "netns already gone");
+                None
             }
             Err(e) => return Err(ManagerError::plumbing("return ENI to host")(e)),
-        }
+        };
         crash_point("del:after-move");
-        let found = self
-            .plumbing
-            .restore_host_link(record.mac, &record.host_name, record.host_mtu)
-            .await
-            .map_err(ManagerError::plumbing("restore host name and MTU"))?;
+        // The move itself sets the host name and MTU. Otherwise (not in the
+        // pod, or home under a fallback name) find the device and put it right.
+        let found = moved.is_some_and(|l| l.is_home(&record.host_name, record.host_mtu))
+            || self
+                .plumbing
+                .restore_host_link(record.mac, &record.host_name, record.host_mtu)
+                .await
+                .map_err(ManagerError::plumbing("restore host name and MTU"))?;
         if !found {
             tracing::warn!(key = %record.key, eni = %record.eni_id, mac = %record.mac, "ENI device is nowhere in the host; releasing the record");
         }
@@ -894,7 +903,7 @@ impl EniManager {
             let Some(home) = homes.get(&eni.mac) else {
                 continue;
             };
-            if link.name == home.name && link.mtu == home.mtu {
+            if link.is_home(&home.name, home.mtu) {
                 continue;
             }
             match self
@@ -1202,6 +1211,25 @@ mod tests {
         assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni1", HOST_MTU));
         assert!(r.mgr.attachments().await.is_empty());
         assert!(r.provider.list().await.unwrap()[0].owner.is_none());
+    }
+
+    /// The move home sets the host name and MTU itself, so DEL looks for
+    /// the device in the host only when the move could not bring it.
+    #[tokio::test]
+    async fn del_looks_for_the_device_only_when_the_move_did_not_bring_it_home() {
+        let r = rig(1);
+        r.mgr.add(&owner("c"), &r.netns).await.unwrap();
+        r.mgr.del(&owner("c")).await.unwrap();
+        assert_eq!(r.fake.calls("restore_host_link"), 0);
+        let back = r.fake.host_dev(mac(1)).unwrap();
+        assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni1", HOST_MTU));
+
+        r.mgr.add(&owner("d"), &r.netns).await.unwrap();
+        let mut dev = r.fake.remove_netns(&r.netns).remove(0);
+        dev.link.name = "dev7".into();
+        r.fake.world.lock().unwrap().host.push(dev);
+        r.mgr.del(&owner("d")).await.unwrap();
+        assert_eq!(r.fake.calls("restore_host_link"), 1);
     }
 
     #[tokio::test]

@@ -282,14 +282,14 @@ impl Plumbing for FakePlumbing {
         mac: MacAddr,
         host_name: &str,
         host_mtu: u32,
-    ) -> Result<bool, PlumbingError> {
+    ) -> Result<Option<LinkInfo>, PlumbingError> {
         self.fault("move_to_host")?;
         let index = self.index();
         let mut w = self.world.lock().unwrap();
         let w = &mut *w;
         let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
         let Some(at) = pod.iter().position(|d| d.link.mac == mac) else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut dev = pod.remove(at);
         dev.link = LinkInfo {
@@ -301,8 +301,9 @@ impl Plumbing for FakePlumbing {
         };
         dev.addrs.clear();
         dev.gateways.clear();
+        let home = dev.link.clone();
         w.host.push(dev);
-        Ok(true)
+        Ok(Some(home))
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {

@@ -33,6 +33,13 @@ pub struct LinkInfo {
     pub up: bool,
 }
 
+impl LinkInfo {
+    /// Under its host name with its host MTU: nothing to put right.
+    pub fn is_home(&self, name: &str, mtu: u32) -> bool {
+        self.name == name && self.mtu == mtu
+    }
+}
+
 /// What a pod interface gets on ADD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodLinkConfig {
@@ -183,15 +190,16 @@ pub trait Plumbing: Send + Sync {
 
     /// The reverse of ADD: the device moves to the host, renamed to
     /// `host_name` and set to `host_mtu`, in one message (the move leaves it
-    /// down with no addresses or routes). Returns false when the device is
-    /// not in that netns.
+    /// down with no addresses or routes). Returns the device as it now is
+    /// in the host (under a fallback name if `host_name` was taken), or
+    /// `None` when it is not in that netns.
     async fn move_to_host(
         &self,
         netns: &Path,
         mac: MacAddr,
         host_name: &str,
         host_mtu: u32,
-    ) -> Result<bool, PlumbingError>;
+    ) -> Result<Option<LinkInfo>, PlumbingError>;
 
     /// The MAC of the host's primary interface: the device of the main
     /// table's IPv4 default route, if there is one.

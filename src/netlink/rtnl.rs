@@ -429,11 +429,11 @@ impl Plumbing for RtnlPlumbing {
         mac: MacAddr,
         host_name: &str,
         host_mtu: u32,
-    ) -> Result<bool, PlumbingError> {
+    ) -> Result<Option<LinkInfo>, PlumbingError> {
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
         let Some(link) = link_by_mac(&pod, mac).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         // No separate down or address flush: the move itself closes the
         // device and flushes its addresses and routes. The host MTU rides
@@ -456,13 +456,13 @@ impl Plumbing for RtnlPlumbing {
             other => other?,
         }
         // The ifindex may have changed in the move: find it again by MAC.
-        if self.host_link(mac).await?.is_none() {
-            return Err(PlumbingError::LinkNotFound {
+        match self.host_link(mac).await? {
+            Some(home) => Ok(Some(home)),
+            None => Err(PlumbingError::LinkNotFound {
                 mac,
                 place: "the host namespace after the move".into(),
-            });
+            }),
         }
-        Ok(true)
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
