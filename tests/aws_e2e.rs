@@ -85,13 +85,7 @@ impl Enimd {
     }
 
     fn stop(&mut self) {
-        let mut child = self.child.take().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = child.wait().unwrap();
+        let status = common::agent::sigterm_and_wait(self.child.take().unwrap());
         assert!(status.success(), "enimd exit {status}: {}", self.log());
     }
 }

@@ -126,13 +126,7 @@ impl Agent {
 
     /// SIGTERM and wait; asserts a clean exit 0.
     pub fn stop(&mut self) {
-        let mut child = self.child.take().expect("running");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = child.wait().unwrap();
+        let status = sigterm_and_wait(self.child.take().expect("running"));
         assert!(status.success(), "enimd exit {status}: {}", self.log());
     }
 
@@ -179,6 +173,16 @@ impl Agent {
             "socket": self.socket,
         })
     }
+}
+
+/// Stops an agent process as its supervisor would: SIGTERM, then wait.
+pub fn sigterm_and_wait(mut child: Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap()
 }
 
 /// `enimctl --json <args>` against the agent at `socket`; it must succeed.
