@@ -296,7 +296,7 @@ impl EniManager {
 
         progress.moved = true; // a failed move may still have moved: undo checks
         self.plumbing
-            .move_to_pod(eni.mac, netns, &owner.ifname)
+            .move_to_pod(&host, netns, &owner.ifname)
             .await
             .map_err(|e| match e {
                 PlumbingError::NameTaken { ifname, netns } => {

@@ -185,11 +185,12 @@ impl Plumbing for FakePlumbing {
 
     async fn move_to_pod(
         &self,
-        mac: MacAddr,
+        host: &LinkInfo,
         netns: &Path,
         ifname: &str,
     ) -> Result<(), PlumbingError> {
         self.fault("move_to_pod")?;
+        let mac = host.mac;
         let index = self.index();
         {
             let mut w = self.world.lock().unwrap();

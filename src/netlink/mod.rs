@@ -161,12 +161,13 @@ pub trait Plumbing: Send + Sync {
     /// Every device in the host namespace.
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError>;
 
-    /// Moves the host device `mac` into the netns at `netns`, renamed to
+    /// Moves the host device `host` (as [`Plumbing::host_link`] just found
+    /// it, so not looked up again) into the netns at `netns`, renamed to
     /// `ifname` in the same message. Fails with [`PlumbingError::NameTaken`]
     /// (leaving the device in the host) when `ifname` exists there.
     async fn move_to_pod(
         &self,
-        mac: MacAddr,
+        host: &LinkInfo,
         netns: &Path,
         ifname: &str,
     ) -> Result<(), PlumbingError>;

@@ -313,18 +313,11 @@ impl Plumbing for RtnlPlumbing {
 
     async fn move_to_pod(
         &self,
-        mac: MacAddr,
+        link: &LinkInfo,
         netns: &Path,
         ifname: &str,
     ) -> Result<(), PlumbingError> {
         let ns = Netns::open(netns)?;
-        let link = self
-            .host_link(mac)
-            .await?
-            .ok_or_else(|| PlumbingError::LinkNotFound {
-                mac,
-                place: "the host namespace".into(),
-            })?;
         // One message moves and renames: no window with a half-configured
         // device under its host name in the pod, no EEXIST on a name clash.
         let msg = LinkUnspec::new_with_index(link.index)
