@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use enim_provider::{Eni, EniOwner, PodRef};
 use serde::{Deserialize, Serialize};
 
-use crate::attachment::Attachment;
+use crate::model::Record;
 
 pub const DEFAULT_SOCKET: &str = "/run/enim/enimd.sock";
 
@@ -145,7 +145,61 @@ pub struct GcReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub swept: Vec<String>,
     /// What could not be done this pass (retried next pass).
-    pub errors: Vec<String>,
+    pub errors: Vec<GcError>,
+}
+
+impl GcReport {
+    pub fn error(&mut self, subject: impl ToString, step: GcStep, e: impl std::fmt::Display) {
+        self.errors.push(GcError {
+            subject: subject.to_string(),
+            step,
+            message: e.to_string(),
+        });
+    }
+}
+
+/// One thing a GC pass could not do; the pass went on with the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{subject}: {step}: {message}")]
+pub struct GcError {
+    /// An attachment key, an ENI id, a kernel object or `node`.
+    pub subject: String,
+    pub step: GcStep,
+    pub message: String,
+}
+
+/// The step of a GC pass that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GcStep {
+    /// Checking whether an attachment's netns is alive.
+    Netns,
+    ProviderList,
+    IntentWrite,
+    OutcomeWrite,
+    /// Taking a dead attachment's pod side apart.
+    Unplumb,
+    Release,
+    HostLinks,
+    LearnHomes,
+    /// Putting a free ENI's host name and MTU right.
+    Normalise,
+    ReleaseOrphan,
+    ReserveExcluded,
+    /// Re-applying a host ENI's setup (secondary mode).
+    ReconcileEni,
+    /// Listing enim-shaped kernel objects (secondary mode).
+    Inventory,
+    /// Removing one enim-shaped kernel object no record explains.
+    Sweep,
+}
+
+impl std::fmt::Display for GcStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The serde name, so logs and JSON say the same.
+        let name = serde_json::to_value(self).ok();
+        f.write_str(name.as_ref().and_then(|v| v.as_str()).unwrap_or("?"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,10 +222,9 @@ pub struct EniStatus {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentList {
-    pub attachments: Vec<Attachment>,
-    /// Secondary mode's pod attachments.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pods: Vec<crate::secondary::record::SecondaryAttachment>,
+    /// Every attachment, of the mode the node runs (and any kept from the
+    /// other mode, untouched, should the node have switched).
+    pub attachments: Vec<Record>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use enim::api::{self, AttachmentList, EniList, GcReport, GcRequest, Status};
 use enim::cni::client::Client;
 use enim::cni::CniError;
+use enim::model::Payload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -170,7 +171,7 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
                     list(&report.normalised),
                     list(&report.swept),
                     report.too_young.to_string(),
-                    list(&report.errors),
+                    list(&report.errors.iter().map(ToString::to_string).collect::<Vec<_>>()),
                 ]],
             ))
         }
@@ -180,31 +181,21 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
 /// Both modes' attachments, one row each: an exclusive ENI (primary mode)
 /// or a secondary address of an ENI over a veth (secondary mode).
 fn attachments_table(list: AttachmentList) -> String {
-    let phase = |p: enim::attachment::Phase| format!("{p:?}").to_lowercase();
-    let exclusive = list.attachments.into_iter().map(|a| {
+    let rows = list.attachments.into_iter().map(|a| {
+        let (mode, ipv4) = match &a.payload {
+            Payload::Primary(p) => ("exclusive", p.ipv4.to_string()),
+            Payload::Secondary(s) => ("secondary", s.ipv4.map_or("-".into(), |v| format!("{v}/32"))),
+        };
         vec![
             a.pod.to_string(),
             a.key.network.clone(),
             short(&a.key.container_id),
             a.key.ifname.clone(),
-            "exclusive".into(),
+            mode.into(),
             a.eni_id.clone(),
-            a.ipv4.to_string(),
-            phase(a.phase),
+            ipv4,
+            format!("{:?}", a.phase).to_lowercase(),
             a.netns.display().to_string(),
-        ]
-    });
-    let secondary = list.pods.into_iter().map(|p| {
-        vec![
-            p.pod.to_string(),
-            p.key.network.clone(),
-            short(&p.key.container_id),
-            p.key.ifname.clone(),
-            "secondary".into(),
-            p.eni_id.clone(),
-            p.ipv4.map_or("-".into(), |v| format!("{v}/32")),
-            phase(p.phase),
-            p.netns.display().to_string(),
         ]
     });
     table(
@@ -219,7 +210,7 @@ fn attachments_table(list: AttachmentList) -> String {
             "PHASE",
             "NETNS",
         ],
-        exclusive.chain(secondary).collect(),
+        rows.collect(),
     )
 }
 
@@ -268,8 +259,7 @@ mod tests {
                 "host_mtu": 1500, "netns": "/var/run/netns/cni-1", "mtu": 9001,
                 "ipv4": "10.0.1.10/24", "gateway4": "10.0.1.1", "phase": "ready",
                 "created_ms": 1, "updated_ms": 1
-            }],
-            "pods": [{
+            }, {
                 "network": "enim", "container_id": "fedcba9876543210fedc", "ifname": "eth0",
                 "pod": {"namespace": "default", "name": "db-0", "uid": "u2"},
                 "eni_id": "eni-0002", "table": 1002, "rule_priority_to_pod": 512,

@@ -25,7 +25,7 @@ use crate::api::{
     code, AttachmentRequest, GcReport, GcRequest, MtuExpectation, Status, ROUTE_ADD, ROUTE_CHECK,
     ROUTE_DEL, ROUTE_GC, ROUTE_STATUS,
 };
-use crate::attachment::AttachmentResult;
+use crate::model::AttachmentResult;
 
 pub use client::Client;
 pub use config::{CniVersion, NetConf, SUPPORTED_VERSIONS};
@@ -159,7 +159,12 @@ fn gc(client: &Client, conf: NetConf) -> Result<Option<Value>, CniError> {
                 "GC left {} error(s); the agent retries them on its next pass",
                 report.errors.len()
             ),
-            report.errors.join("; "),
+            report
+                .errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
         ));
     }
     Ok(None)

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use super::config::CniVersion;
 use super::CniError;
 use crate::api::MtuExpectation;
-use crate::attachment::{AttachmentResult, IpConfig, RouteConfig};
+use crate::model::{AttachmentResult, IpConfig, RouteConfig};
 
 fn interface_json(r: &AttachmentResult, v: CniVersion) -> Value {
     let i = &r.interface;
@@ -172,7 +172,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::attachment::InterfaceConfig;
+    use crate::model::InterfaceConfig;
 
     fn ours(v6: bool) -> AttachmentResult {
         let mut ips = vec![IpConfig {

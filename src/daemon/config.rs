@@ -95,7 +95,7 @@ pub struct Config {
     /// ENIs (by id or MAC) and addresses never handed out. The node's
     /// primary interface is always excluded as well.
     #[serde(default)]
-    pub exclude: crate::exclusion::ExclusionConfig,
+    pub exclude: crate::support::exclusion::ExclusionConfig,
     /// How pods get ENIs: a whole ENI each (primary), or a secondary
     /// address of a host ENI each (secondary; README "Secondary mode").
     #[serde(default)]

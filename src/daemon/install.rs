@@ -9,13 +9,13 @@
 //! one, never half of either; a running `enim` keeps its old inode. Running
 //! it again with the same inputs changes nothing.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::api::DEFAULT_SOCKET;
+use crate::store::atomic;
 
 /// The plugin's file name in the CNI bin dir, which is also its `type`.
 pub const PLUGIN_NAME: &str = "enim";
@@ -215,84 +215,31 @@ pub fn replace_file(
     })
 }
 
-/// Removes the temporary file unless it was renamed into place.
-struct TempGuard<'a> {
-    path: &'a Path,
-    armed: bool,
-}
-
-impl Drop for TempGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = std::fs::remove_file(self.path);
-        }
-    }
-}
-
-/// The atomic replace itself: `write` fills a fresh temporary file in
-/// `dir`, which is then fsynced and renamed over `dir/name`. If anything
-/// fails, `dir/name` is untouched and the temporary file is removed.
+/// The atomic replace itself ([`crate::store::atomic`]): `write` fills a
+/// fresh temporary file in `dir`, which is fsynced and renamed over
+/// `dir/name`, and the directory fsynced. If anything fails, `dir/name` is
+/// untouched and the temporary file is removed.
 pub fn replace_file_with(
     dir: &Path,
     name: &str,
     mode: u32,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), InstallError> {
-    std::fs::create_dir_all(dir).map_err(io_err("creating dir", dir))?;
-    let target = dir.join(name);
-    let (tmp_path, mut file) = create_temp(dir, name)?;
-    let mut guard = TempGuard {
-        path: &tmp_path,
-        armed: true,
+    let durability = atomic::Durability {
+        data: true,
+        rename: true,
     };
-    write(&mut file).map_err(io_err("writing", &tmp_path))?;
-    // fchmod: the mode is exact whatever the umask.
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(io_err("chmod", &tmp_path))?;
-    // Data on disk before the name points at it, so a power cut never
-    // leaves the final name on an empty file.
-    file.sync_all().map_err(io_err("fsync", &tmp_path))?;
-    drop(file);
-    std::fs::rename(&tmp_path, &target).map_err(|source| InstallError::Io {
-        what: "renaming into place",
-        path: target.clone(),
-        source,
-    })?;
-    guard.armed = false;
-    // And the rename itself on disk.
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync dir", dir))?;
-    Ok(())
-}
-
-/// A new, exclusively created temporary file next to `name`. Its name
-/// starts with a dot and ends in no config extension, so neither libcni
-/// (which loads `*.conf`, `*.conflist`, `*.json`) nor a `type` lookup ever
-/// picks it up.
-fn create_temp(dir: &Path, name: &str) -> Result<(PathBuf, File), InstallError> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    loop {
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(f) => return Ok((path, f)),
-            // Left by an earlier process with the same pid (containers
-            // reuse pids); take the next name.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io_err("creating temporary file in", dir)(e)),
-        }
-    }
+    atomic::replace_with(dir, name, mode, durability, write).map_err(|e| InstallError::Io {
+        what: e.what,
+        path: e.path,
+        source: e.source,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     use super::*;

@@ -20,7 +20,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::api::GcReport;
-use crate::manager::EniManager;
+use crate::api::EniState;
+use crate::engine::{Driver, Engine};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbResult {
@@ -165,15 +166,15 @@ impl Metrics {
         self.checkpoint_write_seconds.observe(took.as_secs_f64());
     }
 
-    /// Refreshes the gauges from the manager, then encodes everything.
-    pub async fn render(&self, manager: &EniManager) -> Result<String, std::fmt::Error> {
-        if let Ok(enis) = manager.provider().list().await {
+    /// Refreshes the gauges from the engine, then encodes everything.
+    pub async fn render<D: Driver>(&self, engine: &Engine<D>) -> Result<String, std::fmt::Error> {
+        if let Ok(enis) = engine.enis().await {
             let mut counts = [0i64; 3];
             for e in &enis {
-                let i = match &e.owner {
-                    Some(o) if crate::exclusion::is_excluded_owner(o) => 2,
-                    Some(_) => 1,
-                    None => 0,
+                let i = match e.state {
+                    EniState::Free => 0,
+                    EniState::InUse => 1,
+                    EniState::Excluded => 2,
                 };
                 counts[i] += 1;
             }
@@ -186,8 +187,8 @@ impl Metrics {
             }
         }
         self.attachments
-            .set(manager.checkpoint().len().await as i64);
-        if let Some(stats) = manager.provider().statistics() {
+            .set(i64::try_from(engine.checkpoint().len().await).unwrap_or(i64::MAX));
+        if let Some(stats) = engine.provider().statistics() {
             for (name, v) in [
                 ("used", stats.used),
                 ("available", stats.available),
@@ -201,8 +202,7 @@ impl Metrics {
                     .set(v as i64);
             }
         }
-        if let Some(engine) = manager.secondary() {
-            let stats = engine.stats();
+        if let Some(stats) = engine.address_stats() {
             let free = stats.total - stats.assigned - stats.cooling;
             for (state, n) in [
                 ("assigned", stats.assigned),
@@ -297,33 +297,43 @@ impl EniProvider for MeteredProvider {
     }
 }
 
-#[derive(Clone)]
-struct HealthState {
+struct HealthState<D: Driver> {
     metrics: Arc<Metrics>,
-    manager: Arc<EniManager>,
+    engine: Arc<Engine<D>>,
     ready: watch::Receiver<bool>,
+}
+
+// By hand: a derive would ask `D: Clone`, which drivers need not be.
+impl<D: Driver> Clone for HealthState<D> {
+    fn clone(&self) -> Self {
+        HealthState {
+            metrics: self.metrics.clone(),
+            engine: self.engine.clone(),
+            ready: self.ready.clone(),
+        }
+    }
 }
 
 /// `/metrics`, `/healthz` (alive) and `/readyz` (startup reconcile done
 /// and the provider answering).
-pub fn router(
+pub fn router<D: Driver>(
     metrics: Arc<Metrics>,
-    manager: Arc<EniManager>,
+    engine: Arc<Engine<D>>,
     ready: watch::Receiver<bool>,
 ) -> Router {
     Router::new()
-        .route("/metrics", get(scrape))
+        .route("/metrics", get(scrape::<D>))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz::<D>))
         .with_state(HealthState {
             metrics,
-            manager,
+            engine,
             ready,
         })
 }
 
-async fn scrape(State(s): State<HealthState>) -> impl IntoResponse {
-    match s.metrics.render(&s.manager).await {
+async fn scrape<D: Driver>(State(s): State<HealthState<D>>) -> impl IntoResponse {
+    match s.metrics.render(&*s.engine).await {
         Ok(body) => (
             StatusCode::OK,
             [(
@@ -337,11 +347,11 @@ async fn scrape(State(s): State<HealthState>) -> impl IntoResponse {
     }
 }
 
-async fn readyz(State(s): State<HealthState>) -> impl IntoResponse {
+async fn readyz<D: Driver>(State(s): State<HealthState<D>>) -> impl IntoResponse {
     if !*s.ready.borrow() {
         return (StatusCode::SERVICE_UNAVAILABLE, "restoring state\n").into_response();
     }
-    match s.manager.provider().list().await {
+    match s.engine.provider().list().await {
         Ok(_) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider: {e}\n")).into_response(),
     }

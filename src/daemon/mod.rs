@@ -22,10 +22,13 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 
 use crate::api::GcRequest;
-use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::manager::{EniManager, ManagerError};
+use crate::engine::{Driver, Engine, EngineError};
 use crate::netlink::rtnl::RtnlPlumbing;
 use crate::netlink::PlumbingError;
+use crate::primary::PrimaryDriver;
+use crate::secondary::SecondaryDriver;
+use crate::store::checkpoint::{Checkpoint, CheckpointError};
+use crate::support::exclusion::Exclusions;
 use config::{Config, ProviderConfig};
 use server::{AppState, PeerCred};
 
@@ -38,7 +41,7 @@ pub enum DaemonError {
     #[error("netlink: {0}")]
     Plumbing(#[from] PlumbingError),
     #[error("startup recovery failed, refusing to serve rather than lose state: {0}")]
-    Recovery(#[from] ManagerError),
+    Recovery(#[from] EngineError),
     #[error("another enimd holds {path}")]
     AlreadyRunning { path: PathBuf },
     #[error("{what} {path}: {source}")]
@@ -141,22 +144,37 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let metrics = metrics.clone();
         checkpoint.set_write_observer(Box::new(move |took| metrics.observe_checkpoint_write(took)));
     }
-    let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
-    let manager = EniManager::new(provider.clone(), plumbing, checkpoint.clone())
-        .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude));
-    let manager = Arc::new(match config.mode {
-        config::Mode::Primary => manager,
-        config::Mode::Secondary => manager.with_secondary(
-            crate::secondary::manager::SecondaryManager::over_host(
+    // The mode is chosen here, once: nothing after this asks which it is.
+    let exclusions = Exclusions::from_config(&config.exclude);
+    match config.mode {
+        config::Mode::Primary => {
+            let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
+            let driver = PrimaryDriver::new(provider, plumbing, checkpoint.clone(), exclusions);
+            serve(config, Engine::new(driver, checkpoint), metrics, started, stop).await
+        }
+        config::Mode::Secondary => {
+            let driver = SecondaryDriver::over_host(
                 config.secondary.clone(),
                 config.host_netns.as_deref(),
                 provider,
-                checkpoint,
-                crate::exclusion::Exclusions::from_config(&config.exclude),
+                checkpoint.clone(),
+                exclusions,
             )
-            .await?,
-        ),
-    });
+            .await?;
+            serve(config, Engine::new(driver, checkpoint), metrics, started, stop).await
+        }
+    }
+}
+
+/// Serves the API with `engine` until `stop` resolves.
+async fn serve<D: Driver>(
+    config: Config,
+    engine: Engine<D>,
+    metrics: Arc<metrics::Metrics>,
+    started: Instant,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let manager = Arc::new(engine);
 
     // Listen first so early requests queue (bounded) instead of failing to
     // connect, then restore before anything is served.
@@ -166,7 +184,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tokio::spawn(heap.clone().run());
     let ready_rx_for_health = ready_rx.clone();
     let state = Arc::new(AppState {
-        manager: manager.clone(),
+        engine: manager.clone(),
         ready: ready_rx,
         allowed_uids: config.allowed_uids.clone(),
         startup_wait: config.startup_wait,
@@ -213,7 +231,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         tracing::info!(%address, "serving /metrics, /healthz, /readyz");
     }
 
-    crate::fault::crash_point("startup:before-recover");
+    crate::support::fault::crash_point("startup:before-recover");
     let report = manager.recover().await?;
     let gc = manager.gc(&GcRequest::default(), config.gc_grace).await;
     metrics.observe_gc(&gc);
@@ -221,7 +239,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         ?report,
         collected = gc.collected.len(),
         orphans = gc.orphans_released.len(),
-        ms = started.elapsed().as_millis() as u64,
+        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "state restored; serving"
     );
     heap::release_free_heap();

@@ -15,9 +15,10 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 
 use crate::api::{
-    self, code, ApiError, AttachmentRequest, EniList, EniState, EniStatus, GcRequest,
+    self, code, ApiError, AttachmentRequest, EniList, GcRequest,
 };
-use crate::manager::{EniManager, ManagerError};
+use crate::engine::{Driver, Engine, EngineError};
+use crate::model::{AttachmentKey, AttachmentResult};
 
 /// The credentials of the process at the other end of a connection, read
 /// by the kernel (SO_PEERCRED) when the connection was accepted.
@@ -34,8 +35,8 @@ impl Connected<axum::serve::IncomingStream<'_, UnixListener>> for PeerCred {
     }
 }
 
-pub struct AppState {
-    pub manager: Arc<EniManager>,
+pub struct AppState<D: Driver> {
+    pub engine: Arc<Engine<D>>,
     pub ready: watch::Receiver<bool>,
     pub allowed_uids: Vec<u32>,
     pub startup_wait: Duration,
@@ -56,59 +57,58 @@ impl IntoResponse for Failure {
     }
 }
 
-impl From<ManagerError> for Failure {
-    fn from(e: ManagerError) -> Self {
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
         let (status, code) = classify(&e);
         Failure(status, ApiError::new(code, e.to_string()))
     }
 }
 
-fn classify(e: &ManagerError) -> (StatusCode, u32) {
+fn classify(e: &EngineError) -> (StatusCode, u32) {
     match e {
-        ManagerError::InvalidRequest(_) | ManagerError::Netns(_) => {
+        EngineError::InvalidRequest(_) | EngineError::Netns(_) => {
             (StatusCode::BAD_REQUEST, code::INVALID_ENV)
         }
-        ManagerError::Provider(p)
+        EngineError::Provider(p)
             if p.is_transient() || matches!(p, ProviderError::Exhausted { .. }) =>
         {
             (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
         }
-        ManagerError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::PROVIDER),
-        ManagerError::DeviceMissing { .. } => {
+        EngineError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::PROVIDER),
+        EngineError::DeviceMissing { .. } => {
             (StatusCode::INTERNAL_SERVER_ERROR, code::DEVICE_MISSING)
         }
-        ManagerError::IfnameConflict { .. } => (StatusCode::CONFLICT, code::IFNAME_CONFLICT),
-        ManagerError::Plumbing { .. } => (StatusCode::INTERNAL_SERVER_ERROR, code::KERNEL),
-        ManagerError::Checkpoint(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::IO_FAILURE),
-        ManagerError::RollbackFailed { original, .. } => classify(original),
-        ManagerError::UnknownAttachment(_) => (StatusCode::NOT_FOUND, code::UNKNOWN_CONTAINER),
-        ManagerError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
-        ManagerError::Addresses(_) if e.is_transient() => {
-            (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
-        }
-        ManagerError::Addresses(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL),
+        EngineError::IfnameConflict { .. } => (StatusCode::CONFLICT, code::IFNAME_CONFLICT),
+        EngineError::Plumbing { .. } => (StatusCode::INTERNAL_SERVER_ERROR, code::KERNEL),
+        EngineError::Checkpoint(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::IO_FAILURE),
+        EngineError::RollbackFailed { original, .. } => classify(original),
+        EngineError::UnknownAttachment(_) => (StatusCode::NOT_FOUND, code::UNKNOWN_CONTAINER),
+        EngineError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
+        EngineError::NoFreeAddress(_) => (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER),
+        EngineError::AddressStore(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL),
+        EngineError::Shared(e) => classify(e),
     }
 }
 
-type Shared = Arc<AppState>;
+type Shared<D> = Arc<AppState<D>>;
 
-pub fn router(state: Shared) -> Router {
+pub fn router<D: Driver>(state: Shared<D>) -> Router {
     Router::new()
-        .route(api::ROUTE_ADD, post(add))
-        .route(api::ROUTE_DEL, post(del))
-        .route(api::ROUTE_CHECK, post(check))
-        .route(api::ROUTE_GC, post(gc))
-        .route(api::ROUTE_ENIS, get(enis))
-        .route(api::ROUTE_ATTACHMENTS, get(attachments))
-        .route(api::ROUTE_STATUS, get(status))
-        .layer(middleware::from_fn_with_state(state.clone(), measure))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .route(api::ROUTE_ADD, post(add::<D>))
+        .route(api::ROUTE_DEL, post(del::<D>))
+        .route(api::ROUTE_CHECK, post(check::<D>))
+        .route(api::ROUTE_GC, post(gc::<D>))
+        .route(api::ROUTE_ENIS, get(enis::<D>))
+        .route(api::ROUTE_ATTACHMENTS, get(attachments::<D>))
+        .route(api::ROUTE_STATUS, get(status::<D>))
+        .layer(middleware::from_fn_with_state(state.clone(), measure::<D>))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize::<D>))
         .with_state(state)
 }
 
 /// Counts and times the attachment verbs by result, and tells the heap
 /// trimmer when they run.
-async fn measure(State(state): State<Shared>, request: Request, next: Next) -> Response {
+async fn measure<D: Driver>(State(state): State<Shared<D>>, request: Request, next: Next) -> Response {
     let verb = match request.uri().path() {
         api::ROUTE_ADD => Some("ADD"),
         api::ROUTE_DEL => Some("DEL"),
@@ -128,8 +128,8 @@ async fn measure(State(state): State<Shared>, request: Request, next: Next) -> R
 }
 
 /// Only root, or a uid the config allows, may use the API.
-async fn authorize(
-    State(state): State<Shared>,
+async fn authorize<D: Driver>(
+    State(state): State<Shared<D>>,
     ConnectInfo(peer): ConnectInfo<PeerCred>,
     request: Request,
     next: Next,
@@ -155,7 +155,7 @@ async fn authorize(
 }
 
 /// Requests that change state wait (bounded) for startup recovery.
-async fn wait_ready(state: &AppState) -> Result<(), Failure> {
+async fn wait_ready<D: Driver>(state: &AppState<D>) -> Result<(), Failure> {
     let mut ready = state.ready.clone();
     if *ready.borrow() {
         return Ok(());
@@ -176,10 +176,10 @@ async fn wait_ready(state: &AppState) -> Result<(), Failure> {
     }
 }
 
-async fn add(
-    State(s): State<Shared>,
+async fn add<D: Driver>(
+    State(s): State<Shared<D>>,
     Json(req): Json<AttachmentRequest>,
-) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
+) -> Result<Json<AttachmentResult>, Failure> {
     wait_ready(&s).await?;
     let owner = req.owner();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -187,17 +187,17 @@ async fn add(
     // mid-request cannot cancel it half-way: a finished attachment nobody
     // claims expires cleanly, a half-built one would not.
     let task = {
-        let manager = s.manager.clone();
+        let engine = s.engine.clone();
         let owner = owner.clone();
         tokio::spawn(async move {
-            let result = manager.add(&owner, &req.netns).await;
+            let result = engine.add(&owner, &req.netns).await;
             let _ = done_tx.send(result.is_ok());
             result
         })
     };
     let mut unclaimed = UnclaimedGuard {
         state: s.clone(),
-        key: crate::manager::key_of(&owner),
+        key: AttachmentKey::of(&owner),
         done: Some(done_rx),
     };
     let result = task.await.map_err(|e| {
@@ -213,20 +213,20 @@ async fn add(
 /// Armed while an ADD is answered; if the request is dropped first (the
 /// caller disconnected), the attachment is marked to expire unless the
 /// runtime claims it.
-struct UnclaimedGuard {
-    state: Shared,
-    key: crate::attachment::AttachmentKey,
+struct UnclaimedGuard<D: Driver> {
+    state: Shared<D>,
+    key: AttachmentKey,
     done: Option<tokio::sync::oneshot::Receiver<bool>>,
 }
 
-impl Drop for UnclaimedGuard {
+impl<D: Driver> Drop for UnclaimedGuard<D> {
     fn drop(&mut self) {
         let Some(done) = self.done.take() else { return };
         let (state, key) = (self.state.clone(), self.key.clone());
         tokio::spawn(async move {
             if done.await == Ok(true) {
                 if let Err(e) = state
-                    .manager
+                    .engine
                     .mark_unclaimed(&key, state.allocation_expiry)
                     .await
                 {
@@ -237,89 +237,64 @@ impl Drop for UnclaimedGuard {
     }
 }
 
-async fn del(
-    State(s): State<Shared>,
+async fn del<D: Driver>(
+    State(s): State<Shared<D>>,
     Json(req): Json<AttachmentRequest>,
 ) -> Result<Json<serde_json::Value>, Failure> {
     wait_ready(&s).await?;
-    s.manager.del(&req.owner()).await?;
+    s.engine.del(&req.owner()).await?;
     Ok(Json(serde_json::json!({})))
 }
 
-async fn check(
-    State(s): State<Shared>,
+async fn check<D: Driver>(
+    State(s): State<Shared<D>>,
     Json(req): Json<AttachmentRequest>,
-) -> Result<Json<crate::attachment::AttachmentResult>, Failure> {
+) -> Result<Json<AttachmentResult>, Failure> {
     wait_ready(&s).await?;
     Ok(Json(
-        s.manager
+        s.engine
             .check(&req.owner(), &req.netns, req.expected_mtu)
             .await?,
     ))
 }
 
-async fn gc(
-    State(s): State<Shared>,
+async fn gc<D: Driver>(
+    State(s): State<Shared<D>>,
     Json(req): Json<GcRequest>,
 ) -> Result<Json<api::GcReport>, Failure> {
     wait_ready(&s).await?;
-    let report = s.manager.gc(&req, s.gc_grace).await;
+    let report = s.engine.gc(&req, s.gc_grace).await;
     s.metrics.observe_gc(&report);
     Ok(Json(report))
 }
 
-async fn enis(State(s): State<Shared>) -> Result<Json<EniList>, Failure> {
-    let listed = s
-        .manager
-        .provider()
-        .list()
-        .await
-        .map_err(ManagerError::from)?;
-    let host = s.manager.plumbing().host_links().await.unwrap_or_default();
-    let enis = listed
-        .into_iter()
-        .map(|eni| EniStatus {
-            state: match &eni.owner {
-                Some(o) if crate::exclusion::is_excluded_owner(o) => EniState::Excluded,
-                Some(_) => EniState::InUse,
-                None => EniState::Free,
-            },
-            host_device: host
-                .iter()
-                .find(|l| l.mac == eni.mac)
-                .map(|l| l.name.clone()),
-            eni,
-        })
-        .collect();
-    Ok(Json(EniList { enis }))
+async fn enis<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<EniList>, Failure> {
+    Ok(Json(EniList {
+        enis: s.engine.enis().await?,
+    }))
 }
 
-async fn attachments(State(s): State<Shared>) -> Json<api::AttachmentList> {
-    let pods = match s.manager.secondary() {
-        Some(engine) => engine.pods().await,
-        None => Vec::new(),
-    };
+async fn attachments<D: Driver>(State(s): State<Shared<D>>) -> Json<api::AttachmentList> {
     Json(api::AttachmentList {
-        attachments: s.manager.attachments().await,
-        pods,
+        attachments: s.engine.attachments().await,
     })
 }
 
-async fn status(State(s): State<Shared>) -> Result<Json<api::Status>, Failure> {
+async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Status>, Failure> {
     let listed = s
-        .manager
+        .engine
         .provider()
         .list()
         .await
-        .map_err(ManagerError::from)?;
+        .map_err(EngineError::from)?;
     let ready = *s.ready.borrow();
     Ok(Json(api::Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         ready,
-        provider: s.manager.provider().name().to_string(),
+        provider: s.engine.provider().name().to_string(),
         enis_total: listed.len(),
         enis_free: listed.iter().filter(|e| e.owner.is_none()).count(),
-        attachments: s.manager.checkpoint().len().await,
+        attachments: s.engine.checkpoint().len().await,
         uptime_secs: s.started.elapsed().as_secs(),
     }))
 }

@@ -19,7 +19,7 @@ use enim_provider::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use crate::attachment::AttachmentResult;
+use crate::model::AttachmentResult;
 
 pub use netns::Netns;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::attachment::AttachmentKey;
+use crate::model::{AddressStats, AttachmentKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DataStoreError {
@@ -52,12 +52,6 @@ pub struct Assignment {
     pub ipv6: Option<IpAddr>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct DataStoreStats {
-    pub total: usize,
-    pub assigned: usize,
-    pub cooling: usize,
-}
 
 #[derive(Debug)]
 pub struct DataStore {
@@ -259,8 +253,8 @@ impl DataStore {
             .collect())
     }
 
-    pub fn stats(&self, now: Instant) -> DataStoreStats {
-        let mut stats = DataStoreStats::default();
+    pub fn stats(&self, now: Instant) -> AddressStats {
+        let mut stats = AddressStats::default();
         for state in self.enis.values().flat_map(|e| e.addresses.values()) {
             stats.total += 1;
             if state.assigned_to.is_some() {
@@ -406,7 +400,7 @@ mod tests {
         assert!(ds.unassign(&key("p"), t0).is_none());
         assert_eq!(
             ds.stats(t0),
-            DataStoreStats {
+            AddressStats {
                 total: 2,
                 assigned: 0,
                 cooling: 1
@@ -427,7 +421,7 @@ mod tests {
         );
         assert_eq!(
             ds.stats(later),
-            DataStoreStats {
+            AddressStats {
                 total: 2,
                 assigned: 1,
                 cooling: 0
@@ -520,7 +514,7 @@ mod tests {
                         }
                     }
                 }
-                prop_assert_eq!(ds.stats(now), DataStoreStats { total, assigned, cooling });
+                prop_assert_eq!(ds.stats(now), AddressStats { total, assigned, cooling });
             }
         }
     }

@@ -3,9 +3,8 @@
 //! its own ENI.
 //!
 //! - [`datastore`]: which secondary address of which ENI each pod holds.
-//! - [`record`]: the checkpoint record of one pod attachment.
 //! - [`plumbing`]: the host and pod side in the kernel, over rtnetlink.
-//! - [`manager`]: ADD / DEL / CHECK / GC / recovery of pod attachments.
+//! - [`driver`]: the [`crate::engine::Driver`] of this mode.
 //!
 //! Kernel layout for a pod holding `P` on an ENI with device index `d`:
 //! - ENI renamed to `<eni_name_prefix><d>`, up, its MTU, rp_filter loose;
@@ -18,260 +17,23 @@
 //! - rules `to P lookup main` at `rule_priority_to_pod` and `from P lookup
 //!   <ENI table>` at `rule_priority_from_pod`.
 
+pub mod config;
 pub mod datastore;
+pub mod driver;
 #[cfg(test)]
 pub mod fake;
-pub mod manager;
 pub mod plumbing;
-pub mod record;
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-use std::ops::RangeInclusive;
-use std::time::Duration;
+pub use config::{SecondaryConfig, SecondaryConfigError};
+pub use driver::SecondaryDriver;
+pub use crate::model::{GATEWAY4, GATEWAY6};
 
-use serde::{Deserialize, Serialize};
 
-use crate::attachment::AttachmentKey;
 
-/// The pod's IPv4 gateway: link-local, answered by the host end of its veth.
-pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-/// The pod's IPv6 gateway, an address of the host end of its veth.
-pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// Device indexes above this are refused: the table range GC treats as
 /// enim's is `table_offset ..= table_offset + MAX_DEVICE_INDEX`.
 pub const MAX_DEVICE_INDEX: u32 = 255;
 
-/// A pod's addresses in order, IPv4 first, from its optional halves.
-pub(crate) fn pod_ips(ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> Vec<std::net::IpAddr> {
-    ipv4.map(std::net::IpAddr::V4)
-        .into_iter()
-        .chain(ipv6.map(std::net::IpAddr::V6))
-        .collect()
-}
-
-const IFNAMSIZ: usize = 16;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("[secondary] config: {0}")]
-pub struct SecondaryConfigError(pub String);
-
-/// The `[secondary]` table of enimd's config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SecondaryConfig {
-    /// An ENI's route table is `table_offset + device index`.
-    pub table_offset: u32,
-    /// Priority of the `to <pod ip> lookup main` rules.
-    pub rule_priority_to_pod: u32,
-    /// Priority of the `from <pod ip> lookup <ENI table>` rules.
-    pub rule_priority_from_pod: u32,
-    /// How long a released address rests before another pod gets it.
-    #[serde(with = "humantime_serde")]
-    pub cooldown: Duration,
-    /// Host ends of pod veths are named this plus a hash of the attachment
-    /// key (15 bytes in all); GC treats such veths as enim's.
-    pub veth_prefix: String,
-    /// ENIs are renamed to this plus their device index.
-    pub eni_name_prefix: String,
-}
-
-impl Default for SecondaryConfig {
-    fn default() -> Self {
-        SecondaryConfig {
-            table_offset: 1000,
-            rule_priority_to_pod: 512,
-            rule_priority_from_pod: 1536,
-            cooldown: Duration::from_secs(30),
-            veth_prefix: "enim".into(),
-            eni_name_prefix: "enis".into(),
-        }
-    }
-}
-
-impl SecondaryConfig {
-    pub fn validate(&self) -> Result<(), SecondaryConfigError> {
-        let bad = |m: String| Err(SecondaryConfigError(m));
-        let (to, from) = (self.rule_priority_to_pod, self.rule_priority_from_pod);
-        // 0 is the local table's rule; 32766 and up are main and default.
-        for (name, p) in [
-            ("rule_priority_to_pod", to),
-            ("rule_priority_from_pod", from),
-        ] {
-            if !(1..32766).contains(&p) {
-                return bad(format!("{name} {p} must be in 1..32766"));
-            }
-        }
-        if to >= from {
-            // Pod-to-pod traffic on the node must hit `to` before `from`
-            // sends it out of an ENI.
-            return bad(format!(
-                "rule_priority_to_pod ({to}) must be below rule_priority_from_pod ({from})"
-            ));
-        }
-        let Some(last) = self.table_offset.checked_add(MAX_DEVICE_INDEX) else {
-            return bad(format!("table_offset {} is too large", self.table_offset));
-        };
-        // 253..=255 are the default, main and local tables; 0 is unspecified.
-        if self.table_offset == 0 || (self.table_offset <= 255 && last >= 253) {
-            return bad(format!(
-                "tables {}..={last} would include 0 or the kernel's tables 253-255",
-                self.table_offset
-            ));
-        }
-        let name_ok = |p: &str| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
-        if !name_ok(&self.veth_prefix) || self.veth_prefix.len() > 7 {
-            return bad(format!(
-                "veth_prefix {:?} must be 1-7 of [a-z0-9-] (the rest of the name is a hash)",
-                self.veth_prefix
-            ));
-        }
-        if !name_ok(&self.eni_name_prefix) || self.eni_name_prefix.len() > 12 {
-            return bad(format!(
-                "eni_name_prefix {:?} must be 1-12 of [a-z0-9-]",
-                self.eni_name_prefix
-            ));
-        }
-        if self.eni_name_prefix.starts_with(&self.veth_prefix) {
-            return bad(format!(
-                "eni_name_prefix {:?} must not start with veth_prefix {:?}",
-                self.eni_name_prefix, self.veth_prefix
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn table(&self, device_index: u32) -> u32 {
-        self.table_offset + device_index
-    }
-
-    /// Every table number an ENI of this node may use.
-    pub fn tables(&self) -> RangeInclusive<u32> {
-        self.table_offset..=self.table_offset + MAX_DEVICE_INDEX
-    }
-
-    pub fn eni_name(&self, device_index: u32) -> String {
-        format!("{}{device_index}", self.eni_name_prefix)
-    }
-
-    /// The host end of a pod's veth: the prefix and a stable hash of the
-    /// attachment key, 15 bytes in all, so GC can tell it from the key.
-    pub fn veth_name(&self, key: &AttachmentKey) -> String {
-        let digits = IFNAMSIZ - 1 - self.veth_prefix.len();
-        let hash = fnv1a64(&[&key.network, &key.container_id, &key.ifname]);
-        let hex = format!("{hash:016x}");
-        format!("{}{}", self.veth_prefix, &hex[..digits])
-    }
-
-    /// Whether `name` has the shape of a pod veth's host end.
-    pub fn is_veth_name(&self, name: &str) -> bool {
-        name.len() == IFNAMSIZ - 1
-            && name
-                .strip_prefix(self.veth_prefix.as_str())
-                .is_some_and(|rest| {
-                    rest.bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                })
-    }
-}
-
-/// FNV-1a over the parts, NUL-separated: stable across builds and
-/// platforms, unlike std's hasher.
-fn fnv1a64(parts: &[&str]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, part) in parts.iter().enumerate() {
-        let sep: &[u8] = if i == 0 { b"" } else { b"\0" };
-        for b in sep.iter().chain(part.as_bytes()) {
-            hash ^= u64::from(*b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    hash
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(c: &str, ifname: &str) -> AttachmentKey {
-        AttachmentKey {
-            network: "net".into(),
-            container_id: c.into(),
-            ifname: ifname.into(),
-        }
-    }
-
-    #[test]
-    fn veth_names_are_stable_distinct_and_recognised() {
-        let c = SecondaryConfig::default();
-        let a = c.veth_name(&key("abc", "eth0"));
-        // Pinned: a name must never change between versions, or GC of an
-        // upgraded agent would take live pods' veths for strangers.
-        assert_eq!(a, "enimbb9cd5bd352");
-        assert_eq!(a.len(), 15);
-        assert_eq!(a, c.veth_name(&key("abc", "eth0")));
-        assert_ne!(a, c.veth_name(&key("abc", "net1")));
-        assert_ne!(a, c.veth_name(&key("abd", "eth0")));
-        assert!(c.is_veth_name(&a));
-        for other in [
-            "enis1",
-            "eth0",
-            "enimbb9cd5bd35",
-            "enimXb9cd5bd352",
-            "enimbb9cd5bd3521",
-        ] {
-            assert!(!c.is_veth_name(other), "{other}");
-        }
-        let long = SecondaryConfig {
-            veth_prefix: "podveth".into(),
-            ..c
-        };
-        assert_eq!(long.veth_name(&key("abc", "eth0")).len(), 15);
-    }
-
-    #[test]
-    fn defaults_validate_and_mistakes_do_not() {
-        let c = SecondaryConfig::default();
-        c.validate().unwrap();
-        assert_eq!(c.table(2), 1002);
-        assert_eq!(c.tables(), 1000..=1255);
-        assert_eq!(c.eni_name(3), "enis3");
-        let bad = [
-            SecondaryConfig {
-                rule_priority_to_pod: 2000,
-                ..c.clone()
-            },
-            SecondaryConfig {
-                rule_priority_from_pod: 32766,
-                ..c.clone()
-            },
-            SecondaryConfig {
-                table_offset: 100,
-                ..c.clone()
-            },
-            SecondaryConfig {
-                table_offset: u32::MAX - 3,
-                ..c.clone()
-            },
-            SecondaryConfig {
-                veth_prefix: "toolong8".into(),
-                ..c.clone()
-            },
-            SecondaryConfig {
-                veth_prefix: "a/b".into(),
-                ..c.clone()
-            },
-            SecondaryConfig {
-                eni_name_prefix: "enimx".into(),
-                ..c.clone()
-            },
-        ];
-        for b in bad {
-            assert!(b.validate().is_err(), "{b:?}");
-        }
-    }
-}
+mod tests;

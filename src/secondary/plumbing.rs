@@ -74,7 +74,7 @@ pub struct PodSpec {
 
 impl PodSpec {
     pub fn ips(&self) -> Vec<IpAddr> {
-        super::pod_ips(self.ipv4, self.ipv6)
+        crate::model::record::pod_ips(self.ipv4, self.ipv6)
     }
 
     /// The two rules of each pod address.

@@ -29,14 +29,19 @@
 //!   Secondary mode adds `pods` (its pod attachments), written only when
 //!   there are some, so primary-mode files are unaffected.
 //!
+//! In memory there is one [`Record`] type and one map for both modes; on
+//! disk a primary record goes to `attachments` and a secondary one to
+//! `pods`, with the same fields as before, so the format is still `enim/2`
+//! and an older agent reads what this one writes (a rollback needs no step).
+//!
 //! This agent writes `enim/2` and reads both: an `enim/1` file is migrated in
 //! memory (the new fields start empty) and rewritten as `enim/2` on the next
 //! change. A version newer than it knows is refused with an error saying to
 //! upgrade, never guessed at.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,8 +49,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::attachment::{Attachment, AttachmentKey, Phase};
-use crate::secondary::record::SecondaryAttachment;
+use super::atomic::{self, Durability};
+use crate::model::{AttachmentKey, Mode, Phase, Record};
 use enim_provider::MacAddr;
 
 /// The format this agent writes.
@@ -68,6 +73,13 @@ pub enum CheckpointError {
     UnsupportedVersion { path: PathBuf, found: String },
     #[error("checkpoint {path} records attachment {key} twice")]
     DuplicateKey { path: PathBuf, key: AttachmentKey },
+    #[error("checkpoint {path}: attachment {key} is a {found}-mode record in the {section:?} list; it was left as it is, fix or remove it")]
+    WrongSection {
+        path: PathBuf,
+        key: AttachmentKey,
+        found: Mode,
+        section: &'static str,
+    },
     #[error("writing checkpoint {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
 }
@@ -82,9 +94,8 @@ pub struct HostHome {
 
 #[derive(Default)]
 struct State {
-    attachments: BTreeMap<AttachmentKey, Attachment>,
+    records: BTreeMap<AttachmentKey, Record>,
     homes: BTreeMap<MacAddr, HostHome>,
-    pods: BTreeMap<AttachmentKey, SecondaryAttachment>,
     /// Memory holds changes the file lacks (written behind, or their write
     /// failed); the next write of any kind carries them.
     unwritten: bool,
@@ -93,10 +104,12 @@ struct State {
 #[derive(Serialize)]
 struct FileOut<'a> {
     version: &'static str,
-    attachments: Vec<&'a Attachment>,
+    /// Primary-mode records.
+    attachments: Vec<&'a Record>,
     homes: &'a BTreeMap<MacAddr, HostHome>,
+    /// Secondary-mode records.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pods: Vec<&'a SecondaryAttachment>,
+    pods: Vec<&'a Record>,
 }
 
 #[derive(Deserialize)]
@@ -106,13 +119,13 @@ struct VersionProbe {
 
 #[derive(Deserialize)]
 struct FileIn {
-    attachments: Vec<Attachment>,
+    attachments: Vec<Record>,
     #[serde(default)]
     homes: BTreeMap<MacAddr, HostHome>,
     /// Secondary mode's pod attachments; absent when there are none, so a
     /// primary-mode file is unchanged.
     #[serde(default)]
-    pods: Vec<SecondaryAttachment>,
+    pods: Vec<Record>,
 }
 
 pub struct Checkpoint {
@@ -172,24 +185,28 @@ impl Checkpoint {
         let _ = self.write_observer.set(observer);
     }
 
-    pub async fn get(&self, key: &AttachmentKey) -> Option<Attachment> {
-        self.state.lock().await.attachments.get(key).cloned()
+    pub async fn get(&self, key: &AttachmentKey) -> Option<Record> {
+        self.state.lock().await.records.get(key).cloned()
     }
 
-    pub async fn list(&self) -> Vec<Attachment> {
-        self.state
-            .lock()
-            .await
-            .attachments
+    /// Every record, in key order.
+    pub async fn list(&self) -> Vec<Record> {
+        self.state.lock().await.records.values().cloned().collect()
+    }
+
+    /// The records of one mode, in key order.
+    pub async fn list_mode(&self, mode: Mode) -> Vec<Record> {
+        let state = self.state.lock().await;
+        state
+            .records
             .values()
+            .filter(|r| r.mode() == mode)
             .cloned()
             .collect()
     }
 
-    /// Attachments of either mode.
     pub async fn len(&self) -> usize {
-        let state = self.state.lock().await;
-        state.attachments.len() + state.pods.len()
+        self.state.lock().await.records.len()
     }
 
     pub async fn is_empty(&self) -> bool {
@@ -198,18 +215,8 @@ impl Checkpoint {
 
     /// Records (or replaces) an attachment and writes the file. On a write
     /// failure memory is rolled back, so it never claims what disk lacks.
-    pub async fn put(&self, attachment: Attachment) -> Result<(), CheckpointError> {
-        let mut state = self.state.lock().await;
-        let key = attachment.key.clone();
-        let previous = state.attachments.insert(key.clone(), attachment);
-        if let Err(e) = self.write(&mut state).await {
-            match previous {
-                Some(p) => state.attachments.insert(key, p),
-                None => state.attachments.remove(&key),
-            };
-            return Err(e);
-        }
-        Ok(())
+    pub async fn put(&self, record: Record) -> Result<(), CheckpointError> {
+        self.update_many(vec![record], &[]).await
     }
 
     /// Records `puts` and drops `removes` in one write (GC's batches: one
@@ -217,27 +224,27 @@ impl Checkpoint {
     /// write failure memory is rolled back.
     pub async fn update_many(
         &self,
-        puts: Vec<Attachment>,
+        puts: Vec<Record>,
         removes: &[AttachmentKey],
     ) -> Result<(), CheckpointError> {
         if puts.is_empty() && removes.is_empty() {
             return Ok(());
         }
         let mut state = self.state.lock().await;
-        let mut previous: Vec<(AttachmentKey, Option<Attachment>)> = Vec::new();
-        for a in puts {
-            let key = a.key.clone();
-            previous.push((key.clone(), state.attachments.insert(key, a)));
+        let mut previous: Vec<(AttachmentKey, Option<Record>)> = Vec::new();
+        for r in puts {
+            let key = r.key.clone();
+            previous.push((key.clone(), state.records.insert(key, r)));
         }
         for key in removes {
-            previous.push((key.clone(), state.attachments.remove(key)));
+            previous.push((key.clone(), state.records.remove(key)));
         }
         if let Err(e) = self.write(&mut state).await {
             // Undo in reverse, so a key touched twice ends as it began.
             for (key, before) in previous.into_iter().rev() {
                 match before {
-                    Some(a) => state.attachments.insert(key, a),
-                    None => state.attachments.remove(&key),
+                    Some(r) => state.records.insert(key, r),
+                    None => state.records.remove(&key),
                 };
             }
             return Err(e);
@@ -246,54 +253,13 @@ impl Checkpoint {
     }
 
     /// Drops an attachment and writes the file; absent keys are a no-op.
-    pub async fn remove(&self, key: &AttachmentKey) -> Result<Option<Attachment>, CheckpointError> {
+    pub async fn remove(&self, key: &AttachmentKey) -> Result<Option<Record>, CheckpointError> {
         let mut state = self.state.lock().await;
-        let Some(previous) = state.attachments.remove(key) else {
+        let Some(previous) = state.records.remove(key) else {
             return Ok(None);
         };
         if let Err(e) = self.write(&mut state).await {
-            state.attachments.insert(key.clone(), previous);
-            return Err(e);
-        }
-        Ok(Some(previous))
-    }
-
-    /// A secondary-mode pod attachment.
-    pub async fn pod(&self, key: &AttachmentKey) -> Option<SecondaryAttachment> {
-        self.state.lock().await.pods.get(key).cloned()
-    }
-
-    pub async fn pods(&self) -> Vec<SecondaryAttachment> {
-        self.state.lock().await.pods.values().cloned().collect()
-    }
-
-    /// Records (or replaces) a pod attachment and writes the file; memory
-    /// is rolled back on a write failure.
-    pub async fn put_pod(&self, pod: SecondaryAttachment) -> Result<(), CheckpointError> {
-        let mut state = self.state.lock().await;
-        let key = pod.key.clone();
-        let previous = state.pods.insert(key.clone(), pod);
-        if let Err(e) = self.write(&mut state).await {
-            match previous {
-                Some(p) => state.pods.insert(key, p),
-                None => state.pods.remove(&key),
-            };
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Drops a pod attachment and writes the file; absent keys are a no-op.
-    pub async fn remove_pod(
-        &self,
-        key: &AttachmentKey,
-    ) -> Result<Option<SecondaryAttachment>, CheckpointError> {
-        let mut state = self.state.lock().await;
-        let Some(previous) = state.pods.remove(key) else {
-            return Ok(None);
-        };
-        if let Err(e) = self.write(&mut state).await {
-            state.pods.insert(key.clone(), previous);
+            state.records.insert(key.clone(), previous);
             return Err(e);
         }
         Ok(Some(previous))
@@ -344,31 +310,19 @@ impl Checkpoint {
         expires_ms: Option<u64>,
     ) -> Result<bool, CheckpointError> {
         let mut state = self.state.lock().await;
-        let now = crate::attachment::now_ms();
-        let applies = |phase: Phase, current: Option<u64>| {
-            current != expires_ms && (expires_ms.is_none() || phase == Phase::Ready)
-        };
-        // The field's old value, to roll back to on a failed write.
-        let before = if let Some(a) = state.attachments.get_mut(key) {
-            if !applies(a.phase, a.expires_ms) {
-                return Ok(false);
-            }
-            a.updated_ms = now;
-            std::mem::replace(&mut a.expires_ms, expires_ms)
-        } else if let Some(p) = state.pods.get_mut(key) {
-            if !applies(p.phase, p.expires_ms) {
-                return Ok(false);
-            }
-            p.updated_ms = now;
-            std::mem::replace(&mut p.expires_ms, expires_ms)
-        } else {
+        let now = crate::model::now_ms();
+        let Some(r) = state.records.get_mut(key) else {
             return Ok(false);
         };
+        if r.expires_ms == expires_ms || (expires_ms.is_some() && r.phase != Phase::Ready) {
+            return Ok(false);
+        }
+        r.updated_ms = now;
+        // The field's old value, to roll back to on a failed write.
+        let before = std::mem::replace(&mut r.expires_ms, expires_ms);
         if let Err(e) = self.write(&mut state).await {
-            if let Some(a) = state.attachments.get_mut(key) {
-                a.expires_ms = before;
-            } else if let Some(p) = state.pods.get_mut(key) {
-                p.expires_ms = before;
+            if let Some(r) = state.records.get_mut(key) {
+                r.expires_ms = before;
             }
             return Err(e);
         }
@@ -378,9 +332,9 @@ impl Checkpoint {
     /// Records (or replaces) an attachment now and writes it behind the
     /// caller. Only for an outcome whose intent is on disk: see the module
     /// comment.
-    pub async fn put_behind(self: &Arc<Self>, attachment: Attachment) {
+    pub async fn put_behind(self: &Arc<Self>, record: Record) {
         let mut state = self.state.lock().await;
-        state.attachments.insert(attachment.key.clone(), attachment);
+        state.records.insert(record.key.clone(), record);
         state.unwritten = true;
         drop(state);
         self.write_behind();
@@ -388,9 +342,9 @@ impl Checkpoint {
 
     /// Drops an attachment now and writes that behind the caller (an
     /// outcome whose intent is on disk).
-    pub async fn remove_behind(self: &Arc<Self>, key: &AttachmentKey) -> Option<Attachment> {
+    pub async fn remove_behind(self: &Arc<Self>, key: &AttachmentKey) -> Option<Record> {
         let mut state = self.state.lock().await;
-        let removed = state.attachments.remove(key);
+        let removed = state.records.remove(key);
         if removed.is_some() {
             state.unwritten = true;
         }
@@ -469,11 +423,15 @@ impl Checkpoint {
                 });
             }
         }
+        let (attachments, pods) = state
+            .records
+            .values()
+            .partition(|r| r.mode() == Mode::Primary);
         let bytes = serde_json::to_vec_pretty(&FileOut {
             version: CHECKPOINT_VERSION,
-            attachments: state.attachments.values().collect(),
+            attachments,
             homes: &state.homes,
-            pods: state.pods.values().collect(),
+            pods,
         })
         .map_err(|e| CheckpointError::Write {
             path: self.path.clone(),
@@ -483,15 +441,20 @@ impl Checkpoint {
         let fsync = self.fsync;
         // File I/O and fsync block; keep them off the async workers.
         let started = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes, fsync))
+        // The directory is not fsynced: see the module comment.
+        let durability = Durability {
+            data: fsync,
+            rename: false,
+        };
+        tokio::task::spawn_blocking(move || atomic::replace(&path, 0o600, durability, &bytes))
             .await
             .map_err(|e| CheckpointError::Write {
                 path: self.path.clone(),
                 source: io::Error::other(e),
             })?
-            .map_err(|source| CheckpointError::Write {
+            .map_err(|e| CheckpointError::Write {
                 path: self.path.clone(),
-                source,
+                source: e.source,
             })?;
         state.unwritten = false;
         if let Some(observe) = self.write_observer.get() {
@@ -521,61 +484,44 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
     // enim/1 -> enim/2 needs no rewriting: the fields enim/2 added are
     // optional and start empty.
     let file: FileIn = serde_json::from_slice(bytes).map_err(corrupt)?;
-    let mut entries = BTreeMap::new();
-    for a in file.attachments {
-        let key = a.key.clone();
-        if entries.insert(key.clone(), a).is_some() {
-            return Err(CheckpointError::DuplicateKey {
-                path: path.to_path_buf(),
-                key,
-            });
-        }
-    }
-    let mut pods = BTreeMap::new();
-    for p in file.pods {
-        let key = p.key.clone();
-        if entries.contains_key(&key) || pods.insert(key.clone(), p).is_some() {
-            return Err(CheckpointError::DuplicateKey {
-                path: path.to_path_buf(),
-                key,
-            });
+    let mut records = BTreeMap::new();
+    let sections = [
+        ("attachments", Mode::Primary, file.attachments),
+        ("pods", Mode::Secondary, file.pods),
+    ];
+    for (section, mode, list) in sections {
+        for r in list {
+            let key = r.key.clone();
+            if r.mode() != mode {
+                return Err(CheckpointError::WrongSection {
+                    path: path.to_path_buf(),
+                    key,
+                    found: r.mode(),
+                    section,
+                });
+            }
+            if records.insert(key.clone(), r).is_some() {
+                return Err(CheckpointError::DuplicateKey {
+                    path: path.to_path_buf(),
+                    key,
+                });
+            }
         }
     }
     Ok(State {
-        attachments: entries,
+        records,
         homes: file.homes,
-        pods,
         unwritten: false,
     })
-}
-
-/// temp file in the same directory + fsync + rename (the directory is not
-/// fsynced: see the module comment).
-fn write_atomically(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other("checkpoint path has no file name"))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    if fsync {
-        file.sync_all()?;
-    }
-    drop(file);
-    fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attachment::Phase;
+    use crate::model::{Payload, PrimaryPayload};
 
-    fn attachment(cid: &str) -> Attachment {
-        Attachment {
+    fn attachment(cid: &str) -> Record {
+        Record {
             key: AttachmentKey {
                 network: "net".into(),
                 container_id: cid.into(),
@@ -583,19 +529,21 @@ mod tests {
             },
             pod: Default::default(),
             eni_id: format!("eni-{cid}"),
-            mac: "02:00:00:00:00:01".parse().unwrap(),
-            host_name: "eni1".into(),
-            host_mtu: 1500,
             netns: "/run/netns/x".into(),
             mtu: 9001,
-            ipv4: "10.0.0.2/24".parse().unwrap(),
-            gateway4: "10.0.0.1".parse().unwrap(),
-            ipv6: None,
-            gateway6: None,
             phase: Phase::Ready,
             created_ms: 1_700_000_000_000,
             updated_ms: 1_700_000_000_000,
             expires_ms: None,
+            payload: Payload::Primary(PrimaryPayload {
+                mac: "02:00:00:00:00:01".parse().unwrap(),
+                host_name: "eni1".into(),
+                host_mtu: 1500,
+                ipv4: "10.0.0.2/24".parse().unwrap(),
+                gateway4: "10.0.0.1".parse().unwrap(),
+                ipv6: None,
+                gateway6: None,
+            }),
         }
     }
 
@@ -605,7 +553,7 @@ mod tests {
         let path = dir.path().join("cp.json");
         let cp = Checkpoint::open(&path, false).unwrap();
         let ready = attachment("r");
-        let adding = Attachment {
+        let adding = Record {
             phase: Phase::Adding,
             ..attachment("a")
         };
@@ -718,15 +666,34 @@ mod tests {
     async fn reads_every_known_version_and_refuses_newer() {
         let dir = tempfile::tempdir().unwrap();
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-        for (name, homes) in [("checkpoint-enim-1.json", 0), ("checkpoint-enim-2.json", 1)] {
+        for (name, homes, mode, eni, cid) in [
+            ("checkpoint-enim-1.json", 0, Mode::Primary, "eni-0001", "abc123"),
+            ("checkpoint-enim-2.json", 1, Mode::Primary, "eni-0001", "abc123"),
+            (
+                "checkpoint-enim-2-secondary.json",
+                0,
+                Mode::Secondary,
+                "eni-0002",
+                "def456",
+            ),
+        ] {
             let path = dir.path().join(name);
             fs::copy(fixtures.join(name), &path).unwrap();
             let cp = Checkpoint::open(&path, false).unwrap_or_else(|e| panic!("{name}: {e}"));
             let list = cp.list().await;
             assert_eq!(list.len(), 1, "{name}");
-            assert_eq!(list[0].eni_id, "eni-0001", "{name}");
-            assert_eq!(list[0].key.container_id, "abc123", "{name}");
+            assert_eq!(list[0].mode(), mode, "{name}");
+            assert_eq!(list[0].eni_id, eni, "{name}");
+            assert_eq!(list[0].key.container_id, cid, "{name}");
             assert_eq!(cp.homes().await.len(), homes, "{name}");
+            // Written back as it was read: the same section, every field kept.
+            cp.put(list[0].clone()).await.unwrap();
+            let again = Checkpoint::open(&path, false).unwrap().list().await;
+            assert_eq!(again, list, "{name}");
+            let json: serde_json::Value =
+                serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+            let section = if mode == Mode::Primary { "attachments" } else { "pods" };
+            assert_eq!(json[section].as_array().map(Vec::len), Some(1), "{name}");
             // The next write upgrades the file to the current format.
             cp.remove(&list[0].key).await.unwrap();
             let json: serde_json::Value =

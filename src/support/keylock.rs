@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use crate::attachment::AttachmentKey;
+use crate::model::AttachmentKey;
 
 /// Serialises operations on one attachment key while letting different
 /// keys run in parallel.

@@ -1,0 +1,326 @@
+//! The one record both modes keep per attachment: what every attachment
+//! has (key, pod, netns, MTU, phase, times, expiry, the ENI it uses) and a
+//! mode payload (what the driver of that mode needs to undo it).
+//!
+//! Serialised flat, the payload's fields beside the common ones, and with
+//! no mode tag: a primary record has exactly the fields of the `enim/2`
+//! checkpoint's `attachments`, a secondary one those of its `pods`, so the
+//! format is unchanged and an older agent still reads what this one writes.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use enim_provider::{EniOwner, MacAddr, PodRef};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use super::{AttachmentKey, AttachmentResult, InterfaceConfig, IpConfig, Phase, RouteConfig};
+
+/// Secondary mode: the pod's IPv4 gateway, link-local, answered by the host
+/// end of its veth.
+pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Secondary mode: the pod's IPv6 gateway, an address of the host end of
+/// its veth.
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// Which driver serves the node (chosen once, at start-up).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A whole ENI moves into the pod.
+    #[default]
+    Primary,
+    /// The ENI stays in the host; the pod gets a secondary address over veth.
+    Secondary,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Primary => "primary",
+            Mode::Secondary => "secondary",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    #[serde(flatten)]
+    pub key: AttachmentKey,
+    #[serde(default)]
+    pub pod: PodRef,
+    /// The ENI the attachment uses (primary: holds; secondary: an address of).
+    pub eni_id: String,
+    pub netns: PathBuf,
+    /// MTU the pod interface was given.
+    pub mtu: u32,
+    pub phase: Phase,
+    /// Unix time in milliseconds.
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// Set when the ADD's result may never have reached the runtime (the
+    /// plugin went away mid-request): unless a retried ADD, a CHECK or a DEL
+    /// claims the attachment before this time (Unix ms), GC collects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    #[serde(flatten)]
+    pub payload: Payload,
+}
+
+/// What each mode keeps of an attachment. Told apart by their required
+/// fields (`host_name` against `host_veth`), not by a tag: see the module
+/// comment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Payload {
+    Primary(PrimaryPayload),
+    Secondary(SecondaryPayload),
+}
+
+/// Primary mode: the whole ENI is in the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrimaryPayload {
+    pub mac: MacAddr,
+    /// The device's name and MTU in the host, restored on DEL.
+    pub host_name: String,
+    pub host_mtu: u32,
+    pub ipv4: Ipv4Net,
+    pub gateway4: Ipv4Addr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
+}
+
+/// Secondary mode: the pod holds a secondary address of a host ENI over a
+/// veth pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecondaryPayload {
+    /// The ENI's route table and the rule priorities used, as when the pod
+    /// was plumbed: teardown removes exactly these even if the config
+    /// changed since.
+    pub table: u32,
+    pub rule_priority_to_pod: u32,
+    pub rule_priority_from_pod: u32,
+    /// The host end of the veth pair.
+    pub host_veth: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
+    /// The pod interface's MAC, known once it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+}
+
+impl SecondaryPayload {
+    /// The pod's addresses, IPv4 first.
+    pub fn ips(&self) -> Vec<IpAddr> {
+        pod_ips(self.ipv4, self.ipv6)
+    }
+}
+
+/// A pod's addresses in order, IPv4 first, from its optional halves.
+pub fn pod_ips(ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> Vec<IpAddr> {
+    ipv4.map(IpAddr::V4)
+        .into_iter()
+        .chain(ipv6.map(IpAddr::V6))
+        .collect()
+}
+
+impl Record {
+    pub fn mode(&self) -> Mode {
+        match self.payload {
+            Payload::Primary(_) => Mode::Primary,
+            Payload::Secondary(_) => Mode::Secondary,
+        }
+    }
+
+    pub fn owner(&self) -> EniOwner {
+        EniOwner {
+            network: self.key.network.clone(),
+            container_id: self.key.container_id.clone(),
+            ifname: self.key.ifname.clone(),
+            pod: self.pod.clone(),
+        }
+    }
+
+    pub fn primary(&self) -> Option<&PrimaryPayload> {
+        match &self.payload {
+            Payload::Primary(p) => Some(p),
+            Payload::Secondary(_) => None,
+        }
+    }
+
+    pub fn secondary(&self) -> Option<&SecondaryPayload> {
+        match &self.payload {
+            Payload::Secondary(s) => Some(s),
+            Payload::Primary(_) => None,
+        }
+    }
+
+    /// The pod interface's MAC, when known.
+    pub fn mac(&self) -> Option<MacAddr> {
+        match &self.payload {
+            Payload::Primary(p) => Some(p.mac),
+            Payload::Secondary(s) => s.mac,
+        }
+    }
+
+    /// The pod's addresses (without prefix), IPv4 first.
+    pub fn ips(&self) -> Vec<IpAddr> {
+        match &self.payload {
+            Payload::Primary(p) => pod_ips(Some(p.ipv4.addr()), p.ipv6.map(|n| n.addr())),
+            Payload::Secondary(s) => s.ips(),
+        }
+    }
+
+    /// The CNI-shaped result of this attachment.
+    pub fn result(&self) -> AttachmentResult {
+        // (address, gateway) per family, IPv4 first; every gateway also
+        // carries the family's default route.
+        let families: Vec<(IpNet, IpAddr)> = match &self.payload {
+            Payload::Primary(p) => {
+                let mut f = vec![(IpNet::V4(p.ipv4), IpAddr::V4(p.gateway4))];
+                if let (Some(v6), Some(gw6)) = (p.ipv6, p.gateway6) {
+                    f.push((IpNet::V6(v6), IpAddr::V6(gw6)));
+                }
+                f
+            }
+            Payload::Secondary(s) => s
+                .ips()
+                .into_iter()
+                .map(|ip| match ip {
+                    IpAddr::V4(_) => (IpNet::from(ip), IpAddr::V4(GATEWAY4)),
+                    IpAddr::V6(_) => (IpNet::from(ip), IpAddr::V6(GATEWAY6)),
+                })
+                .collect(),
+        };
+        let mut ips: Vec<IpConfig> = families
+            .iter()
+            .map(|(address, gw)| IpConfig {
+                address: *address,
+                gateway: Some(*gw),
+            })
+            .collect();
+        // An IPv6 address without a gateway is still the pod's.
+        if let Payload::Primary(PrimaryPayload {
+            ipv6: Some(v6),
+            gateway6: None,
+            ..
+        }) = &self.payload
+        {
+            ips.push(IpConfig {
+                address: IpNet::V6(*v6),
+                gateway: None,
+            });
+        }
+        AttachmentResult {
+            interface: InterfaceConfig {
+                name: self.key.ifname.clone(),
+                mac: self.mac().unwrap_or(MacAddr([0; 6])),
+                mtu: self.mtu,
+                sandbox: self.netns.clone(),
+            },
+            ips,
+            routes: families
+                .iter()
+                .map(|(_, gw)| RouteConfig::default_via(*gw))
+                .collect(),
+            eni_id: self.eni_id.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn common(payload: Payload) -> Record {
+        Record {
+            key: AttachmentKey {
+                network: "n".into(),
+                container_id: "c".into(),
+                ifname: "eth0".into(),
+            },
+            pod: PodRef::default(),
+            eni_id: "eni-1".into(),
+            netns: "/run/netns/p".into(),
+            mtu: 9001,
+            phase: Phase::Ready,
+            created_ms: 1,
+            updated_ms: 2,
+            expires_ms: None,
+            payload,
+        }
+    }
+
+    #[test]
+    fn results_of_both_modes() {
+        let primary = common(Payload::Primary(PrimaryPayload {
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            host_name: "eth1".into(),
+            host_mtu: 1500,
+            ipv4: "10.0.1.10/24".parse().unwrap(),
+            gateway4: "10.0.1.1".parse().unwrap(),
+            ipv6: Some("fd00:1::10/64".parse().unwrap()),
+            gateway6: None,
+        }));
+        let r = primary.result();
+        let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
+        assert_eq!(ips, ["10.0.1.10/24", "fd00:1::10/64"]);
+        assert_eq!(r.ips[1].gateway, None);
+        assert_eq!(r.routes.len(), 1, "no IPv6 default route without gateway");
+        assert_eq!(r.routes[0].dst.to_string(), "0.0.0.0/0");
+        assert_eq!(r.interface.mac.to_string(), "02:00:00:00:00:01");
+
+        let secondary = common(Payload::Secondary(SecondaryPayload {
+            table: 1001,
+            rule_priority_to_pod: 512,
+            rule_priority_from_pod: 1536,
+            host_veth: "enim0123456789a".into(),
+            ipv4: Some("10.0.1.11".parse().unwrap()),
+            ipv6: Some("fd00:1::11".parse().unwrap()),
+            mac: None,
+        }));
+        let r = secondary.result();
+        let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
+        assert_eq!(ips, ["10.0.1.11/32", "fd00:1::11/128"]);
+        let routes: Vec<String> = r
+            .routes
+            .iter()
+            .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+            .collect();
+        assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+        assert_eq!(secondary.mode(), Mode::Secondary);
+    }
+
+    #[test]
+    fn payloads_are_told_apart_by_their_fields() {
+        for record in [
+            common(Payload::Primary(PrimaryPayload {
+                mac: "02:00:00:00:00:01".parse().unwrap(),
+                host_name: "eth1".into(),
+                host_mtu: 1500,
+                ipv4: "10.0.1.10/24".parse().unwrap(),
+                gateway4: "10.0.1.1".parse().unwrap(),
+                ipv6: None,
+                gateway6: None,
+            })),
+            common(Payload::Secondary(SecondaryPayload {
+                table: 1001,
+                rule_priority_to_pod: 512,
+                rule_priority_from_pod: 1536,
+                host_veth: "enim0123456789a".into(),
+                ipv4: Some("10.0.1.11".parse().unwrap()),
+                ipv6: None,
+                mac: Some("02:00:00:00:00:09".parse().unwrap()),
+            })),
+        ] {
+            let json = serde_json::to_value(&record).unwrap();
+            assert!(json.get("mode").is_none(), "no tag on disk: {json}");
+            let back: Record = serde_json::from_value(json).unwrap();
+            assert_eq!(back, record);
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The primary-mode driver: allocation from the provider, the device's
+//! move into the pod and back (over [`Plumbing`]), release.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use enim_provider::{Eni, EniOwner, EniProvider};
+
+use crate::api::{EniStatus, GcReport, GcRequest};
+use crate::engine::{Driver, EngineError, Unplumbed};
+use crate::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
+use crate::netlink::{HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
+use crate::store::checkpoint::{Checkpoint, HostHome};
+use crate::support::exclusion::{excluded_owner, Exclusions};
+use crate::support::fault::crash_point;
+
+pub struct PrimaryDriver {
+    pub(super) provider: Arc<dyn EniProvider>,
+    pub(super) plumbing: Arc<dyn Plumbing>,
+    pub(super) checkpoint: Arc<Checkpoint>,
+    // Configured exclusions; the primary interface joins them at restore.
+    pub(super) exclusions: std::sync::RwLock<Exclusions>,
+}
+
+fn payload(record: &Record) -> Result<&PrimaryPayload, EngineError> {
+    record.primary().ok_or_else(|| {
+        EngineError::InvalidRequest(format!("{} is not a primary-mode record", record.key))
+    })
+}
+
+impl PrimaryDriver {
+    /// `checkpoint` is read for free ENIs' host homes (learned at first
+    /// sight); records are the engine's to write.
+    pub fn new(
+        provider: Arc<dyn EniProvider>,
+        plumbing: Arc<dyn Plumbing>,
+        checkpoint: Arc<Checkpoint>,
+        exclusions: Exclusions,
+    ) -> Self {
+        PrimaryDriver {
+            provider,
+            plumbing,
+            checkpoint,
+            exclusions: std::sync::RwLock::new(exclusions),
+        }
+    }
+
+    pub fn plumbing(&self) -> &Arc<dyn Plumbing> {
+        &self.plumbing
+    }
+
+    pub(super) fn exclusions(&self) -> Exclusions {
+        self.exclusions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reserves every excluded ENI that is free (and not held by one of
+    /// `held`, an attachment made before the exclusion: it is left alone
+    /// until released), so the provider can never hand it out.
+    pub(super) async fn reserve_excluded(
+        &self,
+        held: &HashSet<String>,
+    ) -> Result<Vec<String>, EngineError> {
+        let exclusions = self.exclusions();
+        let reservations: Vec<(String, EniOwner)> = self
+            .provider
+            .list()
+            .await?
+            .into_iter()
+            .filter(|e| e.owner.is_none() && !held.contains(&e.id) && exclusions.is_excluded(e))
+            .map(|e| (e.id.clone(), excluded_owner(&e.id)))
+            .collect();
+        if !reservations.is_empty() {
+            self.provider.restore(&reservations).await?;
+        }
+        Ok(reservations.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// The intent record of `eni`, found in the host as `host`.
+    fn intent(owner: &EniOwner, netns: &Path, eni: &Eni, host: &LinkInfo) -> Record {
+        let now = now_ms();
+        Record {
+            key: crate::model::AttachmentKey::of(owner),
+            pod: owner.pod.clone(),
+            eni_id: eni.id.clone(),
+            netns: netns.to_path_buf(),
+            mtu: eni.mtu.unwrap_or(host.mtu),
+            phase: Phase::Adding,
+            created_ms: now,
+            updated_ms: now,
+            expires_ms: None,
+            payload: Payload::Primary(PrimaryPayload {
+                mac: eni.mac,
+                host_name: host.name.clone(),
+                host_mtu: host.mtu,
+                ipv4: eni.ipv4,
+                gateway4: eni.gateway4,
+                ipv6: eni.ipv6,
+                gateway6: eni.gateway6,
+            }),
+        }
+    }
+
+    /// The allocated `eni`'s device and intent; `Err` before anything else
+    /// holds it.
+    async fn find_and_learn(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+        eni: &Eni,
+    ) -> Result<(Record, LinkInfo), EngineError> {
+        let host = self
+            .plumbing
+            .host_link(eni.mac)
+            .await
+            .map_err(EngineError::plumbing("find ENI in host"))?
+            .ok_or_else(|| EngineError::DeviceMissing {
+                eni_id: eni.id.clone(),
+                mac: eni.mac.to_string(),
+            })?;
+        // First sight of this ENI in the host: remember its home.
+        let home = HostHome {
+            name: host.name.clone(),
+            mtu: host.mtu,
+        };
+        self.checkpoint.learn_homes([(eni.mac, home)]).await?;
+        Ok((Self::intent(owner, netns, eni, &host), host))
+    }
+}
+
+#[async_trait]
+impl Driver for PrimaryDriver {
+    const MODE: Mode = Mode::Primary;
+    /// The device as allocation found it in the host.
+    type Allocation = LinkInfo;
+
+    fn provider(&self) -> &Arc<dyn EniProvider> {
+        &self.provider
+    }
+
+    async fn check_netns(&self, netns: &Path) -> Result<(), PlumbingError> {
+        self.plumbing.check_netns(netns).await
+    }
+
+    async fn restore(&self, records: &[Record]) -> Result<(), EngineError> {
+        let assignments: Vec<(String, EniOwner)> = records
+            .iter()
+            .map(|r| (r.eni_id.clone(), r.owner()))
+            .collect();
+        self.provider.restore(&assignments).await?;
+        // The node's own interface is never a pod's, whatever the config says.
+        let primary = self.plumbing.primary_mac().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not find the primary interface");
+            None
+        });
+        {
+            let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
+            *ex = std::mem::take(&mut *ex).with_primary(primary);
+        }
+        let held: HashSet<String> = records.iter().map(|r| r.eni_id.clone()).collect();
+        let reserved = self.reserve_excluded(&held).await?;
+        if !reserved.is_empty() {
+            tracing::info!(?reserved, ?primary, "excluded ENIs reserved");
+        }
+        Ok(())
+    }
+
+    async fn allocate(
+        &self,
+        owner: &EniOwner,
+        netns: &Path,
+    ) -> Result<(Record, LinkInfo), EngineError> {
+        let eni = self.provider.allocate_next(owner).await?;
+        match self.find_and_learn(owner, netns, &eni).await {
+            Ok(found) => Ok(found),
+            Err(e) => {
+                if let Err(undo) = self.provider.release(owner).await {
+                    return Err(EngineError::RollbackFailed {
+                        original: Box::new(e),
+                        undo: Box::new(undo.into()),
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn plumb(&self, record: &mut Record, host: LinkInfo) -> Result<(), EngineError> {
+        let p = payload(record)?;
+        self.plumbing
+            .move_to_pod(&host, &record.netns, &record.key.ifname)
+            .await
+            .map_err(EngineError::pod_side("move ENI into pod"))?;
+        crash_point("add:after-move");
+        let config = PodLinkConfig {
+            ifname: record.key.ifname.clone(),
+            mtu: record.mtu,
+            ipv4: p.ipv4,
+            gateway4: p.gateway4,
+            ipv6: p.ipv6,
+            gateway6: p.gateway6,
+        };
+        self.plumbing
+            .configure_pod_link(&record.netns, p.mac, &config)
+            .await
+            .map_err(EngineError::plumbing("configure ENI in pod"))?;
+        Ok(())
+    }
+
+    async fn verify(&self, record: &mut Record, want_mtu: Option<u32>) -> Option<String> {
+        let mac = record.mac()?;
+        match self.plumbing.pod_link(&record.netns, mac).await {
+            Ok(Some(state)) => state.mismatch(&record.result(), want_mtu),
+            Ok(None) => Some(format!("no device with MAC {mac} in the netns")),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    async fn unplumb(&self, record: &Record) -> Result<Unplumbed, EngineError> {
+        self.unplumb_many(std::slice::from_ref(record))
+            .await
+            .pop()
+            .unwrap_or(Ok(Unplumbed::Home))
+    }
+
+    /// Moves each device home (the move sets its host name and MTU); those
+    /// the move could not bring (not in the pod, or home under a fallback
+    /// name) are found and put right with one look at the host.
+    async fn unplumb_many(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
+        let mut out: Vec<Option<Result<Unplumbed, EngineError>>> = Vec::with_capacity(records.len());
+        // Devices not home after their move (not in the pod, or home under
+        // a fallback name): found and put right with one look at the host.
+        let mut moved_elsewhere = Vec::new();
+        for r in records {
+            let Ok(p) = payload(r) else {
+                out.push(Some(payload(r).map(|_| Unplumbed::Home)));
+                continue;
+            };
+            let moved = match self
+                .plumbing
+                .move_to_host(&r.netns, p.mac, &p.host_name, p.host_mtu)
+                .await
+            {
+                Ok(moved) => moved,
+                Err(e) if e.is_netns_gone() => None,
+                Err(e) => {
+                    out.push(Some(Err(EngineError::plumbing("return ENI to host")(e))));
+                    continue;
+                }
+            };
+            // The move itself set the host name and MTU: nothing to look up.
+            if moved.is_some_and(|l| l.is_home(&p.host_name, p.host_mtu)) {
+                out.push(Some(Ok(Unplumbed::Home)));
+                continue;
+            }
+            moved_elsewhere.push((out.len(), p));
+            out.push(None);
+        }
+        crash_point("del:after-move");
+        // One look at the host for the whole batch, not a link dump per
+        // device, and none at all when every move brought its device home.
+        if moved_elsewhere.is_empty() {
+            crash_point("del:after-restore");
+            return out.into_iter().map(|o| o.unwrap_or(Ok(Unplumbed::Home))).collect();
+        }
+        let homes: Vec<HostLinkHome<'_>> = moved_elsewhere
+            .iter()
+            .map(|(_, p)| HostLinkHome {
+                mac: p.mac,
+                name: &p.host_name,
+                mtu: p.host_mtu,
+            })
+            .collect();
+        match self.plumbing.restore_host_links(&homes).await {
+            Ok(restored) => {
+                for ((slot, _), result) in moved_elsewhere.iter().zip(restored) {
+                    out[*slot] = Some(
+                        result
+                            .map(|found| {
+                                if found {
+                                    Unplumbed::Home
+                                } else {
+                                    Unplumbed::DeviceGone
+                                }
+                            })
+                            .map_err(EngineError::plumbing("restore host name and MTU")),
+                    );
+                }
+            }
+            Err(e) => {
+                let shared = Arc::new(EngineError::plumbing("look at host links")(e));
+                for (slot, _) in &moved_elsewhere {
+                    out[*slot] = Some(Err(EngineError::Shared(shared.clone())));
+                }
+            }
+        }
+        crash_point("del:after-restore");
+        out.into_iter()
+            .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
+            .collect()
+    }
+
+    async fn release(&self, record: &Record) -> Result<(), EngineError> {
+        self.provider.release(&record.owner()).await?;
+        Ok(())
+    }
+
+    async fn release_unrecorded(&self, owner: &EniOwner) -> Result<(), EngineError> {
+        // Releasing by owner frees only what this very attachment holds.
+        self.provider.release(owner).await?;
+        Ok(())
+    }
+
+    async fn stale(&self, records: &[Record]) -> Result<Vec<bool>, EngineError> {
+        let holders: HashMap<String, Option<EniOwner>> = self
+            .provider
+            .list()
+            .await?
+            .into_iter()
+            .map(|e| (e.id, e.owner))
+            .collect();
+        Ok(records
+            .iter()
+            .map(|r| {
+                holders
+                    .get(&r.eni_id)
+                    .and_then(|h| h.as_ref())
+                    .is_some_and(|h| !h.same_attachment(&r.owner()))
+            })
+            .collect())
+    }
+
+    async fn gc_host(&self, records: &[Record], request: &GcRequest, report: &mut GcReport) {
+        self.release_orphans(records, request, report).await;
+        self.normalise_free_enis(records, report).await;
+        // An excluded ENI whose last attachment just went is reserved again.
+        let held: HashSet<String> = records.iter().map(|a| a.eni_id.clone()).collect();
+        if let Err(e) = self.reserve_excluded(&held).await {
+            report.error("node", crate::api::GcStep::ReserveExcluded, e);
+        }
+    }
+
+    async fn enis(&self) -> Result<Vec<EniStatus>, EngineError> {
+        self.eni_statuses().await
+    }
+}

@@ -1,0 +1,116 @@
+//! The primary driver's view of the host as a whole: GC's host pass and
+//! the ENI listing.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
+use crate::engine::EngineError;
+use crate::model::{AttachmentKey, Record};
+use crate::store::checkpoint::HostHome;
+use crate::support::exclusion::is_excluded_owner;
+
+use super::PrimaryDriver;
+
+impl PrimaryDriver {
+    /// ENIs the provider assigns with no record: a crash between allocation
+    /// and the intent write. Runs with no ADD in flight (the engine's fence),
+    /// so no allocation is between those two steps now.
+    pub(super) async fn release_orphans(
+        &self,
+        records: &[Record],
+        request: &GcRequest,
+        report: &mut GcReport,
+    ) {
+        let enis = match self.provider.list().await {
+            Ok(enis) => enis,
+            Err(e) => return report.error("node", GcStep::ProviderList, e),
+        };
+        let recorded: HashSet<&AttachmentKey> = records.iter().map(|r| &r.key).collect();
+        for eni in enis {
+            let Some(owner) = eni.owner else { continue };
+            if is_excluded_owner(&owner)
+                || request
+                    .network
+                    .as_ref()
+                    .is_some_and(|n| *n != owner.network)
+                || recorded.contains(&AttachmentKey::of(&owner))
+            {
+                continue;
+            }
+            match self.provider.release(&owner).await {
+                Ok(()) => report.orphans_released.push(eni.id.clone()),
+                Err(e) => report.error(&eni.id, GcStep::ReleaseOrphan, e),
+            }
+        }
+    }
+
+    /// Learns the host home of every free ENI seen for the first time, and
+    /// puts back the name and MTU of a free ENI that has drifted from its
+    /// home (renamed to `dev<N>` by a dying netns, or by hand).
+    pub(super) async fn normalise_free_enis(&self, records: &[Record], report: &mut GcReport) {
+        let (enis, links) = match (self.provider.list().await, self.plumbing.host_links().await) {
+            (Ok(e), Ok(l)) => (e, l),
+            (Err(e), _) => return report.error("node", GcStep::ProviderList, e),
+            (_, Err(e)) => return report.error("node", GcStep::HostLinks, e),
+        };
+        let recorded: HashSet<_> = records.iter().filter_map(Record::mac).collect();
+        // By MAC: thousands of free ENIs must not each scan every link.
+        let links: HashMap<_, _> = links.iter().map(|l| (l.mac, l)).collect();
+        let free_in_host = || {
+            enis.iter()
+                .filter(|e| e.owner.is_none() && !recorded.contains(&e.mac))
+                .filter_map(|e| links.get(&e.mac).map(|l| (e, *l)))
+        };
+        let seen = free_in_host().map(|(e, l)| {
+            (
+                e.mac,
+                HostHome {
+                    name: l.name.clone(),
+                    mtu: l.mtu,
+                },
+            )
+        });
+        if let Err(e) = self.checkpoint.learn_homes(seen.collect::<Vec<_>>()).await {
+            report.error("node", GcStep::LearnHomes, e);
+        }
+        let homes = self.checkpoint.homes().await;
+        for (eni, link) in free_in_host() {
+            let Some(home) = homes.get(&eni.mac) else {
+                continue;
+            };
+            if link.is_home(&home.name, home.mtu) {
+                continue;
+            }
+            match self
+                .plumbing
+                .restore_host_link(eni.mac, &home.name, home.mtu)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(eni = %eni.id, from = %link.name, to = %home.name, mtu = home.mtu, "normalised free ENI");
+                    report.normalised.push(eni.id.clone());
+                }
+                Err(e) => report.error(&eni.id, GcStep::Normalise, e),
+            }
+        }
+    }
+
+    /// Every ENI the provider knows, its state and its host device.
+    pub(super) async fn eni_statuses(&self) -> Result<Vec<EniStatus>, EngineError> {
+        let listed = self.provider.list().await?;
+        let host = self.plumbing.host_links().await.unwrap_or_default();
+        let by_mac: HashMap<_, _> = host.iter().map(|l| (l.mac, l.name.clone())).collect();
+        Ok(listed
+            .into_iter()
+            .map(|eni| EniStatus {
+                state: match &eni.owner {
+                    Some(o) if is_excluded_owner(o) => EniState::Excluded,
+                    Some(_) => EniState::InUse,
+                    None => EniState::Free,
+                },
+                host_device: by_mac.get(&eni.mac).cloned(),
+                eni,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,15 @@
+//! Primary mode: a whole ENI moves into the pod, renamed to the pod's
+//! interface name, with its MTU, addresses and default routes; DEL brings
+//! it home under its host name and MTU.
+//!
+//! - [`driver`]: the [`crate::engine::Driver`] of this mode.
+//! - [`host`]: GC's host pass (orphaned assignments, drifted free ENIs,
+//!   excluded ENIs) and `/v1/enis`.
+
+pub mod driver;
+mod host;
+
+pub use driver::PrimaryDriver;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,328 @@
+//! The primary driver over [`FakePlumbing`]: the engine's conformance
+//! suite, and what only this mode does (devices coming home renamed,
+//! batched host looks, free ENIs put right, exclusions).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use enim_provider::{EniProvider, MacAddr, ProviderError};
+use enim_provider_static::{StaticEniConfig, StaticProvider};
+use tokio::sync::Notify;
+
+use super::PrimaryDriver;
+use crate::api::{GcReport, GcRequest, MtuExpectation};
+use crate::engine::conformance::{conformance_suite, owner, Harness, POD};
+use crate::engine::{Engine, EngineError};
+use crate::model::Phase;
+use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS};
+use crate::netlink::LinkInfo;
+use crate::store::checkpoint::Checkpoint;
+use crate::support::exclusion::{is_excluded_owner, ExclusionConfig, Exclusions};
+
+const HOST_MTU: u32 = 1500;
+
+fn mac(i: u8) -> MacAddr {
+    MacAddr([2, 0, 0, 0, 0, i])
+}
+
+pub(crate) struct PrimaryHarness {
+    engine: Engine<PrimaryDriver>,
+    fake: Arc<FakePlumbing>,
+    provider: Arc<StaticProvider>,
+    n: u8,
+    _dir: tempfile::TempDir,
+}
+
+impl PrimaryHarness {
+    fn engine_over(&self, checkpoint: Arc<Checkpoint>, exclusions: Exclusions) -> Engine<PrimaryDriver> {
+        let driver = PrimaryDriver::new(
+            self.provider.clone(),
+            self.fake.clone(),
+            checkpoint.clone(),
+            exclusions,
+        );
+        Engine::new(driver, checkpoint)
+    }
+
+    /// The physical device of a dead netns comes home as `dev<N>`.
+    fn return_as_dev(&self, netns: &Path, name: &str) {
+        let mut devs = self.fake.remove_netns(netns);
+        for dev in &mut devs {
+            dev.link.name = name.into();
+        }
+        self.fake.world.lock().unwrap().host.extend(devs);
+    }
+}
+
+#[async_trait]
+impl Harness for PrimaryHarness {
+    type D = PrimaryDriver;
+    const FAULT_STEPS: &'static [&'static str] = FAULT_STEPS;
+    const UNDO_FAULTS: (&'static str, &'static str) = ("configure_pod_link", "move_to_host");
+    // The host home (first sight), the intent, then the outcome.
+    const OUTCOME_WRITE: u32 = 3;
+
+    fn capacity(n: u8) -> usize {
+        usize::from(n)
+    }
+
+    async fn new(n: u8) -> Self {
+        let enis = (1..=n)
+            .map(|i| StaticEniConfig {
+                id: format!("eni-{i}"),
+                mac: mac(i),
+                ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
+                gateway4: format!("10.0.{i}.1").parse().unwrap(),
+                ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
+                gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
+                mtu: Some(9000),
+                device_index: None,
+                secondary_ipv4: vec![],
+                secondary_ipv6: vec![],
+            })
+            .collect();
+        let names: Vec<String> = (1..=n).map(|i| format!("eni{i}")).collect();
+        let devs: Vec<(MacAddr, &str, u32)> = (1..=n)
+            .map(|i| (mac(i), names[usize::from(i) - 1].as_str(), HOST_MTU))
+            .collect();
+        let fake = Arc::new(FakePlumbing::with_host_devices(&devs));
+        fake.add_netns(Path::new(POD));
+        let provider = Arc::new(StaticProvider::new(enis).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let driver = PrimaryDriver::new(provider.clone(), fake.clone(), cp.clone(), Exclusions::default());
+        let engine = Engine::new(driver, cp);
+        engine.recover().await.unwrap();
+        PrimaryHarness {
+            engine,
+            fake,
+            provider,
+            n,
+            _dir: dir,
+        }
+    }
+
+    fn engine(&self) -> &Engine<PrimaryDriver> {
+        &self.engine
+    }
+
+    async fn restart(&mut self) {
+        let cp = Arc::new(Checkpoint::open(self.engine.checkpoint().path(), false).unwrap());
+        self.engine = self.engine_over(cp, Exclusions::default());
+        self.engine.recover().await.unwrap();
+    }
+
+    fn fail_once(&self, step: &'static str) {
+        self.fake.fail_once(step);
+    }
+
+    fn add_netns(&self, path: &Path) {
+        self.fake.add_netns(path);
+    }
+
+    fn kill_netns(&self, path: &Path) {
+        self.return_as_dev(path, "dev42");
+    }
+
+    fn occupy(&self, netns: &Path, ifname: &str) {
+        let mut w = self.fake.world.lock().unwrap();
+        w.netns.entry(netns.to_path_buf()).or_default().push(FakeDev {
+            link: LinkInfo {
+                index: 999,
+                name: ifname.into(),
+                mac: MacAddr([2, 0xff, 0, 0, 0, 1]),
+                mtu: 1500,
+                up: true,
+            },
+            addrs: vec![],
+            gateways: vec![],
+        });
+    }
+
+    fn break_pod(&self, netns: &Path) {
+        let mut w = self.fake.world.lock().unwrap();
+        for dev in w.netns.get_mut(netns).into_iter().flatten() {
+            dev.link.mtu = 1400;
+        }
+    }
+
+    fn pause_plumb(&self) -> (Arc<Notify>, Arc<Notify>) {
+        self.fake.pause_configure()
+    }
+
+    fn pod_objects(&self) -> usize {
+        let w = self.fake.world.lock().unwrap();
+        let ours = |d: &&FakeDev| (1..=self.n).any(|i| d.link.mac == mac(i));
+        w.netns.values().flatten().filter(ours).count()
+    }
+
+    async fn held(&self) -> usize {
+        let enis = self.provider.list().await.unwrap();
+        enis.iter()
+            .filter(|e| e.owner.as_ref().is_some_and(|o| !is_excluded_owner(o)))
+            .count()
+    }
+
+    fn host_is_home(&self) -> bool {
+        (1..=self.n).all(|i| {
+            self.fake
+                .host_dev(mac(i))
+                .is_some_and(|d| d.link.name == format!("eni{i}") && d.link.mtu == HOST_MTU)
+        })
+    }
+}
+
+mod conformance {
+    super::conformance_suite!(super::PrimaryHarness);
+}
+
+#[tokio::test]
+async fn del_after_the_netns_vanished_brings_the_device_home_renamed_back() {
+    let h = PrimaryHarness::new(1).await;
+    h.engine.add(&owner("c"), Path::new(POD)).await.unwrap();
+    h.return_as_dev(Path::new(POD), "dev7");
+    h.engine.del(&owner("c")).await.unwrap();
+    assert!(h.host_is_home());
+    assert_eq!(h.held().await, 0);
+    assert!(h.engine.attachments().await.is_empty());
+}
+
+/// The move home sets the host name and MTU itself, so DEL looks for the
+/// device in the host only when the move could not bring it.
+#[tokio::test]
+async fn del_looks_for_the_device_only_when_the_move_did_not_bring_it_home() {
+    let h = PrimaryHarness::new(1).await;
+    let pod = Path::new(POD);
+    h.engine.add(&owner("c"), pod).await.unwrap();
+    h.engine.del(&owner("c")).await.unwrap();
+    let lookups = || h.fake.calls("restore_host_link") + h.fake.calls("restore_host_links");
+    assert_eq!(lookups(), 0);
+    assert!(h.host_is_home());
+    h.fake.add_netns(pod);
+    h.engine.add(&owner("d"), pod).await.unwrap();
+    h.return_as_dev(pod, "dev7");
+    h.engine.del(&owner("d")).await.unwrap();
+    assert_eq!(lookups(), 1);
+    assert!(h.host_is_home());
+}
+
+#[tokio::test]
+async fn gc_releases_orphans_and_normalises_free_enis() {
+    let h = PrimaryHarness::new(3).await;
+    // A crash between allocation and the intent write.
+    h.provider.allocate_next(&owner("orphan")).await.unwrap();
+    let report = h.engine.gc(&GcRequest::default(), Duration::from_secs(3600)).await;
+    assert_eq!(report.orphans_released, ["eni-1"], "{report:?}");
+    // A free ENI renamed and retuned by someone else is put right.
+    {
+        let mut w = h.fake.world.lock().unwrap();
+        let d = w.host.iter_mut().find(|d| d.link.mac == mac(3)).unwrap();
+        d.link.name = "dev7".into();
+        d.link.mtu = 1400;
+    }
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.normalised, ["eni-3"], "{report:?}");
+    assert!(h.host_is_home());
+    assert_eq!(h.engine.gc(&GcRequest::default(), Duration::ZERO).await, GcReport::default());
+}
+
+#[tokio::test]
+async fn gc_of_records_without_devices_looks_at_the_host_once() {
+    let h = PrimaryHarness::new(5).await;
+    for i in 1..=5 {
+        let ns = PathBuf::from(format!("/run/netns/p{i}"));
+        h.fake.add_netns(&ns);
+        h.engine.add(&owner(&format!("c{i}")), &ns).await.unwrap();
+    }
+    // Four pods died with their devices (veths go with the netns); the
+    // fifth's ENI came back to the host as dev9 with another MTU.
+    for i in 1..=4 {
+        h.fake.remove_netns(&PathBuf::from(format!("/run/netns/p{i}")));
+    }
+    let mut dev = h.fake.remove_netns(Path::new("/run/netns/p5"))[0].clone();
+    dev.link.name = "dev9".into();
+    dev.link.mtu = 1400;
+    h.fake.world.lock().unwrap().host.push(dev);
+    let lookups = h.fake.calls("host_link");
+
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.collected.len(), 5, "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.records_dropped.len(), 4, "{report:?}");
+    assert_eq!(h.fake.calls("restore_host_links"), 1);
+    assert_eq!(h.fake.calls("restore_host_link"), 0);
+    assert_eq!(h.fake.calls("host_link"), lookups);
+    let back = h.fake.host_dev(mac(5)).unwrap();
+    assert_eq!((back.link.name.as_str(), back.link.mtu), ("eni5", HOST_MTU));
+    assert!(h.engine.attachments().await.is_empty());
+    assert_eq!(h.held().await, 0);
+}
+
+#[tokio::test]
+async fn gc_keeps_a_record_whose_device_could_not_be_put_home() {
+    let h = PrimaryHarness::new(1).await;
+    let gone = PathBuf::from("/run/netns/gone");
+    h.fake.add_netns(&gone);
+    h.engine.add(&owner("c"), &gone).await.unwrap();
+    h.return_as_dev(&gone, "dev3");
+    h.fake.fail_once("restore_host_link");
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert!(report.collected.is_empty(), "{report:?}");
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert_eq!(report.errors[0].step, crate::api::GcStep::Unplumb, "{report:?}");
+    // Still recorded (as being deleted) and assigned: the next pass
+    // finishes it.
+    assert_eq!(h.engine.attachments().await[0].phase, Phase::Deleting);
+    assert_eq!(h.held().await, 1);
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.collected, ["n/c/eth0"]);
+    assert!(h.host_is_home());
+}
+
+#[tokio::test]
+async fn excluded_and_primary_enis_are_never_handed_out() {
+    let h = PrimaryHarness::new(4).await;
+    let pod = Path::new(POD);
+    // eni-1 is in use from before it was excluded; eni-2 excluded by MAC;
+    // eni-3 is the node's primary interface.
+    h.engine.add(&owner("old"), pod).await.unwrap();
+    *h.fake.primary.lock().unwrap() = Some(mac(3));
+    let engine = h.engine_over(
+        h.engine.checkpoint().clone(),
+        Exclusions::from_config(&ExclusionConfig {
+            enis: vec!["eni-1".into(), mac(2).to_string()],
+            addresses: vec![],
+        }),
+    );
+    engine.recover().await.unwrap();
+    let listed = h.provider.list().await.unwrap();
+    let holder = |id: &str| listed.iter().find(|e| e.id == id).unwrap().owner.clone();
+    assert_eq!(holder("eni-1").unwrap().container_id, "old", "a live attachment keeps its ENI");
+    assert!(is_excluded_owner(&holder("eni-2").unwrap()));
+    assert!(is_excluded_owner(&holder("eni-3").unwrap()));
+    // Only eni-4 can be handed out.
+    let p2 = PathBuf::from("/run/netns/p2");
+    h.fake.add_netns(&p2);
+    assert_eq!(engine.add(&owner("new"), &p2).await.unwrap().eni_id, "eni-4");
+    let p3 = PathBuf::from("/run/netns/p3");
+    h.fake.add_netns(&p3);
+    let err = engine.add(&owner("third"), &p3).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::Provider(ProviderError::Exhausted { .. })),
+        "{err}"
+    );
+    // GC neither releases reservations as orphans nor renames them.
+    let report = engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert!(report.orphans_released.is_empty() && report.normalised.is_empty(), "{report:?}");
+    // Once the old attachment goes, eni-1 becomes reserved, not free.
+    engine.del(&owner("old")).await.unwrap();
+    engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    let listed = h.provider.list().await.unwrap();
+    assert!(is_excluded_owner(listed[0].owner.as_ref().unwrap()), "{:?}", listed[0]);
+    engine
+        .check(&owner("new"), &p2, MtuExpectation::Recorded)
+        .await
+        .unwrap();
+}

@@ -1,0 +1,6 @@
+//! Small parts both drivers and the engine use: per-key locks, the
+//! exclusion list, and the crash points of the fault-injection build.
+
+pub mod exclusion;
+pub mod fault;
+pub(crate) mod keylock;
