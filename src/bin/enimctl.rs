@@ -171,7 +171,13 @@ fn run(client: &Client, args: &Args) -> Result<String, CniError> {
                     list(&report.normalised),
                     list(&report.swept),
                     report.too_young.to_string(),
-                    list(&report.errors.iter().map(ToString::to_string).collect::<Vec<_>>()),
+                    list(
+                        &report
+                            .errors
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>(),
+                    ),
                 ]],
             ))
         }
@@ -184,7 +190,10 @@ fn attachments_table(list: AttachmentList) -> String {
     let rows = list.attachments.into_iter().map(|a| {
         let (mode, ipv4) = match &a.payload {
             Payload::Primary(p) => ("exclusive", p.ipv4.to_string()),
-            Payload::Secondary(s) => ("secondary", s.ipv4.map_or("-".into(), |v| format!("{v}/32"))),
+            Payload::Secondary(s) => (
+                "secondary",
+                s.ipv4.map_or("-".into(), |v| format!("{v}/32")),
+            ),
         };
         vec![
             a.pod.to_string(),

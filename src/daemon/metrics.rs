@@ -19,8 +19,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::api::GcReport;
 use crate::api::EniState;
+use crate::api::GcReport;
 use crate::engine::{Driver, Engine};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

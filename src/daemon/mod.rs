@@ -150,7 +150,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         config::Mode::Primary => {
             let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
             let driver = PrimaryDriver::new(provider, plumbing, checkpoint.clone(), exclusions);
-            serve(config, Engine::new(driver, checkpoint), metrics, started, stop).await
+            serve(
+                config,
+                Engine::new(driver, checkpoint),
+                metrics,
+                started,
+                stop,
+            )
+            .await
         }
         config::Mode::Secondary => {
             let driver = SecondaryDriver::over_host(
@@ -161,7 +168,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 exclusions,
             )
             .await?;
-            serve(config, Engine::new(driver, checkpoint), metrics, started, stop).await
+            serve(
+                config,
+                Engine::new(driver, checkpoint),
+                metrics,
+                started,
+                stop,
+            )
+            .await
         }
     }
 }

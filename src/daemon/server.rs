@@ -14,9 +14,7 @@ use enim_provider::ProviderError;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::api::{
-    self, code, ApiError, AttachmentRequest, EniList, GcRequest,
-};
+use crate::api::{self, code, ApiError, AttachmentRequest, EniList, GcRequest};
 use crate::engine::{Driver, Engine, EngineError};
 use crate::model::{AttachmentKey, AttachmentResult};
 
@@ -102,13 +100,20 @@ pub fn router<D: Driver>(state: Shared<D>) -> Router {
         .route(api::ROUTE_ATTACHMENTS, get(attachments::<D>))
         .route(api::ROUTE_STATUS, get(status::<D>))
         .layer(middleware::from_fn_with_state(state.clone(), measure::<D>))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize::<D>))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authorize::<D>,
+        ))
         .with_state(state)
 }
 
 /// Counts and times the attachment verbs by result, and tells the heap
 /// trimmer when they run.
-async fn measure<D: Driver>(State(state): State<Shared<D>>, request: Request, next: Next) -> Response {
+async fn measure<D: Driver>(
+    State(state): State<Shared<D>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let verb = match request.uri().path() {
         api::ROUTE_ADD => Some("ADD"),
         api::ROUTE_DEL => Some("DEL"),

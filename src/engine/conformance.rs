@@ -57,6 +57,32 @@ pub(crate) trait Harness: Send + Sync + Sized + 'static {
     fn host_is_home(&self) -> bool;
 }
 
+/// The fixtures' MAC of ENI `i`.
+pub(crate) fn mac(i: u8) -> enim_provider::MacAddr {
+    enim_provider::MacAddr([2, 0, 0, 0, 0, i])
+}
+
+/// Static ENI `i` of the fixtures: `10.0.i.10/24` and `fd00:i::10/64`,
+/// device index `i`, MTU 9001, two secondary addresses of each family.
+pub(crate) fn static_eni(i: u8) -> enim_provider_static::StaticEniConfig {
+    enim_provider_static::StaticEniConfig {
+        id: format!("eni-{i}"),
+        mac: mac(i),
+        ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
+        gateway4: format!("10.0.{i}.1").parse().unwrap(),
+        ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
+        gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
+        mtu: Some(9001),
+        device_index: Some(u32::from(i)),
+        secondary_ipv4: (11..=12)
+            .map(|h| format!("10.0.{i}.{h}").parse().unwrap())
+            .collect(),
+        secondary_ipv6: (11..=12)
+            .map(|h| format!("fd00:{i}::{h}").parse().unwrap())
+            .collect(),
+    }
+}
+
 pub(crate) fn owner(cid: &str) -> EniOwner {
     EniOwner {
         network: "n".into(),
@@ -73,7 +99,10 @@ fn pod() -> PathBuf {
 /// The invariant after a failed ADD or a full DEL: nothing of any pod.
 pub(crate) async fn assert_clean<H: Harness>(h: &H, why: &str) {
     assert_eq!(h.pod_objects(), 0, "{why}: pod objects left");
-    assert!(h.engine().attachments().await.is_empty(), "{why}: a record is left");
+    assert!(
+        h.engine().attachments().await.is_empty(),
+        "{why}: a record is left"
+    );
     assert_eq!(h.held().await, 0, "{why}: something is still held");
     assert!(h.host_is_home(), "{why}: a host device is not home");
 }
@@ -100,7 +129,10 @@ pub(crate) async fn every_add_fault_rolls_back<H: Harness>() {
         let h = H::new(1).await;
         h.fail_once(step);
         let err = h.engine().add(&owner("c"), &pod()).await.expect_err(step);
-        assert!(!matches!(err, EngineError::RollbackFailed { .. }), "{step}: {err}");
+        assert!(
+            !matches!(err, EngineError::RollbackFailed { .. }),
+            "{step}: {err}"
+        );
         assert_clean(&h, step).await;
         h.engine()
             .add(&owner("c"), &pod())
@@ -153,7 +185,10 @@ pub(crate) async fn outcomes_are_written_behind_and_a_failed_one_is_retried<H: H
     e.add(&owner("c"), &pod()).await.unwrap();
     assert_eq!(e.attachments().await[0].phase, Phase::Ready);
     cp.settle().await;
-    assert!(cp.has_unwritten().await, "the failed write-behind left nothing pending");
+    assert!(
+        cp.has_unwritten().await,
+        "the failed write-behind left nothing pending"
+    );
     assert_eq!(on_disk().await, [Phase::Adding], "disk keeps the intent");
     cp.flush().await.unwrap();
     assert!(!cp.has_unwritten().await);
@@ -192,7 +227,10 @@ pub(crate) async fn failed_undo_keeps_the_record_and_recovery_finishes_it<H: Har
 pub(crate) async fn recovery_finishes_or_undoes_intents_and_keeps_ready_ones<H: Harness>() {
     let mut h = H::new(3).await;
     let e = h.engine();
-    let (other, third) = (PathBuf::from("/run/netns/other"), PathBuf::from("/run/netns/third"));
+    let (other, third) = (
+        PathBuf::from("/run/netns/other"),
+        PathBuf::from("/run/netns/third"),
+    );
     h.add_netns(&other);
     h.add_netns(&third);
     e.add(&owner("ready"), &pod()).await.unwrap();
@@ -217,7 +255,10 @@ pub(crate) async fn recovery_finishes_or_undoes_intents_and_keeps_ready_ones<H: 
         .collect();
     assert_eq!(
         phases,
-        [("adding".into(), Phase::Ready), ("ready".into(), Phase::Ready)]
+        [
+            ("adding".into(), Phase::Ready),
+            ("ready".into(), Phase::Ready)
+        ]
     );
     assert_eq!(h.held().await, 2 * held_by_one);
     for cid in ["adding", "ready"] {
@@ -259,7 +300,11 @@ pub(crate) async fn gc_collects_the_dead_and_spares_the_young_and_the_living<H: 
     e.add(&owner("dead"), &gone).await.unwrap();
     h.kill_netns(&gone);
     let report = e.gc(&GcRequest::default(), Duration::from_secs(3600)).await;
-    assert_eq!((report.too_young, report.collected.len()), (2, 0), "{report:?}");
+    assert_eq!(
+        (report.too_young, report.collected.len()),
+        (2, 0),
+        "{report:?}"
+    );
     let report = e.gc(&GcRequest::default(), Duration::ZERO).await;
     assert_eq!(report.collected, ["n/dead/eth0"], "{report:?}");
     assert!(report.errors.is_empty(), "{report:?}");
@@ -267,7 +312,10 @@ pub(crate) async fn gc_collects_the_dead_and_spares_the_young_and_the_living<H: 
         .await
         .unwrap();
     // Nothing left to do: a second pass is a no-op.
-    assert_eq!(e.gc(&GcRequest::default(), Duration::ZERO).await, GcReport::default());
+    assert_eq!(
+        e.gc(&GcRequest::default(), Duration::ZERO).await,
+        GcReport::default()
+    );
     e.del(&owner("live")).await.unwrap();
     assert_clean(&h, "after GC and DEL").await;
 }
@@ -293,7 +341,12 @@ pub(crate) async fn cni_gc_collects_only_omitted_attachments_of_its_network<H: H
     };
     let report = e.gc(&request, Duration::ZERO).await;
     assert_eq!(report.collected, ["n/b/net1"], "{report:?}");
-    let left: Vec<String> = e.attachments().await.iter().map(|r| r.key.to_string()).collect();
+    let left: Vec<String> = e
+        .attachments()
+        .await
+        .iter()
+        .map(|r| r.key.to_string())
+        .collect();
     assert_eq!(left, ["n/a/eth0"]);
 }
 
@@ -317,12 +370,22 @@ pub(crate) async fn gc_never_collects_an_attachment_mid_add<H: Harness>() {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The host pass waits for the ADD: it would see half-made objects.
-    assert!(!gc.is_finished(), "GC's host pass ran while an ADD was half-way");
+    assert!(
+        !gc.is_finished(),
+        "GC's host pass ran while an ADD was half-way"
+    );
     resume.notify_one();
     adder.await.unwrap().expect("the ADD completes untouched");
     let report = gc.await.unwrap();
-    assert_eq!((report.too_young, report.collected.len()), (1, 0), "{report:?}");
-    assert!(report.swept.is_empty() && report.orphans_released.is_empty(), "{report:?}");
+    assert_eq!(
+        (report.too_young, report.collected.len()),
+        (1, 0),
+        "{report:?}"
+    );
+    assert!(
+        report.swept.is_empty() && report.orphans_released.is_empty(),
+        "{report:?}"
+    );
     h.engine()
         .check(&owner("c"), &pod(), MtuExpectation::Recorded)
         .await
@@ -360,7 +423,11 @@ pub(crate) async fn unclaimed_attachments_expire_unless_claimed<H: Harness>() {
     e.mark_unclaimed(&AttachmentKey::of(&owner("a")), long)
         .await
         .unwrap();
-    assert!(e.gc(&GcRequest::default(), Duration::ZERO).await.collected.is_empty());
+    assert!(e
+        .gc(&GcRequest::default(), Duration::ZERO)
+        .await
+        .collected
+        .is_empty());
     e.check(&owner("a"), &pod(), MtuExpectation::Recorded)
         .await
         .unwrap();
@@ -410,9 +477,27 @@ pub(crate) async fn bad_requests_are_refused_before_anything_is_taken<H: Harness
     let h = H::new(1).await;
     let e = h.engine();
     for (bad, what) in [
-        (EniOwner { network: String::new(), ..owner("c") }, "network"),
-        (EniOwner { container_id: String::new(), ..owner("c") }, "container"),
-        (EniOwner { ifname: "x/y".into(), ..owner("c") }, "interface"),
+        (
+            EniOwner {
+                network: String::new(),
+                ..owner("c")
+            },
+            "network",
+        ),
+        (
+            EniOwner {
+                container_id: String::new(),
+                ..owner("c")
+            },
+            "container",
+        ),
+        (
+            EniOwner {
+                ifname: "x/y".into(),
+                ..owner("c")
+            },
+            "interface",
+        ),
     ] {
         let err = e.add(&bad, &pod()).await.unwrap_err();
         assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");

@@ -47,7 +47,9 @@ pub enum EngineError {
     Provider(#[from] ProviderError),
     #[error("ENI {eni_id} (MAC {mac}) was allocated but no such device is in the host namespace")]
     DeviceMissing { eni_id: String, mac: String },
-    #[error("interface {ifname:?} already exists in {netns}; nothing of the attachment was left there")]
+    #[error(
+        "interface {ifname:?} already exists in {netns}; nothing of the attachment was left there"
+    )]
     IfnameConflict { ifname: String, netns: PathBuf },
     #[error("{step}: {source}")]
     Plumbing {

@@ -231,7 +231,8 @@ impl Driver for PrimaryDriver {
     /// the move could not bring (not in the pod, or home under a fallback
     /// name) are found and put right with one look at the host.
     async fn unplumb_many(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
-        let mut out: Vec<Option<Result<Unplumbed, EngineError>>> = Vec::with_capacity(records.len());
+        let mut out: Vec<Option<Result<Unplumbed, EngineError>>> =
+            Vec::with_capacity(records.len());
         // Devices not home after their move (not in the pod, or home under
         // a fallback name): found and put right with one look at the host.
         let mut moved_elsewhere = Vec::new();
@@ -265,7 +266,10 @@ impl Driver for PrimaryDriver {
         // device, and none at all when every move brought its device home.
         if moved_elsewhere.is_empty() {
             crash_point("del:after-restore");
-            return out.into_iter().map(|o| o.unwrap_or(Ok(Unplumbed::Home))).collect();
+            return out
+                .into_iter()
+                .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
+                .collect();
         }
         let homes: Vec<HostLinkHome<'_>> = moved_elsewhere
             .iter()

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use super::PrimaryDriver;
 use crate::api::{GcReport, GcRequest, MtuExpectation};
-use crate::engine::conformance::{conformance_suite, owner, Harness, POD};
+use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::{Engine, EngineError};
 use crate::model::Phase;
 use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS};
@@ -22,10 +22,6 @@ use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{is_excluded_owner, ExclusionConfig, Exclusions};
 
 const HOST_MTU: u32 = 1500;
-
-fn mac(i: u8) -> MacAddr {
-    MacAddr([2, 0, 0, 0, 0, i])
-}
 
 pub(crate) struct PrimaryHarness {
     engine: Engine<PrimaryDriver>,
@@ -36,7 +32,11 @@ pub(crate) struct PrimaryHarness {
 }
 
 impl PrimaryHarness {
-    fn engine_over(&self, checkpoint: Arc<Checkpoint>, exclusions: Exclusions) -> Engine<PrimaryDriver> {
+    fn engine_over(
+        &self,
+        checkpoint: Arc<Checkpoint>,
+        exclusions: Exclusions,
+    ) -> Engine<PrimaryDriver> {
         let driver = PrimaryDriver::new(
             self.provider.clone(),
             self.fake.clone(),
@@ -71,16 +71,11 @@ impl Harness for PrimaryHarness {
     async fn new(n: u8) -> Self {
         let enis = (1..=n)
             .map(|i| StaticEniConfig {
-                id: format!("eni-{i}"),
-                mac: mac(i),
-                ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
-                gateway4: format!("10.0.{i}.1").parse().unwrap(),
-                ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
-                gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
                 mtu: Some(9000),
                 device_index: None,
                 secondary_ipv4: vec![],
                 secondary_ipv6: vec![],
+                ..static_eni(i)
             })
             .collect();
         let names: Vec<String> = (1..=n).map(|i| format!("eni{i}")).collect();
@@ -92,7 +87,12 @@ impl Harness for PrimaryHarness {
         let provider = Arc::new(StaticProvider::new(enis).unwrap());
         let dir = tempfile::tempdir().unwrap();
         let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
-        let driver = PrimaryDriver::new(provider.clone(), fake.clone(), cp.clone(), Exclusions::default());
+        let driver = PrimaryDriver::new(
+            provider.clone(),
+            fake.clone(),
+            cp.clone(),
+            Exclusions::default(),
+        );
         let engine = Engine::new(driver, cp);
         engine.recover().await.unwrap();
         PrimaryHarness {
@@ -128,17 +128,20 @@ impl Harness for PrimaryHarness {
 
     fn occupy(&self, netns: &Path, ifname: &str) {
         let mut w = self.fake.world.lock().unwrap();
-        w.netns.entry(netns.to_path_buf()).or_default().push(FakeDev {
-            link: LinkInfo {
-                index: 999,
-                name: ifname.into(),
-                mac: MacAddr([2, 0xff, 0, 0, 0, 1]),
-                mtu: 1500,
-                up: true,
-            },
-            addrs: vec![],
-            gateways: vec![],
-        });
+        w.netns
+            .entry(netns.to_path_buf())
+            .or_default()
+            .push(FakeDev {
+                link: LinkInfo {
+                    index: 999,
+                    name: ifname.into(),
+                    mac: MacAddr([2, 0xff, 0, 0, 0, 1]),
+                    mtu: 1500,
+                    up: true,
+                },
+                addrs: vec![],
+                gateways: vec![],
+            });
     }
 
     fn break_pod(&self, netns: &Path) {
@@ -213,7 +216,10 @@ async fn gc_releases_orphans_and_normalises_free_enis() {
     let h = PrimaryHarness::new(3).await;
     // A crash between allocation and the intent write.
     h.provider.allocate_next(&owner("orphan")).await.unwrap();
-    let report = h.engine.gc(&GcRequest::default(), Duration::from_secs(3600)).await;
+    let report = h
+        .engine
+        .gc(&GcRequest::default(), Duration::from_secs(3600))
+        .await;
     assert_eq!(report.orphans_released, ["eni-1"], "{report:?}");
     // A free ENI renamed and retuned by someone else is put right.
     {
@@ -225,7 +231,10 @@ async fn gc_releases_orphans_and_normalises_free_enis() {
     let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
     assert_eq!(report.normalised, ["eni-3"], "{report:?}");
     assert!(h.host_is_home());
-    assert_eq!(h.engine.gc(&GcRequest::default(), Duration::ZERO).await, GcReport::default());
+    assert_eq!(
+        h.engine.gc(&GcRequest::default(), Duration::ZERO).await,
+        GcReport::default()
+    );
 }
 
 #[tokio::test]
@@ -239,7 +248,8 @@ async fn gc_of_records_without_devices_looks_at_the_host_once() {
     // Four pods died with their devices (veths go with the netns); the
     // fifth's ENI came back to the host as dev9 with another MTU.
     for i in 1..=4 {
-        h.fake.remove_netns(&PathBuf::from(format!("/run/netns/p{i}")));
+        h.fake
+            .remove_netns(&PathBuf::from(format!("/run/netns/p{i}")));
     }
     let mut dev = h.fake.remove_netns(Path::new("/run/netns/p5"))[0].clone();
     dev.link.name = "dev9".into();
@@ -271,7 +281,11 @@ async fn gc_keeps_a_record_whose_device_could_not_be_put_home() {
     let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
     assert!(report.collected.is_empty(), "{report:?}");
     assert_eq!(report.errors.len(), 1, "{report:?}");
-    assert_eq!(report.errors[0].step, crate::api::GcStep::Unplumb, "{report:?}");
+    assert_eq!(
+        report.errors[0].step,
+        crate::api::GcStep::Unplumb,
+        "{report:?}"
+    );
     // Still recorded (as being deleted) and assigned: the next pass
     // finishes it.
     assert_eq!(h.engine.attachments().await[0].phase, Phase::Deleting);
@@ -299,13 +313,20 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
     engine.recover().await.unwrap();
     let listed = h.provider.list().await.unwrap();
     let holder = |id: &str| listed.iter().find(|e| e.id == id).unwrap().owner.clone();
-    assert_eq!(holder("eni-1").unwrap().container_id, "old", "a live attachment keeps its ENI");
+    assert_eq!(
+        holder("eni-1").unwrap().container_id,
+        "old",
+        "a live attachment keeps its ENI"
+    );
     assert!(is_excluded_owner(&holder("eni-2").unwrap()));
     assert!(is_excluded_owner(&holder("eni-3").unwrap()));
     // Only eni-4 can be handed out.
     let p2 = PathBuf::from("/run/netns/p2");
     h.fake.add_netns(&p2);
-    assert_eq!(engine.add(&owner("new"), &p2).await.unwrap().eni_id, "eni-4");
+    assert_eq!(
+        engine.add(&owner("new"), &p2).await.unwrap().eni_id,
+        "eni-4"
+    );
     let p3 = PathBuf::from("/run/netns/p3");
     h.fake.add_netns(&p3);
     let err = engine.add(&owner("third"), &p3).await.unwrap_err();
@@ -315,12 +336,19 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
     );
     // GC neither releases reservations as orphans nor renames them.
     let report = engine.gc(&GcRequest::default(), Duration::ZERO).await;
-    assert!(report.orphans_released.is_empty() && report.normalised.is_empty(), "{report:?}");
+    assert!(
+        report.orphans_released.is_empty() && report.normalised.is_empty(),
+        "{report:?}"
+    );
     // Once the old attachment goes, eni-1 becomes reserved, not free.
     engine.del(&owner("old")).await.unwrap();
     engine.gc(&GcRequest::default(), Duration::ZERO).await;
     let listed = h.provider.list().await.unwrap();
-    assert!(is_excluded_owner(listed[0].owner.as_ref().unwrap()), "{:?}", listed[0]);
+    assert!(
+        is_excluded_owner(listed[0].owner.as_ref().unwrap()),
+        "{:?}",
+        listed[0]
+    );
     engine
         .check(&owner("new"), &p2, MtuExpectation::Recorded)
         .await

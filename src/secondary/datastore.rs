@@ -52,7 +52,6 @@ pub struct Assignment {
     pub ipv6: Option<IpAddr>,
 }
 
-
 #[derive(Debug)]
 pub struct DataStore {
     enis: BTreeMap<String, EniAddresses>,
@@ -267,7 +266,7 @@ impl DataStore {
     }
 
     /// The ENI with the fewest addresses below `max_per_eni`, if any needs
-    /// more (the seed's GetENINeedsIP).
+    /// more (AWS ipamd's datastore: GetENINeedsIP).
     pub fn eni_needing_addresses(&self, max_per_eni: usize) -> Option<String> {
         self.enis
             .iter()

@@ -360,11 +360,7 @@ impl Driver for SecondaryDriver {
         Ok(())
     }
 
-    async fn allocate(
-        &self,
-        owner: &EniOwner,
-        netns: &Path,
-    ) -> Result<(Record, ()), EngineError> {
+    async fn allocate(&self, owner: &EniOwner, netns: &Path) -> Result<(Record, ()), EngineError> {
         let key = AttachmentKey::of(owner);
         let mut store = self.store();
         let dual_stack = store.has_ipv6();
@@ -487,7 +483,8 @@ impl Driver for SecondaryDriver {
     async fn release_unrecorded(&self, owner: &EniOwner) -> Result<(), EngineError> {
         // Nothing of an unrecorded attachment is in the kernel (intent is
         // written before acting), and the store frees only this key's.
-        self.store().unassign(&AttachmentKey::of(owner), Instant::now());
+        self.store()
+            .unassign(&AttachmentKey::of(owner), Instant::now());
         Ok(())
     }
 

@@ -24,12 +24,9 @@ pub mod driver;
 pub mod fake;
 pub mod plumbing;
 
+pub use crate::model::{GATEWAY4, GATEWAY6};
 pub use config::{SecondaryConfig, SecondaryConfigError};
 pub use driver::SecondaryDriver;
-pub use crate::model::{GATEWAY4, GATEWAY6};
-
-
-
 
 /// Device indexes above this are refused: the table range GC treats as
 /// enim's is `table_offset ..= table_offset + MAX_DEVICE_INDEX`.

@@ -15,36 +15,13 @@ use super::fake::{FakeSecondary, FakeVeth, FAULT_STEPS};
 use super::plumbing::{OwnedRule, RuleSelector, MAIN_TABLE};
 use super::{SecondaryConfig, SecondaryDriver};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
-use crate::engine::conformance::{conformance_suite, owner, Harness, POD};
+use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::Engine;
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{ExclusionConfig, Exclusions};
 
-fn mac(i: u8) -> MacAddr {
-    MacAddr([2, 0, 0, 0, 0, i])
-}
-
 fn enis(n: u8) -> Vec<StaticEniConfig> {
-    (1..=n)
-        .map(|i| StaticEniConfig {
-            id: format!("eni-{i}"),
-            mac: mac(i),
-            ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
-            gateway4: format!("10.0.{i}.1").parse().unwrap(),
-            ipv6: Some(format!("fd00:{i}::10/64").parse().unwrap()),
-            gateway6: Some(format!("fd00:{i}::1").parse().unwrap()),
-            mtu: Some(9001),
-            device_index: Some(u32::from(i)),
-            secondary_ipv4: vec![
-                format!("10.0.{i}.11").parse().unwrap(),
-                format!("10.0.{i}.12").parse().unwrap(),
-            ],
-            secondary_ipv6: vec![
-                format!("fd00:{i}::11").parse().unwrap(),
-                format!("fd00:{i}::12").parse().unwrap(),
-            ],
-        })
-        .collect()
+    (1..=n).map(static_eni).collect()
 }
 
 fn config() -> SecondaryConfig {
@@ -62,8 +39,8 @@ async fn node(
     exclusions: Exclusions,
 ) -> Engine<SecondaryDriver> {
     let provider = Arc::new(StaticProvider::new(enis(n)).unwrap());
-    let driver = SecondaryDriver::new(config(), provider, fake.clone(), cp.clone(), exclusions)
-        .unwrap();
+    let driver =
+        SecondaryDriver::new(config(), provider, fake.clone(), cp.clone(), exclusions).unwrap();
     let engine = Engine::new(driver, cp);
     engine.recover().await.unwrap();
     engine
@@ -110,7 +87,12 @@ impl Harness for SecondaryHarness {
         let dir = tempfile::tempdir().unwrap();
         let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
         let engine = node(&fake, n, cp, Exclusions::default()).await;
-        SecondaryHarness { engine, fake, n, dir }
+        SecondaryHarness {
+            engine,
+            fake,
+            n,
+            dir,
+        }
     }
 
     fn engine(&self) -> &Engine<SecondaryDriver> {
@@ -172,12 +154,18 @@ mod conformance {
 async fn restore_sets_up_host_enis_and_the_store() {
     let h = SecondaryHarness::new(2).await;
     let w = h.fake.world().clone();
-    assert_eq!(w.enis.values().cloned().collect::<Vec<_>>(), ["enis1", "enis2"]);
+    assert_eq!(
+        w.enis.values().cloned().collect::<Vec<_>>(),
+        ["enis1", "enis2"]
+    );
     assert_eq!(w.tables.iter().copied().collect::<Vec<_>>(), [1001, 1002]);
     assert_eq!(w.forwarding, Some(true), "IPv6 forwarding too");
     assert_eq!(h.engine.address_stats().unwrap().total, 8);
     let enis = h.engine.driver().host_enis();
-    assert_eq!((enis[1].name.as_str(), enis[1].table, enis[1].mtu), ("enis2", 1002, 9001));
+    assert_eq!(
+        (enis[1].name.as_str(), enis[1].table, enis[1].mtu),
+        ("enis2", 1002, 9001)
+    );
     let listed = h.engine.enis().await.unwrap();
     let devices: Vec<Option<&str>> = listed.iter().map(|e| e.host_device.as_deref()).collect();
     assert_eq!(devices, [Some("enis1"), Some("enis2")]);
@@ -194,11 +182,20 @@ async fn excluded_enis_addresses_and_the_primary_interface_are_not_used() {
         addresses: vec!["10.0.2.11".parse().unwrap()],
     });
     let engine = node(&fake, 3, cp, exclusions).await;
-    let ids: Vec<String> = engine.driver().host_enis().into_iter().map(|e| e.id).collect();
+    let ids: Vec<String> = engine
+        .driver()
+        .host_enis()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     assert_eq!(ids, ["eni-2"]);
     assert_eq!(engine.address_stats().unwrap().total, 3);
     let names: Vec<String> = fake.world().enis.values().cloned().collect();
-    assert_eq!(names, ["eth1", "enis2", "eth3"], "excluded devices were touched");
+    assert_eq!(
+        names,
+        ["eth1", "enis2", "eth3"],
+        "excluded devices were touched"
+    );
 }
 
 #[tokio::test]
@@ -207,7 +204,12 @@ async fn a_missing_eni_device_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
     let engine = node(&fake, 2, cp, Exclusions::default()).await;
-    let ids: Vec<String> = engine.driver().host_enis().into_iter().map(|e| e.id).collect();
+    let ids: Vec<String> = engine
+        .driver()
+        .host_enis()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
     assert_eq!(ids, ["eni-2"]);
     assert_eq!(engine.address_stats().unwrap().total, 4);
 }
@@ -236,12 +238,19 @@ async fn gc_sweeps_what_no_record_explains_and_nothing_else() {
             },
         );
     }
-    let report = h.engine.gc(&GcRequest::default(), Duration::from_secs(3600)).await;
+    let report = h
+        .engine
+        .gc(&GcRequest::default(), Duration::from_secs(3600))
+        .await;
     let mut swept = report.swept.clone();
     swept.sort();
     assert_eq!(
         swept,
-        ["rule 512: to 10.0.1.99 lookup 254", "table 1042", "veth enim00000000000"],
+        [
+            "rule 512: to 10.0.1.99 lookup 254",
+            "table 1042",
+            "veth enim00000000000"
+        ],
         "{report:?}"
     );
     h.engine
@@ -251,5 +260,8 @@ async fn gc_sweeps_what_no_record_explains_and_nothing_else() {
     let w = h.fake.world().clone();
     assert_eq!((w.rules.len(), w.proxies.len(), w.veths.len()), (4, 2, 1));
     assert_eq!(w.tables.iter().copied().collect::<Vec<_>>(), [1001, 1002]);
-    assert_eq!(h.engine.gc(&GcRequest::default(), Duration::ZERO).await, GcReport::default());
+    assert_eq!(
+        h.engine.gc(&GcRequest::default(), Duration::ZERO).await,
+        GcReport::default()
+    );
 }

@@ -146,9 +146,13 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
-        let failed = replace_with(dir.path().join("sub").as_path(), "f.json", 0o640, all, |_| {
-            Err(io::Error::other("disk full"))
-        });
+        let failed = replace_with(
+            dir.path().join("sub").as_path(),
+            "f.json",
+            0o640,
+            all,
+            |_| Err(io::Error::other("disk full")),
+        );
         let e = failed.unwrap_err();
         assert!(e.to_string().contains("disk full"), "{e}");
         assert_eq!(std::fs::read(&path).unwrap(), b"two", "untouched");

@@ -667,8 +667,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
         for (name, homes, mode, eni, cid) in [
-            ("checkpoint-enim-1.json", 0, Mode::Primary, "eni-0001", "abc123"),
-            ("checkpoint-enim-2.json", 1, Mode::Primary, "eni-0001", "abc123"),
+            (
+                "checkpoint-enim-1.json",
+                0,
+                Mode::Primary,
+                "eni-0001",
+                "abc123",
+            ),
+            (
+                "checkpoint-enim-2.json",
+                1,
+                Mode::Primary,
+                "eni-0001",
+                "abc123",
+            ),
             (
                 "checkpoint-enim-2-secondary.json",
                 0,
@@ -692,7 +704,11 @@ mod tests {
             assert_eq!(again, list, "{name}");
             let json: serde_json::Value =
                 serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-            let section = if mode == Mode::Primary { "attachments" } else { "pods" };
+            let section = if mode == Mode::Primary {
+                "attachments"
+            } else {
+                "pods"
+            };
             assert_eq!(json[section].as_array().map(Vec::len), Some(1), "{name}");
             // The next write upgrades the file to the current format.
             cp.remove(&list[0].key).await.unwrap();

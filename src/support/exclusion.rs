@@ -1,4 +1,4 @@
-//! Exclusions (the seed's blacklist): ENIs and addresses that are never
+//! Exclusions (cilium's and CCE's IPAM blacklist): ENIs and addresses that are never
 //! handed to a pod. The node's primary interface is always among them.
 //!
 //! An excluded ENI is reserved in the provider under a reserved owner, so no
