@@ -36,6 +36,8 @@ struct FakeState {
     deletes: Vec<String>,
     create_times: Vec<Instant>,
     delete_times: Vec<Instant>,
+    /// When `attached` was called: the pool's discovery and timer rounds.
+    attached_times: Vec<Instant>,
     /// Creates that would have exceeded the limit.
     over_limit: usize,
 }
@@ -133,13 +135,17 @@ impl CloudBackend for FakeCloud {
     }
 
     async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
-        Ok(self
-            .st()
-            .enis
-            .values()
-            .filter(|e| e.attached)
-            .map(|e| e.eni.clone())
-            .collect())
+        let list = {
+            let mut st = self.st();
+            st.attached_times.push(Instant::now());
+            st.enis
+                .values()
+                .filter(|e| e.attached)
+                .map(|e| e.eni.clone())
+                .collect()
+        };
+        self.bump();
+        Ok(list)
     }
 
     async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
@@ -316,12 +322,30 @@ fn config_defaults_parse_and_validation() {
 }
 
 #[test]
-fn backoff_doubles_caps_and_resets() {
-    let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
-    let delays: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
-    assert_eq!(delays, [1, 2, 4, 5, 5]);
-    b.reset();
-    assert_eq!(b.next_delay(), Duration::from_secs(1));
+fn retry_backoff_follows_the_config() {
+    let cfg = PoolConfig {
+        initial_retry: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(5),
+        ..config(1, 3)
+    };
+    let b = cfg.retry_backoff();
+    let steps: Vec<u64> = (0..5).map(|n| b.step(n).as_secs()).collect();
+    assert_eq!(steps, [1, 2, 4, 5, 5]);
+    assert_eq!(b.jitter, enim_provider::retry::Jitter::Equal);
+}
+
+/// Each gap is its step, jittered: within the step's upper half. With
+/// doubling steps those ranges only touch, so the check still tells every
+/// step (and a reset to the first) apart.
+fn assert_jittered(gaps: &[Duration], steps_secs: &[u64]) {
+    assert_eq!(gaps.len(), steps_secs.len(), "{gaps:?}");
+    for (gap, &step) in gaps.iter().zip(steps_secs) {
+        let step = Duration::from_secs(step);
+        assert!(
+            *gap >= step / 2 && *gap <= step,
+            "gap {gap:?} outside the jitter range of step {step:?}: {gaps:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -558,13 +582,15 @@ async fn backoff_grows_caps_and_resets() {
         let t = cloud.st().create_times.clone();
         t[from..].windows(2).map(|w| w[1] - w[0]).collect()
     };
-    let secs = |s: &[u64]| -> Vec<Duration> { s.iter().map(|&s| Duration::from_secs(s)).collect() };
 
-    // Five failures, then success: retries after 1, 2, 4, 4 (capped), 4 s.
+    // Five failures, then success: retries after steps of 1, 2, 4, 4
+    // (capped), 4 s, each jittered.
     cloud.fail_next(5);
     let pool = start(&cloud, cfg).await;
     wait_stats(&pool, |s| s.available == 1).await;
-    assert_eq!(gaps(0), secs(&[1, 2, 4, 4, 4]));
+    assert_jittered(&gaps(0), &[1, 2, 4, 4, 4]);
+    // Not in lockstep: the jittered gaps are not the bare steps.
+    assert_ne!(gaps(0), [1, 2, 4, 4, 4].map(Duration::from_secs));
     assert_eq!(cloud.st().creates, 1);
 
     // Allocations during the backoff did not cut it short.
@@ -579,13 +605,13 @@ async fn backoff_grows_caps_and_resets() {
     }
     wait_stats(&pool, |s| s.available == 1).await;
     // Success reset the backoff: the next failures restart at 1 s.
-    assert_eq!(gaps(before), secs(&[1, 2, 4]));
+    assert_jittered(&gaps(before), &[1, 2, 4]);
 
     let before = cloud.st().create_times.len();
     cloud.fail_next(2);
     pool.allocate_next(&owner("b")).await.unwrap();
     wait_stats(&pool, |s| s.available == 1).await;
-    assert_eq!(gaps(before), secs(&[1, 2]));
+    assert_jittered(&gaps(before), &[1, 2]);
     pool.shutdown().await;
 }
 
@@ -686,7 +712,7 @@ async fn failed_orphan_delete_is_retried_by_the_loop() {
     cloud.until(|st| st.deletes.contains(&orphan)).await;
     let t = cloud.st().delete_times.clone();
     assert_eq!(t.len(), 3);
-    assert_eq!(t[2] - t[1], Duration::from_secs(1));
+    assert_jittered(&[t[2] - t[1]], &[1]);
     assert!(!cloud.st().enis.contains_key(&orphan));
     assert!(pool.list().await.unwrap().is_empty());
     pool.shutdown().await;
@@ -760,6 +786,16 @@ async fn member_ids(pool: &WarmPool) -> Vec<String> {
     ids
 }
 
+/// Waits for the next round that asks the instance what is attached (a
+/// timer round) and for the pool to take the answer in.
+async fn next_timer_round(cloud: &FakeCloud) {
+    let n = cloud.st().attached_times.len();
+    cloud.until(|st| st.attached_times.len() > n).await;
+    // The rest of the round makes no cloud call; the next timer wait is at
+    // least half the resync interval, far above this.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
 /// Timer rounds compare the pool with the instance: an ENI attached from
 /// outside becomes a free member (never detached as surplus: it is not
 /// known to be enim's); a free member detached from outside leaves after
@@ -783,10 +819,11 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     // Someone attaches an ENI of their own: the next timer round takes it in.
     let outside = cloud.add(true, false);
     assert_eq!(member_ids(&pool).await, vec![held.clone()]);
-    tokio::time::sleep(resync + Duration::from_millis(100)).await;
+    next_timer_round(&cloud).await;
     assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
     // Free and above max_free = 0, yet never detached: not enim's.
-    tokio::time::sleep(resync * 2).await;
+    next_timer_round(&cloud).await;
+    next_timer_round(&cloud).await;
     assert!(cloud.st().deletes.is_empty());
     assert_eq!(pool.allocate_next(&owner("p2")).await.unwrap().id, outside);
     pool.release(&owner("p2")).await.unwrap();
@@ -797,10 +834,20 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     for id in [&held, &outside] {
         cloud.st().enis.get_mut(id.as_str()).unwrap().attached = false;
     }
-    tokio::time::sleep(resync).await;
+    let detached_at = cloud.st().attached_times.len();
+    next_timer_round(&cloud).await;
     assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
-    tokio::time::sleep(resync * u32::from(MISSING_ROUNDS)).await;
+    for _ in 1..MISSING_ROUNDS {
+        next_timer_round(&cloud).await;
+    }
     assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    // Nothing woke the loop since the detach: the timer rounds came at
+    // jittered delays of at most `resync`, not in lockstep.
+    next_timer_round(&cloud).await;
+    let t = cloud.st().attached_times[detached_at..].to_vec();
+    let gaps: Vec<Duration> = t.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_jittered(&gaps, &[resync.as_secs(); 2]);
+    assert_ne!(gaps[0], gaps[1], "resync delays in lockstep");
     let stats = pool.stats();
     assert_eq!((stats.used, stats.available), (1, 0), "{stats:?}");
     pool.shutdown().await;
