@@ -5,12 +5,14 @@
 //! backoff, within a bound; everything else is returned at once as a typed
 //! [`Ec2Error`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
+use enim_provider::retry::{retry, Backoff};
 use enim_provider::ProviderError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -190,7 +192,8 @@ impl From<Ec2Error> for ProviderError {
     }
 }
 
-/// Bounded retries with jittered exponential backoff.
+/// Bounded retries with jittered exponential backoff (see
+/// [`enim_provider::retry`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
@@ -210,16 +213,16 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The wait after failed attempt `n` (1-based): `initial * 2^(n-1)`
-    /// capped at `max`, of which the upper half is random ("equal jitter"),
-    /// so many nodes throttled together do not retry in lockstep.
+    /// `initial` doubling to `max`, each wait drawn from the upper half of
+    /// its step ("equal jitter"), so many nodes throttled together do not
+    /// retry in lockstep.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.initial, self.max)
+    }
+
+    /// The wait after failed attempt `n` (1-based).
     pub fn delay(&self, n: u32) -> Duration {
-        let exp = self
-            .initial
-            .saturating_mul(1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX))
-            .min(self.max);
-        let half = exp / 2;
-        half + half.mul_f64(fastrand::f64())
+        self.backoff().delay(n.saturating_sub(1))
     }
 }
 
@@ -308,29 +311,29 @@ impl QueryClient {
             body.push('=');
             body.push_str(&form_encode(v));
         }
-        let mut attempt = 1;
-        let mut refreshed = false;
-        loop {
-            match self.send_once(action, &body).await {
-                Ok(text) => return Ok(text),
-                Err(e) if e.expired_credentials() && !refreshed => {
-                    // Rotated role credentials: fetch the new set once.
-                    tracing::info!(action, error = %e, "EC2 credentials expired; refreshing");
-                    self.creds.invalidate().await;
-                    refreshed = true;
-                }
-                Err(mut e) => {
-                    if !e.retryable() || attempt >= self.retry.attempts {
-                        e.set_attempts(attempt);
-                        return Err(e);
+        let (body, refreshed) = (&body, &AtomicBool::new(false));
+        retry(
+            &self.retry.backoff(),
+            self.retry.attempts,
+            Ec2Error::retryable,
+            |attempt| async move {
+                let mut sent = self.send_once(action, body).await;
+                if let Err(e) = &sent {
+                    // Rotated role credentials: fetch the new set, once per
+                    // call, and try again at once (not counted as a retry).
+                    if e.expired_credentials() && !refreshed.swap(true, Ordering::Relaxed) {
+                        tracing::info!(action, error = %e, "EC2 credentials expired; refreshing");
+                        self.creds.invalidate().await;
+                        sent = self.send_once(action, body).await;
                     }
-                    let delay = self.retry.delay(attempt);
-                    tracing::debug!(action, attempt, ?delay, error = %e, "EC2 call failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
                 }
-            }
-        }
+                sent.map_err(|mut e| {
+                    e.set_attempts(attempt);
+                    e
+                })
+            },
+        )
+        .await
     }
 
     async fn send_once(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
