@@ -224,9 +224,12 @@ impl Imds {
         &self,
         request: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, reqwest::Error> {
-        retry(&TRANSPORT_BACKOFF, TRANSPORT_ATTEMPTS, |_| true, |_| {
-            request().send()
-        })
+        retry(
+            &TRANSPORT_BACKOFF,
+            TRANSPORT_ATTEMPTS,
+            |_| true,
+            |_| request().send(),
+        )
         .await
     }
 
