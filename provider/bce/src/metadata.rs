@@ -275,7 +275,10 @@ pub fn parse_mask(raw: &str, max: u8) -> Option<u8> {
     }
     let ones = bits.leading_ones();
     // Contiguous: nothing set after the leading ones.
-    (bits.checked_shl(ones).unwrap_or(0) == 0).then_some(ones as u8)
+    // At most 128 leading ones: always a u8.
+    (bits.checked_shl(ones).unwrap_or(0) == 0)
+        .then(|| u8::try_from(ones).ok())
+        .flatten()
 }
 
 #[cfg(test)]

@@ -49,9 +49,10 @@ struct FakeEni {
 }
 
 fn eni(n: u32) -> Eni {
+    let [.., hi, lo] = n.to_be_bytes();
     Eni {
         id: format!("eni-{n}"),
-        mac: MacAddr([2, 0, 0, 0, (n >> 8) as u8, n as u8]),
+        mac: MacAddr([2, 0, 0, 0, hi, lo]),
         ipv4: format!("10.0.{}.{}/16", n >> 8, n & 0xff).parse().unwrap(),
         gateway4: "10.0.255.254".parse().unwrap(),
         ipv6: None,
