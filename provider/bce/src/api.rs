@@ -635,22 +635,18 @@ mod tests {
     }
 
     #[test]
-    fn backoff_is_bounded_and_jittered() {
+    fn retry_policy_is_the_shared_backoff_counted_from_zero() {
         let p = RetryPolicy {
             max_attempts: 5,
             base: Duration::from_millis(100),
             cap: Duration::from_secs(2),
         };
-        for retry in 0..40 {
+        assert_eq!(p.backoff(), Backoff::new(p.base, p.cap));
+        let steps = [100, 200, 400, 800, 1600, 2000, 2000].map(Duration::from_millis);
+        for (retry, step) in (0..).zip(steps) {
             let d = p.delay(retry);
-            let step = (Duration::from_millis(100) * 2u32.pow(retry.min(5))).min(p.cap);
-            assert!(
-                d >= step / 2 && d <= step,
-                "retry {retry}: {d:?} vs {step:?}"
-            );
+            assert!(d >= step / 2 && d <= step, "retry {retry}: {d:?}");
         }
-        let samples: std::collections::HashSet<_> = (0..20).map(|_| p.delay(3)).collect();
-        assert!(samples.len() > 1, "no jitter");
     }
 
     #[test]

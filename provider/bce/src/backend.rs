@@ -133,18 +133,7 @@ impl BceBackend {
     ) -> Result<Eni, ProviderError> {
         loop {
             let last = match self.metadata_interface(mac).await {
-                Ok(Some(iface)) => {
-                    return Ok(Eni {
-                        id: eni_id.to_string(),
-                        mac: iface.mac,
-                        ipv4: iface.ipv4,
-                        gateway4: iface.gateway4,
-                        ipv6: iface.ipv6,
-                        gateway6: iface.gateway6,
-                        mtu: None,
-                        owner: None,
-                    })
-                }
+                Ok(Some(iface)) => return Ok(iface.to_eni(eni_id)),
                 Ok(None) => "absent from instance metadata".to_string(),
                 Err(e) if e.is_transient() => e.to_string(),
                 Err(e) => return Err(e.into()),
@@ -223,16 +212,7 @@ impl CloudBackend for BceBackend {
             if iface.all_ips.contains(&std::net::IpAddr::V4(local)) {
                 continue;
             }
-            out.push(Eni {
-                id: api.eni_id.clone(),
-                mac,
-                ipv4: iface.ipv4,
-                gateway4: iface.gateway4,
-                ipv6: iface.ipv6,
-                gateway6: iface.gateway6,
-                mtu: None,
-                owner: None,
-            });
+            out.push(iface.to_eni(&api.eni_id));
         }
         Ok(out)
     }
