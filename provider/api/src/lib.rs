@@ -6,6 +6,7 @@
 //! owner that already holds an ENI returns that ENI again.
 
 pub mod cloud;
+pub mod retry;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -7,11 +7,12 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{Eni, MacAddr, ProviderError};
 use tokio::sync::{Mutex, OnceCell};
 
@@ -28,6 +29,8 @@ pub const TAG_NODE: &str = "enim.io/node";
 /// Bound on waiting for a lagging interface while listing: listing runs at
 /// pool start and should not stall for the full `metadata_wait`.
 const LIST_LAG_WAIT: Duration = Duration::from_secs(10);
+/// Polls of a detaching ENI: 200 ms doubling to 5 s (jittered).
+const DETACH_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
 #[derive(Debug, thiserror::Error)]
 pub enum AwsError {
@@ -366,8 +369,7 @@ impl AwsBackend {
 
     /// Polls EC2 until `eni_id` is `available` (detached) or gone.
     async fn await_detached(&self, eni_id: &str) -> Result<Option<NetworkInterface>, AwsError> {
-        let start = Instant::now();
-        let mut delay = Duration::from_millis(200);
+        let mut poll = Poll::within(&DETACH_BACKOFF, self.config.detach_timeout);
         loop {
             let now = self
                 .ec2
@@ -378,16 +380,13 @@ impl AwsBackend {
             if now.status == "available" {
                 return Ok(Some(now));
             }
-            let waited = start.elapsed();
-            if waited + delay > self.config.detach_timeout {
+            if !poll.wait().await {
                 return Err(AwsError::StateTimeout {
                     eni_id: eni_id.into(),
                     status: now.status,
-                    waited,
+                    waited: poll.elapsed(),
                 });
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
 

@@ -9,6 +9,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
+use enim_provider::retry::{retry, Backoff, Poll};
 use enim_provider::{Eni, MacAddr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::sync::Mutex;
@@ -19,8 +20,13 @@ const TOKEN_SLACK: Duration = Duration::from_secs(60);
 /// IMDS is a local link: a short timeout finds a blocked path (hop limit,
 /// disabled endpoint) quickly instead of hanging the agent.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Transport failures against IMDS are retried this many times in all.
+/// Transport failures against IMDS are retried this many times in all...
 const TRANSPORT_ATTEMPTS: u32 = 3;
+/// ...after 100 ms, then 200 ms (jittered).
+const TRANSPORT_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_millis(200));
+/// Polls of an interface metadata lags: 50 ms doubling to 1 s (jittered).
+const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImdsError {
@@ -218,18 +224,13 @@ impl Imds {
         &self,
         request: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, reqwest::Error> {
-        let mut attempt = 1;
-        loop {
-            match request().send().await {
-                Ok(resp) => return Ok(resp),
-                Err(e) if attempt >= TRANSPORT_ATTEMPTS => return Err(e),
-                Err(e) => {
-                    tracing::debug!(error = %e, attempt, "instance metadata request failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100) * attempt).await;
-                    attempt += 1;
-                }
-            }
-        }
+        retry(
+            &TRANSPORT_BACKOFF,
+            TRANSPORT_ATTEMPTS,
+            |_| true,
+            |_| request().send(),
+        )
+        .await
     }
 
     /// GET `/latest/<path>`.
@@ -417,8 +418,7 @@ impl Imds {
         expect_id: Option<&str>,
         wait: Duration,
     ) -> Result<InterfaceInfo, ImdsError> {
-        let start = Instant::now();
-        let mut delay = Duration::from_millis(50);
+        let mut poll = Poll::within(&SETTLE_BACKOFF, wait);
         loop {
             let listed = self.macs().await?.contains(&mac);
             let err = if listed {
@@ -439,17 +439,14 @@ impl Imds {
                     path: format!("meta-data/network/interfaces/macs/ (MAC {mac})"),
                 }
             };
-            let waited = start.elapsed();
-            if waited + delay > wait {
+            tracing::debug!(%mac, error = %err, "interface not in instance metadata yet");
+            if !poll.wait().await {
                 return Err(ImdsError::Lagging {
                     mac,
-                    waited,
+                    waited: poll.elapsed(),
                     last: Box::new(err),
                 });
             }
-            tracing::debug!(%mac, error = %err, "interface not in instance metadata yet");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
 

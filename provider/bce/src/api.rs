@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use enim_provider::retry::{retry, Backoff};
 use enim_provider::ProviderError;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
@@ -108,7 +109,7 @@ impl From<ApiError> for ProviderError {
     }
 }
 
-/// Bounded exponential backoff with jitter.
+/// Bounded exponential backoff with jitter (see [`enim_provider::retry`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Tries per call, the first included.
@@ -118,16 +119,16 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The pause before retry number `retry` (0-based): half of the
-    /// exponential step plus a random share of the other half, so that many
-    /// nodes throttled together do not come back together.
+    /// `base` doubling to `cap`, each pause half of its step plus a random
+    /// share of the other half, so that many nodes throttled together do
+    /// not come back together.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.base, self.cap)
+    }
+
+    /// The pause before retry number `retry` (0-based).
     pub fn delay(&self, retry: u32) -> Duration {
-        let step = self
-            .base
-            .saturating_mul(1u32.checked_shl(retry.min(16)).unwrap_or(u32::MAX))
-            .min(self.cap);
-        let half = step / 2;
-        half + half.mul_f64(fastrand::f64())
+        self.backoff().delay(retry)
     }
 }
 
@@ -336,22 +337,13 @@ impl ApiClient {
         params: &[(String, String)],
         body: Option<String>,
     ) -> Result<String, ApiError> {
-        let mut retry = 0;
-        loop {
-            match self
-                .call_once(op, method.clone(), path, params, body.clone())
-                .await
-            {
-                Ok(b) => return Ok(b),
-                Err(e) if e.is_transient() && retry + 1 < self.retry.max_attempts => {
-                    let pause = self.retry.delay(retry);
-                    tracing::debug!(error = %e, ?pause, "BCE call failed, retrying");
-                    tokio::time::sleep(pause).await;
-                    retry += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retry(
+            &self.retry.backoff(),
+            self.retry.max_attempts,
+            ApiError::is_transient,
+            |_| self.call_once(op, method.clone(), path, params, body.clone()),
+        )
+        .await
     }
 
     async fn call_once(
@@ -643,22 +635,18 @@ mod tests {
     }
 
     #[test]
-    fn backoff_is_bounded_and_jittered() {
+    fn retry_policy_is_the_shared_backoff_counted_from_zero() {
         let p = RetryPolicy {
             max_attempts: 5,
             base: Duration::from_millis(100),
             cap: Duration::from_secs(2),
         };
-        for retry in 0..40 {
+        assert_eq!(p.backoff(), Backoff::new(p.base, p.cap));
+        let steps = [100, 200, 400, 800, 1600, 2000, 2000].map(Duration::from_millis);
+        for (retry, step) in (0..).zip(steps) {
             let d = p.delay(retry);
-            let step = (Duration::from_millis(100) * 2u32.pow(retry.min(5))).min(p.cap);
-            assert!(
-                d >= step / 2 && d <= step,
-                "retry {retry}: {d:?} vs {step:?}"
-            );
+            assert!(d >= step / 2 && d <= step, "retry {retry}: {d:?}");
         }
-        let samples: std::collections::HashSet<_> = (0..20).map(|_| p.delay(3)).collect();
-        assert!(samples.len() > 1, "no jitter");
     }
 
     #[test]

@@ -182,7 +182,8 @@ pub fn format_timestamp(t: SystemTime) -> String {
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs();
-    let days = (secs / 86_400) as i64;
+    // u64::MAX / 86_400 is far below i64::MAX: the fallback is never taken.
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
     let rem = secs % 86_400;
     let (y, m, d) = civil_from_days(days);
     format!(
@@ -206,24 +207,23 @@ pub fn parse_timestamp(s: &str) -> Option<u64> {
     {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+    // Each field parsed straight into the type it is used as: no casts.
+    fn num<T: std::str::FromStr>(s: &str, r: std::ops::Range<usize>) -> Option<T> {
         let part = s.get(r)?;
         if part.bytes().all(|c| c.is_ascii_digit()) {
             part.parse().ok()
         } else {
             None
         }
-    };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    }
+    let (y, mo, d): (i64, u32, u32) = (num(s, 0..4)?, num(s, 5..7)?, num(s, 8..10)?);
+    let (h, mi, se): (u64, u64, u64) = (num(s, 11..13)?, num(s, 14..16)?, num(s, 17..19)?);
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
         return None;
     }
-    let days = days_from_civil(y as i64, mo as u32, d as u32);
-    if days < 0 {
-        return None;
-    }
-    Some(days as u64 * 86_400 + h * 3600 + mi * 60 + se)
+    // Before the epoch: not a time this side signs.
+    let days = u64::try_from(days_from_civil(y, mo, d)).ok()?;
+    Some(days * 86_400 + h * 3600 + mi * 60 + se)
 }
 
 // Proleptic Gregorian calendar conversions (H. Hinnant's algorithms), so the
@@ -235,8 +235,10 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    // doy is in 0..=365 and mp in 0..=11, so d is in 1..=31 and m in
+    // 1..=12: the fallbacks are never taken.
+    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{Eni, MacAddr, ProviderError};
-use tokio::time::Instant;
 
 use crate::api::{client_token, ApiClient, ApiEni, ApiError, CreateEni, EniStatus, PrivateIp};
 use crate::metadata::{MetadataClient, MetadataError};
@@ -65,6 +65,15 @@ impl BceBackend {
         eni.name.starts_with(&self.name_prefix)
     }
 
+    /// Polls of one attach or detach: every `poll_interval` at most
+    /// (jittered), for `operation_timeout` in all.
+    fn poll(&self) -> Poll {
+        Poll::within(
+            &Backoff::steady(self.s.poll_interval),
+            self.s.operation_timeout,
+        )
+    }
+
     fn timeout(&self, eni_id: &str, what: &str, last: &str) -> ProviderError {
         ProviderError::Unavailable(format!(
             "ENI {eni_id}: still {last} after {:?} waiting for it to {what}",
@@ -75,7 +84,7 @@ impl BceBackend {
     /// Attaches `eni_id` to this instance if it is not, waits for `inuse`,
     /// then for metadata to show it.
     async fn attach_and_wait(&self, eni_id: &str) -> Result<Eni, ProviderError> {
-        let deadline = Instant::now() + self.s.operation_timeout;
+        let mut poll = self.poll();
         let token = client_token();
         let mut attach_sent = false;
         let mac = loop {
@@ -105,15 +114,14 @@ impl BceBackend {
                 // available right after our attach call: wait.
                 _ => {}
             }
-            if Instant::now() >= deadline {
+            if !poll.wait().await {
                 return Err(self.timeout(eni_id, "be attached", &status.to_string()));
             }
-            tokio::time::sleep(self.s.poll_interval).await;
         };
         let mac: MacAddr = mac.parse().map_err(|e| {
             ProviderError::Unavailable(format!("ENI {eni_id}: BCE reports MAC {mac:?}: {e}"))
         })?;
-        self.wait_for_metadata(eni_id, mac, deadline).await
+        self.wait_for_metadata(eni_id, mac, &mut poll).await
     }
 
     /// Polls metadata until it lists `mac` with its addresses.
@@ -121,30 +129,18 @@ impl BceBackend {
         &self,
         eni_id: &str,
         mac: MacAddr,
-        deadline: Instant,
+        poll: &mut Poll,
     ) -> Result<Eni, ProviderError> {
         loop {
             let last = match self.metadata_interface(mac).await {
-                Ok(Some(iface)) => {
-                    return Ok(Eni {
-                        id: eni_id.to_string(),
-                        mac: iface.mac,
-                        ipv4: iface.ipv4,
-                        gateway4: iface.gateway4,
-                        ipv6: iface.ipv6,
-                        gateway6: iface.gateway6,
-                        mtu: None,
-                        owner: None,
-                    })
-                }
+                Ok(Some(iface)) => return Ok(iface.to_eni(eni_id)),
                 Ok(None) => "absent from instance metadata".to_string(),
                 Err(e) if e.is_transient() => e.to_string(),
                 Err(e) => return Err(e.into()),
             };
-            if Instant::now() >= deadline {
+            if !poll.wait().await {
                 return Err(self.timeout(eni_id, "appear in instance metadata", &last));
             }
-            tokio::time::sleep(self.s.poll_interval).await;
         }
     }
 
@@ -216,16 +212,7 @@ impl CloudBackend for BceBackend {
             if iface.all_ips.contains(&std::net::IpAddr::V4(local)) {
                 continue;
             }
-            out.push(Eni {
-                id: api.eni_id.clone(),
-                mac,
-                ipv4: iface.ipv4,
-                gateway4: iface.gateway4,
-                ipv6: iface.ipv6,
-                gateway6: iface.gateway6,
-                mtu: None,
-                owner: None,
-            });
+            out.push(iface.to_eni(&api.eni_id));
         }
         Ok(out)
     }
@@ -311,7 +298,7 @@ impl CloudBackend for BceBackend {
     }
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
-        let deadline = Instant::now() + self.s.operation_timeout;
+        let mut poll = self.poll();
         let detach_token = client_token();
         let delete_token = client_token();
         let mut detach_sent = false;
@@ -355,10 +342,9 @@ impl CloudBackend for BceBackend {
                 }
                 _ => {}
             }
-            if Instant::now() >= deadline {
+            if !poll.wait().await {
                 return Err(self.timeout(eni_id, "be detached and deleted", &status.to_string()));
             }
-            tokio::time::sleep(self.s.poll_interval).await;
         }
     }
 }

@@ -60,7 +60,8 @@ pub struct BceConfig {
     /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`.
     #[serde(default)]
     pub secret_access_key: Option<String>,
-    /// Between two ENI status or metadata polls.
+    /// Longest pause between two ENI status or metadata polls (each drawn
+    /// from its upper half, so nodes do not poll in lockstep).
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
     /// Bound on one attach, detach or wait for metadata.

@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use enim_provider::MacAddr;
+use enim_provider::{Eni, MacAddr};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The metadata paths, relative to the base URL, in one place.
@@ -85,6 +85,22 @@ pub struct MetaInterface {
     pub gateway6: Option<Ipv6Addr>,
     /// Every fixed IP of the interface, primary and secondary.
     pub all_ips: Vec<IpAddr>,
+}
+
+impl MetaInterface {
+    /// The ENI `id` as metadata shows it (owner none, MTU the device's).
+    pub fn to_eni(&self, id: &str) -> Eni {
+        Eni {
+            id: id.to_string(),
+            mac: self.mac,
+            ipv4: self.ipv4,
+            gateway4: self.gateway4,
+            ipv6: self.ipv6,
+            gateway6: self.gateway6,
+            mtu: None,
+            owner: None,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -275,7 +291,10 @@ pub fn parse_mask(raw: &str, max: u8) -> Option<u8> {
     }
     let ones = bits.leading_ones();
     // Contiguous: nothing set after the leading ones.
-    (bits.checked_shl(ones).unwrap_or(0) == 0).then_some(ones as u8)
+    // At most 128 leading ones: always a u8.
+    (bits.checked_shl(ones).unwrap_or(0) == 0)
+        .then(|| u8::try_from(ones).ok())
+        .flatten()
 }
 
 #[cfg(test)]

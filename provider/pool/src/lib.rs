@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::CloudBackend;
+use enim_provider::retry::{Backoff, Jitter};
 use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
@@ -54,13 +55,15 @@ pub struct PoolConfig {
     pub min_free: usize,
     /// Free ENIs above this are detached and deleted (MaxAboveWatermark).
     pub max_free: usize,
-    /// First retry delay after a failed round; doubles per failure.
+    /// First retry step after a failed round; doubles per failure. Each
+    /// delay is drawn from the upper half of its step (jitter).
     #[serde(with = "humantime_serde")]
     pub initial_retry: Duration,
-    /// Upper bound of the retry delay.
+    /// Upper bound of the retry step.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
-    /// Delay between rounds when nothing failed and nothing woke the loop.
+    /// Longest delay between rounds when nothing failed and nothing woke
+    /// the loop; each is drawn from its upper half (jitter).
     #[serde(with = "humantime_serde")]
     pub resync_interval: Duration,
 }
@@ -78,6 +81,11 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// The delays between failed rounds.
+    pub fn retry_backoff(&self) -> Backoff {
+        Backoff::new(self.initial_retry, self.max_backoff)
+    }
+
     pub fn validate(&self) -> Result<(), ProviderError> {
         let bad = |why: String| Err(ProviderError::Config(format!("warm pool: {why}")));
         if self.max_free < self.min_free {
@@ -449,10 +457,11 @@ impl Inner {
 
 /// The resync loop: a round, then wait. After a failure it waits the
 /// backoff delay and ignores wake-ups, so pods hitting an empty pool cannot
-/// hammer a throttling cloud; after success it waits `resync_interval` or
-/// until woken.
+/// hammer a throttling cloud; after success it waits up to `resync_interval`
+/// or until woken. Both waits are jittered, so the nodes of a fleet that
+/// failed (or started) together do not call the cloud together.
 async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
-    let mut backoff = Backoff::new(inner.config.initial_retry, inner.config.max_backoff);
+    let mut backoff = inner.config.retry_backoff().delays();
     // The first round follows discovery; rounds on the timer reconcile (a
     // failed one is retried with its reconcile), woken ones do not: an
     // allocation must not cost a metadata walk.
@@ -479,7 +488,7 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                 _ = stop.changed() => true,
             },
             None => tokio::select! {
-                _ = tokio::time::sleep(inner.config.resync_interval) => {
+                _ = tokio::time::sleep(Jitter::Equal.apply(inner.config.resync_interval)) => {
                     reconcile = true;
                     false
                 }
@@ -490,35 +499,6 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         if stopping {
             return;
         }
-    }
-}
-
-/// Exponential backoff: `initial` doubling to `max`, back to `initial` after
-/// a success.
-#[derive(Debug)]
-struct Backoff {
-    initial: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(initial: Duration, max: Duration) -> Self {
-        Backoff {
-            initial,
-            max,
-            next: initial,
-        }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = delay.saturating_mul(2).min(self.max);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = self.initial;
     }
 }
 

@@ -1,231 +1,14 @@
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, ProviderError};
-use tokio::sync::{watch, Semaphore};
+use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 use tokio::time::Instant;
 
 use super::*;
 
-/// An in-memory cloud: ENIs with attached/tagged flags, an attachment
-/// limit, call counters, injectable transient failures and gates that hold
-/// create or delete calls until the test opens them.
-struct FakeCloud {
-    st: Mutex<FakeState>,
-    /// Bumped after every call, so tests can wait for a cloud state.
-    events: watch::Sender<u64>,
-    create_gate: Semaphore,
-    delete_gate: Semaphore,
-}
-
-#[derive(Default)]
-struct FakeState {
-    /// ENIs the instance may have attached, the primary included.
-    limit: usize,
-    next_id: u32,
-    enis: BTreeMap<String, FakeEni>,
-    /// The next this many create/delete calls fail with `Throttled`.
-    fail_next: usize,
-    hold_creates: bool,
-    hold_deletes: bool,
-    creates: usize,
-    creates_started: usize,
-    deletes: Vec<String>,
-    create_times: Vec<Instant>,
-    delete_times: Vec<Instant>,
-    /// Creates that would have exceeded the limit.
-    over_limit: usize,
-}
-
-struct FakeEni {
-    eni: Eni,
-    attached: bool,
-    tagged: bool,
-}
-
-fn eni(n: u32) -> Eni {
-    Eni {
-        id: format!("eni-{n}"),
-        mac: MacAddr([2, 0, 0, 0, (n >> 8) as u8, n as u8]),
-        ipv4: format!("10.0.{}.{}/16", n >> 8, n & 0xff).parse().unwrap(),
-        gateway4: "10.0.255.254".parse().unwrap(),
-        ipv6: None,
-        gateway6: None,
-        mtu: Some(9001),
-        owner: None,
-    }
-}
-
-impl FakeCloud {
-    fn new(limit: usize) -> Arc<FakeCloud> {
-        Arc::new(FakeCloud {
-            st: Mutex::new(FakeState {
-                limit,
-                next_id: 1,
-                ..Default::default()
-            }),
-            events: watch::Sender::new(0),
-            create_gate: Semaphore::new(0),
-            delete_gate: Semaphore::new(0),
-        })
-    }
-
-    fn st(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.st.lock().unwrap()
-    }
-
-    /// Adds an ENI directly (as a previous agent run would have left it).
-    fn add(&self, attached: bool, tagged: bool) -> String {
-        let mut st = self.st();
-        let e = eni(st.next_id);
-        st.next_id += 1;
-        let id = e.id.clone();
-        st.enis.insert(
-            id.clone(),
-            FakeEni {
-                eni: e,
-                attached,
-                tagged,
-            },
-        );
-        id
-    }
-
-    fn attached_count(&self) -> usize {
-        self.st().enis.values().filter(|e| e.attached).count()
-    }
-
-    fn fail_next(&self, n: usize) {
-        self.st().fail_next = n;
-    }
-
-    fn bump(&self) {
-        self.events.send_modify(|n| *n += 1);
-    }
-
-    /// Waits until `pred` holds on the cloud state, re-checking after each
-    /// call the fake serves.
-    async fn until(&self, pred: impl Fn(&FakeState) -> bool) {
-        let mut rx = self.events.subscribe();
-        tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|_| pred(&self.st())))
-            .await
-            .expect("the cloud never reached the expected state")
-            .unwrap();
-    }
-
-    fn injected_failure(&self) -> Result<(), ProviderError> {
-        let mut st = self.st();
-        if st.fail_next > 0 {
-            st.fail_next -= 1;
-            return Err(ProviderError::Throttled("injected".into()));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl CloudBackend for FakeCloud {
-    fn name(&self) -> &str {
-        "fake"
-    }
-
-    async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
-        Ok(self
-            .st()
-            .enis
-            .values()
-            .filter(|e| e.attached)
-            .map(|e| e.eni.clone())
-            .collect())
-    }
-
-    async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
-        Ok(self
-            .st()
-            .enis
-            .values()
-            .filter(|e| e.tagged)
-            .map(|e| TaggedEni {
-                id: e.eni.id.clone(),
-                attached: e.attached,
-            })
-            .collect())
-    }
-
-    async fn eni_limit(&self) -> Result<usize, ProviderError> {
-        Ok(self.st().limit)
-    }
-
-    async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
-        let hold = {
-            let mut st = self.st();
-            st.creates_started += 1;
-            st.create_times.push(Instant::now());
-            st.hold_creates
-        };
-        self.bump();
-        if hold {
-            self.create_gate.acquire().await.unwrap().forget();
-        }
-        let result = self.injected_failure().and_then(|()| {
-            let mut st = self.st();
-            let attached = st.enis.values().filter(|e| e.attached).count();
-            if attached + 1 >= st.limit {
-                st.over_limit += 1;
-                return Err(ProviderError::Config("ENI limit exceeded".into()));
-            }
-            let e = eni(st.next_id);
-            st.next_id += 1;
-            st.creates += 1;
-            st.enis.insert(
-                e.id.clone(),
-                FakeEni {
-                    eni: e.clone(),
-                    attached: true,
-                    tagged: true,
-                },
-            );
-            Ok(e)
-        });
-        self.bump();
-        result
-    }
-
-    async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
-        Err(ProviderError::UnknownEni(eni_id.into()))
-    }
-
-    async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
-        let hold = {
-            let mut st = self.st();
-            st.delete_times.push(Instant::now());
-            st.hold_deletes
-        };
-        self.bump();
-        if hold {
-            self.delete_gate.acquire().await.unwrap().forget();
-        }
-        let result = self.injected_failure().and_then(|()| {
-            let mut st = self.st();
-            match st.enis.get(eni_id) {
-                Some(e) if !e.tagged => {
-                    Err(ProviderError::Config(format!("{eni_id} is not enim's")))
-                }
-                Some(_) => {
-                    st.enis.remove(eni_id);
-                    st.deletes.push(eni_id.into());
-                    Ok(())
-                }
-                None => Err(ProviderError::UnknownEni(eni_id.into())),
-            }
-        });
-        self.bump();
-        result
-    }
-}
+mod fake;
+use fake::{FakeCloud, WAIT_LIMIT};
 
 fn owner(c: &str) -> EniOwner {
     EniOwner {
@@ -247,10 +30,6 @@ fn config(min_free: usize, max_free: usize) -> PoolConfig {
 async fn start(cloud: &Arc<FakeCloud>, config: PoolConfig) -> Arc<WarmPool> {
     WarmPool::start(cloud.clone(), config).await.unwrap()
 }
-
-/// A bound that turns a pool stuck in the wrong state into a failure
-/// instead of a hang (virtual time in the paused-clock tests).
-const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
 async fn wait_stats(pool: &WarmPool, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
     let mut rx = pool.subscribe();
@@ -316,12 +95,30 @@ fn config_defaults_parse_and_validation() {
 }
 
 #[test]
-fn backoff_doubles_caps_and_resets() {
-    let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
-    let delays: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
-    assert_eq!(delays, [1, 2, 4, 5, 5]);
-    b.reset();
-    assert_eq!(b.next_delay(), Duration::from_secs(1));
+fn retry_backoff_follows_the_config() {
+    let cfg = PoolConfig {
+        initial_retry: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(5),
+        ..config(1, 3)
+    };
+    let b = cfg.retry_backoff();
+    let steps: Vec<u64> = (0..5).map(|n| b.step(n).as_secs()).collect();
+    assert_eq!(steps, [1, 2, 4, 5, 5]);
+    assert_eq!(b.jitter, enim_provider::retry::Jitter::Equal);
+}
+
+/// Each gap is its step, jittered: within the step's upper half. With
+/// doubling steps those ranges only touch, so the check still tells every
+/// step (and a reset to the first) apart.
+fn assert_jittered(gaps: &[Duration], steps_secs: &[u64]) {
+    assert_eq!(gaps.len(), steps_secs.len(), "{gaps:?}");
+    for (gap, &step) in gaps.iter().zip(steps_secs) {
+        let step = Duration::from_secs(step);
+        assert!(
+            *gap >= step / 2 && *gap <= step,
+            "gap {gap:?} outside the jitter range of step {step:?}: {gaps:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -558,13 +355,15 @@ async fn backoff_grows_caps_and_resets() {
         let t = cloud.st().create_times.clone();
         t[from..].windows(2).map(|w| w[1] - w[0]).collect()
     };
-    let secs = |s: &[u64]| -> Vec<Duration> { s.iter().map(|&s| Duration::from_secs(s)).collect() };
 
-    // Five failures, then success: retries after 1, 2, 4, 4 (capped), 4 s.
+    // Five failures, then success: retries after steps of 1, 2, 4, 4
+    // (capped), 4 s, each jittered.
     cloud.fail_next(5);
     let pool = start(&cloud, cfg).await;
     wait_stats(&pool, |s| s.available == 1).await;
-    assert_eq!(gaps(0), secs(&[1, 2, 4, 4, 4]));
+    assert_jittered(&gaps(0), &[1, 2, 4, 4, 4]);
+    // Not in lockstep: the jittered gaps are not the bare steps.
+    assert_ne!(gaps(0), [1, 2, 4, 4, 4].map(Duration::from_secs));
     assert_eq!(cloud.st().creates, 1);
 
     // Allocations during the backoff did not cut it short.
@@ -579,13 +378,13 @@ async fn backoff_grows_caps_and_resets() {
     }
     wait_stats(&pool, |s| s.available == 1).await;
     // Success reset the backoff: the next failures restart at 1 s.
-    assert_eq!(gaps(before), secs(&[1, 2, 4]));
+    assert_jittered(&gaps(before), &[1, 2, 4]);
 
     let before = cloud.st().create_times.len();
     cloud.fail_next(2);
     pool.allocate_next(&owner("b")).await.unwrap();
     wait_stats(&pool, |s| s.available == 1).await;
-    assert_eq!(gaps(before), secs(&[1, 2]));
+    assert_jittered(&gaps(before), &[1, 2]);
     pool.shutdown().await;
 }
 
@@ -686,7 +485,7 @@ async fn failed_orphan_delete_is_retried_by_the_loop() {
     cloud.until(|st| st.deletes.contains(&orphan)).await;
     let t = cloud.st().delete_times.clone();
     assert_eq!(t.len(), 3);
-    assert_eq!(t[2] - t[1], Duration::from_secs(1));
+    assert_jittered(&[t[2] - t[1]], &[1]);
     assert!(!cloud.st().enis.contains_key(&orphan));
     assert!(pool.list().await.unwrap().is_empty());
     pool.shutdown().await;
@@ -760,6 +559,16 @@ async fn member_ids(pool: &WarmPool) -> Vec<String> {
     ids
 }
 
+/// Waits for the next round that asks the instance what is attached (a
+/// timer round) and for the pool to take the answer in.
+async fn next_timer_round(cloud: &FakeCloud) {
+    let n = cloud.st().attached_times.len();
+    cloud.until(|st| st.attached_times.len() > n).await;
+    // The rest of the round makes no cloud call; the next timer wait is at
+    // least half the resync interval, far above this.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
 /// Timer rounds compare the pool with the instance: an ENI attached from
 /// outside becomes a free member (never detached as surplus: it is not
 /// known to be enim's); a free member detached from outside leaves after
@@ -783,10 +592,11 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     // Someone attaches an ENI of their own: the next timer round takes it in.
     let outside = cloud.add(true, false);
     assert_eq!(member_ids(&pool).await, vec![held.clone()]);
-    tokio::time::sleep(resync + Duration::from_millis(100)).await;
+    next_timer_round(&cloud).await;
     assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
     // Free and above max_free = 0, yet never detached: not enim's.
-    tokio::time::sleep(resync * 2).await;
+    next_timer_round(&cloud).await;
+    next_timer_round(&cloud).await;
     assert!(cloud.st().deletes.is_empty());
     assert_eq!(pool.allocate_next(&owner("p2")).await.unwrap().id, outside);
     pool.release(&owner("p2")).await.unwrap();
@@ -797,10 +607,20 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     for id in [&held, &outside] {
         cloud.st().enis.get_mut(id.as_str()).unwrap().attached = false;
     }
-    tokio::time::sleep(resync).await;
+    let detached_at = cloud.st().attached_times.len();
+    next_timer_round(&cloud).await;
     assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
-    tokio::time::sleep(resync * u32::from(MISSING_ROUNDS)).await;
+    for _ in 1..MISSING_ROUNDS {
+        next_timer_round(&cloud).await;
+    }
     assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    // Nothing woke the loop since the detach: the timer rounds came at
+    // jittered delays of at most `resync`, not in lockstep.
+    next_timer_round(&cloud).await;
+    let t = cloud.st().attached_times[detached_at..].to_vec();
+    let gaps: Vec<Duration> = t.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_jittered(&gaps, &[resync.as_secs(); 2]);
+    assert_ne!(gaps[0], gaps[1], "resync delays in lockstep");
     let stats = pool.stats();
     assert_eq!((stats.used, stats.available), (1, 0), "{stats:?}");
     pool.shutdown().await;

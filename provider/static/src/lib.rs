@@ -182,7 +182,11 @@ impl StaticProvider {
                     return Err(bad(format!("mtu {mtu} is outside 68..=65535")));
                 }
             }
-            let device_index = e.device_index.unwrap_or(position as u32 + 1);
+            let device_index = match e.device_index {
+                Some(i) => i,
+                None => u32::try_from(position + 1)
+                    .map_err(|_| bad("too many ENIs to number".into()))?,
+            };
             if !indexes.insert(device_index) {
                 return Err(bad(format!("device_index {device_index} is used twice")));
             }

@@ -109,7 +109,7 @@ impl World {
                 vpc_id: vpc.to_string(),
                 subnet_id: SUBNET.to_string(),
                 mac: format!("fa:f6:00:00:{:02x}:{:02x}", n / 256, n % 256 + 16),
-                ip: Ipv4Addr::new(10, 0, 1, 20 + n as u8),
+                ip: Ipv4Addr::new(10, 0, 1, u8::try_from(20 + n).expect("few fake ENIs")),
                 ipv6: self
                     .ipv6
                     .then(|| format!("2400:da00::{:x}", 0x20 + n).parse().unwrap()),
@@ -422,7 +422,7 @@ fn route(w: &mut World, method: &Method, path: &str, query: &str, body: &[u8]) -
     }
     let resp: Result<String, Fail> = match (method.clone(), segments.as_slice()) {
         (Method::GET, ["v1", "eni", "quota"]) => {
-            let used = w.secondaries_of_us() as u32;
+            let used = u32::try_from(w.secondaries_of_us()).expect("few fake ENIs");
             Ok(json!({"totalQuantity": w.quota_total,
                       "availableQuantity": w.quota_total.saturating_sub(used + 1)})
             .to_string())
@@ -536,7 +536,7 @@ fn attach(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
         return Err(fail(400, "MissingParameter", "instanceId"));
     };
     let polls = w.transition_polls;
-    let used = w.secondaries_of_us() as u32;
+    let used = u32::try_from(w.secondaries_of_us()).expect("few fake ENIs");
     let quota = w.quota_total;
     let Some(e) = w.enis.get_mut(id) else {
         return Err(fail(404, "EniNotFound", "no such ENI"));

@@ -1,0 +1,317 @@
+//! The AWS Query protocol: form-encoded POSTs signed with SigV4, XML
+//! replies, retried per [`RetryPolicy`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
+use aws_sigv4::sign::v4;
+use aws_smithy_runtime_api::client::identity::Identity;
+use enim_provider::retry::{retry, Backoff};
+
+use super::error::{classify, Ec2Error};
+use crate::credentials::CredentialsProvider;
+
+const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
+
+/// Bounded retries with jittered exponential backoff (see
+/// [`enim_provider::retry`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// `initial` doubling to `max`, each wait drawn from the upper half of
+    /// its step ("equal jitter"), so many nodes throttled together do not
+    /// retry in lockstep.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.initial, self.max)
+    }
+
+    /// The wait after failed attempt `n` (1-based).
+    pub fn delay(&self, n: u32) -> Duration {
+        self.backoff().delay(n.saturating_sub(1))
+    }
+}
+
+/// Where an AWS endpoint is, by region (`*.amazonaws.com.cn` in China).
+pub fn default_endpoint(service: &str, region: &str) -> String {
+    let suffix = if region.starts_with("cn-") {
+        "amazonaws.com.cn"
+    } else {
+        "amazonaws.com"
+    };
+    format!("https://{service}.{region}.{suffix}/")
+}
+
+/// A Query-protocol client for one service (EC2, or IAM in tests).
+pub struct QueryClient {
+    http: reqwest::Client,
+    endpoint: String,
+    region: String,
+    service: String,
+    version: String,
+    creds: Arc<CredentialsProvider>,
+    retry: RetryPolicy,
+}
+
+impl QueryClient {
+    pub fn new(
+        endpoint: &str,
+        region: &str,
+        service: &str,
+        version: &str,
+        creds: Arc<CredentialsProvider>,
+        retry: RetryPolicy,
+    ) -> Result<QueryClient, Ec2Error> {
+        let mut endpoint = endpoint.to_string();
+        if !endpoint.ends_with('/') {
+            endpoint.push('/');
+        }
+        let request_err = |detail: String| Ec2Error::Request {
+            action: "(client setup)".into(),
+            detail,
+        };
+        let uri = endpoint
+            .parse::<http::Uri>()
+            .map_err(|e| request_err(format!("endpoint {endpoint:?}: {e}")))?;
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30));
+        // HTTPS_PROXY may be how a node reaches EC2, but a proxy can never
+        // reach this host's loopback (local endpoints, tests).
+        if uri.host().is_some_and(is_loopback) {
+            builder = builder.no_proxy();
+        }
+        let http = builder
+            .build()
+            .map_err(|e| request_err(format!("building the HTTP client: {e}")))?;
+        Ok(QueryClient {
+            http,
+            endpoint,
+            region: region.into(),
+            service: service.into(),
+            version: version.into(),
+            creds,
+            retry,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Calls `action` with `params` and returns the XML reply, retrying
+    /// throttling and server errors per the retry policy.
+    pub async fn call(
+        &self,
+        action: &str,
+        params: &[(String, String)],
+    ) -> Result<String, Ec2Error> {
+        let mut body = format!(
+            "Action={}&Version={}",
+            form_encode(action),
+            form_encode(&self.version)
+        );
+        for (k, v) in params {
+            body.push('&');
+            body.push_str(&form_encode(k));
+            body.push('=');
+            body.push_str(&form_encode(v));
+        }
+        let (body, refreshed) = (&body, &AtomicBool::new(false));
+        retry(
+            &self.retry.backoff(),
+            self.retry.attempts,
+            Ec2Error::retryable,
+            |attempt| async move {
+                let mut sent = self.send_once(action, body).await;
+                if let Err(e) = &sent {
+                    // Rotated role credentials: fetch the new set, once per
+                    // call, and try again at once (not counted as a retry).
+                    if e.expired_credentials() && !refreshed.swap(true, Ordering::Relaxed) {
+                        tracing::info!(action, error = %e, "EC2 credentials expired; refreshing");
+                        self.creds.invalidate().await;
+                        sent = self.send_once(action, body).await;
+                    }
+                }
+                sent.map_err(|mut e| {
+                    e.set_attempts(attempt);
+                    e
+                })
+            },
+        )
+        .await
+    }
+
+    async fn send_once(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
+        let request_err = |detail: String| Ec2Error::Request {
+            action: action.into(),
+            detail,
+        };
+        let creds = self
+            .creds
+            .get()
+            .await
+            .map_err(|source| Ec2Error::Credentials {
+                action: action.into(),
+                source,
+            })?;
+        let identity: Identity = creds.into();
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.region)
+            .name(&self.service)
+            .time(SystemTime::now())
+            .settings(SigningSettings::default())
+            .build()
+            .map_err(|e| request_err(format!("signing parameters: {e}")))?
+            .into();
+        let headers = [("content-type", CONTENT_TYPE)];
+        let signable = SignableRequest::new(
+            "POST",
+            self.endpoint.as_str(),
+            headers.iter().copied(),
+            SignableBody::Bytes(body.as_bytes()),
+        )
+        .map_err(|e| request_err(format!("signing: {e}")))?;
+        let (instructions, _signature) = sign(signable, &params)
+            .map_err(|e| request_err(format!("signing: {e}")))?
+            .into_parts();
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(&self.endpoint)
+            .header("content-type", CONTENT_TYPE)
+            .body(body.to_string())
+            .map_err(|e| request_err(format!("building the request: {e}")))?;
+        instructions.apply_to_request_http1x(&mut request);
+        let request = reqwest::Request::try_from(request)
+            .map_err(|e| request_err(format!("building the request: {e}")))?;
+
+        let resp = match self.http.execute(request).await {
+            Ok(r) => r,
+            // Connection refused/reset, timeouts: the endpoint may be back
+            // in a moment.
+            Err(e) => {
+                return Err(Ec2Error::Unavailable {
+                    action: action.into(),
+                    detail: format!("{}: {}", self.endpoint, error_chain(&e)),
+                    attempts: 1,
+                })
+            }
+        };
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| Ec2Error::Unavailable {
+            action: action.into(),
+            detail: format!("reading the reply: {}", error_chain(&e)),
+            attempts: 1,
+        })?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        Err(classify(action, status, &text))
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Form encoding with only the RFC 3986 unreserved characters left as
+/// they are (and space as `+`): the strictest common reading, so a server
+/// that re-encodes the parsed form before checking the signature (moto
+/// does) arrives at the same bytes.
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_policy_is_the_shared_backoff_counted_from_one() {
+        let p = RetryPolicy {
+            attempts: 5,
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        assert_eq!(p.backoff(), Backoff::new(p.initial, p.max));
+        // Attempt 1 failed: the first step, jittered; far on: the cap.
+        let ms = Duration::from_millis;
+        for _ in 0..100 {
+            assert!((ms(50)..=ms(100)).contains(&p.delay(1)));
+            assert!((ms(500)..=ms(1000)).contains(&p.delay(40)));
+        }
+    }
+
+    #[test]
+    fn endpoints_by_region() {
+        assert_eq!(
+            default_endpoint("ec2", "eu-west-1"),
+            "https://ec2.eu-west-1.amazonaws.com/"
+        );
+        assert_eq!(
+            default_endpoint("ec2", "cn-north-1"),
+            "https://ec2.cn-north-1.amazonaws.com.cn/"
+        );
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["127.0.0.1", "localhost", "[::1]", "127.1.2.3"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["ec2.us-east-1.amazonaws.com", "10.0.0.1", "[2600::1]"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn form_encoding_keeps_only_unreserved() {
+        assert_eq!(form_encode("aZ09-_.~"), "aZ09-_.~");
+        assert_eq!(form_encode("a b*c:d/e"), "a+b%2Ac%3Ad%2Fe");
+        assert_eq!(form_encode("{\"x\":[1]}"), "%7B%22x%22%3A%5B1%5D%7D");
+        assert_eq!(form_encode("é"), "%C3%A9");
+    }
+}

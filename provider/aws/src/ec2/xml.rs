@@ -1,0 +1,211 @@
+//! EC2's XML replies as typed values.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::error::Ec2Error;
+
+pub(super) fn decode<T: DeserializeOwned>(action: &str, xml: &str) -> Result<T, Ec2Error> {
+    quick_xml::de::from_str(xml).map_err(|e| Ec2Error::Decode {
+        action: action.into(),
+        detail: e.to_string(),
+    })
+}
+
+/// A list as EC2 serialises it: `<fooSet><item>…</item>…</fooSet>`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Items<T> {
+    #[serde(rename = "item", default = "Vec::new")]
+    pub item: Vec<T>,
+}
+
+impl<T> Default for Items<T> {
+    fn default() -> Self {
+        Items { item: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tag {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    #[serde(default)]
+    pub attachment_id: Option<String>,
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    #[serde(default)]
+    pub device_index: Option<u32>,
+    #[serde(default)]
+    pub network_card_index: Option<u32>,
+    /// attaching | attached | detaching | detached
+    #[serde(default)]
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ipv6Item {
+    pub ipv6_address: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInterface {
+    pub network_interface_id: String,
+    #[serde(default)]
+    pub mac_address: String,
+    /// available | attaching | in-use | detaching
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub private_ip_address: Option<String>,
+    #[serde(default)]
+    pub subnet_id: String,
+    #[serde(default)]
+    pub attachment: Option<Attachment>,
+    #[serde(default)]
+    pub tag_set: Items<Tag>,
+    #[serde(default)]
+    pub ipv6_addresses_set: Items<Ipv6Item>,
+}
+
+impl NetworkInterface {
+    pub fn tag(&self, key: &str) -> Option<&str> {
+        self.tag_set
+            .item
+            .iter()
+            .find(|t| t.key == key)
+            .map(|t| t.value.as_str())
+    }
+
+    /// The instance it is attached (or attaching) to.
+    pub fn attached_instance(&self) -> Option<&str> {
+        let a = self.attachment.as_ref()?;
+        match a.status.as_str() {
+            "attaching" | "attached" | "" => a.instance_id.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct DescribeNetworkInterfacesResponse {
+    #[serde(default)]
+    pub(super) network_interface_set: Items<NetworkInterface>,
+    #[serde(default)]
+    pub(super) next_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct CreateNetworkInterfaceResponse {
+    pub(super) network_interface: NetworkInterface,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct AttachNetworkInterfaceResponse {
+    pub(super) attachment_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct DescribeInstanceTypesResponse {
+    #[serde(default)]
+    pub(super) instance_type_set: Items<InstanceTypeInfo>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct InstanceTypeInfo {
+    pub(super) instance_type: String,
+    pub(super) network_info: NetworkInfo,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct NetworkInfo {
+    pub(super) maximum_network_interfaces: u32,
+    #[serde(default)]
+    pub(super) network_cards: Items<NetworkCard>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct NetworkCard {
+    pub(super) network_card_index: u32,
+    pub(super) maximum_network_interfaces: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_interface_xml() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<DescribeNetworkInterfacesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+ <requestId>r</requestId>
+ <networkInterfaceSet>
+  <item>
+   <networkInterfaceId>eni-0a</networkInterfaceId>
+   <subnetId>subnet-1</subnetId>
+   <description/>
+   <status>in-use</status>
+   <macAddress>02:00:00:aa:bb:cc</macAddress>
+   <privateIpAddress>10.0.1.5</privateIpAddress>
+   <groupSet><item><groupId>sg-1</groupId><groupName>default</groupName></item></groupSet>
+   <attachment>
+     <attachmentId>eni-attach-1</attachmentId><instanceId>i-1</instanceId>
+     <deviceIndex>2</deviceIndex><networkCardIndex>0</networkCardIndex><status>attached</status>
+   </attachment>
+   <tagSet><item><key>enim.io/node</key><value>i-1</value></item><item><key>empty</key><value/></item></tagSet>
+   <ipv6AddressesSet><item><ipv6Address>2600::5</ipv6Address></item></ipv6AddressesSet>
+  </item>
+  <item><networkInterfaceId>eni-0b</networkInterfaceId><status>available</status><tagSet/><ipv6AddressesSet/></item>
+ </networkInterfaceSet>
+ <nextToken>tok</nextToken>
+</DescribeNetworkInterfacesResponse>"#;
+        let r: DescribeNetworkInterfacesResponse = decode("D", xml).unwrap();
+        assert_eq!(r.next_token.as_deref(), Some("tok"));
+        let [a, b] = &r.network_interface_set.item[..] else {
+            panic!("two items expected");
+        };
+        assert_eq!(a.network_interface_id, "eni-0a");
+        assert_eq!(a.tag("enim.io/node"), Some("i-1"));
+        assert_eq!(a.tag("empty"), Some(""));
+        assert_eq!(a.attached_instance(), Some("i-1"));
+        let att = a.attachment.as_ref().unwrap();
+        assert_eq!(att.device_index, Some(2));
+        assert_eq!(att.attachment_id.as_deref(), Some("eni-attach-1"));
+        assert_eq!(a.ipv6_addresses_set.item[0].ipv6_address, "2600::5");
+        assert_eq!(b.attachment, None);
+        assert_eq!(b.attached_instance(), None);
+        assert!(b.tag_set.item.is_empty());
+    }
+
+    #[test]
+    fn instance_type_limit_per_card() {
+        let xml = "<DescribeInstanceTypesResponse><instanceTypeSet><item>\
+            <instanceType>p5.48xlarge</instanceType><networkInfo>\
+            <maximumNetworkInterfaces>64</maximumNetworkInterfaces>\
+            <networkCards><item><networkCardIndex>0</networkCardIndex><maximumNetworkInterfaces>2</maximumNetworkInterfaces></item>\
+            <item><networkCardIndex>1</networkCardIndex><maximumNetworkInterfaces>2</maximumNetworkInterfaces></item></networkCards>\
+            </networkInfo></item></instanceTypeSet></DescribeInstanceTypesResponse>";
+        let r: DescribeInstanceTypesResponse = decode("D", xml).unwrap();
+        let info = &r.instance_type_set.item[0];
+        assert_eq!(info.network_info.maximum_network_interfaces, 64);
+        assert_eq!(
+            info.network_info.network_cards.item[1].maximum_network_interfaces,
+            2
+        );
+    }
+}

@@ -1,0 +1,241 @@
+//! The pool tests' cloud: in memory, with knobs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::{Eni, MacAddr, ProviderError};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+
+/// A bound that turns a pool stuck in the wrong state into a failure
+/// instead of a hang (virtual time in the paused-clock tests).
+pub(super) const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+/// An in-memory cloud: ENIs with attached/tagged flags, an attachment
+/// limit, call counters, injectable transient failures and gates that hold
+/// create or delete calls until the test opens them.
+pub(super) struct FakeCloud {
+    st: Mutex<FakeState>,
+    /// Bumped after every call, so tests can wait for a cloud state.
+    events: watch::Sender<u64>,
+    pub(super) create_gate: Semaphore,
+    pub(super) delete_gate: Semaphore,
+}
+
+#[derive(Default)]
+pub(super) struct FakeState {
+    /// ENIs the instance may have attached, the primary included.
+    pub(super) limit: usize,
+    next_id: u32,
+    pub(super) enis: BTreeMap<String, FakeEni>,
+    /// The next this many create/delete calls fail with `Throttled`.
+    pub(super) fail_next: usize,
+    pub(super) hold_creates: bool,
+    pub(super) hold_deletes: bool,
+    pub(super) creates: usize,
+    pub(super) creates_started: usize,
+    pub(super) deletes: Vec<String>,
+    pub(super) create_times: Vec<Instant>,
+    pub(super) delete_times: Vec<Instant>,
+    /// When `attached` was called: the pool's discovery and timer rounds.
+    pub(super) attached_times: Vec<Instant>,
+    /// Creates that would have exceeded the limit.
+    pub(super) over_limit: usize,
+}
+
+pub(super) struct FakeEni {
+    pub(super) eni: Eni,
+    pub(super) attached: bool,
+    pub(super) tagged: bool,
+}
+
+fn eni(n: u32) -> Eni {
+    let [.., hi, lo] = n.to_be_bytes();
+    Eni {
+        id: format!("eni-{n}"),
+        mac: MacAddr([2, 0, 0, 0, hi, lo]),
+        ipv4: format!("10.0.{}.{}/16", n >> 8, n & 0xff).parse().unwrap(),
+        gateway4: "10.0.255.254".parse().unwrap(),
+        ipv6: None,
+        gateway6: None,
+        mtu: Some(9001),
+        owner: None,
+    }
+}
+
+impl FakeCloud {
+    pub(super) fn new(limit: usize) -> Arc<FakeCloud> {
+        Arc::new(FakeCloud {
+            st: Mutex::new(FakeState {
+                limit,
+                next_id: 1,
+                ..Default::default()
+            }),
+            events: watch::Sender::new(0),
+            create_gate: Semaphore::new(0),
+            delete_gate: Semaphore::new(0),
+        })
+    }
+
+    pub(super) fn st(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.st.lock().unwrap()
+    }
+
+    /// Adds an ENI directly (as a previous agent run would have left it).
+    pub(super) fn add(&self, attached: bool, tagged: bool) -> String {
+        let mut st = self.st();
+        let e = eni(st.next_id);
+        st.next_id += 1;
+        let id = e.id.clone();
+        st.enis.insert(
+            id.clone(),
+            FakeEni {
+                eni: e,
+                attached,
+                tagged,
+            },
+        );
+        id
+    }
+
+    pub(super) fn attached_count(&self) -> usize {
+        self.st().enis.values().filter(|e| e.attached).count()
+    }
+
+    pub(super) fn fail_next(&self, n: usize) {
+        self.st().fail_next = n;
+    }
+
+    fn bump(&self) {
+        self.events.send_modify(|n| *n += 1);
+    }
+
+    /// Waits until `pred` holds on the cloud state, re-checking after each
+    /// call the fake serves.
+    pub(super) async fn until(&self, pred: impl Fn(&FakeState) -> bool) {
+        let mut rx = self.events.subscribe();
+        tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|_| pred(&self.st())))
+            .await
+            .expect("the cloud never reached the expected state")
+            .unwrap();
+    }
+
+    /// The start of a create or delete call: `record` notes it and says
+    /// whether the test holds such calls; if so, waits for `gate`.
+    async fn enter(&self, gate: &Semaphore, record: impl FnOnce(&mut FakeState) -> bool) {
+        let hold = record(&mut self.st());
+        self.bump();
+        if hold {
+            gate.acquire().await.unwrap().forget();
+        }
+    }
+
+    fn injected_failure(&self) -> Result<(), ProviderError> {
+        let mut st = self.st();
+        if st.fail_next > 0 {
+            st.fail_next -= 1;
+            return Err(ProviderError::Throttled("injected".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CloudBackend for FakeCloud {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
+        let list = {
+            let mut st = self.st();
+            st.attached_times.push(Instant::now());
+            st.enis
+                .values()
+                .filter(|e| e.attached)
+                .map(|e| e.eni.clone())
+                .collect()
+        };
+        self.bump();
+        Ok(list)
+    }
+
+    async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
+        Ok(self
+            .st()
+            .enis
+            .values()
+            .filter(|e| e.tagged)
+            .map(|e| TaggedEni {
+                id: e.eni.id.clone(),
+                attached: e.attached,
+            })
+            .collect())
+    }
+
+    async fn eni_limit(&self) -> Result<usize, ProviderError> {
+        Ok(self.st().limit)
+    }
+
+    async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
+        self.enter(&self.create_gate, |st| {
+            st.creates_started += 1;
+            st.create_times.push(Instant::now());
+            st.hold_creates
+        })
+        .await;
+        let result = self.injected_failure().and_then(|()| {
+            let mut st = self.st();
+            let attached = st.enis.values().filter(|e| e.attached).count();
+            if attached + 1 >= st.limit {
+                st.over_limit += 1;
+                return Err(ProviderError::Config("ENI limit exceeded".into()));
+            }
+            let e = eni(st.next_id);
+            st.next_id += 1;
+            st.creates += 1;
+            st.enis.insert(
+                e.id.clone(),
+                FakeEni {
+                    eni: e.clone(),
+                    attached: true,
+                    tagged: true,
+                },
+            );
+            Ok(e)
+        });
+        self.bump();
+        result
+    }
+
+    async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
+        Err(ProviderError::UnknownEni(eni_id.into()))
+    }
+
+    async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
+        self.enter(&self.delete_gate, |st| {
+            st.delete_times.push(Instant::now());
+            st.hold_deletes
+        })
+        .await;
+        let result = self.injected_failure().and_then(|()| {
+            let mut st = self.st();
+            match st.enis.get(eni_id) {
+                Some(e) if !e.tagged => {
+                    Err(ProviderError::Config(format!("{eni_id} is not enim's")))
+                }
+                Some(_) => {
+                    st.enis.remove(eni_id);
+                    st.deletes.push(eni_id.into());
+                    Ok(())
+                }
+                None => Err(ProviderError::UnknownEni(eni_id.into())),
+            }
+        });
+        self.bump();
+        result
+    }
+}
