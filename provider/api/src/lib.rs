@@ -1,4 +1,4 @@
-//! The ENI provider API (the seed's `ENIProvider`): the source of the ENIs a
+//! The ENI provider API (CCE's `ENIProvider`): the source of the ENIs a
 //! node may hand to pods, and the arbiter of who holds which.
 //!
 //! A provider must be safe under concurrent calls: two `allocate_next` calls
@@ -185,7 +185,7 @@ impl ProviderError {
     }
 }
 
-/// The ENI provider (the seed's ENIProvider: List / AllocateNextENI /
+/// The ENI provider (CCE's ENIProvider: List / AllocateNextENI /
 /// DeallocateENI).
 #[async_trait]
 pub trait EniProvider: Send + Sync {
@@ -226,7 +226,7 @@ pub trait EniProvider: Send + Sync {
     }
 }
 
-/// A warm pool's state in the seed's terms: ENIs in use, free, still to
+/// A warm pool's state in cilium's and CCE's IPAM terms: ENIs in use, free, still to
 /// pre-allocate, and above the high watermark.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStatistics {
