@@ -2,8 +2,9 @@
 //!
 //! It is a thin, synchronous client of the node agent `enimd`: it checks
 //! its inputs, forwards ADD, DEL, CHECK, GC and STATUS over the agent's
-//! unix socket (with [`crate::api::Client`]) and turns the answer into a CNI result
-//! of the version the configuration asks for.
+//! unix socket (with [`crate::api::Client`], built only for the verbs
+//! that need the agent, never for VERSION) and turns the answer into a
+//! CNI result of the version the configuration asks for.
 //!
 //! - [`env`]: CNI_* variables and CNI_ARGS.
 //! - [`config`]: the network configuration on stdin.
