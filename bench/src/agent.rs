@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use enim::api::Client;
 use enim::api::{Status, ROUTE_STATUS};
 use enim::attachment::Attachment;
 use enim::checkpoint::CHECKPOINT_VERSION;
-use enim::cni::Client;
 use serde_json::json;
 
 use crate::sandbox::Eni;

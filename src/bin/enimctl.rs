@@ -5,9 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use enim::api::{self, AttachmentList, EniList, GcReport, GcRequest, Status};
-use enim::cni::client::Client;
-use enim::cni::CniError;
+use enim::api::{self, AttachmentList, Client, ClientError, EniList, GcReport, GcRequest, Status};
 use enim::model::Payload;
 
 #[derive(Parser, Debug)]
@@ -55,13 +53,45 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("enimctl: {e} (socket {})", args.socket.display());
+            eprintln!(
+                "enimctl: {} (socket {})",
+                explain(&e),
+                args.socket.display()
+            );
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(client: &Client, args: &Args) -> Result<String, CniError> {
+/// The error with what lies under it: the agent's code and details, or
+/// the OS error behind a failed connect.
+fn explain(e: &ClientError) -> String {
+    let mut out = e.to_string();
+    match e {
+        ClientError::Api { status, error } => {
+            out += &format!(" (HTTP {status}, code {})", error.code);
+            if !error.details.is_empty() {
+                out += &format!(": {}", error.details);
+            }
+        }
+        ClientError::Status { body, .. } if !body.is_empty() => out += &format!(": {body}"),
+        ClientError::CutShort { details, .. } | ClientError::Malformed { details, .. }
+            if !details.is_empty() =>
+        {
+            out += &format!(": {details}")
+        }
+        _ => {
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                out += &format!(": {c}");
+                cause = c.source();
+            }
+        }
+    }
+    out
+}
+
+fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
     match &args.command {
         Command::Status => {
             let s: Status = client.get(api::ROUTE_STATUS)?;

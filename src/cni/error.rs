@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::api::{code, ApiError};
+use crate::api::{code, ApiError, ClientError};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CniError {
@@ -95,6 +95,39 @@ impl CniError {
             "msg": self.to_string(),
             "details": self.details(),
         })
+    }
+}
+
+/// The same codes the plugin always gave: a dead, hung or vanished agent
+/// is "try again later", the agent's own error passes through.
+impl From<ClientError> for CniError {
+    fn from(e: ClientError) -> Self {
+        let msg = e.to_string();
+        match e {
+            ClientError::BadSocket { .. } => CniError::InvalidConfig(msg),
+            ClientError::Unreachable { source, .. } => {
+                CniError::try_again(msg, format!("connect: {source}"))
+            }
+            ClientError::NotAccepting { .. } => {
+                CniError::try_again(msg, "the listen backlog stayed full")
+            }
+            ClientError::TimedOut { .. } => CniError::try_again(msg, ""),
+            ClientError::CutShort { details, .. } => CniError::try_again(msg, details),
+            ClientError::Io { source, .. } | ClientError::Runtime(source) => {
+                CniError::try_again(msg, source)
+            }
+            ClientError::Api { error, .. } => CniError::Agent(error),
+            // Proxy-ish "not now" statuses are worth a retry.
+            ClientError::Status { status, body } if (502..=504).contains(&status) => {
+                CniError::try_again(msg, body)
+            }
+            ClientError::Status { body, .. } => {
+                CniError::Agent(ApiError::new(code::INTERNAL, msg).with_details(body))
+            }
+            ClientError::Malformed { details, .. } => CniError::decode(msg, details),
+            ClientError::TooLarge => CniError::decode(msg, ""),
+            ClientError::Encode(_) => CniError::Agent(ApiError::new(code::INTERNAL, msg)),
+        }
     }
 }
 

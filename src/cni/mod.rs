@@ -2,15 +2,14 @@
 //!
 //! It is a thin, synchronous client of the node agent `enimd`: it checks
 //! its inputs, forwards ADD, DEL, CHECK, GC and STATUS over the agent's
-//! unix socket (see [`crate::api`]) and turns the answer into a CNI result
-//! of the version the configuration asks for.
+//! unix socket (with [`crate::api::Client`], built only for the verbs
+//! that need the agent, never for VERSION) and turns the answer into a
+//! CNI result of the version the configuration asks for.
 //!
 //! - [`env`]: CNI_* variables and CNI_ARGS.
 //! - [`config`]: the network configuration on stdin.
-//! - [`client`]: HTTP/1.1 over the unix socket, bounded in time.
 //! - [`result`]: versioned results and prevResult chaining.
 
-pub mod client;
 pub mod config;
 pub mod env;
 pub mod error;
@@ -22,12 +21,11 @@ use std::io::Read;
 use serde_json::{json, Value};
 
 use crate::api::{
-    code, AttachmentRequest, GcReport, GcRequest, MtuExpectation, Status, ROUTE_ADD, ROUTE_CHECK,
-    ROUTE_DEL, ROUTE_GC, ROUTE_STATUS,
+    code, AttachmentRequest, Client, ClientError, GcReport, GcRequest, MtuExpectation, Status,
+    ROUTE_ADD, ROUTE_CHECK, ROUTE_DEL, ROUTE_GC, ROUTE_STATUS,
 };
 use crate::model::AttachmentResult;
 
-pub use client::Client;
 pub use config::{CniVersion, NetConf, SUPPORTED_VERSIONS};
 pub use env::{CniEnv, Command};
 pub use error::CniError;
@@ -173,13 +171,14 @@ fn gc(client: &Client, conf: NetConf) -> Result<Option<Value>, CniError> {
 fn status(client: &Client) -> Result<Option<Value>, CniError> {
     let s: Status = match client.get(ROUTE_STATUS) {
         Ok(s) => s,
-        Err(CniError::Agent(e))
-            if e.code == code::NOT_AVAILABLE || e.code == code::LIMITED_CONNECTIVITY =>
+        Err(ClientError::Api { error, .. })
+            if error.code == code::NOT_AVAILABLE || error.code == code::LIMITED_CONNECTIVITY =>
         {
-            return Err(CniError::Agent(e))
+            return Err(CniError::Agent(error))
         }
         // STATUS speaks only "available or not": any failure to learn is "not".
         Err(e) => {
+            let e = CniError::from(e);
             let details = match e.details() {
                 "" => format!("code {}", e.code()),
                 d => format!("code {}: {d}", e.code()),

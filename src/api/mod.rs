@@ -5,12 +5,16 @@
 //! Every error body is an [`ApiError`] whose `code` is already a CNI error
 //! code, so the plugin can pass it through unchanged.
 
+pub mod client;
+
 use std::path::PathBuf;
 
 use enim_provider::{Eni, EniOwner, PodRef};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Record;
+
+pub use client::{Client, ClientError};
 
 pub const DEFAULT_SOCKET: &str = "/run/enim/enimd.sock";
 
