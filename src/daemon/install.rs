@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::api::DEFAULT_SOCKET;
-use crate::store::atomic;
+use crate::store::atomic::{self, FileError};
 
 /// The plugin's file name in the CNI bin dir, which is also its `type`.
 pub const PLUGIN_NAME: &str = "enim";
@@ -37,20 +37,12 @@ pub enum InstallError {
     PluginNotAFile { path: PathBuf },
     #[error("{0}")]
     Invalid(String),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    #[error("{0}")]
+    Io(#[from] FileError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> InstallError + 'a {
-    move |source| InstallError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| FileError::at(what, path)(source).into()
 }
 
 /// What to install where.
@@ -229,11 +221,7 @@ pub fn replace_file_with(
         data: true,
         rename: true,
     };
-    atomic::replace_with(dir, name, mode, durability, write).map_err(|e| InstallError::Io {
-        what: e.what,
-        path: e.path,
-        source: e.source,
-    })
+    Ok(atomic::replace_with(dir, name, mode, durability, write)?)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `enimd`: the node agent. It owns the manager, restores and reconciles
+//! `enimd`: the node agent. It builds the engine over the configured mode's driver, restores and reconciles
 //! state before serving ADDs, serves the API on a unix socket, runs the GC
 //! loop, and shuts down cleanly on SIGTERM.
 
@@ -27,6 +27,7 @@ use crate::netlink::rtnl::RtnlPlumbing;
 use crate::netlink::PlumbingError;
 use crate::primary::PrimaryDriver;
 use crate::secondary::SecondaryDriver;
+use crate::store::atomic::FileError;
 use crate::store::checkpoint::{Checkpoint, CheckpointError};
 use crate::support::exclusion::Exclusions;
 use config::{Config, ProviderConfig};
@@ -44,20 +45,12 @@ pub enum DaemonError {
     Recovery(#[from] EngineError),
     #[error("another enimd holds {path}")]
     AlreadyRunning { path: PathBuf },
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    #[error("{0}")]
+    Io(#[from] FileError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
-    move |source| DaemonError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| FileError::at(what, path)(source).into()
 }
 
 pub async fn build_provider(
@@ -146,154 +139,155 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     // The mode is chosen here, once: nothing after this asks which it is.
     let exclusions = Exclusions::from_config(&config.exclude);
-    match config.mode {
+    let host_netns = config.host_netns.clone();
+    let secondary = config.secondary.clone();
+    let mode = config.mode;
+    let node = Node {
+        config,
+        checkpoint: checkpoint.clone(),
+        metrics,
+        started,
+    };
+    match mode {
         config::Mode::Primary => {
-            let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
-            let driver = PrimaryDriver::new(provider, plumbing, checkpoint.clone(), exclusions);
-            serve(
-                config,
-                Engine::new(driver, checkpoint),
-                metrics,
-                started,
-                stop,
-            )
-            .await
+            let plumbing = Arc::new(RtnlPlumbing::new(host_netns.as_deref()).await?);
+            let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions);
+            node.serve(driver, stop).await
         }
         config::Mode::Secondary => {
-            let driver = SecondaryDriver::over_host(
-                config.secondary.clone(),
-                config.host_netns.as_deref(),
-                provider,
-                checkpoint.clone(),
-                exclusions,
-            )
-            .await?;
-            serve(
-                config,
-                Engine::new(driver, checkpoint),
-                metrics,
-                started,
-                stop,
-            )
-            .await
+            let host_netns = host_netns.as_deref();
+            let driver =
+                SecondaryDriver::over_host(secondary, host_netns, provider, checkpoint, exclusions)
+                    .await?;
+            node.serve(driver, stop).await
         }
     }
 }
 
-/// Serves the API with `engine` until `stop` resolves.
-async fn serve<D: Driver>(
+/// What serving needs besides the driver.
+struct Node {
     config: Config,
-    engine: Engine<D>,
+    checkpoint: Arc<Checkpoint>,
     metrics: Arc<metrics::Metrics>,
     started: Instant,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<(), DaemonError> {
-    let manager = Arc::new(engine);
+}
 
-    // Listen first so early requests queue (bounded) instead of failing to
-    // connect, then restore before anything is served.
-    let listener = bind_socket(&config)?;
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let heap = Arc::new(heap::Trimmer::default());
-    tokio::spawn(heap.clone().run());
-    let ready_rx_for_health = ready_rx.clone();
-    let state = Arc::new(AppState {
-        engine: manager.clone(),
-        ready: ready_rx,
-        allowed_uids: config.allowed_uids.clone(),
-        startup_wait: config.startup_wait,
-        allocation_expiry: config.allocation_expiry,
-        gc_grace: config.gc_grace,
-        metrics: metrics.clone(),
-        heap: heap.clone(),
-        started,
-    });
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let app = server::router(state).into_make_service_with_connect_info::<PeerCred>();
-    let mut server_stop = stop_rx.clone();
-    let mut gc_stop = stop_rx.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop.changed().await;
-            })
-            .await
-    });
-    tracing::info!(socket = %config.socket.display(), "listening");
-    if let Some(address) = config.metrics_address {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|source| DaemonError::Io {
-                what: "binding metrics listener",
-                path: PathBuf::from(address.to_string()),
-                source,
-            })?;
-        let app = metrics::router(
-            metrics.clone(),
-            manager.clone(),
-            ready_rx_for_health.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stop.changed().await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "metrics listener failed");
-            }
+impl Node {
+    /// Serves the API over `driver` until `stop` resolves.
+    async fn serve<D: Driver>(
+        self,
+        driver: D,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), DaemonError> {
+        let Node {
+            config,
+            checkpoint,
+            metrics,
+            started,
+        } = self;
+        let engine = Arc::new(Engine::new(driver, checkpoint));
+
+        // Listen first so early requests queue (bounded) instead of failing to
+        // connect, then restore before anything is served.
+        let listener = bind_socket(&config)?;
+        let (ready_tx, ready_rx) = watch::channel(false);
+        let heap = Arc::new(heap::Trimmer::default());
+        tokio::spawn(heap.clone().run());
+        let ready_rx_for_health = ready_rx.clone();
+        let state = Arc::new(AppState {
+            engine: engine.clone(),
+            ready: ready_rx,
+            allowed_uids: config.allowed_uids.clone(),
+            startup_wait: config.startup_wait,
+            allocation_expiry: config.allocation_expiry,
+            gc_grace: config.gc_grace,
+            metrics: metrics.clone(),
+            heap: heap.clone(),
+            started,
         });
-        tracing::info!(%address, "serving /metrics, /healthz, /readyz");
-    }
-
-    crate::support::fault::crash_point("startup:before-recover");
-    let report = manager.recover().await?;
-    let gc = manager.gc(&GcRequest::default(), config.gc_grace).await;
-    metrics.observe_gc(&gc);
-    tracing::info!(
-        ?report,
-        collected = gc.collected.len(),
-        orphans = gc.orphans_released.len(),
-        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        "state restored; serving"
-    );
-    heap::release_free_heap();
-    let _ = ready_tx.send(true);
-
-    if !config.gc_interval.is_zero() {
-        let manager = manager.clone();
-        let metrics = metrics.clone();
-        let (interval, grace) = (config.gc_interval, config.gc_grace);
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {
-                        metrics.observe_gc(&manager.gc(&GcRequest::default(), grace).await);
-                        // Retries a write-behind that failed (a full disk).
-                        if let Err(e) = manager.checkpoint().flush().await {
-                            tracing::error!(error = %e, "checkpoint write failed; retrying next tick");
-                        }
-                        heap::release_free_heap();
-                    }
-                    _ = gc_stop.changed() => break,
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let app = server::router(state).into_make_service_with_connect_info::<PeerCred>();
+        let mut server_stop = stop_rx.clone();
+        let mut gc_stop = stop_rx.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = server_stop.changed().await;
+                })
+                .await
+        });
+        tracing::info!(socket = %config.socket.display(), "listening");
+        if let Some(address) = config.metrics_address {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| FileError {
+                    what: "binding metrics listener",
+                    path: PathBuf::from(address.to_string()),
+                    source,
+                })?;
+            let app = metrics::router(metrics.clone(), engine.clone(), ready_rx_for_health.clone());
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics listener failed");
                 }
-            }
-        });
-    }
+            });
+            tracing::info!(%address, "serving /metrics, /healthz, /readyz");
+        }
 
-    stop.await;
-    let _ = stop_tx.send(true);
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "server error"),
-        Err(e) => tracing::error!(error = %e, "server task failed"),
+        crate::support::fault::crash_point("startup:before-recover");
+        let report = engine.recover().await?;
+        let gc = engine.gc(&GcRequest::default(), config.gc_grace).await;
+        metrics.observe_gc(&gc);
+        tracing::info!(
+            ?report,
+            collected = gc.collected.len(),
+            orphans = gc.orphans_released.len(),
+            ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "state restored; serving"
+        );
+        heap::release_free_heap();
+        let _ = ready_tx.send(true);
+
+        if !config.gc_interval.is_zero() {
+            let engine = engine.clone();
+            let metrics = metrics.clone();
+            let (interval, grace) = (config.gc_interval, config.gc_grace);
+            tokio::spawn(async move {
+                let mut ticker = tokio::time::interval(interval);
+                ticker.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = ticker.tick() => {
+                            metrics.observe_gc(&engine.gc(&GcRequest::default(), grace).await);
+                            // Retries a write-behind that failed (a full disk).
+                            if let Err(e) = engine.checkpoint().flush().await {
+                                tracing::error!(error = %e, "checkpoint write failed; retrying next tick");
+                            }
+                            heap::release_free_heap();
+                        }
+                        _ = gc_stop.changed() => break,
+                    }
+                }
+            });
+        }
+
+        stop.await;
+        let _ = stop_tx.send(true);
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "server error"),
+            Err(e) => tracing::error!(error = %e, "server task failed"),
+        }
+        // Requests are finished: land the outcomes still written behind.
+        if let Err(e) = engine.checkpoint().flush().await {
+            tracing::error!(error = %e, "final checkpoint write failed; recovery will finish the recorded intents");
+        }
+        let _ = std::fs::remove_file(&config.socket);
+        tracing::info!("stopped");
+        Ok(())
     }
-    // Requests are finished: land the outcomes still written behind.
-    if let Err(e) = manager.checkpoint().flush().await {
-        tracing::error!(error = %e, "final checkpoint write failed; recovery will finish the recorded intents");
-    }
-    let _ = std::fs::remove_file(&config.socket);
-    tracing::info!("stopped");
-    Ok(())
 }

@@ -10,21 +10,31 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A file operation that failed: what was done, to which path, and why.
+/// Shared by everything that touches files (the checkpoint, install-cni,
+/// the agent's socket and lock).
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {path}: {source}")]
-pub struct AtomicWriteError {
+pub struct FileError {
     pub what: &'static str,
     pub path: PathBuf,
     #[source]
     pub source: io::Error,
 }
 
-fn err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> AtomicWriteError + 'a {
-    move |source| AtomicWriteError {
-        what,
-        path: path.to_path_buf(),
-        source,
+impl FileError {
+    /// `map_err` for an I/O error of `what` on `path`.
+    pub fn at<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FileError + 'a {
+        move |source| FileError {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
     }
+}
+
+fn err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FileError + 'a {
+    FileError::at(what, path)
 }
 
 /// How durable a replace is.
@@ -46,7 +56,7 @@ pub fn replace_with(
     mode: u32,
     durability: Durability,
     write: impl FnOnce(&mut File) -> io::Result<()>,
-) -> Result<(), AtomicWriteError> {
+) -> Result<(), FileError> {
     std::fs::create_dir_all(dir).map_err(err("creating dir", dir))?;
     let target = dir.join(name);
     let (tmp_path, mut file) = create_temp(dir, name)?;
@@ -78,7 +88,7 @@ pub fn replace(
     mode: u32,
     durability: Durability,
     bytes: &[u8],
-) -> Result<(), AtomicWriteError> {
+) -> Result<(), FileError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -109,7 +119,7 @@ impl Drop for TempGuard<'_> {
 /// starts with a dot and ends in no config extension, so neither libcni
 /// (which loads `*.conf`, `*.conflist`, `*.json`) nor a `type` lookup ever
 /// picks it up.
-fn create_temp(dir: &Path, name: &str) -> Result<(PathBuf, File), AtomicWriteError> {
+fn create_temp(dir: &Path, name: &str) -> Result<(PathBuf, File), FileError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     loop {
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
