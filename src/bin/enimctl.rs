@@ -53,11 +53,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!(
-                "enimctl: {} (socket {})",
-                explain(&e),
-                args.socket.display()
-            );
+            let mut msg = explain(&e);
+            // Most errors already name the socket.
+            let socket = args.socket.display().to_string();
+            if !msg.contains(&socket) {
+                msg += &format!(" (socket {socket})");
+            }
+            eprintln!("enimctl: {msg}");
             ExitCode::FAILURE
         }
     }
