@@ -186,8 +186,7 @@ impl Metrics {
                     .set(n);
             }
         }
-        self.attachments
-            .set(i64::try_from(engine.checkpoint().len().await).unwrap_or(i64::MAX));
+        self.attachments.set(gauge(engine.checkpoint().len().await));
         if let Some(stats) = engine.provider().statistics() {
             for (name, v) in [
                 ("used", stats.used),
@@ -199,7 +198,7 @@ impl Metrics {
                     .get_or_create(&Statistic {
                         statistic: name.into(),
                     })
-                    .set(v as i64);
+                    .set(gauge(v));
             }
         }
         if let Some(stats) = engine.address_stats() {
@@ -213,7 +212,7 @@ impl Metrics {
                     .get_or_create(&StateLabel {
                         state: state.to_string(),
                     })
-                    .set(n as i64);
+                    .set(gauge(n));
             }
         }
         let mut out = String::new();
@@ -355,4 +354,9 @@ async fn readyz<D: Driver>(State(s): State<HealthState<D>>) -> impl IntoResponse
         Ok(_) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider: {e}\n")).into_response(),
     }
+}
+
+/// A count as a gauge value (counts never reach `i64::MAX`; saturate if so).
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
