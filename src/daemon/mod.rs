@@ -25,7 +25,8 @@ use crate::api::GcRequest;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::manager::{EniManager, ManagerError};
 use crate::netlink::rtnl::RtnlPlumbing;
-use crate::netlink::PlumbingError;
+use crate::netlink::{Host, PlumbingError};
+use crate::secondary::plumbing::RtnlSecondary;
 use config::{Config, ProviderConfig};
 use server::{AppState, PeerCred};
 
@@ -141,21 +142,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let metrics = metrics.clone();
         checkpoint.set_write_observer(Box::new(move |took| metrics.observe_checkpoint_write(took)));
     }
-    let plumbing = Arc::new(RtnlPlumbing::new(config.host_netns.as_deref()).await?);
+    // One host socket and dump lock for both modes' plumbing.
+    let host = Host::open(config.host_netns.as_deref()).await?;
+    let plumbing = Arc::new(RtnlPlumbing::from_host(host.clone()));
     let manager = EniManager::new(provider.clone(), plumbing, checkpoint.clone())
         .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude));
     let manager = Arc::new(match config.mode {
         config::Mode::Primary => manager,
-        config::Mode::Secondary => manager.with_secondary(
-            crate::secondary::manager::SecondaryManager::over_host(
+        config::Mode::Secondary => manager.with_secondary(Arc::new(
+            crate::secondary::manager::SecondaryManager::new(
                 config.secondary.clone(),
-                config.host_netns.as_deref(),
                 provider,
+                Arc::new(RtnlSecondary::from_host(host)),
                 checkpoint,
-                crate::exclusion::Exclusions::from_config(&config.exclude),
-            )
-            .await?,
-        ),
+            )?
+            .with_exclusions(crate::exclusion::Exclusions::from_config(&config.exclude)),
+        )),
     });
 
     // Listen first so early requests queue (bounded) instead of failing to
