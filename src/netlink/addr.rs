@@ -1,13 +1,12 @@
 //! Interface addresses.
 
-use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use rtnetlink::Handle;
 
-use super::{nl, tolerate, PlumbingError};
+use super::{collect, tolerate, PlumbingError};
 
 /// How an address is added.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -18,13 +17,24 @@ pub struct AddrOptions {
     /// No prefix route in the main table (IFA_F_NOPREFIXROUTE), for
     /// addresses whose routing another table does.
     pub noprefixroute: bool,
+    /// The address being there already (EEXIST) is success.
+    pub exist_ok: bool,
 }
 
 impl AddrOptions {
     pub const NODAD: AddrOptions = AddrOptions {
         nodad: true,
         noprefixroute: false,
+        exist_ok: false,
     };
+
+    /// These options, with the address being there already a success.
+    pub fn or_existing(self) -> AddrOptions {
+        AddrOptions {
+            exist_ok: true,
+            ..self
+        }
+    }
 }
 
 fn net_of(msg: &AddressMessage) -> Option<IpNet> {
@@ -36,23 +46,19 @@ fn net_of(msg: &AddressMessage) -> Option<IpNet> {
 
 /// The addresses of device `index` (a dump).
 pub async fn dump(handle: &Handle, index: u32) -> Result<Vec<IpNet>, PlumbingError> {
-    let msgs: Vec<AddressMessage> = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("address dump"))?;
+    let get = handle.address().get().set_link_index_filter(index);
+    let msgs = collect(get.execute(), "address dump").await?;
     Ok(msgs.iter().filter_map(net_of).collect())
 }
 
-async fn request(
+/// Adds `net` to device `index`.
+pub async fn add(
     handle: &Handle,
     index: u32,
     net: IpNet,
     options: AddrOptions,
-) -> Result<(), rtnetlink::Error> {
+    op: &'static str,
+) -> Result<(), PlumbingError> {
     let mut req = handle.address().add(index, net.addr(), net.prefix_len());
     let mut flags = AddressFlags::empty();
     if options.nodad {
@@ -69,33 +75,12 @@ async fn request(
             .attributes
             .push(AddressAttribute::Flags(flags));
     }
-    req.execute().await
-}
-
-/// Adds `net` to device `index`; fails with EEXIST when it is there.
-pub async fn add(
-    handle: &Handle,
-    index: u32,
-    net: IpNet,
-    options: AddrOptions,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    request(handle, index, net, options).await.map_err(nl(op))
-}
-
-/// Adds `net` to device `index` unless it is there already.
-pub async fn ensure(
-    handle: &Handle,
-    index: u32,
-    net: IpNet,
-    options: AddrOptions,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    tolerate(
-        request(handle, index, net, options).await,
-        &[libc::EEXIST],
-        op,
-    )
+    let existing_ok: &[i32] = if options.exist_ok {
+        &[libc::EEXIST]
+    } else {
+        &[]
+    };
+    tolerate(req.execute().await, existing_ok, op)
 }
 
 pub fn is_link_local(net: &IpNet) -> bool {

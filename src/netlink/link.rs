@@ -11,7 +11,9 @@ use rtnetlink::packet_route::link::{
 };
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
 
-use super::{addr, errno, nl, route, tolerate, LinkInfo, Netns, PlumbingError, PodLinkState};
+use super::{
+    addr, collect, errno, nl, route, tolerate, LinkInfo, Netns, PlumbingError, PodLinkState,
+};
 
 /// A link dump entry as [`LinkInfo`]; `None` for links without a name or MAC.
 fn info(msg: &LinkMessage) -> Option<LinkInfo> {
@@ -47,13 +49,7 @@ fn is_veth(msg: &LinkMessage) -> bool {
 }
 
 async fn dump_messages(handle: &Handle) -> Result<Vec<LinkMessage>, PlumbingError> {
-    handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("link dump"))
+    collect(handle.link().get().execute(), "link dump").await
 }
 
 /// Every device (a dump).

@@ -171,6 +171,16 @@ pub(crate) fn errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
+/// Every answer of a dump, or its failure as `op`.
+pub(crate) async fn collect<T>(
+    answers: impl futures::Stream<Item = Result<T, rtnetlink::Error>>,
+    op: &'static str,
+) -> Result<Vec<T>, PlumbingError> {
+    futures::TryStreamExt::try_collect(answers)
+        .await
+        .map_err(nl(op))
+}
+
 /// Treats the listed errnos as success (already there / already gone), so
 /// verbs that ensure or remove something are idempotent.
 pub(crate) fn tolerate(

@@ -4,14 +4,13 @@
 use std::net::IpAddr;
 
 use enim_provider::MacAddr;
-use futures::TryStreamExt;
 use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::Handle;
 
-use super::{nl, tolerate, PlumbingError};
+use super::{collect, nl, tolerate, PlumbingError};
 
 fn proxy_message(ip: IpAddr, index: u32) -> NeighbourMessage {
     let mut msg = NeighbourMessage::default();
@@ -40,14 +39,8 @@ fn ip_of(msg: &NeighbourMessage) -> Option<IpAddr> {
 
 /// Every proxy entry, as (ifindex, address) (a dump).
 pub async fn dump_proxies(handle: &Handle) -> Result<Vec<(u32, IpAddr)>, PlumbingError> {
-    let msgs: Vec<NeighbourMessage> = handle
-        .neighbours()
-        .get()
-        .proxies()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("proxy neighbour dump"))?;
+    let get = handle.neighbours().get().proxies();
+    let msgs = collect(get.execute(), "proxy neighbour dump").await?;
     Ok(msgs
         .iter()
         .filter_map(|m| Some((m.header.ifindex, ip_of(m)?)))

@@ -4,13 +4,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use enim_provider::MacAddr;
-use futures::TryStreamExt;
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
-use super::{host_prefix_len, link, nl, tolerate, PlumbingError};
+use super::{collect, host_prefix_len, link, nl, tolerate, PlumbingError};
 
 /// The main routing table's id.
 pub const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
@@ -74,13 +73,7 @@ fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
 }
 
 async fn dump_family(handle: &Handle, family: RouteMessage) -> Result<Vec<Route>, PlumbingError> {
-    let msgs: Vec<RouteMessage> = handle
-        .route()
-        .get(family)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("route dump"))?;
+    let msgs = collect(handle.route().get(family).execute(), "route dump").await?;
     Ok(msgs.into_iter().map(Route::parse).collect())
 }
 
@@ -106,9 +99,13 @@ pub async fn primary_mac(handle: &Handle) -> Result<Option<MacAddr>, PlumbingErr
     }
 }
 
+/// A route to make; only this module builds them.
+#[derive(Debug, Clone)]
+pub struct NewRoute(RouteMessage);
+
 /// A route to `ip` alone through device `index` in `table`.
-fn host_route(ip: IpAddr, index: u32, table: u32) -> RouteMessage {
-    match ip {
+pub fn to_host(ip: IpAddr, index: u32, table: u32) -> NewRoute {
+    NewRoute(match ip {
         IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(v4, 32)
             .output_interface(index)
@@ -120,12 +117,12 @@ fn host_route(ip: IpAddr, index: u32, table: u32) -> RouteMessage {
             .output_interface(index)
             .table_id(table)
             .build(),
-    }
+    })
 }
 
 /// The default route via `gw` on device `index` in `table`.
-fn default_route(gw: IpAddr, index: u32, table: u32) -> RouteMessage {
-    match gw {
+pub fn default_via(gw: IpAddr, index: u32, table: u32) -> NewRoute {
+    NewRoute(match gw {
         IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new()
             .gateway(v4)
             .output_interface(index)
@@ -136,57 +133,22 @@ fn default_route(gw: IpAddr, index: u32, table: u32) -> RouteMessage {
             .output_interface(index)
             .table_id(table)
             .build(),
-    }
+    })
 }
 
-/// Adds the default route via `gw` on device `index` in `table`; fails
-/// with EEXIST when there is one.
-pub async fn add_default(
-    handle: &Handle,
-    gw: IpAddr,
-    index: u32,
-    table: u32,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    let msg = default_route(gw, index, table);
-    handle.route().add(msg).execute().await.map_err(nl(op))
+/// Adds `route`; fails with EEXIST when the table has it.
+pub async fn add(handle: &Handle, route: NewRoute, op: &'static str) -> Result<(), PlumbingError> {
+    handle.route().add(route.0).execute().await.map_err(nl(op))
 }
 
-/// Sets the default route via `gw` on device `index` in `table`, replacing
-/// whatever default route the table has.
-pub async fn replace_default(
+/// Sets `route`, replacing the table's route to the same destination.
+pub async fn replace(
     handle: &Handle,
-    gw: IpAddr,
-    index: u32,
-    table: u32,
+    route: NewRoute,
     op: &'static str,
 ) -> Result<(), PlumbingError> {
-    replace(handle, default_route(gw, index, table), op).await
-}
-
-/// Sets the route to `ip` alone through device `index` in `table`.
-pub async fn replace_host(
-    handle: &Handle,
-    ip: IpAddr,
-    index: u32,
-    table: u32,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    replace(handle, host_route(ip, index, table), op).await
-}
-
-async fn replace(
-    handle: &Handle,
-    msg: RouteMessage,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    handle
-        .route()
-        .add(msg)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(op))
+    let req = handle.route().add(route.0).replace();
+    req.execute().await.map_err(nl(op))
 }
 
 /// Deletes a route a dump showed; done already when it is gone.

@@ -150,37 +150,17 @@ impl Plumbing for RtnlPlumbing {
         link.mtu = config.mtu;
         link.up = true;
         let v4 = IpNet::V4(config.ipv4);
-        addr::add(
-            &pod,
-            link.index,
-            v4,
-            AddrOptions::default(),
-            "add IPv4 address",
-        )
-        .await?;
+        let options = AddrOptions::default();
+        addr::add(&pod, link.index, v4, options, "add IPv4 address").await?;
         if let Some(v6) = config.ipv6 {
             let v6 = IpNet::V6(v6);
             addr::add(&pod, link.index, v6, AddrOptions::NODAD, "add IPv6 address").await?;
         }
-        let gw4 = IpAddr::V4(config.gateway4);
-        route::add_default(
-            &pod,
-            gw4,
-            link.index,
-            route::MAIN_TABLE,
-            "add IPv4 default route",
-        )
-        .await?;
+        let default = |gw| route::default_via(gw, link.index, route::MAIN_TABLE);
+        let gw4 = default(IpAddr::V4(config.gateway4));
+        route::add(&pod, gw4, "add IPv4 default route").await?;
         if let Some(gw6) = config.gateway6 {
-            let gw6 = IpAddr::V6(gw6);
-            route::add_default(
-                &pod,
-                gw6,
-                link.index,
-                route::MAIN_TABLE,
-                "add IPv6 default route",
-            )
-            .await?;
+            route::add(&pod, default(IpAddr::V6(gw6)), "add IPv6 default route").await?;
         }
         Ok(link)
     }

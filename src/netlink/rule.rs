@@ -3,13 +3,12 @@
 
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
 use rtnetlink::packet_route::route::RouteHeader;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::{Handle, IpVersion};
 
-use super::{host_prefix_len, nl, tolerate, PlumbingError};
+use super::{collect, host_prefix_len, tolerate, PlumbingError};
 
 pub use super::route::MAIN_TABLE;
 
@@ -115,13 +114,7 @@ fn owned(msg: &RuleMessage) -> Option<OwnedRule> {
 pub async fn dump_owned(handle: &Handle) -> Result<Vec<OwnedRule>, PlumbingError> {
     let mut all = Vec::new();
     for version in [IpVersion::V4, IpVersion::V6] {
-        let part: Vec<RuleMessage> = handle
-            .rule()
-            .get(version)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("rule dump"))?;
+        let part = collect(handle.rule().get(version).execute(), "rule dump").await?;
         all.extend(part.iter().filter_map(owned));
     }
     Ok(all)

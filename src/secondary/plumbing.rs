@@ -200,12 +200,13 @@ impl RtnlSecondary {
         link::set_up(&pod, link.index, None, "set pod interface up").await?;
         if let Some(v4) = spec.ipv4 {
             let net = IpNet::V4(Ipv4Net::new(v4, 32).expect("valid prefix"));
-            let options = AddrOptions::default();
-            addr::ensure(&pod, link.index, net, options, "add pod IPv4").await?;
+            let options = AddrOptions::default().or_existing();
+            addr::add(&pod, link.index, net, options, "add pod IPv4").await?;
         }
         if let Some(v6) = spec.ipv6 {
             let net = IpNet::V6(Ipv6Net::new(v6, 128).expect("valid prefix"));
-            addr::ensure(&pod, link.index, net, AddrOptions::NODAD, "add pod IPv6").await?;
+            let options = AddrOptions::NODAD.or_existing();
+            addr::add(&pod, link.index, net, options, "add pod IPv6").await?;
         }
         let gateways: Vec<IpAddr> = [
             spec.ipv4.map(|_| IpAddr::V4(GATEWAY4)),
@@ -222,10 +223,10 @@ impl RtnlSecondary {
             if gw.is_ipv4() {
                 // An IPv4 gateway must be reachable on-link first.
                 let op = "add pod gateway route";
-                route::replace_host(&pod, gw, link.index, MAIN_TABLE, op).await?;
+                route::replace(&pod, route::to_host(gw, link.index, MAIN_TABLE), op).await?;
             }
             let op = "add pod default route";
-            route::replace_default(&pod, gw, link.index, MAIN_TABLE, op).await?;
+            route::replace(&pod, route::default_via(gw, link.index, MAIN_TABLE), op).await?;
         }
         Ok(link.mac)
     }
@@ -271,9 +272,10 @@ impl SecondaryPlumbing for RtnlSecondary {
         let options = AddrOptions {
             noprefixroute: true,
             ..AddrOptions::default()
-        };
+        }
+        .or_existing();
         let v4 = IpNet::V4(spec.ipv4);
-        addr::ensure(handle, link.index, v4, options, "add ENI IPv4 address").await?;
+        addr::add(handle, link.index, v4, options, "add ENI IPv4 address").await?;
         let mut gateways = vec![IpAddr::V4(spec.gateway4)];
         if let (Some(net), Some(gw)) = (spec.ipv6, spec.gateway6) {
             let options = AddrOptions {
@@ -281,16 +283,17 @@ impl SecondaryPlumbing for RtnlSecondary {
                 ..options
             };
             let v6 = IpNet::V6(net);
-            addr::ensure(handle, link.index, v6, options, "add ENI IPv6 address").await?;
+            addr::add(handle, link.index, v6, options, "add ENI IPv6 address").await?;
             gateways.push(IpAddr::V6(gw));
         }
         for gw in gateways {
             // The link route first: the kernel checks the default route's
             // gateway is reachable in the same table.
             let op = "add ENI table gateway route";
-            route::replace_host(handle, gw, link.index, spec.table, op).await?;
+            route::replace(handle, route::to_host(gw, link.index, spec.table), op).await?;
             let op = "add ENI table default route";
-            route::replace_default(handle, gw, link.index, spec.table, op).await?;
+            let default = route::default_via(gw, link.index, spec.table);
+            route::replace(handle, default, op).await?;
         }
         Ok(link)
     }
@@ -315,14 +318,15 @@ impl SecondaryPlumbing for RtnlSecondary {
             // source of the host's NS towards the pod.
             let gw = IpNet::V6(Ipv6Net::new(GATEWAY6, 64).expect("valid prefix"));
             let op = "add fe80::1 to host veth";
-            addr::ensure(handle, host.index, gw, AddrOptions::NODAD, op).await?;
+            let options = AddrOptions::NODAD.or_existing();
+            addr::add(handle, host.index, gw, options, op).await?;
         }
         let pod_mac = self.configure_pod_end(&ns, spec, host.mac).await?;
         drop(ns);
 
         for ip in spec.ips() {
             let op = "add host route to pod";
-            route::replace_host(handle, ip, host.index, MAIN_TABLE, op).await?;
+            route::replace(handle, route::to_host(ip, host.index, MAIN_TABLE), op).await?;
         }
         if let Some(eni_name) = &spec.eni {
             let eni = must_exist(
