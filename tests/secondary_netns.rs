@@ -15,7 +15,9 @@ use enim::api::{GcRequest, MtuExpectation};
 use enim::checkpoint::Checkpoint;
 use enim::manager::{EniManager, ManagerError};
 use enim::netlink::rtnl::RtnlPlumbing;
+use enim::netlink::Host;
 use enim::secondary::manager::SecondaryManager;
+use enim::secondary::plumbing::RtnlSecondary;
 use enim::secondary::record::SecondaryAttachment;
 use enim::secondary::SecondaryConfig;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
@@ -40,17 +42,18 @@ fn test_config() -> SecondaryConfig {
 async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc<EniManager> {
     let provider = Arc::new(StaticProvider::new(enis.to_vec()).unwrap());
     let checkpoint = Arc::new(Checkpoint::open(checkpoint, false).unwrap());
-    let host = sb.host.path();
-    let plumbing = Arc::new(RtnlPlumbing::new(Some(&host)).await.unwrap());
-    let engine = SecondaryManager::over_host(
-        test_config(),
-        Some(&host),
-        provider.clone(),
-        checkpoint.clone(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    // As enimd does: both modes' plumbing on one host socket.
+    let host = Host::open(Some(&sb.host.path())).await.unwrap();
+    let plumbing = Arc::new(RtnlPlumbing::from_host(host.clone()));
+    let engine = Arc::new(
+        SecondaryManager::new(
+            test_config(),
+            provider.clone(),
+            Arc::new(RtnlSecondary::from_host(host)),
+            checkpoint.clone(),
+        )
+        .unwrap(),
+    );
     let mgr = Arc::new(EniManager::new(provider, plumbing, checkpoint).with_secondary(engine));
     mgr.recover().await.expect("recover");
     let report = mgr.gc(&GcRequest::default(), Duration::from_secs(30)).await;

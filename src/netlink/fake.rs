@@ -1,4 +1,4 @@
-//! An in-memory [`Plumbing`] for unit tests of manager logic: a host
+//! An in-memory [`Plumbing`] for unit tests of the primary driver and the engine: a host
 //! namespace and pod namespaces holding devices, and one-shot faults that
 //! can be armed at any step.
 

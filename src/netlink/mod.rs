@@ -1,14 +1,27 @@
 //! Netlink plumbing: everything enim does to devices, addresses and routes.
 //!
-//! The manager speaks to the kernel only through the [`Plumbing`] trait, so
+//! The primary driver speaks to the kernel only through the [`Plumbing`] trait, so
 //! its logic can be unit-tested over a fake with injected faults, while
 //! [`rtnl::RtnlPlumbing`] does the real work over rtnetlink and is tested
 //! against the kernel in throwaway namespaces.
+//!
+//! Only this module builds and parses rtnetlink messages. Both modes'
+//! plumbing (primary's [`rtnl`], secondary's `crate::secondary::plumbing`)
+//! call the verbs of one file per kernel object: [`link`], [`addr`],
+//! [`route`], [`rule`], [`neigh`], plus [`sysctl`]. Both share one [`Host`]:
+//! one socket in the host namespace, whose dumps take turns.
 
+pub mod addr;
 #[cfg(test)]
 pub mod fake;
+pub mod host;
+pub mod link;
+pub mod neigh;
 pub mod netns;
+pub mod route;
 pub mod rtnl;
+pub mod rule;
+pub mod sysctl;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -21,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::AttachmentResult;
 
+pub use host::Host;
 pub use netns::Netns;
 
 /// A device as seen in one namespace.
@@ -130,10 +144,7 @@ impl PlumbingError {
     /// The netlink errno, when the kernel refused a request.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            PlumbingError::Netlink {
-                source: rtnetlink::Error::NetlinkError(msg),
-                ..
-            } => msg.code.map(|c| -c.get()),
+            PlumbingError::Netlink { source, .. } => errno(source),
             _ => None,
         }
     }
@@ -147,7 +158,52 @@ impl PlumbingError {
     }
 }
 
-/// The kernel operations the manager needs. Every device is addressed by
+/// Maps a failed request to [`PlumbingError::Netlink`] naming `op`.
+pub(crate) fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> PlumbingError {
+    move |source| PlumbingError::Netlink { op, source }
+}
+
+/// The errno of a netlink error reply; `None` for other errors.
+pub(crate) fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+/// Every answer of a dump, or its failure as `op`.
+pub(crate) async fn collect<T>(
+    answers: impl futures::Stream<Item = Result<T, rtnetlink::Error>>,
+    op: &'static str,
+) -> Result<Vec<T>, PlumbingError> {
+    futures::TryStreamExt::try_collect(answers)
+        .await
+        .map_err(nl(op))
+}
+
+/// Treats the listed errnos as success (already there / already gone), so
+/// verbs that ensure or remove something are idempotent.
+pub(crate) fn tolerate(
+    result: Result<(), rtnetlink::Error>,
+    errnos: &[i32],
+    op: &'static str,
+) -> Result<(), PlumbingError> {
+    match result {
+        Err(e) if errno(&e).is_some_and(|n| errnos.contains(&n)) => Ok(()),
+        other => other.map_err(nl(op)),
+    }
+}
+
+/// The prefix length that selects `ip` alone: /32 or /128.
+pub(crate) fn host_prefix_len(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+/// The kernel operations the primary driver needs. Every device is addressed by
 /// MAC and looked up again after each move, because a move may change its
 /// ifindex.
 #[async_trait]

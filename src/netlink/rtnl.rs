@@ -1,275 +1,68 @@
-//! [`Plumbing`] over rtnetlink, against the real kernel.
+//! [`Plumbing`] over rtnetlink, against the real kernel: primary mode's
+//! policy, in the verbs of [`super::link`], [`super::addr`] and
+//! [`super::route`].
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
+use std::net::IpAddr;
 use std::path::Path;
 
 use async_trait::async_trait;
 use enim_provider::MacAddr;
-use futures::TryStreamExt;
 use ipnet::IpNet;
-use rtnetlink::packet_route::address::{
-    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
-};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use super::{HostLinkHome, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
+use super::addr::{self, AddrOptions};
+use super::{link, route};
+use super::{
+    Host, HostLinkHome, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState,
+};
+
+// Paths the bench and older callers use.
+pub use super::host::handle_in;
+pub use super::link::dump as links;
 
 const EEXIST: i32 = libc::EEXIST;
 
-pub(crate) fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> PlumbingError {
-    move |source| PlumbingError::Netlink { op, source }
-}
-
-/// The errno of a netlink error reply; `None` for other errors.
-pub(crate) fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
-        _ => None,
-    }
-}
-
-/// Opens an rtnetlink connection inside `netns` (thread pattern, see
-/// [`super::netns`]) and drives it on the current runtime. The socket closes
-/// when the returned handle and its clones are dropped.
-pub async fn handle_in(netns: &Netns) -> Result<Handle, PlumbingError> {
-    let runtime = tokio::runtime::Handle::current();
-    let (connection, handle) = super::netns::run_in(netns, move || {
-        // The socket registers with the runtime's reactor, so enter it here.
-        let _guard = runtime.enter();
-        let (connection, handle, _) = rtnetlink::new_connection()?;
-        Ok((connection, handle))
-    })
-    .await?;
-    tokio::spawn(connection);
-    Ok(handle)
-}
-
-/// A link dump entry as [`LinkInfo`]; `None` for links without a name or MAC.
-pub(crate) fn link_info(msg: &LinkMessage) -> Option<LinkInfo> {
-    let mut name = None;
-    let mut mac = None;
-    let mut mtu = 0;
-    for attr in &msg.attributes {
-        match attr {
-            LinkAttribute::IfName(n) => name = Some(n.clone()),
-            LinkAttribute::Address(a) if a.len() == 6 => {
-                mac = Some(MacAddr(a.as_slice().try_into().ok()?))
-            }
-            LinkAttribute::Mtu(m) => mtu = *m,
-            _ => {}
-        }
-    }
-    Some(LinkInfo {
-        index: msg.header.index,
-        name: name?,
-        mac: mac?,
-        mtu,
-        up: msg.header.flags.contains(LinkFlags::Up),
-    })
-}
-
-pub async fn links(handle: &Handle) -> Result<Vec<LinkInfo>, PlumbingError> {
-    let msgs: Vec<LinkMessage> = handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("link dump"))?;
-    Ok(msgs.iter().filter_map(link_info).collect())
-}
-
-pub async fn link_by_mac(handle: &Handle, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
-    Ok(links(handle).await?.into_iter().find(|l| l.mac == mac))
-}
-
-/// The device with ifindex `index`, if there is one.
-pub(crate) async fn link_by_index(
-    handle: &Handle,
-    index: u32,
-) -> Result<Option<LinkInfo>, PlumbingError> {
-    let mut found = handle.link().get().match_index(index).execute();
-    match found.try_next().await {
-        Ok(msg) => Ok(msg.as_ref().and_then(link_info)),
-        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
-        Err(e) => Err(nl("link get")(e)),
-    }
-}
-
-pub(crate) async fn set_link(
-    handle: &Handle,
-    msg: LinkMessage,
-    op: &'static str,
-) -> Result<(), PlumbingError> {
-    handle.link().set(msg).execute().await.map_err(nl(op))
-}
-
-async fn addresses(handle: &Handle, index: u32) -> Result<Vec<AddressMessage>, PlumbingError> {
-    handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("address dump"))
-}
-
-fn address_net(msg: &AddressMessage) -> Option<IpNet> {
-    msg.attributes.iter().find_map(|a| match a {
-        AddressAttribute::Address(ip) => IpNet::new(*ip, msg.header.prefix_len).ok(),
-        _ => None,
-    })
-}
-
-/// The main routing table's id.
-pub const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
-
-/// Every route of both families. Without strict checking the kernel dumps
-/// every table, so callers filter by [`table_of_route`].
-pub(crate) async fn dump_routes(handle: &Handle) -> Result<Vec<RouteMessage>, PlumbingError> {
-    let mut all = Vec::new();
-    for family in [
-        RouteMessageBuilder::<Ipv4Addr>::new().build(),
-        RouteMessageBuilder::<Ipv6Addr>::new().build(),
-    ] {
-        let part: Vec<RouteMessage> = handle
-            .route()
-            .get(family)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("route dump"))?;
-        all.extend(part);
-    }
-    Ok(all)
-}
-
-pub(crate) fn table_of_route(r: &RouteMessage) -> u32 {
-    r.attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Table(t) => Some(*t),
-            _ => None,
-        })
-        .unwrap_or(r.header.table as u32)
-}
-
-pub(crate) fn route_oif(r: &RouteMessage) -> Option<u32> {
-    r.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Oif(i) => Some(*i),
-        _ => None,
-    })
-}
-
-pub(crate) fn route_gateway(r: &RouteMessage) -> Option<IpAddr> {
-    r.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Gateway(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-        RouteAttribute::Gateway(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    })
-}
-
-/// What the pod interface `link` has now: its addresses (link-local ones
-/// left out) and the gateways of the main table's default routes through
-/// it. Both modes' CHECK and recovery compare this with the result.
-pub(crate) async fn pod_link_state(
-    handle: &Handle,
-    link: LinkInfo,
-) -> Result<PodLinkState, PlumbingError> {
-    let addrs = addresses(handle, link.index)
-        .await?
-        .iter()
-        .filter_map(address_net)
-        .filter(|n| !is_link_local(n))
-        .collect();
-    let default_gateways = dump_routes(handle)
-        .await?
-        .iter()
-        .filter(|r| {
-            r.header.destination_prefix_length == 0
-                && table_of_route(r) == MAIN_TABLE
-                && route_oif(r) == Some(link.index)
-        })
-        .filter_map(route_gateway)
-        .collect();
-    Ok(PodLinkState {
-        link,
-        addrs,
-        default_gateways,
-    })
-}
-
-/// The MAC of the node's primary interface: the device of the main
-/// table's IPv4 default route, if there is one. It dumps routes, so the
-/// caller keeps other dumps off `handle` meanwhile (EBUSY).
-pub(crate) async fn primary_mac(handle: &Handle) -> Result<Option<MacAddr>, PlumbingError> {
-    let oif = handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute()
-        .try_collect::<Vec<RouteMessage>>()
-        .await
-        .map_err(nl("route dump"))?
-        .iter()
-        .filter(|r| r.header.destination_prefix_length == 0 && table_of_route(r) == MAIN_TABLE)
-        .find_map(route_oif);
-    match oif {
-        Some(index) => Ok(link_by_index(handle, index).await?.map(|l| l.mac)),
-        None => Ok(None),
-    }
-}
-
-/// The real plumbing. The "host" is the namespace ENIs live in when no pod
-/// holds them: the agent's own, or one named in config (tests use a
-/// throwaway namespace, so they never touch the machine's interfaces).
+/// The real plumbing, over the [`Host`] it shares with secondary mode.
 pub struct RtnlPlumbing {
-    host: Netns,
-    host_handle: Handle,
-    // The kernel runs one dump at a time per netlink socket (a second gets
-    // EBUSY), and a dump of every link is the slow way to find a MAC. So
-    // MAC -> ifindex is cached and confirmed with a cheap get-by-index; only
-    // a miss dumps, one at a time.
+    host: Host,
+    // A dump of every link is the slow way to find a MAC (and dumps take
+    // turns on the host socket). So MAC -> ifindex is cached and confirmed
+    // with a cheap get-by-index; only a miss dumps.
     host_index: std::sync::Mutex<HashMap<MacAddr, u32>>,
-    host_dump: tokio::sync::Mutex<()>,
 }
 
 impl RtnlPlumbing {
     /// `host_netns`: the host namespace's path; `None` is the agent's own.
+    /// Opens a [`Host`] of its own; [`RtnlPlumbing::from_host`] shares one.
     pub async fn new(host_netns: Option<&Path>) -> Result<Self, PlumbingError> {
-        let host = Netns::open(host_netns.unwrap_or(Path::new("/proc/self/ns/net")))?;
-        let host_handle = handle_in(&host).await?;
-        Ok(RtnlPlumbing {
-            host,
-            host_handle,
-            host_index: Default::default(),
-            host_dump: Default::default(),
-        })
+        Ok(Self::from_host(Host::open(host_netns).await?))
     }
 
-    async fn host_link_by_index(&self, index: u32) -> Result<Option<LinkInfo>, PlumbingError> {
-        link_by_index(&self.host_handle, index).await
+    pub fn from_host(host: Host) -> Self {
+        RtnlPlumbing {
+            host,
+            host_index: Default::default(),
+        }
     }
 
     async fn dump_host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
-        let _one_dump_at_a_time = self.host_dump.lock().await;
-        let all = links(&self.host_handle).await?;
+        let all = self.host.dump(link::dump).await?;
         let mut index = self.host_index.lock().unwrap_or_else(|p| p.into_inner());
         index.clear();
         index.extend(all.iter().map(|l| (l.mac, l.index)));
         Ok(all)
     }
 
-    pub fn host_netns(&self) -> &Netns {
+    pub fn host(&self) -> &Host {
         &self.host
     }
 
-    pub fn host_handle(&self) -> &Handle {
-        &self.host_handle
+    pub fn host_netns(&self) -> &Netns {
+        self.host.netns()
+    }
+
+    pub fn host_handle(&self) -> &rtnetlink::Handle {
+        self.host.handle()
     }
 }
 
@@ -294,7 +87,7 @@ impl Plumbing for RtnlPlumbing {
             .get(&mac)
             .copied();
         if let Some(index) = cached {
-            if let Some(link) = self.host_link_by_index(index).await? {
+            if let Some(link) = link::by_index(self.host.handle(), index).await? {
                 if link.mac == mac {
                     return Ok(Some(link));
                 }
@@ -319,12 +112,17 @@ impl Plumbing for RtnlPlumbing {
     ) -> Result<(), PlumbingError> {
         let ns = Netns::open(netns)?;
         // One message moves and renames: no window with a half-configured
-        // device under its host name in the pod, no EEXIST on a name clash.
-        let msg = LinkUnspec::new_with_index(link.index)
-            .setns_by_fd(ns.file().as_raw_fd())
-            .name(ifname)
-            .build();
-        match set_link(&self.host_handle, msg, "move to pod").await {
+        // device under its host name in the pod.
+        match link::move_to(
+            self.host.handle(),
+            link.index,
+            &ns,
+            ifname,
+            None,
+            "move to pod",
+        )
+        .await
+        {
             Err(e) if e.errno() == Some(EEXIST) => Err(PlumbingError::NameTaken {
                 ifname: ifname.to_string(),
                 netns: netns.to_path_buf(),
@@ -342,63 +140,27 @@ impl Plumbing for RtnlPlumbing {
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
         let mut link =
-            link_by_mac(&pod, mac)
+            link::by_mac(&pod, mac)
                 .await?
                 .ok_or_else(|| PlumbingError::LinkNotFound {
                     mac,
                     place: netns.display().to_string(),
                 })?;
-        set_link(
-            &pod,
-            LinkUnspec::new_with_index(link.index)
-                .mtu(config.mtu)
-                .up()
-                .build(),
-            "set MTU and up",
-        )
-        .await?;
+        link::set_up(&pod, link.index, Some(config.mtu), "set MTU and up").await?;
         link.mtu = config.mtu;
         link.up = true;
-        pod.address()
-            .add(
-                link.index,
-                IpAddr::V4(config.ipv4.addr()),
-                config.ipv4.prefix_len(),
-            )
-            .execute()
-            .await
-            .map_err(nl("add IPv4 address"))?;
+        let v4 = IpNet::V4(config.ipv4);
+        let options = AddrOptions::default();
+        addr::add(&pod, link.index, v4, options, "add IPv4 address").await?;
         if let Some(v6) = config.ipv6 {
-            let mut req = pod
-                .address()
-                .add(link.index, IpAddr::V6(v6.addr()), v6.prefix_len());
-            // Without NODAD the address stays tentative for about a second
-            // and the pod's first packets fail.
-            let msg = req.message_mut();
-            msg.header.flags |= AddressHeaderFlags::Nodad;
-            msg.attributes
-                .push(AddressAttribute::Flags(AddressFlags::Nodad));
-            req.execute().await.map_err(nl("add IPv6 address"))?;
+            let v6 = IpNet::V6(v6);
+            addr::add(&pod, link.index, v6, AddrOptions::NODAD, "add IPv6 address").await?;
         }
-        let route4 = RouteMessageBuilder::<Ipv4Addr>::new()
-            .output_interface(link.index)
-            .gateway(config.gateway4)
-            .build();
-        pod.route()
-            .add(route4)
-            .execute()
-            .await
-            .map_err(nl("add IPv4 default route"))?;
+        let default = |gw| route::default_via(gw, link.index, route::MAIN_TABLE);
+        let gw4 = default(IpAddr::V4(config.gateway4));
+        route::add(&pod, gw4, "add IPv4 default route").await?;
         if let Some(gw6) = config.gateway6 {
-            let route6 = RouteMessageBuilder::<Ipv6Addr>::new()
-                .output_interface(link.index)
-                .gateway(gw6)
-                .build();
-            pod.route()
-                .add(route6)
-                .execute()
-                .await
-                .map_err(nl("add IPv6 default route"))?;
+            route::add(&pod, default(IpAddr::V6(gw6)), "add IPv6 default route").await?;
         }
         Ok(link)
     }
@@ -410,8 +172,8 @@ impl Plumbing for RtnlPlumbing {
     ) -> Result<Option<PodLinkState>, PlumbingError> {
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
-        match link_by_mac(&pod, mac).await? {
-            Some(link) => Ok(Some(pod_link_state(&pod, link).await?)),
+        match link::by_mac(&pod, mac).await? {
+            Some(link) => Ok(Some(link::pod_state(&pod, link).await?)),
             None => Ok(None),
         }
     }
@@ -425,26 +187,22 @@ impl Plumbing for RtnlPlumbing {
     ) -> Result<Option<LinkInfo>, PlumbingError> {
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
-        let Some(link) = link_by_mac(&pod, mac).await? else {
+        let Some(link) = link::by_mac(&pod, mac).await? else {
             return Ok(None);
         };
         // No separate down or address flush: the move itself closes the
         // device and flushes its addresses and routes. The host MTU rides
         // in the move message, applied once the device is home.
-        let move_as = |name: &str| {
-            LinkUnspec::new_with_index(link.index)
-                .setns_by_fd(self.host.file().as_raw_fd())
-                .name(name)
-                .mtu(host_mtu)
-                .build()
-        };
-        match set_link(&pod, move_as(host_name), "move to host").await {
+        let home = self.host.netns();
+        let mtu = Some(host_mtu);
+        match link::move_to(&pod, link.index, home, host_name, mtu, "move to host").await {
             Err(e) if e.errno() == Some(EEXIST) => {
                 // Someone took the host name meanwhile; bring the ENI home
                 // under a stable fallback rather than strand it in the pod.
                 let fallback = fallback_host_name(mac);
                 tracing::warn!(%mac, host_name, fallback, "host name taken; moving ENI home under fallback name");
-                set_link(&pod, move_as(&fallback), "move to host (fallback name)").await?;
+                let op = "move to host (fallback name)";
+                link::move_to(&pod, link.index, home, &fallback, mtu, op).await?;
             }
             other => other?,
         }
@@ -459,8 +217,7 @@ impl Plumbing for RtnlPlumbing {
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
-        let _one_dump_at_a_time = self.host_dump.lock().await;
-        primary_mac(&self.host_handle).await
+        self.host.primary_mac().await
     }
 
     async fn restore_host_link(
@@ -517,37 +274,14 @@ impl RtnlPlumbing {
         host_name: &str,
         host_mtu: u32,
     ) -> Result<(), PlumbingError> {
+        let host = self.host.handle();
         if link.name != host_name {
-            // Kernels before 6.2 refuse to rename an UP device (EBUSY).
-            let msg = LinkUnspec::new_with_index(link.index)
-                .down()
-                .name(host_name)
-                .mtu(host_mtu)
-                .build();
-            match set_link(&self.host_handle, msg, "rename to host name").await {
-                Err(e) if e.errno() == Some(EEXIST) => {
-                    return Err(PlumbingError::NameTaken {
-                        ifname: host_name.to_string(),
-                        netns: self.host.path().to_path_buf(),
-                    })
-                }
-                other => other?,
-            }
+            let op = "rename to host name";
+            let netns = self.host.netns().path();
+            link::rename(host, link.index, host_name, Some(host_mtu), netns, op).await?;
         } else if link.mtu != host_mtu {
-            set_link(
-                &self.host_handle,
-                LinkUnspec::new_with_index(link.index).mtu(host_mtu).build(),
-                "restore host MTU",
-            )
-            .await?;
+            link::set_mtu(host, link.index, host_mtu, "restore host MTU").await?;
         }
         Ok(())
-    }
-}
-
-fn is_link_local(net: &IpNet) -> bool {
-    match net {
-        IpNet::V4(n) => n.addr().is_link_local(),
-        IpNet::V6(n) => (n.addr().segments()[0] & 0xffc0) == 0xfe80,
     }
 }

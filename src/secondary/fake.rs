@@ -1,5 +1,5 @@
 //! An in-memory [`SecondaryPlumbing`] for unit tests of the secondary
-//! manager: host ENIs, pod namespaces, veths, rules, proxy entries and
+//! driver: host ENIs, pod namespaces, veths, rules, proxy entries and
 //! route tables as sets, with one-shot faults and a pause point.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};

@@ -1,0 +1,81 @@
+//! The host namespace as both modes' plumbing see it: one rtnetlink
+//! connection and one dump lock, opened once and shared.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use enim_provider::MacAddr;
+use rtnetlink::Handle;
+
+use super::{route, Netns, PlumbingError};
+
+/// Opens an rtnetlink connection inside `netns` (thread pattern, see
+/// [`super::netns`]) and drives it on the current runtime. The socket closes
+/// when the returned handle and its clones are dropped.
+pub async fn handle_in(netns: &Netns) -> Result<Handle, PlumbingError> {
+    let runtime = tokio::runtime::Handle::current();
+    let (connection, handle) = super::netns::run_in(netns, move || {
+        // The socket registers with the runtime's reactor, so enter it here.
+        let _guard = runtime.enter();
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        Ok((connection, handle))
+    })
+    .await?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
+/// The namespace ENIs live in when no pod holds them: the agent's own, or
+/// one named in config (tests use a throwaway namespace, so they never
+/// touch the machine's interfaces). Clones share one socket and one dump
+/// lock, so primary and secondary plumbing built from the same `Host`
+/// never dump over each other.
+#[derive(Clone)]
+pub struct Host(Arc<Inner>);
+
+struct Inner {
+    netns: Netns,
+    handle: Handle,
+    // The kernel runs one dump at a time per netlink socket (a second gets
+    // EBUSY): dumps on the host socket take turns.
+    dump: tokio::sync::Mutex<()>,
+}
+
+impl Host {
+    /// `path`: the host namespace's path; `None` is the agent's own.
+    pub async fn open(path: Option<&Path>) -> Result<Host, PlumbingError> {
+        let netns = Netns::open(path.unwrap_or(Path::new("/proc/self/ns/net")))?;
+        let handle = handle_in(&netns).await?;
+        Ok(Host(Arc::new(Inner {
+            netns,
+            handle,
+            dump: Default::default(),
+        })))
+    }
+
+    pub fn netns(&self) -> &Netns {
+        &self.0.netns
+    }
+
+    /// For requests that are not dumps; dumps go through [`Host::dump`].
+    pub fn handle(&self) -> &Handle {
+        &self.0.handle
+    }
+
+    /// Runs `dump` (a verb that dumps, such as [`super::link::dump`]) on
+    /// the host socket when no other dump is running on it.
+    pub async fn dump<'a, T, F>(&'a self, dump: impl FnOnce(&'a Handle) -> F) -> T
+    where
+        F: Future<Output = T> + 'a,
+    {
+        let _turn = self.0.dump.lock().await;
+        dump(&self.0.handle).await
+    }
+
+    /// The MAC of the host's primary interface: the device of the main
+    /// table's IPv4 default route, if there is one.
+    pub async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
+        self.dump(route::primary_mac).await
+    }
+}
