@@ -11,21 +11,13 @@ use enim::api::MtuExpectation;
 use enim::manager::ManagerError;
 use enim_provider::{EniProvider, ProviderError};
 
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_configures_pod_and_del_returns_eni_home() {
     require_kernel!();
     let sb = Sandbox::new(1);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let o = owner("c1", "eth0");
 
     let result = mgr.add(&o, &pod.path()).await.expect("ADD");
@@ -106,7 +98,7 @@ async fn repeated_add_and_del_are_idempotent() {
     let sb = Sandbox::new(2);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let o = owner("c1", "eth0");
     let first = mgr.add(&o, &pod.path()).await.unwrap();
     let second = mgr.add(&o, &pod.path()).await.unwrap();
@@ -132,7 +124,7 @@ async fn stale_del_leaves_new_owner_alone() {
     let sb = Sandbox::new(1);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let old = owner("old", "eth0");
     let new = owner("new", "eth0");
     mgr.add(&old, &pod.path()).await.unwrap();
@@ -166,7 +158,7 @@ async fn sixteen_concurrent_pods_then_exhaustion() {
     let sb = Sandbox::new(16);
     let pods: Vec<NamedNetns> = (0..17).map(|_| NamedNetns::new("pod")).collect();
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, _provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, _provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let mut tasks = Vec::new();
     for (i, pod) in pods.iter().take(16).enumerate() {
         let mgr = mgr.clone();
@@ -220,7 +212,7 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
     require_kernel!();
     let sb = Sandbox::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let file = dir.path().join("not-a-netns");
     std::fs::write(&file, "x").unwrap();
     let missing = dir.path().join("missing");
@@ -250,7 +242,7 @@ async fn invalid_ifname_is_rejected_before_anything_moves() {
     let sb = Sandbox::new(1);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     for bad in ["this-name-is-too-long", "a/b", "a b", ".."] {
         let err = mgr.add(&owner("c1", bad), &pod.path()).await.unwrap_err();
         assert!(
@@ -272,7 +264,7 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
         "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
     ]);
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let err = mgr
         .add(&owner("c1", "eth0"), &pod.path())
         .await
@@ -290,7 +282,7 @@ async fn del_succeeds_after_netns_is_gone() {
     let sb = Sandbox::new(1);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let o = owner("c1", "eth0");
     mgr.add(&o, &pod.path()).await.unwrap();
     drop(pod); // a veth ENI dies with its namespace
@@ -308,13 +300,13 @@ async fn restart_restores_ownership_from_checkpoint() {
     let cp = dir.path().join("cp.json");
     let o = owner("c1", "eth0");
     {
-        let (mgr, _) = sb.manager(&cp).await;
+        let (mgr, _) = manager(&sb, &cp).await;
         mgr.add(&o, &pod.path()).await.unwrap();
         // A clean stop lands the outcome written behind (enimd does this
         // at shutdown; a crash instead is recovery's case, tested apart).
         mgr.checkpoint().flush().await.unwrap();
     }
-    let (mgr, provider) = sb.manager(&cp).await;
+    let (mgr, provider) = manager(&sb, &cp).await;
     let report = mgr.recover().await.unwrap();
     assert_eq!(report.ready, 1);
     // The restored provider does not hand the held ENI to someone else.
@@ -343,7 +335,7 @@ async fn in_process_add_del_timing() {
     let sb = Sandbox::new(1);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, _) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, _) = manager(&sb, &dir.path().join("cp.json")).await;
     let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..20 {
         let o = owner(&format!("t{i}"), "eth0");

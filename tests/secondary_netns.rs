@@ -20,14 +20,6 @@ use enim::secondary::record::SecondaryAttachment;
 use enim::secondary::SecondaryConfig;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
-
 fn test_config() -> SecondaryConfig {
     SecondaryConfig {
         cooldown: Duration::ZERO,
@@ -626,13 +618,13 @@ fn ping_from(ns: &NamedNetns, dev: &str) -> bool {
 /// The real enimd, configured for secondary mode, and the real plugin.
 #[test]
 fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
-    use common::agent::{enim, Agent};
+    use common::{enim, start_agent};
     require_kernel!();
     let mut sb = Sandbox::new(1);
     sb.enis = sb.enis_with_secondaries(&[2], true);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &sb,
         dir.path(),
         "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"\nrule_priority_to_pod = 600\n",
@@ -830,13 +822,13 @@ async fn concurrent_adds_and_dels_share_nothing() {
 /// the real plugin; enimctl and the metrics show the pod while it lives.
 #[test]
 fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
-    use common::agent::{enim, http_get_in, metric, Agent};
+    use common::{enim, http_get_in, metric, start_agent};
     require_kernel!();
     let mut sb = Sandbox::new(2);
     sb.enis = sb.enis_with_secondaries(&[2, 1], false);
     let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
-    let agent = Agent::start(
+    let agent = start_agent(
         &sb,
         dir.path(),
         &format!(
