@@ -322,13 +322,14 @@ impl<'a> Worker<'a> {
         let add = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
-                out.ok("enim ADD")?.ok_or("enim ADD printed no result")?;
+                out.result("enim ADD")?
+                    .ok_or("enim ADD printed no result")?;
                 out.elapsed
             }
             Method::HostDevice => {
                 hd_conf = ctx.hd_conf(eni);
                 let out = exec(&call(&ctx.bins.host_device, "ADD", &hd_conf))?;
-                out.ok("host-device ADD")?;
+                out.result("host-device ADD")?;
                 out.elapsed
             }
             Method::Floor => {
@@ -350,13 +351,13 @@ impl<'a> Worker<'a> {
         let del = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
-                out.ok("enim DEL")?;
+                out.result("enim DEL")?;
                 out.elapsed
             }
             Method::HostDevice => {
                 let conf = ctx.hd_conf(eni);
                 let out = exec(&call(&ctx.bins.host_device, "DEL", &conf))?;
-                out.ok("host-device DEL")?;
+                out.result("host-device DEL")?;
                 out.elapsed
             }
             Method::Floor => {
@@ -703,7 +704,7 @@ fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
             cni_path: &ctx.bins.cni_path,
             conf: &conf,
         })?;
-        out.ok("enim ADD (gc move-back set-up)")?;
+        out.result("enim ADD (gc move-back set-up)")?;
     }
     let held = agent.status()?.attachments;
     if held != n {
@@ -720,7 +721,7 @@ fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
         cni_path: &ctx.bins.cni_path,
         conf: &serde_json::to_vec(&gc_conf)?,
     })?;
-    out.ok("enim GC")?;
+    out.result("enim GC")?;
     let s: Status = agent.client(Duration::from_secs(30)).get(ROUTE_STATUS)?;
     if s.attachments != 0 || s.enis_free != n {
         return Err(format!("gc-moved: after GC: {s:?}").into());
@@ -1008,7 +1009,7 @@ fn version_execs(ctx: &Ctx, n: usize) -> R<[Summary; 2]> {
                 cni_path: &ctx.bins.cni_path,
                 conf,
             })?;
-            out.ok("VERSION")?;
+            out.result("VERSION")?;
             t[idx].push(out.elapsed);
         }
     }
