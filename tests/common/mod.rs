@@ -1,7 +1,7 @@
 //! The shared rigs of `enim-testkit` (sandbox, agent process, plugin exec,
 //! fixtures), plus what only this crate can give them: its binaries
-//! (`CARGO_BIN_EXE_*`) and, in one place, the in-process manager some
-//! kernel tests build over the sandbox.
+//! (`CARGO_BIN_EXE_*`) and, in one place, the in-process managers some
+//! kernel tests build over the sandbox (the agent's internals).
 
 // Each test binary uses its own part of this.
 #![allow(dead_code, unused_imports)]
@@ -12,6 +12,8 @@ use std::sync::Arc;
 use enim::checkpoint::Checkpoint;
 use enim::manager::EniManager;
 use enim::netlink::rtnl::RtnlPlumbing;
+use enim::secondary::manager::SecondaryManager;
+use enim::secondary::SecondaryConfig;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 pub use enim_testkit::agent::{http_get_in, metric, NETWORK};
 pub use enim_testkit::cni::CniOutput;
@@ -51,6 +53,28 @@ pub fn enim(
         &cni::k8s_args("default", cid),
         conf,
     )
+}
+
+/// A secondary-mode manager in this process over `enis` in the sandbox
+/// host namespace, its existing checkpoint at `checkpoint` (not started:
+/// no recovery yet).
+pub async fn secondary_manager(
+    sb: &Sandbox,
+    enis: &[StaticEniConfig],
+    checkpoint: &Path,
+    config: SecondaryConfig,
+) -> Arc<EniManager> {
+    let (manager, provider, checkpoint) = manager_over(sb, enis, checkpoint, false).await;
+    let engine = SecondaryManager::over_host(
+        config,
+        Some(&sb.host.path()),
+        provider,
+        checkpoint,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    Arc::new(manager.with_secondary(engine))
 }
 
 /// A primary-mode manager in this process over `enis` in the sandbox host
