@@ -178,10 +178,7 @@ fn lost_del_pod_netns_deleted() {
 #[test]
 fn physical_eni_returned_as_dev_n_is_brought_home() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
+    let (sb, pod, _dir, mut agent) = agent_rig(1, "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     agent.stop();
@@ -228,10 +225,7 @@ fn free_eni_with_wrong_name_or_mtu_is_normalised() {
 #[test]
 fn young_attachments_survive_gc_grace() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "gc_grace = \"1h\"");
+    let (_sb, pod, _dir, agent) = agent_rig(1, "gc_grace = \"1h\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     let mut gc = conf.clone();

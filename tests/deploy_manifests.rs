@@ -21,12 +21,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// What the manifests must agree with: the checks, and install-cni run.
-#[path = "deploy_manifests/checks.rs"]
-mod checks;
 /// The checks on manifests broken on purpose.
 #[path = "deploy_manifests/broken.rs"]
 mod broken;
+/// What the manifests must agree with: the checks, and install-cni run.
+#[path = "deploy_manifests/checks.rs"]
+mod checks;
 
 use checks::{check, run_install_cni};
 

@@ -11,10 +11,7 @@ use common::*;
 #[test]
 fn add_check_del_del() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
 
     let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -54,10 +51,7 @@ fn add_check_del_del() {
 #[test]
 fn results_follow_the_requested_version() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "");
+    let (_sb, pod, _dir, agent) = agent_rig(1, "");
     for version in ["0.4.0", "1.0.0", "1.1.0"] {
         let r = enim(
             "ADD",
@@ -124,10 +118,7 @@ fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
 #[test]
 fn status_reports_exhaustion_and_a_dead_agent() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(&sb, dir.path(), "");
+    let (_sb, pod, _dir, mut agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
     enim("STATUS", "", None, "", &conf).ok();
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -150,10 +141,7 @@ fn chain_with_reference_tuning_plugin() {
         "{} missing: install containernetworking-plugins",
         tuning.display()
     );
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
     let conf = agent.net_conf("1.0.0");
     let tuning_conf = |prev: &serde_json::Value| {
@@ -222,10 +210,7 @@ fn chain_with_reference_tuning_plugin() {
 #[test]
 fn restart_between_add_and_del_loses_nothing() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = start_agent(&sb, dir.path(), "");
+    let (sb, pod, _dir, mut agent) = agent_rig(2, "");
     let conf = agent.net_conf("1.1.0");
     let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     agent.stop();
@@ -312,10 +297,7 @@ fn callers_not_allowed_by_config_are_refused() {
 #[test]
 fn exec_add_del_timing() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
     let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..20 {

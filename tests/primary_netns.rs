@@ -14,10 +14,7 @@ use enim_provider::{EniProvider, ProviderError};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_configures_pod_and_del_returns_eni_home() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let o = owner("c1", "eth0");
 
     let result = mgr.add(&o, &pod.path()).await.expect("ADD");
@@ -95,10 +92,7 @@ async fn add_configures_pod_and_del_returns_eni_home() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_add_and_del_are_idempotent() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(2).await;
     let o = owner("c1", "eth0");
     let first = mgr.add(&o, &pod.path()).await.unwrap();
     let second = mgr.add(&o, &pod.path()).await.unwrap();
@@ -121,10 +115,7 @@ async fn repeated_add_and_del_are_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_del_leaves_new_owner_alone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let old = owner("old", "eth0");
     let new = owner("new", "eth0");
     mgr.add(&old, &pod.path()).await.unwrap();
@@ -239,10 +230,7 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_ifname_is_rejected_before_anything_moves() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     for bad in ["this-name-is-too-long", "a/b", "a b", ".."] {
         let err = mgr.add(&owner("c1", bad), &pod.path()).await.unwrap_err();
         assert!(
@@ -279,10 +267,7 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_succeeds_after_netns_is_gone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (_sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let o = owner("c1", "eth0");
     mgr.add(&o, &pod.path()).await.unwrap();
     drop(pod); // a veth ENI dies with its namespace
@@ -332,10 +317,7 @@ async fn restart_restores_ownership_from_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_add_del_timing() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, _) = manager(&sb, &dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, _) = primary_rig(1).await;
     let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..20 {
         let o = owner(&format!("t{i}"), "eth0");

@@ -98,3 +98,31 @@ pub async fn manager(sb: &Sandbox, checkpoint: &Path) -> (Arc<EniManager>, Arc<S
     let (manager, provider, _) = manager_over(sb, &sb.enis, checkpoint, true).await;
     (Arc::new(manager), provider)
 }
+
+/// A sandbox of `n` ENIs, a pod netns, a temp dir, and a primary-mode
+/// manager over the sandbox with its checkpoint in the dir.
+pub async fn primary_rig(
+    n: usize,
+) -> (
+    Sandbox,
+    NamedNetns,
+    tempfile::TempDir,
+    Arc<EniManager>,
+    Arc<StaticProvider>,
+) {
+    let sb = Sandbox::new(n);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
+    (sb, pod, dir, mgr, provider)
+}
+
+/// A sandbox of `n` ENIs, a pod netns, a temp dir, and a ready enimd over
+/// the sandbox with its files in the dir (`extra` added to its config).
+pub fn agent_rig(n: usize, extra: &str) -> (Sandbox, NamedNetns, tempfile::TempDir, Agent) {
+    let sb = Sandbox::new(n);
+    let pod = NamedNetns::new("pod");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&sb, dir.path(), extra);
+    (sb, pod, dir, agent)
+}

@@ -70,7 +70,6 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
     agent.stop();
 }
 
-
 /// Secondary mode end to end: the real enimd (`mode = "secondary"`) and
 /// the real plugin; enimctl and the metrics show the pod while it lives.
 #[test]
