@@ -358,77 +358,18 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
 
     // Strangers of enim's shape with no record (a crash before a record
     // was written, a lost checkpoint) and lookalikes that are not enim's.
-    sb.host.ip(&[
-        "link",
-        "add",
-        "enim0123456789a",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "enimtmp0",
-    ]);
-    sb.host.ip(&[
-        "link",
-        "add",
-        "enim-keep",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "enim-keep-p",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "512",
-        "to",
-        "10.77.0.99",
-        "lookup",
-        "main",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "1536",
-        "from",
-        "10.77.0.99",
-        "lookup",
-        "1007",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "600",
-        "to",
-        "10.77.0.98",
-        "lookup",
-        "main",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "1536",
-        "from",
-        "10.77.0.0/24",
-        "lookup",
-        "1001",
-    ]);
-    sb.host.ip(&[
-        "route",
-        "add",
-        "10.77.0.77",
-        "dev",
-        "enis1",
-        "table",
-        "1007",
-    ]);
-    sb.host
-        .ip(&["neigh", "add", "proxy", "10.77.0.99", "dev", "enis1"]);
+    for cmd in [
+        "link add enim0123456789a type veth peer name enimtmp0",
+        "link add enim-keep type veth peer name enim-keep-p",
+        "rule add priority 512 to 10.77.0.99 lookup main",
+        "rule add priority 1536 from 10.77.0.99 lookup 1007",
+        "rule add priority 600 to 10.77.0.98 lookup main",
+        "rule add priority 1536 from 10.77.0.0/24 lookup 1001",
+        "route add 10.77.0.77 dev enis1 table 1007",
+        "neigh add proxy 10.77.0.99 dev enis1",
+    ] {
+        sb.host.ip(&cmd.split(' ').collect::<Vec<_>>());
+    }
 
     // Young records are spared; the sweep runs regardless.
     let report = mgr
