@@ -11,92 +11,36 @@
 
 mod common;
 
-#[path = "../provider/aws/tests/common/mod.rs"]
-mod aws_rig;
-
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::agent::enim;
-use common::{kernel_tests_enabled, NamedNetns};
+use common::{bins, enim, Agent, NamedNetns};
+use enim_testkit::agent::net_conf;
+use enim_testkit::fixtures::AgentPaths;
+use enim_testkit::moto as aws_rig;
 
 const NETWORK: &str = "enim-aws-e2e";
 
-struct Enimd {
-    child: Option<Child>,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Enimd {
-    fn start(dir: &Path, config: &str, env: &aws_rig::Env) -> Enimd {
-        let path = dir.join("enimd.toml");
-        std::fs::write(&path, config).unwrap();
-        let log = dir.join("enimd.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_enimd"))
-            .arg("--config")
-            .arg(&path)
-            .env("AWS_ACCESS_KEY_ID", env.node.access_key_id())
-            .env("AWS_SECRET_ACCESS_KEY", env.node.secret_access_key())
-            .env_remove("AWS_SESSION_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn enimd");
-        let mut d = Enimd {
-            child: Some(child),
-            socket: dir.join("enimd.sock"),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
-                && d.ctl(&["status"])["ready"] == true
-            {
-                return d;
-            }
-            if let Some(s) = d.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("enimd exited early ({s}): {}", d.log());
-            }
-            assert!(Instant::now() < deadline, "enimd not ready: {}", d.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        common::agent::enimctl(&self.socket, args)
-    }
-
-    fn conf(&self) -> serde_json::Value {
-        serde_json::json!({
-            "cniVersion": "1.1.0",
-            "name": NETWORK,
-            "type": "enim",
-            "socket": self.socket,
-        })
-    }
-
-    fn stop(&mut self) {
-        let status = common::agent::sigterm_and_wait(self.child.take().unwrap());
-        assert!(status.success(), "enimd exit {status}: {}", self.log());
-    }
-}
-
-impl Drop for Enimd {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// enimd with `config` in `dir`, in this namespace (it must reach the
+/// loopback servers), signing with the node's IAM user; ready.
+fn start_enimd(dir: &Path, config: &str, env: &aws_rig::Env) -> Agent {
+    let paths = AgentPaths::in_dir(dir);
+    std::fs::write(&paths.config, config).unwrap();
+    let mut agent = Agent::new(bins(), paths);
+    agent.env = vec![
+        ("AWS_ACCESS_KEY_ID".into(), env.node.access_key_id().into()),
+        (
+            "AWS_SECRET_ACCESS_KEY".into(),
+            env.node.secret_access_key().into(),
+        ),
+    ];
+    agent.env_remove = vec!["AWS_SESSION_TOKEN".into()];
+    agent.ready_timeout = Duration::from_secs(30);
+    agent.ready_poll = Duration::from_millis(50);
+    agent.restart();
+    agent
 }
 
 /// Runs blocking test steps (plugin execs, `ip`, enimctl) in place: the
@@ -107,9 +51,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enimd_serves_pods_from_the_aws_warm_pool() {
-    if !kernel_tests_enabled() {
-        return;
-    }
+    common::require_kernel!();
     let Some(env) = aws_rig::Env::start().await else {
         return;
     };
@@ -155,12 +97,12 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         imds = env.imds.url,
         ec2 = env.proxy.url,
     );
-    let mut agent = blocking(|| Enimd::start(dir.path(), &config, &env));
+    let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
 
     // Pod 1 takes the adopted ENI; the pool makes another for pod 2.
     let pod1 = NamedNetns::new("awspod1");
     let pod2 = NamedNetns::new("awspod2");
-    let conf = agent.conf();
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
     let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
     assert_eq!(r1["interfaces"][0]["mac"], earlier.mac_address);
     assert_eq!(

@@ -5,17 +5,8 @@
 
 mod common;
 
-use common::agent::*;
 use common::*;
-use enim::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
-
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
+use enim::support::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
 
 fn crash_env(point: &str) -> Vec<(String, String)> {
     vec![("ENIMD_CRASH_AT".into(), point.into())]
@@ -28,7 +19,7 @@ fn crash_at_every_add_point_then_restart_and_gc() {
         let sb = Sandbox::new(2);
         let pod = NamedNetns::new("pod");
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
         agent.stop();
         agent.env = crash_env(point);
         agent.restart();
@@ -62,7 +53,7 @@ fn crash_at_every_del_point_then_restart_and_gc() {
         let sb = Sandbox::new(2);
         let pod = NamedNetns::new("pod");
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
         let conf = agent.net_conf("1.1.0");
         enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
         agent.stop();
@@ -100,7 +91,7 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
         sb.enis = sb.enis_with_secondaries(&[2], false);
         let pod = NamedNetns::new("pod");
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = Agent::start(&sb, dir.path(), config);
+        let mut agent = start_agent(&sb, dir.path(), config);
         let clean = sb.host_state();
         let conf = agent.net_conf("1.1.0");
         let pods = |agent: &Agent| {
@@ -163,7 +154,7 @@ fn lost_del_pod_netns_deleted() {
     let pod = NamedNetns::new("pod");
     let keep = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     enim("ADD", "c2", Some(&keep.path()), "eth0", &conf).ok();
@@ -187,10 +178,7 @@ fn lost_del_pod_netns_deleted() {
 #[test]
 fn physical_eni_returned_as_dev_n_is_brought_home() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let (sb, pod, _dir, mut agent) = agent_rig(1, "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     agent.stop();
@@ -221,7 +209,7 @@ fn free_eni_with_wrong_name_or_mtu_is_normalised() {
     require_kernel!();
     let sb = Sandbox::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
     // First sight recorded eni0 / 1500 as home; now someone renames it.
     sb.host
         .ip(&["link", "set", "eni0", "name", "dev5", "mtu", "1400"]);
@@ -237,10 +225,7 @@ fn free_eni_with_wrong_name_or_mtu_is_normalised() {
 #[test]
 fn young_attachments_survive_gc_grace() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"1h\"");
+    let (_sb, pod, _dir, agent) = agent_rig(1, "gc_grace = \"1h\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     let mut gc = conf.clone();
@@ -260,7 +245,7 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     let plain = NamedNetns::new("pod");
     let shadowed = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     enim("ADD", "c1", Some(&plain.path()), "eth0", &conf).ok();
     enim("ADD", "c2", Some(&shadowed.path()), "eth0", &conf).ok();
@@ -345,7 +330,7 @@ fn unclaimed_add_is_kept_then_expires(secondary: bool) {
     };
     let (retried, abandoned) = (NamedNetns::new("pod"), NamedNetns::new("pod"));
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &sb,
         dir.path(),
         &format!("allocation_expiry = \"2s\"\ngc_grace = \"1h\"\n{mode}"),
@@ -431,7 +416,7 @@ fn crash_at_every_point_of_a_batched_gc() {
         let sb = Sandbox::new(3);
         let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
         let conf = agent.net_conf("1.1.0");
         for (i, pod) in pods.iter().enumerate() {
             enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();

@@ -6,24 +6,12 @@ mod common;
 
 use std::path::Path;
 
-use common::agent::*;
 use common::*;
-
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
 
 #[test]
 fn add_check_del_del() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
 
     let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -63,10 +51,7 @@ fn add_check_del_del() {
 #[test]
 fn results_follow_the_requested_version() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "");
+    let (_sb, pod, _dir, agent) = agent_rig(1, "");
     for version in ["0.4.0", "1.0.0", "1.1.0"] {
         let r = enim(
             "ADD",
@@ -102,7 +87,7 @@ fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
     let sb = Sandbox::new(3);
     let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     let mut eni_of = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
@@ -133,10 +118,7 @@ fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
 #[test]
 fn status_reports_exhaustion_and_a_dead_agent() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&sb, dir.path(), "");
+    let (_sb, pod, _dir, mut agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
     enim("STATUS", "", None, "", &conf).ok();
     enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -153,15 +135,13 @@ fn status_reports_exhaustion_and_a_dead_agent() {
 #[test]
 fn chain_with_reference_tuning_plugin() {
     require_kernel!();
-    let tuning = "/usr/lib/cni/tuning";
+    let tuning = Path::new("/usr/lib/cni/tuning");
     assert!(
-        Path::new(tuning).exists(),
-        "{tuning} missing: install containernetworking-plugins"
+        tuning.exists(),
+        "{} missing: install containernetworking-plugins",
+        tuning.display()
     );
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
     let conf = agent.net_conf("1.0.0");
     let tuning_conf = |prev: &serde_json::Value| {
@@ -230,10 +210,7 @@ fn chain_with_reference_tuning_plugin() {
 #[test]
 fn restart_between_add_and_del_loses_nothing() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&sb, dir.path(), "");
+    let (sb, pod, _dir, mut agent) = agent_rig(2, "");
     let conf = agent.net_conf("1.1.0");
     let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     agent.stop();
@@ -259,7 +236,7 @@ fn callers_not_allowed_by_config_are_refused() {
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
     // nobody's group may connect to the socket; only uid 4242 is allowed.
-    let agent = Agent::start(
+    let agent = start_agent(
         &sb,
         dir.path(),
         "socket_group = 65534\nallowed_uids = [4242]",
@@ -320,10 +297,7 @@ fn callers_not_allowed_by_config_are_refused() {
 #[test]
 fn exec_add_del_timing() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&sb, dir.path(), "");
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
     let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..20 {
@@ -355,7 +329,7 @@ fn excluded_enis_and_the_primary_interface_are_never_handed_out() {
     let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let dir = tempfile::tempdir().unwrap();
     let mac2 = sb.enis[2].mac.to_string();
-    let agent = Agent::start(&sb, dir.path(), &format!("[exclude]\nenis = [\"{mac2}\"]"));
+    let agent = start_agent(&sb, dir.path(), &format!("[exclude]\nenis = [\"{mac2}\"]"));
     let conf = agent.net_conf("1.1.0");
     let enis = agent.ctl(&["enis"]);
     let state = |id: &str| {
@@ -397,7 +371,7 @@ fn excluded_enis_and_the_primary_interface_are_never_handed_out() {
         .any(|f| f == "UP"));
     let table = std::process::Command::new(env!("CARGO_BIN_EXE_enimctl"))
         .args(["--socket"])
-        .arg(&agent.socket)
+        .arg(agent.socket())
         .arg("enis")
         .output()
         .unwrap();

@@ -3,19 +3,16 @@
 
 mod common;
 
-use common::agent::*;
 use common::*;
 
 #[test]
 fn metrics_match_the_actions_performed() {
-    if !kernel_tests_enabled() {
-        return;
-    }
+    require_kernel!();
     let sb = Sandbox::new(3);
     let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
-    let agent = Agent::start(
+    let agent = start_agent(
         &sb,
         dir.path(),
         &format!("metrics_address = \"{addr}\"\ngc_grace = \"0s\""),
@@ -102,13 +99,11 @@ fn metrics_match_the_actions_performed() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn readyz_waits_for_startup_recovery() {
-    if !kernel_tests_enabled() {
-        return;
-    }
+    require_kernel!();
     let sb = Sandbox::new(1);
     let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
-    let mut agent = Agent::start(&sb, dir.path(), &format!("metrics_address = \"{addr}\""));
+    let mut agent = start_agent(&sb, dir.path(), &format!("metrics_address = \"{addr}\""));
     assert_eq!(http_get_in(&sb.host.path(), addr, "/readyz").0, 200);
     agent.stop();
     // Held in startup recovery, the agent is alive but not ready.

@@ -8,24 +8,13 @@ use std::time::Instant;
 
 use common::*;
 use enim::api::MtuExpectation;
-use enim::manager::ManagerError;
+use enim::engine::EngineError;
 use enim_provider::{EniProvider, ProviderError};
-
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_configures_pod_and_del_returns_eni_home() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let o = owner("c1", "eth0");
 
     let result = mgr.add(&o, &pod.path()).await.expect("ADD");
@@ -83,8 +72,8 @@ async fn add_configures_pod_and_del_returns_eni_home() {
     // The checkpoint says Ready, and the provider says it is ours.
     let recs = mgr.attachments().await;
     assert_eq!(recs.len(), 1);
-    assert_eq!(recs[0].phase, enim::attachment::Phase::Ready);
-    assert_eq!(recs[0].host_name, "eni0");
+    assert_eq!(recs[0].phase, enim::model::Phase::Ready);
+    assert_eq!(recs[0].primary().unwrap().host_name, "eni0");
     let listed = provider.list().await.unwrap();
     assert_eq!(listed[0].owner.as_ref().unwrap().container_id, "c1");
 
@@ -103,10 +92,7 @@ async fn add_configures_pod_and_del_returns_eni_home() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_add_and_del_are_idempotent() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(2).await;
     let o = owner("c1", "eth0");
     let first = mgr.add(&o, &pod.path()).await.unwrap();
     let second = mgr.add(&o, &pod.path()).await.unwrap();
@@ -129,10 +115,7 @@ async fn repeated_add_and_del_are_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_del_leaves_new_owner_alone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let old = owner("old", "eth0");
     let new = owner("new", "eth0");
     mgr.add(&old, &pod.path()).await.unwrap();
@@ -166,7 +149,7 @@ async fn sixteen_concurrent_pods_then_exhaustion() {
     let sb = Sandbox::new(16);
     let pods: Vec<NamedNetns> = (0..17).map(|_| NamedNetns::new("pod")).collect();
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, _provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, _provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let mut tasks = Vec::new();
     for (i, pod) in pods.iter().take(16).enumerate() {
         let mgr = mgr.clone();
@@ -195,7 +178,7 @@ async fn sixteen_concurrent_pods_then_exhaustion() {
     assert!(
         matches!(
             err,
-            ManagerError::Provider(ProviderError::Exhausted { total: 16 })
+            EngineError::Provider(ProviderError::Exhausted { total: 16 })
         ),
         "{err}"
     );
@@ -220,14 +203,14 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
     require_kernel!();
     let sb = Sandbox::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let file = dir.path().join("not-a-netns");
     std::fs::write(&file, "x").unwrap();
     let missing = dir.path().join("missing");
     for path in [&file, &missing, &dir.path().to_path_buf()] {
         let err = mgr.add(&owner("c1", "eth0"), path).await.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, ManagerError::Netns(_)), "{msg}");
+        assert!(matches!(err, EngineError::Netns(_)), "{msg}");
         assert!(msg.contains(&path.display().to_string()), "{msg}");
         sb.assert_home(0);
         assert!(mgr.attachments().await.is_empty());
@@ -247,14 +230,11 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_ifname_is_rejected_before_anything_moves() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     for bad in ["this-name-is-too-long", "a/b", "a b", ".."] {
         let err = mgr.add(&owner("c1", bad), &pod.path()).await.unwrap_err();
         assert!(
-            matches!(err, ManagerError::InvalidRequest(_)),
+            matches!(err, EngineError::InvalidRequest(_)),
             "{bad}: {err}"
         );
         assert!(err.to_string().contains("interface name"), "{err}");
@@ -272,12 +252,12 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
         "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
     ]);
     let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
     let err = mgr
         .add(&owner("c1", "eth0"), &pod.path())
         .await
         .unwrap_err();
-    assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
+    assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert!(err.to_string().contains("eth0"), "{err}");
     sb.assert_home(0);
     assert!(mgr.attachments().await.is_empty());
@@ -287,10 +267,7 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_succeeds_after_netns_is_gone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = sb.manager(&dir.path().join("cp.json")).await;
+    let (_sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     let o = owner("c1", "eth0");
     mgr.add(&o, &pod.path()).await.unwrap();
     drop(pod); // a veth ENI dies with its namespace
@@ -308,13 +285,13 @@ async fn restart_restores_ownership_from_checkpoint() {
     let cp = dir.path().join("cp.json");
     let o = owner("c1", "eth0");
     {
-        let (mgr, _) = sb.manager(&cp).await;
+        let (mgr, _) = manager(&sb, &cp).await;
         mgr.add(&o, &pod.path()).await.unwrap();
         // A clean stop lands the outcome written behind (enimd does this
         // at shutdown; a crash instead is recovery's case, tested apart).
         mgr.checkpoint().flush().await.unwrap();
     }
-    let (mgr, provider) = sb.manager(&cp).await;
+    let (mgr, provider) = manager(&sb, &cp).await;
     let report = mgr.recover().await.unwrap();
     assert_eq!(report.ready, 1);
     // The restored provider does not hand the held ENI to someone else.
@@ -340,10 +317,7 @@ async fn restart_restores_ownership_from_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_add_del_timing() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, _) = sb.manager(&dir.path().join("cp.json")).await;
+    let (sb, pod, _dir, mgr, _) = primary_rig(1).await;
     let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..20 {
         let o = owner(&format!("t{i}"), "eth0");

@@ -3,6 +3,9 @@
 //! namespaces reach the gateway namespace through their own ENI.
 
 mod common;
+/// The real enimd and plugin in secondary mode.
+#[path = "secondary_netns/enimd.rs"]
+mod enimd;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -12,23 +15,10 @@ use std::time::Duration;
 
 use common::*;
 use enim::api::{GcRequest, MtuExpectation};
-use enim::checkpoint::Checkpoint;
-use enim::manager::{EniManager, ManagerError};
-use enim::netlink::rtnl::RtnlPlumbing;
-use enim::netlink::Host;
-use enim::secondary::manager::SecondaryManager;
-use enim::secondary::plumbing::RtnlSecondary;
-use enim::secondary::record::SecondaryAttachment;
+use enim::engine::EngineError;
+use enim::model::{Mode, Phase, Record, SecondaryPayload};
 use enim::secondary::SecondaryConfig;
-use enim_provider_static::{StaticEniConfig, StaticProvider};
-
-macro_rules! require_kernel {
-    () => {
-        if !kernel_tests_enabled() {
-            return;
-        }
-    };
-}
+use enim_provider_static::StaticEniConfig;
 
 fn test_config() -> SecondaryConfig {
     SecondaryConfig {
@@ -39,33 +29,24 @@ fn test_config() -> SecondaryConfig {
 
 /// A manager in secondary mode over the sandbox, started as enimd starts
 /// it: recovery, then one GC pass.
-async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc<EniManager> {
-    let provider = Arc::new(StaticProvider::new(enis.to_vec()).unwrap());
-    let checkpoint = Arc::new(Checkpoint::open(checkpoint, false).unwrap());
-    // As enimd does: both modes' plumbing on one host socket.
-    let host = Host::open(Some(&sb.host.path())).await.unwrap();
-    let plumbing = Arc::new(RtnlPlumbing::from_host(host.clone()));
-    let engine = Arc::new(
-        SecondaryManager::new(
-            test_config(),
-            provider.clone(),
-            Arc::new(RtnlSecondary::from_host(host)),
-            checkpoint.clone(),
-        )
-        .unwrap(),
-    );
-    let mgr = Arc::new(EniManager::new(provider, plumbing, checkpoint).with_secondary(engine));
+async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc<SecondaryEngine> {
+    let mgr = secondary_manager(sb, enis, checkpoint, test_config()).await;
     mgr.recover().await.expect("recover");
     let report = mgr.gc(&GcRequest::default(), Duration::from_secs(30)).await;
     assert!(report.errors.is_empty(), "startup GC: {report:?}");
     mgr
 }
 
-fn pods(mgr: &EniManager) -> impl std::future::Future<Output = Vec<SecondaryAttachment>> + '_ {
-    mgr.secondary().expect("secondary mode").pods()
+fn pods(mgr: &SecondaryEngine) -> impl std::future::Future<Output = Vec<Record>> + '_ {
+    mgr.checkpoint().list_mode(Mode::Secondary)
 }
 
-async fn pod_record(mgr: &EniManager, cid: &str) -> SecondaryAttachment {
+/// A secondary-mode record's payload.
+fn sec(record: &Record) -> &SecondaryPayload {
+    record.secondary().expect("a secondary-mode record")
+}
+
+async fn pod_record(mgr: &SecondaryEngine, cid: &str) -> Record {
     pods(mgr)
         .await
         .into_iter()
@@ -84,7 +65,7 @@ fn ping(pod: &NamedNetns, target: &str) -> bool {
 
 /// `ip route get <dst> from <pod ip> iif <host veth>` in the host: the
 /// path the kernel picks for the pod's packets.
-fn route_of(sb: &Sandbox, pod: &SecondaryAttachment, ip: IpAddr, dst: &str) -> String {
+fn route_of(sb: &Sandbox, pod: &Record, ip: IpAddr, dst: &str) -> String {
     sb.host.ip(&[
         "route",
         "get",
@@ -92,7 +73,7 @@ fn route_of(sb: &Sandbox, pod: &SecondaryAttachment, ip: IpAddr, dst: &str) -> S
         "from",
         &ip.to_string(),
         "iif",
-        &pod.host_veth,
+        &sec(pod).host_veth,
     ])
 }
 
@@ -161,7 +142,7 @@ async fn each_pod_leaves_through_its_own_eni() {
         (a.eni_id.as_str(), b.eni_id.as_str(), c.eni_id.as_str()),
         ("eni-0000", "eni-0000", "eni-0001")
     );
-    let ip = |p: &SecondaryAttachment| IpAddr::V4(p.ipv4.unwrap());
+    let ip = |p: &Record| IpAddr::V4(sec(p).ipv4.unwrap());
     assert_eq!(ip(&a).to_string(), "10.77.0.11");
     assert_eq!(ip(&b).to_string(), "10.77.0.12");
     assert_eq!(ip(&c).to_string(), "10.77.1.11");
@@ -244,7 +225,7 @@ async fn each_pod_leaves_through_its_own_eni() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, ManagerError::Addresses(_)) && err.is_transient(),
+        matches!(err, EngineError::NoFreeAddress(_)) && err.is_transient(),
         "{err}"
     );
 
@@ -298,7 +279,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
         assert_eq!(b, a, "the host differs after the cycle");
     }
     assert!(pods(&mgr).await.is_empty());
-    let stats = mgr.secondary().unwrap().stats();
+    let stats = mgr.address_stats().unwrap();
     assert_eq!((stats.total, stats.assigned), (40, 0));
 }
 
@@ -377,82 +358,23 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     // The pod dies without DEL: its netns goes, and its veth pair with it.
     // The rules, proxy entries and record remain.
     drop(dying);
-    let dead_ip = dead_rec.ipv4.unwrap().to_string();
+    let dead_ip = sec(&dead_rec).ipv4.unwrap().to_string();
     assert!(rules(&sb).contains(&dead_ip));
 
     // Strangers of enim's shape with no record (a crash before a record
     // was written, a lost checkpoint) and lookalikes that are not enim's.
-    sb.host.ip(&[
-        "link",
-        "add",
-        "enim0123456789a",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "enimtmp0",
-    ]);
-    sb.host.ip(&[
-        "link",
-        "add",
-        "enim-keep",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "enim-keep-p",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "512",
-        "to",
-        "10.77.0.99",
-        "lookup",
-        "main",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "1536",
-        "from",
-        "10.77.0.99",
-        "lookup",
-        "1007",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "600",
-        "to",
-        "10.77.0.98",
-        "lookup",
-        "main",
-    ]);
-    sb.host.ip(&[
-        "rule",
-        "add",
-        "priority",
-        "1536",
-        "from",
-        "10.77.0.0/24",
-        "lookup",
-        "1001",
-    ]);
-    sb.host.ip(&[
-        "route",
-        "add",
-        "10.77.0.77",
-        "dev",
-        "enis1",
-        "table",
-        "1007",
-    ]);
-    sb.host
-        .ip(&["neigh", "add", "proxy", "10.77.0.99", "dev", "enis1"]);
+    for cmd in [
+        "link add enim0123456789a type veth peer name enimtmp0",
+        "link add enim-keep type veth peer name enim-keep-p",
+        "rule add priority 512 to 10.77.0.99 lookup main",
+        "rule add priority 1536 from 10.77.0.99 lookup 1007",
+        "rule add priority 600 to 10.77.0.98 lookup main",
+        "rule add priority 1536 from 10.77.0.0/24 lookup 1001",
+        "route add 10.77.0.77 dev enis1 table 1007",
+        "neigh add proxy 10.77.0.99 dev enis1",
+    ] {
+        sb.host.ip(&cmd.split(' ').collect::<Vec<_>>());
+    }
 
     // Young records are spared; the sweep runs regardless.
     let report = mgr
@@ -491,15 +413,15 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     );
     assert!(now.contains("from 10.77.0.0/24 lookup 1001"), "{now}");
     assert!(sb.host.link("enim-keep").is_some());
-    assert!(sb.host.link(&dead_rec.host_veth).is_none());
+    assert!(sb.host.link(&sec(&dead_rec).host_veth).is_none());
     // The live pod is untouched and works.
     for line in live_rules
         .lines()
-        .filter(|l| l.contains(&live_rec.ipv4.unwrap().to_string()))
+        .filter(|l| l.contains(&sec(&live_rec).ipv4.unwrap().to_string()))
     {
         assert!(now.contains(line), "live rule {line:?} lost: {now}");
     }
-    assert!(sb.host.link(&live_rec.host_veth).is_some());
+    assert!(sb.host.link(&sec(&live_rec).host_veth).is_some());
     assert!(ping(&live, "10.77.0.1") && ping(&live, "fd00:e1::1"));
     mgr.check(
         &owner("live", "eth0"),
@@ -509,7 +431,7 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     .await
     .unwrap();
     // The dead pod's address is free again.
-    let stats = mgr.secondary().unwrap().stats();
+    let stats = mgr.address_stats().unwrap();
     assert_eq!(stats.assigned, 2, "{stats:?}");
 }
 
@@ -548,7 +470,7 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
         .unwrap();
     let taken: BTreeSet<String> = records
         .iter()
-        .map(|r| r.ipv4.unwrap().to_string())
+        .map(|r| sec(r).ipv4.unwrap().to_string())
         .collect();
     let fresh = third_pod.ips[0].address.addr().to_string();
     assert!(!taken.contains(&fresh), "{fresh} handed out twice");
@@ -594,7 +516,7 @@ async fn failed_adds_roll_back_completely() {
         "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
     ]);
     let err = mgr.add(&owner("c", "eth0"), &pod.path()).await.unwrap_err();
-    assert!(matches!(err, ManagerError::IfnameConflict { .. }), "{err}");
+    assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert_eq!(sb.host_state(), before);
     assert!(pod.link("eth0").is_some(), "the pod's own eth0 was removed");
     assert!(pods(&mgr).await.is_empty());
@@ -603,7 +525,7 @@ async fn failed_adds_roll_back_completely() {
     let bogus = dir.path().join("not-a-netns");
     std::fs::write(&bogus, "").unwrap();
     let err = mgr.add(&owner("c", "eth0"), &bogus).await.unwrap_err();
-    assert!(matches!(err, ManagerError::Netns(_)), "{err}");
+    assert!(matches!(err, EngineError::Netns(_)), "{err}");
 
     // The single address is free again: the next ADD gets it.
     let result = mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap();
@@ -626,74 +548,6 @@ fn ping_from(ns: &NamedNetns, dev: &str) -> bool {
     ns.exec_ok(&["ping", "-I", dev, "-c", "1", "-W", "2", "10.77.0.1"])
 }
 
-/// The real enimd, configured for secondary mode, and the real plugin.
-#[test]
-fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
-    use common::agent::{enim, Agent};
-    require_kernel!();
-    let mut sb = Sandbox::new(1);
-    sb.enis = sb.enis_with_secondaries(&[2], true);
-    let pod = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(
-        &sb,
-        dir.path(),
-        "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"\nrule_priority_to_pod = 600\n",
-    );
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    let ips: Vec<(String, String)> = result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            (
-                i["address"].as_str().unwrap().to_string(),
-                i["gateway"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        ips,
-        [
-            ("10.77.0.11/32".to_string(), "169.254.1.1".to_string()),
-            ("fd00:e1::11/128".to_string(), "fe80::1".to_string())
-        ]
-    );
-    let iface = &result["interfaces"][0];
-    assert_eq!(iface["name"], "eth0");
-    assert_eq!(iface["mac"], pod.link("eth0").unwrap()["address"]);
-    assert_eq!(iface["sandbox"], pod.path().display().to_string());
-    assert!(ping(&pod, "10.77.0.1") && ping(&pod, "fd00:e1::1"));
-    // The configured priority is the one used.
-    assert!(rules(&sb).contains("600:\tfrom all to 10.77.0.11 lookup main"));
-    let listed = agent.ctl(&["attachments"]);
-    assert_eq!(listed["pods"].as_array().map(Vec::len), Some(1), "{listed}");
-    assert_eq!(listed["pods"][0]["host_veth"].as_str().unwrap().len(), 15);
-
-    let mut check_conf = conf.clone();
-    check_conf["prevResult"] = result.clone();
-    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
-
-    agent.stop();
-    let plumbed = sb.host_state();
-    agent.restart();
-    assert_eq!(sb.host_state(), plumbed, "restart changed the host");
-    assert!(ping(&pod, "10.77.0.1") && ping(&pod, "fd00:e1::1"));
-    enim("CHECK", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
-    // The restarted agent knows the first address is taken.
-    let other = NamedNetns::new("pod");
-    let second = enim("ADD", "c2", Some(&other.path()), "eth0", &conf).ok();
-    assert_eq!(second["ips"][0]["address"], "10.77.0.12/32");
-
-    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
-    enim("DEL", "c1", Some(&pod.path()), "eth0", &check_conf).ok();
-    enim("DEL", "c2", None, "eth0", &conf).ok();
-    assert!(pod.link("eth0").is_none() && other.link("eth0").is_none());
-    assert!(!rules(&sb).contains("10.77."), "{}", rules(&sb));
-    agent.stop();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nodes_primary_interface_is_never_a_host_eni() {
     require_kernel!();
@@ -706,13 +560,7 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
     let enis = sb.enis_with_secondaries(&[2, 2], false);
     let dir = tempfile::tempdir().unwrap();
     let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
-    let used: Vec<String> = mgr
-        .secondary()
-        .unwrap()
-        .host_enis()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let used: Vec<String> = mgr.driver().host_enis().into_iter().map(|e| e.id).collect();
     assert_eq!(used, ["eni-0000"]);
     assert!(
         sb.host.link("eni1").is_some(),
@@ -749,25 +597,27 @@ async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
 
     // Crash after plumbing, before the outcome: Adding, no MAC known.
     let mut rec = checkpoint
-        .pods()
+        .list()
         .await
         .into_iter()
         .find(|p| p.key.container_id == "adding")
         .unwrap();
-    rec.phase = enim::attachment::Phase::Adding;
-    rec.mac = None;
-    checkpoint.put_pod(rec).await.unwrap();
+    rec.phase = Phase::Adding;
+    if let enim::model::Payload::Secondary(p) = &mut rec.payload {
+        p.mac = None;
+    }
+    checkpoint.put(rec).await.unwrap();
     // Crash mid-DEL: Deleting, rules gone, veth still there.
     let mut rec = checkpoint
-        .pods()
+        .list()
         .await
         .into_iter()
         .find(|p| p.key.container_id == "deleting")
         .unwrap();
-    rec.phase = enim::attachment::Phase::Deleting;
-    let ip4 = rec.ipv4.unwrap().to_string();
-    let ip6 = rec.ipv6.unwrap().to_string();
-    checkpoint.put_pod(rec).await.unwrap();
+    rec.phase = Phase::Deleting;
+    let ip4 = sec(&rec).ipv4.unwrap().to_string();
+    let ip6 = sec(&rec).ipv6.unwrap().to_string();
+    checkpoint.put(rec).await.unwrap();
     drop(checkpoint);
     sb.host.ip(&["rule", "del", "priority", "512", "to", &ip4]);
     sb.host
@@ -777,7 +627,7 @@ async fn restart_undoes_an_unfinished_add_and_finishes_an_unfinished_del() {
     assert!(pods(&second).await.is_empty());
     assert_eq!(sb.host_state(), clean);
     assert!(adding.link("eth0").is_none() && deleting.link("eth0").is_none());
-    assert_eq!(second.secondary().unwrap().stats().assigned, 0);
+    assert_eq!(second.address_stats().unwrap().assigned, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -827,76 +677,4 @@ async fn concurrent_adds_and_dels_share_nothing() {
         del.await.unwrap().expect("DEL");
     }
     assert_eq!(sb.host_state(), before);
-}
-
-/// Secondary mode end to end: the real enimd (`mode = "secondary"`) and
-/// the real plugin; enimctl and the metrics show the pod while it lives.
-#[test]
-fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
-    use common::agent::{enim, http_get_in, metric, Agent};
-    require_kernel!();
-    let mut sb = Sandbox::new(2);
-    sb.enis = sb.enis_with_secondaries(&[2, 1], false);
-    let dir = tempfile::tempdir().unwrap();
-    let addr: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
-    let agent = Agent::start(
-        &sb,
-        dir.path(),
-        &format!(
-            "mode = \"secondary\"\nmetrics_address = \"{addr}\"\ngc_grace = \"0s\"\n\
-             [secondary]\ncooldown = \"0s\""
-        ),
-    );
-    let host = sb.host.path();
-    let scrape = || {
-        let (status, text) = http_get_in(&host, addr, "/metrics");
-        assert_eq!(status, 200, "{text}");
-        text
-    };
-    let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
-        3.0,
-        "{text}"
-    );
-
-    let pod = NamedNetns::new("pod");
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c0", Some(&pod.path()), "eth0", &conf).ok();
-    let address = result["ips"][0]["address"].as_str().unwrap().to_string();
-    assert!(address.starts_with("10.77.0.1"), "{result}");
-    assert!(
-        ping(&pod, "10.77.0.1"),
-        "the pod cannot reach its ENI's gateway"
-    );
-
-    let listed = agent.ctl(&["attachments"]);
-    assert_eq!(listed["attachments"], serde_json::json!([]), "{listed}");
-    let pods = listed["pods"].as_array().expect("pods listed");
-    assert_eq!(pods.len(), 1, "{listed}");
-    assert_eq!(pods[0]["container_id"], "c0");
-    assert_eq!(pods[0]["eni_id"], sb.enis[0].id.as_str());
-    assert_eq!(agent.ctl(&["status"])["attachments"], 1);
-    let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
-        2.0,
-        "{text}"
-    );
-    assert_eq!(metric(&text, "enim_attachments"), 1.0, "{text}");
-
-    enim("DEL", "c0", Some(&pod.path()), "eth0", &conf).ok();
-    assert_eq!(agent.ctl(&["attachments"])["pods"], serde_json::Value::Null);
-    let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
-        0.0,
-        "{text}"
-    );
-    assert_eq!(metric(&text, "enim_attachments"), 0.0, "{text}");
 }

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::agent::*;
 use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -29,9 +28,7 @@ impl Slot {
 
 #[test]
 fn randomised_soak_leaks_nothing() {
-    if !kernel_tests_enabled() {
-        return;
-    }
+    require_kernel!();
     let seed: u64 = std::env::var("SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -46,7 +43,7 @@ fn randomised_soak_leaks_nothing() {
 
     let sb = Sandbox::new(ENIS);
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&sb, dir.path(), "gc_grace = \"0s\"");
+    let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
     let mut slots: Vec<Slot> = (0..SLOTS)
         .map(|_| Slot {

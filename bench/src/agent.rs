@@ -2,16 +2,16 @@
 //! bench, so scale tests can start from thousands of records), the process,
 //! readiness, and its resident memory.
 
-use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use enim::api::Client;
 use enim::api::{Status, ROUTE_STATUS};
-use enim::attachment::Attachment;
-use enim::checkpoint::CHECKPOINT_VERSION;
+use enim::model::Record;
+use enim::store::checkpoint::CHECKPOINT_VERSION;
+use enim_testkit::fixtures::{self, AgentPaths};
+use enim_testkit::{Agent, Bins};
 use serde_json::json;
 
 use crate::sandbox::Eni;
@@ -27,34 +27,16 @@ pub struct Mem {
     pub threads: u64,
 }
 
-/// Writes `dir/enimd.toml`: the ENIs as a static provider, the GC loop off
-/// (the bench triggers GC itself), everything else at its default unless
-/// `extra` (top-level keys) says otherwise.
+/// Writes `dir/enimd.toml` (the testkit's static-provider config): the
+/// ENIs kept in `host_netns`, the GC loop off (the bench triggers GC
+/// itself), everything else at its default unless `extra` (top-level keys)
+/// says otherwise.
 pub fn write_config(dir: &Path, host_netns: &Path, enis: &[Eni], extra: &str) -> R<()> {
-    fs::create_dir_all(dir)?;
-    let mut t = String::with_capacity(160 * enis.len() + 512);
-    writeln!(
-        t,
-        "socket = {:?}",
-        dir.join("enimd.sock").display().to_string()
-    )?;
-    writeln!(
-        t,
-        "checkpoint = {:?}",
-        dir.join("state/checkpoint.json").display().to_string()
-    )?;
-    writeln!(t, "host_netns = {:?}", host_netns.display().to_string())?;
-    writeln!(t, "gc_interval = \"0s\"")?;
-    writeln!(t, "{extra}")?;
-    writeln!(t, "[provider]\ntype = \"static\"")?;
-    for e in enis {
-        writeln!(
-            t,
-            "\n[[provider.enis]]\nid = {:?}\nmac = \"{}\"\nipv4 = \"{}\"\ngateway4 = \"{}\"",
-            e.id, e.mac, e.ipv4, e.gateway4
-        )?;
-    }
-    fs::write(dir.join("enimd.toml"), t)?;
+    let enis: Vec<_> = enis
+        .iter()
+        .map(|e| fixtures::plain_eni(e.id.clone(), e.mac, e.ipv4, e.gateway4))
+        .collect();
+    fixtures::write_config(dir, Some(host_netns), &enis, extra);
     Ok(())
 }
 
@@ -62,7 +44,7 @@ pub fn write_config(dir: &Path, host_netns: &Path, enis: &[Eni], extra: &str) ->
 /// enimd would have written it. Built from JSON so that fields the format
 /// gains with serde defaults need no change here; deserialising it checks
 /// it against enimd's own type.
-pub fn record(eni: &Eni, cid: &str, netns: &Path, created_ms: u64) -> R<Attachment> {
+pub fn record(eni: &Eni, cid: &str, netns: &Path, created_ms: u64) -> R<Record> {
     let v = json!({
         "network": NETWORK,
         "container_id": cid,
@@ -83,9 +65,8 @@ pub fn record(eni: &Eni, cid: &str, netns: &Path, created_ms: u64) -> R<Attachme
     Ok(serde_json::from_value(v).map_err(|e| format!("attachment record format: {e}"))?)
 }
 
-/// Writes the checkpoint enimd will restore, in its own format ("enim/1",
-/// pretty JSON as enimd writes it).
-pub fn write_checkpoint(dir: &Path, records: &[Attachment]) -> R<()> {
+/// Writes the checkpoint enimd will restore, in its own format (pretty JSON as enimd writes it).
+pub fn write_checkpoint(dir: &Path, records: &[Record]) -> R<()> {
     let state = dir.join("state");
     fs::create_dir_all(&state)?;
     let body = json!({
@@ -100,8 +81,10 @@ pub fn write_checkpoint(dir: &Path, records: &[Attachment]) -> R<()> {
     Ok(())
 }
 
+/// The testkit's agent rig, run in the bench's own namespace (the config
+/// points it at the sandbox through `host_netns`).
 pub struct Enimd {
-    child: Option<Child>,
+    agent: Agent,
     pub dir: PathBuf,
     pub socket: PathBuf,
     /// From just before exec to the first `ready: true` status.
@@ -113,53 +96,24 @@ impl Enimd {
     /// until its status says ready. Its pid is appended to `pids_file` so
     /// scripts/bench.sh can end it if the bench itself dies.
     pub fn start(enimd: &Path, dir: &Path, pids_file: &Path, timeout: Duration) -> R<Enimd> {
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("enimd.log"))?;
-        let started = Instant::now();
-        let child = Command::new(enimd)
-            .arg("--config")
-            .arg(dir.join("enimd.toml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", enimd.display()))?;
-        let mut pids = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(pids_file)?;
-        std::io::Write::write_all(&mut pids, format!("{}\n", child.id()).as_bytes())?;
-        let mut agent = Enimd {
-            child: Some(child),
-            dir: dir.to_path_buf(),
-            socket: dir.join("enimd.sock"),
-            exec_to_ready: Duration::ZERO,
+        let bins = Bins {
+            enimd: enimd.to_path_buf(),
+            enim: enimd.with_file_name("enim"),
+            enimctl: enimd.with_file_name("enimctl"),
         };
-        let client = agent.client(Duration::from_secs(5));
-        loop {
-            // Before the socket exists this fails at connect, at once.
-            if let Ok(s) = client.get::<Status>(ROUTE_STATUS) {
-                if s.ready {
-                    agent.exec_to_ready = started.elapsed();
-                    return Ok(agent);
-                }
-            }
-            if let Some(status) = agent
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                return Err(format!("enimd exited early ({status}): {}", agent.log_tail()).into());
-            }
-            if started.elapsed() > timeout {
-                return Err(
-                    format!("enimd not ready after {timeout:?}: {}", agent.log_tail()).into(),
-                );
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let mut agent = Agent::new(bins, AgentPaths::in_dir(dir));
+        agent.pids_file = Some(pids_file.to_path_buf());
+        agent.ready_timeout = timeout;
+        // Fine-grained: exec_to_ready is a result.
+        agent.ready_poll = Duration::from_millis(1);
+        agent.try_spawn()?;
+        agent.try_wait_ready()?;
+        Ok(Enimd {
+            dir: dir.to_path_buf(),
+            socket: agent.socket().to_path_buf(),
+            exec_to_ready: agent.exec_to_ready,
+            agent,
+        })
     }
 
     pub fn client(&self, timeout: Duration) -> Client {
@@ -171,7 +125,11 @@ impl Enimd {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |c| c.id())
+        if self.agent.is_running() {
+            self.agent.pid()
+        } else {
+            0
+        }
     }
 
     /// VmRSS, its anonymous part and the thread count, from
@@ -193,12 +151,6 @@ impl Enimd {
         })
     }
 
-    pub fn log_tail(&self) -> String {
-        let log = fs::read_to_string(self.dir.join("enimd.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
     /// enimd's own figure for startup ("state restored; serving ms=N").
     pub fn logged_restore_ms(&self) -> Option<u64> {
         let log = fs::read_to_string(self.dir.join("enimd.log")).ok()?;
@@ -212,26 +164,6 @@ impl Enimd {
 
     /// SIGTERM and wait: enimd must exit 0.
     pub fn stop(mut self) -> R<()> {
-        let Some(mut child) = self.child.take() else {
-            return Ok(());
-        };
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )?;
-        let status = child.wait()?;
-        if !status.success() {
-            return Err(format!("enimd exited {status} on SIGTERM: {}", self.log_tail()).into());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Enimd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        Ok(self.agent.try_stop()?)
     }
 }

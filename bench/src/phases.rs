@@ -8,7 +8,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use enim::api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
-use enim::attachment::now_ms;
+use enim::model::now_ms;
 use enim::netlink::Netns;
 use enim_provider::MacAddr;
 use ipnet::Ipv4Net;
@@ -20,6 +20,14 @@ use crate::floor::{self, Floor};
 use crate::sandbox::{enter, netns_path, Eni, Sandbox};
 use crate::stats::{summarize, Summary};
 use crate::{Opts, R};
+
+mod cycles;
+mod scale;
+
+pub use cycles::Throughput;
+use cycles::{latency, parallel, throughput};
+pub use scale::Scale;
+use scale::{gc_dead, gc_moved, restore};
 
 /// The ways of doing the same ADD and DEL: enim as configured by default,
 /// the reference plugin, the kernel floor, and (latency only, a what-if)
@@ -180,7 +188,9 @@ fn eni(id: String, host_name: String, mac: [u8; 6], net: [u8; 3]) -> Eni {
 
 /// Stand-in ENI i of a family: distinct MACs and /24s per family.
 fn family(fam: u8, i: usize, id: &str, host: &str, net_base: u8) -> Eni {
-    let (hi, lo) = ((i >> 8) as u8, (i & 0xff) as u8);
+    let [.., hi, lo] = u32::try_from(i)
+        .expect("fewer than 2^32 ENIs")
+        .to_be_bytes();
     eni(
         format!("{id}-{i:05}"),
         format!("{host}{i}"),
@@ -322,13 +332,14 @@ impl<'a> Worker<'a> {
         let add = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
-                out.ok("enim ADD")?.ok_or("enim ADD printed no result")?;
+                out.result("enim ADD")?
+                    .ok_or("enim ADD printed no result")?;
                 out.elapsed
             }
             Method::HostDevice => {
                 hd_conf = ctx.hd_conf(eni);
                 let out = exec(&call(&ctx.bins.host_device, "ADD", &hd_conf))?;
-                out.ok("host-device ADD")?;
+                out.result("host-device ADD")?;
                 out.elapsed
             }
             Method::Floor => {
@@ -350,13 +361,13 @@ impl<'a> Worker<'a> {
         let del = match method {
             Method::Enim | Method::EnimNoFsync => {
                 let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
-                out.ok("enim DEL")?;
+                out.result("enim DEL")?;
                 out.elapsed
             }
             Method::HostDevice => {
                 let conf = ctx.hd_conf(eni);
                 let out = exec(&call(&ctx.bins.host_device, "DEL", &conf))?;
-                out.ok("host-device DEL")?;
+                out.result("host-device DEL")?;
                 out.elapsed
             }
             Method::Floor => {
@@ -446,13 +457,6 @@ fn pod_call<'c>(
     }
 }
 
-/// Latencies of one method over the interleaved loop.
-#[derive(Default)]
-pub struct Lat {
-    pub add: Vec<Duration>,
-    pub del: Vec<Duration>,
-}
-
 /// Runs `f` on a fresh thread (which may enter namespaces) and returns its
 /// result.
 fn on_thread<T: Send>(f: impl FnOnce() -> R<T> + Send) -> R<T> {
@@ -461,138 +465,6 @@ fn on_thread<T: Send>(f: impl FnOnce() -> R<T> + Send) -> R<T> {
             .join()
             .unwrap_or_else(|_| Err("bench thread panicked".into()))
     })
-}
-
-/// Every order of `n` items (Heap's algorithm).
-fn permutations(n: usize) -> Vec<Vec<usize>> {
-    fn heap(k: usize, a: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if k <= 1 {
-            out.push(a.clone());
-            return;
-        }
-        for i in 0..k {
-            heap(k - 1, a, out);
-            let j = if k % 2 == 0 { i } else { 0 };
-            a.swap(j, k - 1);
-        }
-    }
-    let mut out = Vec::new();
-    heap(n, &mut (0..n).collect(), &mut out);
-    out
-}
-
-/// `cycles` interleaved ADD+DEL cycles of every method, one pod at a time.
-/// Cycles go through every order of the methods in turn, so each method
-/// follows each other one equally often: what an operation leaves behind
-/// in the kernel must not always land on the same successor (with a fixed
-/// rotation the floor's ADD measured about 5 ms slower right after
-/// host-device's DEL than after enim's).
-/// Each timed operation starts after `plan.gap` of idle time.
-fn latency(ctx: &Ctx, plan: &Plan) -> R<([Lat; 4], Vec<Vec<usize>>)> {
-    on_thread(|| {
-        let mut w = Worker::on_this_thread(ctx)?;
-        w.gap = plan.gap;
-        for i in 0..plan.warmup {
-            for m in LAT_METHODS {
-                w.cycle(m, 0, &format!("warm-{}-{i}", m.key()), true)?;
-            }
-        }
-        let orders = permutations(LAT_METHODS.len());
-        let mut lat: [Lat; 4] = Default::default();
-        let mut taken = Vec::with_capacity(plan.cycles);
-        for c in 0..plan.cycles {
-            let order = &orders[c % orders.len()];
-            for &idx in order {
-                let m = LAT_METHODS[idx];
-                let verify = c % plan.verify_every == 0;
-                let (a, d) = w.cycle(m, 0, &format!("lat-{}-{c}", m.key()), verify)?;
-                lat[idx].add.push(a);
-                lat[idx].del.push(d);
-            }
-            taken.push(order.clone());
-        }
-        Ok((lat, taken))
-    })
-}
-
-/// `level` workers, each in its own pod, doing `per_worker` cycles of
-/// `method` at once; returns cycles done and the wall time of all of them.
-fn parallel(
-    ctx: &Ctx,
-    method: Method,
-    level: usize,
-    per_worker: usize,
-    tag: &str,
-) -> R<(usize, Duration)> {
-    let barrier = Barrier::new(level + 1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..level)
-            .map(|slot| {
-                let barrier = &barrier;
-                s.spawn(move || -> R<()> {
-                    let w = Worker::on_this_thread(ctx);
-                    // Everyone meets the barrier, set up or not.
-                    barrier.wait();
-                    let w = w?;
-                    for i in 0..per_worker {
-                        let cid = format!("{tag}-{}-w{slot}-{i}", method.key());
-                        w.cycle(method, slot, &cid, false)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        barrier.wait();
-        let started = Instant::now();
-        let mut first_err = None;
-        for w in workers {
-            let r = w.join().unwrap_or_else(|_| Err("worker panicked".into()));
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        }
-        let wall = started.elapsed();
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok((level * per_worker, wall)),
-        }
-    })
-}
-
-/// Cycles per second at one level, per method (summed over rounds).
-pub struct Throughput {
-    pub level: usize,
-    pub cycles: [usize; 3],
-    pub wall: [Duration; 3],
-}
-
-impl Throughput {
-    pub fn rate(&self, idx: usize) -> f64 {
-        self.cycles[idx] as f64 / self.wall[idx].as_secs_f64()
-    }
-}
-
-fn throughput(ctx: &Ctx, plan: &Plan) -> R<Vec<Throughput>> {
-    let mut out = Vec::new();
-    for level in plan.levels {
-        let mut t = Throughput {
-            level,
-            cycles: [0; 3],
-            wall: [Duration::ZERO; 3],
-        };
-        let k = plan.per_worker(level, ctx.smoke);
-        for round in 0..plan.rounds {
-            for j in 0..3 {
-                let idx = (round + j) % 3;
-                let (n, wall) =
-                    parallel(ctx, METHODS[idx], level, k, &format!("p{level}r{round}"))?;
-                t.cycles[idx] += n;
-                t.wall[idx] += wall;
-            }
-        }
-        out.push(t);
-    }
-    Ok(out)
 }
 
 /// Every main ENI is home under its name, none is held, nothing recorded.
@@ -618,148 +490,6 @@ fn check_all_home(ctx: &Ctx, agent: &Enimd, when: &str) -> R<()> {
         }
     }
     Ok(())
-}
-
-pub struct Scale {
-    pub gc_dead: usize,
-    pub gc_dead_ms: f64,
-    pub gc_moved: usize,
-    pub gc_moved_ms: f64,
-    pub restore: usize,
-    pub restore_ms: f64,
-    pub restore_logged_ms: Option<u64>,
-    pub restore_empty_ms: f64,
-}
-
-/// GC of `n` ready records whose netns paths do not exist and whose ENIs
-/// have no device: the records are older than the grace period when the
-/// GC route is called, so every one is collected.
-fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
-    let n = plan.gc_dead;
-    let dir = ctx.work.join("gc-dead");
-    let enis: Vec<Eni> = (0..n).map(|i| family(2, i, "dead", "dd", 200)).collect();
-    ctx.write_config(&dir, &enis, &format!("gc_grace = \"{}s\"", plan.gc_grace_s))?;
-    let created = now_ms();
-    let records: Vec<_> = enis
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let gone = netns_path(&format!("{}-gone{i}", ctx.sb.tag));
-            agent::record(e, &format!("dead-{i}"), &gone, created)
-        })
-        .collect::<R<_>>()?;
-    agent::write_checkpoint(&dir, &records)?;
-    // Young at start-up, so the start-up pass leaves them for the timed one.
-    let agent = ctx.enimd(&dir, Duration::from_secs(60))?;
-    let held = agent.status()?.attachments;
-    if held != n {
-        return Err(format!("gc-dead: enimd restored {held} of {n} records").into());
-    }
-    let old_at = created + plan.gc_grace_s * 1000 + 200;
-    let now = now_ms();
-    if now < old_at {
-        std::thread::sleep(Duration::from_millis(old_at - now));
-    }
-    let client = agent.client(Duration::from_secs(600));
-    let t = Instant::now();
-    let report: GcReport = client.post(ROUTE_GC, &GcRequest::default())?;
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    if report.collected.len() != n || !report.errors.is_empty() {
-        return Err(format!(
-            "gc-dead: collected {} of {n}, errors {:?}",
-            report.collected.len(),
-            report.errors.iter().take(3).collect::<Vec<_>>()
-        )
-        .into());
-    }
-    let left = agent.status()?.attachments;
-    if left != 0 {
-        return Err(format!("gc-dead: {left} records left after GC").into());
-    }
-    agent.stop()?;
-    Ok(ms)
-}
-
-/// CNI GC (the plugin, exec'd) whose valid-attachments list omits `n` live
-/// attachments: enimd must move every ENI back home.
-fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
-    let n = plan.gc_moved;
-    let dir = ctx.work.join("gc-moved");
-    ctx.write_config(&dir, &ctx.moved_enis, "gc_grace = \"0s\"")?;
-    let agent = ctx.enimd(&dir, Duration::from_secs(30))?;
-    let conf = serde_json::to_vec(&json!({
-        "cniVersion": "1.1.0",
-        "name": NETWORK,
-        "type": "enim",
-        "socket": agent.socket,
-    }))?;
-    for (i, pod) in ctx.moved_pods.iter().enumerate() {
-        let out = exec(&Call {
-            plugin: &ctx.bins.enim,
-            command: "ADD",
-            container_id: &format!("mb-{i}"),
-            netns: Some(pod),
-            ifname: "eth0",
-            cni_path: &ctx.bins.cni_path,
-            conf: &conf,
-        })?;
-        out.ok("enim ADD (gc move-back set-up)")?;
-    }
-    let held = agent.status()?.attachments;
-    if held != n {
-        return Err(format!("gc-moved: {held} of {n} attachments made").into());
-    }
-    let mut gc_conf: serde_json::Value = serde_json::from_slice(&conf)?;
-    gc_conf["cni.dev/valid-attachments"] = json!([]);
-    let out = exec(&Call {
-        plugin: &ctx.bins.enim,
-        command: "GC",
-        container_id: "",
-        netns: None,
-        ifname: "",
-        cni_path: &ctx.bins.cni_path,
-        conf: &serde_json::to_vec(&gc_conf)?,
-    })?;
-    out.ok("enim GC")?;
-    let s: Status = agent.client(Duration::from_secs(30)).get(ROUTE_STATUS)?;
-    if s.attachments != 0 || s.enis_free != n {
-        return Err(format!("gc-moved: after GC: {s:?}").into());
-    }
-    agent.stop()?;
-    Ok(out.elapsed.as_secs_f64() * 1e3)
-}
-
-/// Start-up with `n` ready records (pods alive, older than the grace
-/// period, so the start-up GC pass checks every one) and `n` ENIs; and,
-/// for comparison, the same config with no records.
-fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
-    let n = plan.restore;
-    let enis: Vec<Eni> = (0..n).map(|i| family(3, i, "rs", "rs", 100)).collect();
-    let empty = ctx.work.join("restore-empty");
-    ctx.write_config(&empty, &enis, "")?;
-    let agent = ctx.enimd(&empty, Duration::from_secs(60))?;
-    let empty_ms = agent.exec_to_ready.as_secs_f64() * 1e3;
-    agent.stop()?;
-
-    let dir = ctx.work.join("restore");
-    ctx.write_config(&dir, &enis, "")?;
-    let hour_ago = now_ms() - 3_600_000;
-    let live = &ctx.pods[0];
-    let records: Vec<_> = enis
-        .iter()
-        .enumerate()
-        .map(|(i, e)| agent::record(e, &format!("rs-{i}"), live, hour_ago))
-        .collect::<R<_>>()?;
-    agent::write_checkpoint(&dir, &records)?;
-    let agent = ctx.enimd(&dir, Duration::from_secs(120))?;
-    let ms = agent.exec_to_ready.as_secs_f64() * 1e3;
-    let s = agent.status()?;
-    if s.attachments != n {
-        return Err(format!("restore: {} of {n} records after start-up", s.attachments).into());
-    }
-    let logged = agent.logged_restore_ms();
-    agent.stop()?;
-    Ok((ms, logged, empty_ms))
 }
 
 /// enimd's memory after `cycles` enim cycles in all, taken after `after`.
@@ -955,7 +685,7 @@ pub fn run(o: &Opts) -> R<Results> {
         lat: std::array::from_fn(|i| (summarize(&lat[i].add), summarize(&lat[i].del))),
         lat_raw: lat.map(|l| (ms(&l.add), ms(&l.del))),
         lat_order,
-        gap_ms: plan.gap.as_millis() as u64,
+        gap_ms: u64::try_from(plan.gap.as_millis()).unwrap_or(u64::MAX),
         throughput,
         scale: Scale {
             gc_dead: plan.gc_dead,
@@ -1008,7 +738,7 @@ fn version_execs(ctx: &Ctx, n: usize) -> R<[Summary; 2]> {
                 cni_path: &ctx.bins.cni_path,
                 conf,
             })?;
-            out.ok("VERSION")?;
+            out.result("VERSION")?;
             t[idx].push(out.elapsed);
         }
     }
@@ -1021,32 +751,5 @@ struct RemoveDir(PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::permutations;
-
-    #[test]
-    fn every_order_once() {
-        let p = permutations(4);
-        assert_eq!(p.len(), 24);
-        let mut uniq = p.clone();
-        uniq.sort();
-        uniq.dedup();
-        assert_eq!(uniq.len(), 24);
-        // Balanced: each method follows each other one equally often.
-        let mut follows = [[0; 4]; 4];
-        for o in &p {
-            for w in o.windows(2) {
-                follows[w[0]][w[1]] += 1;
-            }
-        }
-        for (a, row) in follows.iter().enumerate() {
-            for (b, n) in row.iter().enumerate() {
-                assert_eq!(*n, if a == b { 0 } else { 6 }, "{a} -> {b}");
-            }
-        }
     }
 }

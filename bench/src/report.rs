@@ -1,6 +1,7 @@
 //! The run's figures as a markdown table (stdout) and as JSON (every
 //! figure, for tooling), with the targets judged on this run's own numbers.
 
+use crate::stats::float;
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
@@ -94,7 +95,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
     t.push(le("enimd RSS idle", mib(r.rss_idle_kib), 16.0, "MiB"));
     t.push(le(
         "enimd RSS after the cycles / idle",
-        ratio(r.rss_after_kib as f64, r.rss_idle_kib as f64),
+        ratio(float(r.rss_after_kib), float(r.rss_idle_kib)),
         1.10,
         "×",
     ));
@@ -102,7 +103,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
 }
 
 fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
+    float(kib) / 1024.0
 }
 
 fn f2(v: f64) -> String {
@@ -223,7 +224,7 @@ pub fn markdown(r: &Results) -> String {
         format!(
             "{} ms ({} ms each; floor DEL p50 {} ms)",
             f2(sc.gc_moved_ms),
-            f2(sc.gc_moved_ms / sc.gc_moved as f64),
+            f2(sc.gc_moved_ms / float(sc.gc_moved)),
             f2(r.lat[FLOOR].1.p50)
         ),
     );
@@ -266,13 +267,13 @@ pub fn markdown(r: &Results) -> String {
         format!(
             "{} MiB ({:+.1} % of idle)",
             f2(mib(r.rss_after_kib)),
-            (ratio(r.rss_after_kib as f64, r.rss_idle_kib as f64) - 1.0) * 100.0
+            (ratio(float(r.rss_after_kib), float(r.rss_idle_kib)) - 1.0) * 100.0
         ),
     );
     for (name, bytes) in &r.sizes {
         row(
             format!("{name} binary size"),
-            format!("{} MiB", f2(*bytes as f64 / 1048576.0)),
+            format!("{} MiB", f2(float(*bytes) / 1048576.0)),
         );
     }
     row(

@@ -20,25 +20,33 @@ pub fn summarize(samples: &[Duration]) -> Summary {
     let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     ms.sort_by(|a, b| a.total_cmp(b));
     let n = ms.len();
-    let rank = |q: f64| -> f64 {
+    // Nearest rank: the smallest sample with at least `pct`% at or below it.
+    let rank = |pct: usize| -> f64 {
         if n == 0 {
             return f64::NAN;
         }
-        let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        let i = (pct * n).div_ceil(100).clamp(1, n) - 1;
         ms[i]
     };
     Summary {
         n,
-        p50: rank(0.50),
-        p95: rank(0.95),
-        p99: rank(0.99),
-        max: rank(1.0),
+        p50: rank(50),
+        p95: rank(95),
+        p99: rank(99),
+        max: rank(100),
         mean: if n == 0 {
             f64::NAN
         } else {
-            ms.iter().sum::<f64>() / n as f64
+            ms.iter().sum::<f64>() / float(n)
         },
     }
+}
+
+/// A count as a float for averages and ratios. The bench's counts (cycles,
+/// samples, KiB, bytes) stay far below 2^52, where `f64` is exact.
+#[allow(clippy::cast_precision_loss)]
+pub fn float(n: impl TryInto<u64>) -> f64 {
+    n.try_into().map_or(f64::INFINITY, |n: u64| n as f64)
 }
 
 #[cfg(test)]

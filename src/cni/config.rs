@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn stdin_limit() {
-        let exact = vec![b' '; MAX_STDIN as usize];
+        let exact = vec![b' '; usize::try_from(MAX_STDIN).unwrap()];
         assert_eq!(read_stdin(Cursor::new(&exact)).unwrap().len(), exact.len());
 
         // A reader that never ends proves we stop after the limit.

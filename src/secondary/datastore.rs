@@ -489,9 +489,9 @@ mod tests {
                     Op::Unassign(k) => { ds.unassign(&key(&k.to_string()), now); }
                     Op::AddAddress(e, a) => { let _ = ds.add_address(&format!("eni-{e}"), addr(a)); }
                     Op::DelAddress(e, a, f) => { let _ = ds.del_address(&format!("eni-{e}"), addr(a), f); }
-                    Op::AddEni(e) => { let _ = ds.add_eni(&format!("eni-{e}"), e as u32); }
+                    Op::AddEni(e) => { let _ = ds.add_eni(&format!("eni-{e}"), u32::from(e)); }
                     Op::RemoveEni(e, f) => { let _ = ds.remove_eni(&format!("eni-{e}"), f); }
-                    Op::Wait(s) => now += Duration::from_secs(s as u64),
+                    Op::Wait(s) => now += Duration::from_secs(u64::from(s)),
                 }
                 // No address is in the store twice, and no key holds more
                 // than one address of a family or addresses on two ENIs.

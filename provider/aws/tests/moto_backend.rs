@@ -1,17 +1,17 @@
 //! The AWS backend against moto (EC2 and IAM, signatures checked), a fake
 //! IMDSv2 and a fault-injecting proxy, all on loopback.
 
-mod common;
+use enim_testkit::moto as rig;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
-use common::{CardKey, Env, INSTANCE_ENI_LIMIT, REGION};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::ProviderError;
 use enim_provider_aws::{AwsBackend, AwsConfig};
+use rig::{CardKey, Env, INSTANCE_ENI_LIMIT, REGION};
 
 async fn backend(env: &Env, config: &AwsConfig) -> AwsBackend {
     AwsBackend::discover_with(config, Some(env.node.clone()))
@@ -34,7 +34,7 @@ async fn discovery_create_attach_detach_delete() {
     // Discovery through IMDS.
     assert_eq!(b.instance_id(), env.instance_id);
     assert_eq!(b.region(), REGION);
-    assert_eq!(b.instance_type(), common::INSTANCE_TYPE);
+    assert_eq!(b.instance_type(), rig::INSTANCE_TYPE);
     assert_eq!(
         b.subnet_id(),
         env.subnet_id,

@@ -1,17 +1,17 @@
 //! The warm pool over the AWS backend, against moto (signatures checked),
 //! the fake IMDSv2 and the fault-injecting proxy.
 
-mod common;
+use enim_testkit::moto as rig;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
-use common::Env;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
 use enim_provider_aws::{build_with, AwsConfig, PoolConfig};
 use enim_provider_pool::{PoolStats, WarmPool};
+use rig::Env;
 
 fn owner(n: u32) -> EniOwner {
     EniOwner {
@@ -116,7 +116,7 @@ async fn fill_allocate_release_shrink_and_restart() {
     assert_eq!(kept.len(), 2);
     assert!(kept.is_subset(&held));
     // Exactly the pool's ENIs are left in EC2, all attached, plus the primary.
-    common::eventually(Duration::from_secs(5), "EC2 to match the pool", || async {
+    rig::eventually(Duration::from_secs(5), "EC2 to match the pool", || async {
         env.tagged_ids().await == kept
     })
     .await;

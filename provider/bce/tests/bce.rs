@@ -1,17 +1,17 @@
 //! The BCE backend and its warm pool against the loopback fake in
-//! `common` (signature-checking ENI OpenAPI plus instance metadata).
+//! `enim_testkit::bce` (signature-checking ENI OpenAPI plus instance metadata).
 
-mod common;
+use enim_testkit::bce as rig;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FakeCloud, AK, INSTANCE, PRIMARY_MAC, SK, SUBNET, VPC};
 use enim_provider::cloud::CloudBackend;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
 use enim_provider_bce::api::ApiClient;
 use enim_provider_bce::{BceBackend, BceConfig, Credentials, RetryPolicy};
 use enim_provider_pool::{PoolConfig, PoolStats, WarmPool};
+use rig::{FakeCloud, AK, INSTANCE, PRIMARY_MAC, SK, SUBNET, VPC};
 
 fn config(cloud: &FakeCloud) -> BceConfig {
     BceConfig {

@@ -9,8 +9,6 @@
 //! instance's quota fails. Mutating calls without a clientToken fail, and a
 //! repeated clientToken returns the first answer.
 
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard};

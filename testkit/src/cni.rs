@@ -1,0 +1,154 @@
+//! Execs a CNI plugin as a runtime does: a clean environment with the CNI_*
+//! variables, the network configuration on stdin, the result on stdout.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Everything one plugin invocation needs. `None` leaves a variable unset.
+pub struct Call<'a> {
+    pub plugin: &'a Path,
+    pub command: &'a str,
+    pub container_id: Option<&'a str>,
+    pub netns: Option<&'a Path>,
+    pub ifname: Option<&'a str>,
+    /// CNI_ARGS.
+    pub args: Option<&'a str>,
+    pub cni_path: &'a Path,
+    pub conf: &'a [u8],
+}
+
+/// What one plugin exec returned.
+#[derive(Debug)]
+pub struct CniOutput {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// From just before spawn to the exit status with all output read.
+    pub elapsed: Duration,
+}
+
+impl CniOutput {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    /// Asserts success; the result, or Null when it printed none.
+    pub fn ok(&self) -> Value {
+        assert_eq!(self.status, 0, "plugin failed: {self:?}");
+        if self.stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            self.json()
+        }
+    }
+
+    /// The parsed result of a successful call, as an error (naming `what`
+    /// and the plugin's own message) when it failed.
+    pub fn result(&self, what: &str) -> Result<Option<Value>, String> {
+        if self.status != 0 {
+            return Err(format!(
+                "{what} exited {}: {} {}",
+                self.status,
+                self.stdout.trim(),
+                self.stderr.trim()
+            ));
+        }
+        if self.stdout.trim().is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_str(&self.stdout)
+            .map(Some)
+            .map_err(|e| format!("{what}: stdout is not JSON ({e}): {}", self.stdout))
+    }
+
+    /// Asserts a spec error with `code` and returns its message.
+    pub fn err(&self, code: u64) -> String {
+        assert_ne!(self.status, 0, "plugin succeeded: {self:?}");
+        let v = self.json();
+        assert_eq!(v["code"], code, "wrong code: {self:?}");
+        assert!(v["cniVersion"].is_string(), "{self:?}");
+        v["msg"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// Kubernetes-style CNI_ARGS for pod `namespace`/pod-`cid` (uid-`cid`).
+pub fn k8s_args(namespace: &str, cid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}")
+}
+
+/// Runs the plugin once.
+pub fn exec(call: &Call) -> Result<CniOutput, String> {
+    let mut cmd = Command::new(call.plugin);
+    cmd.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", call.command)
+        .env("CNI_PATH", call.cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (var, value) in [
+        ("CNI_CONTAINERID", call.container_id),
+        ("CNI_IFNAME", call.ifname),
+        ("CNI_ARGS", call.args),
+    ] {
+        if let Some(v) = value {
+            cmd.env(var, v);
+        }
+    }
+    if let Some(ns) = call.netns {
+        cmd.env("CNI_NETNS", ns);
+    }
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", call.plugin.display()))?;
+    // A config is far below a pipe's buffer: this write never blocks. A
+    // plugin may exit without reading it (VERSION): that pipe is broken.
+    match child
+        .stdin
+        .take()
+        .ok_or("plugin has no stdin")?
+        .write_all(call.conf)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.to_string()),
+        _ => {}
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    Ok(CniOutput {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed,
+    })
+}
+
+/// Execs a CNI plugin binary with the CNI environment (CNI_PATH
+/// /usr/lib/cni) and `conf` on stdin.
+pub fn exec_plugin(
+    binary: &Path,
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    ifname: &str,
+    args: &str,
+    conf: &Value,
+) -> CniOutput {
+    let body = serde_json::to_vec(conf).unwrap();
+    exec(&Call {
+        plugin: binary,
+        command,
+        container_id: Some(container_id),
+        netns,
+        ifname: Some(ifname),
+        args: Some(args),
+        cni_path: Path::new("/usr/lib/cni"),
+        conf: &body,
+    })
+    .expect("exec plugin")
+}

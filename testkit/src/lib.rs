@@ -1,0 +1,94 @@
+//! Test rigs shared by enim's integration tests (`tests/`, the providers'
+//! `tests/`) and the bench, so none of them keeps its own copy:
+//!
+//! - [`require_kernel!`], [`unique`] names and [`NamedNetns`]: throwaway,
+//!   uniquely named network namespaces, removed on drop, pass or fail;
+//! - [`Sandbox`]: a host namespace with veth pairs standing in for ENIs,
+//!   their far ends in a gateway namespace, and the fixtures that describe
+//!   those ENIs to a static provider ([`fixtures`]);
+//! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
+//!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does;
+//! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
+//!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata).
+//!
+//! It drives enimd, enim and enimctl as binaries and speaks their JSON: it
+//! does not link the agent, so the agent's internals can change under it.
+//! Nothing here touches the machine's own interfaces.
+
+pub mod agent;
+pub mod cni;
+pub mod fixtures;
+pub mod netns;
+pub mod sandbox;
+
+#[cfg(feature = "bce")]
+pub mod bce;
+#[cfg(feature = "moto")]
+pub mod moto;
+
+pub use agent::{enimctl, sigterm_and_wait, Agent, Bins};
+pub use cni::{exec_plugin, CniOutput};
+pub use fixtures::owner;
+pub use netns::{ip_batch, netns_path, sh, sh_ok, NamedNetns, NetnsSet};
+pub use sandbox::{assert_invariant, Sandbox, HOST_MTU, POD_MTU};
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Whether a skipped rig should fail instead: under `CI=true` a skip would
+/// hide a broken setup.
+pub fn ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// True when kernel tests can run. Without root they skip with a message,
+/// except under CI=true, where skipping would hide a broken setup.
+pub fn kernel_tests_enabled() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        if ci() {
+            panic!("CI=true but not running as root: netns tests must run in CI");
+        }
+        eprintln!(
+            "SKIPPED: netns tests need root (run as root, or with CI=true to make this an error)"
+        );
+    }
+    root
+}
+
+/// Returns from the calling test unless kernel tests can run (see
+/// [`kernel_tests_enabled`]): a skip with a message without root, a panic
+/// under CI=true.
+#[macro_export]
+macro_rules! require_kernel {
+    () => {
+        if !$crate::kernel_tests_enabled() {
+            return;
+        }
+    };
+}
+
+/// The enim binaries of the crate under test, from its integration test's
+/// `CARGO_BIN_EXE_*` (expanded where the macro is used).
+#[macro_export]
+macro_rules! bins {
+    () => {
+        $crate::Bins {
+            enimd: env!("CARGO_BIN_EXE_enimd").into(),
+            enim: env!("CARGO_BIN_EXE_enim").into(),
+            enimctl: env!("CARGO_BIN_EXE_enimctl").into(),
+        }
+    };
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this process and call, ending in `tag`, short enough
+/// for a netns (and, with a short tag, for an interface).
+pub fn unique(tag: &str) -> String {
+    format!(
+        "enimt{}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst),
+        tag
+    )
+}

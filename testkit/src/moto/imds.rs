@@ -1,0 +1,275 @@
+//! A loopback IMDSv2 serving the instance's interfaces live from moto.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use aws_credential_types::Credentials;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use enim_provider_aws::ec2::{Ec2Client, NetworkInterface};
+use tokio::task::JoinHandle;
+
+use super::{
+    not_found, p, serve, text, xml, DescribeSubnetsResponse, Subnet, INSTANCE_TYPE, REGION,
+};
+
+/// How the fake reports an interface's network card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CardKey {
+    /// `network-card` (current instances).
+    NetworkCard,
+    /// Only the older `network-card-index`.
+    LegacyIndex,
+    /// Neither: both 404, meaning card 0.
+    Missing,
+}
+
+struct ImdsState {
+    ec2: Ec2Client,
+    instance_id: String,
+    tokens: Mutex<HashSet<String>>,
+    /// Requests that mention a non-primary MAC before it shows up.
+    hide_new_for: AtomicUsize,
+    views: Mutex<HashMap<String, usize>>,
+    hidden_hits: AtomicUsize,
+    unauthorized: AtomicUsize,
+    card_key: Mutex<CardKey>,
+    role: Mutex<Option<(String, Credentials)>>,
+    /// The "hypervisor": called once per non-primary MAC when metadata
+    /// first shows it, with its device index (e.g. to plug a veth).
+    on_new: Mutex<Option<NewInterfaceHook>>,
+    plugged: Mutex<HashSet<String>>,
+}
+
+pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
+
+/// A loopback IMDSv2: a token from PUT /latest/api/token is required on
+/// every GET (401 without), 404 where AWS has nothing, and the instance's
+/// interfaces come live from moto.
+pub struct FakeImds {
+    pub url: String,
+    state: Arc<ImdsState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeImds {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeImds {
+    pub async fn start(ec2: Ec2Client, instance_id: String) -> FakeImds {
+        let state = Arc::new(ImdsState {
+            ec2,
+            instance_id,
+            tokens: Mutex::new(HashSet::new()),
+            hide_new_for: AtomicUsize::new(0),
+            views: Mutex::new(HashMap::new()),
+            hidden_hits: AtomicUsize::new(0),
+            unauthorized: AtomicUsize::new(0),
+            card_key: Mutex::new(CardKey::LegacyIndex),
+            role: Mutex::new(None),
+            on_new: Mutex::new(None),
+            plugged: Mutex::new(HashSet::new()),
+        });
+        let router = axum::Router::new()
+            .fallback(imds_handler)
+            .with_state(state.clone());
+        let (url, task) = serve(router).await;
+        FakeImds { url, state, task }
+    }
+
+    /// Newly attached interfaces stay invisible for `n` requests that
+    /// mention them (attach lag).
+    pub fn hide_new_interfaces_for(&self, n: usize) {
+        self.state.hide_new_for.store(n, Ordering::SeqCst);
+    }
+
+    /// Requests answered as if an interface were not there yet.
+    pub fn hidden_hits(&self) -> usize {
+        self.state.hidden_hits.load(Ordering::SeqCst)
+    }
+
+    /// 401s served (requests without a valid token).
+    pub fn unauthorized(&self) -> usize {
+        self.state.unauthorized.load(Ordering::SeqCst)
+    }
+
+    /// Invalidates every token, as an IMDS restart or expiry would.
+    pub fn expire_tokens(&self) {
+        self.state.tokens.lock().unwrap().clear();
+    }
+
+    pub fn set_card_key(&self, k: CardKey) {
+        *self.state.card_key.lock().unwrap() = k;
+    }
+
+    /// Runs `hook(mac, device_index)` once for each interface the first
+    /// time metadata shows it (before answering).
+    pub fn on_new_interface(&self, hook: NewInterfaceHook) {
+        *self.state.on_new.lock().unwrap() = Some(hook);
+    }
+
+    /// Serves these credentials as the instance role `role`.
+    pub fn set_role(&self, role: &str, creds: Credentials) {
+        *self.state.role.lock().unwrap() = Some((role.into(), creds));
+    }
+}
+
+async fn imds_handler(
+    State(st): State<Arc<ImdsState>>,
+    method: Method,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    let path = uri.path();
+    if method == Method::PUT && path == "/latest/api/token" {
+        let ttl = headers
+            .get("x-aws-ec2-metadata-token-ttl-seconds")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u32>().ok());
+        if !ttl.is_some_and(|t| (1..=21600).contains(&t)) {
+            return text(StatusCode::BAD_REQUEST, "missing or invalid TTL");
+        }
+        let token = format!("tok-{:016x}", fastrand::u64(..));
+        st.tokens.lock().unwrap().insert(token.clone());
+        return text(StatusCode::OK, token);
+    }
+    if method != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "");
+    }
+    let token_ok = headers
+        .get("x-aws-ec2-metadata-token")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| st.tokens.lock().unwrap().contains(t));
+    if !token_ok {
+        st.unauthorized.fetch_add(1, Ordering::SeqCst);
+        return text(StatusCode::UNAUTHORIZED, "");
+    }
+    let Some(rest) = path.strip_prefix("/latest/meta-data/") else {
+        return not_found();
+    };
+    match rest {
+        "instance-id" => return text(StatusCode::OK, st.instance_id.clone()),
+        "placement/region" => return text(StatusCode::OK, REGION),
+        "instance-type" => return text(StatusCode::OK, INSTANCE_TYPE),
+        "iam/security-credentials/" | "iam/security-credentials" => {
+            return match &*st.role.lock().unwrap() {
+                Some((role, _)) => text(StatusCode::OK, role.clone()),
+                None => not_found(),
+            }
+        }
+        _ => {}
+    }
+    if let Some(role) = rest.strip_prefix("iam/security-credentials/") {
+        let served = st.role.lock().unwrap().clone();
+        return match served {
+            Some((r, c)) if r == role => text(
+                StatusCode::OK,
+                serde_json::json!({
+                    "Code": "Success",
+                    "LastUpdated": "2026-01-01T00:00:00Z",
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": c.access_key_id(),
+                    "SecretAccessKey": c.secret_access_key(),
+                    "Token": c.session_token(),
+                    "Expiration": "2099-01-01T00:00:00Z",
+                })
+                .to_string(),
+            ),
+            _ => not_found(),
+        };
+    }
+    let Some(net) = rest.strip_prefix("network/interfaces/macs/") else {
+        return not_found();
+    };
+    let enis = st
+        .ec2
+        .describe_network_interfaces(&[("attachment.instance-id", &[st.instance_id.as_str()])])
+        .await
+        .unwrap();
+    let is_primary =
+        |e: &NetworkInterface| e.attachment.as_ref().and_then(|a| a.device_index) == Some(0);
+    // Counts a request mentioning `mac`; false while it is still hidden.
+    let visible = |e: &NetworkInterface| {
+        if is_primary(e) {
+            return true;
+        }
+        let hide = st.hide_new_for.load(Ordering::SeqCst);
+        let mut views = st.views.lock().unwrap();
+        let n = views.entry(e.mac_address.clone()).or_insert(0);
+        *n += 1;
+        if *n <= hide {
+            st.hidden_hits.fetch_add(1, Ordering::SeqCst);
+            return false;
+        }
+        drop(views);
+        let hook = st.on_new.lock().unwrap().clone();
+        if let Some(hook) = hook {
+            if st.plugged.lock().unwrap().insert(e.mac_address.clone()) {
+                let idx = e
+                    .attachment
+                    .as_ref()
+                    .and_then(|a| a.device_index)
+                    .unwrap_or(0);
+                hook(&e.mac_address, idx);
+            }
+        }
+        true
+    };
+    if net.is_empty() {
+        let mut body = String::new();
+        for e in &enis {
+            if visible(e) {
+                body.push_str(&format!("{}/\n", e.mac_address));
+            }
+        }
+        return text(StatusCode::OK, body.trim_end().to_string());
+    }
+    let (mac, leaf) = net.split_once('/').unwrap_or((net, ""));
+    let Some(eni) = enis.iter().find(|e| e.mac_address == mac) else {
+        return not_found();
+    };
+    if !visible(eni) {
+        return not_found();
+    }
+    let subnet = subnet(&st.ec2, &eni.subnet_id).await;
+    let att = eni.attachment.as_ref().unwrap();
+    let card_key = *st.card_key.lock().unwrap();
+    let card = att.network_card_index.unwrap_or(0).to_string();
+    let v6: Vec<String> = eni
+        .ipv6_addresses_set
+        .item
+        .iter()
+        .map(|i| i.ipv6_address.clone())
+        .collect();
+    let value = match leaf {
+        "interface-id" => Some(eni.network_interface_id.clone()),
+        "device-number" => Some(att.device_index.unwrap().to_string()),
+        "network-card" => (card_key == CardKey::NetworkCard).then_some(card),
+        "network-card-index" => (card_key == CardKey::LegacyIndex).then_some(card),
+        "local-ipv4s" => eni.private_ip_address.clone(),
+        "subnet-id" => Some(eni.subnet_id.clone()),
+        "subnet-ipv4-cidr-block" => Some(subnet.cidr_block.clone()),
+        "ipv6s" => (!v6.is_empty()).then(|| v6.join("\n")),
+        "subnet-ipv6-cidr-blocks" => subnet.ipv6(),
+        "mac" => Some(eni.mac_address.clone()),
+        _ => None,
+    };
+    match value {
+        Some(v) => text(StatusCode::OK, v),
+        None => not_found(),
+    }
+}
+
+async fn subnet(ec2: &Ec2Client, id: &str) -> Subnet {
+    let r: DescribeSubnetsResponse = xml(&ec2
+        .query()
+        .call("DescribeSubnets", &p(&[("SubnetId.1", id)]))
+        .await
+        .unwrap());
+    r.subnet_set.item[0].clone()
+}

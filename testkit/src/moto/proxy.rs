@@ -1,0 +1,160 @@
+//! A fault-injecting proxy in front of moto.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tokio::task::JoinHandle;
+
+use super::{serve, text};
+
+#[derive(Debug, Clone)]
+struct Fault {
+    action: String,
+    remaining: usize,
+    status: u16,
+    /// Empty: a bare (non-XML) error page.
+    code: String,
+}
+
+struct ProxyState {
+    upstream: String,
+    http: reqwest::Client,
+    faults: Mutex<Vec<Fault>>,
+    calls: Mutex<Vec<(String, bool)>>,
+}
+
+/// Forwards to moto byte for byte (the Host header included, so
+/// signatures still verify), except for injected faults.
+pub struct FaultProxy {
+    pub url: String,
+    state: Arc<ProxyState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: &str) -> FaultProxy {
+        let state = Arc::new(ProxyState {
+            upstream: upstream.trim_end_matches('/').into(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            faults: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+        });
+        let router = axum::Router::new()
+            .fallback(proxy_handler)
+            .with_state(state.clone());
+        let (url, task) = serve(router).await;
+        FaultProxy { url, state, task }
+    }
+
+    /// The next `times` calls of `action` fail with `status` and `code`
+    /// (an EC2 error document; empty `code`: a bare error page).
+    pub fn inject(&self, action: &str, times: usize, status: u16, code: &str) {
+        self.state.faults.lock().unwrap().push(Fault {
+            action: action.into(),
+            remaining: times,
+            status,
+            code: code.into(),
+        });
+    }
+
+    /// Calls of `action` so far (faulted ones included).
+    pub fn calls(&self, action: &str) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, _)| a == action)
+            .count()
+    }
+
+    /// Calls of `action` answered with an injected fault.
+    pub fn faulted(&self, action: &str) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, f)| a == action && *f)
+            .count()
+    }
+}
+
+async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+    let action = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "Action")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let fault = {
+        let mut faults = st.faults.lock().unwrap();
+        let f = faults
+            .iter_mut()
+            .find(|f| f.action == action && f.remaining > 0)
+            .map(|f| {
+                f.remaining -= 1;
+                f.clone()
+            });
+        faults.retain(|f| f.remaining > 0);
+        f
+    };
+    st.calls
+        .lock()
+        .unwrap()
+        .push((action.clone(), fault.is_some()));
+    if let Some(f) = fault {
+        let status = StatusCode::from_u16(f.status).unwrap();
+        if f.code.is_empty() {
+            return text(status, "<html><body>Service Unavailable</body></html>");
+        }
+        let xml = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code>\
+             <Message>injected by the test proxy</Message></Error></Errors><RequestID>fault</RequestID></Response>",
+            f.code
+        );
+        return (status, [("content-type", "text/xml")], xml).into_response();
+    }
+    let url = format!(
+        "{}{}",
+        st.upstream,
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+    );
+    let mut up = st.http.request(parts.method.clone(), url);
+    for (k, v) in parts.headers.iter() {
+        if k == "content-length" || k == "connection" || k == "transfer-encoding" {
+            continue;
+        }
+        up = up.header(k, v);
+    }
+    let resp = match up.body(body).send().await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("text/xml")
+        .to_string();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .body(Body::from(bytes))
+        .unwrap()
+}

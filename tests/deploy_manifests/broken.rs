@@ -1,0 +1,335 @@
+//! The checks must fail when the manifests are broken: each case breaks one
+//! thing in the parsed manifests and expects a problem naming it.
+
+use super::*;
+
+fn agent_mut(m: &mut Manifests) -> &mut Container {
+    spec_mut(m)
+        .containers
+        .iter_mut()
+        .find(|c| c.name == AGENT)
+        .unwrap()
+}
+
+fn init_mut(m: &mut Manifests) -> &mut Container {
+    spec_mut(m)
+        .init_containers
+        .as_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|c| c.name == INSTALLER)
+        .unwrap()
+}
+
+fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
+    m.daemon_sets[0]
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+}
+
+fn toml_mut(m: &mut Manifests) -> &mut String {
+    m.config_maps[0]
+        .data
+        .as_mut()
+        .unwrap()
+        .get_mut("enimd.toml")
+        .unwrap()
+}
+
+fn expect_problem(name: &str, m: &Manifests, needle: &str) {
+    let problems = check(m);
+    assert!(
+        problems.iter().any(|p| p.contains(needle)),
+        "{name}: expected a problem mentioning {needle:?}, got {problems:?}"
+    );
+}
+
+#[test]
+fn each_check_fails_on_a_broken_manifest() {
+    let good = load();
+    type Break = fn(&mut Manifests);
+    let cases: &[(&str, Break, &str)] = &[
+        (
+            "netns mount gone",
+            |m| {
+                agent_mut(m)
+                    .volume_mounts
+                    .as_mut()
+                    .unwrap()
+                    .retain(|v| v.mount_path != "/var/run/netns")
+            },
+            "pod netns",
+        ),
+        (
+            "netns without propagation",
+            |m| {
+                for v in agent_mut(m).volume_mounts.as_mut().unwrap() {
+                    v.mount_propagation = None;
+                }
+            },
+            "propagation",
+        ),
+        (
+            "socket dir not mounted",
+            |m| {
+                agent_mut(m)
+                    .volume_mounts
+                    .as_mut()
+                    .unwrap()
+                    .retain(|v| v.mount_path != "/run/enim")
+            },
+            "socket",
+        ),
+        (
+            "state dir on an emptyDir",
+            |m| {
+                let v = spec_mut(m)
+                    .volumes
+                    .as_mut()
+                    .unwrap()
+                    .iter_mut()
+                    .find(|v| v.name == "state")
+                    .unwrap();
+                v.host_path = None;
+                v.empty_dir = Some(Default::default());
+            },
+            "checkpoint",
+        ),
+        (
+            "socket moved in config only",
+            |m| {
+                *toml_mut(m) =
+                    toml_mut(m).replace("/run/enim/enimd.sock", "/run/elsewhere/enimd.sock")
+            },
+            "socket",
+        ),
+        (
+            "checkpoint moved in config only",
+            |m| {
+                *toml_mut(m) = toml_mut(m).replace(
+                    "/var/lib/enim/checkpoint.json",
+                    "/var/lib/other/checkpoint.json",
+                )
+            },
+            "checkpoint",
+        ),
+        (
+            "unknown config key",
+            |m| toml_mut(m).insert_str(0, "sokcet = \"/x\"\n"),
+            "not a config enimd accepts",
+        ),
+        (
+            "privileged",
+            |m| agent_mut(m).security_context.as_mut().unwrap().privileged = Some(true),
+            "is privileged",
+        ),
+        (
+            "SYS_ADMIN dropped",
+            |m| {
+                let c = agent_mut(m)
+                    .security_context
+                    .as_mut()
+                    .unwrap()
+                    .capabilities
+                    .as_mut()
+                    .unwrap();
+                c.add.as_mut().unwrap().retain(|c| c != "SYS_ADMIN");
+            },
+            "capabilities",
+        ),
+        (
+            "extra capability",
+            |m| {
+                let c = agent_mut(m)
+                    .security_context
+                    .as_mut()
+                    .unwrap()
+                    .capabilities
+                    .as_mut()
+                    .unwrap();
+                c.add.as_mut().unwrap().push("SYS_PTRACE".into());
+            },
+            "capabilities",
+        ),
+        (
+            "no drop ALL",
+            |m| {
+                agent_mut(m)
+                    .security_context
+                    .as_mut()
+                    .unwrap()
+                    .capabilities
+                    .as_mut()
+                    .unwrap()
+                    .drop = None
+            },
+            "drop ALL",
+        ),
+        (
+            "escalation off with SYS_ADMIN",
+            |m| {
+                agent_mut(m)
+                    .security_context
+                    .as_mut()
+                    .unwrap()
+                    .allow_privilege_escalation = Some(false)
+            },
+            "allowPrivilegeEscalation",
+        ),
+        ("hostPID", |m| spec_mut(m).host_pid = Some(true), "hostPID"),
+        (
+            "no hostNetwork",
+            |m| spec_mut(m).host_network = None,
+            "hostNetwork",
+        ),
+        (
+            "init writes the wrong net.d",
+            |m| {
+                let v = spec_mut(m)
+                    .volumes
+                    .as_mut()
+                    .unwrap()
+                    .iter_mut()
+                    .find(|v| v.name == "cni-net-d")
+                    .unwrap();
+                v.host_path.as_mut().unwrap().path = "/etc/cni/net.d.old".into();
+            },
+            "--net-d-dir",
+        ),
+        (
+            "init cni bin dir outside its mount",
+            |m| {
+                let c = init_mut(m).command.as_mut().unwrap();
+                let i = c.iter().position(|a| a == "--cni-bin-dir").unwrap();
+                c[i + 1] = "/opt/cni/bin".into();
+            },
+            "--cni-bin-dir",
+        ),
+        (
+            "init socket differs",
+            |m| {
+                init_mut(m)
+                    .command
+                    .as_mut()
+                    .unwrap()
+                    .extend(["--socket".into(), "/run/x.sock".into()])
+            },
+            "--socket",
+        ),
+        (
+            "init image differs",
+            |m| init_mut(m).image = Some("enim:old".into()),
+            "image",
+        ),
+        (
+            "init not install-cni",
+            |m| init_mut(m).command.as_mut().unwrap()[1] = "run".into(),
+            "install-cni",
+        ),
+        (
+            "readiness on the wrong port",
+            |m| {
+                let get = agent_mut(m)
+                    .readiness_probe
+                    .as_mut()
+                    .unwrap()
+                    .http_get
+                    .as_mut()
+                    .unwrap();
+                get.port = IntOrString::Int(8080);
+            },
+            "readinessProbe port",
+        ),
+        (
+            "liveness on the wrong path",
+            |m| {
+                let get = agent_mut(m)
+                    .liveness_probe
+                    .as_mut()
+                    .unwrap()
+                    .http_get
+                    .as_mut()
+                    .unwrap();
+                get.path = Some("/readyz".into());
+            },
+            "livenessProbe path",
+        ),
+        (
+            "probe on the pod IP",
+            |m| {
+                let get = agent_mut(m)
+                    .readiness_probe
+                    .as_mut()
+                    .unwrap()
+                    .http_get
+                    .as_mut()
+                    .unwrap();
+                get.host = None;
+            },
+            "readinessProbe host",
+        ),
+        (
+            "named port renumbered",
+            |m| agent_mut(m).ports.as_mut().unwrap()[0].container_port = 9000,
+            "readinessProbe port",
+        ),
+        (
+            "token mounted",
+            |m| spec_mut(m).automount_service_account_token = None,
+            "token",
+        ),
+        (
+            "image fetches at build time",
+            |m| m.containerfile.push_str("RUN apt-get update\n"),
+            "prebuilt",
+        ),
+        (
+            "plugin not next to enimd",
+            |m| {
+                m.containerfile = m.containerfile.replace(
+                    "COPY enimd enim enimctl /usr/local/bin/",
+                    "COPY enimd enimctl /usr/local/bin/\nCOPY enim /opt/",
+                )
+            },
+            "puts enim",
+        ),
+    ];
+    assert!(check(&good).is_empty(), "the unbroken manifests must pass");
+    for (name, break_it, needle) in cases {
+        let mut m = good.clone();
+        break_it(&mut m);
+        expect_problem(name, &m, needle);
+    }
+}
+
+#[test]
+fn unknown_fields_and_kinds_are_refused() {
+    let text = std::fs::read_to_string(deploy_dir().join("30-daemonset.yaml")).unwrap();
+    let typo = text.replace("mountPropagation:", "mountPropogation:");
+    assert_ne!(typo, text);
+    let err = parse_into(&mut Manifests::default(), &typo).unwrap_err();
+    assert!(err.contains("mountPropogation"), "{err}");
+
+    let role =
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: x\n";
+    let err = parse_into(&mut Manifests::default(), role).unwrap_err();
+    assert!(err.contains("ClusterRole"), "{err}");
+}
+
+#[test]
+fn a_broken_install_cni_command_fails_when_run() {
+    let mut m = load();
+    let c = init_mut(&mut m).command.as_mut().unwrap();
+    let i = c.iter().position(|a| a == "--net-d-dir").unwrap();
+    c[i] = "--netd-dir".into();
+    let problems = run_install_cni(&m);
+    assert!(
+        problems.iter().any(|p| p.contains("failed")),
+        "{problems:?}"
+    );
+}
