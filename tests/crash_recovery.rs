@@ -95,7 +95,7 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
         let clean = sb.host_state();
         let conf = agent.net_conf("1.1.0");
         let pods = |agent: &Agent| {
-            agent.ctl(&["attachments"])["pods"]
+            agent.ctl(&["attachments"])["attachments"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default()
@@ -323,7 +323,7 @@ fn unclaimed_add_is_kept_then_expires(secondary: bool) {
         (
             "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"",
             "add:after-configure=1000",
-            "pods",
+            "attachments",
         )
     } else {
         ("", "add:after-move=1000", "attachments")

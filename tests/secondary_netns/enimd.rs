@@ -44,8 +44,18 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
     // The configured priority is the one used.
     assert!(rules(&sb).contains("600:\tfrom all to 10.77.0.11 lookup main"));
     let listed = agent.ctl(&["attachments"]);
-    assert_eq!(listed["pods"].as_array().map(Vec::len), Some(1), "{listed}");
-    assert_eq!(listed["pods"][0]["host_veth"].as_str().unwrap().len(), 15);
+    assert_eq!(
+        listed["attachments"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["attachments"][0]["host_veth"]
+            .as_str()
+            .unwrap()
+            .len(),
+        15
+    );
 
     let mut check_conf = conf.clone();
     check_conf["prevResult"] = result.clone();
@@ -111,11 +121,14 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
     );
 
     let listed = agent.ctl(&["attachments"]);
-    assert_eq!(listed["attachments"], serde_json::json!([]), "{listed}");
-    let pods = listed["pods"].as_array().expect("pods listed");
+    // One list for both modes; a secondary-mode record has a host veth.
+    let pods = listed["attachments"]
+        .as_array()
+        .expect("attachments listed");
     assert_eq!(pods.len(), 1, "{listed}");
     assert_eq!(pods[0]["container_id"], "c0");
     assert_eq!(pods[0]["eni_id"], sb.enis[0].id.as_str());
+    assert!(pods[0]["host_veth"].is_string(), "{listed}");
     assert_eq!(agent.ctl(&["status"])["attachments"], 1);
     let text = scrape();
     assert_eq!(
@@ -131,7 +144,10 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
     assert_eq!(metric(&text, "enim_attachments"), 1.0, "{text}");
 
     enim("DEL", "c0", Some(&pod.path()), "eth0", &conf).ok();
-    assert_eq!(agent.ctl(&["attachments"])["pods"], serde_json::Value::Null);
+    assert_eq!(
+        agent.ctl(&["attachments"])["attachments"],
+        serde_json::json!([])
+    );
     let text = scrape();
     assert_eq!(
         metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
