@@ -55,8 +55,17 @@ pub fn crash_point(point: &'static str) {
     });
     if let Some((at, ms)) = delay {
         if at == point {
-            // Blocks one runtime worker; acceptable in a test-only build.
-            std::thread::sleep(std::time::Duration::from_millis(*ms));
+            let stall = || std::thread::sleep(std::time::Duration::from_millis(*ms));
+            // On enimd's multi-thread runtime the worker hands its other
+            // duties (the I/O driver among them) to another thread first:
+            // a stall must not also stop the agent noticing that the client
+            // hung up, which is what the tests that stall are about.
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(stall)
+                }
+                _ => stall(),
+            }
         }
     }
     let target = TARGET.get_or_init(|| std::env::var("ENIMD_CRASH_AT").ok());
