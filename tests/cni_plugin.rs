@@ -478,8 +478,12 @@ fn del_check_gc_status_against_fake_agent() {
     let ready = json!({"version": "0.1.0", "ready": true, "provider": "static", "enis_total": 4, "enis_free": 2, "attachments": 2, "uptime_secs": 5});
     let mut not_ready = ready.clone();
     not_ready["ready"] = json!(false);
+    // A full node is available (its ADDs say "try again later"); a node
+    // whose provider offers nothing at all is not.
     let mut exhausted = ready.clone();
     exhausted["enis_free"] = json!(0);
+    let mut empty = exhausted.clone();
+    empty["enis_total"] = json!(0);
     let report = json!({"collected": [], "too_young": 0, "orphans_released": [], "normalised": [], "errors": []});
     let rx = fake_agent(
         &sock,
@@ -491,6 +495,7 @@ fn del_check_gc_status_against_fake_agent() {
             (200, ready),
             (200, not_ready),
             (200, exhausted),
+            (200, empty),
         ],
     );
 
@@ -543,7 +548,7 @@ fn del_check_gc_status_against_fake_agent() {
         json!({"network": "enim-net", "valid_attachments": [{"containerID": "0123abcd", "ifname": "eth0"}]})
     );
 
-    // STATUS: ready, then not ready, then no free ENI.
+    // STATUS: ready, then not ready, then full (available), then empty.
     expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));
     let seen = rx.recv().unwrap();
     assert_eq!(
@@ -552,6 +557,7 @@ fn del_check_gc_status_against_fake_agent() {
     );
     let v = expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
     assert!(v["msg"].as_str().unwrap().contains("not ready"), "{v}");
+    expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));
     let v = expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
-    assert!(v["msg"].as_str().unwrap().contains("no free ENI"), "{v}");
+    assert!(v["msg"].as_str().unwrap().contains("no ENI at all"), "{v}");
 }

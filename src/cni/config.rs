@@ -55,7 +55,8 @@ pub struct NetConf {
     pub timeout: Duration,
     /// The previous plugin's result in a chain, in `cni_version`'s format.
     pub prev_result: Option<Map<String, Value>>,
-    /// GC only: `cni.dev/valid-attachments`.
+    /// GC only: `cni.dev/valid-attachments` and its alias
+    /// `cni.dev/attachments`, merged.
     pub valid_attachments: Option<Vec<ValidAttachment>>,
 }
 
@@ -175,14 +176,25 @@ impl NetConf {
             Some(_) => return Err(CniError::decode("prevResult is not a JSON object", "")),
         };
 
-        let valid_attachments = match obj.remove("cni.dev/valid-attachments") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(serde_json::from_value(v).map_err(|e| {
-                CniError::InvalidConfig(format!(
-                    "cni.dev/valid-attachments is not a list of {{containerID, ifname}}: {e}"
-                ))
-            })?),
-        };
+        // libcni sends the list under both names (the spec first called it
+        // `cni.dev/attachments`); a runtime may send either: take the union.
+        let mut valid_attachments: Option<Vec<ValidAttachment>> = None;
+        for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+            let list: Vec<ValidAttachment> = match obj.remove(key) {
+                None | Some(Value::Null) => continue,
+                Some(v) => serde_json::from_value(v).map_err(|e| {
+                    CniError::InvalidConfig(format!(
+                        "{key} is not a list of {{containerID, ifname}}: {e}"
+                    ))
+                })?,
+            };
+            let all = valid_attachments.get_or_insert_with(Vec::new);
+            for a in list {
+                if !all.contains(&a) {
+                    all.push(a);
+                }
+            }
+        }
 
         Ok(NetConf {
             cni_version,
@@ -235,6 +247,32 @@ mod tests {
                 ifname: "eth0".into()
             }]
         );
+    }
+
+    #[test]
+    fn gc_lists_under_either_name_are_merged() {
+        let va = |c: &str| ValidAttachment {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+        };
+        let only_alias = parse(
+            r#"{"cniVersion":"1.1.0","name":"n",
+                "cni.dev/attachments":[{"containerID":"b","ifname":"eth0"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(only_alias.valid_attachments.unwrap(), vec![va("b")]);
+        let both = parse(
+            r#"{"cniVersion":"1.1.0","name":"n",
+                "cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"},{"containerID":"b","ifname":"eth0"}],
+                "cni.dev/attachments":[{"containerID":"b","ifname":"eth0"},{"containerID":"c","ifname":"eth0"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(both.valid_attachments.unwrap(), vec![va("a"), va("b"), va("c")]);
+        // An empty list under either name is a list: everything is omitted.
+        let empty = parse(r#"{"cniVersion":"1.1.0","name":"n","cni.dev/attachments":[]}"#).unwrap();
+        assert_eq!(empty.valid_attachments, Some(vec![]));
+        let bad = parse(r#"{"cniVersion":"1.1.0","name":"n","cni.dev/attachments":[{"x":1}]}"#);
+        assert_eq!(bad.unwrap_err().code(), 7);
     }
 
     #[test]

@@ -195,10 +195,13 @@ fn status(client: &Client) -> Result<Option<Value>, CniError> {
             format!("uptime {}s", s.uptime_secs),
         ));
     }
-    if s.enis_free == 0 {
+    // A full node is available: its ADDs answer "try again later" (11) and
+    // the device plugin keeps the scheduler away. Failing STATUS instead
+    // would mark the node's network not ready, and the node NotReady.
+    if s.enis_total == 0 {
         return Err(CniError::not_available(
-            "no free ENI on this node",
-            format!("{} ENIs, {} attachments", s.enis_total, s.attachments),
+            "enimd's provider offers no ENI at all",
+            format!("provider {}", s.provider),
         ));
     }
     Ok(None)
