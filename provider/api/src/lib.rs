@@ -7,6 +7,8 @@
 
 pub mod cloud;
 pub mod retry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
