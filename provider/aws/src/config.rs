@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use enim_provider::check_at_least;
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
@@ -83,12 +84,11 @@ impl AwsConfig {
         if self.api_attempts == 0 {
             return Err("aws: api_attempts must be at least 1".into());
         }
-        if self.api_max_backoff < self.api_backoff {
-            return Err(format!(
-                "aws: api_max_backoff ({:?}) must be >= api_backoff ({:?})",
-                self.api_max_backoff, self.api_backoff
-            ));
-        }
+        check_at_least(
+            ("api_max_backoff", self.api_max_backoff),
+            ("api_backoff", self.api_backoff),
+        )
+        .map_err(|e| format!("aws: {e}"))?;
         if self.metadata_wait.is_zero() || self.detach_timeout.is_zero() {
             return Err("aws: metadata_wait and detach_timeout must be above zero".into());
         }

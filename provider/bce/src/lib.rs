@@ -14,7 +14,6 @@ pub mod auth;
 pub mod backend;
 pub mod metadata;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use enim_provider_pool::{PoolConfig, WarmPool};
 use serde::{Deserialize, Serialize};
 
 pub use api::RetryPolicy;
-pub use auth::Credentials;
+pub use auth::{Credentials, Secret};
 pub use backend::{BackendSettings, BceBackend};
 
 pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
@@ -33,7 +32,7 @@ pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";
 /// `[provider]` with `type = "bce"`. Everything but the credentials has a
 /// default (what is left out takes its value from [`BceConfig::default`]) or
 /// is discovered from instance metadata.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BceConfig {
     /// BCE region (`bj`, `gz`, `su`, ...); default: metadata `region`.
@@ -51,8 +50,9 @@ pub struct BceConfig {
     pub security_group_ids: Vec<String>,
     /// Access key; default: env `BCE_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
-    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`.
-    pub secret_access_key: Option<String>,
+    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
+    /// prints it.
+    pub secret_access_key: Option<Secret>,
     /// Longest pause between two ENI status or metadata polls (each drawn
     /// from its upper half, so nodes do not poll in lockstep).
     #[serde(with = "humantime_serde")]
@@ -95,31 +95,6 @@ impl Default for BceConfig {
     }
 }
 
-impl fmt::Debug for BceConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BceConfig")
-            .field("region", &self.region)
-            .field("endpoint", &self.endpoint)
-            .field("metadata_endpoint", &self.metadata_endpoint)
-            .field("vpc_id", &self.vpc_id)
-            .field("subnet_id", &self.subnet_id)
-            .field("security_group_ids", &self.security_group_ids)
-            .field("access_key_id", &self.access_key_id)
-            .field(
-                "secret_access_key",
-                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("poll_interval", &self.poll_interval)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("max_attempts", &self.max_attempts)
-            .field("retry_base", &self.retry_base)
-            .field("retry_cap", &self.retry_cap)
-            .field("list_page_size", &self.list_page_size)
-            .field("pool", &self.pool)
-            .finish()
-    }
-}
-
 impl BceConfig {
     fn validate(&self) -> Result<(), ProviderError> {
         let bad = |why: &str| Err(ProviderError::Config(format!("bce: {why}")));
@@ -143,19 +118,22 @@ impl BceConfig {
 
     /// Credentials from the config, else from the environment.
     pub fn credentials(&self) -> Result<Credentials, ProviderError> {
-        let pick = |configured: &Option<String>, env: &str| {
+        let pick = |configured: Option<&str>, env: &str| {
             configured
-                .clone()
                 .filter(|s| !s.is_empty())
+                .map(str::to_string)
                 .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
         };
         match (
-            pick(&self.access_key_id, ENV_ACCESS_KEY_ID),
-            pick(&self.secret_access_key, ENV_SECRET_ACCESS_KEY),
+            pick(self.access_key_id.as_deref(), ENV_ACCESS_KEY_ID),
+            pick(
+                self.secret_access_key.as_ref().map(Secret::expose),
+                ENV_SECRET_ACCESS_KEY,
+            ),
         ) {
             (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
                 access_key_id,
-                secret_access_key,
+                secret_access_key: secret_access_key.into(),
             }),
             _ => Err(ProviderError::Config(format!(
                 "bce: no credentials: set access_key_id and secret_access_key, or \
