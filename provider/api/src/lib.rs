@@ -7,6 +7,8 @@
 
 pub mod cloud;
 pub mod retry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -183,6 +185,20 @@ impl ProviderError {
             ProviderError::Unavailable(_) | ProviderError::Throttled(_)
         )
     }
+}
+
+/// Config validation: `Err("{upper} (..) must be >= {lower} (..)")`, with
+/// both values, when the value named `upper` is below the one named `lower`.
+pub fn check_at_least<T: PartialOrd + fmt::Debug>(
+    (upper, upper_value): (&str, T),
+    (lower, lower_value): (&str, T),
+) -> Result<(), String> {
+    if upper_value < lower_value {
+        return Err(format!(
+            "{upper} ({upper_value:?}) must be >= {lower} ({lower_value:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// The ENI provider (CCE's ENIProvider: List / AllocateNextENI /

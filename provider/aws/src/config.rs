@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use enim_provider::check_at_least;
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
@@ -9,48 +10,41 @@ use crate::ec2::RetryPolicy;
 
 pub const DEFAULT_IMDS_ENDPOINT: &str = "http://169.254.169.254";
 
+/// Every key is optional: what is left out takes its value from
+/// [`AwsConfig::default`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct AwsConfig {
     /// EC2 region; default: the instance's, from instance metadata.
-    #[serde(default)]
     pub region: Option<String>,
     /// Instance metadata service (scheme and authority).
-    #[serde(default = "default_imds_endpoint")]
     pub imds_endpoint: String,
     /// EC2 API endpoint; default `https://ec2.<region>.amazonaws.com`.
-    #[serde(default)]
     pub ec2_endpoint: Option<String>,
     /// Subnet for new ENIs; default: the primary interface's subnet.
-    #[serde(default)]
     pub subnet_id: Option<String>,
     /// Security groups for new ENIs; default: the VPC's default group.
-    #[serde(default)]
     pub security_group_ids: Vec<String>,
     /// Give each new ENI one IPv6 address (the subnet needs an IPv6 block).
-    #[serde(default)]
     pub assign_ipv6: bool,
     /// MTU for pod interfaces; default: keep the device's own.
-    #[serde(default)]
     pub mtu: Option<u32>,
     /// How long to wait for instance metadata to show a new attachment.
-    #[serde(default = "default_metadata_wait", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub metadata_wait: Duration,
     /// How long to wait for a detach to finish before giving up (the pool
     /// retries later).
-    #[serde(default = "default_detach_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub detach_timeout: Duration,
     /// EC2 calls: attempts in all for throttled or failed requests.
-    #[serde(default = "default_api_attempts")]
     pub api_attempts: u32,
     /// EC2 calls: first retry delay (doubles, with jitter).
-    #[serde(default = "default_api_backoff", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub api_backoff: Duration,
     /// EC2 calls: retry delay bound.
-    #[serde(default = "default_api_max_backoff", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub api_max_backoff: Duration,
     /// Warm-pool watermarks and timing.
-    #[serde(default)]
     pub pool: PoolConfig,
 }
 
@@ -58,17 +52,17 @@ impl Default for AwsConfig {
     fn default() -> Self {
         AwsConfig {
             region: None,
-            imds_endpoint: default_imds_endpoint(),
+            imds_endpoint: DEFAULT_IMDS_ENDPOINT.into(),
             ec2_endpoint: None,
             subnet_id: None,
             security_group_ids: Vec::new(),
             assign_ipv6: false,
             mtu: None,
-            metadata_wait: default_metadata_wait(),
-            detach_timeout: default_detach_timeout(),
-            api_attempts: default_api_attempts(),
-            api_backoff: default_api_backoff(),
-            api_max_backoff: default_api_max_backoff(),
+            metadata_wait: Duration::from_secs(60),
+            detach_timeout: Duration::from_secs(120),
+            api_attempts: 5,
+            api_backoff: Duration::from_millis(200),
+            api_max_backoff: Duration::from_secs(10),
             pool: PoolConfig::default(),
         }
     }
@@ -90,12 +84,11 @@ impl AwsConfig {
         if self.api_attempts == 0 {
             return Err("aws: api_attempts must be at least 1".into());
         }
-        if self.api_max_backoff < self.api_backoff {
-            return Err(format!(
-                "aws: api_max_backoff ({:?}) must be >= api_backoff ({:?})",
-                self.api_max_backoff, self.api_backoff
-            ));
-        }
+        check_at_least(
+            ("api_max_backoff", self.api_max_backoff),
+            ("api_backoff", self.api_backoff),
+        )
+        .map_err(|e| format!("aws: {e}"))?;
         if self.metadata_wait.is_zero() || self.detach_timeout.is_zero() {
             return Err("aws: metadata_wait and detach_timeout must be above zero".into());
         }
@@ -120,25 +113,6 @@ impl AwsConfig {
         }
         Ok(())
     }
-}
-
-fn default_imds_endpoint() -> String {
-    DEFAULT_IMDS_ENDPOINT.into()
-}
-fn default_metadata_wait() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_detach_timeout() -> Duration {
-    Duration::from_secs(120)
-}
-fn default_api_attempts() -> u32 {
-    5
-}
-fn default_api_backoff() -> Duration {
-    Duration::from_millis(200)
-}
-fn default_api_max_backoff() -> Duration {
-    Duration::from_secs(10)
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@ mod xml;
 
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
+
 pub use error::{classify, Ec2Error};
 pub use query::{default_endpoint, QueryClient, RetryPolicy};
 use xml::{
@@ -66,6 +68,15 @@ impl Ec2Client {
         &self.query
     }
 
+    /// One call whose reply is decoded as `T`.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        action: &str,
+        params: &[(String, String)],
+    ) -> Result<T, Ec2Error> {
+        decode(action, &self.query.call(action, params).await?)
+    }
+
     /// DescribeNetworkInterfaces with `Filter.N` filters, every page.
     pub async fn describe_network_interfaces(
         &self,
@@ -81,8 +92,7 @@ impl Ec2Client {
             if let Some(t) = &token {
                 p.push(("NextToken".into(), t.clone()));
             }
-            let page: DescribeNetworkInterfacesResponse =
-                decode(ACTION, &self.query.call(ACTION, &p).await?)?;
+            let page: DescribeNetworkInterfacesResponse = self.call(ACTION, &p).await?;
             out.extend(page.network_interface_set.item);
             match page.next_token.filter(|t| !t.is_empty()) {
                 Some(next) if token.as_ref() == Some(&next) => {
@@ -108,14 +118,15 @@ impl Ec2Client {
     ) -> Result<Option<NetworkInterface>, Ec2Error> {
         const ACTION: &str = "DescribeNetworkInterfaces";
         let params = vec![("NetworkInterfaceId.1".to_string(), id.to_string())];
-        match self.query.call(ACTION, &params).await {
-            Ok(xml) => {
-                let r: DescribeNetworkInterfacesResponse = decode(ACTION, &xml)?;
-                Ok(r.network_interface_set
-                    .item
-                    .into_iter()
-                    .find(|n| n.network_interface_id == id))
-            }
+        match self
+            .call::<DescribeNetworkInterfacesResponse>(ACTION, &params)
+            .await
+        {
+            Ok(r) => Ok(r
+                .network_interface_set
+                .item
+                .into_iter()
+                .find(|n| n.network_interface_id == id)),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -150,8 +161,7 @@ impl Ec2Client {
                 p.push((format!("TagSpecification.1.Tag.{}.Value", i + 1), v.clone()));
             }
         }
-        let r: CreateNetworkInterfaceResponse =
-            decode(ACTION, &self.query.call(ACTION, &p).await?)?;
+        let r: CreateNetworkInterfaceResponse = self.call(ACTION, &p).await?;
         Ok(r.network_interface)
     }
 
@@ -170,8 +180,7 @@ impl Ec2Client {
             ("DeviceIndex".into(), device_index.to_string()),
             ("NetworkCardIndex".into(), network_card_index.to_string()),
         ];
-        let r: AttachNetworkInterfaceResponse =
-            decode(ACTION, &self.query.call(ACTION, &p).await?)?;
+        let r: AttachNetworkInterfaceResponse = self.call(ACTION, &p).await?;
         Ok(r.attachment_id)
     }
 
@@ -208,7 +217,7 @@ impl Ec2Client {
     pub async fn max_interfaces(&self, instance_type: &str) -> Result<usize, Ec2Error> {
         const ACTION: &str = "DescribeInstanceTypes";
         let p = vec![("InstanceType.1".into(), instance_type.into())];
-        let r: DescribeInstanceTypesResponse = decode(ACTION, &self.query.call(ACTION, &p).await?)?;
+        let r: DescribeInstanceTypesResponse = self.call(ACTION, &p).await?;
         let info = r
             .instance_type_set
             .item

@@ -6,7 +6,9 @@
 //! metadata can lag: a MAC may be listed before its fields exist, so the
 //! per-interface reads are retried on 404 or an empty reply, within a bound.
 
+use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use enim_provider::retry::{retry, Backoff, Poll};
@@ -332,7 +334,7 @@ impl Imds {
 
         let interface_id = self.value(&p("interface-id")).await?;
         let device_number =
-            parse_u32(&p("device-number"), &self.value(&p("device-number")).await?)?;
+            parse_value(&p("device-number"), &self.value(&p("device-number")).await?)?;
         // `network-card` on current instances, `network-card-index` on
         // older ones; neither means the only card, 0.
         let network_card = match self.optional(&p("network-card")).await? {
@@ -340,55 +342,26 @@ impl Imds {
             None => self.optional(&p("network-card-index")).await?,
         };
         let network_card = match network_card {
-            Some(v) if !v.trim().is_empty() => parse_u32(&p("network-card"), &v)?,
+            Some(v) if !v.trim().is_empty() => parse_value(&p("network-card"), &v)?,
             _ => 0,
         };
 
         let ipv4_path = p("local-ipv4s");
-        let ipv4s = self
-            .value(&ipv4_path)
-            .await?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                l.trim()
-                    .parse::<Ipv4Addr>()
-                    .map_err(|e| invalid(&ipv4_path, l, &e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let ipv4s: Vec<Ipv4Addr> = parse_lines(&ipv4_path, &self.value(&ipv4_path).await?)?;
         let subnet_path = p("subnet-ipv4-cidr-block");
-        let subnet_v4 = self.value(&subnet_path).await?;
-        let subnet_v4: Ipv4Net = subnet_v4.parse().map_err(|e: ipnet::AddrParseError| {
-            invalid(&subnet_path, &subnet_v4, &e.to_string())
-        })?;
+        let subnet_v4: Ipv4Net = parse_value(&subnet_path, &self.value(&subnet_path).await?)?;
 
         let ipv6_path = p("ipv6s");
         let ipv6s = match self.optional(&ipv6_path).await? {
             None => Vec::new(),
-            Some(body) => body
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(|l| {
-                    l.trim()
-                        .parse::<Ipv6Addr>()
-                        .map_err(|e| invalid(&ipv6_path, l, &e.to_string()))
-                })
-                .collect::<Result<_, _>>()?,
+            Some(body) => parse_lines::<Ipv6Addr>(&ipv6_path, &body)?,
         };
         let subnet_v6 = if ipv6s.is_empty() {
             None
         } else {
             let path = p("subnet-ipv6-cidr-blocks");
             let body = self.optional(&path).await?.unwrap_or_default();
-            let nets = body
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(|l| {
-                    l.trim()
-                        .parse::<Ipv6Net>()
-                        .map_err(|e| invalid(&path, l, &e.to_string()))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let nets: Vec<Ipv6Net> = parse_lines(&path, &body)?;
             // A subnet can have several blocks: take the one holding the
             // interface's address.
             nets.into_iter()
@@ -497,10 +470,27 @@ fn invalid(path: &str, value: &str, reason: &str) -> ImdsError {
     }
 }
 
-fn parse_u32(path: &str, v: &str) -> Result<u32, ImdsError> {
+/// The value at `path`, parsed (surrounding white space ignored).
+fn parse_value<T>(path: &str, v: &str) -> Result<T, ImdsError>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
     v.trim()
         .parse()
-        .map_err(|e: std::num::ParseIntError| invalid(path, v, &e.to_string()))
+        .map_err(|e: T::Err| invalid(path, v, &e.to_string()))
+}
+
+/// The value at `path` as a list, one item a line (blank lines skipped).
+fn parse_lines<T>(path: &str, body: &str) -> Result<Vec<T>, ImdsError>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| parse_value(path, l))
+        .collect()
 }
 
 #[cfg(test)]

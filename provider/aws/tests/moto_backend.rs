@@ -19,6 +19,21 @@ async fn backend(env: &Env, config: &AwsConfig) -> AwsBackend {
         .expect("discover")
 }
 
+/// The rig and a backend on its default config; `None` (the test is
+/// skipped) where moto is not installed.
+async fn rig() -> Option<(Env, AwsBackend)> {
+    let env = Env::start().await?;
+    let b = backend(&env, &env.config()).await;
+    Some((env, b))
+}
+
+/// Detaches and deletes `eni_id`, then checks no ENI tagged for the node is
+/// left.
+async fn delete_and_check_none_left(env: &Env, b: &AwsBackend, eni_id: &str) {
+    b.detach_and_delete(eni_id).await.unwrap();
+    assert!(env.tagged_ids().await.is_empty());
+}
+
 #[tokio::test]
 async fn discovery_create_attach_detach_delete() {
     let Some(env) = Env::start().await else {
@@ -157,10 +172,9 @@ async fn discovery_create_attach_detach_delete() {
 
 #[tokio::test]
 async fn crash_leftover_is_found_and_attached() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig().await else {
         return;
     };
-    let b = backend(&env, &env.config()).await;
     let left = env.create_tagged_eni().await;
     assert_eq!(
         b.tagged().await.unwrap(),
@@ -182,10 +196,7 @@ async fn crash_leftover_is_found_and_attached() {
 
     let e = b.attach_existing("eni-doesnotexist").await.unwrap_err();
     assert_eq!(e, ProviderError::UnknownEni("eni-doesnotexist".into()));
-    b.detach_and_delete(&left.network_interface_id)
-        .await
-        .unwrap();
-    assert!(env.tagged_ids().await.is_empty());
+    delete_and_check_none_left(&env, &b, &left.network_interface_id).await;
 }
 
 #[tokio::test]
@@ -287,10 +298,9 @@ async fn missing_permission_names_the_action() {
 
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried_then_bounded() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig().await else {
         return;
     };
-    let b = backend(&env, &env.config()).await;
     let left = env.create_tagged_eni().await;
 
     // A burst shorter than the attempt budget (4): invisible to the caller.
@@ -326,18 +336,14 @@ async fn throttling_and_server_errors_are_retried_then_bounded() {
     let eni = b.create_and_attach().await.unwrap();
     assert_eq!(env.proxy.calls("CreateNetworkInterface") - created, 2);
     b.detach_and_delete(&eni.id).await.unwrap();
-    b.detach_and_delete(&left.network_interface_id)
-        .await
-        .unwrap();
-    assert!(env.tagged_ids().await.is_empty());
+    delete_and_check_none_left(&env, &b, &left.network_interface_id).await;
 }
 
 #[tokio::test]
 async fn attachment_limit_exceeded_is_typed_and_leaks_nothing() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig().await else {
         return;
     };
-    let b = backend(&env, &env.config()).await;
     env.proxy
         .inject("AttachNetworkInterface", 1, 400, "AttachmentLimitExceeded");
     let e = b.create_and_attach().await.unwrap_err();
@@ -355,10 +361,9 @@ async fn attachment_limit_exceeded_is_typed_and_leaks_nothing() {
 
 #[tokio::test]
 async fn metadata_lag_is_waited_out_within_a_bound() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig().await else {
         return;
     };
-    let b = backend(&env, &env.config()).await;
     env.imds.hide_new_interfaces_for(5);
     let eni = b.create_and_attach().await.expect("waits for metadata");
     assert!(env.imds.hidden_hits() >= 5, "{}", env.imds.hidden_hits());

@@ -277,6 +277,16 @@ pub struct ApiClient {
     retry: RetryPolicy,
 }
 
+/// One API call as [`ApiClient::call`] sends it on every try: `op` names it
+/// in errors.
+struct Request<'a> {
+    op: &'a str,
+    method: Method,
+    path: &'a str,
+    params: &'a [(String, String)],
+    body: Option<String>,
+}
+
 impl fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiClient")
@@ -337,23 +347,30 @@ impl ApiClient {
         params: &[(String, String)],
         body: Option<String>,
     ) -> Result<String, ApiError> {
+        let request = Request {
+            op,
+            method,
+            path,
+            params,
+            body,
+        };
         retry(
             &self.retry.backoff(),
             self.retry.max_attempts,
             ApiError::is_transient,
-            |_| self.call_once(op, method.clone(), path, params, body.clone()),
+            |_| self.call_once(&request),
         )
         .await
     }
 
-    async fn call_once(
-        &self,
-        op: &str,
-        method: Method,
-        path: &str,
-        params: &[(String, String)],
-        body: Option<String>,
-    ) -> Result<String, ApiError> {
+    async fn call_once(&self, request: &Request<'_>) -> Result<String, ApiError> {
+        let &Request {
+            op,
+            ref method,
+            path,
+            params,
+            ref body,
+        } = request;
         // Signed afresh on every try: a retry after a long backoff must not
         // carry a stale date.
         let date = auth::format_timestamp(SystemTime::now());
@@ -393,7 +410,7 @@ impl ApiClient {
         }
         let mut req = self
             .http
-            .request(method, &url)
+            .request(method.clone(), &url)
             .header(reqwest::header::HOST, &self.host)
             .header(auth::BCE_DATE, &date)
             .header(reqwest::header::AUTHORIZATION, authorization);
@@ -403,7 +420,7 @@ impl ApiClient {
                     reqwest::header::CONTENT_TYPE,
                     "application/json;charset=UTF-8",
                 )
-                .body(b);
+                .body(b.clone());
         }
         let transport = |source| ApiError::Transport {
             op: op.to_string(),

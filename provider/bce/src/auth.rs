@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 /// Everything but RFC 3986's unreserved characters gets `%XX` (uppercase hex).
@@ -33,18 +34,39 @@ const BCE_ENCODE_PATH: &AsciiSet = &BCE_ENCODE.remove(b'/');
 pub const BCE_DATE: &str = "x-bce-date";
 
 /// An access key pair. `Debug` never prints the secret.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credentials {
     pub access_key_id: String,
-    pub secret_access_key: String,
+    pub secret_access_key: Secret,
 }
 
-impl fmt::Debug for Credentials {
+/// A secret key: (de)serialized as the plain string, shown by `Debug` as
+/// `"<redacted>"`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_string())
+    }
+}
+
+impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &"<redacted>")
-            .finish()
+        fmt::Debug::fmt("<redacted>", f)
     }
 }
 
@@ -146,7 +168,10 @@ pub fn auth_string_prefix(creds: &Credentials, timestamp: &str, expiration_secs:
 }
 
 pub fn signing_key(creds: &Credentials, prefix: &str) -> String {
-    hmac_sha256_hex(creds.secret_access_key.as_bytes(), prefix.as_bytes())
+    hmac_sha256_hex(
+        creds.secret_access_key.expose().as_bytes(),
+        prefix.as_bytes(),
+    )
 }
 
 pub fn signature(signing_key: &str, canonical_request: &str) -> String {
@@ -260,7 +285,7 @@ mod tests {
     fn creds(sk: &str) -> Credentials {
         Credentials {
             access_key_id: "a".repeat(32),
-            secret_access_key: sk.to_string(),
+            secret_access_key: sk.into(),
         }
     }
 

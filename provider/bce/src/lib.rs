@@ -14,7 +14,6 @@ pub mod auth;
 pub mod backend;
 pub mod metadata;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,82 +23,54 @@ use enim_provider_pool::{PoolConfig, WarmPool};
 use serde::{Deserialize, Serialize};
 
 pub use api::RetryPolicy;
-pub use auth::Credentials;
+pub use auth::{Credentials, Secret};
 pub use backend::{BackendSettings, BceBackend};
 
 pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
 pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";
 
 /// `[provider]` with `type = "bce"`. Everything but the credentials has a
-/// default or is discovered from instance metadata.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// default (what is left out takes its value from [`BceConfig::default`]) or
+/// is discovered from instance metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BceConfig {
     /// BCE region (`bj`, `gz`, `su`, ...); default: metadata `region`.
-    #[serde(default)]
     pub region: Option<String>,
     /// ENI OpenAPI endpoint; default `https://bcc.<region>.baidubce.com`.
-    #[serde(default)]
     pub endpoint: Option<String>,
     /// Instance metadata base URL; default
     /// `http://169.254.169.254/1.0/meta-data/`.
-    #[serde(default)]
     pub metadata_endpoint: Option<String>,
     /// VPC to list ENIs in; default: metadata `vpc-id`.
-    #[serde(default)]
     pub vpc_id: Option<String>,
     /// Subnet new ENIs are created in; default: metadata `subnet-id`.
-    #[serde(default)]
     pub subnet_id: Option<String>,
     /// Security groups of new ENIs.
-    #[serde(default)]
     pub security_group_ids: Vec<String>,
     /// Access key; default: env `BCE_ACCESS_KEY_ID`.
-    #[serde(default)]
     pub access_key_id: Option<String>,
-    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`.
-    #[serde(default)]
-    pub secret_access_key: Option<String>,
+    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
+    /// prints it.
+    pub secret_access_key: Option<Secret>,
     /// Longest pause between two ENI status or metadata polls (each drawn
     /// from its upper half, so nodes do not poll in lockstep).
-    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// Bound on one attach, detach or wait for metadata.
-    #[serde(default = "default_operation_timeout", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub operation_timeout: Duration,
     /// Tries per API call on throttling, 5xx and transport errors.
-    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// First backoff step of those retries (doubling, jittered).
-    #[serde(default = "default_retry_base", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub retry_base: Duration,
     /// Largest backoff step.
-    #[serde(default = "default_retry_cap", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub retry_cap: Duration,
     /// `maxKeys` of ENI list calls.
-    #[serde(default = "default_page_size")]
     pub list_page_size: u32,
-    #[serde(default)]
     pub pool: PoolConfig,
-}
-
-fn default_poll_interval() -> Duration {
-    Duration::from_secs(2)
-}
-fn default_operation_timeout() -> Duration {
-    Duration::from_secs(120)
-}
-fn default_max_attempts() -> u32 {
-    5
-}
-fn default_retry_base() -> Duration {
-    Duration::from_millis(500)
-}
-fn default_retry_cap() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_page_size() -> u32 {
-    100
 }
 
 impl Default for BceConfig {
@@ -113,39 +84,14 @@ impl Default for BceConfig {
             security_group_ids: Vec::new(),
             access_key_id: None,
             secret_access_key: None,
-            poll_interval: default_poll_interval(),
-            operation_timeout: default_operation_timeout(),
-            max_attempts: default_max_attempts(),
-            retry_base: default_retry_base(),
-            retry_cap: default_retry_cap(),
-            list_page_size: default_page_size(),
+            poll_interval: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(120),
+            max_attempts: 5,
+            retry_base: Duration::from_millis(500),
+            retry_cap: Duration::from_secs(10),
+            list_page_size: 100,
             pool: PoolConfig::default(),
         }
-    }
-}
-
-impl fmt::Debug for BceConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BceConfig")
-            .field("region", &self.region)
-            .field("endpoint", &self.endpoint)
-            .field("metadata_endpoint", &self.metadata_endpoint)
-            .field("vpc_id", &self.vpc_id)
-            .field("subnet_id", &self.subnet_id)
-            .field("security_group_ids", &self.security_group_ids)
-            .field("access_key_id", &self.access_key_id)
-            .field(
-                "secret_access_key",
-                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("poll_interval", &self.poll_interval)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("max_attempts", &self.max_attempts)
-            .field("retry_base", &self.retry_base)
-            .field("retry_cap", &self.retry_cap)
-            .field("list_page_size", &self.list_page_size)
-            .field("pool", &self.pool)
-            .finish()
     }
 }
 
@@ -172,19 +118,22 @@ impl BceConfig {
 
     /// Credentials from the config, else from the environment.
     pub fn credentials(&self) -> Result<Credentials, ProviderError> {
-        let pick = |configured: &Option<String>, env: &str| {
+        let pick = |configured: Option<&str>, env: &str| {
             configured
-                .clone()
                 .filter(|s| !s.is_empty())
+                .map(str::to_string)
                 .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
         };
         match (
-            pick(&self.access_key_id, ENV_ACCESS_KEY_ID),
-            pick(&self.secret_access_key, ENV_SECRET_ACCESS_KEY),
+            pick(self.access_key_id.as_deref(), ENV_ACCESS_KEY_ID),
+            pick(
+                self.secret_access_key.as_ref().map(Secret::expose),
+                ENV_SECRET_ACCESS_KEY,
+            ),
         ) {
             (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
                 access_key_id,
-                secret_access_key,
+                secret_access_key: secret_access_key.into(),
             }),
             _ => Err(ProviderError::Config(format!(
                 "bce: no credentials: set access_key_id and secret_access_key, or \

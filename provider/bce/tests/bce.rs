@@ -59,6 +59,20 @@ async fn wait_for(pool: &WarmPool, what: &str, pred: impl Fn(&PoolStats) -> bool
     }
 }
 
+/// An API client of `cloud` with the right keys that tries each call once.
+fn api_client(cloud: &FakeCloud) -> ApiClient {
+    let creds = Credentials {
+        access_key_id: AK.into(),
+        secret_access_key: SK.into(),
+    };
+    let retry = RetryPolicy {
+        max_attempts: 1,
+        base: Duration::from_millis(1),
+        cap: Duration::from_millis(1),
+    };
+    ApiClient::new(&cloud.api_url, creds, retry).unwrap()
+}
+
 #[tokio::test]
 async fn discovery_lists_secondaries_from_metadata_and_the_api() {
     let cloud = FakeCloud::start().await;
@@ -123,16 +137,7 @@ async fn listing_follows_every_page() {
             .map(|n| w.add_eni(&format!("e{n}"), VPC, None))
             .collect()
     };
-    let creds = Credentials {
-        access_key_id: AK.into(),
-        secret_access_key: SK.into(),
-    };
-    let retry = RetryPolicy {
-        max_attempts: 1,
-        base: Duration::from_millis(1),
-        cap: Duration::from_millis(1),
-    };
-    let api = ApiClient::new(&cloud.api_url, creds, retry).unwrap();
+    let api = api_client(&cloud);
     let listed = api.list_enis(VPC, None, 2).await.unwrap();
     assert_eq!(
         listed.iter().map(|e| e.eni_id.clone()).collect::<Vec<_>>(),
@@ -311,16 +316,7 @@ async fn a_repeated_create_after_a_lost_answer_makes_one_eni() {
     // The first create is served but its answer "lost" (a 503 injected after
     // it would not model that), so replay the same clientToken by hand.
     let cloud = FakeCloud::start().await;
-    let creds = Credentials {
-        access_key_id: AK.into(),
-        secret_access_key: SK.into(),
-    };
-    let retry = RetryPolicy {
-        max_attempts: 1,
-        base: Duration::from_millis(1),
-        cap: Duration::from_millis(1),
-    };
-    let api = ApiClient::new(&cloud.api_url, creds, retry).unwrap();
+    let api = api_client(&cloud);
     let req = enim_provider_bce::api::CreateEni {
         name: "enim-x",
         subnet_id: SUBNET,

@@ -35,7 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use enim_provider::cloud::CloudBackend;
 use enim_provider::retry::{Backoff, Jitter};
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use enim_provider::{check_at_least, Eni, EniOwner, EniProvider, ProviderError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -87,24 +87,18 @@ impl PoolConfig {
     }
 
     pub fn validate(&self) -> Result<(), ProviderError> {
-        let bad = |why: String| Err(ProviderError::Config(format!("warm pool: {why}")));
-        if self.max_free < self.min_free {
-            return bad(format!(
-                "max_free ({}) must be >= min_free ({})",
-                self.max_free, self.min_free
-            ));
-        }
+        let bad = |why: String| ProviderError::Config(format!("warm pool: {why}"));
+        check_at_least(("max_free", self.max_free), ("min_free", self.min_free)).map_err(bad)?;
         if self.initial_retry.is_zero() {
-            return bad("initial_retry must be above zero".into());
+            return Err(bad("initial_retry must be above zero".into()));
         }
-        if self.max_backoff < self.initial_retry {
-            return bad(format!(
-                "max_backoff ({:?}) must be >= initial_retry ({:?})",
-                self.max_backoff, self.initial_retry
-            ));
-        }
+        check_at_least(
+            ("max_backoff", self.max_backoff),
+            ("initial_retry", self.initial_retry),
+        )
+        .map_err(bad)?;
         if self.resync_interval.is_zero() {
-            return bad("resync_interval must be above zero".into());
+            return Err(bad("resync_interval must be above zero".into()));
         }
         Ok(())
     }

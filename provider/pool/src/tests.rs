@@ -2,6 +2,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_provider::testing::{allocate_concurrently, owner};
 use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 use tokio::time::Instant;
 
@@ -9,15 +10,6 @@ use super::*;
 
 mod fake;
 use fake::{FakeCloud, WAIT_LIMIT};
-
-fn owner(c: &str) -> EniOwner {
-    EniOwner {
-        network: "net".into(),
-        container_id: c.into(),
-        ifname: "eth0".into(),
-        pod: Default::default(),
-    }
-}
 
 fn config(min_free: usize, max_free: usize) -> PoolConfig {
     PoolConfig {
@@ -29,6 +21,16 @@ fn config(min_free: usize, max_free: usize) -> PoolConfig {
 
 async fn start(cloud: &Arc<FakeCloud>, config: PoolConfig) -> Arc<WarmPool> {
     WarmPool::start(cloud.clone(), config).await.unwrap()
+}
+
+/// A cloud that takes `limit` ENIs and a pool started on it, once the
+/// pool's first fill has reached `min_free`.
+async fn filled(limit: usize, config: PoolConfig) -> (Arc<FakeCloud>, Arc<WarmPool>) {
+    let cloud = FakeCloud::new(limit);
+    let min_free = config.min_free;
+    let pool = start(&cloud, config).await;
+    wait_stats(&pool, |s| s.available == min_free).await;
+    (cloud, pool)
 }
 
 async fn wait_stats(pool: &WarmPool, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
@@ -163,9 +165,7 @@ async fn fills_to_min_free() {
 
 #[tokio::test]
 async fn allocate_is_idempotent_and_release_frees() {
-    let cloud = FakeCloud::new(8);
-    let pool = start(&cloud, config(2, 3)).await;
-    wait_stats(&pool, |s| s.available == 2).await;
+    let (_cloud, pool) = filled(8, config(2, 3)).await;
     let a = pool.allocate_next(&owner("a")).await.unwrap();
     let mut same = owner("a");
     same.pod.name = "other metadata".into();
@@ -415,25 +415,9 @@ async fn concurrent_allocations_never_share() {
         cloud.add(true, true);
     }
     let pool = start(&cloud, config(0, 8)).await;
-    let barrier = Arc::new(tokio::sync::Barrier::new(32));
-    let mut tasks = Vec::new();
-    for i in 0..32 {
-        let (pool, barrier) = (pool.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            pool.allocate_next(&owner(&format!("c{i}"))).await
-        }));
-    }
-    let mut ids = HashSet::new();
-    let mut exhausted = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok(e) => assert!(ids.insert(e.id), "ENI handed out twice"),
-            Err(ProviderError::Exhausted { total: 8 }) => exhausted += 1,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    assert_eq!((ids.len(), exhausted), (8, 24));
+    let (ids, exhausted) = allocate_concurrently(&pool, 32).await;
+    assert_eq!((ids.len(), exhausted.len()), (8, 24));
+    assert!(exhausted.iter().all(|&total| total == 8), "{exhausted:?}");
     let owners: HashSet<_> = pool
         .list()
         .await
@@ -447,9 +431,7 @@ async fn concurrent_allocations_never_share() {
 
 #[tokio::test]
 async fn restart_finds_attached_and_deletes_unattached_tagged() {
-    let cloud = FakeCloud::new(16);
-    let pool = start(&cloud, config(2, 3)).await;
-    wait_stats(&pool, |s| s.available == 2).await;
+    let (cloud, pool) = filled(16, config(2, 3)).await;
     let a = pool.allocate_next(&owner("a")).await.unwrap();
     wait_stats(&pool, |s| s.available == 2).await;
     pool.shutdown().await;
@@ -522,9 +504,7 @@ async fn restore_skips_unknown_and_rejects_conflicts_atomically() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_the_loop() {
-    let cloud = FakeCloud::new(16);
-    let pool = start(&cloud, config(1, 3)).await;
-    wait_stats(&pool, |s| s.available == 1).await;
+    let (cloud, pool) = filled(16, config(1, 3)).await;
     pool.shutdown().await;
     pool.shutdown().await; // idempotent
     pool.allocate_next(&owner("a")).await.unwrap();
@@ -538,9 +518,7 @@ async fn shutdown_stops_the_loop() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_pool_stops_the_loop() {
-    let cloud = FakeCloud::new(16);
-    let pool = start(&cloud, config(1, 3)).await;
-    wait_stats(&pool, |s| s.available == 1).await;
+    let (cloud, pool) = filled(16, config(1, 3)).await;
     drop(pool);
     tokio::time::sleep(Duration::from_secs(3600)).await;
     // The loop's task held the backend; it is gone once the loop ended.

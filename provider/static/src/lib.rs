@@ -333,6 +333,7 @@ impl EniProvider for StaticProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use enim_provider::testing::{allocate_concurrently, owner};
     use std::sync::Arc;
 
     fn eni(i: u8) -> StaticEniConfig {
@@ -347,15 +348,6 @@ mod tests {
             device_index: None,
             secondary_ipv4: vec![],
             secondary_ipv6: vec![],
-        }
-    }
-
-    fn owner(c: &str) -> EniOwner {
-        EniOwner {
-            network: "net".into(),
-            container_id: c.into(),
-            ifname: "eth0".into(),
-            pod: Default::default(),
         }
     }
 
@@ -381,23 +373,8 @@ mod tests {
     #[tokio::test]
     async fn concurrent_allocations_never_share() {
         let p = Arc::new(StaticProvider::new((1..=16).map(eni).collect()).unwrap());
-        let mut tasks = Vec::new();
-        for i in 0..32 {
-            let p = p.clone();
-            tasks.push(tokio::spawn(async move {
-                p.allocate_next(&owner(&format!("c{i}"))).await
-            }));
-        }
-        let mut ids = HashSet::new();
-        let mut exhausted = 0;
-        for t in tasks {
-            match t.await.unwrap() {
-                Ok(e) => assert!(ids.insert(e.id), "ENI handed out twice"),
-                Err(ProviderError::Exhausted { .. }) => exhausted += 1,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert_eq!((ids.len(), exhausted), (16, 16));
+        let (ids, exhausted) = allocate_concurrently(&p, 32).await;
+        assert_eq!((ids.len(), exhausted.len()), (16, 16));
     }
 
     #[tokio::test]
