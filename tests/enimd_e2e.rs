@@ -379,3 +379,53 @@ fn excluded_enis_and_the_primary_interface_are_never_handed_out() {
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert_eq!(table.matches("excluded").count(), 2, "{table}");
 }
+
+/// One missing ENI device must not block every ADD: the ENI is quarantined
+/// and the next one taken; GC frees it when its device is back; a crash in
+/// between leaks nothing.
+#[test]
+fn a_missing_eni_is_quarantined_and_freed_when_it_is_back() {
+    require_kernel!();
+    let (sb, pod, _dir, mut agent) = agent_rig(3, "");
+    let conf = agent.net_conf("1.1.0");
+    let state = |agent: &Agent, id: &str| -> String {
+        agent.ctl(&["enis"])["enis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .map(|e| e["state"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    // The first free ENI's device goes away (its veth, with its peer).
+    sb.host.ip(&["link", "del", "eni0"]);
+    let other = NamedNetns::new("pod");
+    let r1 = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let r2 = enim("ADD", "c2", Some(&other.path()), "eth0", &conf).ok();
+    let macs = [&r1, &r2].map(|r| r["interfaces"][0]["mac"].as_str().unwrap().to_string());
+    assert!(!macs.contains(&sb.enis[0].mac.to_string()), "{macs:?}");
+    assert_eq!(state(&agent, "eni-0000"), "missing");
+    // A third ADD finds the node full, not broken.
+    let third = NamedNetns::new("pod");
+    enim("ADD", "c3", Some(&third.path()), "eth0", &conf).err(11);
+    // A crash while it is missing: the restart finds it missing again.
+    agent.kill9();
+    agent.restart();
+    assert_eq!(state(&agent, "eni-0000"), "missing");
+    // Back: GC frees it, and the waiting pod gets it.
+    sb.plug_eni(0);
+    let report = agent.ctl(&["gc"]);
+    assert_eq!(
+        report["back_in_service"],
+        serde_json::json!(["eni-0000"]),
+        "{report}"
+    );
+    assert_eq!(state(&agent, "eni-0000"), "free");
+    let r3 = enim("ADD", "c3", Some(&third.path()), "eth0", &conf).ok();
+    assert_eq!(r3["interfaces"][0]["mac"], sb.enis[0].mac.to_string());
+    for (cid, ns) in [("c1", &pod), ("c2", &other), ("c3", &third)] {
+        enim("DEL", cid, Some(&ns.path()), "eth0", &conf).ok();
+    }
+    sb.assert_all_home();
+    assert_eq!(agent.attachments(), Vec::<serde_json::Value>::new());
+}

@@ -264,6 +264,46 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
     assert!(provider.list().await.unwrap()[0].owner.is_none());
 }
 
+/// The bad-input run that found it: ADD for (network, c1, eth0) into p1,
+/// then the same key into p2 whose eth0 is taken. The second ADD must fail
+/// without touching the live pod p1; once p1 is gone, it proceeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_add_leaves_the_live_pod_alone() {
+    require_kernel!();
+    let (sb, p1, _dir, mgr, _provider) = primary_rig(2).await;
+    let o = owner("c1", "eth0");
+    mgr.add(&o, &p1.path()).await.unwrap();
+    let before = (p1.link("eth0"), p1.addrs("eth0"), mgr.attachments().await);
+    let p2 = NamedNetns::new("pod");
+    p2.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ]);
+    let err = mgr.add(&o, &p2.path()).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::AttachmentConflict { .. }),
+        "{err}"
+    );
+    let after = (p1.link("eth0"), p1.addrs("eth0"), mgr.attachments().await);
+    assert_eq!(
+        after, before,
+        "the live pod's interface, addresses or record changed"
+    );
+    mgr.check(&o, &p1.path(), MtuExpectation::Recorded)
+        .await
+        .expect("the live pod still checks out");
+    // p1 goes (its veth ENI dies with it); p2's own eth0 goes too: now the
+    // ADD proceeds, and gets the other ENI.
+    drop(p1);
+    p2.ip(&["link", "del", "eth0"]);
+    let r = mgr.add(&o, &p2.path()).await.unwrap();
+    assert_eq!(r.eni_id, "eni-0001");
+    assert_eq!(
+        p2.link("eth0").unwrap()["address"],
+        sb.enis[1].mac.to_string()
+    );
+    assert_eq!(mgr.attachments().await.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_succeeds_after_netns_is_gone() {
     require_kernel!();

@@ -50,6 +50,8 @@ pub mod code {
     pub const FORBIDDEN: u32 = 104;
     /// The provider refused for a permanent reason.
     pub const PROVIDER: u32 = 105;
+    /// ADD for a key whose attachment is ready in another, live netns.
+    pub const ATTACHMENT_CONFLICT: u32 = 106;
     /// Anything else inside the agent.
     pub const INTERNAL: u32 = 199;
 }
@@ -144,6 +146,9 @@ pub struct GcReport {
     pub records_dropped: Vec<String>,
     /// Free ENIs whose host name or MTU was put right.
     pub normalised: Vec<String>,
+    /// Quarantined ENIs whose device is back in the host: free again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub back_in_service: Vec<String>,
     /// Secondary mode: kernel objects of enim's shape that no attachment
     /// explained (veths, rules, route tables, proxy entries), removed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -212,6 +217,9 @@ pub enum EniState {
     Free,
     InUse,
     Excluded,
+    /// Quarantined: its device is not in the host; GC frees it when it is
+    /// back.
+    Missing,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -126,28 +126,29 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
             if args.json {
                 return Ok(pretty(&list));
             }
-            let rows = list
-                .enis
-                .into_iter()
-                .map(|s| {
-                    let state = serde_json::to_value(s.state)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default();
-                    vec![
-                        s.eni.id,
-                        s.eni.mac.to_string(),
-                        s.eni.ipv4.to_string(),
-                        s.eni.ipv6.map_or("-".into(), |v| v.to_string()),
-                        state,
-                        match (&s.state, s.eni.owner) {
-                            (api::EniState::Excluded, _) | (_, None) => "-".into(),
-                            (_, Some(o)) => o.to_string(),
-                        },
-                        s.host_device.unwrap_or_else(|| "-".into()),
-                    ]
-                })
-                .collect();
+            let rows =
+                list.enis
+                    .into_iter()
+                    .map(|s| {
+                        let state = serde_json::to_value(s.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default();
+                        vec![
+                            s.eni.id,
+                            s.eni.mac.to_string(),
+                            s.eni.ipv4.to_string(),
+                            s.eni.ipv6.map_or("-".into(), |v| v.to_string()),
+                            state,
+                            match (&s.state, s.eni.owner) {
+                                (api::EniState::Excluded | api::EniState::Missing, _)
+                                | (_, None) => "-".into(),
+                                (_, Some(o)) => o.to_string(),
+                            },
+                            s.host_device.unwrap_or_else(|| "-".into()),
+                        ]
+                    })
+                    .collect();
             Ok(table(
                 &[
                     "ENI",
@@ -192,6 +193,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
                     "RECORDS DROPPED",
                     "ORPHANS RELEASED",
                     "NORMALISED",
+                    "BACK IN SERVICE",
                     "SWEPT",
                     "TOO YOUNG",
                     "ERRORS",
@@ -201,6 +203,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
                     list(&report.records_dropped),
                     list(&report.orphans_released),
                     list(&report.normalised),
+                    list(&report.back_in_service),
                     list(&report.swept),
                     report.too_young.to_string(),
                     list(

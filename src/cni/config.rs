@@ -267,7 +267,10 @@ mod tests {
                 "cni.dev/attachments":[{"containerID":"b","ifname":"eth0"},{"containerID":"c","ifname":"eth0"}]}"#,
         )
         .unwrap();
-        assert_eq!(both.valid_attachments.unwrap(), vec![va("a"), va("b"), va("c")]);
+        assert_eq!(
+            both.valid_attachments.unwrap(),
+            vec![va("a"), va("b"), va("c")]
+        );
         // An empty list under either name is a list: everything is omitted.
         let empty = parse(r#"{"cniVersion":"1.1.0","name":"n","cni.dev/attachments":[]}"#).unwrap();
         assert_eq!(empty.valid_attachments, Some(vec![]));

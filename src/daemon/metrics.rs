@@ -169,16 +169,18 @@ impl Metrics {
     /// Refreshes the gauges from the engine, then encodes everything.
     pub async fn render<D: Driver>(&self, engine: &Engine<D>) -> Result<String, std::fmt::Error> {
         if let Ok(enis) = engine.enis().await {
-            let mut counts = [0i64; 3];
+            let mut counts = [0i64; 4];
             for e in &enis {
                 let i = match e.state {
                     EniState::Free => 0,
                     EniState::InUse => 1,
                     EniState::Excluded => 2,
+                    EniState::Missing => 3,
                 };
                 counts[i] += 1;
             }
-            for (state, n) in ["free", "in_use", "excluded"].iter().zip(counts) {
+            let states = ["free", "in_use", "excluded", "missing"];
+            for (state, n) in states.iter().zip(counts) {
                 self.enis
                     .get_or_create(&StateLabel {
                         state: state.to_string(),

@@ -81,6 +81,7 @@ fn classify(e: &EngineError) -> (StatusCode, u32) {
         EngineError::Checkpoint(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::IO_FAILURE),
         EngineError::RollbackFailed { original, .. } => classify(original),
         EngineError::UnknownAttachment(_) => (StatusCode::NOT_FOUND, code::UNKNOWN_CONTAINER),
+        EngineError::AttachmentConflict { .. } => (StatusCode::CONFLICT, code::ATTACHMENT_CONFLICT),
         EngineError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
         EngineError::NoFreeAddress(_) => (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER),
         EngineError::AddressStore(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL),

@@ -473,6 +473,35 @@ pub(crate) async fn a_full_node_is_transient_and_check_reports_drift<H: Harness>
     assert!(matches!(err, EngineError::CheckFailed { .. }), "{err}");
 }
 
+pub(crate) async fn a_conflicting_add_is_refused_and_harms_nothing<H: Harness>() {
+    let h = H::new(2).await;
+    let e = h.engine();
+    let first = e.add(&owner("c1"), &pod()).await.unwrap();
+    let objects = h.pod_objects();
+    let p2 = PathBuf::from("/run/netns/p2");
+    h.add_netns(&p2);
+    // The same key into another netns while the first pod lives.
+    let err = e.add(&owner("c1"), &p2).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::AttachmentConflict { .. }),
+        "{err}"
+    );
+    assert_eq!(h.pod_objects(), objects, "the live pod was touched");
+    e.check(&owner("c1"), &pod(), MtuExpectation::Recorded)
+        .await
+        .expect("the live attachment is as it was");
+    assert_eq!(e.attachments().await[0].netns, pod());
+    // A retried ADD into the same netns stays idempotent.
+    assert_eq!(e.add(&owner("c1"), &pod()).await.unwrap(), first);
+    // Once the first pod's netns is gone, the ADD proceeds.
+    h.kill_netns(&pod());
+    e.add(&owner("c1"), &p2).await.unwrap();
+    e.check(&owner("c1"), &p2, MtuExpectation::Recorded)
+        .await
+        .unwrap();
+    assert_eq!(e.attachments().await.len(), 1);
+}
+
 pub(crate) async fn bad_requests_are_refused_before_anything_is_taken<H: Harness>() {
     let h = H::new(1).await;
     let e = h.engine();
@@ -528,6 +557,7 @@ macro_rules! conformance_suite {
             gc_never_collects_an_attachment_mid_add,
             unclaimed_attachments_expire_unless_claimed,
             a_full_node_is_transient_and_check_reports_drift,
+            a_conflicting_add_is_refused_and_harms_nothing,
             bad_requests_are_refused_before_anything_is_taken,
         );
     };

@@ -68,6 +68,12 @@ pub enum EngineError {
     },
     #[error("no attachment {0}")]
     UnknownAttachment(AttachmentKey),
+    #[error("attachment {key} is ready in {held_in}, whose pod is alive; an ADD into {asked_in} needs a DEL first")]
+    AttachmentConflict {
+        key: AttachmentKey,
+        held_in: PathBuf,
+        asked_in: PathBuf,
+    },
     #[error("attachment {key} does not match the kernel: {why}")]
     CheckFailed { key: AttachmentKey, why: String },
     /// Secondary mode: every address is held or cooling down.
@@ -170,8 +176,11 @@ impl<D: Driver> Engine<D> {
                 self.checkpoint.set_expiry(&key, None).await?;
                 return Ok(existing.result());
             }
-            // An interrupted attempt, or the same attachment aimed at another
-            // netns: undo the old one fully before starting over.
+            if existing.phase == Phase::Ready {
+                self.refuse_if_alive(&existing, netns).await?;
+            }
+            // An interrupted attempt, or a ready one whose pod is gone:
+            // undo the old one fully before starting over.
             tracing::info!(%key, phase = ?existing.phase, "undoing previous attempt before ADD");
             self.teardown_one(existing).await?;
         }
@@ -199,6 +208,21 @@ impl<D: Driver> Engine<D> {
         crash_point("add:after-outcome");
         tracing::info!(%key, eni = %record.eni_id, ips = ?record.ips(), pod = %owner.pod, "attached");
         Ok(record.result())
+    }
+
+    /// A second ADD for a key whose attachment is ready in another netns
+    /// (the spec forbids it without a DEL first): refused while that netns
+    /// lives, so a confused runtime can never take a live pod's network. A
+    /// netns that cannot be checked counts as alive.
+    async fn refuse_if_alive(&self, existing: &Record, netns: &Path) -> Result<(), EngineError> {
+        match self.driver.check_netns(&existing.netns).await {
+            Err(e) if e.is_netns_gone() => Ok(()),
+            _ => Err(EngineError::AttachmentConflict {
+                key: existing.key.clone(),
+                held_in: existing.netns.clone(),
+                asked_in: netns.to_path_buf(),
+            }),
+        }
     }
 
     fn rolled_back(&self, original: EngineError, undo: Result<(), EngineError>) -> EngineError {

@@ -13,7 +13,7 @@ use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
 use crate::netlink::{HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
 use crate::store::checkpoint::{Checkpoint, HostHome};
-use crate::support::exclusion::{excluded_owner, Exclusions};
+use crate::support::exclusion::{excluded_owner, Exclusions, Reservation};
 use crate::support::fault::crash_point;
 
 pub struct PrimaryDriver {
@@ -166,26 +166,47 @@ impl Driver for PrimaryDriver {
         if !reserved.is_empty() {
             tracing::info!(?reserved, ?primary, "excluded ENIs reserved");
         }
+        // Quarantines live in the provider's memory: found again here.
+        let in_host = self
+            .plumbing
+            .host_links()
+            .await
+            .map_err(EngineError::plumbing("list host devices"))?
+            .into_iter()
+            .map(|l| l.mac)
+            .collect();
+        self.quarantine_missing(&self.provider.list().await?, &in_host)
+            .await?;
         Ok(())
     }
 
+    /// A free ENI whose device is missing from the host is released,
+    /// quarantined and skipped: the next free ENI is tried in the same ADD
+    /// (each quarantine holds one more ENI, so this ends, at worst in
+    /// "no free ENI").
     async fn allocate(
         &self,
         owner: &EniOwner,
         netns: &Path,
     ) -> Result<(Record, LinkInfo), EngineError> {
-        let eni = self.provider.allocate_next(owner).await?;
-        match self.find_and_learn(owner, netns, &eni).await {
-            Ok(found) => Ok(found),
-            Err(e) => {
-                if let Err(undo) = self.provider.release(owner).await {
-                    return Err(EngineError::RollbackFailed {
-                        original: Box::new(e),
-                        undo: Box::new(undo.into()),
-                    });
-                }
-                Err(e)
+        loop {
+            let eni = self.provider.allocate_next(owner).await?;
+            let err = match self.find_and_learn(owner, netns, &eni).await {
+                Ok(found) => return Ok(found),
+                Err(e) => e,
+            };
+            if let Err(undo) = self.provider.release(owner).await {
+                return Err(EngineError::RollbackFailed {
+                    original: Box::new(err),
+                    undo: Box::new(undo.into()),
+                });
             }
+            if !matches!(err, EngineError::DeviceMissing { .. }) {
+                return Err(err);
+            }
+            tracing::warn!(eni = %eni.id, mac = %eni.mac, "allocated ENI has no device in the host: quarantined; trying the next");
+            let quarantine = [(eni.id.clone(), Reservation::Missing.owner(&eni.id))];
+            self.provider.restore(&quarantine).await?;
         }
     }
 
@@ -340,6 +361,7 @@ impl Driver for PrimaryDriver {
 
     async fn gc_host(&self, records: &[Record], request: &GcRequest, report: &mut GcReport) {
         self.release_orphans(records, request, report).await;
+        self.return_found_enis(report).await;
         self.normalise_free_enis(records, report).await;
         // An excluded ENI whose last attachment just went is reserved again.
         let held: HashSet<String> = records.iter().map(|a| a.eni_id.clone()).collect();

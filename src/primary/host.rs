@@ -7,7 +7,8 @@ use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
 use crate::engine::EngineError;
 use crate::model::{AttachmentKey, Record};
 use crate::store::checkpoint::HostHome;
-use crate::support::exclusion::is_excluded_owner;
+use crate::support::exclusion::Reservation;
+use enim_provider::{Eni, EniOwner, MacAddr};
 
 use super::PrimaryDriver;
 
@@ -28,7 +29,7 @@ impl PrimaryDriver {
         let recorded: HashSet<&AttachmentKey> = records.iter().map(|r| &r.key).collect();
         for eni in enis {
             let Some(owner) = eni.owner else { continue };
-            if is_excluded_owner(&owner)
+            if Reservation::of(&owner).is_some()
                 || request
                     .network
                     .as_ref()
@@ -95,6 +96,54 @@ impl PrimaryDriver {
         }
     }
 
+    /// Quarantines every ENI in `enis` that is free but whose device is not
+    /// in the host (`in_host`: the MACs there), so no ADD allocates it.
+    pub(super) async fn quarantine_missing(
+        &self,
+        enis: &[Eni],
+        in_host: &HashSet<MacAddr>,
+    ) -> Result<Vec<String>, EngineError> {
+        let missing: Vec<(String, EniOwner)> = enis
+            .iter()
+            .filter(|e| e.owner.is_none() && !in_host.contains(&e.mac))
+            .map(|e| (e.id.clone(), Reservation::Missing.owner(&e.id)))
+            .collect();
+        if !missing.is_empty() {
+            self.provider.restore(&missing).await?;
+            tracing::warn!(enis = ?missing.iter().map(|(id, _)| id).collect::<Vec<_>>(), "ENI devices missing from the host: quarantined until they are back");
+        }
+        Ok(missing.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// GC: frees quarantined ENIs whose device is back (by MAC, under any
+    /// name: normalising then puts its host name right).
+    pub(super) async fn return_found_enis(&self, report: &mut GcReport) {
+        let (enis, links) = match (self.provider.list().await, self.plumbing.host_links().await) {
+            (Ok(e), Ok(l)) => (e, l),
+            (Err(e), _) => return report.error("node", GcStep::ProviderList, e),
+            (_, Err(e)) => return report.error("node", GcStep::HostLinks, e),
+        };
+        let in_host: HashSet<MacAddr> = links.iter().map(|l| l.mac).collect();
+        for eni in enis {
+            let Some(owner) = eni
+                .owner
+                .filter(|o| Reservation::of(o) == Some(Reservation::Missing))
+            else {
+                continue;
+            };
+            if !in_host.contains(&eni.mac) {
+                continue;
+            }
+            match self.provider.release(&owner).await {
+                Ok(()) => {
+                    tracing::info!(eni = %eni.id, mac = %eni.mac, "quarantined ENI's device is back: free again");
+                    report.back_in_service.push(eni.id);
+                }
+                Err(e) => report.error(&eni.id, GcStep::ReleaseOrphan, e),
+            }
+        }
+    }
+
     /// Every ENI the provider knows, its state and its host device.
     pub(super) async fn eni_statuses(&self) -> Result<Vec<EniStatus>, EngineError> {
         let listed = self.provider.list().await?;
@@ -103,9 +152,10 @@ impl PrimaryDriver {
         Ok(listed
             .into_iter()
             .map(|eni| EniStatus {
-                state: match &eni.owner {
-                    Some(o) if is_excluded_owner(o) => EniState::Excluded,
-                    Some(_) => EniState::InUse,
+                state: match eni.owner.as_ref().map(|o| (o, Reservation::of(o))) {
+                    Some((_, Some(Reservation::Excluded))) => EniState::Excluded,
+                    Some((_, Some(Reservation::Missing))) => EniState::Missing,
+                    Some((_, None)) => EniState::InUse,
                     None => EniState::Free,
                 },
                 host_device: by_mac.get(&eni.mac).cloned(),

@@ -354,3 +354,58 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
+    let mut h = PrimaryHarness::new(3).await;
+    // enimd's start-up GC learns the free ENIs' host homes.
+    h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    let gone = {
+        let mut w = h.fake.world.lock().unwrap();
+        let i = w.host.iter().position(|d| d.link.mac == mac(1)).unwrap();
+        w.host.remove(i)
+    };
+    let state = |enis: &[crate::api::EniStatus], id: &str| {
+        enis.iter().find(|e| e.eni.id == id).map(|e| e.state)
+    };
+    // The ADD that allocates it skips it, in the same ADD.
+    let r = h.engine.add(&owner("a"), Path::new(POD)).await.unwrap();
+    assert_eq!(r.eni_id, "eni-2");
+    let enis = h.engine.enis().await.unwrap();
+    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Missing));
+    // Held as missing, it is neither handed out nor an orphan.
+    let p2 = PathBuf::from("/run/netns/p2");
+    h.fake.add_netns(&p2);
+    assert_eq!(
+        h.engine.add(&owner("b"), &p2).await.unwrap().eni_id,
+        "eni-3"
+    );
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert!(
+        report.orphans_released.is_empty() && report.back_in_service.is_empty(),
+        "{report:?}"
+    );
+    // A restart while it is missing finds it missing again.
+    h.restart().await;
+    let enis = h.engine.enis().await.unwrap();
+    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Missing));
+    // Back under another name: GC frees it and puts its name right.
+    let mut back = gone;
+    back.link.name = "dev5".into();
+    h.fake.world.lock().unwrap().host.push(back);
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.back_in_service, ["eni-1"], "{report:?}");
+    assert_eq!(report.normalised, ["eni-1"], "{report:?}");
+    assert!(h
+        .fake
+        .host_dev(mac(1))
+        .is_some_and(|d| d.link.name == "eni1"));
+    let enis = h.engine.enis().await.unwrap();
+    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Free));
+    let p3 = PathBuf::from("/run/netns/p3");
+    h.fake.add_netns(&p3);
+    assert_eq!(
+        h.engine.add(&owner("c"), &p3).await.unwrap().eni_id,
+        "eni-1"
+    );
+}

@@ -1,5 +1,6 @@
 //! Exclusions (cilium's and CCE's IPAM blacklist): ENIs and addresses that are never
-//! handed to a pod. The node's primary interface is always among them.
+//! handed to a pod. The node's primary interface is always among them. And
+//! the reservations that keep excluded and quarantined ENIs from pods.
 //!
 //! An excluded ENI is reserved in the provider under a reserved owner, so no
 //! provider, static or cloud, can hand it out, and listings show it as such.
@@ -66,19 +67,56 @@ impl Exclusions {
     }
 }
 
-/// The reserved owner that holds excluded ENI `eni_id` (one per ENI, so
-/// each reservation is its own attachment key).
-pub fn excluded_owner(eni_id: &str) -> EniOwner {
-    EniOwner {
-        network: EXCLUDED_NETWORK.into(),
-        container_id: "excluded".into(),
-        ifname: eni_id.into(),
-        pod: PodRef::default(),
+/// Why an ENI is held by enim itself rather than by a pod. A reservation is
+/// an assignment in the provider under a reserved owner (one per ENI, so
+/// each is its own attachment key): no provider, static or cloud, hands a
+/// reserved ENI out, and listings show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// Excluded by config, or the node's primary interface.
+    Excluded,
+    /// Quarantined: its device is not in the host (detached outside enim,
+    /// a failed NIC, a veth whose peer died). GC frees it when the device
+    /// is back.
+    Missing,
+}
+
+/// The network name of the reserved owner of quarantined ENIs.
+pub const MISSING_NETWORK: &str = "enim.io/missing";
+
+impl Reservation {
+    fn network(self) -> &'static str {
+        match self {
+            Reservation::Excluded => EXCLUDED_NETWORK,
+            Reservation::Missing => MISSING_NETWORK,
+        }
+    }
+
+    /// The reserved owner that holds `eni_id` for this reason.
+    pub fn owner(self, eni_id: &str) -> EniOwner {
+        EniOwner {
+            network: self.network().into(),
+            container_id: self.network().trim_start_matches("enim.io/").into(),
+            ifname: eni_id.into(),
+            pod: PodRef::default(),
+        }
+    }
+
+    /// Why `owner` holds its ENI, if it is a reservation.
+    pub fn of(owner: &EniOwner) -> Option<Reservation> {
+        [Reservation::Excluded, Reservation::Missing]
+            .into_iter()
+            .find(|r| owner.network == r.network())
     }
 }
 
+/// The reserved owner that holds excluded ENI `eni_id`.
+pub fn excluded_owner(eni_id: &str) -> EniOwner {
+    Reservation::Excluded.owner(eni_id)
+}
+
 pub fn is_excluded_owner(owner: &EniOwner) -> bool {
-    owner.network == EXCLUDED_NETWORK
+    Reservation::of(owner) == Some(Reservation::Excluded)
 }
 
 #[cfg(test)]
@@ -116,5 +154,12 @@ mod tests {
         });
         assert!(by_v6.is_excluded(&eni("eni-e", 5, "10.0.0.5/24")));
         assert!(is_excluded_owner(&excluded_owner("eni-a")));
+        let missing = Reservation::Missing.owner("eni-a");
+        assert_eq!(Reservation::of(&missing), Some(Reservation::Missing));
+        assert!(!is_excluded_owner(&missing));
+        assert_eq!(
+            Reservation::of(&excluded_owner("eni-a")),
+            Some(Reservation::Excluded)
+        );
     }
 }
