@@ -68,12 +68,8 @@ pub enum EngineError {
     },
     #[error("no attachment {0}")]
     UnknownAttachment(AttachmentKey),
-    #[error("attachment {key} is ready in {held_in}, whose pod is alive; an ADD into {asked_in} needs a DEL first")]
-    AttachmentConflict {
-        key: AttachmentKey,
-        held_in: PathBuf,
-        asked_in: PathBuf,
-    },
+    #[error("attachment {key} is ready in {held_in}, whose pod is alive; an ADD of it into another netns needs a DEL first")]
+    AttachmentConflict { key: AttachmentKey, held_in: PathBuf },
     #[error("attachment {key} does not match the kernel: {why}")]
     CheckFailed { key: AttachmentKey, why: String },
     /// Secondary mode: every address is held or cooling down.
@@ -177,7 +173,7 @@ impl<D: Driver> Engine<D> {
                 return Ok(existing.result());
             }
             if existing.phase == Phase::Ready {
-                self.refuse_if_alive(&existing, netns).await?;
+                self.refuse_if_alive(&existing).await?;
             }
             // An interrupted attempt, or a ready one whose pod is gone:
             // undo the old one fully before starting over.
@@ -214,13 +210,12 @@ impl<D: Driver> Engine<D> {
     /// (the spec forbids it without a DEL first): refused while that netns
     /// lives, so a confused runtime can never take a live pod's network. A
     /// netns that cannot be checked counts as alive.
-    async fn refuse_if_alive(&self, existing: &Record, netns: &Path) -> Result<(), EngineError> {
+    async fn refuse_if_alive(&self, existing: &Record) -> Result<(), EngineError> {
         match self.driver.check_netns(&existing.netns).await {
             Err(e) if e.is_netns_gone() => Ok(()),
             _ => Err(EngineError::AttachmentConflict {
                 key: existing.key.clone(),
                 held_in: existing.netns.clone(),
-                asked_in: netns.to_path_buf(),
             }),
         }
     }
