@@ -69,7 +69,10 @@ pub enum EngineError {
     #[error("no attachment {0}")]
     UnknownAttachment(AttachmentKey),
     #[error("attachment {key} is ready in {held_in}, whose pod is alive; an ADD of it into another netns needs a DEL first")]
-    AttachmentConflict { key: AttachmentKey, held_in: PathBuf },
+    AttachmentConflict {
+        key: AttachmentKey,
+        held_in: PathBuf,
+    },
     #[error("attachment {key} does not match the kernel: {why}")]
     CheckFailed { key: AttachmentKey, why: String },
     /// Secondary mode: every address is held or cooling down.
