@@ -531,14 +531,24 @@ async fn failed_adds_roll_back_completely() {
     let result = mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap();
     assert_eq!(result.ips[0].address.to_string(), "10.77.0.11/32");
     assert!(ping(&pod, "10.77.0.1"));
-    // A repeated ADD returns the same result; ADD into another netns moves it.
+    // A repeated ADD returns the same result; an ADD of the same key into
+    // another netns is refused while the first pod lives, and moves it once
+    // that pod is gone.
     assert_eq!(
         mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap(),
         result
     );
     let other = NamedNetns::new("pod");
+    let err = mgr
+        .add(&owner("c", "net1"), &other.path())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::AttachmentConflict { .. }), "{err}");
+    assert!(pod.link("net1").is_some() && other.link("net1").is_none());
+    assert!(ping_from(&pod, "net1"), "the live pod was cut off");
+    drop(pod);
     mgr.add(&owner("c", "net1"), &other.path()).await.unwrap();
-    assert!(pod.link("net1").is_none() && other.link("net1").is_some());
+    assert!(other.link("net1").is_some());
     assert!(ping_from(&other, "net1"));
     mgr.del(&owner("c", "net1")).await.unwrap();
     assert_eq!(sb.host_state(), before);
