@@ -543,7 +543,10 @@ async fn failed_adds_roll_back_completely() {
         .add(&owner("c", "net1"), &other.path())
         .await
         .unwrap_err();
-    assert!(matches!(err, EngineError::AttachmentConflict { .. }), "{err}");
+    assert!(
+        matches!(err, EngineError::AttachmentConflict { .. }),
+        "{err}"
+    );
     assert!(pod.link("net1").is_some() && other.link("net1").is_none());
     assert!(ping_from(&pod, "net1"), "the live pod was cut off");
     drop(pod);

@@ -280,11 +280,14 @@ impl Plumbing for FakePlumbing {
     async fn move_to_host(
         &self,
         netns: &Path,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
+        home: HostLinkHome<'_>,
     ) -> Result<Option<LinkInfo>, PlumbingError> {
         self.fault("move_to_host")?;
+        let HostLinkHome {
+            mac,
+            name: host_name,
+            mtu: host_mtu,
+        } = home;
         let index = self.index();
         let mut w = self.world.lock().unwrap();
         let w = &mut *w;
@@ -311,15 +314,10 @@ impl Plumbing for FakePlumbing {
         Ok(*self.primary.lock().unwrap())
     }
 
-    async fn restore_host_link(
-        &self,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
-    ) -> Result<bool, PlumbingError> {
+    async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError> {
         self.count("restore_host_link");
         self.fault("restore_host_link")?;
-        Ok(self.put_home(mac, host_name, host_mtu))
+        Ok(self.put_home(home.mac, home.name, home.mtu))
     }
 
     async fn restore_host_links(

@@ -245,17 +245,15 @@ pub trait Plumbing: Send + Sync {
         mac: MacAddr,
     ) -> Result<Option<PodLinkState>, PlumbingError>;
 
-    /// The reverse of ADD: the device moves to the host, renamed to
-    /// `host_name` and set to `host_mtu`, in one message (the move leaves it
+    /// The reverse of ADD: the device `home.mac` moves to the host, renamed
+    /// to `home.name` and set to `home.mtu`, in one message (the move leaves it
     /// down with no addresses or routes). Returns the device as it now is
     /// in the host (under a fallback name if `host_name` was taken), or
     /// `None` when it is not in that netns.
     async fn move_to_host(
         &self,
         netns: &Path,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
+        home: HostLinkHome<'_>,
     ) -> Result<Option<LinkInfo>, PlumbingError>;
 
     /// The MAC of the host's primary interface: the device of the main
@@ -265,12 +263,7 @@ pub trait Plumbing: Send + Sync {
     /// Brings a device that is in the host namespace back to its host name
     /// and MTU, whatever name it has now (`dev<N>` after a netns died).
     /// Returns false when no such device is in the host.
-    async fn restore_host_link(
-        &self,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
-    ) -> Result<bool, PlumbingError>;
+    async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError>;
 
     /// [`Plumbing::restore_host_link`] for many devices at once (GC's
     /// batches): one look at the host's devices for the whole batch, so a

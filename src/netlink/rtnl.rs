@@ -181,10 +181,13 @@ impl Plumbing for RtnlPlumbing {
     async fn move_to_host(
         &self,
         netns: &Path,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
+        home: HostLinkHome<'_>,
     ) -> Result<Option<LinkInfo>, PlumbingError> {
+        let HostLinkHome {
+            mac,
+            name: host_name,
+            mtu: host_mtu,
+        } = home;
         let ns = Netns::open(netns)?;
         let pod = handle_in(&ns).await?;
         let Some(link) = link::by_mac(&pod, mac).await? else {
@@ -220,16 +223,11 @@ impl Plumbing for RtnlPlumbing {
         self.host.primary_mac().await
     }
 
-    async fn restore_host_link(
-        &self,
-        mac: MacAddr,
-        host_name: &str,
-        host_mtu: u32,
-    ) -> Result<bool, PlumbingError> {
-        let Some(link) = self.host_link(mac).await? else {
+    async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError> {
+        let Some(link) = self.host_link(home.mac).await? else {
             return Ok(false);
         };
-        self.put_home(&link, host_name, host_mtu).await?;
+        self.put_home(&link, home.name, home.mtu).await?;
         Ok(true)
     }
 
@@ -255,9 +253,7 @@ impl Plumbing for RtnlPlumbing {
             out.push(match self.put_home(link, home.name, home.mtu).await {
                 Ok(()) => Ok(true),
                 // Gone or moved since the dump: look it up afresh.
-                Err(e) if e.errno() == Some(libc::ENODEV) => {
-                    self.restore_host_link(home.mac, home.name, home.mtu).await
-                }
+                Err(e) if e.errno() == Some(libc::ENODEV) => self.restore_host_link(*home).await,
                 Err(e) => Err(e),
             });
         }

@@ -24,6 +24,15 @@ pub struct PrimaryDriver {
     pub(super) exclusions: std::sync::RwLock<Exclusions>,
 }
 
+/// Where the record's device belongs in the host.
+fn home_of(p: &PrimaryPayload) -> HostLinkHome<'_> {
+    HostLinkHome {
+        mac: p.mac,
+        name: &p.host_name,
+        mtu: p.host_mtu,
+    }
+}
+
 fn payload(record: &Record) -> Result<&PrimaryPayload, EngineError> {
     record.primary().ok_or_else(|| {
         EngineError::InvalidRequest(format!("{} is not a primary-mode record", record.key))
@@ -262,11 +271,7 @@ impl Driver for PrimaryDriver {
                 out.push(Some(payload(r).map(|_| Unplumbed::Home)));
                 continue;
             };
-            let moved = match self
-                .plumbing
-                .move_to_host(&r.netns, p.mac, &p.host_name, p.host_mtu)
-                .await
-            {
+            let moved = match self.plumbing.move_to_host(&r.netns, home_of(p)).await {
                 Ok(moved) => moved,
                 Err(e) if e.is_netns_gone() => None,
                 Err(e) => {
@@ -292,14 +297,8 @@ impl Driver for PrimaryDriver {
                 .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
                 .collect();
         }
-        let homes: Vec<HostLinkHome<'_>> = moved_elsewhere
-            .iter()
-            .map(|(_, p)| HostLinkHome {
-                mac: p.mac,
-                name: &p.host_name,
-                mtu: p.host_mtu,
-            })
-            .collect();
+        let homes: Vec<HostLinkHome<'_>> =
+            moved_elsewhere.iter().map(|(_, p)| home_of(p)).collect();
         match self.plumbing.restore_host_links(&homes).await {
             Ok(restored) => {
                 for ((slot, _), result) in moved_elsewhere.iter().zip(restored) {

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
 use crate::engine::EngineError;
 use crate::model::{AttachmentKey, Record};
+use crate::netlink::HostLinkHome;
 use crate::store::checkpoint::HostHome;
 use crate::support::exclusion::Reservation;
 use enim_provider::{Eni, EniOwner, MacAddr};
@@ -84,7 +85,11 @@ impl PrimaryDriver {
             }
             match self
                 .plumbing
-                .restore_host_link(eni.mac, &home.name, home.mtu)
+                .restore_host_link(HostLinkHome {
+                    mac: eni.mac,
+                    name: &home.name,
+                    mtu: home.mtu,
+                })
                 .await
             {
                 Ok(_) => {
