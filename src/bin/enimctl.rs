@@ -219,6 +219,18 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
     }
 }
 
+const ATTACHMENT_COLUMNS: [&str; 9] = [
+    "POD",
+    "NETWORK",
+    "CONTAINER",
+    "IFNAME",
+    "MODE",
+    "ENI",
+    "IPV4",
+    "PHASE",
+    "NETNS",
+];
+
 /// Both modes' attachments, one row each: an exclusive ENI (primary mode)
 /// or a secondary address of an ENI over a veth (secondary mode).
 fn attachments_table(list: AttachmentList) -> String {
@@ -242,20 +254,7 @@ fn attachments_table(list: AttachmentList) -> String {
             a.netns.display().to_string(),
         ]
     });
-    table(
-        &[
-            "POD",
-            "NETWORK",
-            "CONTAINER",
-            "IFNAME",
-            "MODE",
-            "ENI",
-            "IPV4",
-            "PHASE",
-            "NETNS",
-        ],
-        rows.collect(),
-    )
+    table(&ATTACHMENT_COLUMNS, rows.collect())
 }
 
 /// Container ids are 64 hex digits; 12 are enough to tell them apart.
@@ -317,20 +316,7 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
         let cells = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
-        assert_eq!(
-            cells(0),
-            [
-                "POD",
-                "NETWORK",
-                "CONTAINER",
-                "IFNAME",
-                "MODE",
-                "ENI",
-                "IPV4",
-                "PHASE",
-                "NETNS"
-            ]
-        );
+        assert_eq!(cells(0), ATTACHMENT_COLUMNS);
         assert_eq!(
             cells(1),
             [

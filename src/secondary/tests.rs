@@ -46,6 +46,16 @@ async fn node(
     engine
 }
 
+/// The ids of the ENIs the node serves addresses from.
+fn host_eni_ids(engine: &Engine<SecondaryDriver>) -> Vec<String> {
+    engine
+        .driver()
+        .host_enis()
+        .into_iter()
+        .map(|e| e.id)
+        .collect()
+}
+
 fn fake_with(n: u8) -> Arc<FakeSecondary> {
     let names: Vec<String> = (1..=n).map(|i| format!("eth{i}")).collect();
     let devs: Vec<(MacAddr, &str)> = (1..=n)
@@ -182,12 +192,7 @@ async fn excluded_enis_addresses_and_the_primary_interface_are_not_used() {
         addresses: vec!["10.0.2.11".parse().unwrap()],
     });
     let engine = node(&fake, 3, cp, exclusions).await;
-    let ids: Vec<String> = engine
-        .driver()
-        .host_enis()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = host_eni_ids(&engine);
     assert_eq!(ids, ["eni-2"]);
     assert_eq!(engine.address_stats().unwrap().total, 3);
     let names: Vec<String> = fake.world().enis.values().cloned().collect();
@@ -204,12 +209,7 @@ async fn a_missing_eni_device_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
     let engine = node(&fake, 2, cp, Exclusions::default()).await;
-    let ids: Vec<String> = engine
-        .driver()
-        .host_enis()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = host_eni_ids(&engine);
     assert_eq!(ids, ["eni-2"]);
     assert_eq!(engine.address_stats().unwrap().total, 4);
 }
