@@ -150,14 +150,13 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
 #[test]
 fn lost_del_pod_netns_deleted() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let pod = NamedNetns::new("pod");
-    let keep = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    enim("ADD", "c2", Some(&keep.path()), "eth0", &conf).ok();
+    let TwoPods {
+        sb,
+        pods: [pod, keep],
+        dir: _dir,
+        agent,
+        conf: _,
+    } = two_pods();
     drop(pod); // the pod dies without DEL; its veth ENI dies with it
     let report = agent.ctl(&["gc"]);
     assert_eq!(
@@ -241,14 +240,13 @@ fn young_attachments_survive_gc_grace() {
 #[test]
 fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let plain = NamedNetns::new("pod");
-    let shadowed = NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&plain.path()), "eth0", &conf).ok();
-    enim("ADD", "c2", Some(&shadowed.path()), "eth0", &conf).ok();
+    let TwoPods {
+        sb: _sb,
+        pods: [plain, shadowed],
+        dir,
+        agent,
+        conf: _,
+    } = two_pods();
     // c1: the netns mount is gone and a plain file is left at the path.
     sh(&["umount", &plain.path().display().to_string()]);
     // c2: an empty file is bind-mounted over the netns path.

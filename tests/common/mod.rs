@@ -142,3 +142,31 @@ pub fn agent_rig(n: usize, extra: &str) -> (Sandbox, NamedNetns, tempfile::TempD
     let agent = start_agent(&sb, dir.path(), extra);
     (sb, pod, dir, agent)
 }
+
+/// Two ENIs, an agent that collects at once (`gc_grace = "0s"`), and two
+/// pods attached through the plugin: `c1` in `pods[0]`, `c2` in `pods[1]`.
+pub struct TwoPods {
+    pub sb: Sandbox,
+    pub pods: [NamedNetns; 2],
+    pub dir: tempfile::TempDir,
+    pub agent: Agent,
+    pub conf: serde_json::Value,
+}
+
+pub fn two_pods() -> TwoPods {
+    let sb = Sandbox::new(2);
+    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
+    let conf = agent.net_conf("1.1.0");
+    for (cid, pod) in ["c1", "c2"].iter().zip(&pods) {
+        enim("ADD", cid, Some(&pod.path()), "eth0", &conf).ok();
+    }
+    TwoPods {
+        sb,
+        pods,
+        dir,
+        agent,
+        conf,
+    }
+}
