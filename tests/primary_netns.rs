@@ -85,8 +85,7 @@ async fn add_configures_pod_and_del_returns_eni_home() {
     mgr.del(&o).await.expect("DEL");
     sb.assert_home(0);
     assert!(pod.link("eth0").is_none());
-    assert!(mgr.attachments().await.is_empty());
-    assert!(provider.list().await.unwrap()[0].owner.is_none());
+    assert_unrecorded_and_free(&mgr, &provider).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,9 +211,7 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
         let msg = err.to_string();
         assert!(matches!(err, EngineError::Netns(_)), "{msg}");
         assert!(msg.contains(&path.display().to_string()), "{msg}");
-        sb.assert_home(0);
-        assert!(mgr.attachments().await.is_empty());
-        assert!(provider.list().await.unwrap()[0].owner.is_none());
+        assert_eni0_free(&sb, &mgr, &provider).await;
     }
     // A mount namespace file is a namespace, but not a network one.
     let err = mgr
@@ -259,9 +256,7 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
         .unwrap_err();
     assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert!(err.to_string().contains("eth0"), "{err}");
-    sb.assert_home(0);
-    assert!(mgr.attachments().await.is_empty());
-    assert!(provider.list().await.unwrap()[0].owner.is_none());
+    assert_eni0_free(&sb, &mgr, &provider).await;
 }
 
 /// The bad-input run that found it: ADD for (network, c1, eth0) into p1,
@@ -312,8 +307,7 @@ async fn del_succeeds_after_netns_is_gone() {
     mgr.add(&o, &pod.path()).await.unwrap();
     drop(pod); // a veth ENI dies with its namespace
     mgr.del(&o).await.expect("DEL after netns is gone");
-    assert!(mgr.attachments().await.is_empty());
-    assert!(provider.list().await.unwrap()[0].owner.is_none());
+    assert_unrecorded_and_free(&mgr, &provider).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -170,3 +170,19 @@ pub fn two_pods() -> TwoPods {
         conf,
     }
 }
+
+/// No record is left and ENI 0 is free in the provider.
+pub async fn assert_unrecorded_and_free(mgr: &PrimaryEngine, provider: &StaticProvider) {
+    use enim_provider::EniProvider;
+    assert!(mgr.attachments().await.is_empty(), "a record is left");
+    assert!(
+        provider.list().await.unwrap()[0].owner.is_none(),
+        "ENI 0 is still assigned"
+    );
+}
+
+/// ENI 0 is home, free and unrecorded: nothing of an attachment is left.
+pub async fn assert_eni0_free(sb: &Sandbox, mgr: &PrimaryEngine, provider: &StaticProvider) {
+    sb.assert_home(0);
+    assert_unrecorded_and_free(mgr, provider).await;
+}
