@@ -390,6 +390,3 @@ fn decode_ok<R: DeserializeOwned>(resp: Response) -> Result<R, ClientError> {
         details: e.to_string(),
     })
 }
-
-#[cfg(test)]
-mod tests;

@@ -208,6 +208,9 @@ fn status(client: &Client) -> Result<Option<Value>, CniError> {
 }
 
 #[cfg(test)]
+mod client_tests;
+
+#[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::io::Cursor;

@@ -6,7 +6,7 @@
 //! against the kernel in throwaway namespaces.
 //!
 //! Only this module builds and parses rtnetlink messages. Both modes'
-//! plumbing (primary's [`rtnl`], secondary's `crate::secondary::plumbing`)
+//! plumbing (primary's [`rtnl`], and secondary mode's plumbing module)
 //! call the verbs of one file per kernel object: [`link`], [`addr`],
 //! [`route`], [`rule`], [`neigh`], plus [`sysctl`]. Both share one [`Host`]:
 //! one socket in the host namespace, whose dumps take turns.

@@ -1,5 +1,8 @@
-//! The client against stub agents on a unix socket: dead, hung, slow,
-//! chunked, oversized and erroring ones.
+//! The API client as the plugin sees it, against stub agents on a unix
+//! socket (dead, hung, slow, chunked, oversized and erroring ones): what
+//! each answer is as a `ClientError`, and as the CNI error the plugin
+//! prints. Here, not beside the client, because the plugin's mapping is
+//! half of what is checked.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -10,8 +13,11 @@ use std::time::Instant as StdInstant;
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 
-use super::*;
-use crate::api::{code, Status, ROUTE_STATUS};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::api::client::MAX_RESPONSE;
+use crate::api::{code, ApiError, Client, ClientError, Status, ROUTE_STATUS};
 use crate::cni::CniError;
 
 /// A request as the stub agent saw it.
