@@ -9,7 +9,8 @@
 //! - [`netlink`]: the only place that builds kernel messages.
 //! - [`store`]: the checkpoint and its atomic writer.
 //! - [`api`]: the agent's HTTP API types and its one client.
-//! - [`daemon`] (`enimd`), [`cni`] (the plugin).
+//! - [`daemon`] (`enimd`), [`cni`] (the plugin), [`deviceplugin`] (what
+//!   the node can hold, told to the kubelet).
 //! - [`support`]: key locks, exclusions, crash points.
 //!
 //! Providers (where ENIs come from) live in the `provider/` crates.
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod cni;
 pub mod daemon;
+pub mod deviceplugin;
 pub mod engine;
 pub mod model;
 pub mod netlink;

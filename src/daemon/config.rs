@@ -103,6 +103,9 @@ pub struct Config {
     /// Secondary mode's knobs (used only with `mode = "secondary"`).
     #[serde(default)]
     pub secondary: crate::secondary::SecondaryConfig,
+    /// The kubelet device plugin (README "Scheduling"); off by default.
+    #[serde(default)]
+    pub device_plugin: crate::deviceplugin::DevicePluginConfig,
     pub provider: ProviderConfig,
 }
 

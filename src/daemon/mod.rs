@@ -3,6 +3,7 @@
 //! loop, and shuts down cleanly on SIGTERM.
 
 pub mod config;
+pub mod devices;
 pub mod heap;
 pub mod install;
 pub mod metrics;
@@ -194,8 +195,14 @@ impl Node {
         let heap = Arc::new(heap::Trimmer::default());
         tokio::spawn(heap.clone().run());
         let ready_rx_for_health = ready_rx.clone();
+        // The device plugin's view of the node, when the plugin is on.
+        let devices = config
+            .device_plugin
+            .enabled
+            .then(|| devices::EngineDevices::new(D::MODE));
         let state = Arc::new(AppState {
             engine: engine.clone(),
+            devices: devices.clone(),
             ready: ready_rx,
             allowed_uids: config.allowed_uids.clone(),
             startup_wait: config.startup_wait,
@@ -251,6 +258,18 @@ impl Node {
         );
         heap::release_free_heap();
         let _ = ready_tx.send(true);
+
+        // Advertised only once recovery is done: before, the list is not known.
+        if let Some(devices) = devices {
+            tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
+            let plugin =
+                crate::deviceplugin::serve(config.device_plugin.clone(), devices, stop_rx.clone());
+            tokio::spawn(async move {
+                if let Err(e) = plugin.await {
+                    tracing::error!(error = %e, "device plugin stopped");
+                }
+            });
+        }
 
         if !config.gc_interval.is_zero() {
             let engine = engine.clone();

@@ -35,6 +35,8 @@ impl Connected<axum::serve::IncomingStream<'_, UnixListener>> for PeerCred {
 
 pub struct AppState<D: Driver> {
     pub engine: Arc<Engine<D>>,
+    /// Told after every verb that may change what the node can hold.
+    pub devices: Option<Arc<crate::daemon::devices::EngineDevices>>,
     pub ready: watch::Receiver<bool>,
     pub allowed_uids: Vec<u32>,
     pub startup_wait: Duration,
@@ -129,6 +131,9 @@ async fn measure<D: Driver>(
         state
             .metrics
             .observe_request(verb, started, response.status().is_success());
+        if let Some(devices) = &state.devices {
+            devices.poke();
+        }
     }
     response
 }

@@ -121,6 +121,12 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
     if let Some(netns) = &config.host_netns {
         same_on_host(spec, agent, netns, "host_netns", false, &mut p);
     }
+    // The kubelet finds the plugin's socket, and the plugin the kubelet's,
+    // only in the node's own device plugin dir.
+    if config.device_plugin.enabled {
+        let dir = &config.device_plugin.dir;
+        same_on_host(spec, agent, dir, "device_plugin.dir", true, &mut p);
+    }
     if let Some(mount) = same_on_host(
         spec,
         agent,
