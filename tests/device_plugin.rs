@@ -283,6 +283,17 @@ async fn enimd_advertises_its_enis_and_their_health() {
     let eni2 = gone.devices.iter().find(|d| d.id == sb.enis[2].id).unwrap();
     assert_eq!(eni2.health, "Unhealthy", "{gone:?}");
 
+    // It comes back: healthy again.
+    sb.plug_eni(2);
+    let back = within("the list after the device came back", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        back.devices.iter().all(|d| d.health == "Healthy"),
+        "{back:?}"
+    );
+
     // A pod takes an ENI: still a device (the kubelet counts it as used).
     tokio::task::block_in_place(|| {
         common::enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();

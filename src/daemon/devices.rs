@@ -1,7 +1,6 @@
 //! What the device plugin advertises, from the engine: in primary mode one
-//! device per ENI enim may hand out (`enim.io/eni`; one whose device is not
-//! in the host, quarantined or not yet, is unhealthy; an excluded one is no
-//! device at all), in secondary mode one
+//! device per ENI (`enim.io/eni`; one whose device is not in the host,
+//! quarantined or not yet, is unhealthy, and so is an excluded one), in secondary mode one
 //! per assignable address (`enim.io/ip`). The kubelet only counts them:
 //! which ENI or address a pod gets is still enim's choice at ADD.
 //!
@@ -67,13 +66,13 @@ impl EngineDevices {
             Mode::Primary => match engine.enis().await {
                 Ok(enis) => enis
                     .into_iter()
-                    .filter(|e| e.state != EniState::Excluded)
                     .map(|e| Device {
-                        // A free ENI must be in the host to be handed out.
+                        // A free ENI must be in the host to be handed out;
+                        // an excluded or quarantined one never is.
                         healthy: match e.state {
-                            EniState::Missing => false,
+                            EniState::Missing | EniState::Excluded => false,
                             EniState::Free => e.host_device.is_some(),
-                            EniState::InUse | EniState::Excluded => true,
+                            EniState::InUse => true,
                         },
                         id: e.eni.id,
                     })
