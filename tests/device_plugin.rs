@@ -12,10 +12,10 @@ use enim::deviceplugin::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse, RegisterRequest,
 };
 use enim::deviceplugin::{serve, Device, DevicePluginConfig, DeviceSource};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 /// A device list the test changes.
@@ -84,17 +84,7 @@ fn start_kubelet(
 }
 
 async fn plugin_client(path: std::path::PathBuf) -> DevicePluginClient<Channel> {
-    let channel = Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let s = UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-        .unwrap();
-    DevicePluginClient::new(channel)
+    DevicePluginClient::new(enim::deviceplugin::unix_channel(path).await.unwrap())
 }
 
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {

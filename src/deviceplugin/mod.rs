@@ -157,6 +157,24 @@ async fn watch_kubelet(
     }
 }
 
+/// A gRPC channel over the unix socket at `path` (the kubelet's, or a
+/// plugin's when the kubelet or a test dials it).
+pub async fn unix_channel(
+    path: PathBuf,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    // The URI is required by tonic and ignored: the connector dials the socket.
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 /// Registration.Register over the kubelet's unix socket.
 async fn register(
     kubelet: &std::path::Path,
@@ -167,29 +185,20 @@ async fn register(
         path: kubelet.to_path_buf(),
         why,
     };
-    let path = kubelet.to_path_buf();
-    // The URI is required by tonic and ignored: the connector dials the socket.
-    let channel = tonic::transport::Endpoint::from_static("http://[::]:50051")
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let stream = UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
+    let channel = unix_channel(kubelet.to_path_buf())
         .await
         .map_err(|e| fail(e.to_string()))?;
     let mut client = v1beta1::registration_client::RegistrationClient::new(channel);
-    client
-        .register(v1beta1::RegisterRequest {
-            version: API_VERSION.into(),
-            endpoint: endpoint.into(),
-            resource_name: resource_name.into(),
-            options: Some(v1beta1::DevicePluginOptions::default()),
-        })
-        .await
-        .map_err(|status| fail(status.message().to_string()))?;
-    Ok(())
+    let request = client.register(v1beta1::RegisterRequest {
+        version: API_VERSION.into(),
+        endpoint: endpoint.into(),
+        resource_name: resource_name.into(),
+        options: Some(v1beta1::DevicePluginOptions::default()),
+    });
+    // A kubelet that accepts but never answers is retried like a dead one.
+    match tokio::time::timeout(Duration::from_secs(10), request).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(fail(status.message().to_string())),
+        Err(_) => Err(fail("no answer within 10 s".into())),
+    }
 }
