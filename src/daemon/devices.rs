@@ -1,7 +1,9 @@
 //! What the device plugin advertises, from the engine: in primary mode one
 //! device per ENI (`enim.io/eni`; one whose device is not in the host,
-//! quarantined or not yet, is unhealthy, and so is an excluded one), in secondary mode one
-//! per assignable address (`enim.io/ip`). The kubelet only counts them:
+//! quarantined or not yet, is unhealthy, and so is an excluded one); in
+//! secondary mode one per pod the node's addresses can serve (`enim.io/ip`:
+//! an IPv4 address, with an IPv6 one of the same ENI on a dual-stack node).
+//! The kubelet only counts them:
 //! which ENI or address a pod gets is still enim's choice at ADD.
 //!
 //! The list is kept current by a refresher: after every verb that can
@@ -81,7 +83,7 @@ impl EngineDevices {
                 // not make the node look empty.
                 Err(e) => return tracing::warn!(error = %e, "device list: provider"),
             },
-            Mode::Secondary => (0..engine.address_stats().map_or(0, |s| s.total))
+            Mode::Secondary => (0..engine.address_stats().map_or(0, |s| s.pods))
                 .map(|i| Device {
                     id: format!("ip-{i}"),
                     healthy: true,
@@ -110,5 +112,61 @@ impl DeviceSource for EngineDevices {
 
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::conformance::{owner, Harness, POD};
+    use crate::primary::tests::PrimaryHarness;
+    use crate::secondary::tests::SecondaryHarness;
+
+    #[tokio::test]
+    async fn primary_mode_lists_enis_with_their_health() {
+        let h = PrimaryHarness::new(3).await;
+        let devices = EngineDevices::new(Mode::Primary);
+        let mut changes = devices.subscribe();
+        devices.refresh(h.engine()).await;
+        assert_eq!(devices.resource_name(), "enim.io/eni");
+        let healthy: Vec<(String, bool)> = devices
+            .devices()
+            .into_iter()
+            .map(|d| (d.id, d.healthy))
+            .collect();
+        assert_eq!(
+            healthy,
+            [
+                ("eni-1".into(), true),
+                ("eni-2".into(), true),
+                ("eni-3".into(), true)
+            ]
+        );
+        assert!(changes.has_changed().unwrap(), "subscribers are told");
+        changes.borrow_and_update();
+        // A pod holds one: still a device, still healthy; nothing changed.
+        h.engine()
+            .add(&owner("a"), std::path::Path::new(POD))
+            .await
+            .unwrap();
+        devices.refresh(h.engine()).await;
+        assert_eq!(devices.devices().len(), 3);
+        assert!(
+            !changes.has_changed().unwrap(),
+            "told of a change that was none"
+        );
+    }
+
+    #[tokio::test]
+    async fn secondary_mode_lists_one_device_per_address() {
+        let h = SecondaryHarness::new(2).await;
+        let devices = EngineDevices::new(Mode::Secondary);
+        devices.refresh(h.engine()).await;
+        assert_eq!(devices.resource_name(), "enim.io/ip");
+        // Two ENIs of two IPv4 and two IPv6 secondary addresses each: a
+        // dual-stack pod takes one of each, so four pods fit, not eight.
+        let ids: Vec<String> = devices.devices().into_iter().map(|d| d.id).collect();
+        assert_eq!(ids, ["ip-0", "ip-1", "ip-2", "ip-3"]);
+        assert!(devices.devices().iter().all(|d| d.healthy));
     }
 }

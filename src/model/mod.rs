@@ -65,4 +65,7 @@ pub struct AddressStats {
     pub total: usize,
     pub assigned: usize,
     pub cooling: usize,
+    /// How many pods the addresses serve in all: each takes an IPv4
+    /// address, and on a dual-stack node an IPv6 one of the same ENI.
+    pub pods: usize,
 }

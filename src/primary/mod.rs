@@ -12,4 +12,4 @@ mod host;
 pub use driver::PrimaryDriver;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

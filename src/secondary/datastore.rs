@@ -262,6 +262,20 @@ impl DataStore {
                 stats.cooling += 1;
             }
         }
+        let dual_stack = self.has_ipv6();
+        stats.pods = self
+            .enis
+            .values()
+            .map(|e| {
+                let v4 = e.addresses.keys().filter(|ip| ip.is_ipv4()).count();
+                let v6 = e.addresses.len() - v4;
+                if dual_stack {
+                    v4.min(v6)
+                } else {
+                    v4
+                }
+            })
+            .sum();
         stats
     }
 
@@ -402,7 +416,8 @@ mod tests {
             AddressStats {
                 total: 2,
                 assigned: 0,
-                cooling: 1
+                cooling: 1,
+                pods: 1,
             }
         );
         assert!(ds
@@ -423,7 +438,8 @@ mod tests {
             AddressStats {
                 total: 2,
                 assigned: 1,
-                cooling: 0
+                cooling: 0,
+                pods: 1,
             }
         );
     }
@@ -513,7 +529,8 @@ mod tests {
                         }
                     }
                 }
-                prop_assert_eq!(ds.stats(now), AddressStats { total, assigned, cooling });
+                let stats = ds.stats(now);
+                prop_assert_eq!((stats.total, stats.assigned, stats.cooling), (total, assigned, cooling));
             }
         }
     }

@@ -33,4 +33,4 @@ pub use driver::SecondaryDriver;
 pub const MAX_DEVICE_INDEX: u32 = 255;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
