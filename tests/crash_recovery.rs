@@ -12,6 +12,21 @@ fn crash_env(point: &str) -> Vec<(String, String)> {
     vec![("ENIMD_CRASH_AT".into(), point.into())]
 }
 
+/// After the crash at `point`: enimd restarts cleanly, GC runs, and the
+/// no-leak invariant holds.
+fn recover_from_crash(sb: &Sandbox, pod: &NamedNetns, agent: &mut Agent, point: &str) {
+    agent.wait_crashed();
+    agent.env.clear();
+    agent.restart();
+    agent.ctl(&["gc"]);
+    assert_invariant(sb, &[pod], agent, &[], point);
+}
+
+fn assert_all_home_and_unrecorded(sb: &Sandbox, agent: &Agent) {
+    sb.assert_all_home();
+    assert_eq!(agent.attachments(), Vec::<serde_json::Value>::new());
+}
+
 #[test]
 fn crash_at_every_add_point_then_restart_and_gc() {
     require_kernel!();
@@ -26,23 +41,13 @@ fn crash_at_every_add_point_then_restart_and_gc() {
         let conf = agent.net_conf("1.1.0");
         let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
         out.err(11); // the agent died mid-request: try again later
-        agent.wait_crashed();
-
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
-        assert_invariant(&sb, &[&pod], &agent, &[], point);
+        recover_from_crash(&sb, &pod, &mut agent, point);
 
         // The runtime retries the ADD: it succeeds, then DEL brings it home.
         enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
         assert_invariant(&sb, &[&pod], &agent, &[], &format!("{point}, retried ADD"));
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        sb.assert_home(0);
-        sb.assert_home(1);
-        assert!(agent.ctl(&["attachments"])["attachments"]
-            .as_array()
-            .unwrap()
-            .is_empty());
+        assert_all_home_and_unrecorded(&sb, &agent);
     }
 }
 
@@ -60,20 +65,10 @@ fn crash_at_every_del_point_then_restart_and_gc() {
         agent.env = crash_env(point);
         agent.restart();
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.wait_crashed();
-
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
-        assert_invariant(&sb, &[&pod], &agent, &[], point);
+        recover_from_crash(&sb, &pod, &mut agent, point);
         // The runtime retries the DEL.
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        sb.assert_home(0);
-        sb.assert_home(1);
-        assert!(agent.ctl(&["attachments"])["attachments"]
-            .as_array()
-            .unwrap()
-            .is_empty());
+        assert_all_home_and_unrecorded(&sb, &agent);
         assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
     }
 }

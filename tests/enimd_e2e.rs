@@ -53,14 +53,8 @@ fn results_follow_the_requested_version() {
     require_kernel!();
     let (_sb, pod, _dir, agent) = agent_rig(1, "");
     for version in ["0.4.0", "1.0.0", "1.1.0"] {
-        let r = enim(
-            "ADD",
-            "c1",
-            Some(&pod.path()),
-            "eth0",
-            &agent.net_conf(version),
-        )
-        .ok();
+        let conf = agent.net_conf(version);
+        let r = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
         assert_eq!(r["cniVersion"], version);
         assert_eq!(
             r["interfaces"][0]["mtu"].is_null(),
@@ -70,14 +64,7 @@ fn results_follow_the_requested_version() {
         if version == "0.4.0" {
             assert_eq!(r["ips"][0]["version"], "4", "{r}");
         }
-        enim(
-            "DEL",
-            "c1",
-            Some(&pod.path()),
-            "eth0",
-            &agent.net_conf(version),
-        )
-        .ok();
+        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     }
 }
 

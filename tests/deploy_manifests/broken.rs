@@ -11,6 +11,17 @@ fn agent_mut(m: &mut Manifests) -> &mut Container {
         .unwrap()
 }
 
+/// The agent container's capabilities.
+fn caps_mut(m: &mut Manifests) -> &mut k8s_openapi::api::core::v1::Capabilities {
+    agent_mut(m)
+        .security_context
+        .as_mut()
+        .unwrap()
+        .capabilities
+        .as_mut()
+        .unwrap()
+}
+
 fn init_mut(m: &mut Manifests) -> &mut Container {
     spec_mut(m)
         .init_containers
@@ -131,45 +142,20 @@ fn each_check_fails_on_a_broken_manifest() {
         (
             "SYS_ADMIN dropped",
             |m| {
-                let c = agent_mut(m)
-                    .security_context
+                caps_mut(m)
+                    .add
                     .as_mut()
                     .unwrap()
-                    .capabilities
-                    .as_mut()
-                    .unwrap();
-                c.add.as_mut().unwrap().retain(|c| c != "SYS_ADMIN");
+                    .retain(|c| c != "SYS_ADMIN")
             },
             "capabilities",
         ),
         (
             "extra capability",
-            |m| {
-                let c = agent_mut(m)
-                    .security_context
-                    .as_mut()
-                    .unwrap()
-                    .capabilities
-                    .as_mut()
-                    .unwrap();
-                c.add.as_mut().unwrap().push("SYS_PTRACE".into());
-            },
+            |m| caps_mut(m).add.as_mut().unwrap().push("SYS_PTRACE".into()),
             "capabilities",
         ),
-        (
-            "no drop ALL",
-            |m| {
-                agent_mut(m)
-                    .security_context
-                    .as_mut()
-                    .unwrap()
-                    .capabilities
-                    .as_mut()
-                    .unwrap()
-                    .drop = None
-            },
-            "drop ALL",
-        ),
+        ("no drop ALL", |m| caps_mut(m).drop = None, "drop ALL"),
         (
             "escalation off with SYS_ADMIN",
             |m| {
