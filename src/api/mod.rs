@@ -149,8 +149,8 @@ pub struct GcReport {
     /// Quarantined ENIs whose device is back in the host: free again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub back_in_service: Vec<String>,
-    /// Secondary mode: kernel objects of enim's shape that no attachment
-    /// explained (veths, rules, route tables, proxy entries), removed.
+    /// Kernel objects of enim's shape that no attachment explained, removed
+    /// (veths; secondary mode also rules, route tables, proxy entries).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub swept: Vec<String>,
     /// What could not be done this pass (retried next pass).
@@ -197,7 +197,7 @@ pub enum GcStep {
     ReserveExcluded,
     /// Re-applying a host ENI's setup (secondary mode).
     ReconcileEni,
-    /// Listing enim-shaped kernel objects (secondary mode).
+    /// Listing enim-shaped kernel objects.
     Inventory,
     /// Removing one enim-shaped kernel object no record explains.
     Sweep,

@@ -8,10 +8,9 @@ use serde_json::{json, Map, Value};
 use super::config::CniVersion;
 use super::CniError;
 use crate::api::MtuExpectation;
-use crate::model::{AttachmentResult, IpConfig, RouteConfig};
+use crate::model::{AttachmentResult, InterfaceConfig, IpConfig, RouteConfig};
 
-fn interface_json(r: &AttachmentResult, v: CniVersion) -> Value {
-    let i = &r.interface;
+fn interface_json(i: &InterfaceConfig, v: CniVersion) -> Value {
     let mut obj = Map::new();
     obj.insert("name".into(), json!(i.name));
     obj.insert("mac".into(), json!(i.mac.to_string()));
@@ -92,7 +91,9 @@ pub fn add_result(
     let mut routes = take_list(&mut out, "routes")?;
 
     let index = interfaces.len();
-    interfaces.push(interface_json(ours, version));
+    interfaces.push(interface_json(&ours.interface, version));
+    // The host path's pod end follows; it has no addresses of its own.
+    interfaces.extend(ours.host_path.iter().map(|i| interface_json(i, version)));
     ips.extend(ours.ips.iter().map(|ip| ip_json(ip, index, version)));
     routes.extend(ours.routes.iter().map(route_json));
 
@@ -200,10 +201,46 @@ mod tests {
                 mtu: 9001,
                 sandbox: PathBuf::from("/run/netns/p"),
             },
+            host_path: None,
             ips,
             routes,
             eni_id: "eni-1".into(),
         }
+    }
+
+    #[test]
+    fn host_path_is_a_second_interface_without_addresses() {
+        let mut r = ours(false);
+        r.host_path = Some(InterfaceConfig {
+            name: "eth0-host".into(),
+            mac: "02:00:00:00:00:0b".parse().unwrap(),
+            mtu: 9001,
+            sandbox: PathBuf::from("/run/netns/p"),
+        });
+        r.routes.push(RouteConfig {
+            dst: "10.96.0.0/12".parse().unwrap(),
+            gw: Some("169.254.1.1".parse().unwrap()),
+        });
+        let prev = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "lo0"}]});
+        let prev = prev.as_object().cloned();
+        let out = add_result(&r, CniVersion::V1_0_0, prev).unwrap();
+        assert_eq!(
+            out["interfaces"],
+            json!([
+                {"name": "lo0"},
+                {"name": "eth0", "mac": "02:00:00:00:00:0a", "sandbox": "/run/netns/p"},
+                {"name": "eth0-host", "mac": "02:00:00:00:00:0b", "sandbox": "/run/netns/p"}
+            ])
+        );
+        // The addresses are the ENI's (index 1), none the host path's.
+        assert_eq!(
+            out["ips"],
+            json!([{"interface": 1, "address": "10.0.1.5/24", "gateway": "10.0.1.1"}])
+        );
+        assert_eq!(
+            out["routes"][1],
+            json!({"dst": "10.96.0.0/12", "gw": "169.254.1.1"})
+        );
     }
 
     #[test]

@@ -103,6 +103,11 @@ pub struct Config {
     /// Secondary mode's knobs (used only with `mode = "secondary"`).
     #[serde(default)]
     pub secondary: crate::secondary::SecondaryConfig,
+    /// Primary mode's host path (README "The host path"): a veth to the
+    /// host for Services, DNS and the node; off while `service_cidrs` is
+    /// empty.
+    #[serde(default)]
+    pub host_path: crate::primary::HostPathConfig,
     /// The kubelet device plugin (README "Scheduling"); off by default.
     #[serde(default)]
     pub device_plugin: crate::deviceplugin::DevicePluginConfig,
@@ -162,10 +167,28 @@ impl Config {
             path: PathBuf::from("<inline>"),
             source: Box::new(source),
         })?;
-        config
-            .secondary
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let invalid = |e: &dyn std::fmt::Display| ConfigError::Invalid(e.to_string());
+        config.secondary.validate().map_err(|e| invalid(&e))?;
+        config.host_path.validate().map_err(|e| invalid(&e))?;
+        if config.host_path.enabled() && config.mode == Mode::Secondary {
+            // A secondary-mode pod's veth already carries all its traffic
+            // through the host.
+            return Err(invalid(&"[host_path] is for primary mode; secondary-mode pods reach the host over their veth already"));
+        }
+        if config
+            .host_path
+            .veth_prefix
+            .starts_with(&config.secondary.veth_prefix)
+            || config
+                .secondary
+                .veth_prefix
+                .starts_with(&config.host_path.veth_prefix)
+        {
+            return Err(invalid(&format!(
+                "[host_path] veth_prefix {:?} and [secondary] veth_prefix {:?} must not be prefixes of each other: GC tells their veths apart by name",
+                config.host_path.veth_prefix, config.secondary.veth_prefix
+            )));
+        }
         Ok(config)
     }
 }
@@ -243,6 +266,30 @@ mod tests {
         assert_eq!(aws.imds_endpoint, "http://169.254.169.254");
         assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
         assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn host_path_config() {
+        let provider = "[provider]\ntype = \"static\"\nenis = []\n";
+        let c = Config::parse(provider).unwrap();
+        assert!(!c.host_path.enabled());
+        let c = Config::parse(&format!(
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\", \"fd00:96::/112\"]\n\
+             host_stack_cidrs = [\"169.254.20.10/32\"]\n{provider}"
+        ))
+        .unwrap();
+        assert!(c.host_path.enabled());
+        assert_eq!(c.host_path.interfaces, ["eth0"]);
+        assert_eq!(c.host_path.veth_prefix, "enih");
+        for bad in [
+            "[host_path]\nhost_stack_cidrs = [\"169.254.20.10/32\"]\n",
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nveth_prefix = \"enim\"\n",
+            "[host_path]\nservice_cidrs = [\"not-a-cidr\"]\n",
+            "[host_path]\nservice_cirds = []\n",
+            "mode = \"secondary\"\n[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\n",
+        ] {
+            assert!(Config::parse(&format!("{bad}{provider}")).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let exclusions = Exclusions::from_config(&config.exclude);
     let host_netns = config.host_netns.clone();
     let secondary = config.secondary.clone();
+    let host_path = config.host_path.clone();
     let mode = config.mode;
     let node = Node {
         config,
@@ -152,7 +153,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     match mode {
         config::Mode::Primary => {
             let plumbing = Arc::new(RtnlPlumbing::new(host_netns.as_deref()).await?);
-            let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions);
+            let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
+                .with_host_path(host_path);
             node.serve(driver, stop).await
         }
         config::Mode::Secondary => {

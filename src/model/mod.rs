@@ -3,6 +3,7 @@
 //! CNI-shaped result of an attachment. Nothing here talks to the kernel,
 //! the provider or the disk.
 
+pub mod naming;
 pub mod record;
 pub mod result;
 
@@ -11,7 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-pub use record::{Mode, Payload, PrimaryPayload, Record, SecondaryPayload, GATEWAY4, GATEWAY6};
+pub use record::{
+    HostPath, Mode, Payload, PrimaryPayload, Record, SecondaryPayload, GATEWAY4, GATEWAY6,
+};
 pub use result::{AttachmentResult, InterfaceConfig, IpConfig, RouteConfig};
 
 /// What CNI keys state by: (network name, container id, ifname).

@@ -16,11 +16,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{AttachmentKey, AttachmentResult, InterfaceConfig, IpConfig, Phase, RouteConfig};
 
-/// Secondary mode: the pod's IPv4 gateway, link-local, answered by the host
-/// end of its veth.
+/// The pod's IPv4 gateway over a veth to the host (secondary mode's pod
+/// veth, primary mode's host path): link-local, resolved by a permanent
+/// neighbour entry to the host end.
 pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-/// Secondary mode: the pod's IPv6 gateway, an address of the host end of
-/// its veth.
+/// The pod's IPv6 gateway over a veth to the host (secondary mode gives the
+/// host end this address; both modes resolve it with a permanent entry).
 pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// Which driver serves the node (chosen once, at start-up).
@@ -90,6 +91,39 @@ pub struct PrimaryPayload {
     pub ipv6: Option<Ipv6Net>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway6: Option<Ipv6Addr>,
+    /// The veth pair to the host (README "The host path"), when the node
+    /// routes service traffic through the host. Recorded, name and routes,
+    /// before it is made, so teardown removes exactly what was made even if
+    /// the config changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPath>,
+}
+
+/// A primary-mode pod's second interface: a veth pair to the host, over
+/// which the pod reaches the node itself and what only the node's netns
+/// holds (Services, node-local DNS), while everything else takes the ENI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPath {
+    /// The host end, named from the attachment key (GC sweeps by the name).
+    pub host_veth: String,
+    /// The pod end's name in the pod.
+    pub ifname: String,
+    /// What the pod routes via the host: the service and host-stack CIDRs
+    /// and the node's own addresses.
+    pub routes: Vec<IpNet>,
+    /// The pod end's MAC, known once it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+}
+
+impl HostPath {
+    /// The pod's gateway on the host path for `dst`'s family.
+    pub fn gateway_for(dst: &IpNet) -> IpAddr {
+        match dst {
+            IpNet::V4(_) => IpAddr::V4(GATEWAY4),
+            IpNet::V6(_) => IpAddr::V6(GATEWAY6),
+        }
+    }
 }
 
 /// Secondary mode: the pod holds a secondary address of a host ENI over a
@@ -215,6 +249,17 @@ impl Record {
                 gateway: None,
             });
         }
+        let mut routes: Vec<RouteConfig> = families
+            .iter()
+            .map(|(_, gw)| RouteConfig::default_via(*gw))
+            .collect();
+        let host_path = self.primary().and_then(|p| p.host_path.as_ref());
+        if let Some(hp) = host_path {
+            routes.extend(hp.routes.iter().map(|dst| RouteConfig {
+                dst: *dst,
+                gw: Some(HostPath::gateway_for(dst)),
+            }));
+        }
         AttachmentResult {
             interface: InterfaceConfig {
                 name: self.key.ifname.clone(),
@@ -222,11 +267,14 @@ impl Record {
                 mtu: self.mtu,
                 sandbox: self.netns.clone(),
             },
+            host_path: host_path.map(|hp| InterfaceConfig {
+                name: hp.ifname.clone(),
+                mac: hp.mac.unwrap_or(MacAddr([0; 6])),
+                mtu: self.mtu,
+                sandbox: self.netns.clone(),
+            }),
             ips,
-            routes: families
-                .iter()
-                .map(|(_, gw)| RouteConfig::default_via(*gw))
-                .collect(),
+            routes,
             eni_id: self.eni_id.clone(),
         }
     }
@@ -265,6 +313,7 @@ mod tests {
             gateway4: "10.0.1.1".parse().unwrap(),
             ipv6: Some("fd00:1::10/64".parse().unwrap()),
             gateway6: None,
+            host_path: None,
         }));
         let r = primary.result();
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
@@ -306,6 +355,7 @@ mod tests {
                 gateway4: "10.0.1.1".parse().unwrap(),
                 ipv6: None,
                 gateway6: None,
+                host_path: None,
             })),
             common(Payload::Secondary(SecondaryPayload {
                 table: 1001,

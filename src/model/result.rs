@@ -1,5 +1,5 @@
-//! What ADD and CHECK hand back: one interface in the pod with its
-//! addresses and routes. The CNI plugin turns this into a versioned CNI
+//! What ADD and CHECK hand back: the pod's interface with its addresses and
+//! routes (and primary mode's host path beside it). The CNI plugin turns this into a versioned CNI
 //! result.
 
 use std::net::IpAddr;
@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentResult {
     pub interface: InterfaceConfig,
+    /// Primary mode's host path: the pod end of the veth to the host, a
+    /// second interface in the pod without addresses of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<InterfaceConfig>,
     pub ips: Vec<IpConfig>,
     pub routes: Vec<RouteConfig>,
     pub eni_id: String,

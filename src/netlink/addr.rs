@@ -1,8 +1,10 @@
 //! Interface addresses.
 
 use ipnet::IpNet;
+use std::net::IpAddr;
+
 use rtnetlink::packet_route::address::{
-    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, AddressScope,
 };
 use rtnetlink::Handle;
 
@@ -49,6 +51,18 @@ pub async fn dump(handle: &Handle, index: u32) -> Result<Vec<IpNet>, PlumbingErr
     let get = handle.address().get().set_link_index_filter(index);
     let msgs = collect(get.execute(), "address dump").await?;
     Ok(msgs.iter().filter_map(net_of).collect())
+}
+
+/// Every address of global scope on any device (a dump): the node's own
+/// addresses, without loopback and link-local ones.
+pub async fn dump_global(handle: &Handle) -> Result<Vec<IpAddr>, PlumbingError> {
+    let msgs = collect(handle.address().get().execute(), "address dump").await?;
+    Ok(msgs
+        .iter()
+        .filter(|m| m.header.scope == AddressScope::Universe)
+        .filter_map(net_of)
+        .map(|n| n.addr())
+        .collect())
 }
 
 /// Adds `net` to device `index`.

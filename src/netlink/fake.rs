@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use enim_provider::MacAddr;
 use ipnet::IpNet;
 
-use super::{HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState};
+use super::{
+    HostLinkHome, HostPathSpec, LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeDev {
@@ -26,6 +28,16 @@ pub struct FakeDev {
 pub struct FakeWorld {
     pub host: Vec<FakeDev>,
     pub netns: HashMap<PathBuf, Vec<FakeDev>>,
+    /// Host paths by host end.
+    pub host_paths: HashMap<String, FakeHostPath>,
+}
+
+/// A host path: where its pod end is, under which name, and its routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeHostPath {
+    pub netns: PathBuf,
+    pub ifname: String,
+    pub routes: Vec<IpNet>,
 }
 
 #[derive(Default)]
@@ -38,6 +50,8 @@ pub struct FakePlumbing {
     configure_gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
     /// What primary_mac answers.
     pub primary: Mutex<Option<MacAddr>>,
+    /// What node_addresses answers.
+    pub node_addrs: Mutex<Vec<IpAddr>>,
     /// Calls of the host lookups, by method name: the real ones cost a
     /// netlink round trip each, a link dump for the batch ones.
     calls: Mutex<HashMap<&'static str, usize>>,
@@ -53,6 +67,19 @@ pub const FAULT_STEPS: &[&str] = &[
     "move_to_pod:after",
     "configure_pod_link",
     "configure_pod_link:partial",
+];
+
+/// [`FAULT_STEPS`] and the host path's: its making fails, or fails once
+/// the pair exists.
+pub const HOST_PATH_FAULT_STEPS: &[&str] = &[
+    "check_netns",
+    "host_link",
+    "move_to_pod",
+    "move_to_pod:after",
+    "configure_pod_link",
+    "configure_pod_link:partial",
+    "add_host_path",
+    "add_host_path:partial",
 ];
 
 impl FakePlumbing {
@@ -86,13 +113,25 @@ impl FakePlumbing {
             .insert(path.to_path_buf(), Vec::new());
     }
 
+    /// The netns dies: its veths (host paths) with it, both ends.
     pub fn remove_netns(&self, path: &Path) -> Vec<FakeDev> {
-        self.world
+        let mut w = self.world.lock().unwrap();
+        w.host_paths.retain(|_, hp| hp.netns != path);
+        w.netns.remove(path).unwrap_or_default()
+    }
+
+    /// The host ends of the host paths that exist.
+    pub fn host_path_veths(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .world
             .lock()
             .unwrap()
-            .netns
-            .remove(path)
-            .unwrap_or_default()
+            .host_paths
+            .keys()
+            .cloned()
+            .collect();
+        v.sort();
+        v
     }
 
     /// Pauses the next configure step; returns (entered, resume).
@@ -335,9 +374,101 @@ impl Plumbing for FakePlumbing {
             })
             .collect())
     }
+
+    async fn add_host_path(&self, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError> {
+        self.fault("add_host_path")?;
+        self.remove_host_path_now(spec.host_veth);
+        let dev = self.pod_end(spec.ifname, spec.mtu);
+        let mac = dev.link.mac;
+        {
+            let mut w = self.world.lock().unwrap();
+            let pod = w
+                .netns
+                .get_mut(spec.netns)
+                .ok_or_else(|| gone(spec.netns))?;
+            if pod.iter().any(|d| d.link.name == spec.ifname) {
+                return Err(PlumbingError::NameTaken {
+                    ifname: spec.ifname.into(),
+                    netns: spec.netns.into(),
+                });
+            }
+            pod.push(dev);
+            let hp = FakeHostPath {
+                netns: spec.netns.to_path_buf(),
+                ifname: spec.ifname.to_string(),
+                routes: spec.routes.to_vec(),
+            };
+            w.host_paths.insert(spec.host_veth.to_string(), hp);
+        }
+        self.fault("add_host_path:partial")?;
+        Ok(mac)
+    }
+
+    async fn remove_host_path(&self, host_veth: &str) -> Result<(), PlumbingError> {
+        self.fault("remove_host_path")?;
+        self.remove_host_path_now(host_veth);
+        Ok(())
+    }
+
+    async fn check_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        mac: Option<MacAddr>,
+    ) -> Result<Result<MacAddr, String>, PlumbingError> {
+        let w = self.world.lock().unwrap();
+        let Some(hp) = w.host_paths.get(spec.host_veth) else {
+            return Ok(Err(format!("host path veth {} is missing", spec.host_veth)));
+        };
+        if hp.netns != spec.netns || hp.routes != spec.routes {
+            return Ok(Err(format!("host path {} differs", spec.host_veth)));
+        }
+        let pod = w.netns.get(&hp.netns).ok_or_else(|| gone(&hp.netns))?;
+        let end = pod.iter().find(|d| d.link.name == spec.ifname);
+        Ok(match end {
+            None => Err(format!("host path interface {} is missing", spec.ifname)),
+            Some(d) if mac.is_some_and(|m| m != d.link.mac) => Err("other MAC".into()),
+            Some(d) => Ok(d.link.mac),
+        })
+    }
+
+    async fn host_veths(&self) -> Result<Vec<String>, PlumbingError> {
+        Ok(self.host_path_veths())
+    }
+
+    async fn node_addresses(&self) -> Result<Vec<IpAddr>, PlumbingError> {
+        Ok(self.node_addrs.lock().unwrap().clone())
+    }
 }
 
 impl FakePlumbing {
+    /// Deletes a host path's pair: the pod end goes with the host end.
+    fn remove_host_path_now(&self, host_veth: &str) {
+        let mut w = self.world.lock().unwrap();
+        let Some(hp) = w.host_paths.remove(host_veth) else {
+            return;
+        };
+        if let Some(pod) = w.netns.get_mut(&hp.netns) {
+            pod.retain(|d| d.link.name != hp.ifname);
+        }
+    }
+
+    /// A veth pair's pod end: a device with a MAC derived from the name.
+    fn pod_end(&self, ifname: &str, mtu: u32) -> FakeDev {
+        let b = ifname.as_bytes();
+        let byte = |i: usize| b.get(i).copied().unwrap_or(0);
+        FakeDev {
+            link: LinkInfo {
+                index: self.index(),
+                name: ifname.into(),
+                mac: MacAddr([0x0a, byte(0), byte(1), byte(2), byte(3), byte(4)]),
+                mtu,
+                up: true,
+            },
+            addrs: vec![],
+            gateways: vec![],
+        }
+    }
+
     fn put_home(&self, mac: MacAddr, host_name: &str, host_mtu: u32) -> bool {
         let mut w = self.world.lock().unwrap();
         let Some(dev) = w.host.iter_mut().find(|d| d.link.mac == mac) else {

@@ -220,8 +220,8 @@ pub async fn delete(handle: &Handle, name: &str, op: &'static str) -> Result<(),
 }
 
 /// What the pod interface `link` has now: its addresses (link-local ones
-/// left out) and the gateways of the main table's default routes through
-/// it. Both modes' CHECK and recovery compare this with the result.
+/// left out) and the gateways of the default routes through it, in any
+/// table (a later plugin of a chain, sbr, moves them out of main). Both modes' CHECK and recovery compare this with the result.
 pub async fn pod_state(handle: &Handle, link: LinkInfo) -> Result<PodLinkState, PlumbingError> {
     let addrs = addr::dump(handle, link.index)
         .await?
@@ -231,7 +231,7 @@ pub async fn pod_state(handle: &Handle, link: LinkInfo) -> Result<PodLinkState, 
     let default_gateways = route::dump(handle)
         .await?
         .iter()
-        .filter(|r| r.is_default() && r.table == route::MAIN_TABLE && r.oif == Some(link.index))
+        .filter(|r| r.is_default() && r.oif == Some(link.index))
         .filter_map(|r| r.gateway)
         .collect();
     Ok(PodLinkState {

@@ -15,6 +15,7 @@ pub mod addr;
 #[cfg(test)]
 pub mod fake;
 pub mod host;
+pub mod hostpath;
 pub mod link;
 pub mod neigh;
 pub mod netns;
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::AttachmentResult;
 
 pub use host::Host;
+pub use hostpath::HostPathSpec;
 pub use netns::Netns;
 
 /// A device as seen in one namespace.
@@ -98,9 +100,12 @@ impl PodLinkState {
         {
             return Some(format!("address {} is missing", ip.address));
         }
+        // The interface's own routes are the default ones; the others (the
+        // host path's) go through another interface, checked on their own.
         let missing_gw = result
             .routes
             .iter()
+            .filter(|r| r.dst.prefix_len() == 0)
             .filter_map(|r| r.gw)
             .find(|gw| !self.default_gateways.contains(gw));
         missing_gw.map(|gw| format!("default route via {gw} is missing"))
@@ -273,6 +278,30 @@ pub trait Plumbing: Send + Sync {
         &self,
         homes: &[HostLinkHome<'_>],
     ) -> Result<Vec<Result<bool, PlumbingError>>, PlumbingError>;
+
+    /// Makes a pod's host path ([`hostpath::add`]); returns the pod end's
+    /// MAC. On failure part may exist: [`Plumbing::remove_host_path`]
+    /// takes it away.
+    async fn add_host_path(&self, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError>;
+
+    /// Removes the host path whose host end is `host_veth`; done already
+    /// when it is gone.
+    async fn remove_host_path(&self, host_veth: &str) -> Result<(), PlumbingError>;
+
+    /// The pod end's MAC when the kernel's host path is `spec` (with the
+    /// pod end's MAC `mac`, when known), else why not ([`hostpath::check`]).
+    async fn check_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        mac: Option<MacAddr>,
+    ) -> Result<Result<MacAddr, String>, PlumbingError>;
+
+    /// The names of every veth in the host namespace.
+    async fn host_veths(&self) -> Result<Vec<String>, PlumbingError>;
+
+    /// The node's own addresses: global scope, any device of the host
+    /// namespace.
+    async fn node_addresses(&self) -> Result<Vec<IpAddr>, PlumbingError>;
 }
 
 /// Where a device belongs in the host: its MAC, host name and MTU.

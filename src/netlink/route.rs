@@ -4,6 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use enim_provider::MacAddr;
+use ipnet::IpNet;
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
 };
@@ -55,12 +56,29 @@ impl Route {
         self.dst_len == 0
     }
 
+    /// A route to `dst` via `gw` through device `index`, in any table: a
+    /// later plugin of a chain (sbr) may have moved it out of main.
+    pub fn is_via(&self, dst: IpNet, gw: IpAddr, index: u32) -> bool {
+        self.dst_len == dst.prefix_len()
+            && self.dst.unwrap_or(unspecified(dst)) == dst.addr()
+            && self.gateway == Some(gw)
+            && self.oif == Some(index)
+    }
+
     /// A route to `ip` alone through device `index` in `table`.
     pub fn is_host_route(&self, ip: IpAddr, index: u32, table: u32) -> bool {
         self.table == table
             && self.dst_len == host_prefix_len(ip)
             && self.dst == Some(ip)
             && self.oif == Some(index)
+    }
+}
+
+/// The all-zero address of `net`'s family (a default route's missing dst).
+fn unspecified(net: IpNet) -> IpAddr {
+    match net {
+        IpNet::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     }
 }
 
@@ -133,6 +151,37 @@ pub fn default_via(gw: IpAddr, index: u32, table: u32) -> NewRoute {
             .output_interface(index)
             .table_id(table)
             .build(),
+    })
+}
+
+/// A route to `dst` via `gw` on device `index` in `table`, preferring the
+/// source `src` (of `dst`'s family) for traffic it carries.
+pub fn via(dst: IpNet, gw: IpAddr, index: u32, table: u32, src: Option<IpAddr>) -> NewRoute {
+    NewRoute(match (dst, gw) {
+        (IpNet::V4(d), IpAddr::V4(g)) => {
+            let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .gateway(g)
+                .output_interface(index)
+                .table_id(table);
+            if let Some(IpAddr::V4(s)) = src {
+                b = b.pref_source(s);
+            }
+            b.build()
+        }
+        (IpNet::V6(d), IpAddr::V6(g)) => {
+            let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .gateway(g)
+                .output_interface(index)
+                .table_id(table);
+            if let Some(IpAddr::V6(s)) = src {
+                b = b.pref_source(s);
+            }
+            b.build()
+        }
+        // A caller bug; the kernel refuses the empty message with EINVAL.
+        _ => RouteMessage::default(),
     })
 }
 

@@ -11,9 +11,10 @@ use enim_provider::MacAddr;
 use ipnet::IpNet;
 
 use super::addr::{self, AddrOptions};
-use super::{link, route};
+use super::{hostpath, link, route};
 use super::{
-    Host, HostLinkHome, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig, PodLinkState,
+    Host, HostLinkHome, HostPathSpec, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig,
+    PodLinkState,
 };
 
 // Paths the bench and older callers use.
@@ -221,6 +222,30 @@ impl Plumbing for RtnlPlumbing {
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
         self.host.primary_mac().await
+    }
+
+    async fn add_host_path(&self, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError> {
+        hostpath::add(&self.host, spec).await
+    }
+
+    async fn remove_host_path(&self, host_veth: &str) -> Result<(), PlumbingError> {
+        hostpath::remove(&self.host, host_veth).await
+    }
+
+    async fn check_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        mac: Option<MacAddr>,
+    ) -> Result<Result<MacAddr, String>, PlumbingError> {
+        hostpath::check(&self.host, spec, mac).await
+    }
+
+    async fn host_veths(&self) -> Result<Vec<String>, PlumbingError> {
+        hostpath::host_veths(&self.host).await
+    }
+
+    async fn node_addresses(&self) -> Result<Vec<IpAddr>, PlumbingError> {
+        self.host.dump(addr::dump_global).await
     }
 
     async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError> {

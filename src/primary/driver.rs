@@ -6,15 +6,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use enim_provider::{Eni, EniOwner, EniProvider};
+use enim_provider::{Eni, EniOwner, EniProvider, MacAddr};
 
 use crate::api::{EniStatus, GcReport, GcRequest};
 use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
-use crate::netlink::{HostLinkHome, LinkInfo, Plumbing, PlumbingError, PodLinkConfig};
+use crate::netlink::{
+    HostLinkHome, HostPathSpec, LinkInfo, Plumbing, PlumbingError, PodLinkConfig,
+};
 use crate::store::checkpoint::{Checkpoint, HostHome};
 use crate::support::exclusion::{excluded_owner, Exclusions, Reservation};
 use crate::support::fault::crash_point;
+
+use super::hostpath::HostPathConfig;
 
 pub struct PrimaryDriver {
     pub(super) provider: Arc<dyn EniProvider>,
@@ -22,6 +26,26 @@ pub struct PrimaryDriver {
     pub(super) checkpoint: Arc<Checkpoint>,
     // Configured exclusions; the primary interface joins them at restore.
     pub(super) exclusions: std::sync::RwLock<Exclusions>,
+    pub(super) host_path: HostPathConfig,
+}
+
+/// The kernel's view of `record`'s host path, if it has one.
+fn host_path_spec(record: &Record) -> Option<HostPathSpec<'_>> {
+    let p = record.primary()?;
+    let hp = p.host_path.as_ref()?;
+    Some(HostPathSpec {
+        netns: &record.netns,
+        host_veth: &hp.host_veth,
+        ifname: &hp.ifname,
+        mtu: record.mtu,
+        pod_ips: record.ips(),
+        routes: &hp.routes,
+    })
+}
+
+/// The host path's pod end MAC, once known.
+fn spec_mac(record: &Record) -> Option<MacAddr> {
+    record.primary()?.host_path.as_ref()?.mac
 }
 
 /// Where the record's device belongs in the host.
@@ -53,6 +77,15 @@ impl PrimaryDriver {
             plumbing,
             checkpoint,
             exclusions: std::sync::RwLock::new(exclusions),
+            host_path: HostPathConfig::default(),
+        }
+    }
+
+    /// Gives pods a host path (README "The host path") under `config`.
+    pub fn with_host_path(self, config: HostPathConfig) -> Self {
+        PrimaryDriver {
+            host_path: config,
+            ..self
         }
     }
 
@@ -110,8 +143,27 @@ impl PrimaryDriver {
                 gateway4: eni.gateway4,
                 ipv6: eni.ipv6,
                 gateway6: eni.gateway6,
+                host_path: None,
             }),
         }
+    }
+
+    /// The host path `record` gets, planned into its intent: the node's
+    /// addresses are read now, and the record keeps what was planned.
+    async fn plan_host_path(&self, record: &mut Record) -> Result<(), EngineError> {
+        if !self.host_path.applies_to(&record.key) {
+            return Ok(());
+        }
+        let node = self
+            .plumbing
+            .node_addresses()
+            .await
+            .map_err(EngineError::plumbing("list node addresses"))?;
+        let pod_ips = record.ips();
+        if let Payload::Primary(p) = &mut record.payload {
+            p.host_path = self.host_path.plan(&record.key, &pod_ips, &node);
+        }
+        Ok(())
     }
 
     /// The allocated `eni`'s device and intent; `Err` before anything else
@@ -137,7 +189,9 @@ impl PrimaryDriver {
             mtu: host.mtu,
         };
         self.checkpoint.learn_homes([(eni.mac, home)]).await?;
-        Ok((Self::intent(owner, netns, eni, &host), host))
+        let mut record = Self::intent(owner, netns, eni, &host);
+        self.plan_host_path(&mut record).await?;
+        Ok((record, host))
     }
 }
 
@@ -238,16 +292,53 @@ impl Driver for PrimaryDriver {
             .configure_pod_link(&record.netns, p.mac, &config)
             .await
             .map_err(EngineError::plumbing("configure ENI in pod"))?;
+        // After the ENI: the host path's routes prefer the ENI's addresses
+        // as source, which must exist in the pod first.
+        let Some(spec) = host_path_spec(record) else {
+            return Ok(());
+        };
+        let mac = self
+            .plumbing
+            .add_host_path(&spec)
+            .await
+            .map_err(EngineError::pod_side("make host path"))?;
+        if let Payload::Primary(PrimaryPayload {
+            host_path: Some(hp),
+            ..
+        }) = &mut record.payload
+        {
+            hp.mac = Some(mac);
+        }
         Ok(())
     }
 
     async fn verify(&self, record: &mut Record, want_mtu: Option<u32>) -> Option<String> {
         let mac = record.mac()?;
         match self.plumbing.pod_link(&record.netns, mac).await {
-            Ok(Some(state)) => state.mismatch(&record.result(), want_mtu),
-            Ok(None) => Some(format!("no device with MAC {mac} in the netns")),
-            Err(e) => Some(e.to_string()),
+            Ok(Some(state)) => {
+                if let Some(why) = state.mismatch(&record.result(), want_mtu) {
+                    return Some(why);
+                }
+            }
+            Ok(None) => return Some(format!("no device with MAC {mac} in the netns")),
+            Err(e) => return Some(e.to_string()),
         }
+        let spec = host_path_spec(record)?;
+        let known = spec_mac(record);
+        let found = match self.plumbing.check_host_path(&spec, known).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(why)) => return Some(why),
+            Err(e) => return Some(e.to_string()),
+        };
+        // An intent finished by recovery learns the pod end's MAC here.
+        if let Payload::Primary(PrimaryPayload {
+            host_path: Some(hp),
+            ..
+        }) = &mut record.payload
+        {
+            hp.mac = Some(found);
+        }
+        None
     }
 
     async fn unplumb(&self, record: &Record) -> Result<Unplumbed, EngineError> {
@@ -271,6 +362,16 @@ impl Driver for PrimaryDriver {
                 out.push(Some(payload(r).map(|_| Unplumbed::Home)));
                 continue;
             };
+            // The host path first: the pod never holds it without its ENI.
+            // It died with the netns if that is gone; removal by name is
+            // then a no-op.
+            if let Some(hp) = &p.host_path {
+                if let Err(e) = self.plumbing.remove_host_path(&hp.host_veth).await {
+                    out.push(Some(Err(EngineError::plumbing("remove host path")(e))));
+                    continue;
+                }
+                crash_point("del:after-host-path");
+            }
             let moved = match self.plumbing.move_to_host(&r.netns, home_of(p)).await {
                 Ok(moved) => moved,
                 Err(e) if e.is_netns_gone() => None,
@@ -359,6 +460,7 @@ impl Driver for PrimaryDriver {
     }
 
     async fn gc_host(&self, records: &[Record], request: &GcRequest, report: &mut GcReport) {
+        self.sweep_host_paths(records, report).await;
         self.release_orphans(records, request, report).await;
         self.return_found_enis(report).await;
         self.normalise_free_enis(records, report).await;

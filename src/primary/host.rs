@@ -1,4 +1,5 @@
-//! The primary driver's view of the host as a whole: GC's host pass and
+//! The primary driver's view of the host as a whole: GC's host pass (stray
+//! host paths, orphaned assignments, drifted free ENIs, quarantines) and
 //! the ENI listing.
 
 use std::collections::{HashMap, HashSet};
@@ -42,6 +43,33 @@ impl PrimaryDriver {
             match self.provider.release(&owner).await {
                 Ok(()) => report.orphans_released.push(eni.id.clone()),
                 Err(e) => report.error(&eni.id, GcStep::ReleaseOrphan, e),
+            }
+        }
+    }
+
+    /// Removes host path veths (by enim's naming) that no record explains:
+    /// left by a crash between making one and recording its undo, or by a
+    /// record lost with its checkpoint. Runs with no ADD or DEL in flight.
+    pub(super) async fn sweep_host_paths(&self, records: &[Record], report: &mut GcReport) {
+        let veths = match self.plumbing.host_veths().await {
+            Ok(v) => v,
+            Err(e) => return report.error("node", GcStep::Inventory, e),
+        };
+        let explained: HashSet<&str> = records
+            .iter()
+            .filter_map(|r| r.primary()?.host_path.as_ref())
+            .map(|hp| hp.host_veth.as_str())
+            .collect();
+        for veth in veths {
+            if !self.host_path.is_veth_name(&veth) || explained.contains(veth.as_str()) {
+                continue;
+            }
+            match self.plumbing.remove_host_path(&veth).await {
+                Ok(()) => {
+                    tracing::info!(veth, "removed a stray host path");
+                    report.swept.push(format!("veth {veth}"));
+                }
+                Err(e) => report.error(format!("veth {veth}"), GcStep::Sweep, e),
             }
         }
     }

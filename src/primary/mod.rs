@@ -3,13 +3,17 @@
 //! it home under its host name and MTU.
 //!
 //! - [`driver`]: the [`crate::engine::Driver`] of this mode.
+//! - [`hostpath`]: the `[host_path]` config and what each pod's host path
+//!   routes (the kernel side is [`crate::netlink::hostpath`]).
 //! - [`host`]: GC's host pass (orphaned assignments, drifted free ENIs,
 //!   excluded ENIs) and `/v1/enis`.
 
 pub mod driver;
 mod host;
+pub mod hostpath;
 
 pub use driver::PrimaryDriver;
+pub use hostpath::HostPathConfig;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -11,19 +11,21 @@ use enim_provider::{EniProvider, MacAddr, ProviderError};
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 use tokio::sync::Notify;
 
+use super::HostPathConfig;
 use super::PrimaryDriver;
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::{Engine, EngineError};
 use crate::model::Phase;
-use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS};
+use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS, HOST_PATH_FAULT_STEPS};
 use crate::netlink::LinkInfo;
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{is_excluded_owner, ExclusionConfig, Exclusions};
 
 const HOST_MTU: u32 = 1500;
 
-pub(crate) struct PrimaryHarness {
+/// Primary mode over the fake, with pods given a host path or not.
+pub(crate) struct PrimaryRig<const HOST_PATH: bool> {
     engine: Engine<PrimaryDriver>,
     fake: Arc<FakePlumbing>,
     provider: Arc<StaticProvider>,
@@ -31,19 +33,39 @@ pub(crate) struct PrimaryHarness {
     _dir: tempfile::TempDir,
 }
 
-impl PrimaryHarness {
+/// The primary mode as configured by default.
+pub(crate) type PrimaryHarness = PrimaryRig<false>;
+/// Primary mode with a host path for every pod.
+pub(crate) type HostPathHarness = PrimaryRig<true>;
+
+impl<const HOST_PATH: bool> PrimaryRig<HOST_PATH> {
+    fn driver(&self, checkpoint: Arc<Checkpoint>, exclusions: Exclusions) -> PrimaryDriver {
+        Self::driver_over(&self.provider, &self.fake, checkpoint, exclusions)
+    }
+
+    fn driver_over(
+        provider: &Arc<StaticProvider>,
+        fake: &Arc<FakePlumbing>,
+        checkpoint: Arc<Checkpoint>,
+        exclusions: Exclusions,
+    ) -> PrimaryDriver {
+        let driver = PrimaryDriver::new(provider.clone(), fake.clone(), checkpoint, exclusions);
+        if HOST_PATH {
+            driver.with_host_path(HostPathConfig {
+                service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+                ..HostPathConfig::default()
+            })
+        } else {
+            driver
+        }
+    }
+
     fn engine_over(
         &self,
         checkpoint: Arc<Checkpoint>,
         exclusions: Exclusions,
     ) -> Engine<PrimaryDriver> {
-        let driver = PrimaryDriver::new(
-            self.provider.clone(),
-            self.fake.clone(),
-            checkpoint.clone(),
-            exclusions,
-        );
-        Engine::new(driver, checkpoint)
+        Engine::new(self.driver(checkpoint.clone(), exclusions), checkpoint)
     }
 
     /// The physical device of a dead netns comes home as `dev<N>`.
@@ -57,9 +79,13 @@ impl PrimaryHarness {
 }
 
 #[async_trait]
-impl Harness for PrimaryHarness {
+impl<const HOST_PATH: bool> Harness for PrimaryRig<HOST_PATH> {
     type D = PrimaryDriver;
-    const FAULT_STEPS: &'static [&'static str] = FAULT_STEPS;
+    const FAULT_STEPS: &'static [&'static str] = if HOST_PATH {
+        HOST_PATH_FAULT_STEPS
+    } else {
+        FAULT_STEPS
+    };
     const UNDO_FAULTS: (&'static str, &'static str) = ("configure_pod_link", "move_to_host");
     // The host home (first sight), the intent, then the outcome.
     const OUTCOME_WRITE: u32 = 3;
@@ -87,15 +113,10 @@ impl Harness for PrimaryHarness {
         let provider = Arc::new(StaticProvider::new(enis).unwrap());
         let dir = tempfile::tempdir().unwrap();
         let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
-        let driver = PrimaryDriver::new(
-            provider.clone(),
-            fake.clone(),
-            cp.clone(),
-            Exclusions::default(),
-        );
+        let driver = Self::driver_over(&provider, &fake, cp.clone(), Exclusions::default());
         let engine = Engine::new(driver, cp);
         engine.recover().await.unwrap();
-        PrimaryHarness {
+        PrimaryRig {
             engine,
             fake,
             provider,
@@ -158,7 +179,7 @@ impl Harness for PrimaryHarness {
     fn pod_objects(&self) -> usize {
         let w = self.fake.world.lock().unwrap();
         let ours = |d: &&FakeDev| (1..=self.n).any(|i| d.link.mac == mac(i));
-        w.netns.values().flatten().filter(ours).count()
+        w.netns.values().flatten().filter(ours).count() + w.host_paths.len()
     }
 
     async fn held(&self) -> usize {
@@ -179,6 +200,10 @@ impl Harness for PrimaryHarness {
 
 mod conformance {
     super::conformance_suite!(super::PrimaryHarness);
+}
+
+mod conformance_with_host_path {
+    super::conformance_suite!(super::HostPathHarness);
 }
 
 #[tokio::test]
@@ -408,4 +433,68 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
         h.engine.add(&owner("c"), &p3).await.unwrap().eni_id,
         "eni-1"
     );
+}
+
+/// A pod's host path is planned into its intent (the node's addresses
+/// included), shows in the result as a second interface with its routes,
+/// and GC sweeps only host path veths no record explains.
+#[tokio::test]
+async fn host_path_is_recorded_returned_and_strays_are_swept() {
+    let h = HostPathHarness::new(2).await;
+    *h.fake.node_addrs.lock().unwrap() = vec!["192.168.7.1".parse().unwrap()];
+    let result = h.engine.add(&owner("c"), Path::new(POD)).await.unwrap();
+    let hp = result.host_path.clone().expect("a host path interface");
+    assert_eq!(hp.name, "eth0-host");
+    assert_eq!(hp.sandbox, PathBuf::from(POD));
+    let routes: Vec<String> = result
+        .routes
+        .iter()
+        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
+        .collect();
+    // The ENI's default routes, then the host path's (IPv4 only here).
+    assert_eq!(
+        routes[2..],
+        [
+            "10.96.0.0/12 via 169.254.1.1",
+            "192.168.7.1/32 via 169.254.1.1"
+        ]
+    );
+    let record = h.engine.attachments().await.remove(0);
+    let recorded = record.primary().unwrap().host_path.clone().unwrap();
+    assert_eq!(recorded.mac, Some(hp.mac), "the pod end's MAC is learned");
+    // Another attachment's interface gets none.
+    h.fake.add_netns(Path::new("/run/netns/other"));
+    let net1 = h
+        .engine
+        .add(
+            &enim_provider::EniOwner {
+                ifname: "net1".into(),
+                ..owner("d")
+            },
+            Path::new("/run/netns/other"),
+        )
+        .await
+        .unwrap();
+    assert!(net1.host_path.is_none());
+
+    // A stray of enim's shape (a crash lost its record) and a stranger's.
+    for stray in ["enih0123456789a", "vethforeign"] {
+        h.fake.world.lock().unwrap().host_paths.insert(
+            stray.into(),
+            crate::netlink::fake::FakeHostPath {
+                netns: PathBuf::from("/run/netns/gone"),
+                ifname: "x".into(),
+                routes: vec![],
+            },
+        );
+    }
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.swept, ["veth enih0123456789a"], "{report:?}");
+    let mut left = h.fake.host_path_veths();
+    left.retain(|v| v != &recorded.host_veth);
+    assert_eq!(left, ["vethforeign"]);
+    h.engine
+        .check(&owner("c"), Path::new(POD), MtuExpectation::Recorded)
+        .await
+        .unwrap();
 }

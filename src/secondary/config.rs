@@ -7,9 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::MAX_DEVICE_INDEX;
-use crate::model::AttachmentKey;
-
-const IFNAMSIZ: usize = 16;
+use crate::model::{naming, AttachmentKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("[secondary] config: {0}")]
@@ -78,18 +76,13 @@ impl SecondaryConfig {
                 self.table_offset
             ));
         }
-        let name_ok = |p: &str| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
-        if !name_ok(&self.veth_prefix) || self.veth_prefix.len() > 7 {
+        if !naming::valid_veth_prefix(&self.veth_prefix) {
             return bad(format!(
                 "veth_prefix {:?} must be 1-7 of [a-z0-9-] (the rest of the name is a hash)",
                 self.veth_prefix
             ));
         }
-        if !name_ok(&self.eni_name_prefix) || self.eni_name_prefix.len() > 12 {
+        if !naming::name_chars_ok(&self.eni_name_prefix) || self.eni_name_prefix.len() > 12 {
             return bad(format!(
                 "eni_name_prefix {:?} must be 1-12 of [a-z0-9-]",
                 self.eni_name_prefix
@@ -120,36 +113,13 @@ impl SecondaryConfig {
     /// The host end of a pod's veth: the prefix and a stable hash of the
     /// attachment key, 15 bytes in all, so GC can tell it from the key.
     pub fn veth_name(&self, key: &AttachmentKey) -> String {
-        let digits = IFNAMSIZ - 1 - self.veth_prefix.len();
-        let hash = fnv1a64(&[&key.network, &key.container_id, &key.ifname]);
-        let hex = format!("{hash:016x}");
-        format!("{}{}", self.veth_prefix, &hex[..digits])
+        naming::veth_name(&self.veth_prefix, key)
     }
 
     /// Whether `name` has the shape of a pod veth's host end.
     pub fn is_veth_name(&self, name: &str) -> bool {
-        name.len() == IFNAMSIZ - 1
-            && name
-                .strip_prefix(self.veth_prefix.as_str())
-                .is_some_and(|rest| {
-                    rest.bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                })
+        naming::is_veth_name(&self.veth_prefix, name)
     }
-}
-
-/// FNV-1a over the parts, NUL-separated: stable across builds and
-/// platforms, unlike std's hasher.
-fn fnv1a64(parts: &[&str]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, part) in parts.iter().enumerate() {
-        let sep: &[u8] = if i == 0 { b"" } else { b"\0" };
-        for b in sep.iter().chain(part.as_bytes()) {
-            hash ^= u64::from(*b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    hash
 }
 
 #[cfg(test)]

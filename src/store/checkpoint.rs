@@ -543,6 +543,7 @@ mod tests {
                 gateway4: "10.0.0.1".parse().unwrap(),
                 ipv6: None,
                 gateway6: None,
+                host_path: None,
             }),
         }
     }

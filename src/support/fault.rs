@@ -10,7 +10,8 @@
 //! `del:after-release` (before the record is dropped),
 //! `startup:before-recover` (listening, not yet ready).
 //!
-//! Secondary mode has its own list ([`SECONDARY_CRASH_POINTS`]): the ADD
+//! With the host path on, primary mode also passes
+//! [`HOST_PATH_CRASH_POINTS`]. Secondary mode has its own list ([`SECONDARY_CRASH_POINTS`]): the ADD
 //! points without the move, and `del:after-unplumb` (veth, rules and
 //! routes removed) in place of DEL's move and restore.
 
@@ -28,6 +29,11 @@ pub const CRASH_POINTS: &[&str] = &[
     "startup:before-recover",
 ];
 
+/// The points primary mode passes besides [`CRASH_POINTS`] when pods get a
+/// host path: its veth made but not configured, and removed on DEL before
+/// the ENI moves home.
+pub const HOST_PATH_CRASH_POINTS: &[&str] = &["add:after-host-veth", "del:after-host-path"];
+
 /// The crash points secondary mode passes, in order.
 pub const SECONDARY_CRASH_POINTS: &[&str] = &[
     "add:after-allocate",
@@ -44,7 +50,9 @@ pub fn crash_point(point: &'static str) {
     use std::sync::OnceLock;
     static TARGET: OnceLock<Option<String>> = OnceLock::new();
     debug_assert!(
-        CRASH_POINTS.contains(&point) || SECONDARY_CRASH_POINTS.contains(&point),
+        [CRASH_POINTS, HOST_PATH_CRASH_POINTS, SECONDARY_CRASH_POINTS]
+            .iter()
+            .any(|list| list.contains(&point)),
         "undeclared crash point {point}"
     );
     static DELAY: OnceLock<Option<(String, u64)>> = OnceLock::new();

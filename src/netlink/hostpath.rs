@@ -1,0 +1,212 @@
+//! Primary mode's host path in the kernel: which objects one pod's veth to
+//! the host needs, made with the verbs of [`super::link`], [`super::route`]
+//! and [`super::neigh`].
+//!
+//! - Pod side: the pod end (no address of its own), a permanent neighbour
+//!   entry for the link-local gateway ([`GATEWAY4`] / [`GATEWAY6`]) at the
+//!   host end's MAC, and a route per prefix via that gateway, preferring
+//!   the ENI's address as source. The default route stays on the ENI.
+//! - Host side: the host end, a route to each pod address through it, and
+//!   a permanent neighbour entry for each at the pod end's MAC (the pod's
+//!   addresses are on its ENI, and IPv6 answers neighbour solicitations
+//!   only on the interface holding the address).
+//!
+//! Routing is symmetric (the pod routes the node's addresses back through
+//! the host path), so strict reverse-path filtering passes on both sides
+//! and no sysctl is written.
+
+use std::io;
+use std::net::IpAddr;
+use std::path::Path;
+
+use enim_provider::MacAddr;
+use ipnet::IpNet;
+
+use super::host::handle_in;
+use super::{link, neigh, route, Host, LinkInfo, Netns, PlumbingError};
+use crate::model::{HostPath, GATEWAY4};
+
+/// One pod's host path as the kernel should have it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPathSpec<'a> {
+    pub netns: &'a Path,
+    pub host_veth: &'a str,
+    /// The pod end's name.
+    pub ifname: &'a str,
+    pub mtu: u32,
+    /// The pod's addresses (on its ENI), one per family at most.
+    pub pod_ips: Vec<IpAddr>,
+    /// Prefixes the pod routes through the host.
+    pub routes: &'a [IpNet],
+}
+
+impl HostPathSpec<'_> {
+    /// The pod address of `family_of`'s family, the routes' source.
+    fn pod_ip_like(&self, family_of: IpAddr) -> Option<IpAddr> {
+        self.pod_ips
+            .iter()
+            .copied()
+            .find(|ip| ip.is_ipv4() == family_of.is_ipv4())
+    }
+
+    /// The gateways the pod uses: one per family it routes.
+    fn gateways(&self) -> Vec<IpAddr> {
+        let mut gws: Vec<IpAddr> = self.routes.iter().map(HostPath::gateway_for).collect();
+        gws.sort();
+        gws.dedup();
+        gws
+    }
+}
+
+fn gone(what: &'static str, detail: String) -> PlumbingError {
+    PlumbingError::Io {
+        what,
+        source: io::Error::other(detail),
+    }
+}
+
+/// Makes `spec`'s host path; returns the pod end's MAC. A veth left under
+/// the host name (by an earlier attempt of this very attachment, as the
+/// name derives from its key) is removed first. Fails with
+/// [`PlumbingError::NameTaken`] when the pod has an interface of the pod
+/// end's name. On failure part may exist: [`remove`] takes it away.
+pub async fn add(host: &Host, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError> {
+    let handle = host.handle();
+    let ns = Netns::open(spec.netns)?;
+    remove(host, spec.host_veth).await?;
+    link::add_veth_pair(handle, spec.host_veth, spec.ifname, &ns, spec.mtu).await?;
+    crate::support::fault::crash_point("add:after-host-veth");
+    let host_end = link::by_name(handle, spec.host_veth)
+        .await?
+        .ok_or_else(|| {
+            gone(
+                "host end of the host path",
+                format!("{} vanished after creation", spec.host_veth),
+            )
+        })?;
+    link::set_up(handle, host_end.index, None, "set host path up").await?;
+
+    let pod = handle_in(&ns).await?;
+    let pod_end = link::by_name(&pod, spec.ifname).await?.ok_or_else(|| {
+        gone(
+            "pod end of the host path",
+            format!("{} vanished from {}", spec.ifname, spec.netns.display()),
+        )
+    })?;
+    link::set_up(&pod, pod_end.index, None, "set pod end of host path up").await?;
+    for gw in spec.gateways() {
+        let op = "add host path gateway neighbour";
+        neigh::set_permanent(&pod, pod_end.index, gw, host_end.mac, op).await?;
+        if gw == IpAddr::V4(GATEWAY4) {
+            // An IPv4 gateway must be reachable on-link first.
+            let op = "add host path gateway route";
+            route::replace(
+                &pod,
+                route::to_host(gw, pod_end.index, route::MAIN_TABLE),
+                op,
+            )
+            .await?;
+        }
+    }
+    for dst in spec.routes {
+        let gw = HostPath::gateway_for(dst);
+        let src = spec.pod_ip_like(gw);
+        let op = "add host path route in pod";
+        let r = route::via(*dst, gw, pod_end.index, route::MAIN_TABLE, src);
+        route::replace(&pod, r, op).await?;
+    }
+    drop((pod, ns));
+
+    for ip in &spec.pod_ips {
+        let op = "add host route to pod";
+        route::replace(
+            handle,
+            route::to_host(*ip, host_end.index, route::MAIN_TABLE),
+            op,
+        )
+        .await?;
+        let op = "add host neighbour of pod";
+        neigh::set_permanent(handle, host_end.index, *ip, pod_end.mac, op).await?;
+    }
+    Ok(pod_end.mac)
+}
+
+/// Removes a host path by its host end: deleting one end deletes both, and
+/// the routes and neighbour entries through them. Done already when the
+/// veth is gone (it dies with the pod's netns too).
+pub async fn remove(host: &Host, host_veth: &str) -> Result<(), PlumbingError> {
+    link::delete(host.handle(), host_veth, "delete host path veth").await
+}
+
+/// The pod end's MAC when the kernel's host path is `spec` (and the pod
+/// end has `mac`, when given), else why not. Routes count in any table of
+/// the pod: a later plugin of a chain (sbr) may have moved them.
+pub async fn check(
+    host: &Host,
+    spec: &HostPathSpec<'_>,
+    mac: Option<MacAddr>,
+) -> Result<Result<MacAddr, String>, PlumbingError> {
+    let handle = host.handle();
+    let Some(host_end) = link::by_name(handle, spec.host_veth).await? else {
+        return Ok(Err(format!("host path veth {} is missing", spec.host_veth)));
+    };
+    if !host_end.up {
+        return Ok(Err(format!("host path veth {} is down", spec.host_veth)));
+    }
+    let host_routes = host.dump(route::dump).await?;
+    if let Some(ip) = spec.pod_ips.iter().find(|ip| {
+        !host_routes
+            .iter()
+            .any(|r| r.is_host_route(**ip, host_end.index, route::MAIN_TABLE))
+    }) {
+        return Ok(Err(format!(
+            "host route to {ip} via {} is missing",
+            spec.host_veth
+        )));
+    }
+
+    let ns = Netns::open(spec.netns)?;
+    let pod = handle_in(&ns).await?;
+    let Some(pod_end) = link::by_name(&pod, spec.ifname).await? else {
+        return Ok(Err(format!(
+            "host path interface {} is missing",
+            spec.ifname
+        )));
+    };
+    if let Some(why) = pod_end_mismatch(&pod_end, mac) {
+        return Ok(Err(why));
+    }
+    let pod_routes = route::dump(&pod).await?;
+    let missing = spec.routes.iter().find(|dst| {
+        let gw = HostPath::gateway_for(dst);
+        !pod_routes
+            .iter()
+            .any(|r| r.is_via(**dst, gw, pod_end.index))
+    });
+    Ok(match missing {
+        Some(dst) => Err(format!("route to {dst} via {} is missing", spec.ifname)),
+        None => Ok(pod_end.mac),
+    })
+}
+
+fn pod_end_mismatch(link: &LinkInfo, mac: Option<MacAddr>) -> Option<String> {
+    if mac.is_some_and(|m| m != link.mac) {
+        return Some(format!(
+            "host path interface {} has another MAC ({})",
+            link.name, link.mac
+        ));
+    }
+    (!link.up).then(|| format!("host path interface {} is down", link.name))
+}
+
+/// The names of every veth in the host namespace (a dump): GC keeps those
+/// a record explains.
+pub async fn host_veths(host: &Host) -> Result<Vec<String>, PlumbingError> {
+    Ok(host
+        .dump(link::dump_marking_veths)
+        .await?
+        .into_iter()
+        .filter(|(_, veth)| *veth)
+        .map(|(l, _)| l.name)
+        .collect())
+}
