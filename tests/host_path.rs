@@ -264,7 +264,10 @@ fn pod_reaches_services_and_the_node_reaches_the_pod() {
     assert_eq!(host_path_veths(&sb), Vec::<String>::new());
     assert!(pod.link("eth0-host").is_none());
     let after = fetch(&sb.host, POD4, POD_PORT);
-    assert!(after.starts_with("error"), "the node still reaches the pod: {after}");
+    assert!(
+        after.starts_with("error"),
+        "the node still reaches the pod: {after}"
+    );
 }
 
 #[test]

@@ -171,3 +171,77 @@ pub async fn pod_iface(pod_path: &Path, ifname: &str) -> R<Option<PodIface>> {
 pub async fn has_link(handle: &Handle, name: &str) -> R<bool> {
     Ok(link_by_name(handle, name).await?.is_some())
 }
+
+/// The floor's host path for pod slot `slot`: the veth enim's host path
+/// makes, by the fewest messages.
+pub struct HostPathFloor {
+    host_veth: String,
+}
+
+impl HostPathFloor {
+    pub fn of(slot: usize) -> HostPathFloor {
+        HostPathFloor {
+            host_veth: format!("hpfloor{slot}"),
+        }
+    }
+}
+
+impl Floor {
+    /// After [`Floor::add`]: a veth pair with its pod end born in the pod,
+    /// both ends up, the gateway's neighbour entry and on-link route, the
+    /// service route in the pod; the route and neighbour entry of the pod's
+    /// address in the host.
+    pub async fn add_host_path(
+        &self,
+        pod_path: &Path,
+        hp: &HostPathFloor,
+        pod_ip: Ipv4Addr,
+    ) -> R<()> {
+        use enim::model::GATEWAY4;
+        use enim::netlink::{link, neigh, route};
+        let pod_ns = Netns::open(pod_path)?;
+        let host = &self.host_handle;
+        link::add_veth_pair(host, &hp.host_veth, "eth0-host", &pod_ns, 1500).await?;
+        let host_end = link::by_name(host, &hp.host_veth)
+            .await?
+            .ok_or("host end vanished")?;
+        link::set_up(host, host_end.index, None, "up").await?;
+        let pod = handle_in(&pod_ns).await?;
+        let pod_end = link::by_name(&pod, "eth0-host")
+            .await?
+            .ok_or("pod end vanished")?;
+        link::set_up(&pod, pod_end.index, None, "up").await?;
+        let gw = IpAddr::V4(GATEWAY4);
+        neigh::set_permanent(&pod, pod_end.index, gw, host_end.mac, "neigh").await?;
+        route::add(
+            &pod,
+            route::to_host(gw, pod_end.index, route::MAIN_TABLE),
+            "gw",
+        )
+        .await?;
+        let svc: IpNet = crate::phases::SERVICE_CIDR.parse()?;
+        let via = route::via(
+            svc,
+            gw,
+            pod_end.index,
+            route::MAIN_TABLE,
+            Some(IpAddr::V4(pod_ip)),
+        );
+        route::add(&pod, via, "service route").await?;
+        let ip = IpAddr::V4(pod_ip);
+        route::add(
+            host,
+            route::to_host(ip, host_end.index, route::MAIN_TABLE),
+            "host route",
+        )
+        .await?;
+        neigh::set_permanent(host, host_end.index, ip, pod_end.mac, "host neigh").await?;
+        Ok(())
+    }
+
+    /// Before [`Floor::del`]: one message deletes the pair and all through it.
+    pub async fn del_host_path(&self, hp: &HostPathFloor) -> R<()> {
+        enim::netlink::link::delete(&self.host_handle, &hp.host_veth, "delete veth").await?;
+        Ok(())
+    }
+}

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::agent::{self, Enimd, Mem, NETWORK};
 use crate::exec::{exec, Bins, Call};
-use crate::floor::{self, Floor};
+use crate::floor::{self, Floor, HostPathFloor};
 use crate::sandbox::{enter, netns_path, Eni, Sandbox};
 use crate::stats::{summarize, Summary};
 use crate::{Opts, R};
@@ -30,25 +30,36 @@ pub use scale::Scale;
 use scale::{gc_dead, gc_moved, restore};
 
 /// The ways of doing the same ADD and DEL: enim as configured by default,
-/// the reference plugin, the kernel floor, and (latency only, a what-if)
-/// enim with its checkpoint written without fsync.
+/// the reference plugin, the kernel floor, and (latency only) a what-if of
+/// enim with its checkpoint written without fsync, and enim with the host
+/// path beside the floor that also makes the veth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Enim,
     HostDevice,
     Floor,
     EnimNoFsync,
+    EnimHostPath,
+    FloorHostPath,
 }
 
 /// Compared everywhere; indices 0, 1, 2 in every per-method array.
 pub const METHODS: [Method; 3] = [Method::Enim, Method::HostDevice, Method::Floor];
+/// How many methods the latency loop compares.
+pub const LAT_N: usize = 6;
 /// Compared in the latency loop.
-pub const LAT_METHODS: [Method; 4] = [
+pub const LAT_METHODS: [Method; LAT_N] = [
     Method::Enim,
     Method::HostDevice,
     Method::Floor,
     Method::EnimNoFsync,
+    Method::EnimHostPath,
+    Method::FloorHostPath,
 ];
+
+/// The service CIDR of the host path methods (the sandbox host has no
+/// addresses of its own, so it is the one route each pod gets).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 
 impl Method {
     pub fn name(self) -> &'static str {
@@ -57,6 +68,8 @@ impl Method {
             Method::HostDevice => "host-device",
             Method::Floor => "floor",
             Method::EnimNoFsync => "enim, checkpoint_fsync = false (what-if)",
+            Method::EnimHostPath => "enim with host path",
+            Method::FloorHostPath => "floor with host path",
         }
     }
     pub fn key(self) -> &'static str {
@@ -65,11 +78,16 @@ impl Method {
             Method::HostDevice => "host_device",
             Method::Floor => "floor",
             Method::EnimNoFsync => "enim_no_fsync",
+            Method::EnimHostPath => "enim_host_path",
+            Method::FloorHostPath => "floor_host_path",
         }
     }
 
     fn is_enim(self) -> bool {
-        matches!(self, Method::Enim | Method::EnimNoFsync)
+        matches!(
+            self,
+            Method::Enim | Method::EnimNoFsync | Method::EnimHostPath
+        )
     }
 }
 
@@ -163,6 +181,7 @@ pub struct Ctx {
     pub pids_file: PathBuf,
     pub enim_conf: Vec<u8>,
     pub enim_conf_no_fsync: Vec<u8>,
+    pub enim_conf_host_path: Vec<u8>,
     pub smoke: bool,
 }
 
@@ -252,6 +271,7 @@ impl Ctx {
         };
         let enim_conf = conf("main")?;
         let enim_conf_no_fsync = conf("no-fsync")?;
+        let enim_conf_host_path = conf("host-path")?;
         Ok(Ctx {
             sb,
             bins,
@@ -263,6 +283,7 @@ impl Ctx {
             pids_file,
             enim_conf,
             enim_conf_no_fsync,
+            enim_conf_host_path,
             smoke: o.smoke,
         })
     }
@@ -326,11 +347,13 @@ impl<'a> Worker<'a> {
         let hd_conf;
         let enim_conf = match method {
             Method::EnimNoFsync => &ctx.enim_conf_no_fsync,
+            Method::EnimHostPath => &ctx.enim_conf_host_path,
             _ => &ctx.enim_conf,
         };
         std::thread::sleep(self.gap);
+        let host_path = HostPathFloor::of(slot);
         let add = match method {
-            Method::Enim | Method::EnimNoFsync => {
+            Method::Enim | Method::EnimNoFsync | Method::EnimHostPath => {
                 let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
                 out.result("enim ADD")?
                     .ok_or("enim ADD printed no result")?;
@@ -353,13 +376,23 @@ impl<'a> Worker<'a> {
                 ))?;
                 t.elapsed()
             }
+            Method::FloorHostPath => {
+                let t = Instant::now();
+                self.rt.block_on(async {
+                    let f = &self.floor;
+                    f.add(&eni.host_name, pod, "eth0", eni.ipv4, eni.gateway4)
+                        .await?;
+                    f.add_host_path(pod, &host_path, eni.ipv4.addr()).await
+                })?;
+                t.elapsed()
+            }
         };
         if verify {
             self.verify_added(method, slot)?;
         }
         std::thread::sleep(self.gap);
         let del = match method {
-            Method::Enim | Method::EnimNoFsync => {
+            Method::Enim | Method::EnimNoFsync | Method::EnimHostPath => {
                 let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
                 out.result("enim DEL")?;
                 out.elapsed
@@ -374,6 +407,14 @@ impl<'a> Worker<'a> {
                 let t = Instant::now();
                 self.rt
                     .block_on(self.floor.del(pod, "eth0", &eni.host_name))?;
+                t.elapsed()
+            }
+            Method::FloorHostPath => {
+                let t = Instant::now();
+                self.rt.block_on(async {
+                    self.floor.del_host_path(&host_path).await?;
+                    self.floor.del(pod, "eth0", &eni.host_name).await
+                })?;
                 t.elapsed()
             }
         };
@@ -508,9 +549,9 @@ pub struct Results {
     /// machine may be shared, and load shows in every absolute figure.
     pub load: (f64, f64),
     pub cycles: usize,
-    pub lat: [(Summary, Summary); 4],
+    pub lat: [(Summary, Summary); LAT_N],
     /// Every sample behind `lat`, in ms, in the order taken.
-    pub lat_raw: [(Vec<f64>, Vec<f64>); 4],
+    pub lat_raw: [(Vec<f64>, Vec<f64>); LAT_N],
     /// The order of the methods (indices into `LAT_METHODS`) per cycle.
     pub lat_order: Vec<Vec<usize>>,
     pub gap_ms: u64,
@@ -592,6 +633,10 @@ pub fn run(o: &Opts) -> R<Results> {
         let no_fsync_dir = work.join("no-fsync");
         ctx.write_config(&no_fsync_dir, &ctx.main_enis, "checkpoint_fsync = false")?;
         let no_fsync = ctx.enimd(&no_fsync_dir, Duration::from_secs(30))?;
+        let host_path_dir = work.join("host-path");
+        let host_path_extra = format!("[host_path]\nservice_cidrs = [\"{SERVICE_CIDR}\"]");
+        ctx.write_config(&host_path_dir, &ctx.main_enis, &host_path_extra)?;
+        let host_path = ctx.enimd(&host_path_dir, Duration::from_secs(30))?;
         say(&format!(
             "latency: {} interleaved ADD+DEL cycles per method",
             plan.cycles
@@ -599,6 +644,12 @@ pub fn run(o: &Opts) -> R<Results> {
         let out = latency(&ctx, &plan)?;
         check_all_home(&ctx, &no_fsync, "after the latency phase (what-if agent)")?;
         no_fsync.stop()?;
+        check_all_home(
+            &ctx,
+            &host_path,
+            "after the latency phase (host path agent)",
+        )?;
+        host_path.stop()?;
         check_all_home(&ctx, &main, "after the latency phase")?;
         enim_cycles += plan.warmup + plan.cycles;
         out

@@ -31,6 +31,8 @@ const ENIM: usize = 0;
 const HD: usize = 1;
 const FLOOR: usize = 2;
 const NO_FSYNC: usize = 3;
+const HOST_PATH: usize = 4;
+const FLOOR_HOST_PATH: usize = 5;
 
 pub fn targets(r: &Results) -> Vec<Target> {
     let add = |i: usize| r.lat[i].0.p50;
@@ -72,6 +74,18 @@ pub fn targets(r: &Results) -> Vec<Target> {
             "DEL p50 enim / host-device",
             ratio(del(ENIM), del(HD)),
             0.8,
+            "×",
+        ),
+        le(
+            "ADD p50 enim with host path / floor with host path",
+            ratio(add(HOST_PATH), add(FLOOR_HOST_PATH)),
+            1.10,
+            "×",
+        ),
+        lt(
+            "ADD p50 enim with host path / host-device",
+            ratio(add(HOST_PATH), add(HD)),
+            1.0,
             "×",
         ),
     ];
@@ -159,9 +173,11 @@ pub fn markdown(r: &Results) -> String {
         s,
         "\nenim and host-device: exec of the plugin to its exit (env + stdin, as a runtime does); \
          floor: the minimal rtnetlink messages in-process. The what-if row is a second enimd \
-         differing only in `checkpoint_fsync = false`. Cycles go through all 24 orders of the \
-         four, so each follows each other equally often; idle time before each timed \
-         operation: {} ms.\n",
+         differing only in `checkpoint_fsync = false`; \"with host path\" is a third enimd with \
+         `[host_path]` on (a veth to the host per pod, routing one service CIDR), and its floor \
+         makes the same veth, routes and neighbour entries. Cycles go through the 6 orders of a \
+         balanced Latin square, so each method directly follows each other equally often; idle \
+         time before each timed operation: {} ms.\n",
         r.gap_ms
     );
     let _ = writeln!(s, "### Ratios (same run)\n");
@@ -169,7 +185,14 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "|---|---:|---:|");
     for (op, pick) in [("ADD", 0), ("DEL", 1)] {
         let x = |i: usize| if pick == 0 { r.lat[i].0 } else { r.lat[i].1 };
-        for (a, b) in [(ENIM, FLOOR), (ENIM, HD), (NO_FSYNC, FLOOR), (NO_FSYNC, HD)] {
+        for (a, b) in [
+            (ENIM, FLOOR),
+            (ENIM, HD),
+            (NO_FSYNC, FLOOR),
+            (NO_FSYNC, HD),
+            (HOST_PATH, FLOOR_HOST_PATH),
+            (HOST_PATH, HD),
+        ] {
             let _ = writeln!(
                 s,
                 "| {op} {} / {} | {} | {} |",
@@ -180,6 +203,14 @@ pub fn markdown(r: &Results) -> String {
             );
         }
     }
+    let added = |i: usize, j: usize| r.lat[i].0.p50 - r.lat[j].0.p50;
+    let _ = writeln!(
+        s,
+        "\nThe host path adds {} ms to enim's ADD p50 ({} ms to the floor's); DEL: {} ms.",
+        f2(added(HOST_PATH, ENIM)),
+        f2(added(FLOOR_HOST_PATH, FLOOR)),
+        f2(r.lat[HOST_PATH].1.p50 - r.lat[ENIM].1.p50)
+    );
     let _ = writeln!(
         s,
         "\nA netns move waits in the kernel for whole scheduler ticks (`rcu_barrier()` under \
