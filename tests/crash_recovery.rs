@@ -431,3 +431,35 @@ fn crash_at_every_point_of_a_batched_gc() {
         assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
     }
 }
+
+/// DEL's intent is written behind; should the agent die after the ENI came
+/// home but before any write landed, the checkpoint still says Ready. The
+/// restarted agent reads the kernel: the ENI is home, so the DEL happened,
+/// and it finishes it. An attachment whose ENI is in its pod is kept.
+#[test]
+fn restart_finishes_a_del_whose_eni_is_home() {
+    require_kernel!();
+    let (sb, pod, _dir, mut agent) = agent_rig(2, "");
+    let other = NamedNetns::new("pod");
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    enim("ADD", "c2", Some(&other.path()), "eth0", &conf).ok();
+    agent.stop();
+    // What a DEL killed right after its move leaves: the ENI home under its
+    // host name and MTU, the record Ready.
+    let mac = sb.enis[0].mac.to_string();
+    let eth0 = pod.link("eth0").unwrap();
+    assert_eq!(eth0["address"], mac.as_str());
+    pod.ip(&["link", "set", "eth0", "netns", &sb.host.name]);
+    sb.host.ip(&["link", "set", "eth0", "name", "eni0", "mtu", "1500"]);
+    agent.restart();
+    let left = agent.attachments();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["container_id"], "c2");
+    sb.assert_home(0);
+    assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
+    assert!(agent.log().contains("finishing it"), "{}", agent.log_tail(20));
+    // The runtime's DEL retry is a no-op success; the live pod is intact.
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert_invariant(&sb, &[&pod, &other], &agent, &[], "after the finished DEL");
+}

@@ -33,6 +33,10 @@ pub trait Driver: Send + Sync + 'static {
     /// The mode this driver serves; its records carry this mode's payload.
     const MODE: Mode;
 
+    /// Whether DEL may write its `Deleting` intent behind, because the
+    /// kernel tells how far an interrupted DEL got ([`Driver::came_home`]).
+    const DEL_INTENT_BEHIND: bool = false;
+
     /// What ADD's allocation learned that its plumbing needs (so the kernel
     /// is not asked twice), handed from [`Driver::allocate`] to
     /// [`Driver::plumb`].
@@ -81,6 +85,13 @@ pub trait Driver: Send + Sync + 'static {
             out.push(self.unplumb(r).await);
         }
         out
+    }
+
+    /// For each `Ready` record at start-up, whether its device is already
+    /// home: a DEL died after taking it out of the pod, before its intent
+    /// landed. Asked only of drivers with [`Driver::DEL_INTENT_BEHIND`].
+    async fn came_home(&self, records: &[Record]) -> Result<Vec<bool>, EngineError> {
+        Ok(vec![false; records.len()])
     }
 
     /// Gives back what the record holds (an ENI assignment, an address).

@@ -32,6 +32,7 @@ pub use recovery::RecoveryReport;
 
 use crate::api::{EniStatus, MtuExpectation};
 use crate::model::{now_ms, AddressStats, AttachmentKey, AttachmentResult, Phase, Record};
+
 use crate::netlink::{validate_ifname, PlumbingError};
 use crate::store::checkpoint::{Checkpoint, CheckpointError};
 use crate::support::fault::crash_point;

@@ -1,18 +1,24 @@
 //! Start-up recovery: the driver brings the host and the provider in line
 //! with the checkpoint, then every record a crash left in an intent phase is
 //! finished (its pod side is fully made) or undone. A ready record is never
-//! dropped, whatever the kernel shows: the pod keeps working, and DEL or GC
-//! clean it up.
+//! dropped while its device is in the pod, whatever else the kernel shows:
+//! the pod keeps working, and DEL or GC clean it up. A ready record whose
+//! device is home is a DEL that died before its intent (written behind)
+//! landed: it is finished.
 
 use crate::model::{now_ms, Phase};
 
-use super::{Driver, Engine, EngineError};
+use super::teardown::Intent;
+use super::{Driver, Engine, EngineError, Record};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RecoveryReport {
     pub ready: usize,
     pub finished: usize,
     pub rolled_back: usize,
+    /// Ready records whose device was home: a DEL died before its intent
+    /// (written behind) landed, and was finished.
+    pub finished_dels: usize,
     /// Records of the other mode (the node switched modes): kept untouched.
     pub other_mode: usize,
 }
@@ -30,10 +36,35 @@ impl<D: Driver> Engine<D> {
             tracing::warn!(count = other.len(), mode = %D::MODE, "the checkpoint holds attachments of the other mode; they are kept untouched until the node runs that mode again");
         }
         self.driver.restore(&records).await?;
+        // A DEL whose intent was written behind may have died before the
+        // intent landed: its record says Ready, the kernel says how far it
+        // got. A device already home means the DEL happened: finish it.
+        let ready: Vec<Record> = records
+            .iter()
+            .filter(|r| r.phase == Phase::Ready)
+            .cloned()
+            .collect();
+        let home = if D::DEL_INTENT_BEHIND && !ready.is_empty() {
+            self.driver.came_home(&ready).await?
+        } else {
+            vec![false; ready.len()]
+        };
+        let interrupted_dels: std::collections::HashSet<_> = ready
+            .iter()
+            .zip(home)
+            .filter(|(_, home)| *home)
+            .map(|(r, _)| r.key.clone())
+            .collect();
         let mut undo = Vec::new();
         let mut guards = Vec::new();
         for mut record in records {
             match record.phase {
+                Phase::Ready if interrupted_dels.contains(&record.key) => {
+                    tracing::info!(key = %record.key, eni = %record.eni_id, "a DEL was interrupted after the device came home: finishing it");
+                    guards.push(self.locks.lock(&record.key).await);
+                    undo.push(record);
+                    report.finished_dels += 1;
+                }
                 Phase::Ready => report.ready += 1,
                 Phase::Adding => {
                     let guard = self.locks.lock(&record.key).await;
@@ -55,7 +86,7 @@ impl<D: Driver> Engine<D> {
                 }
             }
         }
-        for (key, outcome) in self.teardown(undo).await {
+        for (key, outcome) in self.teardown(undo, Intent::Durable).await {
             if let Err(e) = outcome {
                 tracing::error!(%key, error = %e, "could not undo an interrupted attachment");
                 return Err(e);

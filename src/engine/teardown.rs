@@ -12,6 +12,15 @@ use crate::support::fault::crash_point;
 
 use super::{Driver, Engine, EngineError, Unplumbed};
 
+/// How a teardown records its `Deleting` intents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// On disk before anything is touched.
+    Durable,
+    /// In memory at once, on disk behind the caller.
+    Behind,
+}
+
 /// How one record's teardown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Teardown {
@@ -22,10 +31,17 @@ pub(crate) enum Teardown {
 }
 
 impl<D: Driver> Engine<D> {
-    /// DEL's teardown of one record (key lock held).
+    /// DEL's teardown of one record (key lock held). Where the driver's
+    /// kernel state says how far a DEL got ([`Driver::DEL_INTENT_BEHIND`]),
+    /// its intent is written behind: DEL does not wait for the disk.
     pub(crate) async fn teardown_one(&self, record: Record) -> Result<(), EngineError> {
         let key = record.key.clone();
-        match self.teardown(vec![record]).await.pop() {
+        let intent = if D::DEL_INTENT_BEHIND {
+            Intent::Behind
+        } else {
+            Intent::Durable
+        };
+        match self.teardown(vec![record], intent).await.pop() {
             Some((_, outcome)) => outcome.map(drop),
             None => Err(EngineError::UnknownAttachment(key)),
         }
@@ -34,10 +50,13 @@ impl<D: Driver> Engine<D> {
     /// Tears down `records` (their key locks held), one outcome per record
     /// in order. The outcome is written behind: should the agent die first,
     /// recovery repeats the teardown from the `Deleting` intent, which is
-    /// idempotent.
+    /// idempotent. With [`Intent::Behind`] the intent may not have landed
+    /// either: recovery then finds a `Ready` record and asks the kernel
+    /// ([`Driver::came_home`]).
     pub(crate) async fn teardown(
         &self,
         records: Vec<Record>,
+        intent: Intent,
     ) -> Vec<(AttachmentKey, Result<Teardown, EngineError>)> {
         if records.is_empty() {
             return Vec::new();
@@ -66,7 +85,16 @@ impl<D: Driver> Engine<D> {
             })
             .collect();
         let stale_keys: Vec<AttachmentKey> = stale.iter().map(|r| r.key.clone()).collect();
-        if let Err(e) = self.checkpoint.update_many(intents, &stale_keys).await {
+        let written = match intent {
+            Intent::Behind if stale_keys.is_empty() => {
+                for r in intents {
+                    self.checkpoint.put_behind(r).await;
+                }
+                Ok(())
+            }
+            _ => self.checkpoint.update_many(intents, &stale_keys).await,
+        };
+        if let Err(e) = written {
             return fail_all(stale.into_iter().chain(ours).collect(), e.into());
         }
         let mut outcomes: Vec<(AttachmentKey, Result<Teardown, EngineError>)> = stale
@@ -101,7 +129,7 @@ impl<D: Driver> Engine<D> {
 
     /// GC's teardown of a batch: outcomes go into `report`.
     pub(crate) async fn collect(&self, records: Vec<Record>, report: &mut GcReport) {
-        for (key, outcome) in self.teardown(records).await {
+        for (key, outcome) in self.teardown(records, Intent::Durable).await {
             match outcome {
                 Ok(Teardown::Done(Unplumbed::DeviceGone)) => {
                     report.records_dropped.push(key.to_string());

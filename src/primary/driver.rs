@@ -198,6 +198,9 @@ impl PrimaryDriver {
 #[async_trait]
 impl Driver for PrimaryDriver {
     const MODE: Mode = Mode::Primary;
+    /// The ENI's place says it all: in the pod, the DEL did not happen; in
+    /// the host, it did; in neither, the netns died (GC's case).
+    const DEL_INTENT_BEHIND: bool = true;
     /// The device as allocation found it in the host.
     type Allocation = LinkInfo;
 
@@ -432,6 +435,22 @@ impl Driver for PrimaryDriver {
     async fn release(&self, record: &Record) -> Result<(), EngineError> {
         self.provider.release(&record.owner()).await?;
         Ok(())
+    }
+
+    /// One look at the host for all of them.
+    async fn came_home(&self, records: &[Record]) -> Result<Vec<bool>, EngineError> {
+        let in_host: HashSet<MacAddr> = self
+            .plumbing
+            .host_links()
+            .await
+            .map_err(EngineError::plumbing("list host devices"))?
+            .into_iter()
+            .map(|l| l.mac)
+            .collect();
+        Ok(records
+            .iter()
+            .map(|r| r.mac().is_some_and(|m| in_host.contains(&m)))
+            .collect())
     }
 
     async fn release_unrecorded(&self, owner: &EniOwner) -> Result<(), EngineError> {

@@ -18,7 +18,7 @@ use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harn
 use crate::engine::{Engine, EngineError};
 use crate::model::Phase;
 use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS, HOST_PATH_FAULT_STEPS};
-use crate::netlink::LinkInfo;
+use crate::netlink::{HostLinkHome, LinkInfo, Plumbing};
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{is_excluded_owner, ExclusionConfig, Exclusions};
 
@@ -497,4 +497,61 @@ async fn host_path_is_recorded_returned_and_strays_are_swept() {
         .check(&owner("c"), Path::new(POD), MtuExpectation::Recorded)
         .await
         .unwrap();
+}
+
+/// DEL writes its intent behind: a DEL whose device came home but whose
+/// intent never reached the disk leaves a Ready record; at restart the
+/// device's place says the DEL happened, and recovery finishes it. A Ready
+/// record whose device is in the pod is kept.
+#[tokio::test]
+async fn recovery_finishes_a_del_whose_device_is_home() {
+    let mut h = PrimaryHarness::new(2).await;
+    h.fake.add_netns(Path::new("/run/netns/keep"));
+    h.engine.add(&owner("gone"), Path::new(POD)).await.unwrap();
+    h.engine
+        .add(&owner("keep"), Path::new("/run/netns/keep"))
+        .await
+        .unwrap();
+    h.engine.checkpoint().flush().await.unwrap();
+    // The DEL's move home happened; its intent and outcome did not land.
+    let moved = h.fake.remove_netns(Path::new(POD));
+    let gone_mac = moved[0].link.mac;
+    h.fake.add_netns(Path::new(POD));
+    h.fake.world.lock().unwrap().host.extend(moved);
+    h.fake
+        .restore_host_link(HostLinkHome {
+            mac: gone_mac,
+            name: "eni1",
+            mtu: HOST_MTU,
+        })
+        .await
+        .unwrap();
+
+    let cp = Arc::new(Checkpoint::open(h.engine.checkpoint().path(), false).unwrap());
+    h.engine = h.engine_over(cp, Exclusions::default());
+    let report = h.engine.recover().await.unwrap();
+    assert_eq!((report.finished_dels, report.ready), (1, 1), "{report:?}");
+    let left: Vec<String> = h
+        .engine
+        .attachments()
+        .await
+        .iter()
+        .map(|r| r.key.container_id.clone())
+        .collect();
+    assert_eq!(left, ["keep"]);
+    assert_eq!(h.held().await, 1, "the finished DEL's ENI is free");
+}
+
+/// DEL does not wait for the disk: with every write failing, it still
+/// succeeds, and the record is gone from memory (the write is retried).
+#[tokio::test]
+async fn del_waits_for_no_checkpoint_write() {
+    let h = PrimaryHarness::new(1).await;
+    h.engine.add(&owner("c"), Path::new(POD)).await.unwrap();
+    h.engine.checkpoint().flush().await.unwrap();
+    h.engine.checkpoint().fail_nth_write(1);
+    h.engine.del(&owner("c")).await.unwrap();
+    assert!(h.engine.attachments().await.is_empty());
+    assert!(h.host_is_home());
+    assert_eq!(h.held().await, 0);
 }
