@@ -451,14 +451,19 @@ fn restart_finishes_a_del_whose_eni_is_home() {
     let eth0 = pod.link("eth0").unwrap();
     assert_eq!(eth0["address"], mac.as_str());
     pod.ip(&["link", "set", "eth0", "netns", &sb.host.name]);
-    sb.host.ip(&["link", "set", "eth0", "name", "eni0", "mtu", "1500"]);
+    sb.host
+        .ip(&["link", "set", "eth0", "name", "eni0", "mtu", "1500"]);
     agent.restart();
     let left = agent.attachments();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["container_id"], "c2");
     sb.assert_home(0);
     assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
-    assert!(agent.log().contains("finishing it"), "{}", agent.log_tail(20));
+    assert!(
+        agent.log().contains("finishing it"),
+        "{}",
+        agent.log_tail(20)
+    );
     // The runtime's DEL retry is a no-op success; the live pod is intact.
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     assert_invariant(&sb, &[&pod, &other], &agent, &[], "after the finished DEL");

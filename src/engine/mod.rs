@@ -4,7 +4,9 @@
 //!
 //! Ordering rule: the checkpoint records intent before the kernel is
 //! touched and the outcome after, and what an attachment holds is released
-//! only once its pod side is apart. Whatever fails, ADD undoes every step
+//! only once its pod side is apart. The one exception: a driver whose
+//! kernel state tells how far a DEL got (`Driver::DEL_INTENT_BEHIND`) has
+//! DEL's intent written behind, and recovery asks it (`Driver::came_home`). Whatever fails, ADD undoes every step
 //! it took; whatever dies, the record says what to finish or undo.
 //!
 //! Concurrency: one attachment key runs one verb at a time (key locks). ADD,
