@@ -60,7 +60,14 @@ pub struct FakePlumbing {
 /// Steps a fault can be armed at. `configure_pod_link:partial` applies the
 /// MTU and link state before failing, as a real half-done configure would;
 /// `move_to_pod:after` moves the device and then reports failure.
-pub const FAULT_STEPS: &[&str] = &[
+pub const FAULT_STEPS: &[&str] = &ENI_STEPS;
+
+/// [`FAULT_STEPS`] and the host path's: its making fails, or fails once
+/// the pair exists.
+pub const HOST_PATH_FAULT_STEPS: &[&str] =
+    &concat::<6, 2, 8>(ENI_STEPS, ["add_host_path", "add_host_path:partial"]);
+
+const ENI_STEPS: [&str; 6] = [
     "check_netns",
     "host_link",
     "move_to_pod",
@@ -69,18 +76,20 @@ pub const FAULT_STEPS: &[&str] = &[
     "configure_pod_link:partial",
 ];
 
-/// [`FAULT_STEPS`] and the host path's: its making fails, or fails once
-/// the pair exists.
-pub const HOST_PATH_FAULT_STEPS: &[&str] = &[
-    "check_netns",
-    "host_link",
-    "move_to_pod",
-    "move_to_pod:after",
-    "configure_pod_link",
-    "configure_pod_link:partial",
-    "add_host_path",
-    "add_host_path:partial",
-];
+/// `a` then `b`, at compile time.
+const fn concat<const A: usize, const B: usize, const C: usize>(
+    a: [&'static str; A],
+    b: [&'static str; B],
+) -> [&'static str; C] {
+    assert!(A + B == C);
+    let mut out = [""; C];
+    let mut i = 0;
+    while i < C {
+        out[i] = if i < A { a[i] } else { b[i - A] };
+        i += 1;
+    }
+    out
+}
 
 impl FakePlumbing {
     pub fn with_host_devices(devs: &[(MacAddr, &str, u32)]) -> Self {

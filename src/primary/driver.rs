@@ -43,6 +43,17 @@ fn host_path_spec(record: &Record) -> Option<HostPathSpec<'_>> {
     })
 }
 
+/// Completes `record`'s host path with its pod end's MAC.
+fn learn_host_path_mac(record: &mut Record, mac: MacAddr) {
+    if let Payload::Primary(PrimaryPayload {
+        host_path: Some(hp),
+        ..
+    }) = &mut record.payload
+    {
+        hp.mac = Some(mac);
+    }
+}
+
 /// The host path's pod end MAC, once known.
 fn spec_mac(record: &Record) -> Option<MacAddr> {
     record.primary()?.host_path.as_ref()?.mac
@@ -305,13 +316,7 @@ impl Driver for PrimaryDriver {
             .add_host_path(&spec)
             .await
             .map_err(EngineError::pod_side("make host path"))?;
-        if let Payload::Primary(PrimaryPayload {
-            host_path: Some(hp),
-            ..
-        }) = &mut record.payload
-        {
-            hp.mac = Some(mac);
-        }
+        learn_host_path_mac(record, mac);
         Ok(())
     }
 
@@ -334,13 +339,7 @@ impl Driver for PrimaryDriver {
             Err(e) => return Some(e.to_string()),
         };
         // An intent finished by recovery learns the pod end's MAC here.
-        if let Payload::Primary(PrimaryPayload {
-            host_path: Some(hp),
-            ..
-        }) = &mut record.payload
-        {
-            hp.mac = Some(found);
-        }
+        learn_host_path_mac(record, found);
         None
     }
 
