@@ -133,6 +133,18 @@ impl PrimaryDriver {
         Ok(reservations.into_iter().map(|(id, _)| id).collect())
     }
 
+    /// The MACs of every device in the host (one dump).
+    async fn macs_in_host(&self) -> Result<HashSet<MacAddr>, EngineError> {
+        Ok(self
+            .plumbing
+            .host_links()
+            .await
+            .map_err(EngineError::plumbing("list host devices"))?
+            .into_iter()
+            .map(|l| l.mac)
+            .collect())
+    }
+
     /// The intent record of `eni`, found in the host as `host`.
     fn intent(owner: &EniOwner, netns: &Path, eni: &Eni, host: &LinkInfo) -> Record {
         let now = now_ms();
@@ -244,14 +256,7 @@ impl Driver for PrimaryDriver {
             tracing::info!(?reserved, ?primary, "excluded ENIs reserved");
         }
         // Quarantines live in the provider's memory: found again here.
-        let in_host = self
-            .plumbing
-            .host_links()
-            .await
-            .map_err(EngineError::plumbing("list host devices"))?
-            .into_iter()
-            .map(|l| l.mac)
-            .collect();
+        let in_host = self.macs_in_host().await?;
         self.quarantine_missing(&self.provider.list().await?, &in_host)
             .await?;
         Ok(())
@@ -438,14 +443,7 @@ impl Driver for PrimaryDriver {
 
     /// One look at the host for all of them.
     async fn came_home(&self, records: &[Record]) -> Result<Vec<bool>, EngineError> {
-        let in_host: HashSet<MacAddr> = self
-            .plumbing
-            .host_links()
-            .await
-            .map_err(EngineError::plumbing("list host devices"))?
-            .into_iter()
-            .map(|l| l.mac)
-            .collect();
+        let in_host = self.macs_in_host().await?;
         Ok(records
             .iter()
             .map(|r| r.mac().is_some_and(|m| in_host.contains(&m)))
