@@ -1,27 +1,84 @@
 #!/usr/bin/env bash
-# Builds the enim node image (deploy/Containerfile) from release binaries.
+# Builds the enim node image (deploy/Containerfile) without pulling
+# anything: the image is FROM scratch and holds the three binaries plus
+# exactly the shared libraries `ldd` says they load, copied from this
+# machine.
 #
-#   scripts/build-image.sh [IMAGE]        default IMAGE: enim:<crate version>
+#   scripts/build-image.sh [--debug] [--no-build] [IMAGE]
 #
-# Runs `cargo build --release --bins`, copies enimd, enim and enimctl into an
-# otherwise empty build context, and builds with CONTAINER_TOOL (default:
-# podman if installed, else docker). Honours CARGO_TARGET_DIR.
+#   IMAGE       default enim:<crate version>
+#   --debug     package the dev-profile binaries (faster to build; the
+#               deploy test in CI uses them) instead of --release
+#   --no-build  do not run cargo; package what is already built
+#
+# Builds with CONTAINER_TOOL (default: podman if installed, else docker).
+# Honours CARGO_TARGET_DIR. The binaries are copied with their debug info
+# stripped (symbols stay, so backtraces keep function names). Afterwards
+# it runs `enimd --version` in the image, with no network, to prove the
+# loader finds every library.
 set -euo pipefail
+
+profile=release
+build=1
+image=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --debug) profile=debug; shift ;;
+    --no-build) build=0; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -*) echo "build-image.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) image=$1; shift ;;
+  esac
+done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
-image=${1:-enim:$version}
+image=${image:-enim:$version}
 if [ -z "${CONTAINER_TOOL:-}" ]; then
   if command -v podman >/dev/null; then CONTAINER_TOOL=podman; else CONTAINER_TOOL=docker; fi
 fi
 
 cd "$root"
-cargo build --release --bins
-target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+if [ "$build" = 1 ]; then
+  if [ "$profile" = release ]; then cargo build --release --bins; else cargo build --bins; fi
+fi
+target=$(realpath -m "${CARGO_TARGET_DIR:-target}")/$profile
 
-# Only the binaries go in the context: target/ is gigabytes.
+# Only what the image holds goes in the context: target/ is gigabytes.
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-cp "$target/release/enimd" "$target/release/enim" "$target/release/enimctl" "$ctx/"
-"$CONTAINER_TOOL" build -f "$root/deploy/Containerfile" -t "$image" "$ctx"
-echo "built $image; push it where your nodes pull from and set it in deploy/30-daemonset.yaml"
+bins=(enimd enim enimctl)
+for b in "${bins[@]}"; do
+  [ -x "$target/$b" ] || { echo "build-image.sh: $target/$b is missing" >&2; exit 1; }
+  objcopy --strip-debug "$target/$b" "$ctx/$b"
+done
+
+# The libraries: every path ldd resolves for any of the binaries (and the
+# loader itself), copied with symlinks followed to the path the binary
+# asks for. The vDSO is the kernel's, not a file.
+mkdir -p "$ctx/rootfs"
+libs=$(for b in "${bins[@]}"; do ldd "$ctx/$b"; done |
+  awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
+[ -n "$libs" ] || { echo "build-image.sh: ldd found no libraries" >&2; exit 1; }
+if for b in "${bins[@]}"; do ldd "$ctx/$b"; done | grep -q 'not found'; then
+  echo "build-image.sh: a library is missing on this machine" >&2; exit 1
+fi
+for lib in $libs; do
+  mkdir -p "$ctx/rootfs$(dirname "$lib")"
+  cp -L "$lib" "$ctx/rootfs$lib"
+done
+# /var/run is /run, as on every distribution: runtimes pass pods'
+# namespaces as /var/run/netns/... or /run/netns/..., and the pod mounts
+# one dir that must answer to both.
+mkdir -p "$ctx/rootfs/run" "$ctx/rootfs/var"
+ln -s ../run "$ctx/rootfs/var/run"
+
+"$CONTAINER_TOOL" build --pull=never -f "$root/deploy/Containerfile" -t "$image" "$ctx"
+# Explicit, modest limits: podman's defaults for root (nofile 1048576,
+# nproc 4194304) are refused where root may not raise its hard limits (no
+# CAP_SYS_RESOURCE, as in some CI sandboxes).
+"$CONTAINER_TOOL" run --rm --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+  "$image" --version
+size=$("$CONTAINER_TOOL" image inspect --format '{{.Size}}' "$image")
+echo "built $image ($profile binaries, $((size / 1024 / 1024)) MiB; libraries: $(echo $libs))"
+echo "push it where your nodes pull from and set it in deploy/30-daemonset.yaml"
