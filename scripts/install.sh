@@ -52,7 +52,8 @@ place "$from/enimctl" "$bin_dir" enimctl 0755
 conflist=$(mktemp)
 cat > "$conflist" <<'JSON'
 {
-  "cniVersion": "1.1.0",
+  "cniVersion": "1.0.0",
+  "cniVersions": ["1.0.0", "1.1.0"],
   "name": "enim",
   "plugins": [
     {

@@ -96,7 +96,12 @@ fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
 
     let conf = plugin_netconf(&d.conflist());
     assert_eq!(conf.name, "enim");
-    assert_eq!(conf.cni_version.as_str(), "1.1.0");
+    // 1.0.0 for runtimes that read only cniVersion (libcni < 1.2); the
+    // newest in cniVersions, which the others pick, is what the plugin speaks.
+    assert_eq!(conf.cni_version.as_str(), "1.0.0");
+    let list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.conflist()).unwrap()).unwrap();
+    assert_eq!(list["cniVersions"], serde_json::json!(["1.0.0", "1.1.0"]));
     assert_eq!(conf.socket, PathBuf::from("/run/enim/enimd.sock"));
 
     // The installed binary runs: it answers VERSION with 1.1.0 among others.

@@ -23,8 +23,14 @@ pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_NET_D_DIR: &str = "/etc/cni/net.d";
 pub const DEFAULT_CONFLIST_NAME: &str = "10-enim.conflist";
 pub const DEFAULT_NETWORK_NAME: &str = "enim";
-/// The conflist's `cniVersion`: the newest the plugin speaks.
-pub const CNI_VERSION: &str = "1.1.0";
+/// The conflist's `cniVersion`: the newest that runtimes with a libcni
+/// older than 1.2 can read results of (podman 4.3 refuses a 1.1.0 result
+/// with "unsupported CNI result version"). They ignore `cniVersions`.
+pub const CNI_VERSION: &str = "1.0.0";
+/// The conflist's `cniVersions` (spec 1.1.0): a runtime that reads it
+/// (libcni 1.2 and later) uses the newest it implements, 1.1.0, and so
+/// calls STATUS and GC.
+pub const CNI_VERSIONS: [&str; 2] = ["1.0.0", "1.1.0"];
 
 const PLUGIN_MODE: u32 = 0o755;
 const CONFLIST_MODE: u32 = 0o644;
@@ -108,6 +114,7 @@ pub fn conflist(network_name: &str, socket: &Path) -> Result<String, InstallErro
         .ok_or_else(|| InstallError::Invalid(format!("socket {socket:?} is not UTF-8")))?;
     let value = serde_json::json!({
         "cniVersion": CNI_VERSION,
+        "cniVersions": CNI_VERSIONS,
         "name": network_name,
         "plugins": [{ "type": PLUGIN_NAME, "socket": socket }],
     });
@@ -280,7 +287,8 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({
-                "cniVersion": "1.1.0",
+                "cniVersion": "1.0.0",
+                "cniVersions": ["1.0.0", "1.1.0"],
                 "name": "enim",
                 "plugins": [{ "type": "enim", "socket": "/run/enim/enimd.sock" }],
             })
