@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""Turns deploy/'s DaemonSet and ConfigMap into a Pod that `podman kube play`
+runs on a sandbox node (scripts/e2e-deploy.sh).
+
+    e2e-pod.py [--name POD] DEPLOY_DIR ROOT IMAGE ENIS_TOML > pod.yaml
+
+Reads the manifests as they are and changes only what a sandbox must:
+
+- the DaemonSet's pod template becomes a Pod (podman 4.3 plays Pods, not
+  DaemonSets) named POD (default: the DaemonSet's name), with IMAGE on
+  every container;
+- every hostPath moves under ROOT (a temporary directory), except the
+  pods' network namespace dir, which stays where the node's runtime and
+  `ip netns` put namespaces (/run/netns);
+- the dir of the agent's API socket is mounted at the same ROOT path inside
+  the container, and the config's `socket` follows, so the conflist that
+  install-cni writes names a path the plugin on the node really finds (the
+  manifest has the socket at the same path inside and outside for that
+  reason; tests/deploy_manifests.rs checks it);
+- in enimd.toml, [provider] becomes the sandbox's static ENIs (ENIS_TOML: a
+  TOML file with `mode`, optional `[secondary]`, and `[provider]`); every
+  other key stays as the ConfigMap has it.
+
+- podman 4.3's own limits:
+  - `ports` is dropped: podman makes port mappings of them, which it
+    refuses with host networking (for Kubernetes they only name the
+    probes' port, and the test probes /readyz itself);
+  - `restartPolicy: OnFailure`: podman gives the pod's policy to init
+    containers too, so under the DaemonSet's Always it restarts the
+    finished install-cni forever; OnFailure is what Kubernetes does for
+    init containers;
+  - the annotation io.podman.annotations.init.container.type=always: podman
+    removes a finished init container of the default type ("once"), and the
+    test inspects the privileges it ran with.
+
+Everything else, securityContext first, is copied as is; the script fails
+when the manifests lack what it expects, so a change to deploy/ that this
+test does not follow is an error, not a silent skip.
+"""
+
+import copy
+import os
+import sys
+import tomllib
+
+import yaml
+
+NETNS_DIRS = ("/var/run/netns", "/run/netns")
+
+
+def fail(msg):
+    sys.exit(f"e2e-pod.py: {msg}")
+
+
+def load(deploy_dir):
+    docs = []
+    for name in sorted(os.listdir(deploy_dir)):
+        if name.endswith((".yaml", ".yml")):
+            with open(os.path.join(deploy_dir, name)) as f:
+                docs.extend(d for d in yaml.safe_load_all(f) if d)
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    for kind in ("DaemonSet", "ConfigMap"):
+        if len(by_kind.get(kind, [])) != 1:
+            fail(f"expected one {kind} in {deploy_dir}")
+    return by_kind["DaemonSet"][0], by_kind["ConfigMap"][0]
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    fail(f"cannot write {v!r} as TOML")
+
+
+def toml_dump(table, path=()):
+    """Plain values first, then sub-tables, then arrays of tables."""
+    lines = []
+    subs, arrays = [], []
+    for k, v in table.items():
+        if isinstance(v, dict):
+            subs.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            arrays.append((k, v))
+        else:
+            lines.append(f"{k} = {toml_value(v)}")
+    for k, v in subs:
+        lines += ["", f"[{'.'.join(path + (k,))}]"] + toml_dump(v, path + (k,))
+    for k, items in arrays:
+        for item in items:
+            lines += ["", f"[[{'.'.join(path + (k,))}]]"] + toml_dump(item, path + (k,))
+    return lines
+
+
+def literal_blocks(dumper, s):
+    style = "|" if "\n" in s else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+
+
+def main():
+    args = sys.argv[1:]
+    name = None
+    if args[:1] == ["--name"]:
+        name, args = args[1], args[2:]
+    if len(args) != 4:
+        fail("usage: e2e-pod.py [--name POD] DEPLOY_DIR ROOT IMAGE ENIS_TOML")
+    deploy_dir, root, image, enis_file = args
+    root = os.path.abspath(root)
+    ds, cm = load(deploy_dir)
+    template = copy.deepcopy(ds["spec"]["template"])
+    spec = template["spec"]
+    containers = spec["containers"] + spec.get("initContainers", [])
+
+    # The config: the ConfigMap's, with the sandbox's ENIs.
+    keys = list(cm["data"])
+    if len(keys) != 1:
+        fail(f"ConfigMap has keys {keys}, expected one (enimd.toml)")
+    config = tomllib.loads(cm["data"][keys[0]])
+    with open(enis_file, "rb") as f:
+        sandbox = tomllib.load(f)
+    config.pop("provider", None)
+    config.update(sandbox)
+
+    # Host paths under ROOT; the socket dir at the same path inside.
+    socket = config.get("socket", "/run/enim/enimd.sock")
+    socket_dir = os.path.dirname(socket)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    moved_socket = False
+    for v in volumes.values():
+        hp = v.get("hostPath")
+        if hp is None or hp["path"] in NETNS_DIRS:
+            continue
+        hp["path"] = root + hp["path"]
+    for c in containers:
+        for m in c.get("volumeMounts", []):
+            hp = volumes[m["name"]].get("hostPath")
+            if hp is not None and m["mountPath"] == socket_dir:
+                if hp["path"] != root + socket_dir:
+                    fail(f"socket dir {socket_dir} is not the same path on the node")
+                m["mountPath"] = root + socket_dir
+                moved_socket = True
+    if not moved_socket:
+        fail(f"no hostPath mount at the socket dir {socket_dir}")
+    if not any(v.get("hostPath", {}).get("path") in NETNS_DIRS for v in volumes.values()):
+        fail(f"no hostPath volume for the pods' namespaces ({' or '.join(NETNS_DIRS)})")
+    config["socket"] = root + socket
+
+    for c in containers:
+        c["image"] = image
+        c.pop("ports", None)
+    if spec.get("restartPolicy", "Always") != "Always":
+        fail(f"a DaemonSet's pods restart Always, not {spec['restartPolicy']}")
+    spec["restartPolicy"] = "OnFailure"
+    cm = copy.deepcopy(cm)
+    cm["data"][keys[0]] = "\n".join(toml_dump(config)) + "\n"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name or ds["metadata"]["name"],
+            "namespace": ds["metadata"].get("namespace"),
+            "labels": template["metadata"]["labels"],
+            "annotations": {"io.podman.annotations.init.container.type": "always"},
+        },
+        "spec": spec,
+    }
+    yaml.SafeDumper.add_representer(str, literal_blocks)
+    yaml.safe_dump_all([cm, pod], sys.stdout, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()
