@@ -4,12 +4,13 @@
 # exactly the shared libraries `ldd` says they load, copied from this
 # machine.
 #
-#   scripts/build-image.sh [--debug] [--no-build] [IMAGE]
+#   scripts/build-image.sh [--debug] [--no-build] [IMAGE] [-- BUILD-ARGS...]
 #
 #   IMAGE       default enim:<crate version>
 #   --debug     package the dev-profile binaries (faster to build; the
 #               deploy test in CI uses them) instead of --release
 #   --no-build  do not run cargo; package what is already built
+#   BUILD-ARGS  passed to `podman build` (e.g. --no-cache)
 #
 # Builds with CONTAINER_TOOL (default: podman if installed, else docker).
 # Honours CARGO_TARGET_DIR. The binaries are copied with their debug info
@@ -21,11 +22,13 @@ set -euo pipefail
 profile=release
 build=1
 image=""
+extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --debug) profile=debug; shift ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "build-image.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) image=$1; shift ;;
   esac
@@ -73,7 +76,7 @@ done
 mkdir -p "$ctx/rootfs/run" "$ctx/rootfs/var"
 ln -s ../run "$ctx/rootfs/var/run"
 
-"$CONTAINER_TOOL" build --pull=never -f "$root/deploy/Containerfile" -t "$image" "$ctx"
+"$CONTAINER_TOOL" build --pull=never "${extra[@]}" -f "$root/deploy/Containerfile" -t "$image" "$ctx"
 # Explicit, modest limits: podman's defaults for root (nofile 1048576,
 # nproc 4194304) are refused where root may not raise its hard limits (no
 # CAP_SYS_RESOURCE, as in some CI sandboxes).
