@@ -104,15 +104,26 @@ async fn each_pod_leaves_through_its_own_eni() {
             table.contains(&format!("10.77.{i}.1 dev {name}")),
             "{table}"
         );
-        assert!(sb.host.exec_ok(&[
-            "sh",
-            "-c",
-            &format!("test $(cat /proc/sys/net/ipv4/conf/{name}/rp_filter) = 2")
-        ]));
+        // Tuned over netlink: loose rp_filter, forwarding, no proxy delay.
+        for (key, want) in [
+            (format!("ipv4/conf/{name}/rp_filter"), 2),
+            (format!("ipv4/conf/{name}/forwarding"), 1),
+            (format!("ipv4/neigh/{name}/proxy_delay"), 0),
+        ] {
+            assert!(
+                sb.host.exec_ok(&[
+                    "sh",
+                    "-c",
+                    &format!("test $(cat /proc/sys/net/{key}) = {want}")
+                ]),
+                "{key} is not {want}"
+            );
+        }
     }
+    // IPv4 forwarding is per device: the namespace-wide switch stays off.
     assert!(sb
         .host
-        .exec_ok(&["sh", "-c", "test $(cat /proc/sys/net/ipv4/ip_forward) = 1"]));
+        .exec_ok(&["sh", "-c", "test $(cat /proc/sys/net/ipv4/ip_forward) = 0"]));
 
     let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let cids = ["a", "b", "c"];
@@ -142,6 +153,14 @@ async fn each_pod_leaves_through_its_own_eni() {
         (a.eni_id.as_str(), b.eni_id.as_str(), c.eni_id.as_str()),
         ("eni-0000", "eni-0000", "eni-0001")
     );
+    for p in [&a, &b, &c] {
+        let key = format!("ipv4/conf/{}/forwarding", sec(p).host_veth);
+        assert!(
+            sb.host
+                .exec_ok(&["sh", "-c", &format!("test $(cat /proc/sys/net/{key}) = 1")]),
+            "{key} is not 1: the pod's packets would not be routed"
+        );
+    }
     let ip = |p: &Record| IpAddr::V4(sec(p).ipv4.unwrap());
     assert_eq!(ip(&a).to_string(), "10.77.0.11");
     assert_eq!(ip(&b).to_string(), "10.77.0.12");

@@ -8,10 +8,12 @@
 //! Only this module builds and parses rtnetlink messages. Both modes'
 //! plumbing (primary's [`rtnl`], and secondary mode's plumbing module)
 //! call the verbs of one file per kernel object: [`link`], [`addr`],
-//! [`route`], [`rule`], [`neigh`], plus [`sysctl`]. Both share one [`Host`]:
+//! [`route`], [`rule`], [`neigh`], plus [`devconf`] (per-device settings
+//! over netlink) and [`sysctl`] (those without a netlink form). Both share one [`Host`]:
 //! one socket in the host namespace, whose dumps take turns.
 
 pub mod addr;
+pub mod devconf;
 #[cfg(test)]
 pub mod fake;
 pub mod host;

@@ -2,6 +2,7 @@
 //! it gives host ENIs, route tables and pod veths.
 
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,12 @@ pub struct SecondaryConfig {
     pub veth_prefix: String,
     /// ENIs are renamed to this plus their device index.
     pub eni_name_prefix: String,
+    /// Where the IPv6 sysctls without a netlink form (`proxy_ndp`,
+    /// `accept_dad`, `all/forwarding`) are written: the namespace's
+    /// /proc/sys/net. A non-privileged container has /proc/sys read-only,
+    /// so enim's DaemonSet mounts the node's one elsewhere and names it
+    /// here. Only nodes with IPv6 secondaries write there.
+    pub proc_sys_net: PathBuf,
 }
 
 impl Default for SecondaryConfig {
@@ -42,6 +49,7 @@ impl Default for SecondaryConfig {
             cooldown: Duration::from_secs(30),
             veth_prefix: "enim".into(),
             eni_name_prefix: "enis".into(),
+            proc_sys_net: crate::netlink::sysctl::PROC_SYS_NET.into(),
         }
     }
 }
@@ -86,6 +94,12 @@ impl SecondaryConfig {
             return bad(format!(
                 "eni_name_prefix {:?} must be 1-12 of [a-z0-9-]",
                 self.eni_name_prefix
+            ));
+        }
+        if !self.proc_sys_net.is_absolute() {
+            return bad(format!(
+                "proc_sys_net {} must be an absolute path",
+                self.proc_sys_net.display()
             ));
         }
         if self.eni_name_prefix.starts_with(&self.veth_prefix) {
@@ -196,6 +210,10 @@ mod tests {
             },
             SecondaryConfig {
                 eni_name_prefix: "enimx".into(),
+                ..c.clone()
+            },
+            SecondaryConfig {
+                proc_sys_net: "proc/sys/net".into(),
                 ..c.clone()
             },
         ];

@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::MacAddr;
@@ -19,6 +20,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
 use crate::netlink::addr::{self, AddrOptions};
+use crate::netlink::devconf::{self, Ipv4Conf, NeighTable};
 use crate::netlink::host::handle_in;
 use crate::netlink::{link, neigh, route, rule, sysctl};
 use crate::netlink::{Host, LinkInfo, Netns, PlumbingError, PodLinkState};
@@ -116,7 +118,9 @@ pub trait SecondaryPlumbing: Send + Sync {
     /// Checks that `path` is a network namespace the agent can enter.
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError>;
 
-    /// IPv4 forwarding on in the host namespace (and IPv6 when asked).
+    /// Forwarding in the host namespace for the families pods use. IPv4
+    /// forwarding is per device (each ENI and pod veth gets it as it is set
+    /// up), so this turns on IPv6's, which is namespace-wide, when `ipv6`.
     async fn enable_forwarding(&self, ipv6: bool) -> Result<(), PlumbingError>;
 
     /// The MAC of the host's primary interface (the device of the main
@@ -159,6 +163,8 @@ pub trait SecondaryPlumbing: Send + Sync {
 /// The real plumbing, over the [`Host`] it shares with primary mode.
 pub struct RtnlSecondary {
     host: Host,
+    /// Where the IPv6 sysctls are written ([`SecondaryConfig::proc_sys_net`]).
+    proc_sys_net: PathBuf,
 }
 
 /// A device that must be there, for an error that says what it was for.
@@ -175,14 +181,21 @@ fn must_exist(
 
 impl RtnlSecondary {
     /// In the host namespace at `host_netns` (the agent's own by default;
-    /// tests use a throwaway one). Opens a [`Host`] of its own;
+    /// tests use a throwaway one), writing IPv6 sysctls under
+    /// `proc_sys_net`. Opens a [`Host`] of its own;
     /// [`RtnlSecondary::from_host`] shares one.
-    pub async fn new(host_netns: Option<&Path>) -> Result<Self, PlumbingError> {
-        Ok(Self::from_host(Host::open(host_netns).await?))
+    pub async fn new(
+        host_netns: Option<&Path>,
+        proc_sys_net: &Path,
+    ) -> Result<Self, PlumbingError> {
+        Ok(Self::from_host(Host::open(host_netns).await?, proc_sys_net))
     }
 
-    pub fn from_host(host: Host) -> Self {
-        RtnlSecondary { host }
+    pub fn from_host(host: Host, proc_sys_net: &Path) -> Self {
+        RtnlSecondary {
+            host,
+            proc_sys_net: proc_sys_net.to_path_buf(),
+        }
     }
 
     async fn configure_pod_end(
@@ -239,7 +252,10 @@ impl SecondaryPlumbing for RtnlSecondary {
     }
 
     async fn enable_forwarding(&self, ipv6: bool) -> Result<(), PlumbingError> {
-        sysctl::enable_forwarding(self.host.netns(), ipv6).await
+        if !ipv6 {
+            return Ok(());
+        }
+        sysctl::enable_ipv6_forwarding(self.host.netns(), &self.proc_sys_net).await
     }
 
     async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
@@ -261,7 +277,21 @@ impl SecondaryPlumbing for RtnlSecondary {
             link::rename(handle, link.index, &spec.name, None, netns, "rename ENI").await?;
             link.name = spec.name.clone();
         }
-        sysctl::tune_proxy_device(self.host.netns(), &spec.name, spec.ipv6.is_some()).await?;
+        // It forwards (replies to pods arrive on it), filters reverse paths
+        // loosely (they arrive for addresses main routes to pod veths) and
+        // answers ARP / NS for the pods' addresses at once.
+        let tune = [(Ipv4Conf::Forwarding, 1), (Ipv4Conf::RpFilter, 2)];
+        devconf::set_ipv4(handle, link.index, &tune, "tune ENI (IPv4)").await?;
+        let mut tables = vec![NeighTable::Arp];
+        if spec.ipv6.is_some() {
+            let netns = self.host.netns();
+            sysctl::tune_ipv6_proxy_device(netns, &self.proc_sys_net, &spec.name).await?;
+            tables.push(NeighTable::Ndisc);
+        }
+        for table in tables {
+            let op = "set ENI proxy delay";
+            devconf::set_proxy_delay(handle, table, link.index, Duration::ZERO, op).await?;
+        }
         link::set_up(handle, link.index, spec.mtu, "set ENI MTU and up").await?;
         if let Some(mtu) = spec.mtu {
             link.mtu = mtu;
@@ -313,6 +343,9 @@ impl SecondaryPlumbing for RtnlSecondary {
             format!("{} vanished after creation", spec.host_veth),
         )?;
         link::set_up(handle, host.index, None, "set host veth up").await?;
+        // The pod's packets arrive here to be routed out of its ENI.
+        let forward = [(Ipv4Conf::Forwarding, 1)];
+        devconf::set_ipv4(handle, host.index, &forward, "let host veth forward").await?;
         if spec.ipv6.is_some() {
             // The pod's IPv6 gateway, valid at once (NODAD); it is also the
             // source of the host's NS towards the pod.
