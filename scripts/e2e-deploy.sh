@@ -252,7 +252,7 @@ home() {
 run_and_ping() {
   local script="ip -o addr show eth0 && ping -c 2 -W 2 10.79.0.1"
   [ "$mode" = secondary ] && script="$script && ping6 -c 2 -W 2 fd00:79:0::1"
-  runtime run --rm --name "$tag-ping" --network enim "$busybox" "$script" > "$work/ping.out" 2>&1 || {
+  runtime run --pull=never --rm --name "$tag-ping" --network enim "$busybox" "$script" > "$work/ping.out" 2>&1 || {
     cat "$work/ping.out"; return 1; }
   cat "$work/ping.out"
   ! grep -qi 'error' "$work/ping.out"
@@ -263,10 +263,32 @@ holder_has_eni() {
   out=$(eth0_of "$tag-holder") || return 1
   echo "$out"
   if [ "$mode" = primary ]; then
-    printf '%s\n' "$out" | grep -q "link/ether ${macs[0]}\|link/ether ${macs[1]}"
+    printf '%s\n' "$out" | grep -q "link/ether ${macs[0]}\|link/ether ${macs[1]}" || return 1
+  else
+    podman exec "$tag-holder" ip -o addr show eth0 | grep -q 'inet 10\.79\.0\.1[12]/32' || return 1
   fi
   podman exec "$tag-holder" ping -c 1 -W 2 10.79.0.1 >/dev/null 2>&1 ||
     podman exec "$tag-holder" ping -c 1 -W 2 10.79.1.1 >/dev/null 2>&1
+}
+
+# The sandbox node's ENI as secondary mode tunes it, read in the node: the
+# IPv4 values went over netlink, the IPv6 ones through the pod's mount of
+# /proc/sys/net.
+eni_tuned() {
+  local key want got ok=0
+  for kv in ipv4/conf/enis1/rp_filter=2 ipv4/conf/enis1/forwarding=1 \
+    ipv4/neigh/enis1/proxy_delay=0 ipv6/neigh/enis1/proxy_delay=0 \
+    ipv6/conf/enis1/proxy_ndp=1 ipv6/conf/enis1/accept_dad=0 ipv6/conf/all/forwarding=1; do
+    key=${kv%=*}; want=${kv#*=}
+    got=$(ip netns exec "$node" cat "/proc/sys/net/$key")
+    [ "$got" = "$want" ] || { echo "$key is $got, not $want"; ok=1; }
+  done
+  return $ok
+}
+
+# This machine's own namespace: nothing of the run reached it.
+own_sysctls() {
+  cat /proc/sys/net/ipv4/ip_forward /proc/sys/net/ipv6/conf/all/forwarding | tr '\n' ' '
 }
 
 agent_holds() { # n
@@ -281,6 +303,8 @@ del_ok() {
   cat "$work/stop.out"
   ! grep -qi 'error' "$work/stop.out"
 }
+
+own_before=$(own_sysctls)
 
 # The log of the mode's enimd when a check of it failed.
 agent_log() {
@@ -306,13 +330,16 @@ for mode in "${modes[@]}"; do
   check "$mode: install-cni ran with no capabilities, read-only root" privileges "$pod-install-cni"
   check "$mode: enimd runs with exactly NET_ADMIN and SYS_ADMIN, read-only root, uid 0" \
     privileges "$pod-enimd" NET_ADMIN SYS_ADMIN
+  if [ "$mode" = secondary ]; then
+    check "$mode: the ENI is tuned in the node (IPv4 over netlink, IPv6 through the mount)" eni_tuned
+  fi
 
   step "$mode: a container on an enim ENI pings its gateway, then exits"
   check "$mode: container pinged its gateway over enim" run_and_ping
   check "$mode: after it exited, the ENI is home and the agent holds nothing" home
 
   step "$mode: upgrade while a container holds an ENI"
-  if ! runtime run -d --name "$tag-holder" --network enim "$busybox" "sleep 600" >/dev/null; then
+  if ! runtime run --pull=never -d --name "$tag-holder" --network enim "$busybox" "sleep 600" >/dev/null; then
     fail "$mode: a container holding an ENI started"
     agent_log
     continue
@@ -336,6 +363,9 @@ for mode in "${modes[@]}"; do
     ip netns del "$node"; ip netns del "$gw"
   fi
 done
+
+check "this machine's own ip_forward and IPv6 forwarding are as they were" \
+  test "$(own_sysctls)" = "$own_before"
 
 step "results ($(($(date +%s) - started)) s)"
 printf '%s\n' "${results[@]}"

@@ -9,9 +9,11 @@ Reads the manifests as they are and changes only what a sandbox must:
 - the DaemonSet's pod template becomes a Pod (podman 4.3 plays Pods, not
   DaemonSets) named POD (default: the DaemonSet's name), with IMAGE on
   every container;
-- every hostPath moves under ROOT (a temporary directory), except the
-  pods' network namespace dir, which stays where the node's runtime and
-  `ip netns` put namespaces (/run/netns);
+- every hostPath moves under ROOT (a temporary directory), except two that
+  are the sandbox node's already: the pods' network namespace dir, where
+  the node's runtime and `ip netns` put namespaces (/run/netns), and
+  /proc/sys/net, which shows the sysctls of the namespace of whoever opens
+  it: enimd's, the sandbox node's, never this machine's own;
 - the dir of the agent's API socket is mounted at the same ROOT path inside
   the container, and the config's `socket` follows, so the conflist that
   install-cni writes names a path the plugin on the node really finds (the
@@ -46,6 +48,7 @@ import tomllib
 import yaml
 
 NETNS_DIRS = ("/var/run/netns", "/run/netns")
+KEPT = NETNS_DIRS + ("/proc/sys/net",)
 
 
 def fail(msg):
@@ -134,7 +137,7 @@ def main():
     moved_socket = False
     for v in volumes.values():
         hp = v.get("hostPath")
-        if hp is None or hp["path"] in NETNS_DIRS:
+        if hp is None or hp["path"] in KEPT:
             continue
         hp["path"] = root + hp["path"]
     for c in containers:

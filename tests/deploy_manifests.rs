@@ -38,6 +38,8 @@ const HOST_CNI_BIN_DIR: &str = install::DEFAULT_CNI_BIN_DIR;
 const HOST_NET_D_DIR: &str = install::DEFAULT_NET_D_DIR;
 /// A CNI_NETNS as containerd and CRI-O pass it.
 const SAMPLE_NETNS: &str = "/var/run/netns/cni-0b9a3f2e-1c7d-4e55-a1f0-2d6c9b8e7a10";
+/// Where the node's net sysctls are.
+const PROC_SYS_NET: &str = enim::netlink::sysctl::PROC_SYS_NET;
 const AGENT: &str = "enimd";
 const INSTALLER: &str = "install-cni";
 

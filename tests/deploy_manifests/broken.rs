@@ -32,6 +32,25 @@ fn init_mut(m: &mut Manifests) -> &mut Container {
         .unwrap()
 }
 
+fn volume_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut Volume {
+    spec_mut(m)
+        .volumes
+        .as_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|v| v.name == name)
+        .unwrap()
+}
+
+fn mount_mut<'a>(c: &'a mut Container, name: &str) -> &'a mut VolumeMount {
+    c.volume_mounts
+        .as_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|v| v.name == name)
+        .unwrap()
+}
+
 fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
     m.daemon_sets[0]
         .spec
@@ -283,6 +302,54 @@ fn each_check_fails_on_a_broken_manifest() {
                 )
             },
             "puts enim",
+        ),
+        (
+            "all of /proc for the sysctls",
+            |m| {
+                let v = volume_mut(m, "proc-sys-net");
+                v.host_path.as_mut().unwrap().path = "/proc".into();
+                // The config's /host/proc/sys/net is still the node's
+                // /proc/sys/net, but all of /proc comes with it.
+                mount_mut(agent_mut(m), "proc-sys-net").mount_path = "/host/proc".into();
+            },
+            "hostPath /proc (volume proc-sys-net) is not one enimd needs",
+        ),
+        (
+            "sysctls mounted read-only",
+            |m| mount_mut(agent_mut(m), "proc-sys-net").read_only = Some(true),
+            "proc_sys_net /host/proc/sys/net is mounted read-only",
+        ),
+        (
+            "sysctls at the pod's own read-only /proc/sys/net",
+            |m| {
+                *toml_mut(m) = toml_mut(m).replace(
+                    "proc_sys_net = \"/host/proc/sys/net\"",
+                    "proc_sys_net = \"/proc/sys/net\"",
+                )
+            },
+            "proc_sys_net /proc/sys/net is not on a hostPath mount",
+        ),
+        (
+            "sysctls for install-cni too",
+            |m| {
+                let mnt = mount_mut(agent_mut(m), "proc-sys-net").clone();
+                init_mut(m).volume_mounts.as_mut().unwrap().push(mnt);
+            },
+            "install-cni mounts hostPath /proc/sys/net",
+        ),
+        (
+            "an extra hostPath",
+            |m| {
+                let mut v = volume_mut(m, "state").clone();
+                v.name = "etc".into();
+                v.host_path.as_mut().unwrap().path = "/etc".into();
+                spec_mut(m).volumes.as_mut().unwrap().push(v);
+                let mut mnt = mount_mut(agent_mut(m), "state").clone();
+                mnt.name = "etc".into();
+                mnt.mount_path = "/host/etc".into();
+                agent_mut(m).volume_mounts.as_mut().unwrap().push(mnt);
+            },
+            "hostPath /etc (volume etc) is not one enimd needs",
         ),
     ];
     assert!(check(&good).is_empty(), "the unbroken manifests must pass");

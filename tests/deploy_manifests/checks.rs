@@ -163,6 +163,76 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         p.check(used, || format!("volume {} is mounted nowhere", v.name));
     }
 
+    // The node's /proc/sys/net, for the IPv6 sysctls that have no netlink
+    // form (secondary mode with IPv6): writable where the config says, for
+    // the agent only. The pod's own /proc/sys is read-only.
+    let proc_sys_net = &config.secondary.proc_sys_net;
+    match host_path_of(spec, agent, proc_sys_net) {
+        Some((host, mount)) => {
+            p.check(host == Path::new(PROC_SYS_NET), || {
+                format!(
+                    "[secondary] proc_sys_net {} is {} on the node, not {PROC_SYS_NET}",
+                    proc_sys_net.display(),
+                    host.display()
+                )
+            });
+            p.check(writable(mount), || {
+                format!(
+                    "[secondary] proc_sys_net {} is mounted read-only",
+                    proc_sys_net.display()
+                )
+            });
+        }
+        None => p.0.push(format!(
+            "[secondary] proc_sys_net {} is not on a hostPath mount of {PROC_SYS_NET}: \
+             the pod's own /proc/sys is read-only, and secondary mode with IPv6 \
+             writes proxy_ndp, accept_dad and forwarding there",
+            proc_sys_net.display()
+        )),
+    }
+
+    // Nothing of the node beyond what enimd uses: each hostPath is one of
+    // these exact dirs (a parent such as /run or /proc would grant more).
+    let parent = |path: &Path| path.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let mut needed: BTreeMap<PathBuf, &str> = BTreeMap::from([
+        (parent(&config.socket), "the API socket"),
+        (parent(&config.checkpoint), "the checkpoint"),
+        (parent(Path::new(SAMPLE_NETNS)), "pods' network namespaces"),
+        (PathBuf::from(PROC_SYS_NET), "IPv6 sysctls"),
+        (PathBuf::from(HOST_CNI_BIN_DIR), "install-cni"),
+        (PathBuf::from(HOST_NET_D_DIR), "install-cni"),
+    ]);
+    if config.device_plugin.enabled {
+        needed.insert(config.device_plugin.dir.clone(), "the device plugin");
+    }
+    for v in spec.volumes.iter().flatten() {
+        if let Some(hp) = &v.host_path {
+            p.check(needed.contains_key(Path::new(&hp.path)), || {
+                format!(
+                    "hostPath {} (volume {}) is not one enimd needs; it uses only {:?}",
+                    hp.path,
+                    v.name,
+                    needed.keys().collect::<Vec<_>>()
+                )
+            });
+        }
+    }
+    // install-cni, which has no capabilities, gets only the CNI dirs.
+    for mnt in mounts(init) {
+        let hp = volume(spec, &mnt.name).and_then(|v| v.host_path.as_ref());
+        if let Some(hp) = hp {
+            p.check(
+                hp.path == HOST_CNI_BIN_DIR || hp.path == HOST_NET_D_DIR,
+                || {
+                    format!(
+                        "install-cni mounts hostPath {}: it needs only the CNI dirs",
+                        hp.path
+                    )
+                },
+            );
+        }
+    }
+
     // install-cni: same image, same binary, host CNI dirs, same socket.
     p.check(init.image.is_some() && init.image == agent.image, || {
         format!(
