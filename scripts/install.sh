@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Installs enim on a node: the `enim` CNI plugin into the CNI bin dir,
-# `enimd` and `enimctl` into a bin dir, an example conflist into net.d, and
-# an example enimd config (never overwriting an existing one).
+# `enimd` and `enimctl` into a bin dir, an example conflist into net.d, an
+# example enimd config (never overwriting an existing one), and a systemd
+# unit for enimd (deploy/systemd/enimd.service, its ExecStart pointing at
+# the enimd and config installed here). It enables nothing: see the end of
+# its output.
 #
 #   scripts/install.sh [--cni-bin-dir DIR] [--net-d-dir DIR] [--bin-dir DIR]
-#                      [--config-dir DIR] [--from DIR]
+#                      [--config-dir DIR] [--systemd-dir DIR] [--no-systemd]
+#                      [--from DIR]
 #
-# Defaults: /opt/cni/bin, /etc/cni/net.d, /usr/local/bin, /etc/enim.
-# --from DIR takes already built binaries from DIR instead of running
-# `cargo build --release`.
+# Defaults: /opt/cni/bin, /etc/cni/net.d, /usr/local/bin, /etc/enim,
+# /etc/systemd/system. --from DIR takes already built binaries from DIR
+# instead of running `cargo build --release` (honours CARGO_TARGET_DIR).
 set -euo pipefail
 
 cni_bin_dir=${CNI_BIN_DIR:-/opt/cni/bin}
 net_d_dir=${CNI_NET_D_DIR:-/etc/cni/net.d}
 bin_dir=${BIN_DIR:-/usr/local/bin}
 config_dir=${ENIM_CONFIG_DIR:-/etc/enim}
+systemd_dir=${SYSTEMD_DIR:-/etc/systemd/system}
 from=""
 
 die() { echo "install.sh: $*" >&2; exit 2; }
@@ -24,8 +29,10 @@ while [ $# -gt 0 ]; do
     --net-d-dir) net_d_dir=${2:?}; shift 2 ;;
     --bin-dir) bin_dir=${2:?}; shift 2 ;;
     --config-dir) config_dir=${2:?}; shift 2 ;;
+    --systemd-dir) systemd_dir=${2:?}; shift 2 ;;
+    --no-systemd) systemd_dir=""; shift ;;
     --from) from=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -33,7 +40,7 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ -z "$from" ]; then
   (cd "$root" && cargo build --release --bins)
-  from="$root/target/release"
+  from=$(cd "$root" && realpath -m "${CARGO_TARGET_DIR:-target}")/release
 fi
 for b in enim enimd enimctl; do
   [ -x "$from/$b" ] || die "$from/$b is missing: build first or drop --from"
@@ -94,6 +101,20 @@ TOML
   rm -f "$example"
 fi
 
+if [ -n "$systemd_dir" ]; then
+  # The unit runs the enimd and config installed above.
+  unit=$(mktemp)
+  sed "s#^ExecStart=.*#ExecStart=$bin_dir/enimd --config $config_dir/enimd.toml#" \
+    "$root/deploy/systemd/enimd.service" > "$unit"
+  grep -q "^ExecStart=$bin_dir/enimd " "$unit" || die "deploy/systemd/enimd.service has no ExecStart"
+  place "$unit" "$systemd_dir" enimd.service 0644
+  rm -f "$unit"
+fi
+
 echo "installed: $cni_bin_dir/enim, $bin_dir/enimd, $bin_dir/enimctl"
 echo "conflist:  $net_d_dir/10-enim.conflist"
 echo "config:    $config_dir/enimd.toml (edit the ENIs, then start enimd)"
+if [ -n "$systemd_dir" ]; then
+  echo "unit:      $systemd_dir/enimd.service; start it now and at every boot with"
+  echo "           systemctl daemon-reload && systemctl enable --now enimd"
+fi
