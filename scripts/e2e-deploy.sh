@@ -54,6 +54,10 @@ for tool in podman ip curl nsenter /usr/bin/python3 /bin/busybox; do
   command -v "$tool" >/dev/null || { echo "e2e-deploy.sh: $tool is missing" >&2; exit 1; }
 done
 /usr/bin/python3 -c 'import yaml' || { echo "e2e-deploy.sh: python3-yaml is missing" >&2; exit 1; }
+# It goes into an image FROM scratch: it must need no libraries.
+if ldd /bin/busybox >/dev/null 2>&1; then
+  echo "e2e-deploy.sh: /bin/busybox is not static (install busybox-static)" >&2; exit 1
+fi
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tag="enime2e$$"
