@@ -350,6 +350,10 @@ for mode in "${modes[@]}"; do
   fi
   check "$mode: the holder has its ENI and reaches the gateway" holder_has_eni
   before=$(eth0_id "$tag-holder")
+  # The old agent gets SIGTERM (as from the kubelet) and must exit cleanly.
+  on_node podman pod stop -t 30 "$pod" >/dev/null
+  check "$mode: the old enimd exited 0 on SIGTERM" \
+    test "$(podman inspect -f '{{.State.ExitCode}}' "$pod-enimd")" = 0
   undeploy
   check "$mode: with the agent gone, the holder keeps its ENI" holder_has_eni
   deploy "$image_v2"
