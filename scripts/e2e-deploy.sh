@@ -246,9 +246,8 @@ home() {
       echo "ENI ${macs[$i]} is not home as $name:"; ip -n "$node" -o link show; return 1; }
   done
   agent_holds 0 || { echo "attachments left:"; enimctl attachments; return 1; }
-  if [ "$mode" = secondary ]; then
-    ! ip -n "$node" -o link show | grep -q ': enim' || { echo "pod veths left:"; ip -n "$node" -o link show; return 1; }
-  fi
+  # No pod veth of either kind left (secondary mode's, the host path's).
+  ! ip -n "$node" -o link show | grep -q ': eni[mh]' || { echo "pod veths left:"; ip -n "$node" -o link show; return 1; }
 }
 
 # run_and_ping: a container on the enim network pings its gateway(s) and
@@ -349,6 +348,11 @@ for mode in "${modes[@]}"; do
     continue
   fi
   check "$mode: the holder has its ENI and reaches the gateway" holder_has_eni
+  if [ "$mode" = primary ]; then
+    # The ConfigMap's [host_path]: a veth from the pod to the node.
+    check "$mode: the holder's host-path veth is in the node" \
+      sh -c "ip -n '$node' -o link show | grep -q ': enih'"
+  fi
   before=$(eth0_id "$tag-holder")
   # The old agent gets SIGTERM (as from the kubelet) and must exit cleanly.
   on_node podman pod stop -t 30 "$pod" >/dev/null
