@@ -44,7 +44,8 @@ pub const ACTIONS: [Action; 8] = [
     Action::DeleteNetworkInterface,
 ];
 
-pub const SOURCE_URL: &str = "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html";
+pub const SOURCE_URL: &str =
+    "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html";
 
 /// A bucket's documented default.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -96,9 +97,11 @@ impl Action {
             Action::DescribeInstanceTypes | Action::DescribeNetworkInterfacesFiltered => {
                 (100.0, 20.0, "Non-mutating actions")
             }
-            Action::DescribeNetworkInterfacesById => {
-                (50.0, 10.0, "Unfiltered and unpaginated non-mutating actions")
-            }
+            Action::DescribeNetworkInterfacesById => (
+                50.0,
+                10.0,
+                "Unfiltered and unpaginated non-mutating actions",
+            ),
             Action::AttachNetworkInterface | Action::DetachNetworkInterface => {
                 (50.0, 5.0, "Mutating actions")
             }

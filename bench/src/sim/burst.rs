@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_provider::EniProvider;
 use enim_provider_pool::{PoolConfig, WarmPool};
 use tokio::time::Instant;
 
@@ -87,7 +88,8 @@ pub fn bucket_time(a: Action, n: usize) -> Duration {
 /// the mean latency, or the buckets' refill for the calls they take, the
 /// longer of the two.
 fn bounds(cfg: &BurstCfg, needed: usize) -> (Duration, Duration) {
-    let latency = cfg.params.mean_attach() * u32::try_from(needed.div_ceil(POOL_PARALLELISM)).unwrap_or(u32::MAX);
+    let latency = cfg.params.mean_attach()
+        * u32::try_from(needed.div_ceil(POOL_PARALLELISM)).unwrap_or(u32::MAX);
     // Per create: two filtered describes, a create, an attach, a modify.
     let bucket = [
         (Action::DescribeNetworkInterfacesFiltered, 2),
@@ -125,6 +127,8 @@ async fn burst(cfg: BurstCfg) -> R<Burst> {
     }
     let t0 = Instant::now();
     let pool = WarmPool::start(node.clone(), config).await?;
+    // As the agent does at start-up, with an empty checkpoint.
+    pool.restore(&[]).await?;
     let min_free = cfg.min_free;
     wait_free(&pool, min_free, Duration::from_secs(600)).await?;
     let fill = t0.elapsed();
@@ -230,7 +234,11 @@ mod tests {
         assert_eq!(a.bucket_bound, Duration::ZERO);
         // Two pods find the pool's ENIs at once.
         assert!(a.summary.p50 < 40_000.0, "{:?}", a.summary);
-        assert!(a.ratio_max() > 0.8 && a.ratio_max() < 1.3, "{}", a.ratio_max());
+        assert!(
+            a.ratio_max() > 0.8 && a.ratio_max() < 1.3,
+            "{}",
+            a.ratio_max()
+        );
         assert_eq!(a.other_errors, 0);
         assert_eq!(a.counts.throttled(), 0);
         let b = run(&cfg).unwrap();
@@ -239,8 +247,17 @@ mod tests {
 
     #[test]
     fn bucket_time_counts_only_beyond_the_burst() {
-        assert_eq!(bucket_time(Action::AttachNetworkInterface, 50), Duration::ZERO);
-        assert_eq!(bucket_time(Action::AttachNetworkInterface, 60), Duration::from_secs(2));
-        assert_eq!(bucket_time(Action::CreateNetworkInterface, 1100), Duration::from_secs(200));
+        assert_eq!(
+            bucket_time(Action::AttachNetworkInterface, 50),
+            Duration::ZERO
+        );
+        assert_eq!(
+            bucket_time(Action::AttachNetworkInterface, 60),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            bucket_time(Action::CreateNetworkInterface, 1100),
+            Duration::from_secs(200)
+        );
     }
 }

@@ -137,7 +137,12 @@ impl Counts {
             by_action: self
                 .by_action
                 .iter()
-                .map(|(a, c)| (*a, c.minus(&earlier.by_action.get(a).copied().unwrap_or_default())))
+                .map(|(a, c)| {
+                    (
+                        *a,
+                        c.minus(&earlier.by_action.get(a).copied().unwrap_or_default()),
+                    )
+                })
                 .collect(),
             imds_reads: self.imds_reads - earlier.imds_reads,
         }
@@ -825,7 +830,9 @@ mod tests {
                     Err(e) => panic!("{e}"),
                 }
             }
-            let c = account.counts().get(Action::DescribeNetworkInterfacesFiltered);
+            let c = account
+                .counts()
+                .get(Action::DescribeNetworkInterfacesFiltered);
             assert_eq!(ok + throttled, 200);
             assert_eq!(c.ok, ok);
             assert_eq!(c.gave_up, throttled);
@@ -833,7 +840,10 @@ mod tests {
             // Retries spread over ~10 s of refills (20/s) let most through.
             assert!(ok > 150, "{c:?}");
             // Other buckets are untouched.
-            assert_eq!(account.counts().get(Action::DescribeInstanceTypes), Count::default());
+            assert_eq!(
+                account.counts().get(Action::DescribeInstanceTypes),
+                Count::default()
+            );
         });
     }
 
