@@ -150,6 +150,9 @@ struct Node {
     pool: OnceLock<Arc<WarmPool>>,
 }
 
+/// A churn pod: its arrival and its task.
+type ChurnPod = (Instant, JoinHandle<PodResult>);
+
 struct Sim {
     account: Arc<Account>,
     config: PoolConfig,
@@ -297,7 +300,7 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
 
     // 3. Churn, running on until the start-up is done.
     let stop = Arc::new(AtomicBool::new(false));
-    let churn_pods: Arc<Mutex<Vec<(Instant, JoinHandle<PodResult>)>>> = Arc::default();
+    let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
     let sim = Arc::new(sim);
     let mut drivers = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
