@@ -208,13 +208,18 @@ mod tests {
         // 20 per second for ten minutes, spread within each second.
         for s in 0..600u64 {
             for i in 0..20u64 {
-                assert!(b.try_take(Duration::from_secs(s) + Duration::from_millis(i * 40)), "{s}.{i}");
+                assert!(
+                    b.try_take(Duration::from_secs(s) + Duration::from_millis(i * 40)),
+                    "{s}.{i}"
+                );
             }
         }
         // One more than the refill per second drains the burst in time.
         let mut b = bucket(100.0, 20.0);
         let throttled = (0..600u64)
-            .flat_map(|s| (0..21u64).map(move |i| Duration::from_secs(s) + Duration::from_millis(i * 40)))
+            .flat_map(|s| {
+                (0..21u64).map(move |i| Duration::from_secs(s) + Duration::from_millis(i * 40))
+            })
             .filter(|t| !b.try_take(*t))
             .count();
         // The net drain of one a second empties the burst by second 80;
