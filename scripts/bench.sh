@@ -10,32 +10,56 @@
 #   sudo scripts/bench.sh --smoke       a few cycles of everything (CI): checks
 #                                       that it all works, times nothing
 #   extra arguments go to enim-bench: --cycles N, --json FILE,
-#   --rss-cycles N, --rss-workers N, --only PHASE,... (api, latency,
-#   throughput, rss, gc-dead, gc-moved, restore; JSON to partial.json)
+#   --rss-cycles N, --rss-workers N, --seed N, --only PHASE,... (burst,
+#   fleet, api, latency, throughput, rss, gc-dead, gc-moved, restore; JSON
+#   to partial.json)
+#
+#   scripts/bench.sh --only burst,fleet   the simulated cloud only (a warm
+#                                       pool under a burst of pods; a
+#                                       1,000-node fleet over one account's
+#                                       EC2 buckets): no root, no namespaces
 #
 # It makes its own uniquely named namespaces and veth pairs, never touches
 # this machine's own interfaces, sends traffic only inside its namespaces,
 # and removes everything on exit, pass or fail.
 set -euo pipefail
-[ "$(id -u)" = 0 ] || { echo "bench.sh: run as root: it creates network namespaces" >&2; exit 1; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
 smoke=false
 only=false
+# Only the simulations (burst, fleet) picked: no root, sandbox or plugins.
+sim_only=false
+prev=
 for a in "$@"; do
   [ "$a" = --smoke ] && smoke=true
-  [ "$a" = --only ] && only=true
+  if [ "$a" = --only ]; then only=true; fi
+  if [ "$prev" = --only ]; then
+    sim_only=true
+    IFS=, read -ra picked <<<"$a"
+    for p in "${picked[@]}"; do
+      case "$p" in burst|fleet) ;; *) sim_only=false ;; esac
+    done
+  fi
+  prev=$a
 done
-for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
-  [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
-done
+if ! $sim_only; then
+  [ "$(id -u)" = 0 ] || { echo "bench.sh: run as root: it creates network namespaces" >&2; exit 1; }
+  for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
+    [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
+  done
+fi
 
 # The smoke checks behaviour, so a debug build (mostly built by the tests
 # already) will do; figures come from release builds only.
 if $smoke; then profile=debug; flags=(); name=smoke; else profile=release; flags=(--release); name=latest; fi
-echo "== building enim and enim-bench ($profile)" >&2
-(cd "$root" && cargo build --quiet "${flags[@]}" -p enim --bins -p enim-bench)
+if $sim_only; then
+  echo "== building enim-bench ($profile)" >&2
+  (cd "$root" && cargo build --quiet "${flags[@]}" -p enim-bench)
+else
+  echo "== building enim and enim-bench ($profile)" >&2
+  (cd "$root" && cargo build --quiet "${flags[@]}" -p enim --bins -p enim-bench)
+fi
 bin="$target/$profile"
 
 tag="enimb$$"
@@ -51,9 +75,11 @@ cleanup() {
     done <"$work/enimd.pids"
   fi
   # Every namespace of this run (their veths go with them).
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  if ! $sim_only; then
+    for ns in $(ip netns list | awk '{print $1}' | grep "^$tag-" || true); do
+      ip netns del "$ns" 2>/dev/null || true
+    done
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

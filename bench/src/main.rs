@@ -6,11 +6,13 @@
 //! ```text
 //! enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N]
 //!            [--rss-workers N] [--only PHASE,...] [--gap-ms N] [--json FILE]
-//!            [--tag TAG] [--work DIR] [--cni-path DIR]
+//!            [--tag TAG] [--work DIR] [--cni-path DIR] [--seed N]
 //! ```
 //!
 //! `--only` runs just the named phases (of `phases::PHASES`); the figures
-//! of the others show as not run.
+//! of the others show as not run. The `burst` and `fleet` phases simulate
+//! a cloud (`sim`); run alone they need no root and set up no sandbox.
+//! `--seed` seeds them (default 1).
 
 mod agent;
 mod exec;
@@ -18,6 +20,7 @@ mod floor;
 mod phases;
 mod report;
 mod sandbox;
+mod sim;
 mod stats;
 
 use std::path::PathBuf;
@@ -42,17 +45,24 @@ pub struct Opts {
     pub only: Vec<String>,
     /// Idle time before each timed latency operation (None: the default).
     pub gap_ms: Option<u64>,
+    /// Seed of the simulations.
+    pub seed: u64,
 }
 
 impl Opts {
     pub fn runs(&self, phase: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|p| p == phase)
     }
+
+    /// Only simulations were picked: no root, no sandbox.
+    pub fn sim_only(&self) -> bool {
+        !self.only.is_empty() && self.only.iter().all(|p| sim::PHASES.contains(&p.as_str()))
+    }
 }
 
 const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
                      [--rss-workers N] [--only PHASE,...] [--gap-ms N] [--json FILE] [--tag TAG] \
-                     [--work DIR] [--cni-path DIR]";
+                     [--work DIR] [--cni-path DIR] [--seed N]";
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -67,6 +77,7 @@ fn parse_args() -> Result<Opts, String> {
         rss_workers: phases::MAIN_ENIS,
         only: Vec::new(),
         gap_ms: None,
+        seed: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -98,6 +109,7 @@ fn parse_args() -> Result<Opts, String> {
                 }
             }
             "--gap-ms" => o.gap_ms = Some(val()?.parse().map_err(|e| format!("--gap-ms: {e}"))?),
+            "--seed" => o.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--smoke" => o.smoke = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
@@ -132,16 +144,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if !nix::unistd::geteuid().is_root() {
+    if !opts.sim_only() && !nix::unistd::geteuid().is_root() {
         eprintln!("enim-bench: must run as root: it creates network namespaces");
         return ExitCode::from(2);
     }
-    match phases::run(&opts) {
-        Ok(results) => {
-            print!("{}", report::markdown(&results));
-            let json = report::json(&results);
+    match run(&opts) {
+        Ok((markdown, json)) => {
+            print!("{markdown}");
             if let Some(path) = &opts.json {
-                if let Err(e) = std::fs::write(path, serde_json::to_vec_pretty(&json).unwrap()) {
+                let written = serde_json::to_vec_pretty(&json)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| std::fs::write(path, b).map_err(|e| e.to_string()));
+                if let Err(e) = written {
                     eprintln!("enim-bench: writing {}: {e}", path.display());
                     return ExitCode::FAILURE;
                 }
@@ -154,4 +168,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The simulations, then (unless only they were picked) the sandbox
+/// phases; the report and the JSON of both.
+fn run(opts: &Opts) -> R<(String, serde_json::Value)> {
+    let sim = sim::run(opts)?;
+    if opts.sim_only() {
+        let mode = if opts.smoke {
+            "smoke (not a measurement)"
+        } else {
+            "full"
+        };
+        let md = format!(
+            "\n## enim benchmark: {mode}; simulations only ({})\n{}",
+            opts.only.join(", "),
+            sim::markdown(&sim)
+        );
+        let json = serde_json::json!({
+            "schema": "enim-bench/1",
+            "mode": if opts.smoke { "smoke" } else { "full" },
+            "simulation": sim::json(&sim),
+        });
+        return Ok((md, json));
+    }
+    let results = phases::run(opts)?;
+    let md = format!("{}{}", report::markdown(&results), sim::markdown(&sim));
+    let mut json = report::json(&results);
+    if let Some(o) = json.as_object_mut() {
+        o.insert("simulation".into(), sim::json(&sim));
+    }
+    Ok((md, json))
 }

@@ -1,0 +1,502 @@
+//! The fleet: many nodes' warm pools in one process over one account's
+//! buckets.
+//!
+//! Timeline (simulated time):
+//! 1. warm-up: `nodes` agents start at times spread uniformly over
+//!    `warmup_spread`; then every pool reaches `min_free`, and `settle`;
+//! 2. idle window (`idle`): no pods come or go; EC2 calls counted;
+//! 3. churn: on every node pods arrive as a Poisson process
+//!    (`churn_per_hour`), each holding its ENI for an exponentially
+//!    distributed time (mean `pod_life`); after `churn_warmup`, the churn
+//!    window (`churn`) counts EC2 calls;
+//! 4. start-up: `start_nodes` more nodes start at once with empty pools
+//!    while the churn goes on; `start_pods` pods land on each new node
+//!    within `start_pod_window`. Done when every new pool has reached
+//!    `min_free` free (the pods' own waits are reported apart).
+//!
+//! An agent whose pool fails to start (its discovery calls throttled past
+//! the client's retries) is taken to exit and be restarted by the kubelet
+//! with CrashLoopBackOff (10 s doubling to 300 s, kubelet
+//! `MaxContainerBackOff`); a pod's ADD meanwhile finds the agent
+//! unreachable, which the plugin answers as CNI code 11.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use enim_provider::EniProvider;
+use enim_provider_pool::{PoolConfig, WarmPool};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::bucket::Action;
+use super::burst::bucket_time;
+use super::cloud::{paused_runtime, Account, CloudParams, Counts};
+use super::pods::{self, Ledger, PodResult, Retry};
+use super::rng::Rng;
+use crate::stats::{summarize, Summary};
+use crate::R;
+
+#[derive(Debug, Clone)]
+pub struct FleetCfg {
+    pub nodes: usize,
+    pub warmup_spread: Duration,
+    pub settle: Duration,
+    pub idle: Duration,
+    pub churn_warmup: Duration,
+    pub churn: Duration,
+    /// Pods started per node per hour in the churn.
+    pub churn_per_hour: f64,
+    pub pod_life: Duration,
+    pub start_nodes: usize,
+    pub start_pods: usize,
+    pub start_pod_window: Duration,
+    pub min_free: usize,
+    pub max_free: usize,
+    pub seed: u64,
+    pub params: CloudParams,
+}
+
+impl FleetCfg {
+    pub fn full(seed: u64) -> FleetCfg {
+        FleetCfg {
+            nodes: 1000,
+            warmup_spread: Duration::from_secs(600),
+            settle: Duration::from_secs(300),
+            idle: Duration::from_secs(3600),
+            churn_warmup: Duration::from_secs(1200),
+            churn: Duration::from_secs(3600),
+            churn_per_hour: 6.0,
+            pod_life: Duration::from_secs(1200),
+            start_nodes: 200,
+            start_pods: 2,
+            start_pod_window: Duration::from_secs(60),
+            min_free: 3,
+            max_free: 5,
+            seed,
+            params: CloudParams::default(),
+        }
+    }
+
+    pub fn smoke(seed: u64) -> FleetCfg {
+        FleetCfg {
+            nodes: 10,
+            warmup_spread: Duration::from_secs(30),
+            settle: Duration::from_secs(60),
+            idle: Duration::from_secs(600),
+            churn_warmup: Duration::from_secs(300),
+            churn: Duration::from_secs(600),
+            churn_per_hour: 12.0,
+            pod_life: Duration::from_secs(300),
+            start_nodes: 3,
+            start_pods: 2,
+            start_pod_window: Duration::from_secs(60),
+            min_free: 2,
+            max_free: 3,
+            ..FleetCfg::full(seed)
+        }
+    }
+}
+
+/// Pods of one phase.
+#[derive(Debug, Clone)]
+pub struct PodStats {
+    pub started: usize,
+    pub ready: Summary,
+    pub stuck: usize,
+    pub try_again: u64,
+    pub other_errors: u64,
+}
+
+fn pod_stats(results: &[PodResult]) -> PodStats {
+    let ready: Vec<Duration> = results.iter().filter_map(|r| r.ready).collect();
+    PodStats {
+        started: results.len(),
+        ready: summarize(&ready),
+        stuck: results.len() - ready.len(),
+        try_again: results.iter().map(|r| u64::from(r.try_again)).sum(),
+        other_errors: results.iter().map(|r| u64::from(r.other_errors)).sum(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub cfg: FleetCfg,
+    /// First agent start → every pool at `min_free`.
+    pub warmup: Duration,
+    pub warmup_counts: Counts,
+    pub idle: Counts,
+    pub churn: Counts,
+    pub churn_pods: PodStats,
+    /// New nodes' start → every new pool has reached `min_free`.
+    pub start_done: Duration,
+    /// Each new node's start → its pool first at `min_free`.
+    pub start_per_node: Summary,
+    /// New nodes' start → every pod on them running.
+    pub pods_ready: Duration,
+    /// The start-up's calls (the whole account's, churn included).
+    pub start_counts: Counts,
+    pub start_pods: PodStats,
+    /// Agents restarted because their pool failed to start.
+    pub agent_restarts: u64,
+    /// The buckets' bound on the start-up: the longest refill any action
+    /// needs for the new nodes' calls.
+    pub start_bucket_bound: Duration,
+    /// One node's creates one after another at the mean attach time.
+    pub start_latency_bound: Duration,
+}
+
+struct Node {
+    pool: OnceLock<Arc<WarmPool>>,
+}
+
+/// A churn pod: its arrival and its task.
+type ChurnPod = (Instant, JoinHandle<PodResult>);
+
+struct Sim {
+    account: Arc<Account>,
+    config: PoolConfig,
+    ledger: Arc<Ledger>,
+    restarts: Arc<AtomicU64>,
+}
+
+impl Sim {
+    /// Starts node `i`'s agent after `delay`, restarting it while its pool
+    /// fails to start.
+    fn agent(&self, i: usize, delay: Duration, mut rng: Rng) -> (Arc<Node>, JoinHandle<()>) {
+        let node = Arc::new(Node {
+            pool: OnceLock::new(),
+        });
+        let (n, account, config, restarts) = (
+            node.clone(),
+            self.account.clone(),
+            self.config.clone(),
+            self.restarts.clone(),
+        );
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut backoff = Duration::from_secs(10);
+            loop {
+                match WarmPool::start(account.node(i), config.clone()).await {
+                    Ok(pool) => {
+                        // As the agent does at start-up: a new node's
+                        // checkpoint is empty. Never fails on a pool.
+                        let _ = pool.restore(&[]).await;
+                        let _ = n.pool.set(pool);
+                        return;
+                    }
+                    Err(_) => {
+                        restarts.fetch_add(1, Ordering::Relaxed);
+                        // CrashLoopBackOff has no jitter; the draw only
+                        // keeps the restart off the exact tick.
+                        tokio::time::sleep(
+                            backoff + rng.between(Duration::ZERO, Duration::from_millis(100)),
+                        )
+                        .await;
+                        backoff = (backoff * 2).min(Duration::from_secs(300));
+                    }
+                }
+            }
+        });
+        (node, task)
+    }
+
+    /// One pod on `node` arriving now: ADD (the agent unreachable counts as
+    /// CNI 11), hold for `life`, DEL.
+    fn pod(
+        &self,
+        node: Arc<Node>,
+        name: String,
+        life: Option<Duration>,
+        mut rng: Rng,
+    ) -> JoinHandle<PodResult> {
+        let ledger = self.ledger.clone();
+        tokio::spawn(async move {
+            let arrival = Instant::now();
+            let retry = Retry::Kubelet;
+            let give_up = Duration::from_secs(3600);
+            let mut unreachable = 0;
+            let pool = loop {
+                if let Some(p) = node.pool.get() {
+                    break p.clone();
+                }
+                unreachable += 1;
+                if arrival.elapsed() >= give_up {
+                    return PodResult {
+                        ready: None,
+                        eni: None,
+                        tries: unreachable,
+                        try_again: unreachable,
+                        other_errors: 0,
+                    };
+                }
+                tokio::time::sleep(retry.delay(&mut rng)).await;
+            };
+            let mut r = pods::add(&pool, &ledger, &name, retry, &mut rng, give_up).await;
+            r.ready = r.ready.map(|_| arrival.elapsed());
+            r.tries += unreachable;
+            r.try_again += unreachable;
+            if let (Some(life), Some(eni)) = (life, r.eni.clone()) {
+                tokio::time::sleep(life).await;
+                r.other_errors += pods::del(&pool, &ledger, &name, &eni).await;
+            }
+            r
+        })
+    }
+}
+
+pub fn run(cfg: &FleetCfg) -> R<Fleet> {
+    let rt = paused_runtime(cfg.seed)?;
+    rt.block_on(fleet(cfg.clone()))
+}
+
+fn all_at_min_free(nodes: &[Arc<Node>], min_free: usize) -> bool {
+    nodes.iter().all(|n| {
+        n.pool
+            .get()
+            .is_some_and(|p| p.stats().available >= min_free)
+    })
+}
+
+async fn fleet(cfg: FleetCfg) -> R<Fleet> {
+    let mut rng = Rng::new(cfg.seed);
+    let sim = Sim {
+        account: Account::new(cfg.params.clone(), rng.next_u64()),
+        config: PoolConfig {
+            min_free: cfg.min_free,
+            max_free: cfg.max_free,
+            ..PoolConfig::default()
+        },
+        ledger: Arc::new(Ledger::default()),
+        restarts: Arc::new(AtomicU64::new(0)),
+    };
+    let tick = Duration::from_secs(1);
+    let limit = Duration::from_secs(6 * 3600);
+
+    // 1. Warm-up.
+    let t0 = Instant::now();
+    let mut nodes = Vec::new();
+    let mut agents = Vec::new();
+    for i in 0..cfg.nodes {
+        let delay = rng.between(Duration::ZERO, cfg.warmup_spread);
+        let (node, task) = sim.agent(i, delay, rng.fork(i as u64));
+        nodes.push(node);
+        agents.push(task);
+    }
+    while !all_at_min_free(&nodes, cfg.min_free) {
+        if t0.elapsed() > limit {
+            return Err(format!("fleet: warm-up not done after {limit:?}").into());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    let warmup = t0.elapsed();
+    let warmup_counts = sim.account.counts();
+    tokio::time::sleep(cfg.settle).await;
+
+    // 2. Idle.
+    let c0 = sim.account.counts();
+    tokio::time::sleep(cfg.idle).await;
+    let idle = sim.account.counts().since(&c0);
+
+    // 3. Churn, running on until the start-up is done.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
+    let sim = Arc::new(sim);
+    let mut drivers = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let (sim, node, stop, out) = (sim.clone(), node.clone(), stop.clone(), churn_pods.clone());
+        let mut rng = rng.fork(1_000_000 + i as u64);
+        let gap = Duration::from_secs_f64(3600.0 / cfg.churn_per_hour);
+        let life = cfg.pod_life;
+        drivers.push(tokio::spawn(async move {
+            let mut k = 0;
+            loop {
+                tokio::time::sleep(rng.exp(gap)).await;
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let hold = rng.exp(life);
+                let task = sim.pod(node.clone(), format!("n{i}-p{k}"), Some(hold), rng.fork(k));
+                out.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((Instant::now(), task));
+                k += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(cfg.churn_warmup).await;
+    let c1 = sim.account.counts();
+    let churn_start = Instant::now();
+    tokio::time::sleep(cfg.churn).await;
+    let churn_end = Instant::now();
+    let churn = sim.account.counts().since(&c1);
+
+    // 4. Start-up of new nodes, all at once.
+    let c2 = sim.account.counts();
+    let restarts_before = sim.restarts.load(Ordering::Relaxed);
+    let s0 = Instant::now();
+    let mut new_nodes = Vec::new();
+    let mut new_pods = Vec::new();
+    for j in 0..cfg.start_nodes {
+        let i = cfg.nodes + j;
+        let (node, task) = sim.agent(i, Duration::ZERO, rng.fork(i as u64));
+        agents.push(task);
+        for k in 0..cfg.start_pods {
+            let at = rng.between(Duration::ZERO, cfg.start_pod_window);
+            let (sim, node, prng) = (sim.clone(), node.clone(), rng.fork((i * 100 + k) as u64));
+            new_pods.push(tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                sim.pod(node, format!("new{j}-p{k}"), None, prng).await
+            }));
+        }
+        new_nodes.push(node);
+    }
+    let mut done_at: Vec<Option<Duration>> = vec![None; cfg.start_nodes];
+    loop {
+        for (j, n) in new_nodes.iter().enumerate() {
+            let free = n
+                .pool
+                .get()
+                .is_some_and(|p| p.stats().available >= cfg.min_free);
+            if done_at[j].is_none() && free {
+                done_at[j] = Some(s0.elapsed());
+            }
+        }
+        if done_at.iter().all(Option::is_some) {
+            break;
+        }
+        if s0.elapsed() > limit {
+            return Err(format!(
+                "fleet: start-up of {} nodes not done after {limit:?}",
+                cfg.start_nodes
+            )
+            .into());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    let start_done = s0.elapsed();
+    let start_counts = sim.account.counts().since(&c2);
+    let agent_restarts = sim.restarts.load(Ordering::Relaxed) - restarts_before;
+    let mut start_results = Vec::new();
+    for p in new_pods {
+        start_results.push(p.await??);
+    }
+    let pods_ready = s0.elapsed();
+
+    // Wind down: no more arrivals; every churn pod ends (or gives up).
+    stop.store(true, Ordering::Relaxed);
+    for d in drivers {
+        d.await?;
+    }
+    let tasks = std::mem::take(&mut *churn_pods.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut churn_results = Vec::new();
+    for (at, t) in tasks {
+        let r = t.await?;
+        if at >= churn_start && at < churn_end {
+            churn_results.push(r);
+        } else if r.ready.is_none() || r.other_errors > 0 {
+            // Outside the window, still checked.
+            return Err(format!("fleet: a churn pod failed: {r:?}").into());
+        }
+    }
+    let churn_pods = pod_stats(&churn_results);
+    let start_pods = pod_stats(&start_results);
+    if churn_pods.stuck > 0 || start_pods.stuck > 0 {
+        return Err(format!(
+            "fleet: pods never got an ENI: {} in the churn, {} on new nodes",
+            churn_pods.stuck, start_pods.stuck
+        )
+        .into());
+    }
+    let doubles = sim.ledger.doubles();
+    if !doubles.is_empty() {
+        return Err(format!("fleet: ENIs given to two pods: {doubles:?}").into());
+    }
+    // The churn's pods have all left; the new nodes' pods stay.
+    if sim.ledger.held() != start_results.len() {
+        return Err(format!(
+            "fleet: {} ENIs held at the end, {} expected",
+            sim.ledger.held(),
+            start_results.len()
+        )
+        .into());
+    }
+    // Every agent up, every pool back at min_free once the pods are gone.
+    let everyone: Vec<Arc<Node>> = nodes.iter().chain(&new_nodes).cloned().collect();
+    let t = Instant::now();
+    while !all_at_min_free(&everyone, cfg.min_free) {
+        if t.elapsed() > Duration::from_secs(3600) {
+            return Err("fleet: pools not back at min_free an hour after the end".into());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    for n in &everyone {
+        if let Some(p) = n.pool.get() {
+            p.shutdown().await;
+        }
+    }
+    for a in agents {
+        a.await?;
+    }
+
+    // The start-up's bound: per node, its `min_free` creates one at a
+    // time; for the account, the refill of each action's bucket for the
+    // new nodes' calls up to then.
+    let per_node = cfg.min_free;
+    let creates = cfg.start_nodes * per_node;
+    let start_bucket_bound = [
+        (Action::DescribeInstanceTypes, cfg.start_nodes),
+        (
+            Action::DescribeNetworkInterfacesFiltered,
+            cfg.start_nodes + 2 * creates,
+        ),
+        (Action::CreateNetworkInterface, creates),
+        (Action::AttachNetworkInterface, creates),
+        (Action::ModifyNetworkInterfaceAttribute, creates),
+    ]
+    .iter()
+    .map(|(a, n)| bucket_time(*a, *n))
+    .max()
+    .unwrap_or_default();
+    let start_latency_bound =
+        cfg.params.mean_attach() * u32::try_from(per_node).unwrap_or(u32::MAX);
+    let per_node_done: Vec<Duration> = done_at.iter().flatten().copied().collect();
+    Ok(Fleet {
+        warmup,
+        warmup_counts,
+        idle,
+        churn,
+        churn_pods,
+        start_done,
+        pods_ready,
+        start_per_node: summarize(&per_node_done),
+        start_counts,
+        start_pods,
+        agent_restarts,
+        start_bucket_bound,
+        start_latency_bound,
+        cfg,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smoke_fleet_holds_its_invariants_and_repeats() {
+        let a = run(&FleetCfg::smoke(11)).unwrap();
+        assert_eq!(a.idle.calls(true) + a.idle.calls(false), 0, "{:?}", a.idle);
+        assert!(a.churn_pods.started > 0);
+        assert_eq!(a.churn_pods.other_errors + a.start_pods.other_errors, 0);
+        assert_eq!(a.start_pods.started, 6);
+        assert!(
+            a.start_done >= a.start_latency_bound.mul_f64(0.8),
+            "{:?}",
+            a.start_done
+        );
+        let b = run(&FleetCfg::smoke(11)).unwrap();
+        assert_eq!(a.start_done, b.start_done);
+        assert_eq!(a.churn, b.churn);
+    }
+}
