@@ -16,7 +16,7 @@
 //!   1 s, jittered, up to `metadata_wait`); a failed attach or metadata wait
 //!   deletes the ENI again;
 //! - `detach_and_delete`: DescribeNetworkInterfaces by id, DetachNetworkInterface,
-//!   DescribeNetworkInterfaces by id polled (200 ms doubling to 5 s,
+//!   DescribeNetworkInterfaces by id polled (the backend's `DETACH_BACKOFF`,
 //!   jittered, up to `detach_timeout`) until `available`, then
 //!   DeleteNetworkInterface.
 //!
@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::retry::{Backoff, Poll};
+use enim_provider::retry::Poll;
 use enim_provider::{Eni, MacAddr, ProviderError};
 use enim_provider_aws::ec2::RetryPolicy;
 use enim_provider_aws::AwsConfig;
@@ -49,10 +49,7 @@ use tokio::time::Instant;
 use super::bucket::{Action, TokenBucket, ACTIONS};
 use super::rng::Rng;
 
-/// The AWS backend's metadata polling (`imds.rs` `SETTLE_BACKOFF`).
-const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-/// The AWS backend's detach polling (`backend.rs` `DETACH_BACKOFF`).
-const DETACH_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
 
 /// How the simulated cloud behaves.
 #[derive(Debug, Clone)]

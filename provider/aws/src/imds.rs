@@ -28,7 +28,7 @@ const TRANSPORT_ATTEMPTS: u32 = 3;
 const TRANSPORT_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_millis(200));
 /// Polls of an interface metadata lags: 50 ms doubling to 1 s (jittered).
-const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+pub const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImdsError {

@@ -19,9 +19,10 @@ use aws_credential_types::Credentials;
 use enim_provider::{EniProvider, ProviderError};
 use enim_provider_pool::WarmPool;
 
-pub use backend::{AwsBackend, AwsError, TAG_MANAGED, TAG_NODE};
+pub use backend::{AwsBackend, AwsError, DETACH_BACKOFF, TAG_MANAGED, TAG_NODE};
 pub use config::AwsConfig;
 pub use enim_provider_pool::PoolConfig;
+pub use imds::SETTLE_BACKOFF;
 
 /// The AWS provider for `enimd`: discovers the instance, then starts a
 /// warm pool over the EC2 backend. Credentials come from the environment,
