@@ -227,7 +227,10 @@ privileges() { # container caps...
 }
 
 metrics() {
-  on_node curl -fsS http://127.0.0.1:9464/metrics | grep -q '^enim_'
+  # Read it whole first: grep -q exits at the first match, and curl, still
+  # writing into the closed pipe, would fail the check (curl error 23).
+  local body
+  body=$(on_node curl -fsS http://127.0.0.1:9464/metrics) && grep -q '^enim_' <<<"$body"
 }
 
 # The container's eth0 as `ip -o link` shows it.
