@@ -597,3 +597,35 @@ fn gc_sweeps_stray_host_paths_and_dead_pods() {
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     assert_eq!(host_path_veths(&sb), Vec::<String>::new());
 }
+
+/// A veth left under this attachment's own host-end name (the name derives
+/// from its key) is replaced by ADD, not taken for a clash.
+#[test]
+fn add_replaces_a_leftover_under_its_own_name() {
+    require_kernel!();
+    let (sb, pod, _dir, agent) = host_rig(1, "");
+    let key = enim::model::AttachmentKey {
+        network: NETWORK.into(),
+        container_id: "c1".into(),
+        ifname: "eth0".into(),
+    };
+    let name = enim::model::naming::veth_name("enih", &key);
+    sb.host.ip(&[
+        "link",
+        "add",
+        &name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "leftoverp",
+    ]);
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert!(sb.host.link("leftoverp").is_none(), "the old pair is gone");
+    assert_eq!(host_path_veths(&sb), [name]);
+    let _backend = Server::start(&sb.host, NODE4, BACKEND_PORT, "dns4");
+    assert_eq!(fetch(&pod, CLUSTER_IP4, 53), "dns4");
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert_eq!(host_path_veths(&sb), Vec::<String>::new());
+}

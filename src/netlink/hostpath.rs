@@ -67,14 +67,26 @@ fn gone(what: &'static str, detail: String) -> PlumbingError {
 
 /// Makes `spec`'s host path; returns the pod end's MAC. A veth left under
 /// the host name (by an earlier attempt of this very attachment, as the
-/// name derives from its key) is removed first. Fails with
+/// name derives from its key) is replaced. Fails with
 /// [`PlumbingError::NameTaken`] when the pod has an interface of the pod
 /// end's name. On failure part may exist: [`remove`] takes it away.
 pub async fn add(host: &Host, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError> {
     let handle = host.handle();
     let ns = Netns::open(spec.netns)?;
-    remove(host, spec.host_veth).await?;
-    link::add_veth_pair(handle, spec.host_veth, spec.ifname, &ns, spec.mtu).await?;
+    let pair = || link::add_veth_pair(handle, spec.host_veth, spec.ifname, &ns, spec.mtu);
+    match pair().await {
+        // Either name may be taken. The host name derives from this very
+        // attachment's key, so a veth under it is a leftover of an earlier
+        // attempt: removed, then one more try. Otherwise the pod's name is
+        // taken, which the caller reports.
+        Err(PlumbingError::NameTaken { .. })
+            if link::by_name(handle, spec.host_veth).await?.is_some() =>
+        {
+            remove(host, spec.host_veth).await?;
+            pair().await?;
+        }
+        other => other?,
+    }
     crate::support::fault::crash_point("add:after-host-veth");
     let host_end = link::by_name(handle, spec.host_veth)
         .await?
