@@ -49,15 +49,10 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn enimd_serves_pods_from_the_aws_warm_pool() {
-    common::require_kernel!();
-    let Some(env) = aws_rig::Env::start().await else {
-        return;
-    };
-
-    // The sandbox: ENIs appear in `host` when attached; their far ends sit
-    // on a bridge with the subnet's router address.
+/// The sandbox: ENIs appear in the returned host namespace when attached;
+/// their far ends sit on a bridge with the subnet's router address in the
+/// gateway namespace.
+fn sandbox(env: &aws_rig::Env) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
     let host = Arc::new(NamedNetns::new("awshost"));
     let gw = Arc::new(NamedNetns::new("awsgw"));
     gw.ip(&["link", "add", "br0", "type", "bridge"]);
@@ -75,6 +70,34 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
                 gw.ip(&["link", "set", &peer, "master", "br0", "up"]);
             }));
     }
+    (host, gw)
+}
+
+/// enimd's config in `dir`: ENIs kept in `host`, a pool of one over EC2
+/// through the fault proxy, short timings.
+fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env) -> String {
+    format!(
+        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
+         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
+         [provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
+         max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
+        sock = dir.join("enimd.sock").display().to_string(),
+        ckpt = dir.join("state/checkpoint.json").display().to_string(),
+        netns = host.path().display().to_string(),
+        imds = env.imds.url,
+        ec2 = env.proxy.url,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enimd_serves_pods_from_the_aws_warm_pool() {
+    common::require_kernel!();
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+
+    let (host, _gw) = sandbox(&env);
 
     // One ENI left attached by an earlier agent run: the pool adopts it.
     let earlier = env.create_tagged_eni().await;
@@ -84,19 +107,7 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         .unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        format!(
-        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
-         [provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
-         max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
-        sock = dir.path().join("enimd.sock").display().to_string(),
-        ckpt = dir.path().join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        imds = env.imds.url,
-        ec2 = env.proxy.url,
-    );
+    let config = pool_config(dir.path(), &host, &env);
     let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
 
     // Pod 1 takes the adopted ENI; the pool makes another for pod 2.
@@ -209,4 +220,70 @@ async fn enimd_stops_at_start_on_a_wrong_secret() {
     assert!(stderr.contains("secret access key"), "{stderr}");
     assert!(!dir.path().join("enimd.sock").exists());
     assert!(env.tagged_ids().await.is_empty());
+}
+
+/// The EC2 API is down when enimd starts: it starts anyway, says it is
+/// degraded, hands out the ENI instance metadata shows attached, answers
+/// "try again later" beyond it, and DEL works. When the API is back, the
+/// pool finishes its discovery and grows, and the degraded state clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
+    common::require_kernel!();
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+    let (host, _gw) = sandbox(&env);
+    let earlier = env.create_tagged_eni().await;
+    env.admin_ec2
+        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = pool_config(dir.path(), &host, &env);
+
+    env.proxy.set_down(true);
+    let agent = blocking(|| start_enimd(dir.path(), &config, &env));
+    let status = blocking(|| agent.ctl(&["status"]));
+    let why = status["degraded"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("cloud unreachable since"), "{status}");
+    assert_eq!(status["enis_free"], 1, "{status}");
+
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
+    let (pod1, pod2) = (NamedNetns::new("awspod1"), NamedNetns::new("awspod2"));
+    let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
+    assert_eq!(r1["interfaces"][0]["mac"], earlier.mac_address);
+    assert!(blocking(
+        || pod1.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
+    ));
+    blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).err(11));
+    // DEL and a second ADD of the same ENI need no cloud either.
+    blocking(|| enim("DEL", "c1", Some(&pod1.path()), "eth0", &conf).ok());
+    blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
+    assert_eq!(
+        env.tagged_ids().await.len(),
+        1,
+        "nothing created during the outage"
+    );
+
+    env.proxy.set_down(false);
+    aws_rig::eventually(Duration::from_secs(30), "the pool to grow", || async {
+        env.tagged_ids().await.len() == 2 && env.attached().await.len() == 3
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = blocking(|| agent.ctl(&["status"]));
+        if status.get("degraded").is_none() && status["enis_free"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still degraded or not grown: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).ok());
+    for (cid, pod) in [("c1", &pod1), ("c2", &pod2)] {
+        blocking(|| enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok());
+    }
 }

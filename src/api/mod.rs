@@ -254,6 +254,10 @@ pub struct Status {
     pub enis_free: usize,
     pub attachments: usize,
     pub uptime_secs: u64,
+    /// Why the node serves in a degraded way (its cloud API unreachable:
+    /// only attached ENIs are handed out); absent when it serves normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
 }
 
 /// Error body of every non-2xx answer.

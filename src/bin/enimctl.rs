@@ -100,26 +100,32 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
             if args.json {
                 return Ok(pretty(&s));
             }
-            Ok(table(
-                &[
-                    "READY",
-                    "PROVIDER",
-                    "ENIS",
-                    "FREE",
-                    "ATTACHMENTS",
-                    "UPTIME",
-                    "VERSION",
-                ],
-                vec![vec![
-                    s.ready.to_string(),
-                    s.provider,
-                    s.enis_total.to_string(),
-                    s.enis_free.to_string(),
-                    s.attachments.to_string(),
-                    humantime::format_duration(Duration::from_secs(s.uptime_secs)).to_string(),
-                    s.version,
-                ]],
-            ))
+            let degraded = s
+                .degraded
+                .as_ref()
+                .map(|why| format!("degraded: {why}\n"))
+                .unwrap_or_default();
+            Ok(degraded
+                + &table(
+                    &[
+                        "READY",
+                        "PROVIDER",
+                        "ENIS",
+                        "FREE",
+                        "ATTACHMENTS",
+                        "UPTIME",
+                        "VERSION",
+                    ],
+                    vec![vec![
+                        s.ready.to_string(),
+                        s.provider,
+                        s.enis_total.to_string(),
+                        s.enis_free.to_string(),
+                        s.attachments.to_string(),
+                        humantime::format_duration(Duration::from_secs(s.uptime_secs)).to_string(),
+                        s.version,
+                    ]],
+                ))
         }
         Command::Enis => {
             let list: EniList = client.get(api::ROUTE_ENIS)?;

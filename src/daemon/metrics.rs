@@ -296,6 +296,10 @@ impl EniProvider for MeteredProvider {
     fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
         self.inner.statistics()
     }
+
+    fn degraded(&self) -> Option<String> {
+        self.inner.degraded()
+    }
 }
 
 struct HealthState<D: Driver> {
@@ -352,8 +356,13 @@ async fn readyz<D: Driver>(State(s): State<HealthState<D>>) -> impl IntoResponse
     if !*s.ready.borrow() {
         return (StatusCode::SERVICE_UNAVAILABLE, "restoring state\n").into_response();
     }
-    match s.engine.provider().list().await {
-        Ok(_) => (StatusCode::OK, "ready\n").into_response(),
+    let provider = s.engine.provider();
+    match provider.list().await {
+        // Degraded still serves: ready, and saying why it is degraded.
+        Ok(_) => match provider.degraded() {
+            Some(why) => (StatusCode::OK, format!("ready, degraded: {why}\n")).into_response(),
+            None => (StatusCode::OK, "ready\n").into_response(),
+        },
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider: {e}\n")).into_response(),
     }
 }

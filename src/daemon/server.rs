@@ -307,5 +307,6 @@ async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Statu
         enis_free: listed.iter().filter(|e| e.owner.is_none()).count(),
         attachments: s.engine.checkpoint().len().await,
         uptime_secs: s.started.elapsed().as_secs(),
+        degraded: s.engine.provider().degraded(),
     }))
 }

@@ -240,6 +240,13 @@ pub trait EniProvider: Send + Sync {
     fn statistics(&self) -> Option<PoolStatistics> {
         None
     }
+
+    /// Why the provider serves in a degraded way (e.g. its cloud API is
+    /// unreachable and it hands out only what is attached); `None` when it
+    /// serves normally.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A warm pool's state in cilium's and CCE's IPAM terms: ENIs in use, free, still to

@@ -30,10 +30,10 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use enim_provider::cloud::CloudBackend;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::{Backoff, Jitter};
 use enim_provider::{check_at_least, Eni, EniOwner, EniProvider, ProviderError};
 use serde::{Deserialize, Serialize};
@@ -134,8 +134,6 @@ pub struct WarmPool {
 struct Inner {
     backend: Arc<dyn CloudBackend>,
     config: PoolConfig,
-    /// ENIs the instance may have attached, the primary included.
-    eni_limit: usize,
     state: Mutex<State>,
     /// Wakes the loop early: an allocation or release changed the free count.
     wake: Notify,
@@ -152,6 +150,15 @@ struct State {
     orphans: Vec<String>,
     /// `restore` has run: free ENIs are really free and may be detached.
     restored: bool,
+    /// ENIs the instance may have attached, the primary included; `None`
+    /// until the cloud has answered (nothing is created before).
+    eni_limit: Option<usize>,
+    /// The tagged ENIs are known: which members are enim's (only those are
+    /// ever detached) and which tagged ENIs are orphans.
+    tagged_known: bool,
+    /// Since when the cloud API fails, and its last answer; `None` while it
+    /// answers. The pool serves what is attached meanwhile.
+    cloud_down: Option<(SystemTime, String)>,
 }
 
 struct Member {
@@ -190,43 +197,27 @@ impl WarmPool {
         config: PoolConfig,
     ) -> Result<Arc<WarmPool>, ProviderError> {
         config.validate()?;
-        let eni_limit = backend
-            .eni_limit()
-            .await
-            .map_err(|e| context(e, "eni_limit"))?;
-        let attached = backend
-            .attached()
-            .await
-            .map_err(|e| context(e, "list attached ENIs"))?;
-        let tagged = backend
-            .tagged()
-            .await
-            .map_err(|e| context(e, "list tagged ENIs"))?;
-
-        let tagged_ids: HashSet<&str> = tagged.iter().map(|t| t.id.as_str()).collect();
         let mut state = State::default();
-        for mut eni in attached {
-            if state.members.iter().any(|m| m.eni.id == eni.id) {
-                continue;
+        match discover(backend.as_ref()).await {
+            Ok((eni_limit, attached, tagged)) => {
+                state.eni_limit = Some(eni_limit);
+                state.adopt_attached(attached);
+                state.adopt_tagged(&tagged);
             }
-            eni.owner = None;
-            let ours = tagged_ids.contains(eni.id.as_str());
-            state.members.push(Member {
-                eni,
-                ours,
-                leaving: false,
-                missing_rounds: 0,
-            });
-        }
-        for t in &tagged {
-            let in_pool = state.members.iter().any(|m| m.eni.id == t.id);
-            if !t.attached && !in_pool {
-                state.orphans.push(t.id.clone());
-            } else if t.attached && !in_pool {
-                // The cloud says attached but metadata does not show it yet:
-                // deleting it could hit an ENI being attached right now.
-                tracing::warn!(eni = %t.id, "tagged ENI is attached but not in instance metadata; leaving it alone");
+            // The cloud API is down: serve the ENIs instance metadata shows
+            // attached now; the loop finishes discovery (with backoff) and
+            // growth resumes once the cloud answers.
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "cloud API unreachable at start: serving the ENIs attached now; the pool grows once it answers");
+                match backend.attached().await {
+                    Ok(attached) => state.adopt_attached(attached),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "instance metadata unreachable too: starting with an empty pool")
+                    }
+                }
+                state.cloud_down = Some((SystemTime::now(), e.to_string()));
             }
+            Err(e) => return Err(e),
         }
         let mut orphans = Vec::new();
         for id in std::mem::take(&mut state.orphans) {
@@ -241,16 +232,15 @@ impl WarmPool {
         state.orphans = orphans;
         tracing::info!(
             backend = backend.name(),
-            eni_limit,
+            eni_limit = ?state.eni_limit,
             attached = state.members.len(),
             "warm pool discovered",
         );
 
-        let stats = stats_of(&state, &config, eni_limit);
+        let stats = stats_of(&state, &config);
         let inner = Arc::new(Inner {
             backend,
             config,
-            eni_limit,
             state: Mutex::new(state),
             wake: Notify::new(),
             round: tokio::sync::Mutex::new(()),
@@ -303,14 +293,13 @@ impl Inner {
     }
 
     fn stats_now(&self) -> PoolStats {
-        stats_of(&self.state(), &self.config, self.eni_limit)
+        stats_of(&self.state(), &self.config)
     }
 
     /// Publishes the statistics of `state`; called with the lock held so
     /// published values follow the order of changes.
     fn publish(&self, state: &State) {
-        self.stats
-            .send_replace(stats_of(state, &self.config, self.eni_limit));
+        self.stats.send_replace(stats_of(state, &self.config));
     }
 
     /// One round: with `reconcile`, first compares the pool with the
@@ -321,6 +310,9 @@ impl Inner {
         reconcile: bool,
     ) -> Result<(), ProviderError> {
         let _round = self.round.lock().await;
+        if self.undiscovered() {
+            self.finish_discovery().await?;
+        }
         if reconcile {
             self.reconcile().await?;
         }
@@ -381,6 +373,38 @@ impl Inner {
         }
     }
 
+    fn undiscovered(&self) -> bool {
+        let st = self.state();
+        st.eni_limit.is_none() || !st.tagged_known
+    }
+
+    /// What a start without the cloud could not learn: the attachment
+    /// limit, and which members are enim's (and which tagged ENIs are
+    /// orphans).
+    async fn finish_discovery(&self) -> Result<(), ProviderError> {
+        let eni_limit = self
+            .backend
+            .eni_limit()
+            .await
+            .map_err(|e| context(e, "eni_limit"))?;
+        let tagged = self
+            .backend
+            .tagged()
+            .await
+            .map_err(|e| context(e, "list tagged ENIs"))?;
+        let mut st = self.state();
+        st.eni_limit = Some(eni_limit);
+        st.adopt_tagged(&tagged);
+        tracing::info!(
+            eni_limit,
+            members = st.members.len(),
+            orphans = st.orphans.len(),
+            "warm pool discovery finished: the cloud answers again"
+        );
+        self.publish(&st);
+        Ok(())
+    }
+
     /// Takes in ENIs attached from outside the pool and lets go of free
     /// ones detached from outside (see the module comment). Runs under the
     /// round lock, so no create or shrink of the pool's own is in flight.
@@ -430,7 +454,10 @@ impl Inner {
         let mut st = self.state();
         let free = st.members.iter().filter(|m| m.is_free()).count();
         // The primary interface counts toward the limit.
-        if free < self.config.min_free && st.members.len() + 1 < self.eni_limit {
+        let room = st
+            .eni_limit
+            .is_some_and(|limit| st.members.len() + 1 < limit);
+        if free < self.config.min_free && room {
             return Step::Create;
         }
         if st.restored && free > self.config.max_free {
@@ -465,9 +492,18 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
             Ok(()) => {
                 backoff.reset();
                 reconcile = false;
+                let mut st = inner.state();
+                if let Some((since, _)) = st.cloud_down.take() {
+                    tracing::info!(down_for = ?since.elapsed().unwrap_or_default(), "the cloud API answers again");
+                }
                 None
             }
             Err(e) => {
+                if e.is_transient() {
+                    let mut st = inner.state();
+                    let since = st.cloud_down.as_ref().map_or_else(SystemTime::now, |d| d.0);
+                    st.cloud_down = Some((since, e.to_string()));
+                }
                 let delay = backoff.next_delay();
                 tracing::warn!(error = %e, transient = e.is_transient(), retry_in = ?delay, "warm pool round failed");
                 Some(delay)
@@ -496,12 +532,73 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Everything the pool asks the cloud at start: the attachment limit, the
+/// attached ENIs (instance metadata) and the tagged ones (the cloud API).
+async fn discover(
+    backend: &dyn CloudBackend,
+) -> Result<(usize, Vec<Eni>, Vec<TaggedEni>), ProviderError> {
+    let eni_limit = backend
+        .eni_limit()
+        .await
+        .map_err(|e| context(e, "eni_limit"))?;
+    let attached = backend
+        .attached()
+        .await
+        .map_err(|e| context(e, "list attached ENIs"))?;
+    let tagged = backend
+        .tagged()
+        .await
+        .map_err(|e| context(e, "list tagged ENIs"))?;
+    Ok((eni_limit, attached, tagged))
+}
+
+impl State {
+    /// Attached ENIs become free members (not known to be enim's yet).
+    fn adopt_attached(&mut self, attached: Vec<Eni>) {
+        for mut eni in attached {
+            if self.members.iter().any(|m| m.eni.id == eni.id) {
+                continue;
+            }
+            eni.owner = None;
+            self.members.push(Member {
+                eni,
+                ours: false,
+                leaving: false,
+                missing_rounds: 0,
+            });
+        }
+    }
+
+    /// Marks the members that carry enim's tag, and takes tagged ENIs that
+    /// are not attached for orphans (a crash between create and attach).
+    fn adopt_tagged(&mut self, tagged: &[TaggedEni]) {
+        let tagged_ids: HashSet<&str> = tagged.iter().map(|t| t.id.as_str()).collect();
+        for m in &mut self.members {
+            m.ours |= tagged_ids.contains(m.eni.id.as_str());
+        }
+        for t in tagged {
+            let in_pool = self.members.iter().any(|m| m.eni.id == t.id);
+            if !t.attached && !in_pool {
+                if !self.orphans.contains(&t.id) {
+                    self.orphans.push(t.id.clone());
+                }
+            } else if t.attached && !in_pool {
+                // The cloud says attached but metadata does not show it yet:
+                // deleting it could hit an ENI being attached right now.
+                tracing::warn!(eni = %t.id, "tagged ENI is attached but not in instance metadata; leaving it alone");
+            }
+        }
+        self.tagged_known = true;
+    }
+}
+
 fn stopped(stop: &watch::Receiver<bool>) -> bool {
     // A closed channel means the pool was dropped.
     *stop.borrow() || stop.has_changed().is_err()
 }
 
-fn stats_of(state: &State, config: &PoolConfig, eni_limit: usize) -> PoolStats {
+fn stats_of(state: &State, config: &PoolConfig) -> PoolStats {
+    let eni_limit = state.eni_limit.unwrap_or(0);
     let used = state
         .members
         .iter()
@@ -542,6 +639,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl EniProvider for WarmPool {
     fn name(&self) -> &str {
         self.inner.backend.name()
+    }
+
+    fn degraded(&self) -> Option<String> {
+        let st = self.inner.state();
+        let (since, why) = st.cloud_down.as_ref()?;
+        Some(format!(
+            "cloud unreachable since {} ({why}); serving the ENIs attached",
+            humantime::format_rfc3339_seconds(*since)
+        ))
     }
 
     fn statistics(&self) -> Option<enim_provider::PoolStatistics> {

@@ -603,3 +603,45 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     assert_eq!((stats.used, stats.available), (1, 0), "{stats:?}");
     pool.shutdown().await;
 }
+
+/// The cloud API is down at start: the pool starts anyway, serves the ENIs
+/// instance metadata shows attached, says it is degraded, creates nothing
+/// and detaches nothing. When the API answers again, discovery finishes,
+/// the degraded state clears and the pool grows to `min_free`.
+#[tokio::test(start_paused = true)]
+async fn starts_and_serves_without_the_cloud_then_grows_when_it_returns() {
+    let cloud = FakeCloud::new(6);
+    let ours = cloud.add(true, true);
+    let orphan = cloud.add(false, true);
+    cloud.st().api_down = true;
+    let pool = start(&cloud, config(3, 5)).await;
+    pool.restore(&[]).await.unwrap();
+    let why = pool.degraded().expect("degraded");
+    assert!(why.contains("cloud unreachable since"), "{why}");
+
+    // The attached ENI is served; the next ADD is "try again later".
+    let eni = pool.allocate_next(&owner("a")).await.unwrap();
+    assert_eq!(eni.id, ours);
+    let err = pool.allocate_next(&owner("b")).await.unwrap_err();
+    assert!(matches!(err, ProviderError::Exhausted { .. }), "{err}");
+    // Release and DEL need no cloud.
+    pool.release(&owner("a")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        cloud.st().creates_started,
+        0,
+        "no create while undiscovered"
+    );
+    assert!(
+        cloud.st().deletes.is_empty(),
+        "nothing deleted while undiscovered"
+    );
+    assert!(pool.degraded().is_some());
+
+    cloud.st().api_down = false;
+    let stats = wait_stats(&pool, |s| s.available == 3).await;
+    assert_eq!(stats.used, 0);
+    assert!(pool.degraded().is_none(), "{:?}", pool.degraded());
+    cloud.until(|st| st.deletes.contains(&orphan)).await;
+    assert_eq!(cloud.attached_count(), 3);
+}

@@ -20,6 +20,8 @@ struct Fault {
 }
 
 struct ProxyState {
+    /// An outage: every call answers 503 `Unavailable` while set.
+    down: std::sync::atomic::AtomicBool,
     upstream: String,
     http: reqwest::Client,
     faults: Mutex<Vec<Fault>>,
@@ -43,6 +45,7 @@ impl Drop for FaultProxy {
 impl FaultProxy {
     pub async fn start(upstream: &str) -> FaultProxy {
         let state = Arc::new(ProxyState {
+            down: Default::default(),
             upstream: upstream.trim_end_matches('/').into(),
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             faults: Mutex::new(Vec::new()),
@@ -64,6 +67,14 @@ impl FaultProxy {
             status,
             code: code.into(),
         });
+    }
+
+    /// Starts (`true`) or ends an outage of the whole API: meanwhile every
+    /// call answers 503 with the EC2 error code `Unavailable`.
+    pub fn set_down(&self, down: bool) {
+        self.state
+            .down
+            .store(down, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Calls of `action` so far (faulted ones included).
@@ -96,7 +107,16 @@ async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Respo
         .find(|(k, _)| k == "Action")
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default();
-    let fault = {
+    let outage = st
+        .down
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .then(|| Fault {
+            action: action.clone(),
+            remaining: 0,
+            status: 503,
+            code: "Unavailable".into(),
+        });
+    let fault = outage.or_else(|| {
         let mut faults = st.faults.lock().unwrap();
         let f = faults
             .iter_mut()
@@ -107,7 +127,7 @@ async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Respo
             });
         faults.retain(|f| f.remaining > 0);
         f
-    };
+    });
     st.calls
         .lock()
         .unwrap()

@@ -33,6 +33,8 @@ pub(super) struct FakeState {
     pub(super) enis: BTreeMap<String, FakeEni>,
     /// The next this many create/delete calls fail with `Throttled`.
     pub(super) fail_next: usize,
+    /// The cloud API (not instance metadata) answers `Unavailable`.
+    pub(super) api_down: bool,
     pub(super) hold_creates: bool,
     pub(super) hold_deletes: bool,
     pub(super) creates: usize,
@@ -133,7 +135,15 @@ impl FakeCloud {
         }
     }
 
+    fn api(&self) -> Result<(), ProviderError> {
+        if self.st().api_down {
+            return Err(ProviderError::Unavailable("injected outage".into()));
+        }
+        Ok(())
+    }
+
     fn injected_failure(&self) -> Result<(), ProviderError> {
+        self.api()?;
         let mut st = self.st();
         if st.fail_next > 0 {
             st.fail_next -= 1;
@@ -164,6 +174,7 @@ impl CloudBackend for FakeCloud {
     }
 
     async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
+        self.api()?;
         Ok(self
             .st()
             .enis
@@ -177,6 +188,7 @@ impl CloudBackend for FakeCloud {
     }
 
     async fn eni_limit(&self) -> Result<usize, ProviderError> {
+        self.api()?;
         Ok(self.st().limit)
     }
 
