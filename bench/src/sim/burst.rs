@@ -19,8 +19,10 @@ use super::rng::Rng;
 use crate::stats::{float, summarize, Summary};
 use crate::R;
 
-/// Creates the pool makes at once today.
-pub const POOL_PARALLELISM: usize = 1;
+/// Creates the pool makes at once (its default `max_parallel_creates`).
+pub fn pool_parallelism() -> usize {
+    PoolConfig::default().max_parallel_creates
+}
 
 #[derive(Debug, Clone)]
 pub struct BurstCfg {
@@ -89,7 +91,7 @@ pub fn bucket_time(a: Action, n: usize) -> Duration {
 /// longer of the two.
 fn bounds(cfg: &BurstCfg, needed: usize) -> (Duration, Duration) {
     let latency = cfg.params.mean_attach()
-        * u32::try_from(needed.div_ceil(POOL_PARALLELISM)).unwrap_or(u32::MAX);
+        * u32::try_from(needed.div_ceil(pool_parallelism())).unwrap_or(u32::MAX);
     // Per create: two filtered describes, a create, an attach, a modify.
     let bucket = [
         (Action::DescribeNetworkInterfacesFiltered, 2),
@@ -230,12 +232,16 @@ mod tests {
         let a = run(&cfg).unwrap();
         assert_eq!(a.ready.len(), 6);
         assert_eq!(a.attaches_needed, 4);
-        assert_eq!(a.latency_bound, Duration::from_secs(40));
+        // Two at a time: 4 / 2 × 10 s.
+        assert_eq!(a.latency_bound, Duration::from_secs(20));
         assert_eq!(a.bucket_bound, Duration::ZERO);
         // Two pods find the pool's ENIs at once.
-        assert!(a.summary.p50 < 40_000.0, "{:?}", a.summary);
+        assert!(a.summary.p50 < 20_000.0, "{:?}", a.summary);
+        // The bound takes the mean attach time; each batch of two waits
+        // for its slower one (draws of 8-12 s), so a small burst ends a
+        // little above it.
         assert!(
-            a.ratio_max() > 0.8 && a.ratio_max() < 1.3,
+            a.ratio_max() > 0.8 && a.ratio_max() < 1.4,
             "{}",
             a.ratio_max()
         );

@@ -458,8 +458,8 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
     .map(|(a, n)| bucket_time(*a, *n))
     .max()
     .unwrap_or_default();
-    let start_latency_bound =
-        cfg.params.mean_attach() * u32::try_from(per_node).unwrap_or(u32::MAX);
+    let start_latency_bound = cfg.params.mean_attach()
+        * u32::try_from(per_node.div_ceil(super::burst::pool_parallelism())).unwrap_or(u32::MAX);
     let per_node_done: Vec<Duration> = done_at.iter().flatten().copied().collect();
     Ok(Fleet {
         warmup,

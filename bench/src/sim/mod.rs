@@ -209,12 +209,12 @@ pub fn markdown(r: &Report) -> String {
         }
         let _ = writeln!(
             s,
-            "\nBound: {} attaches beyond the pool ÷ parallelism {} (the pool creates one ENI at a \
-             time) × mean attach {} s = {} s; the buckets alone would allow them in {} s; \
+            "\nBound: {} attaches beyond the pool ÷ parallelism {} (the pool's \
+             `max_parallel_creates`) × mean attach {} s = {} s; the buckets alone would allow them in {} s; \
              bound = the larger. The pool was back at `min_free` {} s after the arrival; EC2 calls \
              meanwhile: {} mutating, {} describes, {} throttled.\n",
             k.attaches_needed,
-            burst::POOL_PARALLELISM,
+            burst::pool_parallelism(),
             secs(p.mean_attach()),
             secs(k.latency_bound),
             secs(k.bucket_bound),
@@ -319,8 +319,8 @@ pub fn markdown(r: &Report) -> String {
             s,
             "\n{} nodes start at once with empty pools while the churn goes on; {} pods land on \
              each within {} s. Every new pool had reached `min_free` after {} s (per node p50 {} \
-             s, max {} s); every pod on them was running after {} s. Bound: one node's {} creates \
-             in a row × {} s = {} s; \
+             s, max {} s); every pod on them was running after {} s. Bound: one node's {} creates, \
+             {} at a time, × {} s = {} s; \
              the buckets' refill for the new nodes' calls {} s; ratio {:.2} ×. Meanwhile the \
              account answered {} `RequestLimitExceeded` ({} calls given up after the client's \
              retries, surfacing to the pool as a failed round it retries with backoff), {} agent \
@@ -334,6 +334,7 @@ pub fn markdown(r: &Report) -> String {
             s_of_ms(f.start_per_node.max),
             secs(f.pods_ready),
             c.min_free,
+            burst::pool_parallelism(),
             secs(p.mean_attach()),
             secs(f.start_latency_bound),
             secs(f.start_bucket_bound),
@@ -433,7 +434,7 @@ fn burst_json(b: &Burst) -> Value {
         "add_to_ready": summary_s(&b.summary),
         "add_to_ready_samples_s": b.ready.iter().map(Duration::as_secs_f64).collect::<Vec<_>>(),
         "attaches_needed": b.attaches_needed,
-        "parallelism": burst::POOL_PARALLELISM,
+        "parallelism": burst::pool_parallelism(),
         "latency_bound_s": b.latency_bound.as_secs_f64(),
         "bucket_bound_s": b.bucket_bound.as_secs_f64(),
         "bound_s": b.bound.as_secs_f64(),

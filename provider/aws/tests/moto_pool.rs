@@ -34,6 +34,7 @@ fn pool_config(env: &Env, min_free: usize, max_free: usize) -> AwsConfig {
             initial_retry: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
             resync_interval: Duration::from_millis(200),
+            ..PoolConfig::default()
         },
         ..env.config()
     }

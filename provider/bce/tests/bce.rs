@@ -33,6 +33,7 @@ fn config(cloud: &FakeCloud) -> BceConfig {
             initial_retry: Duration::from_millis(10),
             max_backoff: Duration::from_millis(100),
             resync_interval: Duration::from_millis(50),
+            ..PoolConfig::default()
         },
         ..BceConfig::default()
     }

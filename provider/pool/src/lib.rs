@@ -28,7 +28,7 @@
 //! and one a pod holds is kept and reported, so a live pod's record is
 //! never dropped. Two rounds, because metadata may lag an attach.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -66,6 +66,11 @@ pub struct PoolConfig {
     /// the loop; each is drawn from its upper half (jitter).
     #[serde(with = "humantime_serde")]
     pub resync_interval: Duration,
+    /// ENIs created at once while the pool is more than one below
+    /// `min_free` (a burst): an attach takes about 10 s, so creating them
+    /// one at a time makes the n-th pod of a burst wait n × 10 s. Bounded,
+    /// because the account's API buckets are shared by the whole fleet.
+    pub max_parallel_creates: usize,
 }
 
 impl Default for PoolConfig {
@@ -76,6 +81,7 @@ impl Default for PoolConfig {
             initial_retry: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
             resync_interval: Duration::from_secs(30),
+            max_parallel_creates: 2,
         }
     }
 }
@@ -99,6 +105,9 @@ impl PoolConfig {
         .map_err(bad)?;
         if self.resync_interval.is_zero() {
             return Err(bad("resync_interval must be above zero".into()));
+        }
+        if self.max_parallel_creates == 0 {
+            return Err(bad("max_parallel_creates must be at least 1".into()));
         }
         Ok(())
     }
@@ -159,6 +168,20 @@ struct State {
     /// Since when the cloud API fails, and its last answer; `None` while it
     /// answers. The pool serves what is attached meanwhile.
     cloud_down: Option<(SystemTime, String)>,
+    /// Attachments told "try again later" for want of a free ENI, and
+    /// when: pods the runtime will retry, so ENIs to create on top of
+    /// `min_free` (each forgotten once served, or after [`WAITING_TTL`]).
+    waiting: HashMap<(String, String, String), tokio::time::Instant>,
+}
+
+/// How long a pod told "try again later" counts as waiting: the kubelet
+/// retries a failed sandbox within about 15 s, so one not back by then
+/// has gone.
+pub const WAITING_TTL: Duration = Duration::from_secs(60);
+
+fn waiting_key(owner: &EniOwner) -> (String, String, String) {
+    let (n, c, i) = owner.key();
+    (n.to_string(), c.to_string(), i.to_string())
 }
 
 struct Member {
@@ -179,6 +202,7 @@ impl Member {
 
 /// What a round does next, decided under the state lock.
 enum Step {
+    /// Up to `max_parallel_creates` at once.
     Create,
     Shrink(String),
     DeleteOrphan(String),
@@ -322,26 +346,7 @@ impl Inner {
             }
             match self.next_step() {
                 Step::Idle => return Ok(()),
-                Step::Create => {
-                    let eni = self
-                        .backend
-                        .create_and_attach()
-                        .await
-                        .map_err(|e| context(e, "create and attach an ENI"))?;
-                    tracing::info!(eni = %eni.id, mac = %eni.mac, "ENI attached to the warm pool");
-                    let mut st = self.state();
-                    if st.members.iter().any(|m| m.eni.id == eni.id) {
-                        tracing::warn!(eni = %eni.id, "cloud returned an ENI the pool already holds");
-                        continue;
-                    }
-                    st.members.push(Member {
-                        eni: Eni { owner: None, ..eni },
-                        ours: true,
-                        leaving: false,
-                        missing_rounds: 0,
-                    });
-                    self.publish(&st);
-                }
+                Step::Create => self.create_pipelined().await?,
                 Step::Shrink(id) => {
                     let result = self.backend.detach_and_delete(&id).await;
                     let mut st = self.state();
@@ -371,6 +376,69 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Creates ENIs, up to `max_parallel_creates` in flight, while the
+    /// free ones and those on their way are fewer than `min_free`: each
+    /// that lands is free at once, and another starts in its slot, so a
+    /// burst is served at the bounded rate and the pool never overshoots.
+    /// After a failure no new create starts; those in flight are waited
+    /// for and kept.
+    async fn create_pipelined(&self) -> Result<(), ProviderError> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let mut in_flight = FuturesUnordered::new();
+        let mut first_err = None;
+        loop {
+            while first_err.is_none()
+                && in_flight.len() < self.config.max_parallel_creates
+                && self.wants_create(in_flight.len())
+            {
+                in_flight.push(self.backend.create_and_attach());
+            }
+            let Some(result) = in_flight.next().await else {
+                break;
+            };
+            match result {
+                Ok(eni) => self.take_in_created(eni),
+                Err(e) => {
+                    first_err.get_or_insert(context(e, "create and attach an ENI"));
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Whether one more create is wanted with `in_flight` already coming:
+    /// while free and coming ENIs are fewer than `min_free` plus the pods
+    /// waiting for one.
+    fn wants_create(&self, in_flight: usize) -> bool {
+        let mut st = self.state();
+        let now = tokio::time::Instant::now();
+        st.waiting
+            .retain(|_, since| now.duration_since(*since) < WAITING_TTL);
+        let free = st.members.iter().filter(|m| m.is_free()).count();
+        // The primary interface counts toward the limit.
+        let room = st
+            .eni_limit
+            .is_some_and(|limit| st.members.len() + in_flight + 1 < limit);
+        free + in_flight < self.config.min_free + st.waiting.len() && room
+    }
+
+    /// A new ENI of the pool's own joins it, free.
+    fn take_in_created(&self, eni: Eni) {
+        tracing::info!(eni = %eni.id, mac = %eni.mac, "ENI attached to the warm pool");
+        let mut st = self.state();
+        if st.members.iter().any(|m| m.eni.id == eni.id) {
+            tracing::warn!(eni = %eni.id, "cloud returned an ENI the pool already holds");
+            return;
+        }
+        st.members.push(Member {
+            eni: Eni { owner: None, ..eni },
+            ours: true,
+            leaving: false,
+            missing_rounds: 0,
+        });
+        self.publish(&st);
     }
 
     fn undiscovered(&self) -> bool {
@@ -451,15 +519,11 @@ impl Inner {
     }
 
     fn next_step(&self) -> Step {
-        let mut st = self.state();
-        let free = st.members.iter().filter(|m| m.is_free()).count();
-        // The primary interface counts toward the limit.
-        let room = st
-            .eni_limit
-            .is_some_and(|limit| st.members.len() + 1 < limit);
-        if free < self.config.min_free && room {
+        if self.wants_create(0) {
             return Step::Create;
         }
+        let mut st = self.state();
+        let free = st.members.iter().filter(|m| m.is_free()).count();
         if st.restored && free > self.config.max_free {
             let surplus = st.members.iter_mut().rev().find(|m| m.ours && m.is_free());
             if let Some(m) = surplus {
@@ -682,14 +746,20 @@ impl EniProvider for WarmPool {
             }) {
                 return Ok(held.eni.clone());
             }
+            let key = waiting_key(owner);
             match st.members.iter_mut().find(|m| m.is_free()) {
                 Some(m) => {
                     m.eni.owner = Some(owner.clone());
                     let eni = m.eni.clone();
+                    st.waiting.remove(&key);
                     self.inner.publish(&st);
                     Ok(eni)
                 }
-                None => Err(ProviderError::Exhausted { total }),
+                None => {
+                    // A pod waits for an ENI: demand beyond `min_free`.
+                    st.waiting.insert(key, tokio::time::Instant::now());
+                    Err(ProviderError::Exhausted { total })
+                }
             }
         };
         // Either way the free count fell or is too low: let the loop refill.
@@ -700,6 +770,8 @@ impl EniProvider for WarmPool {
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
         {
             let mut st = self.inner.state();
+            // A DEL of a pod that was waiting: it waits no more.
+            st.waiting.remove(&waiting_key(owner));
             let mut changed = false;
             for m in st.members.iter_mut() {
                 if m.eni

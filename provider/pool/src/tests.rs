@@ -376,6 +376,10 @@ async fn backoff_grows_caps_and_resets() {
         assert_eq!(e.unwrap_err(), ProviderError::Exhausted { total: 1 });
         tokio::task::yield_now().await;
     }
+    // Their runtime gave up (DEL): no demand beyond min_free is left.
+    for i in 0..5 {
+        pool.release(&owner(&format!("x{i}"))).await.unwrap();
+    }
     wait_stats(&pool, |s| s.available == 1).await;
     // Success reset the backoff: the next failures restart at 1 s.
     assert_jittered(&gaps(before), &[1, 2, 4]);
@@ -410,7 +414,9 @@ async fn allocate_on_empty_pool_never_waits_for_the_cloud() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_allocations_never_share() {
-    let cloud = FakeCloud::new(16);
+    // No room for more (8 and the primary): no ENI may appear mid-race
+    // for the losers' demand, so the count of winners is exact.
+    let cloud = FakeCloud::new(9);
     for _ in 0..8 {
         cloud.add(true, true);
     }
@@ -624,6 +630,8 @@ async fn starts_and_serves_without_the_cloud_then_grows_when_it_returns() {
     assert_eq!(eni.id, ours);
     let err = pool.allocate_next(&owner("b")).await.unwrap_err();
     assert!(matches!(err, ProviderError::Exhausted { .. }), "{err}");
+    // Its runtime gives up on that sandbox (DEL): no demand is left.
+    pool.release(&owner("b")).await.unwrap();
     // Release and DEL need no cloud.
     pool.release(&owner("a")).await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -644,4 +652,47 @@ async fn starts_and_serves_without_the_cloud_then_grows_when_it_returns() {
     assert!(pool.degraded().is_none(), "{:?}", pool.degraded());
     cloud.until(|st| st.deletes.contains(&orphan)).await;
     assert_eq!(cloud.attached_count(), 3);
+}
+
+/// Far below `min_free`, the pool creates `max_parallel_creates` ENIs at
+/// once, never more, and still fills exactly to `min_free`.
+#[tokio::test(start_paused = true)]
+async fn creates_run_in_parallel_up_to_the_bound() {
+    let cloud = FakeCloud::new(10);
+    cloud.st().hold_creates = true;
+    let pool = start(&cloud, config(4, 6)).await;
+    cloud.until(|st| st.creates_started == 2).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(cloud.st().creates_started, 2, "at most 2 at once");
+    cloud.create_gate.add_permits(2);
+    cloud.until(|st| st.creates_started == 4).await;
+    let times = cloud.st().create_times.clone();
+    assert_eq!(times[0], times[1], "the first two started together");
+    cloud.create_gate.add_permits(2);
+    let stats = wait_stats(&pool, |s| s.available == 4).await;
+    assert_eq!(stats.needed, 0);
+    assert_eq!(cloud.st().creates, 4, "no more than min_free");
+}
+
+/// Pods told "try again later" are demand on top of `min_free`: the pool
+/// creates for them too (at the bounded rate), and forgets a pod once it is
+/// served or its DEL comes.
+#[tokio::test(start_paused = true)]
+async fn waiting_pods_are_demand_beyond_min_free() {
+    let (cloud, pool) = filled(10, config(1, 8)).await;
+    pool.allocate_next(&owner("a")).await.unwrap();
+    for who in ["b", "c", "d"] {
+        let e = pool.allocate_next(&owner(who)).await;
+        assert!(matches!(e, Err(ProviderError::Exhausted { .. })), "{e:?}");
+    }
+    pool.release(&owner("d")).await.unwrap();
+    // min_free 1 + b and c waiting: 3 free.
+    wait_stats(&pool, |s| s.available == 3).await;
+    for who in ["b", "c"] {
+        pool.allocate_next(&owner(who)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let stats = pool.stats();
+    assert_eq!((stats.used, stats.available), (3, 1), "{stats:?}");
+    assert_eq!(cloud.st().creates, 4);
 }
