@@ -63,6 +63,10 @@ fn sandbox(env: &aws_rig::Env) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
         env.imds
             .on_new_interface(Arc::new(move |mac: &str, idx: u32| {
                 let (name, peer) = (format!("ens{}", 5 + idx), format!("gw{idx}"));
+                // A slot freed by a detach is reused for the next attach:
+                // the old NIC's pair goes first, as a hypervisor unplugs it.
+                let _ = host.exec_ok(&["ip", "link", "del", &name]);
+                let _ = gw.exec_ok(&["ip", "link", "del", &peer]);
                 host.ip(&[
                     "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer,
                     "netns", &gw.name,
@@ -256,6 +260,9 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
         || pod1.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
     ));
     blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).err(11));
+    // The runtime DELs the failed sandbox, as CRI runtimes do: the pod no
+    // longer counts as waiting for an ENI.
+    blocking(|| enim("DEL", "c2", Some(&pod2.path()), "eth0", &conf).ok());
     // DEL and a second ADD of the same ENI need no cloud either.
     blocking(|| enim("DEL", "c1", Some(&pod1.path()), "eth0", &conf).ok());
     blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
@@ -283,7 +290,39 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).ok());
+    // Every attached ENI has a device index of its own.
+    let attached = env.attached().await;
+    let mut indexes: Vec<u32> = attached.values().copied().collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    assert_eq!(indexes.len(), attached.len(), "{attached:?}");
     for (cid, pod) in [("c1", &pod1), ("c2", &pod2)] {
         blocking(|| enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok());
     }
+}
+
+/// A burst: with two ENIs missing, the pool creates them at once; the
+/// backend still gives each attach a device index of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_creates_never_share_a_device_index() {
+    common::require_kernel!();
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+    let (host, _gw) = sandbox(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let config = pool_config(dir.path(), &host, &env)
+        .replace("min_free = 1\nmax_free = 1", "min_free = 3\nmax_free = 3");
+    let agent = blocking(|| start_enimd(dir.path(), &config, &env));
+    aws_rig::eventually(Duration::from_secs(30), "the pool to fill", || async {
+        env.attached().await.len() == 4
+    })
+    .await;
+    let attached = env.attached().await;
+    let mut indexes: Vec<u32> = attached.values().copied().collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1, 2, 3], "{attached:?}");
+    let creates = env.proxy.calls("CreateNetworkInterface");
+    assert_eq!(creates, 3, "no more than min_free");
+    blocking(|| agent.ctl(&["status"]));
 }
