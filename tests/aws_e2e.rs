@@ -94,6 +94,34 @@ fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env) -> String {
     )
 }
 
+/// The sandbox, one ENI left attached by an earlier agent run (the pool
+/// adopts it), and enimd's config over them in a temp dir.
+struct Rig {
+    host: Arc<NamedNetns>,
+    _gw: Arc<NamedNetns>,
+    earlier: enim_provider_aws::ec2::NetworkInterface,
+    dir: tempfile::TempDir,
+    config: String,
+}
+
+async fn rig(env: &aws_rig::Env) -> Rig {
+    let (host, gw) = sandbox(env);
+    let earlier = env.create_tagged_eni().await;
+    env.admin_ec2
+        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = pool_config(dir.path(), &host, env);
+    Rig {
+        host,
+        _gw: gw,
+        earlier,
+        dir,
+        config,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enimd_serves_pods_from_the_aws_warm_pool() {
     common::require_kernel!();
@@ -101,17 +129,14 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         return;
     };
 
-    let (host, _gw) = sandbox(&env);
-
-    // One ENI left attached by an earlier agent run: the pool adopts it.
-    let earlier = env.create_tagged_eni().await;
-    env.admin_ec2
-        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-        .await
-        .unwrap();
-
-    let dir = tempfile::tempdir().unwrap();
-    let config = pool_config(dir.path(), &host, &env);
+    // Every field bound: the namespaces live until the test ends.
+    let Rig {
+        host,
+        _gw,
+        earlier,
+        dir,
+        config,
+    } = rig(&env).await;
     let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
 
     // Pod 1 takes the adopted ENI; the pool makes another for pod 2.
@@ -236,14 +261,13 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
     let Some(env) = aws_rig::Env::start().await else {
         return;
     };
-    let (host, _gw) = sandbox(&env);
-    let earlier = env.create_tagged_eni().await;
-    env.admin_ec2
-        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = pool_config(dir.path(), &host, &env);
+    let Rig {
+        host: _host,
+        _gw,
+        earlier,
+        dir,
+        config,
+    } = rig(&env).await;
 
     env.proxy.set_down(true);
     let agent = blocking(|| start_enimd(dir.path(), &config, &env));

@@ -450,16 +450,7 @@ impl Inner {
     /// limit, and which members are enim's (and which tagged ENIs are
     /// orphans).
     async fn finish_discovery(&self) -> Result<(), ProviderError> {
-        let eni_limit = self
-            .backend
-            .eni_limit()
-            .await
-            .map_err(|e| context(e, "eni_limit"))?;
-        let tagged = self
-            .backend
-            .tagged()
-            .await
-            .map_err(|e| context(e, "list tagged ENIs"))?;
+        let (eni_limit, tagged) = limit_and_tagged(self.backend.as_ref()).await?;
         let mut st = self.state();
         st.eni_limit = Some(eni_limit);
         st.adopt_tagged(&tagged);
@@ -601,19 +592,28 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
 async fn discover(
     backend: &dyn CloudBackend,
 ) -> Result<(usize, Vec<Eni>, Vec<TaggedEni>), ProviderError> {
-    let eni_limit = backend
-        .eni_limit()
-        .await
-        .map_err(|e| context(e, "eni_limit"))?;
+    let (eni_limit, tagged) = limit_and_tagged(backend).await?;
     let attached = backend
         .attached()
         .await
         .map_err(|e| context(e, "list attached ENIs"))?;
+    Ok((eni_limit, attached, tagged))
+}
+
+/// What only the cloud API knows: the attachment limit and enim's tagged
+/// ENIs.
+async fn limit_and_tagged(
+    backend: &dyn CloudBackend,
+) -> Result<(usize, Vec<TaggedEni>), ProviderError> {
+    let eni_limit = backend
+        .eni_limit()
+        .await
+        .map_err(|e| context(e, "eni_limit"))?;
     let tagged = backend
         .tagged()
         .await
         .map_err(|e| context(e, "list tagged ENIs"))?;
-    Ok((eni_limit, attached, tagged))
+    Ok((eni_limit, tagged))
 }
 
 impl State {
