@@ -2,10 +2,11 @@
 //! the host needs, made with the verbs of [`super::link`], [`super::route`]
 //! and [`super::neigh`].
 //!
-//! - Pod side: the pod end (no address of its own), a permanent neighbour
-//!   entry for the link-local gateway ([`GATEWAY4`] / [`GATEWAY6`]) at the
-//!   host end's MAC, and a route per prefix via that gateway, preferring
-//!   the ENI's address as source. The default route stays on the ENI.
+//! - Pod side: the pod end (no address of its own), the link-local
+//!   gateway ([`crate::model::GATEWAY4`] / [`crate::model::GATEWAY6`]) made
+//!   reachable at the host end's MAC ([`super::route::veth_gateway`]), and
+//!   a route per prefix via that gateway, preferring the ENI's address as
+//!   source. The default route stays on the ENI.
 //! - Host side: the host end, a route to each pod address through it, and
 //!   a permanent neighbour entry for each at the pod end's MAC (the pod's
 //!   addresses are on its ENI, and IPv6 answers neighbour solicitations
@@ -15,7 +16,6 @@
 //! the host path), so strict reverse-path filtering passes on both sides
 //! and no sysctl is written.
 
-use std::io;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -24,7 +24,7 @@ use ipnet::IpNet;
 
 use super::host::handle_in;
 use super::{link, neigh, route, Host, LinkInfo, Netns, PlumbingError};
-use crate::model::{HostPath, GATEWAY4};
+use crate::model::HostPath;
 
 /// One pod's host path as the kernel should have it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,13 +58,6 @@ impl HostPathSpec<'_> {
     }
 }
 
-fn gone(what: &'static str, detail: String) -> PlumbingError {
-    PlumbingError::Io {
-        what,
-        source: io::Error::other(detail),
-    }
-}
-
 /// Makes `spec`'s host path; returns the pod end's MAC. A veth left under
 /// the host name (by an earlier attempt of this very attachment, as the
 /// name derives from its key) is replaced. Fails with
@@ -88,37 +81,22 @@ pub async fn add(host: &Host, spec: &HostPathSpec<'_>) -> Result<MacAddr, Plumbi
         other => other?,
     }
     crate::support::fault::crash_point("add:after-host-veth");
-    let host_end = link::by_name(handle, spec.host_veth)
-        .await?
-        .ok_or_else(|| {
-            gone(
-                "host end of the host path",
-                format!("{} vanished after creation", spec.host_veth),
-            )
-        })?;
+    let host_end = link::must_exist(
+        link::by_name(handle, spec.host_veth).await?,
+        "host end of the host path",
+        format!("{} vanished after creation", spec.host_veth),
+    )?;
     link::set_up(handle, host_end.index, None, "set host path up").await?;
 
     let pod = handle_in(&ns).await?;
-    let pod_end = link::by_name(&pod, spec.ifname).await?.ok_or_else(|| {
-        gone(
-            "pod end of the host path",
-            format!("{} vanished from {}", spec.ifname, spec.netns.display()),
-        )
-    })?;
+    let pod_end = link::must_exist(
+        link::by_name(&pod, spec.ifname).await?,
+        "pod end of the host path",
+        format!("{} vanished from {}", spec.ifname, spec.netns.display()),
+    )?;
     link::set_up(&pod, pod_end.index, None, "set pod end of host path up").await?;
     for gw in spec.gateways() {
-        let op = "add host path gateway neighbour";
-        neigh::set_permanent(&pod, pod_end.index, gw, host_end.mac, op).await?;
-        if gw == IpAddr::V4(GATEWAY4) {
-            // An IPv4 gateway must be reachable on-link first.
-            let op = "add host path gateway route";
-            route::replace(
-                &pod,
-                route::to_host(gw, pod_end.index, route::MAIN_TABLE),
-                op,
-            )
-            .await?;
-        }
+        route::veth_gateway(&pod, pod_end.index, gw, host_end.mac).await?;
     }
     for dst in spec.routes {
         let gw = HostPath::gateway_for(dst);

@@ -86,6 +86,19 @@ async fn get_one(
     }
 }
 
+/// A device that must be there (just made, or named by a record), or an
+/// error that says what it was for.
+pub fn must_exist(
+    found: Option<LinkInfo>,
+    what: &'static str,
+    missing: String,
+) -> Result<LinkInfo, PlumbingError> {
+    found.ok_or_else(|| PlumbingError::Io {
+        what,
+        source: std::io::Error::other(missing),
+    })
+}
+
 /// The device with ifindex `index`, if there is one (not a dump).
 pub async fn by_index(handle: &Handle, index: u32) -> Result<Option<LinkInfo>, PlumbingError> {
     get_one(handle.link().get().match_index(index).execute()).await

@@ -185,6 +185,25 @@ pub fn via(dst: IpNet, gw: IpAddr, index: u32, table: u32, src: Option<IpAddr>) 
     })
 }
 
+/// Makes `gw`, the host end of a veth at `mac`, the pod's reachable gateway
+/// on device `index` (the pod end): a permanent neighbour entry spares the
+/// pod an ARP/NS round before its first packet, and an IPv4 gateway gets
+/// the on-link route the kernel checks gateways against. Both modes' pod
+/// veths use it (secondary mode's pod interface, primary's host path).
+pub async fn veth_gateway(
+    handle: &Handle,
+    index: u32,
+    gw: IpAddr,
+    mac: MacAddr,
+) -> Result<(), PlumbingError> {
+    super::neigh::set_permanent(handle, index, gw, mac, "add veth gateway neighbour").await?;
+    if gw.is_ipv4() {
+        let op = "add veth gateway route";
+        replace(handle, to_host(gw, index, MAIN_TABLE), op).await?;
+    }
+    Ok(())
+}
+
 /// Adds `route`; fails with EEXIST when the table has it.
 pub async fn add(handle: &Handle, route: NewRoute, op: &'static str) -> Result<(), PlumbingError> {
     handle.route().add(route.0).execute().await.map_err(nl(op))

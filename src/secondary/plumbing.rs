@@ -9,7 +9,6 @@
 //! Errors are [`PlumbingError`]s, shared with primary mode.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -167,18 +166,6 @@ pub struct RtnlSecondary {
     proc_sys_net: PathBuf,
 }
 
-/// A device that must be there, for an error that says what it was for.
-fn must_exist(
-    found: Option<LinkInfo>,
-    what: &'static str,
-    missing: String,
-) -> Result<LinkInfo, PlumbingError> {
-    found.ok_or_else(|| PlumbingError::Io {
-        what,
-        source: io::Error::other(missing),
-    })
-}
-
 impl RtnlSecondary {
     /// In the host namespace at `host_netns` (the agent's own by default;
     /// tests use a throwaway one), writing IPv6 sysctls under
@@ -205,7 +192,7 @@ impl RtnlSecondary {
         host_mac: MacAddr,
     ) -> Result<MacAddr, PlumbingError> {
         let pod = handle_in(ns).await?;
-        let link = must_exist(
+        let link = link::must_exist(
             link::by_name(&pod, &spec.ifname).await?,
             "pod end of the veth",
             format!("{} vanished from {}", spec.ifname, spec.netns.display()),
@@ -229,15 +216,7 @@ impl RtnlSecondary {
         .flatten()
         .collect();
         for gw in gateways {
-            // The gateway is the host end itself: a permanent entry spares
-            // the pod an ARP/NS round before its first packet.
-            let op = "add pod gateway neighbour";
-            neigh::set_permanent(&pod, link.index, gw, host_mac, op).await?;
-            if gw.is_ipv4() {
-                // An IPv4 gateway must be reachable on-link first.
-                let op = "add pod gateway route";
-                route::replace(&pod, route::to_host(gw, link.index, MAIN_TABLE), op).await?;
-            }
+            route::veth_gateway(&pod, link.index, gw, host_mac).await?;
             let op = "add pod default route";
             route::replace(&pod, route::default_via(gw, link.index, MAIN_TABLE), op).await?;
         }
@@ -337,7 +316,7 @@ impl SecondaryPlumbing for RtnlSecondary {
         // The pod end is born inside the pod netns under its final name: no
         // window in which the host sees it, and a clash is a plain EEXIST.
         link::add_veth_pair(handle, &spec.host_veth, &spec.ifname, &ns, spec.mtu).await?;
-        let host = must_exist(
+        let host = link::must_exist(
             link::by_name(handle, &spec.host_veth).await?,
             "host end of the veth",
             format!("{} vanished after creation", spec.host_veth),
@@ -362,7 +341,7 @@ impl SecondaryPlumbing for RtnlSecondary {
             route::replace(handle, route::to_host(ip, host.index, MAIN_TABLE), op).await?;
         }
         if let Some(eni_name) = &spec.eni {
-            let eni = must_exist(
+            let eni = link::must_exist(
                 link::by_name(handle, eni_name).await?,
                 "ENI of the pod",
                 format!("no device {eni_name} in the host"),
