@@ -87,9 +87,10 @@ pub trait Driver: Send + Sync + 'static {
         out
     }
 
-    /// For each `Ready` record at start-up, whether its device is already
-    /// home: a DEL died after taking it out of the pod, before its intent
-    /// landed. Asked only of drivers with [`Driver::DEL_INTENT_BEHIND`].
+    /// For each record at start-up, whether its device is already home
+    /// (for a `Ready` one: a DEL died after taking it out of the pod, before
+    /// its intent landed). Asked only of drivers with
+    /// [`Driver::DEL_INTENT_BEHIND`].
     async fn came_home(&self, records: &[Record]) -> Result<Vec<bool>, EngineError> {
         Ok(vec![false; records.len()])
     }

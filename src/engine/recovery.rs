@@ -9,7 +9,7 @@
 use crate::model::{now_ms, Phase};
 
 use super::teardown::Intent;
-use super::{Driver, Engine, EngineError, Record};
+use super::{Driver, Engine, EngineError};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RecoveryReport {
@@ -39,27 +39,16 @@ impl<D: Driver> Engine<D> {
         // A DEL whose intent was written behind may have died before the
         // intent landed: its record says Ready, the kernel says how far it
         // got. A device already home means the DEL happened: finish it.
-        let ready: Vec<Record> = records
-            .iter()
-            .filter(|r| r.phase == Phase::Ready)
-            .cloned()
-            .collect();
-        let home = if D::DEL_INTENT_BEHIND && !ready.is_empty() {
-            self.driver.came_home(&ready).await?
+        let home = if D::DEL_INTENT_BEHIND && !records.is_empty() {
+            self.driver.came_home(&records).await?
         } else {
-            vec![false; ready.len()]
+            vec![false; records.len()]
         };
-        let interrupted_dels: std::collections::HashSet<_> = ready
-            .iter()
-            .zip(home)
-            .filter(|(_, home)| *home)
-            .map(|(r, _)| r.key.clone())
-            .collect();
         let mut undo = Vec::new();
         let mut guards = Vec::new();
-        for mut record in records {
+        for (mut record, home) in records.into_iter().zip(home) {
             match record.phase {
-                Phase::Ready if interrupted_dels.contains(&record.key) => {
+                Phase::Ready if home => {
                     tracing::info!(key = %record.key, eni = %record.eni_id, "a DEL was interrupted after the device came home: finishing it");
                     guards.push(self.locks.lock(&record.key).await);
                     undo.push(record);
