@@ -175,6 +175,9 @@ impl Config {
             // through the host.
             return Err(invalid(&"[host_path] is for primary mode; secondary-mode pods reach the host over their veth already"));
         }
+        if config.mode == Mode::Secondary && matches!(config.provider, ProviderConfig::Bce(_)) {
+            return Err(invalid(&"mode = \"secondary\" is not served by the bce provider yet (it cannot assign addresses); use primary mode, or the aws or static provider"));
+        }
         if config
             .host_path
             .veth_prefix

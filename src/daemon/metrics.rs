@@ -10,7 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use enim_provider::{AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -208,6 +208,7 @@ impl Metrics {
             for (state, n) in [
                 ("assigned", stats.assigned),
                 ("cooling", stats.cooling),
+                ("lost", stats.lost),
                 ("free", free),
             ] {
                 self.secondary_addresses
@@ -234,6 +235,17 @@ impl MeteredProvider {
         MeteredProvider { inner, metrics }
     }
 
+    /// The wrapped provider's secondary-mode verbs; only reached through
+    /// [`EniProvider::secondary_ips`], which answers `None` without them.
+    fn inner_ips(&self) -> Result<&dyn SecondaryIps, ProviderError> {
+        self.inner.secondary_ips().ok_or_else(|| {
+            ProviderError::Config(format!(
+                "provider {} cannot assign addresses",
+                self.inner.name()
+            ))
+        })
+    }
+
     fn record<T>(&self, op: &str, started: Instant, result: &Result<T, ProviderError>) {
         let label = Operation {
             operation: op.into(),
@@ -245,6 +257,43 @@ impl MeteredProvider {
         if result.is_err() {
             self.metrics.provider_errors.get_or_create(&label).inc();
         }
+    }
+}
+
+/// Secondary mode's cloud verbs, timed and counted like the others.
+#[async_trait]
+impl SecondaryIps for MeteredProvider {
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner_ips()?.address_limits().await;
+        self.record("address_limits", t, &r);
+        r
+    }
+
+    async fn assign(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<std::net::IpAddr>, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner_ips()?.assign(eni_id, ipv4, ipv6).await;
+        self.record("assign", t, &r);
+        r
+    }
+
+    async fn unassign(&self, eni_id: &str, ips: &[std::net::IpAddr]) -> Result<(), ProviderError> {
+        let t = Instant::now();
+        let r = self.inner_ips()?.unassign(eni_id, ips).await;
+        self.record("unassign", t, &r);
+        r
+    }
+
+    async fn attach_eni(&self) -> Result<Eni, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner_ips()?.attach_eni().await;
+        self.record("attach_eni", t, &r);
+        r
     }
 }
 
@@ -282,15 +331,9 @@ impl EniProvider for MeteredProvider {
         r
     }
 
-    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<std::net::IpAddr>, ProviderError> {
-        let t = Instant::now();
-        let r = self.inner.secondary_addresses(eni).await;
-        self.record("secondary_addresses", t, &r);
-        r
-    }
-
-    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
-        self.inner.device_index(eni).await
+    fn secondary_ips(&self) -> Option<&dyn SecondaryIps> {
+        self.inner.secondary_ips()?;
+        Some(self)
     }
 
     fn statistics(&self) -> Option<enim_provider::PoolStatistics> {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use enim_provider::{EniProvider, ProviderError};
+use enim_provider_aws::PoolRole;
 use enim_provider_static::StaticProvider;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::net::UnixListener;
@@ -54,13 +55,20 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> D
     move |source| FileError::at(what, path)(source).into()
 }
 
+/// The provider `config` names, for `mode`: in secondary mode a cloud's
+/// warm pool holds the node's host ENIs instead of ENIs for pods.
 pub async fn build_provider(
     config: &ProviderConfig,
+    mode: config::Mode,
 ) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let role = match mode {
+        config::Mode::Primary => PoolRole::PodEnis,
+        config::Mode::Secondary => PoolRole::HostEnis,
+    };
     match config {
         ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
         ProviderConfig::Bce(bce) => enim_provider_bce::build(bce).await,
-        ProviderConfig::Aws(aws) => enim_provider_aws::build(aws).await,
+        ProviderConfig::Aws(aws) => enim_provider_aws::build(aws, role).await,
     }
 }
 
@@ -127,7 +135,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _state_lock = lock_state(&config.checkpoint)?;
     let metrics = Arc::new(metrics::Metrics::new());
     let provider: Arc<dyn EniProvider> = Arc::new(metrics::MeteredProvider::new(
-        build_provider(&config.provider).await?,
+        build_provider(&config.provider, config.mode).await?,
         metrics.clone(),
     ));
     let checkpoint = Arc::new(Checkpoint::open(

@@ -71,4 +71,8 @@ pub struct AddressStats {
     /// How many pods the addresses serve in all: each takes an IPv4
     /// address, and on a dual-stack node an IPv6 one of the same ENI.
     pub pods: usize,
+    /// Assigned addresses the cloud no longer shows on their ENI
+    /// (unassigned from outside): kept for their pods, dropped on release.
+    #[serde(default)]
+    pub lost: usize,
 }

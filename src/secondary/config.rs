@@ -38,6 +38,9 @@ pub struct SecondaryConfig {
     /// so enim's DaemonSet mounts the node's one elsewhere and names it
     /// here. Only nodes with IPv6 secondaries write there.
     pub proc_sys_net: PathBuf,
+    /// The warm address pool (`[secondary.pool]`), with a provider that
+    /// assigns addresses (aws).
+    pub pool: super::WarmIpConfig,
 }
 
 impl Default for SecondaryConfig {
@@ -50,6 +53,7 @@ impl Default for SecondaryConfig {
             veth_prefix: "enim".into(),
             eni_name_prefix: "enis".into(),
             proc_sys_net: crate::netlink::sysctl::PROC_SYS_NET.into(),
+            pool: super::WarmIpConfig::default(),
         }
     }
 }
@@ -102,6 +106,7 @@ impl SecondaryConfig {
                 self.proc_sys_net.display()
             ));
         }
+        self.pool.validate().map_err(SecondaryConfigError)?;
         if self.eni_name_prefix.starts_with(&self.veth_prefix) {
             return bad(format!(
                 "eni_name_prefix {:?} must not start with veth_prefix {:?}",

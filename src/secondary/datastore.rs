@@ -35,6 +35,36 @@ pub enum DataStoreError {
 struct AddressState {
     assigned_to: Option<AttachmentKey>,
     released_at: Option<Instant>,
+    /// Checks in a row the provider did not show it on its ENI.
+    missing: u8,
+    /// Gone from the cloud while a pod held it: kept for the pod, dropped
+    /// (not freed) when released.
+    lost: bool,
+}
+
+/// Checks in a row an address must be missing from the provider's view
+/// before the store acts on it: metadata may lag an assign.
+pub const MISSING_CHECKS: u8 = 2;
+
+/// One ENI's addresses by family, and how many of each are free now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EniUsage {
+    pub eni_id: String,
+    pub ipv4: usize,
+    pub ipv6: usize,
+    pub free4: usize,
+    pub free6: usize,
+}
+
+/// What [`DataStore::sync_eni`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Shown by the provider, new to the store: now free.
+    pub added: Vec<IpAddr>,
+    /// Free and gone from the provider's view: left the store.
+    pub removed: Vec<IpAddr>,
+    /// Held by a pod and gone from the provider's view: kept, reported.
+    pub lost: Vec<IpAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -222,7 +252,8 @@ impl DataStore {
         Ok(())
     }
 
-    /// Frees what `key` holds; the addresses cool down from `now`.
+    /// Frees what `key` holds; the addresses cool down from `now`. An
+    /// address the cloud no longer shows leaves the store instead.
     pub fn unassign(&mut self, key: &AttachmentKey, now: Instant) -> Option<Assignment> {
         let held = self.assignment(key)?;
         let eni = self.enis.get_mut(&held.eni_id).expect("found above");
@@ -234,7 +265,112 @@ impl DataStore {
             state.assigned_to = None;
             state.released_at = Some(now);
         }
+        eni.addresses
+            .retain(|_, s| !(s.lost && s.assigned_to.is_none()));
         Some(held)
+    }
+
+    /// Compares an ENI's addresses with what the provider shows now
+    /// (`shown`): new ones join free; one missing for [`MISSING_CHECKS`]
+    /// checks in a row leaves if free, and is kept and reported if a pod
+    /// holds it. An address the store has on another ENI is left alone.
+    pub fn sync_eni(
+        &mut self,
+        eni_id: &str,
+        shown: &[IpAddr],
+    ) -> Result<SyncOutcome, DataStoreError> {
+        let elsewhere: Vec<IpAddr> = self
+            .enis
+            .iter()
+            .filter(|(id, _)| id.as_str() != eni_id)
+            .flat_map(|(_, e)| e.addresses.keys().copied())
+            .filter(|ip| shown.contains(ip))
+            .collect();
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DataStoreError::UnknownEni(eni_id.into()))?;
+        let mut out = SyncOutcome::default();
+        for ip in shown.iter().filter(|ip| !elsewhere.contains(ip)) {
+            match eni.addresses.get_mut(ip) {
+                Some(state) => {
+                    state.missing = 0;
+                    state.lost = false;
+                }
+                None => {
+                    eni.addresses.insert(*ip, AddressState::default());
+                    out.added.push(*ip);
+                }
+            }
+        }
+        for (ip, state) in eni.addresses.iter_mut() {
+            if shown.contains(ip) || state.lost {
+                continue;
+            }
+            state.missing = state.missing.saturating_add(1);
+            if state.missing < MISSING_CHECKS {
+                continue;
+            }
+            if state.assigned_to.is_some() {
+                state.lost = true;
+                out.lost.push(*ip);
+            } else {
+                out.removed.push(*ip);
+            }
+        }
+        for ip in &out.removed {
+            eni.addresses.remove(ip);
+        }
+        Ok(out)
+    }
+
+    /// Each ENI's addresses and free ones, for the warm pool.
+    pub fn usage(&self, now: Instant) -> Vec<EniUsage> {
+        self.enis
+            .iter()
+            .map(|(id, eni)| {
+                let mut u = EniUsage {
+                    eni_id: id.clone(),
+                    ..EniUsage::default()
+                };
+                for (ip, state) in &eni.addresses {
+                    let free = self.is_free(state, now);
+                    if ip.is_ipv4() {
+                        u.ipv4 += 1;
+                        u.free4 += usize::from(free);
+                    } else {
+                        u.ipv6 += 1;
+                        u.free6 += usize::from(free);
+                    }
+                }
+                u
+            })
+            .collect()
+    }
+
+    /// Takes up to `ipv4` and `ipv6` free addresses (not cooling down) of
+    /// `eni_id` out of the store, so no pod can get them while they are
+    /// given back to the cloud; returns them.
+    pub fn take_free(
+        &mut self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+        now: Instant,
+    ) -> Result<Vec<IpAddr>, DataStoreError> {
+        let free = self.freeable(eni_id, now)?;
+        let taken: Vec<IpAddr> = free
+            .iter()
+            .filter(|ip| ip.is_ipv4())
+            .take(ipv4)
+            .chain(free.iter().filter(|ip| ip.is_ipv6()).take(ipv6))
+            .copied()
+            .collect();
+        let eni = self.enis.get_mut(eni_id).expect("freeable checked it");
+        for ip in &taken {
+            eni.addresses.remove(ip);
+        }
+        Ok(taken)
     }
 
     /// Addresses of an ENI that could be given back to the cloud: neither
@@ -256,6 +392,7 @@ impl DataStore {
         let mut stats = AddressStats::default();
         for state in self.enis.values().flat_map(|e| e.addresses.values()) {
             stats.total += 1;
+            stats.lost += usize::from(state.lost);
             if state.assigned_to.is_some() {
                 stats.assigned += 1;
             } else if !self.is_free(state, now) {
@@ -418,6 +555,7 @@ mod tests {
                 assigned: 0,
                 cooling: 1,
                 pods: 1,
+                lost: 0,
             }
         );
         assert!(ds
@@ -440,7 +578,85 @@ mod tests {
                 assigned: 1,
                 cooling: 0,
                 pods: 1,
+                lost: 0,
             }
+        );
+    }
+
+    #[test]
+    fn sync_adds_new_and_acts_on_missing_only_after_two_checks() {
+        let t0 = Instant::now();
+        let mut ds = store();
+        ds.add_address("eni-a", ip("10.0.0.12")).unwrap();
+        ds.assign(&key("p"), false, t0).unwrap();
+        let held = ds.assignment(&key("p")).unwrap().ipv4.unwrap();
+        let other = if held == ip("10.0.0.11") {
+            ip("10.0.0.12")
+        } else {
+            ip("10.0.0.11")
+        };
+        // The cloud now shows a new address and neither of the two IPv4s.
+        let shown = [ip("10.0.0.13"), ip("fd00::11")];
+        let first = ds.sync_eni("eni-a", &shown).unwrap();
+        assert_eq!(first.added, vec![ip("10.0.0.13")]);
+        assert!(
+            first.removed.is_empty() && first.lost.is_empty(),
+            "one miss may be lag"
+        );
+        let second = ds.sync_eni("eni-a", &shown).unwrap();
+        assert_eq!(second.removed, vec![other]);
+        assert_eq!(second.lost, vec![held]);
+        assert_eq!(ds.stats(t0).lost, 1);
+        // The pod keeps its address until it goes; then it is dropped.
+        assert_eq!(ds.assignment(&key("p")).unwrap().ipv4, Some(held));
+        ds.unassign(&key("p"), t0);
+        assert_eq!(ds.stats(t0).total, 2);
+        assert_eq!(ds.stats(t0).lost, 0);
+        // An address shown again before the second check stays.
+        ds.sync_eni("eni-a", &[ip("10.0.0.13")]).unwrap();
+        let back = ds.sync_eni("eni-a", &shown).unwrap();
+        assert!(back.removed.is_empty());
+        assert_eq!(
+            ds.sync_eni("eni-z", &shown),
+            Err(DataStoreError::UnknownEni("eni-z".into()))
+        );
+    }
+
+    #[test]
+    fn take_free_never_takes_held_or_cooling_addresses() {
+        let t0 = Instant::now();
+        let mut ds = store();
+        for last in 12..=15 {
+            ds.add_address("eni-a", ip(&format!("10.0.0.{last}")))
+                .unwrap();
+        }
+        let held = ds.assign(&key("p"), false, t0).unwrap().ipv4.unwrap();
+        ds.assign(&key("q"), false, t0).unwrap();
+        let cooling = ds.unassign(&key("q"), t0).unwrap().ipv4.unwrap();
+        let taken = ds.take_free("eni-a", 10, 1, t0).unwrap();
+        assert_eq!(taken.len(), 4, "3 free IPv4 and 1 IPv6: {taken:?}");
+        assert!(!taken.contains(&held) && !taken.contains(&cooling));
+        assert_eq!(ds.usage(t0)[0].ipv4, 2);
+        assert_eq!(
+            ds.take_free("eni-b", 1, 0, t0),
+            Err(DataStoreError::UnknownEni("eni-b".into()))
+        );
+    }
+
+    #[test]
+    fn usage_counts_by_family() {
+        let t0 = Instant::now();
+        let mut ds = store();
+        ds.assign(&key("p"), true, t0).unwrap();
+        assert_eq!(
+            ds.usage(t0),
+            vec![EniUsage {
+                eni_id: "eni-a".into(),
+                ipv4: 1,
+                ipv6: 1,
+                free4: 0,
+                free6: 0
+            }]
         );
     }
 

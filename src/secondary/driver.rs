@@ -11,11 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use enim_provider::{EniOwner, EniProvider, MacAddr, ProviderError};
+use enim_provider::{EniOwner, EniProvider, ProviderError};
 
 use super::datastore::{DataStore, DataStoreError};
-use super::plumbing::{HostEniSpec, PodSpec, RtnlSecondary, SecondaryPlumbing};
-use super::{SecondaryConfig, MAX_DEVICE_INDEX};
+use super::host::{HostEni, HostEnis, Skipped};
+use super::plumbing::{PodSpec, RtnlSecondary, SecondaryPlumbing};
+use super::warm::{self, WarmIps};
+use super::SecondaryConfig;
 use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
 use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::model::{
@@ -26,29 +28,22 @@ use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::Exclusions;
 use crate::support::fault::crash_point;
 
-/// A host ENI in use by this node.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct HostEni {
-    pub id: String,
-    pub mac: MacAddr,
-    pub device_index: u32,
-    pub name: String,
-    pub table: u32,
-    pub mtu: u32,
-}
-
 pub struct SecondaryDriver {
-    config: SecondaryConfig,
-    provider: Arc<dyn EniProvider>,
-    plumbing: Arc<dyn SecondaryPlumbing>,
+    host: Arc<HostEnis>,
     // Read only: other records' addresses, so a stale record never removes
     // the rules of an address another pod holds now.
     checkpoint: Arc<Checkpoint>,
-    store: std::sync::Mutex<DataStore>,
-    enis: std::sync::RwLock<BTreeMap<String, HostEni>>,
-    // ENIs and addresses never used; the primary interface joins them at
-    // restore.
-    exclusions: std::sync::RwLock<Exclusions>,
+    /// The warm address pool's loop, started at restore when the provider
+    /// can assign addresses.
+    pool: std::sync::OnceLock<WarmIps>,
+}
+
+/// The driver's own methods and the pool share the host side.
+impl std::ops::Deref for SecondaryDriver {
+    type Target = HostEnis;
+    fn deref(&self) -> &HostEnis {
+        &self.host
+    }
 }
 
 fn payload(record: &Record) -> Result<&SecondaryPayload, EngineError> {
@@ -78,13 +73,9 @@ impl SecondaryDriver {
             .validate()
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         Ok(SecondaryDriver {
-            store: std::sync::Mutex::new(DataStore::new(config.cooldown)),
-            config,
-            provider,
-            plumbing,
+            host: Arc::new(HostEnis::new(config, provider, plumbing, exclusions)),
             checkpoint,
-            enis: Default::default(),
-            exclusions: std::sync::RwLock::new(exclusions),
+            pool: std::sync::OnceLock::new(),
         })
     }
 
@@ -107,35 +98,12 @@ impl SecondaryDriver {
         &self.config
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, DataStore> {
-        // The store's methods leave it consistent at every return, so a
-        // panic elsewhere while it was held does not make it unsound.
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The host ENIs in use.
-    pub fn host_enis(&self) -> Vec<HostEni> {
-        self.enis
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    fn host_eni(&self, id: &str) -> Option<HostEni> {
-        self.enis
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
-    }
-
-    fn exclusions(&self) -> Exclusions {
-        self.exclusions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// Frees what `key` holds; the pool may then release surplus.
+    fn free(&self, key: &AttachmentKey) {
+        self.store().unassign(key, Instant::now());
+        if let Some(pool) = self.pool.get() {
+            pool.served(key);
+        }
     }
 
     fn spec(&self, record: &Record, p: &SecondaryPayload) -> PodSpec {
@@ -150,20 +118,6 @@ impl SecondaryDriver {
             table: p.table,
             priority_to_pod: p.rule_priority_to_pod,
             priority_from_pod: p.rule_priority_from_pod,
-        }
-    }
-
-    /// What the host side of `eni` should be.
-    fn eni_spec(&self, eni: &enim_provider::Eni, name: String, table: u32) -> HostEniSpec {
-        HostEniSpec {
-            mac: eni.mac,
-            name,
-            mtu: eni.mtu,
-            table,
-            ipv4: eni.ipv4,
-            gateway4: eni.gateway4,
-            ipv6: eni.ipv6.filter(|_| eni.gateway6.is_some()),
-            gateway6: eni.gateway6,
         }
     }
 
@@ -273,76 +227,36 @@ impl Driver for SecondaryDriver {
     async fn restore(&self, records: &[Record]) -> Result<(), EngineError> {
         let mut store = DataStore::new(self.config.cooldown);
         let mut enis = BTreeMap::new();
-        let mut any_ipv6 = false;
-        // Renaming the node's own interface would cut the node off.
         let primary = self
             .plumbing
             .primary_mac()
             .await
             .map_err(EngineError::plumbing("find the primary interface"))?;
-        let exclusions = {
-            let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
-            *ex = std::mem::take(&mut *ex).with_primary(primary);
-            ex.clone()
-        };
+        let exclusions = self.exclude_primary(primary);
         for eni in self.provider.list().await? {
-            if exclusions.is_excluded(&eni) {
-                tracing::info!(eni = %eni.id, mac = %eni.mac, "excluded; not used as a host ENI");
-                continue;
-            }
-            let index = self.provider.device_index(&eni).await?.ok_or_else(|| {
-                ProviderError::Config(format!(
-                    "secondary mode needs the device index of ENI {}; the provider does not know it",
-                    eni.id
-                ))
-            })?;
-            if index > MAX_DEVICE_INDEX {
-                return Err(ProviderError::Config(format!(
-                    "ENI {} has device index {index}; secondary mode allows 0..={MAX_DEVICE_INDEX}",
-                    eni.id
-                ))
-                .into());
-            }
-            let addresses = self.provider.secondary_addresses(&eni).await?;
-            let spec = self.eni_spec(&eni, self.config.eni_name(index), self.config.table(index));
-            let link = match self.plumbing.setup_eni(&spec).await {
-                Ok(link) => link,
-                Err(e @ PlumbingError::LinkNotFound { .. }) => {
+            match self.prepare(&eni, &exclusions).await? {
+                Ok((host, addresses)) => HostEnis::take_in(&mut store, &mut enis, host, &addresses)
+                    .map_err(|e| ProviderError::Config(format!("ENI {}: {e}", eni.id)))?,
+                Err(Skipped::Excluded) => {
+                    tracing::info!(eni = %eni.id, mac = %eni.mac, "excluded; not used as a host ENI");
+                }
+                Err(Skipped::NotPlugged(e)) => {
                     // Not plugged (yet): its pods cannot be served, others can.
                     tracing::warn!(eni = %eni.id, error = %e, "ENI not in the host; not used");
-                    continue;
                 }
-                Err(e) => return Err(EngineError::plumbing("set up host ENI")(e)),
-            };
-            store
-                .add_eni(&eni.id, index)
-                .map_err(|e| ProviderError::Config(e.to_string()))?;
-            for ip in addresses {
-                if exclusions.is_excluded_address(&ip) {
-                    continue;
-                }
-                if ip.is_ipv6() && spec.ipv6.is_none() {
-                    tracing::warn!(eni = %eni.id, %ip, "IPv6 secondary address on an ENI without IPv6 gateway; not used");
-                    continue;
-                }
-                any_ipv6 |= ip.is_ipv6();
-                store
-                    .add_address(&eni.id, ip)
-                    .map_err(|e| ProviderError::Config(format!("ENI {}: {e}", eni.id)))?;
             }
-            tracing::info!(eni = %eni.id, name = %spec.name, table = spec.table, "host ENI ready");
-            enis.insert(
-                eni.id.clone(),
-                HostEni {
-                    id: eni.id.clone(),
-                    mac: eni.mac,
-                    device_index: index,
-                    name: spec.name,
-                    table: spec.table,
-                    mtu: link.mtu,
-                },
-            );
         }
+        let can_grow = self.provider.secondary_ips().is_some();
+        if store.stats(Instant::now()).total == 0 && !can_grow {
+            // A secondary-mode node with nothing to hand out is a config
+            // error, not an empty pool that fails every pod.
+            return Err(ProviderError::Config(format!(
+                "secondary mode: no ENI of provider {:?} offers a secondary address, and the provider cannot assign any",
+                self.provider.name()
+            ))
+            .into());
+        }
+        let any_ipv6 = can_grow && enis.values().any(|e: &HostEni| e.ipv6) || store.has_ipv6();
         self.plumbing
             .enable_forwarding(any_ipv6)
             .await
@@ -355,8 +269,13 @@ impl Driver for SecondaryDriver {
                 tracing::warn!(key = %record.key, error = %e, "record's address is not in the store; kept as it is");
             }
         }
-        *self.store() = store;
-        *self.enis.write().unwrap_or_else(|p| p.into_inner()) = enis;
+        self.replace(store, enis);
+        if can_grow {
+            if let Some(ips) = self.provider.secondary_ips() {
+                warm::check_limits(ips, self.provider.name()).await?;
+            }
+            let _ = self.pool.get_or_init(|| WarmIps::start(self.host.clone()));
+        }
         Ok(())
     }
 
@@ -364,7 +283,16 @@ impl Driver for SecondaryDriver {
         let key = AttachmentKey::of(owner);
         let mut store = self.store();
         let dual_stack = store.has_ipv6();
-        let assignment = store.assign(&key, dual_stack, Instant::now())?;
+        let assigned = store.assign(&key, dual_stack, Instant::now());
+        if let Some(pool) = self.pool.get() {
+            // Either way the free count changed or is too low: the pool
+            // refills, counting a refused pod as demand.
+            match &assigned {
+                Ok(_) => pool.served(&key),
+                Err(_) => pool.waiting(&key),
+            }
+        }
+        let assignment = assigned?;
         let Some(eni) = self.host_eni(&assignment.eni_id) else {
             // Cannot happen: the store only holds host ENIs.
             store.unassign(&key, Instant::now());
@@ -476,15 +404,14 @@ impl Driver for SecondaryDriver {
     }
 
     async fn release(&self, record: &Record) -> Result<(), EngineError> {
-        self.store().unassign(&record.key, Instant::now());
+        self.free(&record.key);
         Ok(())
     }
 
     async fn release_unrecorded(&self, owner: &EniOwner) -> Result<(), EngineError> {
         // Nothing of an unrecorded attachment is in the kernel (intent is
         // written before acting), and the store frees only this key's.
-        self.store()
-            .unassign(&AttachmentKey::of(owner), Instant::now());
+        self.free(&AttachmentKey::of(owner));
         Ok(())
     }
 

@@ -5,6 +5,9 @@
 //! - [`datastore`]: which secondary address of which ENI each pod holds.
 //! - [`plumbing`]: the host and pod side in the kernel, over rtnetlink.
 //! - [`driver`]: the [`crate::engine::Driver`] of this mode.
+//! - [`host`]: the host ENIs and the store, shared by the driver and the
+//!   pool.
+//! - [`warm`]: the warm address pool on a cloud (assign, attach, release).
 //!
 //! Kernel layout for a pod holding `P` on an ENI with device index `d`:
 //! - ENI renamed to `<eni_name_prefix><d>`, up, its MTU, rp_filter loose;
@@ -22,11 +25,15 @@ pub mod datastore;
 pub mod driver;
 #[cfg(test)]
 pub mod fake;
+pub mod host;
 pub mod plumbing;
+pub mod warm;
 
 pub use crate::model::{GATEWAY4, GATEWAY6};
 pub use config::{SecondaryConfig, SecondaryConfigError};
 pub use driver::SecondaryDriver;
+pub use host::HostEni;
+pub use warm::WarmIpConfig;
 
 /// Device indexes above this are refused: the table range GC treats as
 /// enim's is `table_offset ..= table_offset + MAX_DEVICE_INDEX`.

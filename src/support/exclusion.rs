@@ -133,6 +133,8 @@ mod tests {
             gateway6: None,
             mtu: None,
             owner: None,
+            device_index: None,
+            secondary_ips: Vec::new(),
         }
     }
 

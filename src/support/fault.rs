@@ -15,6 +15,16 @@
 //! points without the move, and `del:after-unplumb` (veth, rules and
 //! routes removed) in place of DEL's move and restore.
 
+/// The warm address pool's cloud steps in secondary mode: after an assign
+/// returned (the addresses are in the cloud, not yet in the store), after
+/// an ENI was attached (not yet taken in), and after free addresses left
+/// the store (not yet unassigned in the cloud).
+pub const POOL_CRASH_POINTS: &[&str] = &[
+    "pool:after-assign",
+    "pool:after-attach",
+    "pool:before-unassign",
+];
+
 /// Every crash point the agent has, for tests that iterate over them.
 pub const CRASH_POINTS: &[&str] = &[
     "add:after-allocate",
@@ -50,9 +60,14 @@ pub fn crash_point(point: &'static str) {
     use std::sync::OnceLock;
     static TARGET: OnceLock<Option<String>> = OnceLock::new();
     debug_assert!(
-        [CRASH_POINTS, HOST_PATH_CRASH_POINTS, SECONDARY_CRASH_POINTS]
-            .iter()
-            .any(|list| list.contains(&point)),
+        [
+            CRASH_POINTS,
+            HOST_PATH_CRASH_POINTS,
+            SECONDARY_CRASH_POINTS,
+            POOL_CRASH_POINTS
+        ]
+        .iter()
+        .any(|list| list.contains(&point)),
         "undeclared crash point {point}"
     );
     static DELAY: OnceLock<Option<(String, u64)>> = OnceLock::new();

@@ -33,14 +33,14 @@
 //! completes a time drawn from `detach` after DetachNetworkInterface.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::Poll;
-use enim_provider::{Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider_aws::ec2::RetryPolicy;
 use enim_provider_aws::AwsConfig;
 use ipnet::Ipv4Net;
@@ -220,6 +220,8 @@ impl EniRecord {
             gateway6: None,
             mtu: None,
             owner: None,
+            device_index: None,
+            secondary_ips: Vec::new(),
         }
     }
 }
@@ -709,6 +711,32 @@ impl CloudBackend for SimCloud {
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
         self.do_detach_and_delete(eni_id).await
     }
+
+    // The burst and fleet scenarios are primary mode's: whole ENIs.
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        Err(primary_only())
+    }
+
+    async fn assign_addresses(
+        &self,
+        _eni_id: &str,
+        _ipv4: usize,
+        _ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        Err(primary_only())
+    }
+
+    async fn unassign_addresses(
+        &self,
+        _eni_id: &str,
+        _ips: &[IpAddr],
+    ) -> Result<(), ProviderError> {
+        Err(primary_only())
+    }
+}
+
+fn primary_only() -> ProviderError {
+    ProviderError::Config("the simulated cloud serves primary mode only".into())
 }
 
 /// A current-thread runtime on a paused clock: simulated time passes only

@@ -6,7 +6,9 @@
 
 use async_trait::async_trait;
 
-use crate::{Eni, ProviderError};
+use std::net::IpAddr;
+
+use crate::{AddressLimits, Eni, ProviderError};
 
 /// An ENI enim created for this node, found by its tags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,4 +45,21 @@ pub trait CloudBackend: Send + Sync {
 
     /// Detaches (waiting until detached) and deletes an ENI enim created.
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError>;
+
+    // Secondary mode: addresses on the attached ENIs (see
+    // [`crate::SecondaryIps`], which the pool serves with these).
+
+    /// The instance type's per-ENI address limits and ENI limit.
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError>;
+
+    /// Assigns new secondary addresses to an attached ENI; returns them.
+    async fn assign_addresses(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError>;
+
+    /// Unassigns addresses; those already unassigned count as done.
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
 }

@@ -153,6 +153,14 @@ pub struct Eni {
     pub mtu: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<EniOwner>,
+    /// The ENI's device index on the instance (secondary mode numbers its
+    /// route table from it); `None` when the provider does not know it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_index: Option<u32>,
+    /// Secondary mode: the ENI's secondary private addresses (IPv4 and
+    /// IPv6), handed to pods one each. Never the ENI's own addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secondary_ips: Vec<IpAddr>,
 }
 
 /// Provider failures. `is_transient` tells the caller whether a retry may
@@ -223,19 +231,16 @@ pub trait EniProvider: Send + Sync {
     /// restart. Providers whose cloud remembers ownership may ignore it.
     async fn restore(&self, assignments: &[(String, EniOwner)]) -> Result<(), ProviderError>;
 
-    /// Secondary mode: the secondary private addresses `eni` carries, handed
-    /// to pods one each. Providers that know none return an empty list.
-    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<IpAddr>, ProviderError> {
-        let _ = eni;
-        Ok(Vec::new())
+    /// Secondary mode on a cloud: the provider can assign and unassign
+    /// secondary addresses and attach more ENIs, so the agent keeps a warm
+    /// pool of addresses. `None` (the default): the addresses [`list`]
+    /// shows are all there will be.
+    ///
+    /// [`list`]: EniProvider::list
+    fn secondary_ips(&self) -> Option<&dyn SecondaryIps> {
+        None
     }
 
-    /// Secondary mode: the ENI's device index on the instance (its route
-    /// table is numbered from it). `None` when the provider does not know.
-    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
-        let _ = eni;
-        Ok(None)
-    }
     /// Warm-pool statistics, for providers that keep a pool.
     fn statistics(&self) -> Option<PoolStatistics> {
         None
@@ -247,6 +252,52 @@ pub trait EniProvider: Send + Sync {
     fn degraded(&self) -> Option<String> {
         None
     }
+}
+
+/// How many addresses one ENI may carry on this instance, its own primary
+/// address included (EC2 `DescribeInstanceTypes`:
+/// `Ipv4AddressesPerInterface`, `Ipv6AddressesPerInterface`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressLimits {
+    pub ipv4_per_eni: usize,
+    pub ipv6_per_eni: usize,
+    /// ENIs the instance may have attached, its primary interface included.
+    pub enis: usize,
+}
+
+impl AddressLimits {
+    /// Secondary IPv4 addresses one ENI may carry (its primary excluded).
+    pub fn secondary_ipv4_per_eni(&self) -> usize {
+        self.ipv4_per_eni.saturating_sub(1)
+    }
+}
+
+/// Secondary mode's cloud verbs (AWS `AssignPrivateIpAddresses` and
+/// friends, BCE's private-IP batch add and delete). The agent's address
+/// pool calls them from its own loop, never from a pod's ADD or DEL.
+#[async_trait]
+pub trait SecondaryIps: Send + Sync {
+    /// The instance's per-ENI address limits (cached by the provider).
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError>;
+
+    /// Assigns `ipv4` new secondary IPv4 and `ipv6` new IPv6 addresses to
+    /// `eni_id` and returns them. Afterwards [`EniProvider::list`] shows
+    /// them in the ENI's `secondary_ips`.
+    async fn assign(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError>;
+
+    /// Gives `ips` of `eni_id` back to the cloud. Idempotent: an address
+    /// no longer assigned counts as given back.
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
+
+    /// Creates and attaches one more ENI for the node's own use (its
+    /// addresses are served to pods) and returns it once the instance
+    /// shows it, with its device index.
+    async fn attach_eni(&self) -> Result<Eni, ProviderError>;
 }
 
 /// A warm pool's state in cilium's and CCE's IPAM terms: ENIs in use, free, still to

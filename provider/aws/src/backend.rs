@@ -5,7 +5,8 @@
 //! for what exists, which interfaces enim created (by tag), and for
 //! attachment state while metadata lags.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,7 +14,7 @@ use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::{Backoff, Poll};
-use enim_provider::{Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::AwsConfig;
@@ -128,7 +129,8 @@ pub struct AwsBackend {
     region: String,
     subnet_id: String,
     config: AwsConfig,
-    limit: OnceCell<usize>,
+    /// The instance type's limits, asked once.
+    limits: OnceCell<AddressLimits>,
     /// Device-index choice and attach happen one at a time, so two creates
     /// never pick the same index.
     attach_lock: Mutex<()>,
@@ -205,7 +207,7 @@ impl AwsBackend {
             region,
             subnet_id,
             config: config.clone(),
-            limit: OnceCell::new(),
+            limits: OnceCell::new(),
             attach_lock: Mutex::new(()),
         })
     }
@@ -258,19 +260,23 @@ impl AwsBackend {
         t
     }
 
-    async fn limit(&self) -> Result<usize, AwsError> {
-        self.limit
+    async fn limits(&self) -> Result<AddressLimits, AwsError> {
+        self.limits
             .get_or_try_init(|| async {
                 self.ec2
-                    .max_interfaces(&self.instance_type)
+                    .instance_limits(&self.instance_type)
                     .await
                     .map_err(ec2(format!(
-                        "interface limit of instance type {}",
+                        "limits of instance type {}",
                         self.instance_type
                     )))
             })
             .await
             .copied()
+    }
+
+    async fn limit(&self) -> Result<usize, AwsError> {
+        Ok(self.limits().await?.enis)
     }
 
     /// Interfaces on card 0 now and the lowest free device index there,
@@ -540,6 +546,99 @@ impl AwsBackend {
             Err(e) => Err(ec2(format!("deleting ENI {eni_id}"))(e)),
         }
     }
+
+    /// `eni_id` as EC2 sees it, checked to be a secondary interface of
+    /// this instance: addresses are only ever changed on those.
+    async fn attached_here(&self, eni_id: &str) -> Result<NetworkInterface, AwsError> {
+        let eni = self
+            .ec2
+            .describe_network_interface(eni_id)
+            .await
+            .map_err(ec2(format!("looking up ENI {eni_id}")))?
+            .ok_or_else(|| AwsError::Missing(eni_id.into()))?;
+        let att = eni.attachment.as_ref();
+        if eni.attached_instance() != Some(self.instance_id.as_str()) {
+            return Err(AwsError::ForeignAttachment {
+                eni_id: eni_id.into(),
+                other: att
+                    .and_then(|a| a.instance_id.clone())
+                    .unwrap_or_else(|| "no instance".into()),
+                instance: self.instance_id.clone(),
+            });
+        }
+        if att.is_some_and(|a| a.device_index == Some(0) && a.network_card_index.unwrap_or(0) == 0)
+        {
+            return Err(AwsError::Primary(eni_id.into()));
+        }
+        Ok(eni)
+    }
+
+    async fn do_assign(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, AwsError> {
+        let before = self.attached_here(eni_id).await?;
+        let known: HashSet<IpAddr> = before.secondary_ips().into_iter().collect();
+        if ipv4 > 0 {
+            self.ec2
+                .assign_private_ip_addresses(eni_id, ipv4)
+                .await
+                .map_err(ec2(format!("assigning {ipv4} IPv4 addresses to {eni_id}")))?;
+        }
+        if ipv6 > 0 {
+            self.ec2
+                .assign_ipv6_addresses(eni_id, ipv6)
+                .await
+                .map_err(ec2(format!("assigning {ipv6} IPv6 addresses to {eni_id}")))?;
+        }
+        // What is there now that was not before: the reply of an assign
+        // lists only the new addresses on EC2, but all of them on some
+        // emulators; the ENI's own listing means the same everywhere.
+        let after = self.attached_here(eni_id).await?;
+        let new: Vec<IpAddr> = after
+            .secondary_ips()
+            .into_iter()
+            .filter(|ip| !known.contains(ip))
+            .collect();
+        tracing::info!(eni = %eni_id, assigned = ?new, "assigned secondary addresses");
+        Ok(new)
+    }
+
+    async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), AwsError> {
+        let now = match self.attached_here(eni_id).await {
+            Ok(eni) => eni,
+            // Gone: its addresses went with it.
+            Err(AwsError::Missing(_)) => return Ok(()),
+            // Moved to another instance: its addresses are that node's now.
+            Err(e @ AwsError::ForeignAttachment { .. }) => {
+                tracing::warn!(eni = %eni_id, error = %e, "not unassigning addresses of an ENI that left this instance");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let present: HashSet<IpAddr> = now.secondary_ips().into_iter().collect();
+        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips
+            .iter()
+            .filter(|ip| present.contains(ip))
+            .partition(|ip| ip.is_ipv4());
+        let strings = |ips: &[IpAddr]| ips.iter().map(ToString::to_string).collect::<Vec<_>>();
+        if !v4.is_empty() {
+            self.ec2
+                .unassign_private_ip_addresses(eni_id, &strings(&v4))
+                .await
+                .map_err(ec2(format!("unassigning {v4:?} from {eni_id}")))?;
+        }
+        if !v6.is_empty() {
+            self.ec2
+                .unassign_ipv6_addresses(eni_id, &strings(&v6))
+                .await
+                .map_err(ec2(format!("unassigning {v6:?} from {eni_id}")))?;
+        }
+        tracing::info!(eni = %eni_id, unassigned = ?ips, "unassigned secondary addresses");
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -604,5 +703,22 @@ impl CloudBackend for AwsBackend {
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
         Ok(self.do_detach_and_delete(eni_id).await?)
+    }
+
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        Ok(self.limits().await?)
+    }
+
+    async fn assign_addresses(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        Ok(self.do_assign(eni_id, ipv4, ipv6).await?)
+    }
+
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        Ok(self.do_unassign(eni_id, ips).await?)
     }
 }

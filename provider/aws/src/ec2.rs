@@ -16,6 +16,7 @@ mod xml;
 
 use std::sync::Arc;
 
+use enim_provider::AddressLimits;
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, Ec2Error};
@@ -24,7 +25,7 @@ use xml::{
     decode, AttachNetworkInterfaceResponse, CreateNetworkInterfaceResponse,
     DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse,
 };
-pub use xml::{Attachment, Ipv6Item, Items, NetworkInterface, Tag};
+pub use xml::{Attachment, Ipv6Item, Items, NetworkInterface, PrivateIpItem, Tag};
 
 use crate::credentials::CredentialsProvider;
 
@@ -212,9 +213,59 @@ impl Ec2Client {
         self.query.call(ACTION, &p).await.map(drop)
     }
 
-    /// How many interfaces `instance_type` takes on network card 0 (where
-    /// enim attaches), the primary included.
-    pub async fn max_interfaces(&self, instance_type: &str) -> Result<usize, Ec2Error> {
+    /// AssignPrivateIpAddresses with a count: EC2 picks the addresses.
+    pub async fn assign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        count: usize,
+    ) -> Result<(), Ec2Error> {
+        const ACTION: &str = "AssignPrivateIpAddresses";
+        let p = vec![
+            ("NetworkInterfaceId".into(), eni_id.into()),
+            ("SecondaryPrivateIpAddressCount".into(), count.to_string()),
+        ];
+        self.query.call(ACTION, &p).await.map(drop)
+    }
+
+    pub async fn unassign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        ips: &[String],
+    ) -> Result<(), Ec2Error> {
+        const ACTION: &str = "UnassignPrivateIpAddresses";
+        let mut p = vec![("NetworkInterfaceId".to_string(), eni_id.to_string())];
+        for (i, ip) in ips.iter().enumerate() {
+            p.push((format!("PrivateIpAddress.{}", i + 1), ip.clone()));
+        }
+        self.query.call(ACTION, &p).await.map(drop)
+    }
+
+    /// AssignIpv6Addresses with a count: EC2 picks from the subnet's block.
+    pub async fn assign_ipv6_addresses(&self, eni_id: &str, count: usize) -> Result<(), Ec2Error> {
+        const ACTION: &str = "AssignIpv6Addresses";
+        let p = vec![
+            ("NetworkInterfaceId".into(), eni_id.into()),
+            ("Ipv6AddressCount".into(), count.to_string()),
+        ];
+        self.query.call(ACTION, &p).await.map(drop)
+    }
+
+    pub async fn unassign_ipv6_addresses(
+        &self,
+        eni_id: &str,
+        ips: &[String],
+    ) -> Result<(), Ec2Error> {
+        const ACTION: &str = "UnassignIpv6Addresses";
+        let mut p = vec![("NetworkInterfaceId".to_string(), eni_id.to_string())];
+        for (i, ip) in ips.iter().enumerate() {
+            p.push((format!("Ipv6Addresses.{}", i + 1), ip.clone()));
+        }
+        self.query.call(ACTION, &p).await.map(drop)
+    }
+
+    /// What `instance_type` allows: interfaces on network card 0 (where
+    /// enim attaches, the primary included) and addresses per interface.
+    pub async fn instance_limits(&self, instance_type: &str) -> Result<AddressLimits, Ec2Error> {
         const ACTION: &str = "DescribeInstanceTypes";
         let p = vec![("InstanceType.1".into(), instance_type.into())];
         let r: DescribeInstanceTypesResponse = self.call(ACTION, &p).await?;
@@ -227,15 +278,19 @@ impl Ec2Client {
                 action: ACTION.into(),
                 detail: format!("no instance type {instance_type} in the reply"),
             })?;
+        let net = &info.network_info;
         // Multi-card instances split the total between cards.
-        let card0 = info
-            .network_info
+        let card0 = net
             .network_cards
             .item
             .iter()
             .find(|c| c.network_card_index == 0)
             .map(|c| c.maximum_network_interfaces);
-        Ok(card0.unwrap_or(info.network_info.maximum_network_interfaces) as usize)
+        Ok(AddressLimits {
+            enis: card0.unwrap_or(net.maximum_network_interfaces) as usize,
+            ipv4_per_eni: net.ipv4_addresses_per_interface as usize,
+            ipv6_per_eni: net.ipv6_addresses_per_interface as usize,
+        })
     }
 }
 

@@ -7,7 +7,7 @@
 //! per-interface reads are retried on 404 or an empty reply, within a bound.
 
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,19 @@ impl InterfaceInfo {
             gateway6: ipv6.map(|(_, gw)| gw),
             mtu,
             owner: None,
+            device_index: Some(self.device_number),
+            // Every address but the interface's own: the first IPv4 and
+            // the IPv6 address taken as its own above.
+            secondary_ips: self.ipv4s[1..]
+                .iter()
+                .map(|ip| IpAddr::V4(*ip))
+                .chain(
+                    self.ipv6s
+                        .iter()
+                        .filter(|ip| ipv6.is_none_or(|(own, _)| own.addr() != **ip))
+                        .map(|ip| IpAddr::V6(*ip)),
+                )
+                .collect(),
         }
     }
 }

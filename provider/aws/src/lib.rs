@@ -21,14 +21,17 @@ use enim_provider_pool::WarmPool;
 
 pub use backend::{AwsBackend, AwsError, DETACH_BACKOFF, TAG_MANAGED, TAG_NODE};
 pub use config::AwsConfig;
-pub use enim_provider_pool::PoolConfig;
+pub use enim_provider_pool::{PoolConfig, PoolRole};
 pub use imds::SETTLE_BACKOFF;
 
 /// The AWS provider for `enimd`: discovers the instance, then starts a
 /// warm pool over the EC2 backend. Credentials come from the environment,
 /// else the instance role.
-pub async fn build(config: &AwsConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
-    let pool: Arc<dyn EniProvider> = build_with(config, None).await?;
+pub async fn build(
+    config: &AwsConfig,
+    role: PoolRole,
+) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = build_with(config, None, role).await?;
     Ok(pool)
 }
 
@@ -37,9 +40,10 @@ pub async fn build(config: &AwsConfig) -> Result<Arc<dyn EniProvider>, ProviderE
 pub async fn build_with(
     config: &AwsConfig,
     credentials: Option<Credentials>,
+    role: PoolRole,
 ) -> Result<Arc<WarmPool>, ProviderError> {
     let backend = AwsBackend::discover_with(config, credentials).await?;
-    WarmPool::start(Arc::new(backend), config.pool.clone()).await
+    WarmPool::start_as(Arc::new(backend), config.pool.clone(), role).await
 }
 
 /// The IAM actions the node's credentials must allow. `ec2:CreateTags`
@@ -53,4 +57,9 @@ pub const REQUIRED_IAM_ACTIONS: &[&str] = &[
     "ec2:ModifyNetworkInterfaceAttribute",
     "ec2:DetachNetworkInterface",
     "ec2:DeleteNetworkInterface",
+    // Secondary mode.
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignPrivateIpAddresses",
+    "ec2:AssignIpv6Addresses",
+    "ec2:UnassignIpv6Addresses",
 ];

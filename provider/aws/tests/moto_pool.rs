@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
-use enim_provider_aws::{build_with, AwsConfig, PoolConfig};
+use enim_provider_aws::{build_with, AwsConfig, PoolConfig, PoolRole};
 use enim_provider_pool::{PoolStats, WarmPool};
 use rig::Env;
 
@@ -67,7 +67,9 @@ async fn fill_allocate_release_shrink_and_restart() {
     env.proxy
         .inject("CreateNetworkInterface", 2, 503, "RequestLimitExceeded");
     let config = pool_config(&env, 1, 2);
-    let pool = build_with(&config, Some(env.node.clone())).await.unwrap();
+    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
+        .await
+        .unwrap();
     assert_eq!(pool.name(), "aws");
 
     // Fill to min_free.
@@ -130,7 +132,9 @@ async fn fill_allocate_release_shrink_and_restart() {
     // A restarted agent finds the attached ENIs, and deletes a leftover
     // that a crash between create and attach left behind.
     let orphan = env.create_tagged_eni().await;
-    let pool = build_with(&config, Some(env.node.clone())).await.unwrap();
+    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
+        .await
+        .unwrap();
     assert_eq!(pool_ids(&pool).await, kept);
     assert_eq!(pool.stats().available, 2);
     assert!(!env
@@ -149,9 +153,13 @@ async fn attachment_limit_exceeded_makes_the_pool_back_off() {
     env.proxy
         .inject("AttachNetworkInterface", 3, 400, "AttachmentLimitExceeded");
     let start = Instant::now();
-    let pool = build_with(&pool_config(&env, 1, 1), Some(env.node.clone()))
-        .await
-        .unwrap();
+    let pool = build_with(
+        &pool_config(&env, 1, 1),
+        Some(env.node.clone()),
+        PoolRole::PodEnis,
+    )
+    .await
+    .unwrap();
     wait_stats(&pool, "min_free despite three refusals", |s| {
         s.available == 1
     })
@@ -174,9 +182,13 @@ async fn metadata_lag_during_fill() {
         return;
     };
     env.imds.hide_new_interfaces_for(4);
-    let pool = build_with(&pool_config(&env, 2, 2), Some(env.node.clone()))
-        .await
-        .unwrap();
+    let pool = build_with(
+        &pool_config(&env, 2, 2),
+        Some(env.node.clone()),
+        PoolRole::PodEnis,
+    )
+    .await
+    .unwrap();
     wait_stats(&pool, "min_free", |s| s.available == 2).await;
     assert!(env.imds.hidden_hits() >= 8, "{}", env.imds.hidden_hits());
     assert_eq!(env.tagged_ids().await, pool_ids(&pool).await);
@@ -189,7 +201,7 @@ async fn build_fails_clearly_on_a_wrong_secret() {
         return;
     };
     let bad = Credentials::new(env.node.access_key_id(), "wrong", None, None, "test");
-    let e = build_with(&pool_config(&env, 1, 1), Some(bad))
+    let e = build_with(&pool_config(&env, 1, 1), Some(bad), PoolRole::PodEnis)
         .await
         .err()
         .expect("auth error");
@@ -200,9 +212,13 @@ async fn build_fails_clearly_on_a_wrong_secret() {
 
     // Through the public entry point too (as enimd calls it); the pool is
     // an EniProvider.
-    let good = build_with(&pool_config(&env, 0, 0), Some(env.node.clone()))
-        .await
-        .unwrap();
+    let good = build_with(
+        &pool_config(&env, 0, 0),
+        Some(env.node.clone()),
+        PoolRole::PodEnis,
+    )
+    .await
+    .unwrap();
     let provider: Arc<dyn EniProvider> = good.clone();
     assert_eq!(provider.list().await.unwrap(), vec![]);
     good.shutdown().await;

@@ -6,12 +6,13 @@
 //! deleting anything.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::{Backoff, Poll};
-use enim_provider::{Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
 use crate::api::{client_token, ApiClient, ApiEni, ApiError, CreateEni, EniStatus, PrivateIp};
 use crate::metadata::{MetadataClient, MetadataError};
@@ -347,4 +348,31 @@ impl CloudBackend for BceBackend {
             }
         }
     }
+
+    // Secondary mode on BCE is not built yet: a config asking for it is
+    // refused at start with this error, never served with an empty pool.
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        Err(secondary_unsupported())
+    }
+
+    async fn assign_addresses(
+        &self,
+        _eni_id: &str,
+        _ipv4: usize,
+        _ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        Err(secondary_unsupported())
+    }
+
+    async fn unassign_addresses(
+        &self,
+        _eni_id: &str,
+        _ips: &[IpAddr],
+    ) -> Result<(), ProviderError> {
+        Err(secondary_unsupported())
+    }
+}
+
+fn secondary_unsupported() -> ProviderError {
+    ProviderError::Config("the bce provider does not serve secondary mode yet".into())
 }

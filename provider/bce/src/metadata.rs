@@ -99,6 +99,16 @@ impl MetaInterface {
             gateway6: self.gateway6,
             mtu: None,
             owner: None,
+            device_index: None,
+            secondary_ips: self
+                .all_ips
+                .iter()
+                .filter(|ip| {
+                    **ip != IpAddr::V4(self.ipv4.addr())
+                        && self.ipv6.is_none_or(|own| **ip != IpAddr::V6(own.addr()))
+                })
+                .copied()
+                .collect(),
         }
     }
 }

@@ -35,8 +35,11 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::{Backoff, Jitter};
-use enim_provider::{check_at_least, Eni, EniOwner, EniProvider, ProviderError};
+use enim_provider::{
+    check_at_least, AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps,
+};
 use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -113,6 +116,20 @@ impl PoolConfig {
     }
 }
 
+/// What the pool's ENIs are for, fixed at start by the agent's mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoolRole {
+    /// Primary mode: each ENI goes to one pod; the watermarks keep free
+    /// ENIs ahead of demand and detach the surplus.
+    #[default]
+    PodEnis,
+    /// Secondary mode: every ENI serves the node's pods by its secondary
+    /// addresses. The watermarks do not apply (an ENI is never detached
+    /// for being "free"); the agent's address pool attaches one more
+    /// through [`SecondaryIps::attach_eni`] when the attached ones are full.
+    HostEnis,
+}
+
 /// Pool statistics (CCE/cilium IPAM `Statistics`, counted in ENIs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
@@ -143,6 +160,7 @@ pub struct WarmPool {
 struct Inner {
     backend: Arc<dyn CloudBackend>,
     config: PoolConfig,
+    role: PoolRole,
     state: Mutex<State>,
     /// Wakes the loop early: an allocation or release changed the free count.
     wake: Notify,
@@ -220,6 +238,15 @@ impl WarmPool {
         backend: Arc<dyn CloudBackend>,
         config: PoolConfig,
     ) -> Result<Arc<WarmPool>, ProviderError> {
+        Self::start_as(backend, config, PoolRole::PodEnis).await
+    }
+
+    /// As [`start`](Self::start), for the given role.
+    pub async fn start_as(
+        backend: Arc<dyn CloudBackend>,
+        config: PoolConfig,
+        role: PoolRole,
+    ) -> Result<Arc<WarmPool>, ProviderError> {
         config.validate()?;
         let mut state = State::default();
         match discover(backend.as_ref()).await {
@@ -265,6 +292,7 @@ impl WarmPool {
         let inner = Arc::new(Inner {
             backend,
             config,
+            role,
             state: Mutex::new(state),
             wake: Notify::new(),
             round: tokio::sync::Mutex::new(()),
@@ -412,6 +440,9 @@ impl Inner {
     /// while free and coming ENIs are fewer than `min_free` plus the pods
     /// waiting for one.
     fn wants_create(&self, in_flight: usize) -> bool {
+        if self.role == PoolRole::HostEnis {
+            return false;
+        }
         let mut st = self.state();
         let now = tokio::time::Instant::now();
         st.waiting
@@ -474,10 +505,14 @@ impl Inner {
             .await
             .map_err(|e| context(e, "list attached ENIs"))?;
         let mut st = self.state();
-        let shown: HashSet<&str> = attached.iter().map(|e| e.id.as_str()).collect();
+        let shown: HashMap<&str, &Eni> = attached.iter().map(|e| (e.id.as_str(), e)).collect();
         for m in st.members.iter_mut().filter(|m| !m.leaving) {
-            if shown.contains(m.eni.id.as_str()) {
+            if let Some(now) = shown.get(m.eni.id.as_str()) {
                 m.missing_rounds = 0;
+                // Secondary mode's view of each ENI's addresses: what the
+                // instance shows (the agent tolerates metadata lag).
+                m.eni.secondary_ips.clone_from(&now.secondary_ips);
+                m.eni.device_index = now.device_index.or(m.eni.device_index);
                 continue;
             }
             m.missing_rounds = m.missing_rounds.saturating_add(1);
@@ -492,7 +527,7 @@ impl Inner {
             }
             !lost
         });
-        for mut eni in attached {
+        for mut eni in attached.into_iter() {
             if st.members.iter().any(|m| m.eni.id == eni.id) {
                 continue;
             }
@@ -515,7 +550,7 @@ impl Inner {
         }
         let mut st = self.state();
         let free = st.members.iter().filter(|m| m.is_free()).count();
-        if st.restored && free > self.config.max_free {
+        if self.role == PoolRole::PodEnis && st.restored && free > self.config.max_free {
             let surplus = st.members.iter_mut().rev().find(|m| m.ours && m.is_free());
             if let Some(m) = surplus {
                 m.leaving = true;
@@ -705,6 +740,10 @@ impl EniProvider for WarmPool {
         self.inner.backend.name()
     }
 
+    fn secondary_ips(&self) -> Option<&dyn SecondaryIps> {
+        (self.inner.role == PoolRole::HostEnis).then_some(self as &dyn SecondaryIps)
+    }
+
     fn degraded(&self) -> Option<String> {
         let st = self.inner.state();
         let (since, why) = st.cloud_down.as_ref()?;
@@ -827,5 +866,72 @@ impl EniProvider for WarmPool {
         }
         self.inner.wake.notify_one();
         Ok(())
+    }
+}
+
+/// Secondary mode's verbs: the backend's, with the members' view of their
+/// addresses kept current so [`EniProvider::list`] shows what was done.
+#[async_trait]
+impl SecondaryIps for WarmPool {
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        self.inner.backend.address_limits().await
+    }
+
+    async fn assign(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        let new = self
+            .inner
+            .backend
+            .assign_addresses(eni_id, ipv4, ipv6)
+            .await?;
+        let mut st = self.inner.state();
+        if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
+            for ip in &new {
+                if !m.eni.secondary_ips.contains(ip) {
+                    m.eni.secondary_ips.push(*ip);
+                }
+            }
+        }
+        Ok(new)
+    }
+
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        self.inner.backend.unassign_addresses(eni_id, ips).await?;
+        let mut st = self.inner.state();
+        if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
+            m.eni.secondary_ips.retain(|ip| !ips.contains(ip));
+        }
+        Ok(())
+    }
+
+    async fn attach_eni(&self) -> Result<Eni, ProviderError> {
+        // One at a time with the loop's own rounds (orphan deletes).
+        let _round = self.inner.round.lock().await;
+        {
+            let st = self.inner.state();
+            let Some(limit) = st.eni_limit else {
+                return Err(ProviderError::Unavailable(
+                    "the ENI limit is not known yet (the cloud has not answered)".into(),
+                ));
+            };
+            // The primary interface counts toward the limit.
+            if st.members.len() + 1 >= limit {
+                return Err(ProviderError::Exhausted {
+                    total: st.members.len(),
+                });
+            }
+        }
+        let eni = self
+            .inner
+            .backend
+            .create_and_attach()
+            .await
+            .map_err(|e| context(e, "create and attach an ENI"))?;
+        self.inner.take_in_created(eni.clone());
+        Ok(eni)
     }
 }

@@ -696,3 +696,50 @@ async fn waiting_pods_are_demand_beyond_min_free() {
     assert_eq!((stats.used, stats.available), (3, 1), "{stats:?}");
     assert_eq!(cloud.st().creates, 4);
 }
+
+/// Secondary mode: the pool holds the node's host ENIs, never creates or
+/// detaches one by watermark, attaches one when asked, and keeps each
+/// member's addresses current through assign and unassign.
+#[tokio::test]
+async fn host_eni_role_attaches_on_request_and_tracks_addresses() {
+    let cloud = FakeCloud::new(3);
+    // Watermarks that would create (none is attached) and then shrink (two
+    // free above one) in the pod role.
+    let pool = WarmPool::start_as(cloud.clone(), config(1, 1), PoolRole::HostEnis)
+        .await
+        .unwrap();
+    pool.restore(&[]).await.unwrap();
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.attached_count(), 0, "no create by watermark");
+    let ips = pool
+        .secondary_ips()
+        .expect("the host role assigns addresses");
+    assert_eq!(ips.address_limits().await.unwrap().enis, 3);
+
+    let first = ips.attach_eni().await.unwrap();
+    assert!(first.device_index.is_some());
+    let new = ips.assign(&first.id, 2, 0).await.unwrap();
+    assert_eq!(new.len(), 2);
+    assert_eq!(pool.list().await.unwrap()[0].secondary_ips, new);
+    ips.unassign(&first.id, &new[..1]).await.unwrap();
+    assert_eq!(pool.list().await.unwrap()[0].secondary_ips, new[1..]);
+    // Unassigning again is no error.
+    ips.unassign(&first.id, &new[..1]).await.unwrap();
+
+    ips.attach_eni().await.unwrap();
+    assert_eq!(pool.list().await.unwrap().len(), 2);
+    // Two ENIs and the primary: the instance is full.
+    assert!(matches!(
+        ips.attach_eni().await,
+        Err(ProviderError::Exhausted { total: 2 })
+    ));
+    pool.resync_now().await.unwrap();
+    assert_eq!(cloud.attached_count(), 2, "free host ENIs are never shrunk");
+}
+
+#[tokio::test]
+async fn pod_role_offers_no_address_verbs() {
+    let cloud = FakeCloud::new(3);
+    let pool = start(&cloud, config(0, 0)).await;
+    assert!(pool.secondary_ips().is_none());
+}

@@ -38,19 +38,10 @@ pub struct StaticEniConfig {
     pub secondary_ipv6: Vec<Ipv6Addr>,
 }
 
-/// What secondary mode needs of a declared ENI beyond [`Eni`].
-#[derive(Debug, Clone)]
-struct SecondaryInfo {
-    device_index: u32,
-    addresses: Vec<IpAddr>,
-}
-
 pub struct StaticProvider {
     // One lock over all slots makes "find free + assign" atomic, which is all
     // the concurrency guarantee the API asks for.
     slots: Mutex<Slots>,
-    // Immutable after construction: no lock needed.
-    secondary: HashMap<String, SecondaryInfo>,
 }
 
 /// An owner's identity (network, container id, ifname): pod metadata aside.
@@ -152,7 +143,6 @@ impl StaticProvider {
         let mut ids = HashSet::new();
         let mut macs = HashSet::new();
         let mut slots = Vec::with_capacity(enis.len());
-        let mut secondary = HashMap::new();
         let mut indexes = HashSet::new();
         let mut addresses = HashSet::new();
         for (position, e) in enis.into_iter().enumerate() {
@@ -221,13 +211,6 @@ impl StaticProvider {
                     return Err(bad(format!("secondary address {ip} is declared twice")));
                 }
             }
-            secondary.insert(
-                e.id.clone(),
-                SecondaryInfo {
-                    device_index,
-                    addresses: ips,
-                },
-            );
             slots.push(Eni {
                 id: e.id,
                 mac: e.mac,
@@ -237,11 +220,12 @@ impl StaticProvider {
                 gateway6: e.gateway6,
                 mtu: e.mtu,
                 owner: None,
+                device_index: Some(device_index),
+                secondary_ips: ips,
             });
         }
         Ok(StaticProvider {
             slots: Mutex::new(Slots::new(slots)),
-            secondary,
         })
     }
 
@@ -313,20 +297,6 @@ impl EniProvider for StaticProvider {
             slots.assign(at, owner.clone());
         }
         Ok(())
-    }
-
-    async fn secondary_addresses(&self, eni: &Eni) -> Result<Vec<IpAddr>, ProviderError> {
-        self.secondary
-            .get(&eni.id)
-            .map(|s| s.addresses.clone())
-            .ok_or_else(|| ProviderError::UnknownEni(eni.id.clone()))
-    }
-
-    async fn device_index(&self, eni: &Eni) -> Result<Option<u32>, ProviderError> {
-        self.secondary
-            .get(&eni.id)
-            .map(|s| Some(s.device_index))
-            .ok_or_else(|| ProviderError::UnknownEni(eni.id.clone()))
     }
 }
 
@@ -457,18 +427,16 @@ mod tests {
         b.device_index = Some(7);
         let p = StaticProvider::new(vec![a.clone(), b.clone()]).unwrap();
         let listed = p.list().await.unwrap();
-        let ips: Vec<String> = p
-            .secondary_addresses(&listed[0])
-            .await
-            .unwrap()
+        let ips: Vec<String> = listed[0]
+            .secondary_ips
             .iter()
             .map(|ip| ip.to_string())
             .collect();
         assert_eq!(ips, ["10.0.1.11", "10.0.1.12", "fd00:1::11"]);
-        assert!(p.secondary_addresses(&listed[1]).await.unwrap().is_empty());
+        assert!(listed[1].secondary_ips.is_empty());
         // Default: the 1-based position; explicit indexes win.
-        assert_eq!(p.device_index(&listed[0]).await.unwrap(), Some(1));
-        assert_eq!(p.device_index(&listed[1]).await.unwrap(), Some(7));
+        assert_eq!(listed[0].device_index, Some(1));
+        assert_eq!(listed[1].device_index, Some(7));
 
         let bad = |f: fn(&mut StaticEniConfig)| {
             let mut e = a.clone();

@@ -74,6 +74,17 @@ pub struct NetworkInterface {
     pub tag_set: Items<Tag>,
     #[serde(default)]
     pub ipv6_addresses_set: Items<Ipv6Item>,
+    /// Every private IPv4 address, the primary flagged.
+    #[serde(default)]
+    pub private_ip_addresses_set: Items<PrivateIpItem>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrivateIpItem {
+    pub private_ip_address: String,
+    #[serde(default)]
+    pub primary: bool,
 }
 
 impl NetworkInterface {
@@ -83,6 +94,25 @@ impl NetworkInterface {
             .iter()
             .find(|t| t.key == key)
             .map(|t| t.value.as_str())
+    }
+
+    /// Its secondary addresses (IPv4 but the primary, and IPv6) as EC2
+    /// lists them; unparsable entries are skipped.
+    pub fn secondary_ips(&self) -> Vec<std::net::IpAddr> {
+        let v4 = self
+            .private_ip_addresses_set
+            .item
+            .iter()
+            .filter(|i| {
+                !i.primary && Some(&i.private_ip_address) != self.private_ip_address.as_ref()
+            })
+            .map(|i| i.private_ip_address.as_str());
+        let v6 = self
+            .ipv6_addresses_set
+            .item
+            .iter()
+            .map(|i| i.ipv6_address.as_str());
+        v4.chain(v6).filter_map(|s| s.parse().ok()).collect()
     }
 
     /// The instance it is attached (or attaching) to.
@@ -134,6 +164,10 @@ pub(super) struct InstanceTypeInfo {
 #[serde(rename_all = "camelCase")]
 pub(super) struct NetworkInfo {
     pub(super) maximum_network_interfaces: u32,
+    #[serde(default)]
+    pub(super) ipv4_addresses_per_interface: u32,
+    #[serde(default)]
+    pub(super) ipv6_addresses_per_interface: u32,
     #[serde(default)]
     pub(super) network_cards: Items<NetworkCard>,
 }

@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::{Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
+use std::net::IpAddr;
+
+/// Addresses per ENI, its own included.
+pub(super) const ADDRESSES_PER_ENI: usize = 4;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
@@ -65,6 +69,8 @@ fn eni(n: u32) -> Eni {
         gateway6: None,
         mtu: Some(9001),
         owner: None,
+        device_index: Some(n),
+        secondary_ips: Vec::new(),
     }
 }
 
@@ -225,6 +231,55 @@ impl CloudBackend for FakeCloud {
 
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
         Err(ProviderError::UnknownEni(eni_id.into()))
+    }
+
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        self.api()?;
+        Ok(AddressLimits {
+            enis: self.st().limit,
+            ipv4_per_eni: ADDRESSES_PER_ENI,
+            ipv6_per_eni: 0,
+        })
+    }
+
+    /// Numbers new IPv4 addresses 10.200.<ENI number>.<n> in order.
+    async fn assign_addresses(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        self.api()?;
+        let mut st = self.st();
+        let e = st
+            .enis
+            .get_mut(eni_id)
+            .filter(|e| e.attached)
+            .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+        if ipv6 > 0 || e.eni.secondary_ips.len() + ipv4 + 1 > ADDRESSES_PER_ENI {
+            return Err(ProviderError::Config("address limit exceeded".into()));
+        }
+        let [.., third, _] = e.eni.ipv4.addr().octets();
+        let mut new = Vec::new();
+        for n in 1u8.. {
+            if new.len() == ipv4 {
+                break;
+            }
+            let ip = IpAddr::from([10, 200, third, n]);
+            if !e.eni.secondary_ips.contains(&ip) {
+                e.eni.secondary_ips.push(ip);
+                new.push(ip);
+            }
+        }
+        Ok(new)
+    }
+
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        self.api()?;
+        if let Some(e) = self.st().enis.get_mut(eni_id) {
+            e.eni.secondary_ips.retain(|ip| !ips.contains(ip));
+        }
+        Ok(())
     }
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {

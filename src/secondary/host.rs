@@ -1,0 +1,242 @@
+//! The node's side of secondary mode, shared by the driver (pods' verbs)
+//! and the warm address pool (its own loop): the host ENIs, set up in the
+//! kernel, and the [`DataStore`] of their addresses.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, MutexGuard, RwLock};
+
+use enim_provider::{Eni, EniProvider, MacAddr, ProviderError};
+
+use super::datastore::{DataStore, DataStoreError};
+use super::plumbing::{HostEniSpec, SecondaryPlumbing};
+use super::{SecondaryConfig, MAX_DEVICE_INDEX};
+use crate::engine::EngineError;
+use crate::netlink::PlumbingError;
+use crate::support::exclusion::Exclusions;
+
+/// A host ENI in use by this node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HostEni {
+    pub id: String,
+    pub mac: MacAddr,
+    pub device_index: u32,
+    pub name: String,
+    pub table: u32,
+    pub mtu: u32,
+    /// It has an IPv6 address and gateway: it can serve IPv6 pods.
+    pub ipv6: bool,
+}
+
+pub struct HostEnis {
+    pub(super) config: SecondaryConfig,
+    pub(super) provider: Arc<dyn EniProvider>,
+    pub(super) plumbing: Arc<dyn SecondaryPlumbing>,
+    store: std::sync::Mutex<DataStore>,
+    enis: RwLock<BTreeMap<String, HostEni>>,
+    // ENIs and addresses never used; the primary interface joins them at
+    // restore.
+    exclusions: RwLock<Exclusions>,
+}
+
+/// Why a listed ENI is not taken in as a host ENI, when that is not an
+/// error of the whole node (it is logged and the others are served).
+pub(super) enum Skipped {
+    Excluded,
+    NotPlugged(PlumbingError),
+}
+
+impl HostEnis {
+    pub(super) fn new(
+        config: SecondaryConfig,
+        provider: Arc<dyn EniProvider>,
+        plumbing: Arc<dyn SecondaryPlumbing>,
+        exclusions: Exclusions,
+    ) -> Self {
+        HostEnis {
+            store: std::sync::Mutex::new(DataStore::new(config.cooldown)),
+            config,
+            provider,
+            plumbing,
+            enis: Default::default(),
+            exclusions: RwLock::new(exclusions),
+        }
+    }
+
+    pub(super) fn store(&self) -> MutexGuard<'_, DataStore> {
+        // The store's methods leave it consistent at every return, so a
+        // panic elsewhere while it was held does not make it unsound.
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host ENIs in use.
+    pub fn host_enis(&self) -> Vec<HostEni> {
+        self.enis
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn host_eni(&self, id: &str) -> Option<HostEni> {
+        self.enis
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub(super) fn exclusions(&self) -> Exclusions {
+        self.exclusions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Adds the primary interface to the exclusions (renaming the node's
+    /// own interface would cut the node off) and returns them.
+    pub(super) fn exclude_primary(&self, primary: Option<MacAddr>) -> Exclusions {
+        let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
+        *ex = std::mem::take(&mut *ex).with_primary(primary);
+        ex.clone()
+    }
+
+    /// Replaces the store and the host ENIs at once (restore).
+    pub(super) fn replace(&self, store: DataStore, enis: BTreeMap<String, HostEni>) {
+        *self.store() = store;
+        *self.enis.write().unwrap_or_else(|p| p.into_inner()) = enis;
+    }
+
+    /// What the host side of `eni` should be.
+    pub(super) fn eni_spec(&self, eni: &Eni, name: String, table: u32) -> HostEniSpec {
+        HostEniSpec {
+            mac: eni.mac,
+            name,
+            mtu: eni.mtu,
+            table,
+            ipv4: eni.ipv4,
+            gateway4: eni.gateway4,
+            ipv6: eni.ipv6.filter(|_| eni.gateway6.is_some()),
+            gateway6: eni.gateway6,
+        }
+    }
+
+    /// Sets `eni` up as a host ENI in the kernel and returns it with the
+    /// addresses it offers pods. `Ok(Err(_))`: not used, for a reason that
+    /// concerns this ENI only.
+    pub(super) async fn prepare(
+        &self,
+        eni: &Eni,
+        exclusions: &Exclusions,
+    ) -> Result<Result<(HostEni, Vec<IpAddr>), Skipped>, EngineError> {
+        if exclusions.is_excluded(eni) {
+            return Ok(Err(Skipped::Excluded));
+        }
+        let index = eni.device_index.ok_or_else(|| {
+            ProviderError::Config(format!(
+                "secondary mode needs the device index of ENI {}; the provider does not know it",
+                eni.id
+            ))
+        })?;
+        if index > MAX_DEVICE_INDEX {
+            return Err(ProviderError::Config(format!(
+                "ENI {} has device index {index}; secondary mode allows 0..={MAX_DEVICE_INDEX}",
+                eni.id
+            ))
+            .into());
+        }
+        let spec = self.eni_spec(eni, self.config.eni_name(index), self.config.table(index));
+        let link = match self.plumbing.setup_eni(&spec).await {
+            Ok(link) => link,
+            Err(e @ PlumbingError::LinkNotFound { .. }) => return Ok(Err(Skipped::NotPlugged(e))),
+            Err(e) => return Err(EngineError::plumbing("set up host ENI")(e)),
+        };
+        let addresses = self.offered(eni, spec.ipv6.is_some(), exclusions);
+        tracing::info!(eni = %eni.id, name = %spec.name, table = spec.table, "host ENI ready");
+        let host = HostEni {
+            id: eni.id.clone(),
+            mac: eni.mac,
+            device_index: index,
+            name: spec.name,
+            table: spec.table,
+            mtu: link.mtu,
+            ipv6: spec.ipv6.is_some(),
+        };
+        Ok(Ok((host, addresses)))
+    }
+
+    /// The secondary addresses of `eni` pods may have: not excluded, and
+    /// IPv6 only where the ENI has an IPv6 gateway.
+    pub(super) fn offered(
+        &self,
+        eni: &Eni,
+        has_ipv6: bool,
+        exclusions: &Exclusions,
+    ) -> Vec<IpAddr> {
+        eni.secondary_ips
+            .iter()
+            .filter(|ip| !exclusions.is_excluded_address(ip))
+            .filter(|ip| {
+                let ok = ip.is_ipv4() || has_ipv6;
+                if !ok {
+                    tracing::warn!(eni = %eni.id, %ip, "IPv6 secondary address on an ENI without IPv6 gateway; not used");
+                }
+                ok
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Puts a prepared ENI and its addresses into `store` and `enis`.
+    pub(super) fn take_in(
+        store: &mut DataStore,
+        enis: &mut BTreeMap<String, HostEni>,
+        host: HostEni,
+        addresses: &[IpAddr],
+    ) -> Result<(), DataStoreError> {
+        store.add_eni(&host.id, host.device_index)?;
+        for ip in addresses {
+            store.add_address(&host.id, *ip)?;
+        }
+        enis.insert(host.id.clone(), host);
+        Ok(())
+    }
+
+    /// Takes in one more ENI while serving (the warm pool attached it, or
+    /// a check found it): prepared in the kernel, then joined to the store.
+    pub(super) async fn add(&self, eni: &Eni) -> Result<bool, EngineError> {
+        if self.host_eni(&eni.id).is_some() {
+            return Ok(false);
+        }
+        let (host, addresses) = match self.prepare(eni, &self.exclusions()).await? {
+            Ok(ready) => ready,
+            Err(Skipped::Excluded) => return Ok(false),
+            Err(Skipped::NotPlugged(e)) => {
+                tracing::warn!(eni = %eni.id, error = %e, "ENI not in the host yet; taken in at a later check");
+                return Ok(false);
+            }
+        };
+        let mut store = self.store();
+        let mut enis = self.enis.write().unwrap_or_else(|p| p.into_inner());
+        Self::take_in(&mut store, &mut enis, host, &addresses)?;
+        tracing::info!(eni = %eni.id, addresses = addresses.len(), "host ENI joined the address pool");
+        Ok(true)
+    }
+
+    /// Drops a host ENI the provider no longer lists once none of its
+    /// addresses is held; `false` while a pod holds one.
+    pub(super) fn remove_if_unused(&self, eni_id: &str) -> bool {
+        let mut store = self.store();
+        match store.remove_eni(eni_id, false) {
+            Ok(()) | Err(DataStoreError::UnknownEni(_)) => {
+                self.enis
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(eni_id);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

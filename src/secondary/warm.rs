@@ -1,0 +1,646 @@
+//! The warm address pool of secondary mode on a cloud: keeps free
+//! secondary addresses ahead of demand, attaches another ENI when the
+//! attached ones are full, and gives surplus addresses back.
+//!
+//! The watermarks are CCE/cilium IPAM's: `pre_allocate` free addresses
+//! ahead of demand (PreAllocate), at least `min_allocate` addresses held
+//! (MinAllocate), and up to `max_above_watermark` free ones beyond
+//! `pre_allocate` before the surplus is released (MaxAboveWatermark).
+//! Counts are in pod slots: on a dual-stack node a slot is an IPv4 and an
+//! IPv6 address of the same ENI.
+//!
+//! Safety rules:
+//! - an address leaves the [`DataStore`] before it is unassigned, under the
+//!   store's lock, so no pod can be given it meanwhile; only free
+//!   addresses past their cooldown are taken;
+//! - an address the cloud assigned joins the store after the call returns;
+//!   a crash in between leaves it assigned in the cloud, where the next
+//!   start (or the next check) finds it on its ENI: it is never leaked.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use enim_provider::retry::{Backoff, Jitter};
+use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Notify};
+
+use super::datastore::{DataStoreError, EniUsage};
+use super::host::HostEnis;
+use crate::engine::EngineError;
+use crate::model::AttachmentKey;
+use crate::support::fault::crash_point;
+
+/// How long a pod told "try again later" counts as demand: the kubelet
+/// retries a failed sandbox within about 15 s.
+pub const WAITING_TTL: Duration = Duration::from_secs(60);
+
+/// Steps in one round at most, so a cloud that answers oddly (assigns
+/// nothing, say) cannot keep the loop spinning.
+const MAX_STEPS_PER_ROUND: usize = 16;
+
+/// The `[secondary.pool]` table: watermarks and loop timing of the warm
+/// address pool. Used only with a provider that assigns addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmIpConfig {
+    /// Free pod slots to keep ahead of demand (PreAllocate).
+    pub pre_allocate: usize,
+    /// Pod slots the node holds at least, used or not (MinAllocate).
+    pub min_allocate: usize,
+    /// Free slots kept beyond `pre_allocate` before the surplus is given
+    /// back to the cloud (MaxAboveWatermark).
+    pub max_above_watermark: usize,
+    /// Addresses asked for in one call at most: a burst is served by a few
+    /// large calls, not many small ones.
+    pub max_batch: usize,
+    /// Longest pause between checks when nothing woke the pool; each is
+    /// drawn from its upper half (jitter). Checks on this timer also
+    /// compare the store with the cloud's view (drift).
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+    /// First retry step after a failed check; doubles per failure, up to
+    /// `max_backoff` (jittered).
+    #[serde(with = "humantime_serde")]
+    pub initial_retry: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for WarmIpConfig {
+    fn default() -> Self {
+        WarmIpConfig {
+            pre_allocate: 4,
+            min_allocate: 0,
+            max_above_watermark: 4,
+            max_batch: 10,
+            resync_interval: Duration::from_secs(30),
+            initial_retry: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+impl WarmIpConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_batch == 0 {
+            return Err("[secondary.pool] max_batch must be at least 1".into());
+        }
+        for (name, d) in [
+            ("resync_interval", self.resync_interval),
+            ("initial_retry", self.initial_retry),
+        ] {
+            if d.is_zero() {
+                return Err(format!("[secondary.pool] {name} must be above zero"));
+            }
+        }
+        enim_provider::check_at_least(
+            ("max_backoff", self.max_backoff),
+            ("initial_retry", self.initial_retry),
+        )
+        .map_err(|e| format!("[secondary.pool] {e}"))
+    }
+}
+
+/// What the pool does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolStep {
+    /// Assign this many new addresses of each family to the ENI.
+    Assign {
+        eni_id: String,
+        ipv4: usize,
+        ipv6: usize,
+    },
+    /// Every ENI is full and the instance has room: attach another.
+    AttachEni,
+    /// Give this many free addresses of each family of the ENI back.
+    Release {
+        eni_id: String,
+        ipv4: usize,
+        ipv6: usize,
+    },
+    /// Nothing to do (or nothing possible: the node is full).
+    Idle,
+}
+
+/// What the planner knows of the node besides the store.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView {
+    pub limits: AddressLimits,
+    /// Slots are an IPv4 and an IPv6 address each.
+    pub dual_stack: bool,
+    /// ENIs attached to the instance, its primary interface included.
+    pub attached_enis: usize,
+    /// Pods told "try again later" for want of an address, not yet served.
+    pub waiting: usize,
+}
+
+fn slots(u: &EniUsage, dual: bool) -> (usize, usize) {
+    if dual {
+        (u.ipv4.min(u.ipv6), u.free4.min(u.free6))
+    } else {
+        (u.ipv4, u.free4)
+    }
+}
+
+/// The next step toward the watermarks, from the store's usage. Pure, so
+/// the policy is tested without a cloud.
+pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolStep {
+    let dual = node.dual_stack;
+    let (total, free) = usage.iter().fold((0, 0), |(t, f), u| {
+        let (ut, uf) = slots(u, dual);
+        (t + ut, f + uf)
+    });
+    let want_free = config.pre_allocate + node.waiting;
+    let deficit = want_free
+        .saturating_sub(free)
+        .max(config.min_allocate.saturating_sub(total));
+    if deficit > 0 {
+        // Room per ENI, in slots: the ENI's own addresses count toward the
+        // instance type's per-interface limits.
+        let room = |u: &EniUsage| {
+            let v4 = node.limits.secondary_ipv4_per_eni().saturating_sub(u.ipv4);
+            if dual {
+                v4.min(node.limits.ipv6_per_eni.saturating_sub(1 + u.ipv6))
+            } else {
+                v4
+            }
+        };
+        // Fill the fullest ENI that still has room: fewer ENIs in use
+        // means fewer attachments to make.
+        let target = usage
+            .iter()
+            .filter(|u| room(u) > 0)
+            .max_by_key(|u| (u.ipv4, std::cmp::Reverse(u.eni_id.clone())));
+        return match target {
+            Some(u) => {
+                let n = deficit.min(room(u)).min(config.max_batch);
+                let (have, _) = slots(u, dual);
+                PoolStep::Assign {
+                    eni_id: u.eni_id.clone(),
+                    ipv4: (have + n).saturating_sub(u.ipv4),
+                    ipv6: if dual {
+                        (have + n).saturating_sub(u.ipv6)
+                    } else {
+                        0
+                    },
+                }
+            }
+            None if node.attached_enis < node.limits.enis => PoolStep::AttachEni,
+            None => PoolStep::Idle,
+        };
+    }
+    let keep = config.pre_allocate + config.max_above_watermark;
+    let surplus = free
+        .saturating_sub(keep)
+        .min(total.saturating_sub(config.min_allocate));
+    if surplus > 0 {
+        // From the ENI with the most free slots.
+        if let Some(u) = usage
+            .iter()
+            .filter(|u| slots(u, dual).1 > 0)
+            .max_by_key(|u| slots(u, dual).1)
+        {
+            let n = surplus.min(slots(u, dual).1).min(config.max_batch);
+            return PoolStep::Release {
+                eni_id: u.eni_id.clone(),
+                ipv4: n,
+                ipv6: if dual { n } else { 0 },
+            };
+        }
+    }
+    PoolStep::Idle
+}
+
+/// Refuses a start the pool could never serve: an instance type whose
+/// ENIs carry no secondary address. A cloud that does not answer yet is
+/// not refused (the node serves what it has; the pool retries).
+pub async fn check_limits(ips: &dyn SecondaryIps, provider: &str) -> Result<(), EngineError> {
+    match ips.address_limits().await {
+        Ok(l) if l.secondary_ipv4_per_eni() == 0 => Err(ProviderError::Config(format!(
+            "secondary mode: provider {provider:?} reports instances of this type take no secondary address per ENI ({l:?})"
+        ))
+        .into()),
+        Ok(_) => Ok(()),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(error = %e, "address limits unknown yet (cloud unreachable); the pool starts once it answers");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The running pool. Dropping it stops its loop.
+pub struct WarmIps {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+}
+
+struct Shared {
+    host: Arc<HostEnis>,
+    wake: Notify,
+    /// Attachments told "try again later" for want of an address, and when.
+    waiting: Mutex<HashMap<AttachmentKey, tokio::time::Instant>>,
+}
+
+impl Drop for WarmIps {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl WarmIps {
+    /// Starts the loop over `host`, whose provider can assign addresses.
+    /// Must run inside a tokio runtime.
+    pub fn start(host: Arc<HostEnis>) -> WarmIps {
+        let shared = Arc::new(Shared {
+            host,
+            wake: Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(run(shared.clone(), stop_rx));
+        WarmIps { shared, stop }
+    }
+
+    /// `key` was refused for want of an address: it counts as demand.
+    pub fn waiting(&self, key: &AttachmentKey) {
+        self.shared
+            .waiting()
+            .insert(key.clone(), tokio::time::Instant::now());
+        self.shared.wake.notify_one();
+    }
+
+    /// `key` got its address (or went): it waits no more.
+    pub fn served(&self, key: &AttachmentKey) {
+        self.shared.waiting().remove(key);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Shared {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<AttachmentKey, tokio::time::Instant>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ips(&self) -> Result<&dyn SecondaryIps, EngineError> {
+        self.host.provider.secondary_ips().ok_or_else(|| {
+            EngineError::from(ProviderError::Config(
+                "the provider cannot assign addresses".into(),
+            ))
+        })
+    }
+
+    /// One round: on the timer, first the drift check; then steps toward
+    /// the watermarks until there is nothing to do, or the first error.
+    async fn round(&self, drift: bool) -> Result<(), EngineError> {
+        let ips = self.ips()?;
+        let listed = self.host.provider.list().await?;
+        // ENIs listed but not serving yet (attached by the pool, or from
+        // outside): taken in first, so they are never attached twice.
+        let mut pending = 0;
+        for eni in &listed {
+            if self.host.host_eni(&eni.id).is_none() && !self.host.add(eni).await? {
+                pending += usize::from(!self.host.exclusions().is_excluded(eni));
+            }
+        }
+        if drift {
+            self.check_drift(&listed)?;
+        }
+        let limits = ips.address_limits().await?;
+        for _ in 0..MAX_STEPS_PER_ROUND {
+            let hosts = self.host.host_enis();
+            let waiting = {
+                let mut w = self.waiting();
+                let now = tokio::time::Instant::now();
+                w.retain(|_, since| now.duration_since(*since) < WAITING_TTL);
+                w.len()
+            };
+            let node = NodeView {
+                limits,
+                dual_stack: !hosts.is_empty()
+                    && hosts.iter().all(|h| h.ipv6)
+                    && limits.ipv6_per_eni > 1,
+                // The primary interface and those not taken in count too.
+                attached_enis: 1 + hosts.len() + pending,
+                waiting,
+            };
+            let usage = self.host.store().usage(Instant::now());
+            match plan(&self.host.config.pool, &usage, &node) {
+                PoolStep::Idle => return Ok(()),
+                PoolStep::AttachEni if pending > 0 => return Ok(()),
+                PoolStep::AttachEni => {
+                    let eni = ips.attach_eni().await?;
+                    crash_point("pool:after-attach");
+                    if !self.host.add(&eni).await? {
+                        // Taken in by a later round once the kernel shows it.
+                        return Ok(());
+                    }
+                }
+                PoolStep::Assign { eni_id, ipv4, ipv6 } => {
+                    let new = ips.assign(&eni_id, ipv4, ipv6).await?;
+                    crash_point("pool:after-assign");
+                    self.join(&eni_id, &new);
+                    if new.is_empty() {
+                        return Err(EngineError::AddressStore(format!(
+                            "the cloud assigned no address to {eni_id} ({ipv4} IPv4, {ipv6} IPv6 asked)"
+                        )));
+                    }
+                }
+                PoolStep::Release { eni_id, ipv4, ipv6 } => {
+                    let taken = self
+                        .host
+                        .store()
+                        .take_free(&eni_id, ipv4, ipv6, Instant::now())?;
+                    if taken.is_empty() {
+                        return Ok(());
+                    }
+                    crash_point("pool:before-unassign");
+                    if let Err(e) = ips.unassign(&eni_id, &taken).await {
+                        // Still assigned as far as we know: free again.
+                        self.join(&eni_id, &taken);
+                        return Err(e.into());
+                    }
+                    tracing::info!(eni = %eni_id, released = ?taken, "surplus addresses given back");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// New addresses of `eni_id` join the store, free.
+    fn join(&self, eni_id: &str, ips: &[IpAddr]) {
+        let mut store = self.host.store();
+        for ip in ips {
+            match store.add_address(eni_id, *ip) {
+                Ok(()) | Err(DataStoreError::AddressAlreadyInStore(_)) => {}
+                Err(e) => {
+                    tracing::warn!(eni = %eni_id, %ip, error = %e, "address not added to the store")
+                }
+            }
+        }
+        tracing::info!(eni = %eni_id, added = ?ips, "addresses joined the pool");
+    }
+
+    /// Compares the store with the provider's view: addresses assigned or
+    /// unassigned from outside, and ENIs gone (see [`DataStore::sync_eni`]).
+    ///
+    /// [`DataStore::sync_eni`]: super::datastore::DataStore::sync_eni
+    fn check_drift(&self, listed: &[enim_provider::Eni]) -> Result<(), EngineError> {
+        let exclusions = self.host.exclusions();
+        for host in self.host.host_enis() {
+            let shown = listed
+                .iter()
+                .find(|e| e.id == host.id)
+                .map(|e| self.host.offered(e, host.ipv6, &exclusions))
+                .unwrap_or_default();
+            let out = self.host.store().sync_eni(&host.id, &shown)?;
+            if !out.added.is_empty() {
+                tracing::info!(eni = %host.id, added = ?out.added, "addresses assigned from outside joined the pool");
+            }
+            if !out.removed.is_empty() {
+                tracing::warn!(eni = %host.id, removed = ?out.removed, "free addresses unassigned from outside left the pool");
+            }
+            if !out.lost.is_empty() {
+                tracing::error!(eni = %host.id, lost = ?out.lost, "addresses pods hold were unassigned from outside; kept for the pods, dropped when they go");
+            }
+            if !listed.iter().any(|e| e.id == host.id) && self.host.remove_if_unused(&host.id) {
+                tracing::warn!(eni = %host.id, "host ENI gone from the provider; no longer used");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The loop: a round, then wait. After a failure it waits the jittered
+/// backoff and ignores wake-ups, so pods hitting an empty pool cannot
+/// hammer a throttling cloud; after success it waits up to the jittered
+/// resync interval or until woken.
+async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let config = shared.host.config.pool.clone();
+    let mut backoff = Backoff::new(config.initial_retry, config.max_backoff).delays();
+    // The first round checks drift too: the start built the store from a
+    // view that may lag.
+    let mut drift = true;
+    loop {
+        let failed = match shared.round(drift).await {
+            Ok(()) => {
+                backoff.reset();
+                drift = false;
+                None
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "address pool round failed");
+                Some(delay)
+            }
+        };
+        if *stop.borrow() {
+            return;
+        }
+        let stopping = match failed {
+            Some(delay) => tokio::select! {
+                _ = tokio::time::sleep(delay) => false,
+                _ = stop.changed() => true,
+            },
+            None => tokio::select! {
+                _ = tokio::time::sleep(Jitter::Equal.apply(config.resync_interval)) => {
+                    drift = true;
+                    false
+                }
+                _ = shared.wake.notified() => false,
+                _ = stop.changed() => true,
+            },
+        };
+        if stopping {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> AddressLimits {
+        AddressLimits {
+            ipv4_per_eni: 10,
+            ipv6_per_eni: 10,
+            enis: 3,
+        }
+    }
+
+    fn node(attached_enis: usize, waiting: usize) -> NodeView {
+        NodeView {
+            limits: limits(),
+            dual_stack: false,
+            attached_enis,
+            waiting,
+        }
+    }
+
+    fn eni(id: &str, ipv4: usize, free4: usize) -> EniUsage {
+        EniUsage {
+            eni_id: id.into(),
+            ipv4,
+            free4,
+            ..EniUsage::default()
+        }
+    }
+
+    fn config() -> WarmIpConfig {
+        WarmIpConfig {
+            pre_allocate: 4,
+            min_allocate: 0,
+            max_above_watermark: 2,
+            ..WarmIpConfig::default()
+        }
+    }
+
+    #[test]
+    fn fills_to_pre_allocate_on_the_fullest_eni_with_room() {
+        let usage = [eni("eni-a", 9, 0), eni("eni-b", 3, 1)];
+        // eni-a has 9 of 9 secondaries: full. eni-b takes the 3 missing.
+        assert_eq!(
+            plan(&config(), &usage, &node(3, 0)),
+            PoolStep::Assign {
+                eni_id: "eni-b".into(),
+                ipv4: 3,
+                ipv6: 0
+            }
+        );
+    }
+
+    #[test]
+    fn waiting_pods_and_min_allocate_add_demand() {
+        let usage = [eni("eni-a", 4, 4)];
+        assert_eq!(plan(&config(), &usage, &node(2, 0)), PoolStep::Idle);
+        assert_eq!(
+            plan(&config(), &usage, &node(2, 3)),
+            PoolStep::Assign {
+                eni_id: "eni-a".into(),
+                ipv4: 3,
+                ipv6: 0
+            }
+        );
+        let min = WarmIpConfig {
+            min_allocate: 8,
+            ..config()
+        };
+        assert_eq!(
+            plan(&min, &usage, &node(2, 0)),
+            PoolStep::Assign {
+                eni_id: "eni-a".into(),
+                ipv4: 4,
+                ipv6: 0
+            }
+        );
+    }
+
+    #[test]
+    fn full_enis_attach_another_until_the_instance_is_full() {
+        let usage = [eni("eni-a", 9, 0), eni("eni-b", 9, 1)];
+        assert_eq!(plan(&config(), &usage, &node(3, 0)), PoolStep::Idle);
+        assert_eq!(
+            plan(&config(), &usage[..1], &node(2, 0)),
+            PoolStep::AttachEni
+        );
+        // No ENI at all yet: attach one.
+        assert_eq!(plan(&config(), &[], &node(1, 0)), PoolStep::AttachEni);
+    }
+
+    #[test]
+    fn surplus_above_the_watermark_is_released_but_not_below_min_allocate() {
+        let usage = [eni("eni-a", 9, 9), eni("eni-b", 2, 1)];
+        // 10 free, keep 4 + 2: release 4 from eni-a (most free).
+        assert_eq!(
+            plan(&config(), &usage, &node(3, 0)),
+            PoolStep::Release {
+                eni_id: "eni-a".into(),
+                ipv4: 4,
+                ipv6: 0
+            }
+        );
+        let min = WarmIpConfig {
+            min_allocate: 9,
+            ..config()
+        };
+        assert_eq!(
+            plan(&min, &usage, &node(3, 0)),
+            PoolStep::Release {
+                eni_id: "eni-a".into(),
+                ipv4: 2,
+                ipv6: 0
+            }
+        );
+        // Within the watermark: nothing.
+        assert_eq!(
+            plan(&config(), &[eni("eni-a", 6, 6)], &node(2, 0)),
+            PoolStep::Idle
+        );
+    }
+
+    #[test]
+    fn dual_stack_counts_pairs_and_assigns_both_families() {
+        let dual = NodeView {
+            dual_stack: true,
+            ..node(2, 0)
+        };
+        let usage = [EniUsage {
+            eni_id: "eni-a".into(),
+            ipv4: 3,
+            ipv6: 1,
+            free4: 3,
+            free6: 1,
+        }];
+        // One free pair; three more wanted: four pairs in all.
+        assert_eq!(
+            plan(&config(), &usage, &dual),
+            PoolStep::Assign {
+                eni_id: "eni-a".into(),
+                ipv4: 1,
+                ipv6: 3
+            }
+        );
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let c = WarmIpConfig {
+            pre_allocate: 30,
+            max_batch: 5,
+            ..config()
+        };
+        assert_eq!(
+            plan(&c, &[eni("eni-a", 0, 0)], &node(2, 0)),
+            PoolStep::Assign {
+                eni_id: "eni-a".into(),
+                ipv4: 5,
+                ipv6: 0
+            }
+        );
+    }
+
+    #[test]
+    fn validation() {
+        assert!(WarmIpConfig::default().validate().is_ok());
+        for bad in [
+            WarmIpConfig {
+                max_batch: 0,
+                ..WarmIpConfig::default()
+            },
+            WarmIpConfig {
+                initial_retry: Duration::ZERO,
+                ..WarmIpConfig::default()
+            },
+            WarmIpConfig {
+                max_backoff: Duration::from_millis(1),
+                ..WarmIpConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}
