@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -56,6 +56,8 @@ pub struct Logged {
     pub path: String,
     pub query: String,
     pub status: u16,
+    /// When the request arrived.
+    pub at: Instant,
 }
 
 pub struct World {
@@ -69,6 +71,9 @@ pub struct World {
     pub ipv6: bool,
     /// Answers to give before serving the next API requests normally.
     pub inject: VecDeque<(u16, &'static str)>,
+    /// As `inject`, for the next request of one HTTP method only
+    /// (`"DELETE"`, ...): the first entry for the method is used up.
+    pub inject_method: Vec<(&'static str, u16, &'static str)>,
     pub log: Vec<Logged>,
     pub tokens: HashMap<String, String>,
     next: u32,
@@ -85,6 +90,7 @@ impl World {
             server_max_keys: 1000,
             ipv6: false,
             inject: VecDeque::new(),
+            inject_method: Vec::new(),
             log: Vec::new(),
             tokens: HashMap::new(),
             next: 0,
@@ -118,6 +124,19 @@ impl World {
                 security_group_ids: vec!["g-default".into()],
             },
         );
+        id
+    }
+
+    /// Adds an ENI with `description`, as another node (or someone by
+    /// hand) may have left it.
+    pub fn add_eni_described(
+        &mut self,
+        name: &str,
+        description: &str,
+        instance: Option<&str>,
+    ) -> String {
+        let id = self.add_eni(name, VPC, instance);
+        self.enis.get_mut(&id).unwrap().description = description.to_string();
         id
     }
 
@@ -384,11 +403,20 @@ async fn api_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> Re
     let path = parts.uri.path().to_string();
     let query = parts.uri.query().unwrap_or("").to_string();
     let mut w = world.lock().unwrap();
+    let at = Instant::now();
+    let by_method = w
+        .inject_method
+        .iter()
+        .position(|(m, _, _)| *m == parts.method.as_str());
     let resp = match verify(&w, &parts.method, &path, &query, &parts.headers) {
         Err((status, code, msg)) => error(status, code, &msg),
-        Ok(()) => match w.inject.pop_front() {
-            Some((status, code)) => error(status, code, "injected"),
-            None => route(&mut w, &parts.method, &path, &query, &body),
+        Ok(()) => match (w.inject.pop_front(), by_method) {
+            (Some((status, code)), _) => error(status, code, "injected"),
+            (None, Some(i)) => {
+                let (_, status, code) = w.inject_method.remove(i);
+                error(status, code, "injected")
+            }
+            (None, None) => route(&mut w, &parts.method, &path, &query, &body),
         },
     };
     w.log.push(Logged {
@@ -396,6 +424,7 @@ async fn api_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> Re
         path,
         query,
         status: resp.status().as_u16(),
+        at,
     });
     resp
 }
@@ -506,6 +535,13 @@ fn create(w: &mut World, body: &Value) -> Result<String, Fail> {
             400,
             "InvalidName",
             "name must start with a letter, 1-65 chars",
+        ));
+    }
+    if body["description"].as_str().unwrap_or("").chars().count() > 200 {
+        return Err(fail(
+            400,
+            "InvalidDescription",
+            "description must be at most 200 characters",
         ));
     }
     if body["subnetId"].as_str() != Some(SUBNET) {

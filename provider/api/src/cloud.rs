@@ -4,11 +4,90 @@
 //! [`crate::EniProvider`] on top of it, so pods never wait on a cloud call
 //! while the pool has a free ENI.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use async_trait::async_trait;
 
 use std::net::IpAddr;
 
 use crate::{AddressLimits, Eni, ProviderError};
+
+/// The cluster an ENI was made for: the fleet-wide reaper deletes only
+/// this cluster's leaked ENIs. (AWS: a tag; BCE: a `key=value` word of the
+/// description, as BCE ENIs have no tags.)
+pub const TAG_CLUSTER: &str = "enim.io/cluster";
+/// When an ENI was made (RFC 3339, UTC): the reaper spares ENIs younger
+/// than its cooldown, which may be between create and attach.
+pub const TAG_CREATED_AT: &str = "enim.io/created-at";
+
+/// The value of [`TAG_CREATED_AT`] for an ENI made at `t`.
+pub fn format_created_at(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Reads a [`TAG_CREATED_AT`] value: RFC 3339 (what enim writes) or whole
+/// Unix seconds. `None` when it is neither.
+pub fn parse_created_at(value: &str) -> Option<SystemTime> {
+    let value = value.trim();
+    if let Ok(t) = humantime::parse_rfc3339_weak(value) {
+        return Some(t);
+    }
+    let secs: u64 = value.parse().ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// Config validation of a cluster name: it must fit an EC2 tag value and
+/// one word of a BCE description, so 1 to 63 of `A-Z a-z 0-9 . _ -`.
+pub fn validate_cluster_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > 63 || !name.chars().all(ok_char) {
+        return Err(format!(
+            "cluster {name:?} must be 1 to 63 characters of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    Ok(())
+}
+
+/// An ENI of this cluster attached nowhere (any node's): a candidate for
+/// the fleet-wide reaper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnattachedEni {
+    pub id: String,
+    pub created_at: CreatedAt,
+}
+
+/// What an ENI's creation tag says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatedAt {
+    At(SystemTime),
+    /// No creation tag (made by an older enim, or by hand): never reaped.
+    Missing,
+    /// A creation tag that is not a time, as found: never reaped.
+    Unreadable(String),
+}
+
+impl CreatedAt {
+    /// From the tag's value, if the ENI has one.
+    pub fn from_tag(value: Option<&str>) -> CreatedAt {
+        match value {
+            None => CreatedAt::Missing,
+            Some(v) => {
+                parse_created_at(v).map_or_else(|| CreatedAt::Unreadable(v.into()), CreatedAt::At)
+            }
+        }
+    }
+}
+
+/// What [`CloudBackend::reap`] did with one ENI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reaped {
+    Deleted,
+    /// Already gone: another node's reaper (or its owner) won the race.
+    Gone,
+    /// Not deleted, and why: it was attached, or lost this cluster's tag,
+    /// since it was listed.
+    Spared(String),
+}
 
 /// An ENI enim created for this node, found by its tags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,4 +141,66 @@ pub trait CloudBackend: Send + Sync {
 
     /// Unassigns addresses; those already unassigned count as done.
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
+
+    // ---- The fleet-wide reaper of leaked ENIs (issue #16) ----
+    // At the end of the trait, with defaults that keep the reaper off, so
+    // a backend that knows no cluster needs none of them.
+
+    /// The cluster whose leaked ENIs this backend reaps (config key
+    /// `cluster`); `None` turns the reaper off.
+    fn reap_cluster(&self) -> Option<&str> {
+        None
+    }
+
+    /// ENIs carrying this cluster's tag that are attached nowhere, any
+    /// node's, with their creation tag read. Never lists ENIs without the
+    /// tag or with another cluster's.
+    async fn unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, ProviderError> {
+        Ok(Vec::new())
+    }
+
+    /// Deletes `eni_id` if it still carries this cluster's tag and is
+    /// attached nowhere (checked again first: it may have changed since
+    /// it was listed). Idempotent: an ENI already gone is [`Reaped::Gone`],
+    /// not an error, because another node's reaper may have won the race.
+    async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        Ok(Reaped::Spared(format!(
+            "{eni_id}: the {} backend does not reap",
+            self.name()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_tags_round_trip_and_read_unix_seconds() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let tag = format_created_at(t);
+        assert_eq!(tag, "2023-11-14T22:13:20Z");
+        assert_eq!(parse_created_at(&tag), Some(t));
+        assert_eq!(parse_created_at("1700000000"), Some(t));
+        assert_eq!(parse_created_at(" 2023-11-14T22:13:20Z "), Some(t));
+        for bad in ["", "yesterday", "-5", "2023-13-01T00:00:00Z", "1.5"] {
+            assert_eq!(parse_created_at(bad), None, "{bad:?}");
+        }
+        assert_eq!(CreatedAt::from_tag(None), CreatedAt::Missing);
+        assert_eq!(CreatedAt::from_tag(Some(&tag)), CreatedAt::At(t));
+        assert_eq!(
+            CreatedAt::from_tag(Some("soon")),
+            CreatedAt::Unreadable("soon".into())
+        );
+    }
+
+    #[test]
+    fn cluster_names() {
+        for ok in ["prod", "eu-west-1.prod_2", &"a".repeat(63)] {
+            validate_cluster_name(ok).unwrap();
+        }
+        for bad in ["", "has space", "semi;colon", "a=b", "ü", &"a".repeat(64)] {
+            assert!(validate_cluster_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -12,14 +12,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::cloud::{
+    format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
+    TAG_CREATED_AT,
+};
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::AwsConfig;
 use crate::credentials::{CredentialsError, CredentialsProvider};
-use crate::ec2::{default_endpoint, CreateEni, Ec2Client, Ec2Error, NetworkInterface};
+use crate::ec2::{
+    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, NetworkInterface,
+};
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
 
 /// Marks an ENI as created by enim.
@@ -188,8 +193,15 @@ impl AwsBackend {
             .ec2_endpoint
             .clone()
             .unwrap_or_else(|| default_endpoint("ec2", &region));
+        // One set of buckets for the agent: the backend is its only EC2
+        // client.
+        let limits = Arc::new(ActionLimits::new(
+            config.api_mutating_rate,
+            config.api_describe_rate,
+        ));
         let ec2_client = Ec2Client::new(&endpoint, &region, creds.clone(), config.retry_policy())
-            .map_err(ec2("EC2 client"))?;
+            .map_err(ec2("EC2 client"))?
+            .with_limits(limits);
         tracing::info!(
             instance = %instance_id,
             %instance_type,
@@ -197,6 +209,9 @@ impl AwsBackend {
             subnet = %subnet_id,
             %endpoint,
             credentials = creds.describe(),
+            cluster = config.cluster.as_deref().unwrap_or("-"),
+            mutating_per_s = config.api_mutating_rate.per_second(),
+            describe_per_s = config.api_describe_rate.per_second(),
             "AWS backend discovered the instance",
         );
         Ok(AwsBackend {
@@ -233,11 +248,58 @@ impl AwsBackend {
         &self.ec2
     }
 
+    /// Tags of a new ENI: enim's, this node's, when it was made (the
+    /// reaper's cooldown) and, when configured, the cluster's.
     fn tags(&self) -> Vec<(String, String)> {
-        vec![
+        let mut tags = vec![
             (TAG_MANAGED.into(), "true".into()),
             (TAG_NODE.into(), self.instance_id.clone()),
-        ]
+            (TAG_CREATED_AT.into(), format_created_at(SystemTime::now())),
+        ];
+        if let Some(c) = &self.config.cluster {
+            tags.push((TAG_CLUSTER.into(), c.clone()));
+        }
+        tags
+    }
+
+    /// enim's and this cluster's (any node's).
+    fn in_cluster(&self, eni: &NetworkInterface) -> bool {
+        let cluster = self.config.cluster.as_deref();
+        cluster.is_some() && eni.tag(TAG_MANAGED) == Some("true") && eni.tag(TAG_CLUSTER) == cluster
+    }
+
+    /// Detached, by EC2's account: `available` and no live attachment.
+    fn is_unattached(eni: &NetworkInterface) -> bool {
+        eni.status == "available" && eni.attached_instance().is_none()
+    }
+
+    async fn do_reap(&self, eni_id: &str) -> Result<Reaped, AwsError> {
+        // Looked up again: it may have been attached (or retagged) since
+        // it was listed, and DeleteNetworkInterface does not check tags.
+        let Some(eni) = self
+            .ec2
+            .describe_network_interface(eni_id)
+            .await
+            .map_err(ec2(format!("looking up leaked ENI {eni_id}")))?
+        else {
+            return Ok(Reaped::Gone);
+        };
+        if !self.in_cluster(&eni) {
+            return Ok(Reaped::Spared("no longer tagged for this cluster".into()));
+        }
+        if !Self::is_unattached(&eni) {
+            return Ok(Reaped::Spared(format!("now {}", eni.status)));
+        }
+        match self.ec2.delete_network_interface(eni_id).await {
+            Ok(()) => Ok(Reaped::Deleted),
+            // Another node's reaper got there first.
+            Err(e) if e.is_not_found() => Ok(Reaped::Gone),
+            // Attached between our look and the delete.
+            Err(e) if e.code() == Some("InvalidNetworkInterface.InUse") => {
+                Ok(Reaped::Spared("attached meanwhile".into()))
+            }
+            Err(e) => Err(ec2(format!("deleting leaked ENI {eni_id}"))(e)),
+        }
     }
 
     fn is_ours(&self, eni: &NetworkInterface) -> bool {
@@ -720,5 +782,37 @@ impl CloudBackend for AwsBackend {
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         Ok(self.do_unassign(eni_id, ips).await?)
+    }
+
+    fn reap_cluster(&self) -> Option<&str> {
+        self.config.cluster.as_deref()
+    }
+
+    async fn unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, ProviderError> {
+        let Some(cluster) = self.config.cluster.as_deref() else {
+            return Ok(Vec::new());
+        };
+        // Status is filtered here, not by EC2's `status` filter: the tag
+        // filters already keep the listing to this cluster's ENIs.
+        let enis = self
+            .ec2
+            .describe_network_interfaces(&[
+                (&format!("tag:{TAG_CLUSTER}"), &[cluster]),
+                (&format!("tag:{TAG_MANAGED}"), &["true"]),
+            ])
+            .await
+            .map_err(ec2("listing this cluster's ENIs"))?;
+        Ok(enis
+            .into_iter()
+            .filter(|e| self.in_cluster(e) && Self::is_unattached(e))
+            .map(|e| UnattachedEni {
+                created_at: CreatedAt::from_tag(e.tag(TAG_CREATED_AT)),
+                id: e.network_interface_id,
+            })
+            .collect())
+    }
+
+    async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        Ok(self.do_reap(eni_id).await?)
     }
 }

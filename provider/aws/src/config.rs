@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use enim_provider::check_at_least;
+use enim_provider::cloud::validate_cluster_name;
+use enim_provider::ratelimit::RateLimit;
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
@@ -44,9 +46,27 @@ pub struct AwsConfig {
     /// EC2 calls: retry delay bound.
     #[serde(with = "humantime_serde")]
     pub api_max_backoff: Duration,
+    /// EC2 mutating actions (create, attach, modify, detach, delete): this
+    /// agent's own token bucket. Well under the account's buckets (5 per
+    /// second, 50 to 100 deep), which every node of every cluster in the
+    /// account shares.
+    pub api_mutating_rate: RateLimit,
+    /// EC2 describe actions: this agent's own token bucket (the account's:
+    /// 10 to 20 per second, 50 to 100 deep).
+    pub api_describe_rate: RateLimit,
+    /// The cluster's name: new ENIs are tagged `enim.io/cluster=<it>`, and
+    /// the fleet-wide reaper deletes this cluster's ENIs left unattached.
+    /// Unset: no cluster tag, reaper off.
+    pub cluster: Option<String>,
     /// Warm-pool watermarks and timing.
     pub pool: PoolConfig,
 }
+
+/// Default of `api_mutating_rate`: one a second, four at once (one ENI's
+/// create, attach and delete-on-termination go without waiting).
+pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 4);
+/// Default of `api_describe_rate`: two a second, ten at once.
+pub const DEFAULT_DESCRIBE_RATE: RateLimit = RateLimit::new(Duration::from_millis(500), 10);
 
 impl Default for AwsConfig {
     fn default() -> Self {
@@ -63,6 +83,9 @@ impl Default for AwsConfig {
             api_attempts: 5,
             api_backoff: Duration::from_millis(200),
             api_max_backoff: Duration::from_secs(10),
+            api_mutating_rate: DEFAULT_MUTATING_RATE,
+            api_describe_rate: DEFAULT_DESCRIBE_RATE,
+            cluster: None,
             pool: PoolConfig::default(),
         }
     }
@@ -89,6 +112,15 @@ impl AwsConfig {
             ("api_backoff", self.api_backoff),
         )
         .map_err(|e| format!("aws: {e}"))?;
+        for (key, rate) in [
+            ("api_mutating_rate", &self.api_mutating_rate),
+            ("api_describe_rate", &self.api_describe_rate),
+        ] {
+            rate.validate().map_err(|e| format!("aws: {key}: {e}"))?;
+        }
+        if let Some(c) = &self.cluster {
+            validate_cluster_name(c).map_err(|e| format!("aws: {e}"))?;
+        }
         if self.metadata_wait.is_zero() || self.detach_timeout.is_zero() {
             return Err("aws: metadata_wait and detach_timeout must be above zero".into());
         }
@@ -145,6 +177,9 @@ mod tests {
             api_attempts = 3
             api_backoff = "100ms"
             api_max_backoff = "5s"
+            api_mutating_rate = { every = "2s", burst = 3 }
+            api_describe_rate = { every = "100ms", burst = 20 }
+            cluster = "prod-eu"
             [pool]
             min_free = 2
             max_free = 4
@@ -156,6 +191,15 @@ mod tests {
         assert_eq!(c.metadata_wait, Duration::from_secs(30));
         assert_eq!(c.api_backoff, Duration::from_millis(100));
         assert_eq!((c.pool.min_free, c.pool.max_free), (2, 4));
+        assert_eq!(
+            c.api_mutating_rate,
+            RateLimit::new(Duration::from_secs(2), 3)
+        );
+        assert_eq!(
+            c.api_describe_rate,
+            RateLimit::new(Duration::from_millis(100), 20)
+        );
+        assert_eq!(c.cluster.as_deref(), Some("prod-eu"));
         c.validate().unwrap();
     }
 
@@ -188,6 +232,21 @@ mod tests {
             ..Default::default()
         })
         .contains("ec2_endpoint"));
+        assert!(bad(AwsConfig {
+            api_mutating_rate: RateLimit::new(Duration::from_secs(1), 0),
+            ..Default::default()
+        })
+        .contains("api_mutating_rate: burst"));
+        assert!(bad(AwsConfig {
+            api_describe_rate: RateLimit::new(Duration::ZERO, 5),
+            ..Default::default()
+        })
+        .contains("api_describe_rate: every"));
+        assert!(bad(AwsConfig {
+            cluster: Some("no spaces".into()),
+            ..Default::default()
+        })
+        .contains("cluster"));
         let mut c = AwsConfig::default();
         c.pool.min_free = 5;
         c.pool.max_free = 1;

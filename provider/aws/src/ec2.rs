@@ -20,7 +20,7 @@ use enim_provider::AddressLimits;
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, Ec2Error};
-pub use query::{default_endpoint, QueryClient, RetryPolicy};
+pub use query::{default_endpoint, ActionLimits, QueryClient, RetryPolicy};
 use xml::{
     decode, AttachNetworkInterfaceResponse, CreateNetworkInterfaceResponse,
     DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse,
@@ -63,6 +63,13 @@ impl Ec2Client {
         Ok(Ec2Client {
             query: QueryClient::new(endpoint, region, "ec2", EC2_API_VERSION, creds, retry)?,
         })
+    }
+
+    /// Every call waits for a token of its class in `limits`.
+    pub fn with_limits(self, limits: Arc<ActionLimits>) -> Self {
+        Ec2Client {
+            query: self.query.with_limits(limits),
+        }
     }
 
     pub fn query(&self) -> &QueryClient {

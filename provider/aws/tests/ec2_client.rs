@@ -10,14 +10,17 @@ use aws_credential_types::Credentials;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use enim_provider::ratelimit::RateLimit;
 use enim_provider::ProviderError;
 use enim_provider_aws::credentials::CredentialsProvider;
-use enim_provider_aws::ec2::{Ec2Client, Ec2Error, RetryPolicy};
+use enim_provider_aws::ec2::{ActionLimits, Ec2Client, Ec2Error, RetryPolicy};
 
 #[derive(Clone)]
 struct Seen {
     headers: axum::http::HeaderMap,
     form: Vec<(String, String)>,
+    /// When the request arrived.
+    at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -33,6 +36,7 @@ async fn handler(State(s): State<Arc<Script>>, req: Request) -> Response {
     s.seen.lock().unwrap().push(Seen {
         headers: parts.headers,
         form,
+        at: std::time::Instant::now(),
     });
     let (status, body) = s
         .replies
@@ -244,4 +248,72 @@ async fn create_sends_token_tags_and_groups() {
         assert_eq!(get(f, "TagSpecification.1.Tag.2.Value"), Some("i-1"));
         assert_eq!(get(f, "Description"), Some("enim pod ENI of i-1"));
     }
+}
+
+/// A burst of calls through one client goes out at the configured rate per
+/// API class: the mutating ones one per interval after the burst, while
+/// describes, with their own bucket, are not held behind them.
+#[tokio::test]
+async fn a_burst_of_calls_is_spread_at_the_configured_rate() {
+    const MUTATING: usize = 8;
+    const DESCRIBES: usize = 3;
+    // Any page is a fine answer to a delete too (its body is not read).
+    let (url, script) = scripted(vec![(200, page(&[], None)); MUTATING + DESCRIBES]).await;
+    let every = Duration::from_millis(200);
+    let limits = Arc::new(ActionLimits::new(
+        RateLimit::new(every, 2),
+        RateLimit::new(Duration::from_millis(20), 5),
+    ));
+    let c = Arc::new(
+        client(&url, Credentials::new("AKID", "s", None, None, "t"), 1).with_limits(limits),
+    );
+    let t0 = std::time::Instant::now();
+    let mut calls = Vec::new();
+    for n in 0..MUTATING {
+        let c = c.clone();
+        calls.push(tokio::spawn(async move {
+            c.delete_network_interface(&format!("eni-{n}"))
+                .await
+                .map(drop)
+        }));
+    }
+    for _ in 0..DESCRIBES {
+        let c = c.clone();
+        calls.push(tokio::spawn(async move {
+            c.describe_network_interfaces(&[]).await.map(drop)
+        }));
+    }
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    let seen = script.seen.lock().unwrap().clone();
+    let arrivals = |action: &str| {
+        let mut at: Vec<Duration> = seen
+            .iter()
+            .filter(|s| get(&s.form, "Action") == Some(action))
+            .map(|s| s.at - t0)
+            .collect();
+        at.sort();
+        at
+    };
+    let deletes = arrivals("DeleteNetworkInterface");
+    assert_eq!(deletes.len(), MUTATING);
+    // Two at once, then one per interval: never sooner (the bucket's
+    // promise), and not much later (the rate is used, not wasted).
+    for (k, at) in deletes.iter().enumerate() {
+        let due = every * u32::try_from(k.saturating_sub(1)).unwrap();
+        assert!(*at >= due, "delete {k} at {at:?}, due {due:?}: {deletes:?}");
+        assert!(
+            *at < due + Duration::from_millis(500),
+            "delete {k} at {at:?}, due {due:?}: {deletes:?}"
+        );
+    }
+    // Describes have their own bucket: none waited behind the deletes.
+    let describes = arrivals("DescribeNetworkInterfaces");
+    assert_eq!(describes.len(), DESCRIBES);
+    let last_delete = *deletes.last().unwrap();
+    assert!(
+        describes.iter().all(|d| *d < last_delete / 2),
+        "{describes:?} vs {deletes:?}"
+    );
 }

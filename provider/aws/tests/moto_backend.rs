@@ -5,12 +5,16 @@ use enim_testkit::moto as rig;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_credential_types::Credentials;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::cloud::{
+    format_created_at, parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER,
+    TAG_CREATED_AT,
+};
 use enim_provider::ProviderError;
-use enim_provider_aws::{AwsBackend, AwsConfig};
+use enim_provider_aws::{AwsBackend, AwsConfig, TAG_MANAGED, TAG_NODE};
+use enim_provider_pool::reap_pass;
 use rig::{CardKey, Env, INSTANCE_ENI_LIMIT, REGION};
 
 async fn backend(env: &Env, config: &AwsConfig) -> AwsBackend {
@@ -336,6 +340,14 @@ async fn throttling_and_server_errors_are_retried_then_bounded() {
     let eni = b.create_and_attach().await.unwrap();
     assert_eq!(env.proxy.calls("CreateNetworkInterface") - created, 2);
     b.detach_and_delete(&eni.id).await.unwrap();
+
+    // A create throttled past the attempts: the "try again later" kind,
+    // and no ENI made.
+    env.proxy
+        .inject("CreateNetworkInterface", 4, 503, "RequestLimitExceeded");
+    let e = b.create_and_attach().await.unwrap_err();
+    assert!(matches!(e, ProviderError::Throttled(_)), "{e:?}");
+    assert!(e.is_transient());
     delete_and_check_none_left(&env, &b, &left.network_interface_id).await;
 }
 
@@ -424,4 +436,220 @@ async fn config_errors_are_reported_before_any_call() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("ec2_endpoint"), "{e}");
+}
+
+// ---- the fleet-wide reaper ----
+
+const CLUSTER: &str = "c1";
+
+fn in_cluster(env: &Env) -> AwsConfig {
+    AwsConfig {
+        cluster: Some(CLUSTER.into()),
+        ..env.config()
+    }
+}
+
+/// A creation tag `minutes` before now.
+fn minutes_ago(minutes: u64) -> String {
+    format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))
+}
+
+/// An unattached ENI tagged as any node of `cluster` would tag it.
+async fn leaked(env: &Env, cluster: &str, created_at: Option<&str>) -> String {
+    let mut tags = vec![
+        (TAG_MANAGED, "true"),
+        (TAG_NODE, "i-0someothernode"),
+        (TAG_CLUSTER, cluster),
+    ];
+    if let Some(t) = created_at {
+        tags.push((TAG_CREATED_AT, t));
+    }
+    env.create_eni_with_tags(&tags).await.network_interface_id
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn new_enis_carry_the_cluster_and_creation_tags() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let b = backend(&env, &in_cluster(&env)).await;
+    assert_eq!(b.reap_cluster(), Some(CLUSTER));
+    let before = SystemTime::now() - Duration::from_secs(1);
+    let eni = b.create_and_attach().await.unwrap();
+    let moto = env
+        .all_enis()
+        .await
+        .into_iter()
+        .find(|e| e.network_interface_id == eni.id)
+        .unwrap();
+    assert_eq!(moto.tag(TAG_CLUSTER), Some(CLUSTER));
+    assert_eq!(moto.tag("enim.io/managed"), Some("true"));
+    assert_eq!(moto.tag("enim.io/node"), Some(env.instance_id.as_str()));
+    let created = parse_created_at(moto.tag(TAG_CREATED_AT).unwrap()).unwrap();
+    assert!(
+        created >= before && created <= SystemTime::now(),
+        "{created:?}"
+    );
+    // Attached: never a reaper's candidate.
+    assert!(b.unattached_in_cluster().await.unwrap().is_empty());
+    b.detach_and_delete(&eni.id).await.unwrap();
+
+    // Without a cluster: no cluster tag, reaper off, nothing listed.
+    let b = backend(&env, &env.config()).await;
+    assert_eq!(b.reap_cluster(), None);
+    let eni = b.create_and_attach().await.unwrap();
+    let moto = env
+        .all_enis()
+        .await
+        .into_iter()
+        .find(|e| e.network_interface_id == eni.id)
+        .unwrap();
+    assert_eq!(moto.tag(TAG_CLUSTER), None);
+    assert!(moto.tag(TAG_CREATED_AT).is_some());
+    leaked(&env, CLUSTER, Some(&minutes_ago(60))).await;
+    assert!(b.unattached_in_cluster().await.unwrap().is_empty());
+    b.detach_and_delete(&eni.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let old = minutes_ago(20);
+    let unix_old = (SystemTime::now() - Duration::from_secs(3600))
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let old_a = leaked(&env, CLUSTER, Some(&old)).await;
+    let old_b = leaked(&env, CLUSTER, Some(&unix_old)).await;
+    let young = leaked(&env, CLUSTER, Some(&minutes_ago(2))).await;
+    let unreadable = leaked(&env, CLUSTER, Some("after lunch")).await;
+    let no_created = leaked(&env, CLUSTER, None).await;
+    let other_cluster = leaked(&env, "c2", Some(&old)).await;
+    let untagged = env.create_eni_with_tags(&[]).await.network_interface_id;
+    // The cluster's tag but not enim's: someone else's.
+    let not_enims = env
+        .create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER), (TAG_CREATED_AT, &old)])
+        .await
+        .network_interface_id;
+    let attached = leaked(&env, CLUSTER, Some(&old)).await;
+    env.attach_as_admin(&attached, 2).await;
+
+    let b = backend(&env, &in_cluster(&env)).await;
+    let r = reap_pass(&b, Duration::from_secs(600), || false)
+        .await
+        .unwrap();
+    assert_eq!(
+        sorted(r.deleted),
+        sorted(vec![old_a.clone(), old_b.clone()])
+    );
+    assert_eq!(r.young, vec![young.clone()]);
+    assert_eq!(
+        sorted(r.unreadable),
+        sorted(vec![unreadable.clone(), no_created.clone()])
+    );
+    assert!(r.gone.is_empty() && r.spared.is_empty() && r.failed.is_empty());
+
+    let left: HashSet<String> = env
+        .all_enis()
+        .await
+        .into_iter()
+        .map(|e| e.network_interface_id)
+        .collect();
+    for kept in [
+        &young,
+        &unreadable,
+        &no_created,
+        &other_cluster,
+        &untagged,
+        &not_enims,
+        &attached,
+        &env.primary_eni,
+    ] {
+        assert!(left.contains(kept), "{kept} was deleted");
+    }
+    assert!(!left.contains(&old_a) && !left.contains(&old_b));
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
+
+    // Asked directly, the backend still refuses what the pass skipped.
+    for (id, why) in [
+        (&other_cluster, "no longer tagged"),
+        (&not_enims, "no longer tagged"),
+        (&attached, "now in-use"),
+    ] {
+        match b.reap(id).await.unwrap() {
+            Reaped::Spared(w) => assert!(w.contains(why), "{id}: {w}"),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
+}
+
+#[tokio::test]
+async fn two_reapers_racing_on_the_same_enis_both_succeed() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let old = minutes_ago(30);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(leaked(&env, CLUSTER, Some(&old)).await);
+    }
+    let a = backend(&env, &in_cluster(&env)).await;
+    let b = backend(&env, &in_cluster(&env)).await;
+    // Both list before either deletes.
+    let listed_a = a.unattached_in_cluster().await.unwrap();
+    let listed_b = b.unattached_in_cluster().await.unwrap();
+    assert_eq!(listed_a, listed_b);
+    assert_eq!(listed_a.len(), 3);
+    for e in &listed_a {
+        assert_eq!(a.reap(&e.id).await.unwrap(), Reaped::Deleted);
+    }
+    for e in &listed_b {
+        assert_eq!(b.reap(&e.id).await.unwrap(), Reaped::Gone, "{}", e.id);
+    }
+    // The delete itself losing the race (NotFound) counts as success too.
+    let last = leaked(&env, CLUSTER, Some(&old)).await;
+    env.proxy.inject(
+        "DeleteNetworkInterface",
+        1,
+        400,
+        "InvalidNetworkInterfaceID.NotFound",
+    );
+    assert_eq!(b.reap(&last).await.unwrap(), Reaped::Gone);
+
+    // Two whole passes at once: both succeed, each ENI deleted once.
+    let mut ids = HashSet::from([last]);
+    for _ in 0..3 {
+        ids.insert(leaked(&env, CLUSTER, Some(&old)).await);
+    }
+    let deletes = env.proxy.calls("DeleteNetworkInterface");
+    let cooldown = Duration::from_secs(600);
+    let (ra, rb) = tokio::join!(
+        reap_pass(&a, cooldown, || false),
+        reap_pass(&b, cooldown, || false)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(
+        ra.failed.is_empty() && rb.failed.is_empty(),
+        "{ra:?} {rb:?}"
+    );
+    let deleted: HashSet<String> = ra.deleted.iter().chain(&rb.deleted).cloned().collect();
+    assert_eq!(deleted, ids, "{ra:?} {rb:?}");
+    let gone: HashSet<String> = ra.gone.iter().chain(&rb.gone).cloned().collect();
+    assert!(gone.is_subset(&ids));
+    assert_eq!(ra.deleted.len() + rb.deleted.len(), ids.len());
+    assert!(env.proxy.calls("DeleteNetworkInterface") - deletes >= ids.len());
+    assert!(env
+        .all_enis()
+        .await
+        .iter()
+        .all(|e| !ids.contains(&e.network_interface_id)));
 }

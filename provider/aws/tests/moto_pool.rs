@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
+use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
 use enim_provider_aws::{build_with, AwsConfig, PoolConfig, PoolRole};
 use enim_provider_pool::{PoolStats, WarmPool};
@@ -222,4 +223,40 @@ async fn build_fails_clearly_on_a_wrong_secret() {
     let provider: Arc<dyn EniProvider> = good.clone();
     assert_eq!(provider.list().await.unwrap(), vec![]);
     good.shutdown().await;
+}
+
+/// A pod's ADD needs no cloud call while a free ENI exists, so it never
+/// waits for a client-side token, even with the mutating bucket empty for
+/// an hour; one beyond the free ENIs is told "try again later" at once.
+#[tokio::test]
+async fn a_pods_add_never_waits_for_an_api_token() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let config = AwsConfig {
+        // One ENI's create, attach and delete-on-termination; the next
+        // token comes in an hour.
+        api_mutating_rate: RateLimit::new(Duration::from_secs(3600), 3),
+        ..pool_config(&env, 1, 2)
+    };
+    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
+        .await
+        .unwrap();
+    wait_stats(&pool, "min_free", |s| s.available == 1).await;
+    let t0 = Instant::now();
+    let a = pool.allocate_next(&owner(1)).await.unwrap();
+    let e = pool.allocate_next(&owner(2)).await.unwrap_err();
+    assert_eq!(e, ProviderError::Exhausted { total: 1 });
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(a.owner, Some(owner(1)));
+    // The refill waits for its token meanwhile: no second create went out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
+    assert_eq!(pool.stats().available, 0);
+    // Not shut down: its round waits for that token; dropping the runtime
+    // ends it.
 }

@@ -4,8 +4,10 @@
 //! that stays the same across its retries so BCE can deduplicate them.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use enim_provider::ratelimit::{RateLimit, TokenBucket};
 use enim_provider::retry::{retry, Backoff};
 use enim_provider::ProviderError;
 use reqwest::Method;
@@ -86,6 +88,11 @@ impl ApiError {
         matches!(self.code(), Some((status, code)) if status == 401 || status == 403 || AUTH_CODES.contains(&code))
     }
 
+    /// The ENI's state does not allow the call (e.g. deleting one in use).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self.code(), Some((status, code)) if status == 409 || code.contains("StatusConflict"))
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self.code(), Some((status, code)) if status == 404 || code.contains("NotFound") || code.starts_with("NoSuch"))
     }
@@ -129,6 +136,33 @@ impl RetryPolicy {
     /// The pause before retry number `retry` (0-based).
     pub fn delay(&self, retry: u32) -> Duration {
         self.backoff().delay(retry)
+    }
+}
+
+/// This agent's token buckets, one per API class: calls that change
+/// something (POST, PUT, DELETE) and reads (GET). Every request, each retry
+/// included, takes a token of its class first, so one node cannot spend
+/// the account's quota of API calls.
+#[derive(Debug)]
+pub struct MethodLimits {
+    mutating: TokenBucket,
+    read: TokenBucket,
+}
+
+impl MethodLimits {
+    pub fn new(mutating: RateLimit, read: RateLimit) -> Self {
+        MethodLimits {
+            mutating: TokenBucket::new(mutating),
+            read: TokenBucket::new(read),
+        }
+    }
+
+    fn bucket(&self, method: &Method) -> &TokenBucket {
+        if *method == Method::GET {
+            &self.read
+        } else {
+            &self.mutating
+        }
     }
 }
 
@@ -275,6 +309,8 @@ pub struct ApiClient {
     host: String,
     creds: Credentials,
     retry: RetryPolicy,
+    /// Client-side rate limits; `None`: unlimited.
+    limits: Option<Arc<MethodLimits>>,
 }
 
 /// One API call as [`ApiClient::call`] sends it on every try: `op` names it
@@ -335,7 +371,14 @@ impl ApiClient {
             host,
             creds,
             retry,
+            limits: None,
         })
+    }
+
+    /// Every request waits for a token of its class in `limits`.
+    pub fn with_limits(mut self, limits: Arc<MethodLimits>) -> Self {
+        self.limits = Some(limits);
+        self
     }
 
     /// One API call with retries. Returns the response body.
@@ -371,6 +414,14 @@ impl ApiClient {
             params,
             ref body,
         } = request;
+        // A token per request, retries too; the wait is a timer, never a
+        // blocked thread.
+        if let Some(limits) = &self.limits {
+            let waited = limits.bucket(method).acquire().await;
+            if !waited.is_zero() {
+                tracing::debug!(op, ?waited, "waited for a client-side API token");
+            }
+        }
         // Signed afresh on every try: a retry after a long backoff must not
         // carry a stale date.
         let date = auth::format_timestamp(SystemTime::now());

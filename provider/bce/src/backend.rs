@@ -4,13 +4,20 @@
 //! as enim's, because BCE's ENI API has no tags to mark them with. The name
 //! is what `tagged` looks for, and what `detach_and_delete` insists on before
 //! deleting anything.
+//!
+//! For the fleet-wide reaper, the description carries what AWS keeps in
+//! tags, as `key=value` words: `enim.io/created-at=<RFC 3339>` and, with a
+//! cluster configured, `enim.io/cluster=<name>`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::cloud::{
+    format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
+    TAG_CREATED_AT,
+};
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
@@ -38,6 +45,8 @@ pub struct BackendSettings {
     pub operation_timeout: Duration,
     /// `maxKeys` of list calls.
     pub page_size: u32,
+    /// The cluster new ENIs are marked with, and the reaper works for.
+    pub cluster: Option<String>,
 }
 
 pub struct BceBackend {
@@ -64,6 +73,32 @@ impl BceBackend {
 
     fn is_ours(&self, eni: &ApiEni) -> bool {
         eni.name.starts_with(&self.name_prefix)
+    }
+
+    /// enim's (any node's) and marked for this cluster.
+    fn in_cluster(&self, eni: &ApiEni) -> bool {
+        let cluster = self.s.cluster.as_deref();
+        cluster.is_some()
+            && eni.name.starts_with(ENI_NAME_PREFIX)
+            && description_tag(&eni.description, TAG_CLUSTER) == cluster
+    }
+
+    fn is_unattached(eni: &ApiEni) -> bool {
+        eni.status() == EniStatus::Available && eni.attached_to().is_none()
+    }
+
+    /// The description of a new ENI: what it is for people, and the
+    /// reaper's marks as `key=value` words (BCE ENIs have no tags).
+    fn description(&self, now: SystemTime) -> String {
+        let mut d = format!(
+            "enim: exclusive ENI of instance {}, do not attach elsewhere; {TAG_CREATED_AT}={}",
+            self.s.instance_id,
+            format_created_at(now)
+        );
+        if let Some(c) = &self.s.cluster {
+            d.push_str(&format!(" {TAG_CLUSTER}={c}"));
+        }
+        d
     }
 
     /// Polls of one attach or detach: every `poll_interval` at most
@@ -158,9 +193,20 @@ impl BceBackend {
     }
 }
 
+/// Every enim ENI's name starts with this (then the instance id).
+pub const ENI_NAME_PREFIX: &str = "enim-";
+
 /// The name prefix that marks an ENI as enim's for this instance.
 pub fn eni_name_prefix(instance_id: &str) -> String {
-    format!("enim-{instance_id}-")
+    format!("{ENI_NAME_PREFIX}{instance_id}-")
+}
+
+/// The value of a `key=value` word in an ENI's description (words are
+/// split at whitespace and `;`).
+pub fn description_tag<'a>(description: &'a str, key: &str) -> Option<&'a str> {
+    description
+        .split(|c: char| c.is_whitespace() || c == ';')
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
 fn unknown_if_missing(e: ApiError, eni_id: &str) -> ProviderError {
@@ -250,10 +296,7 @@ impl CloudBackend for BceBackend {
             self.name_prefix,
             &client_token().replace('-', "")[..12]
         );
-        let description = format!(
-            "enim: exclusive ENI of instance {}; managed by enim, do not attach elsewhere",
-            self.s.instance_id
-        );
+        let description = self.description(SystemTime::now());
         let eni_id = self
             .api
             .create_eni(
@@ -349,6 +392,53 @@ impl CloudBackend for BceBackend {
         }
     }
 
+    fn reap_cluster(&self) -> Option<&str> {
+        self.s.cluster.as_deref()
+    }
+
+    async fn unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, ProviderError> {
+        if self.s.cluster.is_none() {
+            return Ok(Vec::new());
+        }
+        // No server-side filter for the description: the VPC is listed
+        // and filtered here, as `tagged` does.
+        let all = self
+            .api
+            .list_enis(&self.s.vpc_id, None, self.s.page_size)
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter(|e| self.in_cluster(e) && Self::is_unattached(e))
+            .map(|e| UnattachedEni {
+                created_at: CreatedAt::from_tag(description_tag(&e.description, TAG_CREATED_AT)),
+                id: e.eni_id,
+            })
+            .collect())
+    }
+
+    async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        // Looked at again: it may have been attached since it was listed.
+        let eni = match self.api.get_eni(eni_id).await {
+            Ok(e) => e,
+            Err(e) if e.is_not_found() => return Ok(Reaped::Gone),
+            Err(e) => return Err(e.into()),
+        };
+        if !self.in_cluster(&eni) {
+            return Ok(Reaped::Spared("no longer marked for this cluster".into()));
+        }
+        if !Self::is_unattached(&eni) {
+            return Ok(Reaped::Spared(format!("now {}", eni.status())));
+        }
+        match self.api.delete_eni(eni_id, &client_token()).await {
+            Ok(()) => Ok(Reaped::Deleted),
+            // Another node's reaper got there first.
+            Err(e) if e.is_not_found() => Ok(Reaped::Gone),
+            // Attached between our look and the delete.
+            Err(e) if e.is_conflict() => Ok(Reaped::Spared(format!("delete refused: {e}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     // Secondary mode on BCE is not built yet: a config asking for it is
     // refused at start with this error, never served with an empty pool.
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
@@ -375,4 +465,27 @@ impl CloudBackend for BceBackend {
 
 fn secondary_unsupported() -> ProviderError {
     ProviderError::Config("the bce provider does not serve secondary mode yet".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn description_tags() {
+        let d = "enim: exclusive ENI of instance i-1, do not attach elsewhere; \
+                 enim.io/created-at=2024-01-01T00:00:00Z enim.io/cluster=prod";
+        assert_eq!(description_tag(d, TAG_CLUSTER), Some("prod"));
+        assert_eq!(
+            description_tag(d, TAG_CREATED_AT),
+            Some("2024-01-01T00:00:00Z")
+        );
+        assert_eq!(description_tag(d, "enim.io/node"), None);
+        assert_eq!(description_tag("enim.io/clusters=x", TAG_CLUSTER), None);
+        assert_eq!(description_tag("", TAG_CLUSTER), None);
+        assert_eq!(
+            description_tag("a;enim.io/cluster=c;b", TAG_CLUSTER),
+            Some("c")
+        );
+    }
 }

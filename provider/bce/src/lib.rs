@@ -17,12 +17,13 @@ pub mod metadata;
 use std::sync::Arc;
 use std::time::Duration;
 
-use enim_provider::cloud::CloudBackend;
+use enim_provider::cloud::{validate_cluster_name, CloudBackend};
+use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniProvider, ProviderError};
 use enim_provider_pool::{PoolConfig, WarmPool};
 use serde::{Deserialize, Serialize};
 
-pub use api::RetryPolicy;
+pub use api::{MethodLimits, RetryPolicy};
 pub use auth::{Credentials, Secret};
 pub use backend::{BackendSettings, BceBackend};
 
@@ -70,8 +71,23 @@ pub struct BceConfig {
     pub retry_cap: Duration,
     /// `maxKeys` of ENI list calls.
     pub list_page_size: u32,
+    /// Calls that change something (create, attach, detach, delete): this
+    /// agent's own token bucket, so one node cannot spend the account's
+    /// API quota, which every node shares.
+    pub api_mutating_rate: RateLimit,
+    /// Reads (list, get, quota): this agent's own token bucket.
+    pub api_read_rate: RateLimit,
+    /// The cluster's name: new ENIs carry `enim.io/cluster=<it>` in their
+    /// description, and the fleet-wide reaper deletes this cluster's ENIs
+    /// left unattached. Unset: reaper off.
+    pub cluster: Option<String>,
     pub pool: PoolConfig,
 }
+
+/// Default of `api_mutating_rate`: one a second, four at once.
+pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 4);
+/// Default of `api_read_rate`: two a second, ten at once.
+pub const DEFAULT_READ_RATE: RateLimit = RateLimit::new(Duration::from_millis(500), 10);
 
 impl Default for BceConfig {
     fn default() -> Self {
@@ -90,6 +106,9 @@ impl Default for BceConfig {
             retry_base: Duration::from_millis(500),
             retry_cap: Duration::from_secs(10),
             list_page_size: 100,
+            api_mutating_rate: DEFAULT_MUTATING_RATE,
+            api_read_rate: DEFAULT_READ_RATE,
+            cluster: None,
             pool: PoolConfig::default(),
         }
     }
@@ -112,6 +131,19 @@ impl BceConfig {
         }
         if !(1..=1000).contains(&self.list_page_size) {
             return bad("list_page_size must be 1..=1000 (BCE's maxKeys limit)");
+        }
+        for (key, rate) in [
+            ("api_mutating_rate", &self.api_mutating_rate),
+            ("api_read_rate", &self.api_read_rate),
+        ] {
+            if let Err(e) = rate.validate() {
+                return bad(&format!("{key}: {e}"));
+            }
+        }
+        if let Some(c) = &self.cluster {
+            if let Err(e) = validate_cluster_name(c) {
+                return bad(&e);
+            }
         }
         self.pool.validate()
     }
@@ -184,8 +216,14 @@ impl BceBackend {
             base: config.retry_base,
             cap: config.retry_cap,
         };
+        // One set of buckets for the agent: the backend is its only client.
+        let limits = Arc::new(MethodLimits::new(
+            config.api_mutating_rate,
+            config.api_read_rate,
+        ));
         let api = api::ApiClient::new(&endpoint, creds, retry)
-            .map_err(|e| ProviderError::Config(format!("bce: {e}")))?;
+            .map_err(|e| ProviderError::Config(format!("bce: {e}")))?
+            .with_limits(limits);
         let backend = BceBackend::new(
             api,
             meta,
@@ -197,6 +235,7 @@ impl BceBackend {
                 poll_interval: config.poll_interval,
                 operation_timeout: config.operation_timeout,
                 page_size: config.list_page_size,
+                cluster: config.cluster.clone(),
             },
         );
         backend.eni_limit().await?;
@@ -240,6 +279,28 @@ mod tests {
         let mut bad = c.clone();
         bad.list_page_size = 0;
         assert!(bad.validate().is_err());
+        assert_eq!(c.api_mutating_rate, DEFAULT_MUTATING_RATE);
+        assert_eq!(c.cluster, None);
+        let r: BceConfig = serde_json::from_str(
+            r#"{"cluster": "prod", "api_read_rate": {"every": "100ms", "burst": 3}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.cluster.as_deref(), Some("prod"));
+        assert_eq!(
+            r.api_read_rate,
+            RateLimit::new(Duration::from_millis(100), 3)
+        );
+        assert!(r.validate().is_ok());
+        let mut bad = r.clone();
+        bad.cluster = Some("a;b".into());
+        assert!(bad.validate().unwrap_err().to_string().contains("cluster"));
+        let mut bad = r.clone();
+        bad.api_mutating_rate.burst = 0;
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("api_mutating_rate: burst"));
         let mut bad = c;
         bad.pool.max_free = 1;
         assert!(bad.validate().is_err());

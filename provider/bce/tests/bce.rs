@@ -3,14 +3,17 @@
 
 use enim_testkit::bce as rig;
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use enim_provider::cloud::CloudBackend;
+use enim_provider::cloud::{format_created_at, parse_created_at, CloudBackend, Reaped};
+use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
 use enim_provider_bce::api::ApiClient;
-use enim_provider_bce::{BceBackend, BceConfig, Credentials, RetryPolicy};
-use enim_provider_pool::{PoolConfig, PoolStats, WarmPool};
+use enim_provider_bce::backend::description_tag;
+use enim_provider_bce::{BceBackend, BceConfig, Credentials, MethodLimits, RetryPolicy};
+use enim_provider_pool::{reap_pass, PoolConfig, PoolStats, WarmPool};
 use rig::{FakeCloud, AK, INSTANCE, PRIMARY_MAC, SK, SUBNET, VPC};
 
 fn config(cloud: &FakeCloud) -> BceConfig {
@@ -27,6 +30,9 @@ fn config(cloud: &FakeCloud) -> BceConfig {
         retry_cap: Duration::from_millis(10),
         // Small pages force every listing through several calls.
         list_page_size: 2,
+        // Out of the way: the bucket test sets its own.
+        api_mutating_rate: FAST,
+        api_read_rate: FAST,
         pool: PoolConfig {
             min_free: 2,
             max_free: 3,
@@ -38,6 +44,9 @@ fn config(cloud: &FakeCloud) -> BceConfig {
         ..BceConfig::default()
     }
 }
+
+/// A client-side rate no test notices.
+const FAST: RateLimit = RateLimit::new(Duration::from_micros(10), 1_000_000);
 
 fn owner(n: u32) -> EniOwner {
     EniOwner {
@@ -478,4 +487,270 @@ async fn build_returns_a_started_provider() {
         }
     };
     assert_eq!(cloud.world().enis[&eni.id].status, "inuse");
+}
+
+// ---- the fleet-wide reaper ----
+
+const CLUSTER: &str = "c1";
+const COOLDOWN: Duration = Duration::from_secs(600);
+
+fn in_cluster(cloud: &FakeCloud) -> BceConfig {
+    BceConfig {
+        cluster: Some(CLUSTER.into()),
+        ..config(cloud)
+    }
+}
+
+fn minutes_ago(minutes: u64) -> String {
+    format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))
+}
+
+/// What another node of `cluster` writes into a new ENI's description.
+fn marks(cluster: &str, created_at: Option<&str>) -> String {
+    let mut d = "enim: exclusive ENI of instance i-Other111, do not attach elsewhere;".to_string();
+    if let Some(t) = created_at {
+        d.push_str(&format!(" enim.io/created-at={t}"));
+    }
+    d.push_str(&format!(" enim.io/cluster={cluster}"));
+    d
+}
+
+/// An unattached ENI as another node of `cluster` leaves it.
+fn leaked(cloud: &FakeCloud, cluster: &str, created_at: Option<&str>) -> String {
+    cloud.world().add_eni_described(
+        "enim-i-Other111-0123456789ab",
+        &marks(cluster, created_at),
+        None,
+    )
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn new_enis_are_marked_with_the_cluster_and_creation_time() {
+    let cloud = FakeCloud::start().await;
+    let b = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
+    assert_eq!(b.reap_cluster(), Some(CLUSTER));
+    let before = SystemTime::now() - Duration::from_secs(1);
+    let eni = b.create_and_attach().await.unwrap();
+    let description = cloud.world().enis[&eni.id].description.clone();
+    assert_eq!(
+        description_tag(&description, "enim.io/cluster"),
+        Some(CLUSTER)
+    );
+    let created =
+        parse_created_at(description_tag(&description, "enim.io/created-at").unwrap()).unwrap();
+    assert!(created >= before && created <= SystemTime::now());
+    // Attached: never a candidate.
+    assert!(b.unattached_in_cluster().await.unwrap().is_empty());
+    b.detach_and_delete(&eni.id).await.unwrap();
+
+    // The longest cluster name still fits BCE's 200-character description.
+    let long = "x".repeat(63);
+    let b = BceBackend::discover(&BceConfig {
+        cluster: Some(long.clone()),
+        ..config(&cloud)
+    })
+    .await
+    .unwrap();
+    let eni = b.create_and_attach().await.unwrap();
+    let description = cloud.world().enis[&eni.id].description.clone();
+    assert_eq!(
+        description_tag(&description, "enim.io/cluster"),
+        Some(long.as_str())
+    );
+    b.detach_and_delete(&eni.id).await.unwrap();
+
+    // No cluster: reaper off, nothing listed, no cluster mark.
+    let b = BceBackend::discover(&config(&cloud)).await.unwrap();
+    assert_eq!(b.reap_cluster(), None);
+    leaked(&cloud, CLUSTER, Some(&minutes_ago(60)));
+    assert!(b.unattached_in_cluster().await.unwrap().is_empty());
+    let eni = b.create_and_attach().await.unwrap();
+    let description = cloud.world().enis[&eni.id].description.clone();
+    assert_eq!(description_tag(&description, "enim.io/cluster"), None);
+    b.detach_and_delete(&eni.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
+    let cloud = FakeCloud::start().await;
+    let old = minutes_ago(20);
+    let unix_old = (SystemTime::now() - Duration::from_secs(3600))
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let old_a = leaked(&cloud, CLUSTER, Some(&old));
+    let old_b = leaked(&cloud, CLUSTER, Some(&unix_old));
+    let young = leaked(&cloud, CLUSTER, Some(&minutes_ago(2)));
+    let unreadable = leaked(&cloud, CLUSTER, Some("after-lunch"));
+    let no_created = leaked(&cloud, CLUSTER, None);
+    let other_cluster = leaked(&cloud, "c2", Some(&old));
+    let (not_enims, unmarked, attached) = {
+        let mut w = cloud.world();
+        (
+            // This cluster's marks, but not an enim name: someone else's.
+            w.add_eni_described("user-eni", &marks(CLUSTER, Some(&old)), None),
+            w.add_eni_described("enim-i-Other111-unmarked0000", "made by hand", None),
+            w.add_eni_described(
+                "enim-i-NodeAAAA-attached0000",
+                &marks(CLUSTER, Some(&old)),
+                Some(INSTANCE),
+            ),
+        )
+    };
+    let b = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
+    let r = reap_pass(&b, COOLDOWN, || false).await.unwrap();
+    assert_eq!(
+        sorted(r.deleted),
+        sorted(vec![old_a.clone(), old_b.clone()])
+    );
+    assert_eq!(r.young, vec![young.clone()]);
+    assert_eq!(
+        sorted(r.unreadable),
+        sorted(vec![unreadable.clone(), no_created.clone()])
+    );
+    assert!(r.gone.is_empty() && r.spared.is_empty() && r.failed.is_empty());
+    {
+        let w = cloud.world();
+        for kept in [
+            &young,
+            &unreadable,
+            &no_created,
+            &other_cluster,
+            &not_enims,
+            &unmarked,
+            &attached,
+        ] {
+            assert!(w.enis.contains_key(kept), "{kept} was deleted");
+        }
+        assert!(!w.enis.contains_key(&old_a) && !w.enis.contains_key(&old_b));
+        assert_eq!(w.count("DELETE", "/v1/eni/"), 2);
+    }
+    // Asked directly, the backend refuses what the pass skipped.
+    for (id, why) in [
+        (&other_cluster, "no longer marked"),
+        (&not_enims, "no longer marked"),
+        (&attached, "now inuse"),
+    ] {
+        match b.reap(id).await.unwrap() {
+            Reaped::Spared(w) => assert!(w.contains(why), "{id}: {w}"),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert_eq!(cloud.world().count("DELETE", "/v1/eni/"), 2);
+}
+
+#[tokio::test]
+async fn two_reapers_racing_on_the_same_enis_both_succeed() {
+    let cloud = FakeCloud::start().await;
+    let old = minutes_ago(30);
+    for _ in 0..3 {
+        leaked(&cloud, CLUSTER, Some(&old));
+    }
+    let a = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
+    let b = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
+    // Both list before either deletes.
+    let listed_a = a.unattached_in_cluster().await.unwrap();
+    let listed_b = b.unattached_in_cluster().await.unwrap();
+    assert_eq!(listed_a, listed_b);
+    assert_eq!(listed_a.len(), 3);
+    for e in &listed_a {
+        assert_eq!(a.reap(&e.id).await.unwrap(), Reaped::Deleted);
+    }
+    for e in &listed_b {
+        assert_eq!(b.reap(&e.id).await.unwrap(), Reaped::Gone, "{}", e.id);
+    }
+    // The delete itself losing the race (404) counts as success too.
+    let last = leaked(&cloud, CLUSTER, Some(&old));
+    cloud
+        .world()
+        .inject_method
+        .push(("DELETE", 404, "EniNotFound"));
+    assert_eq!(b.reap(&last).await.unwrap(), Reaped::Gone);
+    // (The fake kept it: a real cloud's 404 means someone else deleted it.)
+
+    // Two whole passes at once: both succeed, each ENI deleted once.
+    let mut ids = HashSet::from([last]);
+    for _ in 0..3 {
+        ids.insert(leaked(&cloud, CLUSTER, Some(&old)));
+    }
+    let (ra, rb) = tokio::join!(
+        reap_pass(&a, COOLDOWN, || false),
+        reap_pass(&b, COOLDOWN, || false)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(
+        ra.failed.is_empty() && rb.failed.is_empty(),
+        "{ra:?} {rb:?}"
+    );
+    let deleted: HashSet<String> = ra.deleted.iter().chain(&rb.deleted).cloned().collect();
+    assert_eq!(deleted, ids, "{ra:?} {rb:?}");
+    assert_eq!(ra.deleted.len() + rb.deleted.len(), ids.len());
+    assert!(cloud.world().enis.keys().all(|id| !ids.contains(id)));
+}
+
+/// A burst of calls through one API client goes out at the configured
+/// rate per class; reads are not held behind the mutating calls.
+#[tokio::test]
+async fn a_burst_of_calls_is_spread_at_the_configured_rate() {
+    let cloud = FakeCloud::start().await;
+    let every = Duration::from_millis(200);
+    let limits = Arc::new(MethodLimits::new(
+        RateLimit::new(every, 2),
+        RateLimit::new(Duration::from_millis(20), 5),
+    ));
+    let api = Arc::new(api_client(&cloud).with_limits(limits));
+    let t0 = std::time::Instant::now();
+    let mut calls = Vec::new();
+    for n in 0..8 {
+        let api = api.clone();
+        // Deleting ENIs that do not exist: one request each, answered 404.
+        calls.push(tokio::spawn(async move {
+            let _ = api
+                .delete_eni(&format!("eni-none{n}"), &format!("t{n}"))
+                .await;
+        }));
+    }
+    for _ in 0..3 {
+        let api = api.clone();
+        calls.push(tokio::spawn(async move {
+            api.quota(INSTANCE).await.unwrap();
+        }));
+    }
+    for c in calls {
+        c.await.unwrap();
+    }
+    let w = cloud.world();
+    let arrivals = |method: &str| {
+        let mut at: Vec<Duration> = w
+            .log
+            .iter()
+            .filter(|l| l.method == method)
+            .map(|l| l.at - t0)
+            .collect();
+        at.sort();
+        at
+    };
+    let deletes = arrivals("DELETE");
+    assert_eq!(deletes.len(), 8);
+    for (k, at) in deletes.iter().enumerate() {
+        let due = every * u32::try_from(k.saturating_sub(1)).unwrap();
+        assert!(*at >= due, "delete {k} at {at:?}, due {due:?}: {deletes:?}");
+        assert!(
+            *at < due + Duration::from_millis(500),
+            "delete {k} at {at:?}, due {due:?}: {deletes:?}"
+        );
+    }
+    let reads = arrivals("GET");
+    assert_eq!(reads.len(), 3);
+    let last = *deletes.last().unwrap();
+    assert!(
+        reads.iter().all(|r| *r < last / 2),
+        "{reads:?} vs {deletes:?}"
+    );
 }

@@ -27,13 +27,20 @@
 //! [`MISSING_ROUNDS`] rounds in a row (detached from outside) leaves the pool,
 //! and one a pod holds is kept and reported, so a live pod's record is
 //! never dropped. Two rounds, because metadata may lag an attach.
+//!
+//! The fleet-wide reaper (when the backend names a cluster) runs on its own
+//! jittered timer, apart from the resync loop and from any pod's path: it
+//! deletes ENIs of this cluster, any node's, that are attached nowhere and
+//! older than `reap_cooldown` by their creation tag (see [`reap_pass`]).
+//! Nodes that die leave such ENIs behind; whichever node passes first
+//! deletes them, and the others find them gone.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, TAG_CREATED_AT};
 use enim_provider::retry::{Backoff, Jitter};
 use enim_provider::{
     check_at_least, AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps,
@@ -74,7 +81,20 @@ pub struct PoolConfig {
     /// one at a time makes the n-th pod of a burst wait n × 10 s. Bounded,
     /// because the account's API buckets are shared by the whole fleet.
     pub max_parallel_creates: usize,
+    /// Between two passes of the fleet-wide reaper (each delay drawn from
+    /// its upper half; the first from all of it, so nodes started together
+    /// do not reap together). Off unless the provider names a `cluster`.
+    #[serde(with = "humantime_serde")]
+    pub reap_interval: Duration,
+    /// The reaper spares ENIs younger than this (by their creation tag):
+    /// a new ENI is unattached between its create and its attach.
+    #[serde(with = "humantime_serde")]
+    pub reap_cooldown: Duration,
 }
+
+/// The shortest `reap_cooldown` accepted: an ENI's create and attach,
+/// with their retries and token waits, take well under it.
+pub const MIN_REAP_COOLDOWN: Duration = Duration::from_secs(60);
 
 impl Default for PoolConfig {
     fn default() -> Self {
@@ -85,6 +105,8 @@ impl Default for PoolConfig {
             max_backoff: Duration::from_secs(60),
             resync_interval: Duration::from_secs(30),
             max_parallel_creates: 2,
+            reap_interval: Duration::from_secs(3600),
+            reap_cooldown: Duration::from_secs(600),
         }
     }
 }
@@ -112,6 +134,14 @@ impl PoolConfig {
         if self.max_parallel_creates == 0 {
             return Err(bad("max_parallel_creates must be at least 1".into()));
         }
+        if self.reap_interval.is_zero() {
+            return Err(bad("reap_interval must be above zero".into()));
+        }
+        check_at_least(
+            ("reap_cooldown", self.reap_cooldown),
+            ("the minimum", MIN_REAP_COOLDOWN),
+        )
+        .map_err(bad)?;
         Ok(())
     }
 }
@@ -154,7 +184,8 @@ pub struct WarmPool {
     // Dropping the sender (with the pool) also stops the loop: it sees the
     // channel closed at its next step.
     stop: watch::Sender<bool>,
-    task: Mutex<Option<JoinHandle<()>>>,
+    /// The resync loop and, when on, the reaper's.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct Inner {
@@ -299,11 +330,26 @@ impl WarmPool {
             stats: watch::Sender::new(stats),
         });
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(run(inner.clone(), stop_rx));
+        let mut tasks = vec![tokio::spawn(run(inner.clone(), stop_rx.clone()))];
+        match inner.backend.reap_cluster() {
+            Some(cluster) => {
+                tracing::info!(
+                    cluster,
+                    interval = ?inner.config.reap_interval,
+                    cooldown = ?inner.config.reap_cooldown,
+                    "fleet-wide reaper on: deletes this cluster's unattached ENIs past the cooldown",
+                );
+                tasks.push(tokio::spawn(reap_loop(inner.clone(), stop_rx)));
+            }
+            None => tracing::info!(
+                backend = inner.backend.name(),
+                "fleet-wide reaper off: no cluster configured"
+            ),
+        }
         Ok(Arc::new(WarmPool {
             inner,
             stop,
-            task: Mutex::new(Some(task)),
+            tasks: Mutex::new(tasks),
         }))
     }
 
@@ -325,13 +371,26 @@ impl WarmPool {
         self.inner.round(&self.stop.subscribe(), true).await
     }
 
-    /// Stops the resync loop and waits for it to end. A cloud call in
-    /// progress is allowed to finish, so no ENI is left half-created or
-    /// half-deleted by the pool itself. Idempotent.
+    /// Runs one pass of the fleet-wide reaper now (off the timer) and
+    /// returns what it did. For tests and operators; `Ok` with nothing
+    /// done when the reaper is off.
+    pub async fn reap_now(&self) -> Result<ReapReport, ProviderError> {
+        let stop = self.stop.subscribe();
+        reap_pass(
+            self.inner.backend.as_ref(),
+            self.inner.config.reap_cooldown,
+            || stopped(&stop),
+        )
+        .await
+    }
+
+    /// Stops the resync loop (and the reaper's) and waits for them to end.
+    /// A cloud call in progress is allowed to finish, so no ENI is left
+    /// half-created or half-deleted by the pool itself. Idempotent.
     pub async fn shutdown(&self) {
         self.stop.send_replace(true);
-        let task = lock(&self.task).take();
-        if let Some(task) = task {
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
+        for task in tasks {
             if let Err(e) = task.await {
                 tracing::error!(error = %e, "warm pool loop ended abnormally");
             }
@@ -619,6 +678,120 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         if stopping {
             return;
         }
+    }
+}
+
+/// What one reaper pass did, ENI by ENI.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Deleted by this pass.
+    pub deleted: Vec<String>,
+    /// Gone before this pass's delete landed (another node won the race).
+    pub gone: Vec<String>,
+    /// Younger than the cooldown.
+    pub young: Vec<String>,
+    /// Without a readable creation tag (logged; never reaped).
+    pub unreadable: Vec<String>,
+    /// Changed since listed (attached, or retagged): left alone.
+    pub spared: Vec<String>,
+    /// Whose delete failed; the next pass tries again.
+    pub failed: Vec<String>,
+}
+
+/// One pass of the fleet-wide reaper over `backend`: lists this cluster's
+/// unattached ENIs and deletes those at least `cooldown` old by their
+/// creation tag. A failed delete is logged and counted, and the pass goes
+/// on; only a failed listing fails the pass. `stopping` is asked between
+/// ENIs, so a shutdown does not wait for a long pass.
+pub async fn reap_pass(
+    backend: &dyn CloudBackend,
+    cooldown: Duration,
+    stopping: impl Fn() -> bool,
+) -> Result<ReapReport, ProviderError> {
+    let mut report = ReapReport::default();
+    if backend.reap_cluster().is_none() {
+        return Ok(report);
+    }
+    let listed = backend
+        .unattached_in_cluster()
+        .await
+        .map_err(|e| context(e, "list this cluster's unattached ENIs"))?;
+    let now = SystemTime::now();
+    for eni in listed {
+        if stopping() {
+            break;
+        }
+        let created = match eni.created_at {
+            CreatedAt::At(t) => t,
+            CreatedAt::Missing | CreatedAt::Unreadable(_) => {
+                tracing::warn!(eni = %eni.id, created_at = ?eni.created_at, tag = TAG_CREATED_AT, "an unattached ENI of this cluster has no readable creation tag; the reaper never deletes it: check it and delete it by hand");
+                report.unreadable.push(eni.id);
+                continue;
+            }
+        };
+        // A creation time ahead of this node's clock counts as new.
+        let age = now.duration_since(created).unwrap_or_default();
+        if age < cooldown {
+            report.young.push(eni.id);
+            continue;
+        }
+        match backend.reap(&eni.id).await {
+            Ok(Reaped::Deleted) => {
+                tracing::info!(eni = %eni.id, age = ?age, "reaped a leaked ENI of this cluster (unattached past the cooldown)");
+                report.deleted.push(eni.id);
+            }
+            Ok(Reaped::Gone) => {
+                tracing::debug!(eni = %eni.id, "leaked ENI already gone: another node reaped it first");
+                report.gone.push(eni.id);
+            }
+            Ok(Reaped::Spared(why)) => {
+                tracing::info!(eni = %eni.id, %why, "leaked ENI changed since listed; not reaped");
+                report.spared.push(eni.id);
+            }
+            Err(e) => {
+                tracing::warn!(eni = %eni.id, error = %e, "reaping a leaked ENI failed; the next pass tries again");
+                report.failed.push(eni.id);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The reaper's own timer: a pass every `reap_interval`, jittered, never
+/// in a pod's path nor in the resync loop's. A failed pass is logged and
+/// tried again at the next (jittered) time: leaked ENIs cost only money,
+/// so there is no hurry to hammer a struggling API.
+async fn reap_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    // The first wait is drawn from the whole interval: nodes that start
+    // together spread their first passes over it.
+    let mut delay = Jitter::Full.apply(inner.config.reap_interval);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
+        }
+        if stopped(&stop) {
+            return;
+        }
+        let pass = reap_pass(inner.backend.as_ref(), inner.config.reap_cooldown, || {
+            stopped(&stop)
+        })
+        .await;
+        match pass {
+            Ok(r) => tracing::info!(
+                deleted = r.deleted.len(),
+                gone = r.gone.len(),
+                young = r.young.len(),
+                unreadable = r.unreadable.len(),
+                spared = r.spared.len(),
+                failed = r.failed.len(),
+                "reaper pass done"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, transient = e.is_transient(), "reaper pass failed; trying again at the next pass")
+            }
+        }
+        delay = Jitter::Equal.apply(inner.config.reap_interval);
     }
 }
 

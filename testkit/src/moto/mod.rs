@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use aws_credential_types::Credentials;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use enim_provider::ratelimit::RateLimit;
 use enim_provider_aws::credentials::CredentialsProvider;
 use enim_provider_aws::ec2::{Ec2Client, Items, NetworkInterface, QueryClient, RetryPolicy};
 use enim_provider_aws::{AwsConfig, TAG_MANAGED, TAG_NODE};
@@ -27,6 +28,8 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 
 pub const REGION: &str = "us-east-1";
+/// A client-side rate no test notices.
+pub const FAST: RateLimit = RateLimit::new(Duration::from_micros(10), 1_000_000);
 pub const INSTANCE_TYPE: &str = "m5.xlarge";
 /// DescribeInstanceTypes in moto: m5.xlarge takes 4 interfaces.
 pub const INSTANCE_ENI_LIMIT: usize = 4;
@@ -375,6 +378,9 @@ impl Env {
             api_max_backoff: Duration::from_millis(200),
             metadata_wait: Duration::from_secs(10),
             detach_timeout: Duration::from_secs(10),
+            // Out of the way: the tests of the buckets set their own.
+            api_mutating_rate: FAST,
+            api_describe_rate: FAST,
             ..AwsConfig::default()
         }
     }
@@ -420,28 +426,51 @@ impl Env {
     /// Creates an ENI as enim would (tagged for this node) without attaching
     /// it: what a crash between create and attach leaves behind.
     pub async fn create_tagged_eni(&self) -> NetworkInterface {
+        self.create_eni_with_tags(&[(TAG_MANAGED, "true"), (TAG_NODE, &self.instance_id)])
+            .await
+    }
+
+    /// Creates an unattached ENI with exactly `tags` (none: untagged), as
+    /// any node of any cluster, or someone by hand, may have left it.
+    pub async fn create_eni_with_tags(&self, tags: &[(&str, &str)]) -> NetworkInterface {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct R {
             network_interface: NetworkInterface,
         }
+        let mut params = vec![("SubnetId".to_string(), self.subnet_id.clone())];
+        if !tags.is_empty() {
+            params.push((
+                "TagSpecification.1.ResourceType".into(),
+                "network-interface".into(),
+            ));
+        }
+        for (i, (k, v)) in tags.iter().enumerate() {
+            params.push((
+                format!("TagSpecification.1.Tag.{}.Key", i + 1),
+                k.to_string(),
+            ));
+            params.push((
+                format!("TagSpecification.1.Tag.{}.Value", i + 1),
+                v.to_string(),
+            ));
+        }
         let r: R = xml(&self
             .admin_ec2
             .query()
-            .call(
-                "CreateNetworkInterface",
-                &p(&[
-                    ("SubnetId", &self.subnet_id),
-                    ("TagSpecification.1.ResourceType", "network-interface"),
-                    ("TagSpecification.1.Tag.1.Key", TAG_MANAGED),
-                    ("TagSpecification.1.Tag.1.Value", "true"),
-                    ("TagSpecification.1.Tag.2.Key", TAG_NODE),
-                    ("TagSpecification.1.Tag.2.Value", &self.instance_id),
-                ]),
-            )
+            .call("CreateNetworkInterface", &params)
             .await
             .unwrap());
         r.network_interface
+    }
+
+    /// Attaches `eni_id` to the rig's instance at `device_index` (as the
+    /// rig's admin, not through enim).
+    pub async fn attach_as_admin(&self, eni_id: &str, device_index: u32) {
+        self.admin_ec2
+            .attach_network_interface(eni_id, &self.instance_id, device_index, 0)
+            .await
+            .unwrap();
     }
 }
 

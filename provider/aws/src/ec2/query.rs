@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
+use enim_provider::ratelimit::{RateLimit, TokenBucket};
 use enim_provider::retry::{retry, Backoff};
 
 use super::error::{classify, Ec2Error};
@@ -49,6 +50,41 @@ impl RetryPolicy {
     }
 }
 
+/// This agent's token buckets, one per API class: mutating actions and
+/// describe (read-only) actions, as EC2 throttles them apart. Every call
+/// through a client, every retry included, takes a token of its class
+/// first, so one node cannot spend the account's buckets.
+#[derive(Debug)]
+pub struct ActionLimits {
+    mutating: TokenBucket,
+    describe: TokenBucket,
+}
+
+impl ActionLimits {
+    pub fn new(mutating: RateLimit, describe: RateLimit) -> Self {
+        ActionLimits {
+            mutating: TokenBucket::new(mutating),
+            describe: TokenBucket::new(describe),
+        }
+    }
+
+    /// The class of `action`: EC2's read-only actions are named
+    /// Describe*, Get* and List*; everything else changes something.
+    pub fn is_describe(action: &str) -> bool {
+        ["Describe", "Get", "List"]
+            .iter()
+            .any(|p| action.starts_with(p))
+    }
+
+    fn bucket(&self, action: &str) -> &TokenBucket {
+        if Self::is_describe(action) {
+            &self.describe
+        } else {
+            &self.mutating
+        }
+    }
+}
+
 /// Where an AWS endpoint is, by region (`*.amazonaws.com.cn` in China).
 pub fn default_endpoint(service: &str, region: &str) -> String {
     let suffix = if region.starts_with("cn-") {
@@ -68,6 +104,8 @@ pub struct QueryClient {
     version: String,
     creds: Arc<CredentialsProvider>,
     retry: RetryPolicy,
+    /// Client-side rate limits; `None`: unlimited (the test rig's admin).
+    limits: Option<Arc<ActionLimits>>,
 }
 
 impl QueryClient {
@@ -109,7 +147,15 @@ impl QueryClient {
             version: version.into(),
             creds,
             retry,
+            limits: None,
         })
+    }
+
+    /// Every request waits for a token of its class in `limits` (shared
+    /// with other clients holding the same `Arc`).
+    pub fn with_limits(mut self, limits: Arc<ActionLimits>) -> Self {
+        self.limits = Some(limits);
+        self
     }
 
     pub fn endpoint(&self) -> &str {
@@ -160,6 +206,15 @@ impl QueryClient {
     }
 
     async fn send_once(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
+        // Every request goes out with a token, retries too: a retry spends
+        // the account's bucket like any call. The wait is a timer, never a
+        // blocked thread.
+        if let Some(limits) = &self.limits {
+            let waited = limits.bucket(action).acquire().await;
+            if !waited.is_zero() {
+                tracing::debug!(action, ?waited, "waited for a client-side API token");
+            }
+        }
         let request_err = |detail: String| Ec2Error::Request {
             action: action.into(),
             detail,
@@ -282,6 +337,27 @@ mod tests {
         for _ in 0..100 {
             assert!((ms(50)..=ms(100)).contains(&p.delay(1)));
             assert!((ms(500)..=ms(1000)).contains(&p.delay(40)));
+        }
+    }
+
+    #[test]
+    fn actions_are_classed() {
+        for a in [
+            "DescribeNetworkInterfaces",
+            "DescribeInstanceTypes",
+            "GetConsoleOutput",
+            "ListUsers",
+        ] {
+            assert!(ActionLimits::is_describe(a), "{a}");
+        }
+        for a in [
+            "CreateNetworkInterface",
+            "AttachNetworkInterface",
+            "ModifyNetworkInterfaceAttribute",
+            "DetachNetworkInterface",
+            "DeleteNetworkInterface",
+        ] {
+            assert!(!ActionLimits::is_describe(a), "{a}");
         }
     }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use std::net::IpAddr;
 
@@ -27,6 +27,8 @@ pub(super) struct FakeCloud {
     events: watch::Sender<u64>,
     pub(super) create_gate: Semaphore,
     pub(super) delete_gate: Semaphore,
+    /// The cluster the reaper works for; `None`: reaper off.
+    cluster: Option<String>,
 }
 
 #[derive(Default)]
@@ -50,12 +52,20 @@ pub(super) struct FakeState {
     pub(super) attached_times: Vec<Instant>,
     /// Creates that would have exceeded the limit.
     pub(super) over_limit: usize,
+    /// When the reaper listed this cluster's unattached ENIs.
+    pub(super) reap_lists: Vec<Instant>,
+    /// ENIs the reaper deleted.
+    pub(super) reaped: Vec<String>,
 }
 
 pub(super) struct FakeEni {
     pub(super) eni: Eni,
     pub(super) attached: bool,
     pub(super) tagged: bool,
+    /// The cluster tag, if any.
+    pub(super) cluster: Option<String>,
+    /// The creation tag's value, if any.
+    pub(super) created_at: Option<String>,
 }
 
 fn eni(n: u32) -> Eni {
@@ -76,7 +86,17 @@ fn eni(n: u32) -> Eni {
 
 impl FakeCloud {
     pub(super) fn new(limit: usize) -> Arc<FakeCloud> {
+        Self::build(limit, None)
+    }
+
+    /// A cloud whose backend reaps for `cluster`.
+    pub(super) fn in_cluster(limit: usize, cluster: &str) -> Arc<FakeCloud> {
+        Self::build(limit, Some(cluster.into()))
+    }
+
+    fn build(limit: usize, cluster: Option<String>) -> Arc<FakeCloud> {
         Arc::new(FakeCloud {
+            cluster,
             st: Mutex::new(FakeState {
                 limit,
                 next_id: 1,
@@ -104,8 +124,27 @@ impl FakeCloud {
                 eni: e,
                 attached,
                 tagged,
+                cluster: None,
+                created_at: None,
             },
         );
+        id
+    }
+
+    /// Adds an ENI with cluster and creation tags, as any node of a
+    /// cluster would have made it.
+    pub(super) fn add_in_cluster(
+        &self,
+        cluster: Option<&str>,
+        created_at: Option<&str>,
+        attached: bool,
+    ) -> String {
+        // Not tagged for this node: another node of the cluster made it.
+        let id = self.add(attached, false);
+        let mut st = self.st();
+        let e = st.enis.get_mut(&id).unwrap();
+        e.cluster = cluster.map(String::from);
+        e.created_at = created_at.map(String::from);
         id
     }
 
@@ -124,8 +163,13 @@ impl FakeCloud {
     /// Waits until `pred` holds on the cloud state, re-checking after each
     /// call the fake serves.
     pub(super) async fn until(&self, pred: impl Fn(&FakeState) -> bool) {
+        self.until_within(WAIT_LIMIT, pred).await
+    }
+
+    /// As [`until`](Self::until), for states that take longer to come.
+    pub(super) async fn until_within(&self, limit: Duration, pred: impl Fn(&FakeState) -> bool) {
         let mut rx = self.events.subscribe();
-        tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|_| pred(&self.st())))
+        tokio::time::timeout(limit, rx.wait_for(|_| pred(&self.st())))
             .await
             .expect("the cloud never reached the expected state")
             .unwrap();
@@ -221,6 +265,10 @@ impl CloudBackend for FakeCloud {
                     eni: e.clone(),
                     attached: true,
                     tagged: true,
+                    cluster: self.cluster.clone(),
+                    created_at: Some(enim_provider::cloud::format_created_at(
+                        std::time::SystemTime::now(),
+                    )),
                 },
             );
             Ok(e)
@@ -304,5 +352,51 @@ impl CloudBackend for FakeCloud {
         });
         self.bump();
         result
+    }
+
+    fn reap_cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    async fn unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, ProviderError> {
+        // Every listing is noted, failed ones too.
+        self.st().reap_lists.push(Instant::now());
+        self.bump();
+        self.api()?;
+        let list = {
+            let st = self.st();
+            st.enis
+                .values()
+                .filter(|e| !e.attached && e.cluster.is_some() && e.cluster == self.cluster)
+                .map(|e| UnattachedEni {
+                    id: e.eni.id.clone(),
+                    created_at: CreatedAt::from_tag(e.created_at.as_deref()),
+                })
+                .collect()
+        };
+        self.bump();
+        Ok(list)
+    }
+
+    async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        self.enter(&self.delete_gate, |st| st.hold_deletes).await;
+        self.injected_failure()?;
+        let result = {
+            let mut st = self.st();
+            match st.enis.get(eni_id) {
+                None => Reaped::Gone,
+                Some(e) if e.attached => Reaped::Spared("attached".into()),
+                Some(e) if e.cluster.is_none() || e.cluster != self.cluster => {
+                    Reaped::Spared("not this cluster's".into())
+                }
+                Some(_) => {
+                    st.enis.remove(eni_id);
+                    st.reaped.push(eni_id.into());
+                    Reaped::Deleted
+                }
+            }
+        };
+        self.bump();
+        Ok(result)
     }
 }
