@@ -56,6 +56,11 @@ pub struct WarmIpConfig {
     /// Addresses asked for in one call at most: a burst is served by a few
     /// large calls, not many small ones.
     pub max_batch: usize,
+    /// Secondary addresses per ENI at most, below the instance type's
+    /// limit (keeps ENIs less dense, e.g. for security-group planning);
+    /// none: the instance type's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_eni: Option<usize>,
     /// Longest pause between checks when nothing woke the pool; each is
     /// drawn from its upper half (jitter). Checks on this timer also
     /// compare the store with the cloud's view (drift).
@@ -76,6 +81,7 @@ impl Default for WarmIpConfig {
             min_allocate: 0,
             max_above_watermark: 4,
             max_batch: 10,
+            max_per_eni: None,
             resync_interval: Duration::from_secs(30),
             initial_retry: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
@@ -87,6 +93,9 @@ impl WarmIpConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_batch == 0 {
             return Err("[secondary.pool] max_batch must be at least 1".into());
+        }
+        if self.max_per_eni == Some(0) {
+            return Err("[secondary.pool] max_per_eni must be at least 1".into());
         }
         for (name, d) in [
             ("resync_interval", self.resync_interval),
@@ -160,10 +169,16 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
     if deficit > 0 {
         // Room per ENI, in slots: the ENI's own addresses count toward the
         // instance type's per-interface limits.
+        let cap = config.max_per_eni.unwrap_or(usize::MAX);
         let room = |u: &EniUsage| {
-            let v4 = node.limits.secondary_ipv4_per_eni().saturating_sub(u.ipv4);
+            let v4 = node
+                .limits
+                .secondary_ipv4_per_eni()
+                .min(cap)
+                .saturating_sub(u.ipv4);
             if dual {
-                v4.min(node.limits.ipv6_per_eni.saturating_sub(1 + u.ipv6))
+                let v6 = node.limits.ipv6_per_eni.saturating_sub(1).min(cap);
+                v4.min(v6.saturating_sub(u.ipv6))
             } else {
                 v4
             }
@@ -607,6 +622,26 @@ mod tests {
     }
 
     #[test]
+    fn max_per_eni_caps_each_eni_below_the_instance_limit() {
+        let c = WarmIpConfig {
+            max_per_eni: Some(4),
+            ..config()
+        };
+        assert_eq!(
+            plan(&c, &[eni("eni-a", 4, 1)], &node(2, 0)),
+            PoolStep::AttachEni
+        );
+        assert_eq!(
+            plan(&c, &[eni("eni-a", 2, 1)], &node(2, 0)),
+            PoolStep::Assign {
+                eni_id: "eni-a".into(),
+                ipv4: 2,
+                ipv6: 0
+            }
+        );
+    }
+
+    #[test]
     fn batches_are_bounded() {
         let c = WarmIpConfig {
             pre_allocate: 30,
@@ -629,6 +664,10 @@ mod tests {
         for bad in [
             WarmIpConfig {
                 max_batch: 0,
+                ..WarmIpConfig::default()
+            },
+            WarmIpConfig {
+                max_per_eni: Some(0),
                 ..WarmIpConfig::default()
             },
             WarmIpConfig {

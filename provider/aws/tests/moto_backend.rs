@@ -653,3 +653,99 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
         .iter()
         .all(|e| !ids.contains(&e.network_interface_id)));
 }
+
+/// Secondary mode's verbs on moto: the instance type's address limits,
+/// IPv4 and IPv6 addresses assigned and shown by metadata, unassigned
+/// (twice: the second is no error), and refused on an ENI that is not a
+/// secondary interface of this instance.
+#[tokio::test]
+async fn secondary_addresses_assign_unassign_and_limits() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let config = AwsConfig {
+        assign_ipv6: true,
+        ..env.config()
+    };
+    let b = backend(&env, &config).await;
+    let limits = b.address_limits().await.unwrap();
+    // m5.xlarge: 4 interfaces of 15 IPv4 and 15 IPv6 addresses each.
+    assert_eq!(limits.enis, INSTANCE_ENI_LIMIT);
+    assert_eq!((limits.ipv4_per_eni, limits.ipv6_per_eni), (15, 15));
+
+    let eni = b.create_and_attach().await.unwrap();
+    assert_eq!(eni.device_index, Some(1));
+    assert!(eni.secondary_ips.is_empty(), "{:?}", eni.secondary_ips);
+    let new = b.assign_addresses(&eni.id, 3, 2).await.unwrap();
+    let (v4, v6): (Vec<_>, Vec<_>) = new.iter().partition(|ip| ip.is_ipv4());
+    assert_eq!((v4.len(), v6.len()), (3, 2), "{new:?}");
+    for ip in &v4 {
+        assert!(
+            ipnet::Ipv4Net::new(eni.ipv4.network(), eni.ipv4.prefix_len())
+                .unwrap()
+                .contains(&match ip {
+                    std::net::IpAddr::V4(a) => *a,
+                    _ => unreachable!(),
+                }),
+            "{ip} outside {}",
+            eni.ipv4
+        );
+        assert_ne!(*ip, std::net::IpAddr::V4(eni.ipv4.addr()));
+    }
+    // Metadata shows them too: what a restarted agent rebuilds from.
+    let shown = b.attached().await.unwrap();
+    let mut seen = shown[0].secondary_ips.clone();
+    seen.sort();
+    let mut want = new.clone();
+    want.sort();
+    assert_eq!(seen, want);
+
+    b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
+    b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
+    let moto = env
+        .all_enis()
+        .await
+        .into_iter()
+        .find(|e| e.network_interface_id == eni.id)
+        .unwrap();
+    // EC2 lists the ENI's own IPv6 address among them; metadata's view
+    // (what the pool serves) does not.
+    let own6 = eni.ipv6.map(|n| std::net::IpAddr::V6(n.addr()));
+    let mut left: Vec<_> = moto
+        .secondary_ips()
+        .into_iter()
+        .filter(|ip| Some(*ip) != own6)
+        .collect();
+    left.sort();
+    let mut want: Vec<_> = new[2..].to_vec();
+    want.sort();
+    assert_eq!(left, want);
+
+    // Never on the primary interface or someone else's ENI.
+    let primary = env
+        .all_enis()
+        .await
+        .into_iter()
+        .find(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.device_index == Some(0))
+        })
+        .unwrap();
+    let e = b
+        .assign_addresses(&primary.network_interface_id, 1, 0)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ProviderError::Config(_)), "{e:?}");
+    let loose = env.create_eni_with_tags(&[]).await;
+    let e = b
+        .assign_addresses(&loose.network_interface_id, 1, 0)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ProviderError::Config(_)), "{e:?}");
+    assert_eq!(
+        b.assign_addresses("eni-0000000000000dead", 1, 0).await,
+        Err(ProviderError::UnknownEni("eni-0000000000000dead".into()))
+    );
+    delete_and_check_none_left(&env, &b, &eni.id).await;
+}

@@ -251,7 +251,18 @@ async fn imds_handler(
         "device-number" => Some(att.device_index.unwrap().to_string()),
         "network-card" => (card_key == CardKey::NetworkCard).then_some(card),
         "network-card-index" => (card_key == CardKey::LegacyIndex).then_some(card),
-        "local-ipv4s" => eni.private_ip_address.clone(),
+        // Every private IPv4 address, the primary first, as EC2 lists them.
+        "local-ipv4s" => {
+            let mut v4: Vec<&str> = eni.private_ip_address.iter().map(String::as_str).collect();
+            v4.extend(
+                eni.private_ip_addresses_set
+                    .item
+                    .iter()
+                    .map(|i| i.private_ip_address.as_str())
+                    .filter(|ip| Some(*ip) != eni.private_ip_address.as_deref()),
+            );
+            (!v4.is_empty()).then(|| v4.join("\n"))
+        }
         "subnet-id" => Some(eni.subnet_id.clone()),
         "subnet-ipv4-cidr-block" => Some(subnet.cidr_block.clone()),
         "ipv6s" => (!v6.is_empty()).then(|| v6.join("\n")),

@@ -96,8 +96,9 @@ impl NetworkInterface {
             .map(|t| t.value.as_str())
     }
 
-    /// Its secondary addresses (IPv4 but the primary, and IPv6) as EC2
-    /// lists them; unparsable entries are skipped.
+    /// Its addresses but the primary IPv4 (so its own IPv6 address too),
+    /// as EC2 lists them; unparsable entries are skipped. For telling new
+    /// addresses from old ones.
     pub fn secondary_ips(&self) -> Vec<std::net::IpAddr> {
         let v4 = self
             .private_ip_addresses_set
