@@ -3,10 +3,11 @@
 //! kernel, and the [`DataStore`] of their addresses.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, MutexGuard, RwLock};
 
 use enim_provider::{Eni, EniProvider, MacAddr, ProviderError};
+use ipnet::Ipv4Net;
 
 use super::datastore::{DataStore, DataStoreError};
 use super::plumbing::{HostEniSpec, SecondaryPlumbing};
@@ -26,6 +27,29 @@ pub struct HostEni {
     pub mtu: u32,
     /// It has an IPv6 address and gateway: it can serve IPv6 pods.
     pub ipv6: bool,
+    /// Its own IPv4 address in its subnet, and the subnet's router: pods'
+    /// IPv4 addresses must be other host addresses of that subnet.
+    pub ipv4: Ipv4Net,
+    pub gateway4: Ipv4Addr,
+}
+
+impl HostEni {
+    /// Whether a pod may have `ip` on this ENI: for IPv4, a host address
+    /// of its subnet other than its own and the router's (a cloud, or an
+    /// emulator of one, could hand out the network or broadcast address).
+    pub fn usable(&self, ip: &IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => {
+                let net = self.ipv4.trunc();
+                net.contains(v4)
+                    && *v4 != net.network()
+                    && *v4 != net.broadcast()
+                    && *v4 != self.ipv4.addr()
+                    && *v4 != self.gateway4
+            }
+            IpAddr::V6(_) => self.ipv6,
+        }
+    }
 }
 
 pub struct HostEnis {
@@ -152,7 +176,6 @@ impl HostEnis {
             Err(e @ PlumbingError::LinkNotFound { .. }) => return Ok(Err(Skipped::NotPlugged(e))),
             Err(e) => return Err(EngineError::plumbing("set up host ENI")(e)),
         };
-        let addresses = self.offered(eni, spec.ipv6.is_some(), exclusions);
         tracing::info!(eni = %eni.id, name = %spec.name, table = spec.table, "host ENI ready");
         let host = HostEni {
             id: eni.id.clone(),
@@ -162,25 +185,28 @@ impl HostEnis {
             table: spec.table,
             mtu: link.mtu,
             ipv6: spec.ipv6.is_some(),
+            ipv4: eni.ipv4,
+            gateway4: eni.gateway4,
         };
+        let addresses = self.offered(eni, &host, exclusions);
         Ok(Ok((host, addresses)))
     }
 
-    /// The secondary addresses of `eni` pods may have: not excluded, and
-    /// IPv6 only where the ENI has an IPv6 gateway.
+    /// The secondary addresses of `eni` a pod may have: not excluded, and
+    /// usable on it (see [`HostEni::usable`]).
     pub(super) fn offered(
         &self,
         eni: &Eni,
-        has_ipv6: bool,
+        host: &HostEni,
         exclusions: &Exclusions,
     ) -> Vec<IpAddr> {
         eni.secondary_ips
             .iter()
             .filter(|ip| !exclusions.is_excluded_address(ip))
             .filter(|ip| {
-                let ok = ip.is_ipv4() || has_ipv6;
+                let ok = host.usable(ip);
                 if !ok {
-                    tracing::warn!(eni = %eni.id, %ip, "IPv6 secondary address on an ENI without IPv6 gateway; not used");
+                    tracing::warn!(eni = %eni.id, %ip, "secondary address no pod can use on this ENI (IPv6 without an IPv6 gateway, or not a host address of its subnet); not used");
                 }
                 ok
             })
@@ -197,7 +223,15 @@ impl HostEnis {
     ) -> Result<(), DataStoreError> {
         store.add_eni(&host.id, host.device_index)?;
         for ip in addresses {
-            store.add_address(&host.id, *ip)?;
+            match store.add_address(&host.id, *ip) {
+                Ok(()) => {}
+                // The cloud shows it on two ENIs (no real cloud does; an
+                // emulator may): served on the first only, not fatal.
+                Err(DataStoreError::AddressAlreadyInStore(_)) => {
+                    tracing::error!(eni = %host.id, %ip, "address shown on two ENIs; served on the first only");
+                }
+                Err(e) => return Err(e),
+            }
         }
         enis.insert(host.id.clone(), host);
         Ok(())

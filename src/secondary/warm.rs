@@ -355,9 +355,14 @@ impl Shared {
                     }
                 }
                 PoolStep::Assign { eni_id, ipv4, ipv6 } => {
-                    let new = ips.assign(&eni_id, ipv4, ipv6).await?;
+                    let mut new = ips.assign(&eni_id, ipv4, ipv6).await?;
                     crash_point("pool:after-assign");
+                    let unusable = self.unusable(&eni_id, &mut new);
                     self.join(&eni_id, &new);
+                    if !unusable.is_empty() {
+                        tracing::warn!(eni = %eni_id, ?unusable, "the cloud assigned addresses no pod can use; giving them back");
+                        ips.unassign(&eni_id, &unusable).await?;
+                    }
                     if new.is_empty() {
                         return Err(EngineError::AddressStore(format!(
                             "the cloud assigned no address to {eni_id} ({ipv4} IPv4, {ipv6} IPv6 asked)"
@@ -385,6 +390,17 @@ impl Shared {
         Ok(())
     }
 
+    /// Takes out of `new` the addresses no pod can use on `eni_id` (see
+    /// [`HostEni::usable`](super::host::HostEni::usable)) and returns them.
+    fn unusable(&self, eni_id: &str, new: &mut Vec<IpAddr>) -> Vec<IpAddr> {
+        let Some(host) = self.host.host_eni(eni_id) else {
+            return Vec::new();
+        };
+        let (ok, bad) = new.iter().partition(|ip| host.usable(ip));
+        *new = ok;
+        bad
+    }
+
     /// New addresses of `eni_id` join the store, free.
     fn join(&self, eni_id: &str, ips: &[IpAddr]) {
         let mut store = self.host.store();
@@ -409,7 +425,7 @@ impl Shared {
             let shown = listed
                 .iter()
                 .find(|e| e.id == host.id)
-                .map(|e| self.host.offered(e, host.ipv6, &exclusions))
+                .map(|e| self.host.offered(e, &host, &exclusions))
                 .unwrap_or_default();
             let out = self.host.store().sync_eni(&host.id, &shown)?;
             if !out.added.is_empty() {

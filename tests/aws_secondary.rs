@@ -1,0 +1,255 @@
+//! Secondary mode on "AWS": a real `enimd` with `mode = "secondary"` and
+//! `type = "aws"` over moto (EC2 and IAM, signatures checked) and the fake
+//! IMDSv2, and the real `enim` plugin. Pods get secondary addresses the
+//! warm address pool assigns (AssignPrivateIpAddresses); when the attached
+//! ENIs are full, the pool attaches another; surplus addresses are given
+//! back after their cooldown; a restart keeps every live pod's address.
+//!
+//! The sandbox is the one of `aws_e2e.rs`: each ENI moto attaches shows up
+//! as a veth with its MAC in a host namespace, its far end on a bridge
+//! holding the subnet's router address in a gateway namespace.
+//!
+//! Scale it with `ENIM_AWS_SECONDARY_PODS` (pods per wave, default 6),
+//! `ENIM_AWS_SECONDARY_WAVES` (default 1) and `ENIM_AWS_SECONDARY_PER_ENI`
+//! (addresses per ENI at most, default 4; `0`: the instance type's limit).
+//! It prints the cloud calls by action.
+
+#[path = "aws/mod.rs"]
+mod aws;
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use aws::{blocking, sandbox, start_enimd};
+use common::{enim, NamedNetns};
+use enim_testkit::agent::net_conf;
+use enim_testkit::moto as aws_rig;
+
+const NETWORK: &str = "enim-aws-secondary";
+/// Warm pool watermarks of the test (`[secondary.pool]`).
+const PRE_ALLOCATE: usize = 2;
+const MAX_ABOVE_WATERMARK: usize = 1;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn secondary_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, per_eni: usize) -> String {
+    let cap = if per_eni == 0 {
+        String::new()
+    } else {
+        format!("max_per_eni = {per_eni}\n")
+    };
+    format!(
+        "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
+         gc_interval = \"0s\"\n\
+         [secondary]\ncooldown = \"1s\"\n\
+         [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
+         {cap}resync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
+         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n",
+        sock = dir.join("enimd.sock").display().to_string(),
+        ckpt = dir.join("state/checkpoint.json").display().to_string(),
+        netns = host.path().display().to_string(),
+        imds = env.imds.url,
+        ec2 = env.proxy.url,
+    )
+}
+
+/// Every secondary address moto has on this instance's ENIs but the
+/// primary interface, by ENI.
+async fn cloud_addresses(env: &aws_rig::Env) -> BTreeMap<String, Vec<IpAddr>> {
+    env.all_enis()
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.attachment.as_ref().is_some_and(|a| {
+                a.instance_id.as_deref() == Some(env.instance_id.as_str())
+                    && a.device_index != Some(0)
+            }) && e.attached_instance().is_some()
+        })
+        .map(|e| {
+            let ips = e.secondary_ips();
+            (e.network_interface_id, ips)
+        })
+        .collect()
+}
+
+fn total(addresses: &BTreeMap<String, Vec<IpAddr>>) -> usize {
+    addresses.values().map(Vec::len).sum()
+}
+
+/// ADD as a runtime does it: "try again later" (11) is retried.
+fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
+        if out.status == 0 || Instant::now() > deadline {
+            return out.ok();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
+    common::require_kernel!();
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+    let pods_per_wave = env_usize("ENIM_AWS_SECONDARY_PODS", 6);
+    let waves = env_usize("ENIM_AWS_SECONDARY_WAVES", 1);
+    let per_eni = env_usize("ENIM_AWS_SECONDARY_PER_ENI", 4);
+
+    let (host, _gw) = sandbox(&env);
+    // One ENI an earlier run left attached, with no secondary address yet.
+    let earlier = env.create_tagged_eni().await;
+    env.admin_ec2
+        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = secondary_config(dir.path(), &host, &env, per_eni);
+    let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
+
+    // The pool fills to pre_allocate on the adopted ENI.
+    aws_rig::eventually(
+        Duration::from_secs(20),
+        "pre_allocate addresses",
+        || async { total(&cloud_addresses(&env).await) == PRE_ALLOCATE },
+    )
+    .await;
+    assert_eq!(
+        cloud_addresses(&env).await.keys().collect::<Vec<_>>(),
+        [&earlier.network_interface_id]
+    );
+
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
+    let mut max_enis = 0;
+    for wave in 0..waves {
+        let pods: Vec<NamedNetns> = (0..pods_per_wave)
+            .map(|i| NamedNetns::new(&format!("awss{i}")))
+            .collect();
+        let mut seen = HashSet::new();
+        for (i, pod) in pods.iter().enumerate() {
+            let r = blocking(|| add_retrying(&format!("w{wave}p{i}"), pod, &conf));
+            let ip = r["ips"][0]["address"].as_str().unwrap().to_string();
+            assert!(ip.starts_with("10.0.1.") && ip.ends_with("/32"), "{r}");
+            assert!(seen.insert(ip.clone()), "{ip} handed out twice");
+        }
+        // Every pod reaches the router, out of its ENI.
+        for pod in &pods {
+            if !blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])) {
+                for (ns, args) in [
+                    (&host.name, &["ip", "-d", "link"][..]),
+                    (&host.name, &["ip", "rule"][..]),
+                    (&host.name, &["ip", "route", "show", "table", "all"][..]),
+                    (&host.name, &["ip", "neigh", "show", "proxy"][..]),
+                    (&host.name, &["ip", "neigh"][..]),
+                    (&_gw.name, &["ip", "neigh"][..]),
+                    (&_gw.name, &["bridge", "link"][..]),
+                    (&pod.name, &["ip", "addr"][..]),
+                    (&pod.name, &["ip", "neigh"][..]),
+                ] {
+                    let out = std::process::Command::new("ip")
+                        .args(["netns", "exec", ns.as_str()])
+                        .args(args)
+                        .output()
+                        .unwrap();
+                    eprintln!("== {ns} {args:?}\n{}", String::from_utf8_lossy(&out.stdout));
+                }
+                let again = blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"]));
+                panic!("ping from {} failed; again: {again}", pod.name);
+            }
+        }
+        let cloud = cloud_addresses(&env).await;
+        max_enis = max_enis.max(cloud.len());
+        if per_eni > 0 {
+            // Grown by ENIs once the first was full.
+            let needed = pods_per_wave.div_ceil(per_eni);
+            assert!(cloud.len() >= needed, "{cloud:?}");
+            assert!(cloud.values().all(|ips| ips.len() <= per_eni), "{cloud:?}");
+        }
+        // Every pod's address is assigned in the cloud, on one ENI.
+        let in_cloud: HashSet<String> = cloud
+            .values()
+            .flatten()
+            .map(|ip| format!("{ip}/32"))
+            .collect();
+        assert!(seen.is_subset(&in_cloud), "{seen:?} vs {cloud:?}");
+
+        if wave == 0 {
+            // A restart keeps every live pod's address, and the pool picks
+            // up where it was.
+            blocking(|| agent.stop());
+            blocking(|| agent.restart());
+            let listed = blocking(|| agent.ctl(&["attachments"]));
+            let kept: HashSet<String> = listed["attachments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|a| Some(format!("{}/32", a["ipv4"].as_str()?)))
+                .collect();
+            assert_eq!(kept, seen, "{listed}");
+            for pod in &pods {
+                assert!(blocking(
+                    || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
+                ));
+            }
+        }
+        for (i, pod) in pods.iter().enumerate() {
+            blocking(|| {
+                enim(
+                    "DEL",
+                    &format!("w{wave}p{i}"),
+                    Some(&pod.path()),
+                    "eth0",
+                    &conf,
+                )
+                .ok()
+            });
+        }
+        // Surplus goes back after the cooldown: pre_allocate +
+        // max_above_watermark free addresses stay.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let cloud = cloud_addresses(&env).await;
+            if total(&cloud) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK {
+                break;
+            }
+            if Instant::now() > deadline {
+                let status = blocking(|| agent.ctl(&["status"]));
+                panic!("surplus not released: cloud {cloud:?}, agent {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let status = blocking(|| agent.ctl(&["status"]));
+    blocking(|| agent.stop());
+
+    let calls: Vec<String> = [
+        "AssignPrivateIpAddresses",
+        "UnassignPrivateIpAddresses",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+        "ModifyNetworkInterfaceAttribute",
+        "DescribeNetworkInterfaces",
+        "DescribeInstanceTypes",
+    ]
+    .iter()
+    .map(|a| format!("{a} {}", env.proxy.calls(a)))
+    .collect();
+    eprintln!(
+        "secondary mode on moto: {} ADDs and {0} DELs in {waves} wave(s), up to {max_enis} ENIs; cloud calls: {}; final status {status}",
+        pods_per_wave * waves,
+        calls.join(", ")
+    );
+    assert!(env.proxy.calls("AssignPrivateIpAddresses") >= 1);
+    assert!(env.proxy.calls("UnassignPrivateIpAddresses") >= 1);
+}
