@@ -239,6 +239,20 @@ mod tests {
         ]
     }
 
+    /// `full(cmd)` without `name`.
+    fn full_without<'a>(cmd: &'a str, name: &str) -> Vec<(&'a str, &'a str)> {
+        let mut vars = full(cmd);
+        vars.retain(|(k, _)| *k != name);
+        vars
+    }
+
+    /// A full ADD with `name` set to `value`.
+    fn add_with<'a>(name: &'a str, value: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut vars = full_without("ADD", name);
+        vars.push((name, value));
+        vars
+    }
+
     fn msg_of(r: Result<CniEnv, CniError>) -> String {
         let e = r.unwrap_err();
         assert_eq!(e.code(), 4, "{e}");
@@ -284,25 +298,17 @@ mod tests {
     fn missing_variables_are_named() {
         for name in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_NETNS"] {
             for cmd in ["ADD", "CHECK"] {
-                let vars: Vec<_> = full(cmd).into_iter().filter(|(k, _)| *k != name).collect();
-                let msg = msg_of(env_of(&vars));
+                let msg = msg_of(env_of(&full_without(cmd, name)));
                 assert!(msg.contains(name), "{cmd} without {name}: {msg}");
             }
         }
         // Empty counts as unset.
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_IFNAME");
-        vars.push(("CNI_IFNAME", ""));
-        assert!(msg_of(env_of(&vars)).contains("CNI_IFNAME"));
+        assert!(msg_of(env_of(&add_with("CNI_IFNAME", ""))).contains("CNI_IFNAME"));
     }
 
     #[test]
     fn del_netns_optional() {
-        let vars: Vec<_> = full("DEL")
-            .into_iter()
-            .filter(|(k, _)| *k != "CNI_NETNS")
-            .collect();
-        let env = env_of(&vars).unwrap();
+        let env = env_of(&full_without("DEL", "CNI_NETNS")).unwrap();
         assert_eq!(env.netns, None);
         assert!(
             msg_of(env_of(&[("CNI_COMMAND", "DEL"), ("CNI_IFNAME", "eth0")]))
@@ -326,23 +332,17 @@ mod tests {
         for bad in ["", "-a", ".a", "_a", "a/b", "a b", "a:b", "é"] {
             assert!(!valid_container_id(bad), "{bad}");
         }
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_CONTAINERID");
-        vars.push(("CNI_CONTAINERID", "-bad"));
+        let vars = add_with("CNI_CONTAINERID", "-bad");
         assert!(msg_of(env_of(&vars)).contains("CNI_CONTAINERID"));
     }
 
     #[test]
     fn ifname_and_netns_checked() {
         for bad in ["a/b", "a:b", "a b", ".", "..", "sixteen-chars-xx"] {
-            let mut vars = full("ADD");
-            vars.retain(|(k, _)| *k != "CNI_IFNAME");
-            vars.push(("CNI_IFNAME", bad));
+            let vars = add_with("CNI_IFNAME", bad);
             assert!(msg_of(env_of(&vars)).contains("CNI_IFNAME"), "{bad}");
         }
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_NETNS");
-        vars.push(("CNI_NETNS", "netns/x"));
+        let vars = add_with("CNI_NETNS", "netns/x");
         assert!(msg_of(env_of(&vars)).contains("CNI_NETNS"));
     }
 
