@@ -548,11 +548,18 @@ mod tests {
         }
     }
 
+    /// A checkpoint at `name` in a fresh temporary dir (kept alive by the
+    /// first element): the dir, its path and the opened checkpoint.
+    fn open_in(name: &str, fsync: bool) -> (tempfile::TempDir, PathBuf, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        let cp = Checkpoint::open(&path, fsync).unwrap();
+        (dir, path, cp)
+    }
+
     #[tokio::test]
     async fn expiry_is_set_on_ready_records_cleared_and_rolled_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cp.json");
-        let cp = Checkpoint::open(&path, false).unwrap();
+        let (_dir, path, cp) = open_in("cp.json", false);
         let ready = attachment("r");
         let adding = Record {
             phase: Phase::Adding,
@@ -603,9 +610,7 @@ mod tests {
 
     #[tokio::test]
     async fn round_trip_and_versioned() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/checkpoint.json");
-        let cp = Checkpoint::open(&path, true).unwrap();
+        let (_dir, path, cp) = open_in("sub/checkpoint.json", true);
         cp.put(attachment("a")).await.unwrap();
         cp.put(attachment("b")).await.unwrap();
         cp.remove(&attachment("a").key).await.unwrap();
@@ -645,9 +650,7 @@ mod tests {
 
     #[tokio::test]
     async fn failed_write_leaves_memory_as_disk() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let cp = Checkpoint::open(&path, false).unwrap();
+        let (_dir, path, cp) = open_in("checkpoint.json", false);
         cp.put(attachment("a")).await.unwrap();
         cp.fail_nth_write(1);
         assert!(cp.put(attachment("b")).await.is_err());
