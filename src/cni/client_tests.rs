@@ -212,7 +212,7 @@ fn api_error_passes_through() {
         matches!(&e, ClientError::Api { status: 404, error } if *error == want),
         "{e:?}"
     );
-    assert_eq!(CniError::from(e), CniError::Agent(want));
+    assert_eq!(CniError::from(e), CniError::from(want));
 }
 
 #[test]

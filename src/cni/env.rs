@@ -28,7 +28,7 @@ impl Command {
             "GC" => Command::Gc,
             "STATUS" => Command::Status,
             other => {
-                return Err(CniError::InvalidEnv(format!(
+                return Err(CniError::invalid_env(format!(
                     "CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"
                 )))
             }
@@ -59,7 +59,7 @@ pub struct CniEnv {
 /// Reads CNI_COMMAND alone, so VERSION and unknown verbs need nothing else.
 pub fn command(lookup: &dyn Fn(&str) -> Option<OsString>) -> Result<Command, CniError> {
     let cmd = var(lookup, "CNI_COMMAND")?
-        .ok_or_else(|| CniError::InvalidEnv("CNI_COMMAND is not set".into()))?;
+        .ok_or_else(|| CniError::invalid_env("CNI_COMMAND is not set"))?;
     Command::parse(&cmd)
 }
 
@@ -85,7 +85,7 @@ impl CniEnv {
 
         let id = required(lookup, "CNI_CONTAINERID")?;
         if !valid_container_id(&id) {
-            return Err(CniError::InvalidEnv(format!(
+            return Err(CniError::invalid_env(format!(
                 "CNI_CONTAINERID {id:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
             )));
         }
@@ -103,7 +103,7 @@ impl CniEnv {
         if let Some(ns) = netns {
             // The agent opens it with another working directory.
             if !ns.starts_with('/') {
-                return Err(CniError::InvalidEnv(format!(
+                return Err(CniError::invalid_env(format!(
                     "CNI_NETNS {ns:?} is not an absolute path"
                 )));
             }
@@ -125,12 +125,12 @@ fn var(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<Option<S
         Some(v) => v
             .into_string()
             .map(Some)
-            .map_err(|_| CniError::InvalidEnv(format!("{name} is not valid UTF-8"))),
+            .map_err(|_| CniError::invalid_env(format!("{name} is not valid UTF-8"))),
     }
 }
 
 fn required(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<String, CniError> {
-    var(lookup, name)?.ok_or_else(|| CniError::InvalidEnv(format!("{name} is not set")))
+    var(lookup, name)?.ok_or_else(|| CniError::invalid_env(format!("{name} is not set")))
 }
 
 /// The spec's container id pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
@@ -145,7 +145,7 @@ pub fn valid_container_id(id: &str) -> bool {
 
 /// What the kernel accepts as a link name (the checks libcni also makes).
 fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let bad = |why: &str| CniError::InvalidEnv(format!("CNI_IFNAME {name:?} is invalid: {why}"));
+    let bad = |why: &str| CniError::invalid_env(format!("CNI_IFNAME {name:?} is invalid: {why}"));
     if name.len() > 15 {
         return Err(bad("longer than 15 bytes"));
     }
@@ -168,10 +168,10 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
     // A trailing ';' leaves an empty segment; it carries nothing.
     for pair in args.split(';').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(|| {
-            CniError::InvalidEnv(format!("CNI_ARGS: {pair:?} is not a KEY=VALUE pair"))
+            CniError::invalid_env(format!("CNI_ARGS: {pair:?} is not a KEY=VALUE pair"))
         })?;
         if k.is_empty() {
-            return Err(CniError::InvalidEnv(format!(
+            return Err(CniError::invalid_env(format!(
                 "CNI_ARGS: {pair:?} has an empty key"
             )));
         }
@@ -186,7 +186,7 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
                 "1" | "true" => true,
                 "0" | "false" => false,
                 _ => {
-                    return Err(CniError::InvalidEnv(format!(
+                    return Err(CniError::invalid_env(format!(
                         "CNI_ARGS: IgnoreUnknown={v:?} is not 1, true, 0 or false"
                     )))
                 }
@@ -207,7 +207,7 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
         }
     }
     if !unknown.is_empty() && !ignore_unknown {
-        return Err(CniError::InvalidEnv(format!(
+        return Err(CniError::invalid_env(format!(
             "CNI_ARGS: unknown key(s) {} (set IgnoreUnknown=1 to accept them)",
             unknown.join(", ")
         )));
