@@ -8,17 +8,10 @@ mod common;
 use common::*;
 use enim::support::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
 
-fn crash_env(point: &str) -> Vec<(String, String)> {
-    vec![("ENIMD_CRASH_AT".into(), point.into())]
-}
-
 /// After the crash at `point`: enimd restarts cleanly, GC runs, and the
 /// no-leak invariant holds.
 fn recover_from_crash(sb: &Sandbox, pod: &NamedNetns, agent: &mut Agent, point: &str) {
-    agent.wait_crashed();
-    agent.env.clear();
-    agent.restart();
-    agent.ctl(&["gc"]);
+    agent.recover_crash();
     assert_invariant(sb, &[pod], agent, &[], point);
 }
 
@@ -31,13 +24,8 @@ fn assert_all_home_and_unrecorded(sb: &Sandbox, agent: &Agent) {
 fn crash_at_every_add_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("add:")) {
-        let sb = Sandbox::new(2);
-        let pod = NamedNetns::new("pod");
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
+        let (sb, pod, _dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
+        agent.arm_crash(point);
         let conf = agent.net_conf("1.1.0");
         let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
         out.err(11); // the agent died mid-request: try again later
@@ -55,15 +43,10 @@ fn crash_at_every_add_point_then_restart_and_gc() {
 fn crash_at_every_del_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("del:")) {
-        let sb = Sandbox::new(2);
-        let pod = NamedNetns::new("pod");
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
+        let (sb, pod, _dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
         let conf = agent.net_conf("1.1.0");
         enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
+        agent.arm_crash(point);
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).err(11);
         recover_from_crash(&sb, &pod, &mut agent, point);
         // The runtime retries the DEL.
@@ -100,16 +83,10 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
         if !is_add {
             enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
         }
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
+        agent.arm_crash(point);
         let verb = if is_add { "ADD" } else { "DEL" };
         enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.wait_crashed();
-
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        agent.recover_crash();
         match pods(&agent).as_slice() {
             [] => assert_eq!(
                 sb.host_state(),
@@ -159,10 +136,7 @@ fn lost_del_pod_netns_deleted() {
         serde_json::json!(["enim-e2e/c1/eth0"]),
         "{report}"
     );
-    let attachments = agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let attachments = agent.attachments();
     assert_eq!(attachments.len(), 1);
     assert_eq!(attachments[0]["container_id"], "c2");
     assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
@@ -191,10 +165,7 @@ fn physical_eni_returned_as_dev_n_is_brought_home() {
     drop(pod);
     agent.restart(); // startup reconcile runs GC before serving
     sb.assert_home(0);
-    assert!(agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(agent.attachments().is_empty());
     assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
 }
 
@@ -272,10 +243,7 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     let again = agent.ctl(&["gc"]);
     assert_eq!(again["collected"], serde_json::json!([]), "{again}");
     assert_eq!(again["errors"], serde_json::json!([]), "{again}");
-    assert!(agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(agent.attachments().is_empty());
     assert_eq!(agent.ctl(&["status"])["enis_free"], 2);
     sh(&["umount", &shadowed.path().display().to_string()]);
 }
@@ -283,22 +251,12 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
 /// Execs the plugin's ADD and kills it 300 ms in, while the agent (held up
 /// at a delay point) is still working on it: the result reaches nobody.
 fn kill_plugin_mid_add(conf: &serde_json::Value, cid: &str, pod: &NamedNetns) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_enim"))
-        .env_clear()
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_NETNS", pod.path())
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
-        conf.to_string().as_bytes(),
-    )
-    .unwrap();
+    let mut child = spawn_add(
+        std::process::Command::new(env!("CARGO_BIN_EXE_enim")),
+        cid,
+        &pod.path(),
+        conf,
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -406,14 +364,8 @@ fn crash_at_every_point_of_a_batched_gc() {
         .iter()
         .filter(|p| p.starts_with("del:") && **p != "del:after-move")
     {
-        let sb = Sandbox::new(3);
-        let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-        let conf = agent.net_conf("1.1.0");
-        for (i, pod) in pods.iter().enumerate() {
-            enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
-        }
+        let (sb, pods, _dir, mut agent) = agent_rig_with_pods(3, "gc_grace = \"0s\"");
+        add_each(&pods, &agent.net_conf("1.1.0"));
         agent.stop();
         // Two pods die together; their ENIs come back as physical ones do.
         let mut pods = pods.into_iter();
@@ -423,10 +375,7 @@ fn crash_at_every_point_of_a_batched_gc() {
         sb.plug_eni(1);
         agent.env = crash_env(point);
         agent.spawn();
-        agent.wait_crashed();
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        agent.recover_crash();
         assert_invariant(&sb, &[&keep], &agent, &[], point);
         assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
     }

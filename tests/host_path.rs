@@ -480,15 +480,10 @@ fn crash_at_every_point_with_a_host_path_leaks_nothing() {
         if !is_add {
             enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
         }
-        agent.stop();
-        agent.env = vec![("ENIMD_CRASH_AT".into(), point.into())];
-        agent.restart();
+        agent.arm_crash(point);
         let verb = if is_add { "ADD" } else { "DEL" };
         enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.wait_crashed();
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        agent.recover_crash();
 
         match agent.attachments().as_slice() {
             [] => {

@@ -8,13 +8,9 @@ use common::*;
 #[test]
 fn metrics_match_the_actions_performed() {
     require_kernel!();
-    let sb = Sandbox::new(3);
-    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-    let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
-    let agent = start_agent(
-        &sb,
-        dir.path(),
+    let (sb, pods, _dir, agent) = agent_rig_with_pods(
+        3,
         &format!("metrics_address = \"{addr}\"\ngc_grace = \"0s\""),
     );
     let host = sb.host.path();
@@ -22,9 +18,7 @@ fn metrics_match_the_actions_performed() {
     assert_eq!(http_get_in(&host, addr, "/readyz").0, 200);
 
     let conf = agent.net_conf("1.1.0");
-    for (i, pod) in pods.iter().enumerate() {
-        enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
-    }
+    add_each(&pods, &conf);
     enim("DEL", "c0", Some(&pods[0].path()), "eth0", &conf).ok();
     let mut check = conf.clone();
     check["prevResult"] = enim("ADD", "c1", Some(&pods[1].path()), "eth0", &conf).ok();

@@ -228,6 +228,23 @@ impl Agent {
         }
     }
 
+    /// Restarts the agent set to die at the crash point `point`
+    /// (ENIMD_CRASH_AT, the fault-injection build).
+    pub fn arm_crash(&mut self, point: &str) {
+        self.stop();
+        self.env = crash_env(point);
+        self.restart();
+    }
+
+    /// Waits for the armed agent to die, restarts it unarmed and runs one
+    /// GC: what a node does after a crash.
+    pub fn recover_crash(&mut self) {
+        self.wait_crashed();
+        self.env.clear();
+        self.restart();
+        self.ctl(&["gc"]);
+    }
+
     /// SIGKILL: a crash.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -364,4 +381,9 @@ pub fn metric(text: &str, series: &str) -> f64 {
                 .and_then(|rest| rest.trim().parse().ok())
         })
         .unwrap_or(0.0)
+}
+
+/// The environment that arms enimd's crash point `point`.
+pub fn crash_env(point: &str) -> Vec<(String, String)> {
+    vec![("ENIMD_CRASH_AT".into(), point.into())]
 }

@@ -82,6 +82,7 @@ fn del_netns(name: &str) {
 
 /// A named network namespace with a [`unique`] name, loopback up, deleted
 /// on drop.
+#[derive(Debug)]
 pub struct NamedNetns {
     pub name: String,
 }

@@ -15,7 +15,7 @@ use enim::primary::PrimaryDriver;
 use enim::secondary::{SecondaryConfig, SecondaryDriver};
 use enim::store::checkpoint::Checkpoint;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
-pub use enim_testkit::agent::{http_get_in, metric, NETWORK};
+pub use enim_testkit::agent::{crash_env, http_get_in, metric, NETWORK};
 pub use enim_testkit::cni::CniOutput;
 pub use enim_testkit::*;
 
@@ -53,6 +53,31 @@ pub fn enim(
         &cni::k8s_args("default", cid),
         conf,
     )
+}
+
+/// Starts `cmd` (the `enim` plugin, or a wrapper that execs it) for an ADD
+/// of `cid` on eth0 in `netns`, `conf` on stdin (no CNI_ARGS).
+pub fn spawn_add(
+    cmd: std::process::Command,
+    cid: &str,
+    netns: &Path,
+    conf: &serde_json::Value,
+) -> std::process::Child {
+    let body = serde_json::to_vec(conf).unwrap();
+    cni::spawn(
+        cmd,
+        &cni::Call {
+            plugin: &bins().enim,
+            command: "ADD",
+            container_id: Some(cid),
+            netns: Some(netns),
+            ifname: Some("eth0"),
+            args: None,
+            cni_path: Path::new("/usr/lib/cni"),
+            conf: &body,
+        },
+    )
+    .unwrap()
 }
 
 /// The engine in primary mode, as enimd builds it.
@@ -185,4 +210,53 @@ pub async fn assert_unrecorded_and_free(mgr: &PrimaryEngine, provider: &StaticPr
 pub async fn assert_eni0_free(sb: &Sandbox, mgr: &PrimaryEngine, provider: &StaticProvider) {
     sb.assert_home(0);
     assert_unrecorded_and_free(mgr, provider).await;
+}
+
+/// A sandbox of `n` ENIs, `n` pod netns, a temp dir, and a ready enimd
+/// over the sandbox with its files in the dir (`extra` added to its config).
+pub fn agent_rig_with_pods(
+    n: usize,
+    extra: &str,
+) -> (Sandbox, Vec<NamedNetns>, tempfile::TempDir, Agent) {
+    let sb = Sandbox::new(n);
+    let pods = (0..n).map(|_| NamedNetns::new("pod")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(&sb, dir.path(), extra);
+    (sb, pods, dir, agent)
+}
+
+/// ADDs each pod as container c<i> on eth0; the results, in order.
+pub fn add_each(pods: &[NamedNetns], conf: &serde_json::Value) -> Vec<serde_json::Value> {
+    pods.iter()
+        .enumerate()
+        .map(|(i, pod)| enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", conf).ok())
+        .collect()
+}
+
+/// Times `n` cycles of `add` then `del` (each given the container id
+/// t<i>) and prints the median of each for the record (run with
+/// --nocapture).
+pub fn print_add_del_medians(
+    what: &str,
+    n: usize,
+    mut add: impl FnMut(&str),
+    mut del: impl FnMut(&str),
+) {
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let cid = format!("t{i}");
+        let t = std::time::Instant::now();
+        add(&cid);
+        adds.push(t.elapsed());
+        let t = std::time::Instant::now();
+        del(&cid);
+        dels.push(t.elapsed());
+    }
+    adds.sort();
+    dels.sort();
+    eprintln!(
+        "{what} median of {n}: ADD {:?}, DEL {:?}",
+        adds[n / 2],
+        dels[n / 2]
+    );
 }
