@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// The flags `enimd install-cni` takes.
+const INSTALL_CNI_FLAGS: &[&str] = &[
+    "--cni-bin-dir",
+    "--net-d-dir",
+    "--config",
+    "--socket",
+    "--plugin",
+    "--conflist-name",
+    "--network-name",
+];
+
 /// Everything but running install-cni.
 pub(crate) fn check(m: &Manifests) -> Vec<String> {
     let mut p = Problems::default();
@@ -253,18 +264,7 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         init_line.get(1).map(String::as_str) == Some("install-cni"),
         || format!("init container command {init_line:?} is not `enimd install-cni`"),
     );
-    match flags(
-        init_line.get(2..).unwrap_or_default(),
-        &[
-            "--cni-bin-dir",
-            "--net-d-dir",
-            "--config",
-            "--socket",
-            "--plugin",
-            "--conflist-name",
-            "--network-name",
-        ],
-    ) {
+    match flags(init_line.get(2..).unwrap_or_default(), INSTALL_CNI_FLAGS) {
         Err(e) => p.0.push(format!("install-cni: {e}")),
         Ok(f) => {
             let dir = |flag: &str, default: &str| {
@@ -484,19 +484,7 @@ pub(crate) fn run_install_cni(m: &Manifests) -> Vec<String> {
         ));
         return p.0;
     }
-    let f = flags(
-        &line[2..],
-        &[
-            "--cni-bin-dir",
-            "--net-d-dir",
-            "--config",
-            "--socket",
-            "--plugin",
-            "--conflist-name",
-            "--network-name",
-        ],
-    )
-    .unwrap();
+    let f = flags(&line[2..], INSTALL_CNI_FLAGS).unwrap();
     let net_d = inside(
         f.get("--net-d-dir")
             .map(String::as_str)
