@@ -128,28 +128,21 @@ fn chain_with_reference_tuning_plugin() {
     let (sb, pod, _dir, agent) = agent_rig(1, "");
     // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
     let conf = agent.net_conf("1.0.0");
-    let tuning_conf = |prev: &serde_json::Value| {
-        serde_json::json!({
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=chained";
+    // tuning, after enim in the chain, with enim's (or the chain's) result.
+    let tuning_run = |verb: &str, prev: &serde_json::Value| {
+        let conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": NETWORK,
             "type": "tuning",
             "mtu": 1400,
             "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"},
             "prevResult": prev,
-        })
+        });
+        exec_plugin(tuning, verb, "c1", Some(&pod.path()), "eth0", args, &conf)
     };
-    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=chained";
     let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    let out = exec_plugin(
-        tuning,
-        "ADD",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&first),
-    );
-    let last = out.ok();
+    let last = tuning_run("ADD", &first).ok();
     assert_eq!(
         last["interfaces"][0]["name"], "eth0",
         "tuning must accept enim's result: {last}"
@@ -165,28 +158,10 @@ fn chain_with_reference_tuning_plugin() {
     let mut check = conf.clone();
     check["prevResult"] = last.clone();
     enim("CHECK", "c1", Some(&pod.path()), "eth0", &check).ok();
-    exec_plugin(
-        tuning,
-        "CHECK",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&last),
-    )
-    .ok();
+    tuning_run("CHECK", &last).ok();
 
     // DEL runs in reverse order.
-    exec_plugin(
-        tuning,
-        "DEL",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&last),
-    )
-    .ok();
+    tuning_run("DEL", &last).ok();
     enim("DEL", "c1", Some(&pod.path()), "eth0", &check).ok();
     sb.assert_home(0);
 }

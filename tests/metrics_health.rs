@@ -29,36 +29,18 @@ fn metrics_match_the_actions_performed() {
     let _ = &pods[2];
     let (status, text) = http_get_in(&host, addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 2.0, "{text}");
-    assert_eq!(metric(&text, "enim_enis{state=\"free\"}"), 1.0, "{text}");
-    assert_eq!(metric(&text, "enim_attachments"), 2.0, "{text}");
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"ADD\",result=\"ok\"}"),
-        4.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"DEL\",result=\"ok\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"CHECK\",result=\"ok\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "enim_requests_total{verb=\"CHECK\",result=\"error\"}"
-        ),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_request_duration_seconds_count{verb=\"ADD\"}"),
-        4.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_enis{state=\"in_use\"}", 2.0),
+            ("enim_enis{state=\"free\"}", 1.0),
+            ("enim_attachments", 2.0),
+            ("enim_requests_total{verb=\"ADD\",result=\"ok\"}", 4.0),
+            ("enim_requests_total{verb=\"DEL\",result=\"ok\"}", 1.0),
+            ("enim_requests_total{verb=\"CHECK\",result=\"ok\"}", 1.0),
+            ("enim_requests_total{verb=\"CHECK\",result=\"error\"}", 1.0),
+            ("enim_request_duration_seconds_count{verb=\"ADD\"}", 4.0),
+        ],
     );
     assert!(
         metric(&text, "enim_checkpoint_write_duration_seconds_count") >= 7.0,
@@ -77,16 +59,13 @@ fn metrics_match_the_actions_performed() {
     let report = agent.ctl(&["gc"]);
     assert_eq!(report["collected"].as_array().unwrap().len(), 2, "{report}");
     let (_, text) = http_get_in(&host, addr, "/metrics");
-    assert_eq!(
-        metric(&text, "enim_gc_actions_total{kind=\"record_dropped\"}"),
-        2.0,
-        "{text}"
-    );
-    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 0.0, "{text}");
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"GC\",result=\"ok\"}"),
-        1.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_gc_actions_total{kind=\"record_dropped\"}", 2.0),
+            ("enim_enis{state=\"in_use\"}", 0.0),
+            ("enim_requests_total{verb=\"GC\",result=\"ok\"}", 1.0),
+        ],
     );
 }
 

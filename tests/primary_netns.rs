@@ -36,13 +36,8 @@ async fn add_configures_pod_and_del_returns_eni_home() {
         addrs.contains(&"fd00:e1:0::10/64".replace("0::", ":")),
         "{addrs:?}"
     );
-    let v6: serde_json::Value =
-        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
-    let global = v6[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["local"] == "fd00:e1::10")
+    let global = pod
+        .addr("eth0", "fd00:e1::10")
         .expect("global IPv6 address");
     assert_eq!(
         global["nodad"], true,

@@ -37,6 +37,29 @@ async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc
     mgr
 }
 
+/// A sandbox of one ENI per count, each with that many secondary
+/// addresses (and IPv6 ones when `ipv6`), their configs, and a temp dir.
+fn sandbox(counts: &[usize], ipv6: bool) -> (Sandbox, Vec<StaticEniConfig>, tempfile::TempDir) {
+    let sb = Sandbox::new(counts.len());
+    let enis = sb.enis_with_secondaries(counts, ipv6);
+    (sb, enis, tempfile::tempdir().unwrap())
+}
+
+/// [`sandbox`] and a manager [`start`]ed over it, its checkpoint in the dir.
+async fn rig(
+    counts: &[usize],
+    ipv6: bool,
+) -> (
+    Sandbox,
+    Vec<StaticEniConfig>,
+    tempfile::TempDir,
+    Arc<SecondaryEngine>,
+) {
+    let (sb, enis, dir) = sandbox(counts, ipv6);
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    (sb, enis, dir, mgr)
+}
+
 fn pods(mgr: &SecondaryEngine) -> impl std::future::Future<Output = Vec<Record>> + '_ {
     mgr.checkpoint().list_mode(Mode::Secondary)
 }
@@ -80,10 +103,7 @@ fn route_of(sb: &Sandbox, pod: &Record, ip: IpAddr, dst: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_pod_leaves_through_its_own_eni() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[2, 1], false);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, enis, _dir, mgr) = rig(&[2, 1], false).await;
 
     // The ENIs were renamed, tuned and given their tables.
     for (i, name) in ["enis1", "enis2"].iter().enumerate() {
@@ -261,10 +281,7 @@ async fn each_pod_leaves_through_its_own_eni() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[10, 10], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[10, 10], true).await;
     let before = sb.host_state();
 
     let netns: Vec<NamedNetns> = (0..20).map(|_| NamedNetns::new("pod")).collect();
@@ -305,10 +322,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_pod_reaches_the_gateway_on_both() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[2], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[2], true).await;
     let pod = NamedNetns::new("pod");
     let result = mgr.add(&owner("v6", "eth0"), &pod.path()).await.unwrap();
     let ips: Vec<String> = result.ips.iter().map(|i| i.address.to_string()).collect();
@@ -326,14 +340,7 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
         .collect();
     assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
 
-    let v6: serde_json::Value =
-        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
-    let global = v6[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["local"] == "fd00:e1::11")
-        .expect("pod IPv6 address");
+    let global = pod.addr("eth0", "fd00:e1::11").expect("pod IPv6 address");
     assert_eq!(global["prefixlen"], 128);
     assert!(global.get("tentative").is_none(), "{global}");
     let default6 = pod.ip(&["-6", "route", "show", "default"]);
@@ -360,10 +367,7 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[3], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[3], true).await;
     let live = NamedNetns::new("pod");
     let dying = NamedNetns::new("pod");
     mgr.add(&owner("live", "eth0"), &live.path()).await.unwrap();
@@ -457,9 +461,7 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[2, 2], true);
-    let dir = tempfile::tempdir().unwrap();
+    let (sb, enis, dir) = sandbox(&[2, 2], true);
     let cp = dir.path().join("cp.json");
     let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let before = sb.host_state();
@@ -522,10 +524,7 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_adds_roll_back_completely() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[1], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, dir, mgr) = rig(&[1], true).await;
     let before = sb.host_state();
 
     // The pod already has an eth0: nothing may be left, and its own eth0
@@ -609,9 +608,7 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[2], true);
-    let dir = tempfile::tempdir().unwrap();
+    let (sb, enis, dir) = sandbox(&[2], true);
     let cp = dir.path().join("cp.json");
     let first = start(&sb, &enis, &cp).await;
     let clean = sb.host_state();
@@ -680,10 +677,7 @@ async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_adds_and_dels_share_nothing() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[6, 6], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[6, 6], true).await;
     let before = sb.host_state();
     let netns: Vec<Arc<NamedNetns>> = (0..12).map(|_| Arc::new(NamedNetns::new("pod"))).collect();
     let adds: Vec<_> = netns

@@ -387,3 +387,10 @@ pub fn metric(text: &str, series: &str) -> f64 {
 pub fn crash_env(point: &str) -> Vec<(String, String)> {
     vec![("ENIMD_CRASH_AT".into(), point.into())]
 }
+
+/// Asserts that each series has its value in `text`, a Prometheus scrape.
+pub fn assert_metrics(text: &str, expected: &[(&str, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(metric(text, series), *value, "{series} in {text}");
+    }
+}

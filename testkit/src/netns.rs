@@ -147,12 +147,23 @@ impl NamedNetns {
         find_mac(&self.links(), &mac.to_string())
     }
 
+    /// The device's addresses as `ip -j addr` shows them (with flags such
+    /// as `nodad` and `tentative`).
+    pub fn addr_info(&self, dev: &str) -> Vec<Value> {
+        let v = self.ip_json(&["addr", "show", "dev", dev]);
+        v[0]["addr_info"].as_array().unwrap().clone()
+    }
+
+    /// The device's address `local` as `ip -j addr` shows it, or None.
+    pub fn addr(&self, dev: &str, local: &str) -> Option<Value> {
+        self.addr_info(dev)
+            .into_iter()
+            .find(|a| a["local"] == local)
+    }
+
     /// The device's addresses of global scope, as `addr/prefix`.
     pub fn addrs(&self, dev: &str) -> Vec<String> {
-        let v = self.ip_json(&["addr", "show", "dev", dev]);
-        v[0]["addr_info"]
-            .as_array()
-            .unwrap()
+        self.addr_info(dev)
             .iter()
             .filter(|a| a["scope"] != "link" && a["scope"] != "host")
             .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))

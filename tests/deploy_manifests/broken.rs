@@ -2,7 +2,7 @@
 //! thing in the parsed manifests and expects a problem naming it.
 
 use super::*;
-use k8s_openapi::api::core::v1::{Capabilities, SecurityContext};
+use k8s_openapi::api::core::v1::{Capabilities, HTTPGetAction, SecurityContext};
 
 fn agent_mut(m: &mut Manifests) -> &mut Container {
     spec_mut(m)
@@ -39,6 +39,10 @@ fn named_mut<'a, T>(
 
 fn volume_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut Volume {
     named_mut(&mut spec_mut(m).volumes, name, |v| &v.name)
+}
+
+fn http_get_mut(probe: &mut Option<Probe>) -> &mut HTTPGetAction {
+    probe.as_mut().unwrap().http_get.as_mut().unwrap()
 }
 
 fn init_mut(m: &mut Manifests) -> &mut Container {
@@ -213,42 +217,21 @@ fn each_check_fails_on_a_broken_manifest() {
         (
             "readiness on the wrong port",
             |m| {
-                let get = agent_mut(m)
-                    .readiness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.port = IntOrString::Int(8080);
+                http_get_mut(&mut agent_mut(m).readiness_probe).port = IntOrString::Int(8080);
             },
             "readinessProbe port",
         ),
         (
             "liveness on the wrong path",
             |m| {
-                let get = agent_mut(m)
-                    .liveness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.path = Some("/readyz".into());
+                http_get_mut(&mut agent_mut(m).liveness_probe).path = Some("/readyz".into());
             },
             "livenessProbe path",
         ),
         (
             "probe on the pod IP",
             |m| {
-                let get = agent_mut(m)
-                    .readiness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.host = None;
+                http_get_mut(&mut agent_mut(m).readiness_probe).host = None;
             },
             "readinessProbe host",
         ),
