@@ -8,28 +8,26 @@ mod common;
 use common::*;
 use enim::support::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
 
-/// After the crash at `point`: enimd restarts cleanly, GC runs, and the
-/// no-leak invariant holds.
-fn recover_from_crash(sb: &Sandbox, pod: &NamedNetns, agent: &mut Agent, point: &str) {
-    agent.recover_crash();
-    assert_invariant(sb, &[pod], agent, &[], point);
-}
-
 fn assert_all_home_and_unrecorded(sb: &Sandbox, agent: &Agent) {
     sb.assert_all_home();
     assert_eq!(agent.attachments(), Vec::<serde_json::Value>::new());
+}
+
+/// Two ENIs and an agent that collects at once, crashed at `point` in c1's
+/// ADD or DEL and recovered; the no-leak invariant holds after it.
+fn crashed_and_recovered_at(point: &str) -> ConfRig {
+    let (sb, pod, dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
+    let conf = agent.net_conf("1.1.0");
+    crash_c1_at(&mut agent, &pod, &conf, point);
+    assert_invariant(&sb, &[&pod], &agent, &[], point);
+    (sb, pod, dir, agent, conf)
 }
 
 #[test]
 fn crash_at_every_add_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("add:")) {
-        let (sb, pod, _dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
-        agent.arm_crash(point);
-        let conf = agent.net_conf("1.1.0");
-        let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
-        out.err(11); // the agent died mid-request: try again later
-        recover_from_crash(&sb, &pod, &mut agent, point);
+        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
 
         // The runtime retries the ADD: it succeeds, then DEL brings it home.
         enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -43,12 +41,7 @@ fn crash_at_every_add_point_then_restart_and_gc() {
 fn crash_at_every_del_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("del:")) {
-        let (sb, pod, _dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
-        let conf = agent.net_conf("1.1.0");
-        enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        agent.arm_crash(point);
-        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        recover_from_crash(&sb, &pod, &mut agent, point);
+        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
         // The runtime retries the DEL.
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
         assert_all_home_and_unrecorded(&sb, &agent);
@@ -79,14 +72,7 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
                 .unwrap_or_default()
         };
         let reaches_gateway = || pod.exec_ok(&["ping", "-4", "-c", "1", "-W", "2", "10.77.0.1"]);
-        let is_add = point.starts_with("add:");
-        if !is_add {
-            enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        }
-        agent.arm_crash(point);
-        let verb = if is_add { "ADD" } else { "DEL" };
-        enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.recover_crash();
+        let is_add = crash_c1_at(&mut agent, &pod, &conf, point);
         match pods(&agent).as_slice() {
             [] => assert_eq!(
                 sb.host_state(),
@@ -146,9 +132,7 @@ fn lost_del_pod_netns_deleted() {
 #[test]
 fn physical_eni_returned_as_dev_n_is_brought_home() {
     require_kernel!();
-    let (sb, pod, _dir, mut agent) = agent_rig(1, "gc_grace = \"0s\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (sb, pod, _dir, mut agent, _conf) = with_c1(agent_rig(1, "gc_grace = \"0s\""));
     agent.stop();
     // What the kernel does with a physical ENI when its netns dies: it comes
     // back to the initial namespace as dev<N> (veths would be destroyed, so
@@ -190,9 +174,7 @@ fn free_eni_with_wrong_name_or_mtu_is_normalised() {
 #[test]
 fn young_attachments_survive_gc_grace() {
     require_kernel!();
-    let (_sb, pod, _dir, agent) = agent_rig(1, "gc_grace = \"1h\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (_sb, pod, _dir, agent, conf) = with_c1(agent_rig(1, "gc_grace = \"1h\""));
     let mut gc = conf.clone();
     gc["cni.dev/valid-attachments"] = serde_json::json!([]);
     enim("GC", "", None, "", &gc).ok();

@@ -160,12 +160,54 @@ pub async fn primary_rig(
 
 /// A sandbox of `n` ENIs, a pod netns, a temp dir, and a ready enimd over
 /// the sandbox with its files in the dir (`extra` added to its config).
-pub fn agent_rig(n: usize, extra: &str) -> (Sandbox, NamedNetns, tempfile::TempDir, Agent) {
+pub fn agent_rig(n: usize, extra: &str) -> Rig {
     let sb = Sandbox::new(n);
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
     let agent = start_agent(&sb, dir.path(), extra);
     (sb, pod, dir, agent)
+}
+
+/// A sandbox, a pod netns, a temp dir and a ready agent, as [`agent_rig`]
+/// makes them.
+pub type Rig = (Sandbox, NamedNetns, tempfile::TempDir, Agent);
+
+/// A [`Rig`] and the agent's 1.1.0 config.
+pub type ConfRig = (
+    Sandbox,
+    NamedNetns,
+    tempfile::TempDir,
+    Agent,
+    serde_json::Value,
+);
+
+/// `rig` with container c1 ADDed on eth0 into its pod through the plugin,
+/// and the agent's 1.1.0 config that did it.
+pub fn with_c1((sb, pod, dir, agent): Rig) -> ConfRig {
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    (sb, pod, dir, agent, conf)
+}
+
+/// Crashes the agent at `point` in c1's ADD or DEL (for a DEL point, c1
+/// is ADDed first, unarmed), checks that the plugin said "try again later"
+/// (11), and brings the agent back: restarted unarmed, one GC run. Returns
+/// whether the point was in ADD.
+pub fn crash_c1_at(
+    agent: &mut Agent,
+    pod: &NamedNetns,
+    conf: &serde_json::Value,
+    point: &str,
+) -> bool {
+    let is_add = point.starts_with("add:");
+    if !is_add {
+        enim("ADD", "c1", Some(&pod.path()), "eth0", conf).ok();
+    }
+    agent.arm_crash(point);
+    let verb = if is_add { "ADD" } else { "DEL" };
+    enim(verb, "c1", Some(&pod.path()), "eth0", conf).err(11);
+    agent.recover_crash();
+    is_add
 }
 
 /// Two ENIs, an agent that collects at once (`gc_grace = "0s"`), and two
