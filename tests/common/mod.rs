@@ -240,12 +240,22 @@ pub fn two_pods() -> TwoPods {
 
 /// No record is left and ENI 0 is free in the provider.
 pub async fn assert_unrecorded_and_free(mgr: &PrimaryEngine, provider: &StaticProvider) {
-    use enim_provider::EniProvider;
     assert!(mgr.attachments().await.is_empty(), "a record is left");
-    assert!(
-        provider.list().await.unwrap()[0].owner.is_none(),
-        "ENI 0 is still assigned"
-    );
+    assert_eq!(eni0_owner(provider).await, None, "ENI 0 is still assigned");
+}
+
+/// ADDs container c1 on eth0 into `pod` through the engine; its owner.
+pub async fn add_c1(mgr: &PrimaryEngine, pod: &NamedNetns) -> enim_provider::EniOwner {
+    let o = owner("c1", "eth0");
+    mgr.add(&o, &pod.path()).await.unwrap();
+    o
+}
+
+/// The container that owns ENI 0 in the provider, if any.
+pub async fn eni0_owner(provider: &StaticProvider) -> Option<String> {
+    use enim_provider::EniProvider;
+    let enis = provider.list().await.unwrap();
+    enis[0].owner.as_ref().map(|o| o.container_id.clone())
 }
 
 /// ENI 0 is home, free and unrecorded: nothing of an attachment is left.
