@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::*;
 use enim::api::{GcRequest, MtuExpectation};
 use enim::engine::EngineError;
-use enim::model::{Mode, Phase, Record, SecondaryPayload};
+use enim::model::{Mode, Phase, Record, RouteConfig, SecondaryPayload};
 use enim::secondary::SecondaryConfig;
 use enim_provider_static::StaticEniConfig;
 
@@ -116,13 +116,12 @@ async fn each_pod_leaves_through_its_own_eni() {
         let table = sb
             .host
             .ip(&["route", "show", "table", &format!("100{}", i + 1)]);
-        assert!(
-            table.contains(&format!("default via 10.77.{i}.1 dev {name}")),
-            "{table}"
-        );
-        assert!(
-            table.contains(&format!("10.77.{i}.1 dev {name}")),
-            "{table}"
+        assert_holds_all(
+            &table,
+            &[
+                format!("default via 10.77.{i}.1 dev {name}"),
+                format!("10.77.{i}.1 dev {name}"),
+            ],
         );
         // Tuned over netlink: loose rp_filter, forwarding, no proxy delay.
         for (key, want) in [
@@ -189,13 +188,12 @@ async fn each_pod_leaves_through_its_own_eni() {
     let listed = rules(&sb);
     for (p, table) in [(&a, 1001), (&b, 1001), (&c, 1002)] {
         let ip = ip(p);
-        assert!(
-            listed.contains(&format!("512:\tfrom all to {ip} lookup main")),
-            "{listed}"
-        );
-        assert!(
-            listed.contains(&format!("1536:\tfrom {ip} lookup {table}")),
-            "{listed}"
+        assert_holds_all(
+            &listed,
+            &[
+                format!("512:\tfrom all to {ip} lookup main"),
+                format!("1536:\tfrom {ip} lookup {table}"),
+            ],
         );
     }
 
@@ -259,10 +257,7 @@ async fn each_pod_leaves_through_its_own_eni() {
 
     // Exhausted: all three addresses are in use.
     let extra = NamedNetns::new("pod");
-    let err = mgr
-        .add(&owner("d", "eth0"), &extra.path())
-        .await
-        .unwrap_err();
+    let err = add_err(&mgr, &owner("d", "eth0"), &extra.path()).await;
     assert!(
         matches!(err, EngineError::NoFreeAddress(_)) && err.is_transient(),
         "{err}"
@@ -333,12 +328,10 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
         .map(|i| i.gateway.unwrap().to_string())
         .collect();
     assert_eq!(gws, ["169.254.1.1", "fe80::1"]);
-    let routes: Vec<String> = result
-        .routes
-        .iter()
-        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
-        .collect();
-    assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+    // 0.0.0.0/0 via 169.254.1.1 and ::/0 via fe80::1.
+    let defaults =
+        ["169.254.1.1", "fe80::1"].map(|gw| RouteConfig::default_via(gw.parse().unwrap()));
+    assert_eq!(result.routes, defaults);
 
     let global = pod.addr("eth0", "fd00:e1::11").expect("pod IPv6 address");
     assert_eq!(global["prefixlen"], 128);
@@ -533,7 +526,7 @@ async fn failed_adds_roll_back_completely() {
     pod.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
     ]);
-    let err = mgr.add(&owner("c", "eth0"), &pod.path()).await.unwrap_err();
+    let err = add_err(&mgr, &owner("c", "eth0"), &pod.path()).await;
     assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert_eq!(sb.host_state(), before);
     assert!(pod.link("eth0").is_some(), "the pod's own eth0 was removed");
@@ -542,7 +535,7 @@ async fn failed_adds_roll_back_completely() {
     // A netns that is not one.
     let bogus = dir.path().join("not-a-netns");
     std::fs::write(&bogus, "").unwrap();
-    let err = mgr.add(&owner("c", "eth0"), &bogus).await.unwrap_err();
+    let err = add_err(&mgr, &owner("c", "eth0"), &bogus).await;
     assert!(matches!(err, EngineError::Netns(_)), "{err}");
 
     // The single address is free again: the next ADD gets it.
@@ -557,10 +550,7 @@ async fn failed_adds_roll_back_completely() {
         result
     );
     let other = NamedNetns::new("pod");
-    let err = mgr
-        .add(&owner("c", "net1"), &other.path())
-        .await
-        .unwrap_err();
+    let err = add_err(&mgr, &owner("c", "net1"), &other.path()).await;
     assert!(
         matches!(err, EngineError::AttachmentConflict { .. }),
         "{err}"
@@ -602,6 +592,17 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
     assert!(!all.contains("table 1002"), "{all}");
 }
 
+/// The error of an ADD that must fail.
+async fn add_err(mgr: &SecondaryEngine, o: &enim_provider::EniOwner, netns: &Path) -> EngineError {
+    mgr.add(o, netns).await.unwrap_err()
+}
+
+/// The checkpoint's record of container `cid`.
+async fn record_of(checkpoint: &enim::store::checkpoint::Checkpoint, cid: &str) -> Record {
+    let all = checkpoint.list().await;
+    all.into_iter().find(|p| p.key.container_id == cid).unwrap()
+}
+
 /// What a crash leaves, made by hand from a real ADD: an ADD whose outcome
 /// was never written is finished at restart when its pod side is whole; a
 /// DEL that had removed part of the plumbing is finished.
@@ -625,24 +626,14 @@ async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
     drop(first);
 
     // Crash after plumbing, before the outcome: Adding, no MAC known.
-    let mut rec = checkpoint
-        .list()
-        .await
-        .into_iter()
-        .find(|p| p.key.container_id == "adding")
-        .unwrap();
+    let mut rec = record_of(&checkpoint, "adding").await;
     rec.phase = Phase::Adding;
     if let enim::model::Payload::Secondary(p) = &mut rec.payload {
         p.mac = None;
     }
     checkpoint.put(rec).await.unwrap();
     // Crash mid-DEL: Deleting, rules gone, veth still there.
-    let mut rec = checkpoint
-        .list()
-        .await
-        .into_iter()
-        .find(|p| p.key.container_id == "deleting")
-        .unwrap();
+    let mut rec = record_of(&checkpoint, "deleting").await;
     rec.phase = Phase::Deleting;
     let ip4 = sec(&rec).ipv4.unwrap().to_string();
     let ip6 = sec(&rec).ipv6.unwrap().to_string();

@@ -335,12 +335,10 @@ mod tests {
         let r = secondary.result();
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
         assert_eq!(ips, ["10.0.1.11/32", "fd00:1::11/128"]);
-        let routes: Vec<String> = r
-            .routes
-            .iter()
-            .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
-            .collect();
-        assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+        // 0.0.0.0/0 via 169.254.1.1 and ::/0 via fe80::1.
+        let defaults =
+            ["169.254.1.1", "fe80::1"].map(|gw| RouteConfig::default_via(gw.parse().unwrap()));
+        assert_eq!(r.routes, defaults);
         assert_eq!(secondary.mode(), Mode::Secondary);
     }
 

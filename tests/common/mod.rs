@@ -210,6 +210,13 @@ pub fn crash_c1_at(
     is_add
 }
 
+/// Asserts that `text` (a command's output) holds each of `needles`.
+pub fn assert_holds_all(text: &str, needles: &[String]) {
+    for needle in needles {
+        assert!(text.contains(needle.as_str()), "no {needle:?} in {text}");
+    }
+}
+
 /// Two ENIs, an agent that collects at once (`gc_grace = "0s"`), and two
 /// pods attached through the plugin: `c1` in `pods[0]`, `c2` in `pods[1]`.
 pub struct TwoPods {
