@@ -518,34 +518,10 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Payload, PrimaryPayload};
+    use crate::model::record::fixtures;
 
     fn attachment(cid: &str) -> Record {
-        Record {
-            key: AttachmentKey {
-                network: "net".into(),
-                container_id: cid.into(),
-                ifname: "eth0".into(),
-            },
-            pod: Default::default(),
-            eni_id: format!("eni-{cid}"),
-            netns: "/run/netns/x".into(),
-            mtu: 9001,
-            phase: Phase::Ready,
-            created_ms: 1_700_000_000_000,
-            updated_ms: 1_700_000_000_000,
-            expires_ms: None,
-            payload: Payload::Primary(PrimaryPayload {
-                mac: "02:00:00:00:00:01".parse().unwrap(),
-                host_name: "eni1".into(),
-                host_mtu: 1500,
-                ipv4: "10.0.0.2/24".parse().unwrap(),
-                gateway4: "10.0.0.1".parse().unwrap(),
-                ipv6: None,
-                gateway6: None,
-                host_path: None,
-            }),
-        }
+        fixtures::record(cid, fixtures::primary_v4())
     }
 
     /// A checkpoint at `name` in a fresh temporary dir (kept alive by the
