@@ -300,19 +300,9 @@ pub fn sigterm_and_wait(mut child: Child) -> ExitStatus {
 
 /// `enimctl --json <args>` against the agent at `socket`; it must succeed.
 pub fn enimctl(enimctl: &Path, socket: &Path, args: &[&str]) -> Value {
-    let out = Command::new(enimctl)
-        .arg("--socket")
-        .arg(socket)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "enimctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut cmd = Command::new(enimctl);
+    cmd.arg("--socket").arg(socket).arg("--json").args(args);
+    serde_json::from_slice(&crate::netns::run_ok(&mut cmd)).unwrap()
 }
 
 /// The agent's status document, straight from its socket (one HTTP/1.1

@@ -9,19 +9,21 @@ use serde_json::Value;
 
 use crate::unique;
 
+/// Runs `cmd`; it must succeed (else its stderr is the panic's). Returns
+/// its stdout.
+pub fn run_ok(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
+    out.stdout
+}
+
 /// Runs a command; it must succeed. Returns its stdout.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let out = run_ok(Command::new(args[0]).args(&args[1..]));
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether a command ran and succeeded.
