@@ -12,9 +12,7 @@ use common::*;
 fn add_check_del_del() {
     require_kernel!();
     let (sb, pod, _dir, agent) = agent_rig(1, "");
-    let conf = agent.net_conf("1.1.0");
-
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
     assert_eq!(result["cniVersion"], "1.1.0");
     let iface = &result["interfaces"][0];
     assert_eq!(iface["name"], "eth0");

@@ -200,8 +200,7 @@ fn host_rig(n: usize, extra: &str) -> Rig {
 fn pod_reaches_services_and_the_node_reaches_the_pod() {
     require_kernel!();
     let (sb, pod, _dir, agent) = host_rig(1, "");
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
 
     // The result: the ENI, then the host path's pod end, both in the pod.
     let interfaces = result["interfaces"].as_array().unwrap();

@@ -184,9 +184,16 @@ pub type ConfRig = (
 /// `rig` with container c1 ADDed on eth0 into its pod through the plugin,
 /// and the agent's 1.1.0 config that did it.
 pub fn with_c1((sb, pod, dir, agent): Rig) -> ConfRig {
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, _) = plugin_add_c1(&agent, &pod);
     (sb, pod, dir, agent, conf)
+}
+
+/// ADDs container c1 on eth0 into `pod` through the plugin with the
+/// agent's 1.1.0 config, which must succeed: the config and the result.
+pub fn plugin_add_c1(agent: &Agent, pod: &NamedNetns) -> (serde_json::Value, serde_json::Value) {
+    let conf = agent.net_conf("1.1.0");
+    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    (conf, result)
 }
 
 /// Crashes the agent at `point` in c1's ADD or DEL (for a DEL point, c1

@@ -1,7 +1,8 @@
 //! Secondary mode through the real enimd and the real plugin.
 
 use crate::common::{
-    assert_metrics, enim, http_get_in, require_kernel, start_agent, NamedNetns, Sandbox,
+    assert_metrics, enim, http_get_in, plugin_add_c1, require_kernel, start_agent, NamedNetns,
+    Sandbox,
 };
 use crate::{ping, rules};
 
@@ -18,8 +19,7 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
         dir.path(),
         "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"\nrule_priority_to_pod = 600\n",
     );
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
     let ips: Vec<(String, String)> = result["ips"]
         .as_array()
         .unwrap()
