@@ -27,7 +27,7 @@ mod scale;
 pub use cycles::Throughput;
 use cycles::{latency, parallel, throughput};
 pub use scale::Scale;
-use scale::{gc_dead, gc_moved, restore};
+use scale::{gc_dead, gc_moved, restore, timed_phase};
 
 /// The ways of doing the same ADD and DEL: enim as configured by default,
 /// the reference plugin, the kernel floor, and (latency only) a what-if of
@@ -583,16 +583,6 @@ fn loadavg() -> f64 {
 /// A progress line on stderr.
 fn say(what: &str) {
     eprintln!("enim-bench: {what}");
-}
-
-/// Runs the phase `name` when the run asks for it, announced as `title`:
-/// its time in ms, or NaN when it is not run.
-fn timed_phase(o: &Opts, name: &str, title: &str, phase: impl FnOnce() -> R<f64>) -> R<f64> {
-    if !o.runs(name) {
-        return Ok(f64::NAN);
-    }
-    say(title);
-    phase()
 }
 
 pub fn run(o: &Opts) -> R<Results> {
