@@ -329,6 +329,13 @@ struct Seen {
     body: Value,
 }
 
+/// The fake agent's next request, which must be `method` `path`.
+fn expect_next(rx: &mpsc::Receiver<Seen>, method: &str, path: &str) -> Seen {
+    let seen = rx.recv().unwrap();
+    assert_eq!((seen.method.as_str(), seen.path.as_str()), (method, path));
+    seen
+}
+
 /// Serves `answers` in order, one per connection, and reports each request.
 fn fake_agent(sock: &Path, answers: Vec<(u16, Value)>) -> mpsc::Receiver<Seen> {
     let listener = UnixListener::bind(sock).unwrap();
@@ -417,11 +424,7 @@ fn add_against_fake_agent() {
             "dns": {}
         })
     );
-    let seen = rx.recv().unwrap();
-    assert_eq!(
-        (seen.method.as_str(), seen.path.as_str()),
-        ("POST", "/v1/attachments/add")
-    );
+    let seen = expect_next(&rx, "POST", "/v1/attachments/add");
     assert_eq!(
         seen.body,
         json!({
@@ -505,8 +508,7 @@ fn del_check_gc_status_against_fake_agent() {
         &without(attach_vars("DEL"), "CNI_NETNS"),
         del_conf.to_string(),
     ));
-    let seen = rx.recv().unwrap();
-    assert_eq!(seen.path, "/v1/attachments/del");
+    let seen = expect_next(&rx, "POST", "/v1/attachments/del");
     assert_eq!(seen.body["netns"], "");
     assert_eq!(seen.body["container_id"], "0123abcd");
 
@@ -516,8 +518,7 @@ fn del_check_gc_status_against_fake_agent() {
         "prevResult": {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "mtu": 1400, "sandbox": "/run/netns/test-pod"}]}
     });
     expect_silent_success(&run(&attach_vars("CHECK"), check_conf.to_string()));
-    let seen = rx.recv().unwrap();
-    assert_eq!(seen.path, "/v1/attachments/check");
+    let seen = expect_next(&rx, "POST", "/v1/attachments/check");
     assert_eq!(seen.body["expected_mtu"], json!({"exactly": 1400}));
 
     // CHECK whose prevResult lacks our interface fails.
@@ -538,11 +539,7 @@ fn del_check_gc_status_against_fake_agent() {
         &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")],
         gc_conf.to_string(),
     ));
-    let seen = rx.recv().unwrap();
-    assert_eq!(
-        (seen.method.as_str(), seen.path.as_str()),
-        ("POST", "/v1/gc")
-    );
+    let seen = expect_next(&rx, "POST", "/v1/gc");
     assert_eq!(
         seen.body,
         json!({"network": "enim-net", "valid_attachments": [{"containerID": "0123abcd", "ifname": "eth0"}]})
@@ -550,11 +547,7 @@ fn del_check_gc_status_against_fake_agent() {
 
     // STATUS: ready, then not ready, then full (available), then empty.
     expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));
-    let seen = rx.recv().unwrap();
-    assert_eq!(
-        (seen.method.as_str(), seen.path.as_str()),
-        ("GET", "/v1/status")
-    );
+    expect_next(&rx, "GET", "/v1/status");
     let v = expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
     assert!(v["msg"].as_str().unwrap().contains("not ready"), "{v}");
     expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));

@@ -8,40 +8,26 @@ mod common;
 use common::*;
 use enim::support::fault::{CRASH_POINTS, SECONDARY_CRASH_POINTS};
 
-fn crash_env(point: &str) -> Vec<(String, String)> {
-    vec![("ENIMD_CRASH_AT".into(), point.into())]
-}
-
-/// After the crash at `point`: enimd restarts cleanly, GC runs, and the
-/// no-leak invariant holds.
-fn recover_from_crash(sb: &Sandbox, pod: &NamedNetns, agent: &mut Agent, point: &str) {
-    agent.wait_crashed();
-    agent.env.clear();
-    agent.restart();
-    agent.ctl(&["gc"]);
-    assert_invariant(sb, &[pod], agent, &[], point);
-}
-
 fn assert_all_home_and_unrecorded(sb: &Sandbox, agent: &Agent) {
     sb.assert_all_home();
     assert_eq!(agent.attachments(), Vec::<serde_json::Value>::new());
+}
+
+/// Two ENIs and an agent that collects at once, crashed at `point` in c1's
+/// ADD or DEL and recovered; the no-leak invariant holds after it.
+fn crashed_and_recovered_at(point: &str) -> ConfRig {
+    let (sb, pod, dir, mut agent) = agent_rig(2, "gc_grace = \"0s\"");
+    let conf = agent.net_conf("1.1.0");
+    crash_c1_at(&mut agent, &pod, &conf, point);
+    assert_invariant(&sb, &[&pod], &agent, &[], point);
+    (sb, pod, dir, agent, conf)
 }
 
 #[test]
 fn crash_at_every_add_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("add:")) {
-        let sb = Sandbox::new(2);
-        let pod = NamedNetns::new("pod");
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
-        let conf = agent.net_conf("1.1.0");
-        let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
-        out.err(11); // the agent died mid-request: try again later
-        recover_from_crash(&sb, &pod, &mut agent, point);
+        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
 
         // The runtime retries the ADD: it succeeds, then DEL brings it home.
         enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
@@ -55,17 +41,7 @@ fn crash_at_every_add_point_then_restart_and_gc() {
 fn crash_at_every_del_point_then_restart_and_gc() {
     require_kernel!();
     for point in CRASH_POINTS.iter().filter(|p| p.starts_with("del:")) {
-        let sb = Sandbox::new(2);
-        let pod = NamedNetns::new("pod");
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-        let conf = agent.net_conf("1.1.0");
-        enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
-        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        recover_from_crash(&sb, &pod, &mut agent, point);
+        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
         // The runtime retries the DEL.
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
         assert_all_home_and_unrecorded(&sb, &agent);
@@ -96,20 +72,7 @@ fn secondary_crash_at_every_point_then_restart_and_gc() {
                 .unwrap_or_default()
         };
         let reaches_gateway = || pod.exec_ok(&["ping", "-4", "-c", "1", "-W", "2", "10.77.0.1"]);
-        let is_add = point.starts_with("add:");
-        if !is_add {
-            enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        }
-        agent.stop();
-        agent.env = crash_env(point);
-        agent.restart();
-        let verb = if is_add { "ADD" } else { "DEL" };
-        enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.wait_crashed();
-
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        let is_add = crash_c1_at(&mut agent, &pod, &conf, point);
         match pods(&agent).as_slice() {
             [] => assert_eq!(
                 sb.host_state(),
@@ -159,10 +122,7 @@ fn lost_del_pod_netns_deleted() {
         serde_json::json!(["enim-e2e/c1/eth0"]),
         "{report}"
     );
-    let attachments = agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let attachments = agent.attachments();
     assert_eq!(attachments.len(), 1);
     assert_eq!(attachments[0]["container_id"], "c2");
     assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
@@ -172,9 +132,7 @@ fn lost_del_pod_netns_deleted() {
 #[test]
 fn physical_eni_returned_as_dev_n_is_brought_home() {
     require_kernel!();
-    let (sb, pod, _dir, mut agent) = agent_rig(1, "gc_grace = \"0s\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (sb, pod, _dir, mut agent, _conf) = with_c1(agent_rig(1, "gc_grace = \"0s\""));
     agent.stop();
     // What the kernel does with a physical ENI when its netns dies: it comes
     // back to the initial namespace as dev<N> (veths would be destroyed, so
@@ -191,10 +149,7 @@ fn physical_eni_returned_as_dev_n_is_brought_home() {
     drop(pod);
     agent.restart(); // startup reconcile runs GC before serving
     sb.assert_home(0);
-    assert!(agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(agent.attachments().is_empty());
     assert_eq!(agent.ctl(&["status"])["enis_free"], 1);
 }
 
@@ -219,9 +174,7 @@ fn free_eni_with_wrong_name_or_mtu_is_normalised() {
 #[test]
 fn young_attachments_survive_gc_grace() {
     require_kernel!();
-    let (_sb, pod, _dir, agent) = agent_rig(1, "gc_grace = \"1h\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (_sb, pod, _dir, agent, conf) = with_c1(agent_rig(1, "gc_grace = \"1h\""));
     let mut gc = conf.clone();
     gc["cni.dev/valid-attachments"] = serde_json::json!([]);
     enim("GC", "", None, "", &gc).ok();
@@ -272,10 +225,7 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
     let again = agent.ctl(&["gc"]);
     assert_eq!(again["collected"], serde_json::json!([]), "{again}");
     assert_eq!(again["errors"], serde_json::json!([]), "{again}");
-    assert!(agent.ctl(&["attachments"])["attachments"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(agent.attachments().is_empty());
     assert_eq!(agent.ctl(&["status"])["enis_free"], 2);
     sh(&["umount", &shadowed.path().display().to_string()]);
 }
@@ -283,22 +233,12 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
 /// Execs the plugin's ADD and kills it 300 ms in, while the agent (held up
 /// at a delay point) is still working on it: the result reaches nobody.
 fn kill_plugin_mid_add(conf: &serde_json::Value, cid: &str, pod: &NamedNetns) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_enim"))
-        .env_clear()
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_NETNS", pod.path())
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
-        conf.to_string().as_bytes(),
-    )
-    .unwrap();
+    let mut child = spawn_add(
+        std::process::Command::new(env!("CARGO_BIN_EXE_enim")),
+        cid,
+        &pod.path(),
+        conf,
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -406,14 +346,8 @@ fn crash_at_every_point_of_a_batched_gc() {
         .iter()
         .filter(|p| p.starts_with("del:") && **p != "del:after-move")
     {
-        let sb = Sandbox::new(3);
-        let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
-        let conf = agent.net_conf("1.1.0");
-        for (i, pod) in pods.iter().enumerate() {
-            enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
-        }
+        let (sb, pods, _dir, mut agent) = agent_rig_with_pods(3, "gc_grace = \"0s\"");
+        add_each(&pods, &agent.net_conf("1.1.0"));
         agent.stop();
         // Two pods die together; their ENIs come back as physical ones do.
         let mut pods = pods.into_iter();
@@ -423,10 +357,7 @@ fn crash_at_every_point_of_a_batched_gc() {
         sb.plug_eni(1);
         agent.env = crash_env(point);
         agent.spawn();
-        agent.wait_crashed();
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        agent.recover_crash();
         assert_invariant(&sb, &[&keep], &agent, &[], point);
         assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
     }

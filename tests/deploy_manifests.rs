@@ -456,6 +456,20 @@ fn same_on_host<'a>(
     rw: bool,
     p: &mut Problems,
 ) -> Option<&'a VolumeMount> {
+    on_node_at(spec, c, path, path, what, rw, p)
+}
+
+/// Checks that `path` in `c` is `on_node` on the node (a hostPath mount),
+/// writable if `rw`; returns its mount.
+fn on_node_at<'a>(
+    spec: &PodSpec,
+    c: &'a Container,
+    path: &Path,
+    on_node: &Path,
+    what: &str,
+    rw: bool,
+    p: &mut Problems,
+) -> Option<&'a VolumeMount> {
     let Some((host, mount)) = host_path_of(spec, c, path) else {
         p.0.push(format!(
             "{what} {} is not on a hostPath mount of {}",
@@ -464,11 +478,12 @@ fn same_on_host<'a>(
         ));
         return None;
     };
-    p.check(host == path, || {
+    p.check(host == on_node, || {
         format!(
-            "{what} {} is {} on the node, not the same path",
+            "{what} {} is {} on the node, not {}",
             path.display(),
-            host.display()
+            host.display(),
+            on_node.display()
         )
     });
     p.check(!rw || writable(mount), || {

@@ -93,6 +93,15 @@ async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
+/// The next list on a ListAndWatch stream, waited for as `what`.
+async fn next_list(
+    stream: &mut tonic::Streaming<ListAndWatchResponse>,
+    what: &str,
+) -> ListAndWatchResponse {
+    let next = within(what, stream.message()).await;
+    next.unwrap().expect("the stream ended")
+}
+
 fn health(r: &ListAndWatchResponse) -> Vec<(String, String)> {
     let mut v: Vec<_> = r
         .devices
@@ -138,17 +147,11 @@ async fn registers_streams_allocates_and_registers_again_after_a_kubelet_restart
     // ListAndWatch: the list at once, and again as ENIs come, go into use
     // (still devices) and go missing (unhealthy).
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let first = within("the first list", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let first = next_list(&mut stream, "the first list").await;
     let healthy = |id: &str| (id.to_string(), "Healthy".to_string());
     assert_eq!(health(&first), [healthy("eni-1"), healthy("eni-2")]);
     source.set(&[("eni-1", true), ("eni-2", false), ("eni-3", true)]);
-    let next = within("the changed list", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let next = next_list(&mut stream, "the changed list").await;
     assert_eq!(
         health(&next),
         [
@@ -158,10 +161,7 @@ async fn registers_streams_allocates_and_registers_again_after_a_kubelet_restart
         ]
     );
     source.set(&[("eni-1", true), ("eni-2", true), ("eni-3", true)]);
-    let back = within("the list after the device came back", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let back = next_list(&mut stream, "the list after the device came back").await;
     assert_eq!(health(&back).len(), 3);
     assert!(back.devices.iter().all(|d| d.health == "Healthy"));
 
@@ -188,10 +188,7 @@ async fn registers_streams_allocates_and_registers_again_after_a_kubelet_restart
     assert_eq!(again.resource_name, "enim.io/eni");
     let mut client = plugin_client(dir.path().join("enim.sock")).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let listed = within("the list after the restart", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let listed = next_list(&mut stream, "the list after the restart").await;
     assert_eq!(listed.devices.len(), 3);
 
     // Stop: serve returns and removes its socket.
@@ -254,10 +251,7 @@ async fn enimd_advertises_its_enis_and_their_health() {
     assert_eq!(req.resource_name, "enim.io/eni");
     let mut client = plugin_client(plugins.join(&req.endpoint)).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let first = within("the first list", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let first = next_list(&mut stream, "the first list").await;
     assert_eq!(first.devices.len(), 3, "{first:?}");
     assert!(
         first.devices.iter().all(|d| d.health == "Healthy"),
@@ -266,19 +260,13 @@ async fn enimd_advertises_its_enis_and_their_health() {
 
     // A free ENI's device goes away: unhealthy at the next refresh.
     sb.host.ip(&["link", "del", "eni2"]);
-    let gone = within("the list after a device went", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let gone = next_list(&mut stream, "the list after a device went").await;
     let eni2 = gone.devices.iter().find(|d| d.id == sb.enis[2].id).unwrap();
     assert_eq!(eni2.health, "Unhealthy", "{gone:?}");
 
     // It comes back: healthy again.
     sb.plug_eni(2);
-    let back = within("the list after the device came back", stream.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let back = next_list(&mut stream, "the list after the device came back").await;
     assert!(
         back.devices.iter().all(|d| d.health == "Healthy"),
         "{back:?}"
@@ -289,10 +277,7 @@ async fn enimd_advertises_its_enis_and_their_health() {
         common::enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
     });
     let mut fresh = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let now = within("the list after an ADD", fresh.message())
-        .await
-        .unwrap()
-        .unwrap();
+    let now = next_list(&mut fresh, "the list after an ADD").await;
     assert_eq!(now.devices.len(), 3, "{now:?}");
     tokio::task::block_in_place(|| {
         common::enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();

@@ -12,9 +12,7 @@ use common::*;
 fn add_check_del_del() {
     require_kernel!();
     let (sb, pod, _dir, agent) = agent_rig(1, "");
-    let conf = agent.net_conf("1.1.0");
-
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
     assert_eq!(result["cniVersion"], "1.1.0");
     let iface = &result["interfaces"][0];
     assert_eq!(iface["name"], "eth0");
@@ -71,16 +69,12 @@ fn results_follow_the_requested_version() {
 #[test]
 fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
     require_kernel!();
-    let sb = Sandbox::new(3);
-    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start_agent(&sb, dir.path(), "gc_grace = \"0s\"");
+    let (sb, pods, _dir, agent) = agent_rig_with_pods(3, "gc_grace = \"0s\"");
     let conf = agent.net_conf("1.1.0");
-    let mut eni_of = Vec::new();
-    for (i, pod) in pods.iter().enumerate() {
-        let r = enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
-        eni_of.push(r["interfaces"][0]["mac"].as_str().unwrap().to_string());
-    }
+    let eni_of: Vec<String> = add_each(&pods, &conf)
+        .iter()
+        .map(|r| r["interfaces"][0]["mac"].as_str().unwrap().to_string())
+        .collect();
     let mut gc_conf = conf.clone();
     gc_conf["cni.dev/valid-attachments"] = serde_json::json!([
         {"containerID": "c0", "ifname": "eth0"},
@@ -132,28 +126,21 @@ fn chain_with_reference_tuning_plugin() {
     let (sb, pod, _dir, agent) = agent_rig(1, "");
     // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
     let conf = agent.net_conf("1.0.0");
-    let tuning_conf = |prev: &serde_json::Value| {
-        serde_json::json!({
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=chained";
+    // tuning, after enim in the chain, with enim's (or the chain's) result.
+    let tuning_run = |verb: &str, prev: &serde_json::Value| {
+        let conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": NETWORK,
             "type": "tuning",
             "mtu": 1400,
             "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"},
             "prevResult": prev,
-        })
+        });
+        exec_plugin(tuning, verb, "c1", Some(&pod.path()), "eth0", args, &conf)
     };
-    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=chained";
     let first = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    let out = exec_plugin(
-        tuning,
-        "ADD",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&first),
-    );
-    let last = out.ok();
+    let last = tuning_run("ADD", &first).ok();
     assert_eq!(
         last["interfaces"][0]["name"], "eth0",
         "tuning must accept enim's result: {last}"
@@ -169,28 +156,10 @@ fn chain_with_reference_tuning_plugin() {
     let mut check = conf.clone();
     check["prevResult"] = last.clone();
     enim("CHECK", "c1", Some(&pod.path()), "eth0", &check).ok();
-    exec_plugin(
-        tuning,
-        "CHECK",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&last),
-    )
-    .ok();
+    tuning_run("CHECK", &last).ok();
 
     // DEL runs in reverse order.
-    exec_plugin(
-        tuning,
-        "DEL",
-        "c1",
-        Some(&pod.path()),
-        "eth0",
-        args,
-        &tuning_conf(&last),
-    )
-    .ok();
+    tuning_run("DEL", &last).ok();
     enim("DEL", "c1", Some(&pod.path()), "eth0", &check).ok();
     sb.assert_home(0);
 }
@@ -236,32 +205,12 @@ fn callers_not_allowed_by_config_are_refused() {
     .unwrap();
     let conf = agent.net_conf("1.1.0");
     let run_as = |uid: &str| {
-        let out = std::process::Command::new("setpriv")
-            .args([
-                "--reuid",
-                uid,
-                "--regid",
-                "65534",
-                "--clear-groups",
-                env!("CARGO_BIN_EXE_enim"),
-            ])
-            .env_clear()
-            .env("CNI_COMMAND", "ADD")
-            .env("CNI_CONTAINERID", "c1")
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_NETNS", pod.path())
-            .env("CNI_PATH", "/usr/lib/cni")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
+        let mut setpriv = std::process::Command::new("setpriv");
+        setpriv.args(["--reuid", uid, "--regid", "65534", "--clear-groups"]);
+        setpriv.arg(env!("CARGO_BIN_EXE_enim"));
+        let out = spawn_add(setpriv, "c1", &pod.path(), &conf)
+            .wait_with_output()
             .unwrap();
-        let mut child = out;
-        std::io::Write::write_all(
-            &mut child.stdin.take().unwrap(),
-            conf.to_string().as_bytes(),
-        )
-        .unwrap();
-        let out = child.wait_with_output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -287,21 +236,15 @@ fn exec_add_del_timing() {
     require_kernel!();
     let (sb, pod, _dir, agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
-    let (mut adds, mut dels) = (Vec::new(), Vec::new());
-    for i in 0..20 {
-        let cid = format!("t{i}");
-        let t = std::time::Instant::now();
-        enim("ADD", &cid, Some(&pod.path()), "eth0", &conf).ok();
-        adds.push(t.elapsed());
-        let t = std::time::Instant::now();
-        enim("DEL", &cid, Some(&pod.path()), "eth0", &conf).ok();
-        dels.push(t.elapsed());
-    }
-    adds.sort();
-    dels.sort();
-    eprintln!(
-        "enim exec median of 20: ADD {:?}, DEL {:?}",
-        adds[10], dels[10]
+    print_add_del_medians(
+        "enim exec",
+        20,
+        |cid| {
+            enim("ADD", cid, Some(&pod.path()), "eth0", &conf).ok();
+        },
+        |cid| {
+            enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok();
+        },
     );
     sb.assert_home(0);
 }

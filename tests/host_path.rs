@@ -186,7 +186,7 @@ fn pings_through(pod: &NamedNetns, dev: &str) -> u64 {
     total
 }
 
-fn host_rig(n: usize, extra: &str) -> (Sandbox, NamedNetns, tempfile::TempDir, Agent) {
+fn host_rig(n: usize, extra: &str) -> Rig {
     let sb = Sandbox::new(n);
     make_node(&sb);
     let pod = NamedNetns::new("pod");
@@ -200,8 +200,7 @@ fn host_rig(n: usize, extra: &str) -> (Sandbox, NamedNetns, tempfile::TempDir, A
 fn pod_reaches_services_and_the_node_reaches_the_pod() {
     require_kernel!();
     let (sb, pod, _dir, agent) = host_rig(1, "");
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
 
     // The result: the ENI, then the host path's pod end, both in the pod.
     let interfaces = result["interfaces"].as_array().unwrap();
@@ -273,9 +272,7 @@ fn pod_reaches_services_and_the_node_reaches_the_pod() {
 #[test]
 fn the_pods_own_traffic_stays_on_its_eni() {
     require_kernel!();
-    let (sb, pod, _dir, agent) = host_rig(1, "");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (sb, pod, _dir, _agent, conf) = with_c1(host_rig(1, ""));
     let default = pod.ip(&["route", "show", "default"]);
     assert!(
         default.contains("dev eth0") && !default.contains("eth0-host"),
@@ -476,19 +473,7 @@ fn crash_at_every_point_with_a_host_path_leaks_nothing() {
         let host_routes = || sb.host.ip(&["route", "show", "table", "all"]);
         let clean_routes = host_routes();
         let conf = agent.net_conf("1.1.0");
-        let is_add = point.starts_with("add:");
-        if !is_add {
-            enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        }
-        agent.stop();
-        agent.env = vec![("ENIMD_CRASH_AT".into(), point.into())];
-        agent.restart();
-        let verb = if is_add { "ADD" } else { "DEL" };
-        enim(verb, "c1", Some(&pod.path()), "eth0", &conf).err(11);
-        agent.wait_crashed();
-        agent.env.clear();
-        agent.restart();
-        agent.ctl(&["gc"]);
+        let is_add = crash_c1_at(&mut agent, &pod, &conf, point);
 
         match agent.attachments().as_slice() {
             [] => {
@@ -540,9 +525,7 @@ fn crash_at_every_point_with_a_host_path_leaks_nothing() {
 #[test]
 fn gc_sweeps_stray_host_paths_and_dead_pods() {
     require_kernel!();
-    let (sb, pod, _dir, agent) = host_rig(2, "gc_grace = \"0s\"");
-    let conf = agent.net_conf("1.1.0");
-    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (sb, pod, _dir, agent, conf) = with_c1(host_rig(2, "gc_grace = \"0s\""));
     let other = NamedNetns::new("pod");
     enim("ADD", "c2", Some(&other.path()), "eth0", &conf).ok();
     sb.host.ip(&[

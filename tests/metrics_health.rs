@@ -8,13 +8,9 @@ use common::*;
 #[test]
 fn metrics_match_the_actions_performed() {
     require_kernel!();
-    let sb = Sandbox::new(3);
-    let pods: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
-    let dir = tempfile::tempdir().unwrap();
     let addr: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
-    let agent = start_agent(
-        &sb,
-        dir.path(),
+    let (sb, pods, _dir, agent) = agent_rig_with_pods(
+        3,
         &format!("metrics_address = \"{addr}\"\ngc_grace = \"0s\""),
     );
     let host = sb.host.path();
@@ -22,9 +18,7 @@ fn metrics_match_the_actions_performed() {
     assert_eq!(http_get_in(&host, addr, "/readyz").0, 200);
 
     let conf = agent.net_conf("1.1.0");
-    for (i, pod) in pods.iter().enumerate() {
-        enim("ADD", &format!("c{i}"), Some(&pod.path()), "eth0", &conf).ok();
-    }
+    add_each(&pods, &conf);
     enim("DEL", "c0", Some(&pods[0].path()), "eth0", &conf).ok();
     let mut check = conf.clone();
     check["prevResult"] = enim("ADD", "c1", Some(&pods[1].path()), "eth0", &conf).ok();
@@ -35,36 +29,18 @@ fn metrics_match_the_actions_performed() {
     let _ = &pods[2];
     let (status, text) = http_get_in(&host, addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 2.0, "{text}");
-    assert_eq!(metric(&text, "enim_enis{state=\"free\"}"), 1.0, "{text}");
-    assert_eq!(metric(&text, "enim_attachments"), 2.0, "{text}");
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"ADD\",result=\"ok\"}"),
-        4.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"DEL\",result=\"ok\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"CHECK\",result=\"ok\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "enim_requests_total{verb=\"CHECK\",result=\"error\"}"
-        ),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "enim_request_duration_seconds_count{verb=\"ADD\"}"),
-        4.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_enis{state=\"in_use\"}", 2.0),
+            ("enim_enis{state=\"free\"}", 1.0),
+            ("enim_attachments", 2.0),
+            ("enim_requests_total{verb=\"ADD\",result=\"ok\"}", 4.0),
+            ("enim_requests_total{verb=\"DEL\",result=\"ok\"}", 1.0),
+            ("enim_requests_total{verb=\"CHECK\",result=\"ok\"}", 1.0),
+            ("enim_requests_total{verb=\"CHECK\",result=\"error\"}", 1.0),
+            ("enim_request_duration_seconds_count{verb=\"ADD\"}", 4.0),
+        ],
     );
     assert!(
         metric(&text, "enim_checkpoint_write_duration_seconds_count") >= 7.0,
@@ -83,16 +59,13 @@ fn metrics_match_the_actions_performed() {
     let report = agent.ctl(&["gc"]);
     assert_eq!(report["collected"].as_array().unwrap().len(), 2, "{report}");
     let (_, text) = http_get_in(&host, addr, "/metrics");
-    assert_eq!(
-        metric(&text, "enim_gc_actions_total{kind=\"record_dropped\"}"),
-        2.0,
-        "{text}"
-    );
-    assert_eq!(metric(&text, "enim_enis{state=\"in_use\"}"), 0.0, "{text}");
-    assert_eq!(
-        metric(&text, "enim_requests_total{verb=\"GC\",result=\"ok\"}"),
-        1.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_gc_actions_total{kind=\"record_dropped\"}", 2.0),
+            ("enim_enis{state=\"in_use\"}", 0.0),
+            ("enim_requests_total{verb=\"GC\",result=\"ok\"}", 1.0),
+        ],
     );
 }
 

@@ -4,12 +4,16 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use common::*;
 use enim::api::MtuExpectation;
 use enim::engine::EngineError;
 use enim_provider::{EniProvider, ProviderError};
+
+/// The error of an ADD of c1 on eth0 into `netns` that must fail.
+async fn c1_add_err(mgr: &PrimaryEngine, netns: &std::path::Path) -> EngineError {
+    mgr.add(&owner("c1", "eth0"), netns).await.unwrap_err()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_configures_pod_and_del_returns_eni_home() {
@@ -37,13 +41,8 @@ async fn add_configures_pod_and_del_returns_eni_home() {
         addrs.contains(&"fd00:e1:0::10/64".replace("0::", ":")),
         "{addrs:?}"
     );
-    let v6: serde_json::Value =
-        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
-    let global = v6[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["local"] == "fd00:e1::10")
+    let global = pod
+        .addr("eth0", "fd00:e1::10")
         .expect("global IPv6 address");
     assert_eq!(
         global["nodad"], true,
@@ -74,8 +73,7 @@ async fn add_configures_pod_and_del_returns_eni_home() {
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].phase, enim::model::Phase::Ready);
     assert_eq!(recs[0].primary().unwrap().host_name, "eni0");
-    let listed = provider.list().await.unwrap();
-    assert_eq!(listed[0].owner.as_ref().unwrap().container_id, "c1");
+    assert_eq!(eni0_owner(&provider).await.as_deref(), Some("c1"));
 
     // CHECK passes against the kernel.
     mgr.check(&o, &pod.path(), MtuExpectation::Recorded)
@@ -127,14 +125,7 @@ async fn stale_del_leaves_new_owner_alone() {
         pod.link("eth0").is_some(),
         "stale DEL moved the new owner's ENI"
     );
-    assert_eq!(
-        provider.list().await.unwrap()[0]
-            .owner
-            .as_ref()
-            .unwrap()
-            .container_id,
-        "new"
-    );
+    assert_eq!(eni0_owner(&provider).await.as_deref(), Some("new"));
     mgr.check(&new, &pod.path(), MtuExpectation::Recorded)
         .await
         .expect("new owner's attachment intact");
@@ -207,20 +198,14 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
     std::fs::write(&file, "x").unwrap();
     let missing = dir.path().join("missing");
     for path in [&file, &missing, &dir.path().to_path_buf()] {
-        let err = mgr.add(&owner("c1", "eth0"), path).await.unwrap_err();
+        let err = c1_add_err(&mgr, path).await;
         let msg = err.to_string();
         assert!(matches!(err, EngineError::Netns(_)), "{msg}");
         assert!(msg.contains(&path.display().to_string()), "{msg}");
         assert_eni0_free(&sb, &mgr, &provider).await;
     }
     // A mount namespace file is a namespace, but not a network one.
-    let err = mgr
-        .add(
-            &owner("c1", "eth0"),
-            std::path::Path::new("/proc/self/ns/mnt"),
-        )
-        .await
-        .unwrap_err();
+    let err = c1_add_err(&mgr, std::path::Path::new("/proc/self/ns/mnt")).await;
     assert!(err.to_string().contains("another kind"), "{err}");
 }
 
@@ -237,23 +222,17 @@ async fn invalid_ifname_is_rejected_before_anything_moves() {
         assert!(err.to_string().contains("interface name"), "{err}");
     }
     sb.assert_home(0);
-    assert!(provider.list().await.unwrap()[0].owner.is_none());
+    assert_eq!(eni0_owner(&provider).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let pod = NamedNetns::new("pod");
+    let (sb, pod, _dir, mgr, provider) = primary_rig(1).await;
     pod.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let (mgr, provider) = manager(&sb, &dir.path().join("cp.json")).await;
-    let err = mgr
-        .add(&owner("c1", "eth0"), &pod.path())
-        .await
-        .unwrap_err();
+    let err = c1_add_err(&mgr, &pod.path()).await;
     assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert!(err.to_string().contains("eth0"), "{err}");
     assert_eni0_free(&sb, &mgr, &provider).await;
@@ -266,8 +245,7 @@ async fn existing_ifname_in_pod_is_a_conflict_and_eni_goes_home() {
 async fn a_conflicting_add_leaves_the_live_pod_alone() {
     require_kernel!();
     let (sb, p1, _dir, mgr, _provider) = primary_rig(2).await;
-    let o = owner("c1", "eth0");
-    mgr.add(&o, &p1.path()).await.unwrap();
+    let o = add_c1(&mgr, &p1).await;
     let before = (p1.link("eth0"), p1.addrs("eth0"), mgr.attachments().await);
     let p2 = NamedNetns::new("pod");
     p2.ip(&[
@@ -303,8 +281,7 @@ async fn a_conflicting_add_leaves_the_live_pod_alone() {
 async fn del_succeeds_after_netns_is_gone() {
     require_kernel!();
     let (_sb, pod, _dir, mgr, provider) = primary_rig(1).await;
-    let o = owner("c1", "eth0");
-    mgr.add(&o, &pod.path()).await.unwrap();
+    let o = add_c1(&mgr, &pod).await;
     drop(pod); // a veth ENI dies with its namespace
     mgr.del(&o).await.expect("DEL after netns is gone");
     assert_unrecorded_and_free(&mgr, &provider).await;
@@ -317,14 +294,14 @@ async fn restart_restores_ownership_from_checkpoint() {
     let pod = NamedNetns::new("pod");
     let dir = tempfile::tempdir().unwrap();
     let cp = dir.path().join("cp.json");
-    let o = owner("c1", "eth0");
-    {
+    let o = {
         let (mgr, _) = manager(&sb, &cp).await;
-        mgr.add(&o, &pod.path()).await.unwrap();
+        let o = add_c1(&mgr, &pod).await;
         // A clean stop lands the outcome written behind (enimd does this
         // at shutdown; a crash instead is recovery's case, tested apart).
         mgr.checkpoint().flush().await.unwrap();
-    }
+        o
+    };
     let (mgr, provider) = manager(&sb, &cp).await;
     let report = mgr.recover().await.unwrap();
     assert_eq!(report.ready, 1);
@@ -332,14 +309,7 @@ async fn restart_restores_ownership_from_checkpoint() {
     let other = NamedNetns::new("pod");
     let r = mgr.add(&owner("c2", "eth0"), &other.path()).await.unwrap();
     assert_eq!(r.eni_id, "eni-0001");
-    assert_eq!(
-        provider.list().await.unwrap()[0]
-            .owner
-            .as_ref()
-            .unwrap()
-            .container_id,
-        "c1"
-    );
+    assert_eq!(eni0_owner(&provider).await.as_deref(), Some("c1"));
     mgr.del(&o).await.unwrap();
     mgr.del(&owner("c2", "eth0")).await.unwrap();
     sb.assert_home(0);
@@ -352,21 +322,18 @@ async fn restart_restores_ownership_from_checkpoint() {
 async fn in_process_add_del_timing() {
     require_kernel!();
     let (sb, pod, _dir, mgr, _) = primary_rig(1).await;
-    let (mut adds, mut dels) = (Vec::new(), Vec::new());
-    for i in 0..20 {
-        let o = owner(&format!("t{i}"), "eth0");
-        let t = Instant::now();
-        mgr.add(&o, &pod.path()).await.unwrap();
-        adds.push(t.elapsed());
-        let t = Instant::now();
-        mgr.del(&o).await.unwrap();
-        dels.push(t.elapsed());
-    }
-    adds.sort();
-    dels.sort();
-    eprintln!(
-        "in-process median of 20: ADD {:?}, DEL {:?}",
-        adds[10], dels[10]
-    );
+    // The timed calls block this worker thread; the other drives the engine.
+    tokio::task::block_in_place(|| {
+        let rt = tokio::runtime::Handle::current();
+        print_add_del_medians(
+            "in-process",
+            20,
+            |cid| {
+                rt.block_on(mgr.add(&owner(cid, "eth0"), &pod.path()))
+                    .unwrap();
+            },
+            |cid| rt.block_on(mgr.del(&owner(cid, "eth0"))).unwrap(),
+        );
+    });
     sb.assert_home(0);
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::*;
 use enim::api::{GcRequest, MtuExpectation};
 use enim::engine::EngineError;
-use enim::model::{Mode, Phase, Record, SecondaryPayload};
+use enim::model::{Mode, Phase, Record, RouteConfig, SecondaryPayload};
 use enim::secondary::SecondaryConfig;
 use enim_provider_static::StaticEniConfig;
 
@@ -35,6 +35,29 @@ async fn start(sb: &Sandbox, enis: &[StaticEniConfig], checkpoint: &Path) -> Arc
     let report = mgr.gc(&GcRequest::default(), Duration::from_secs(30)).await;
     assert!(report.errors.is_empty(), "startup GC: {report:?}");
     mgr
+}
+
+/// A sandbox of one ENI per count, each with that many secondary
+/// addresses (and IPv6 ones when `ipv6`), their configs, and a temp dir.
+fn sandbox(counts: &[usize], ipv6: bool) -> (Sandbox, Vec<StaticEniConfig>, tempfile::TempDir) {
+    let sb = Sandbox::new(counts.len());
+    let enis = sb.enis_with_secondaries(counts, ipv6);
+    (sb, enis, tempfile::tempdir().unwrap())
+}
+
+/// [`sandbox`] and a manager [`start`]ed over it, its checkpoint in the dir.
+async fn rig(
+    counts: &[usize],
+    ipv6: bool,
+) -> (
+    Sandbox,
+    Vec<StaticEniConfig>,
+    tempfile::TempDir,
+    Arc<SecondaryEngine>,
+) {
+    let (sb, enis, dir) = sandbox(counts, ipv6);
+    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    (sb, enis, dir, mgr)
 }
 
 fn pods(mgr: &SecondaryEngine) -> impl std::future::Future<Output = Vec<Record>> + '_ {
@@ -80,10 +103,7 @@ fn route_of(sb: &Sandbox, pod: &Record, ip: IpAddr, dst: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_pod_leaves_through_its_own_eni() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[2, 1], false);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, enis, _dir, mgr) = rig(&[2, 1], false).await;
 
     // The ENIs were renamed, tuned and given their tables.
     for (i, name) in ["enis1", "enis2"].iter().enumerate() {
@@ -96,13 +116,12 @@ async fn each_pod_leaves_through_its_own_eni() {
         let table = sb
             .host
             .ip(&["route", "show", "table", &format!("100{}", i + 1)]);
-        assert!(
-            table.contains(&format!("default via 10.77.{i}.1 dev {name}")),
-            "{table}"
-        );
-        assert!(
-            table.contains(&format!("10.77.{i}.1 dev {name}")),
-            "{table}"
+        assert_holds_all(
+            &table,
+            &[
+                format!("default via 10.77.{i}.1 dev {name}"),
+                format!("10.77.{i}.1 dev {name}"),
+            ],
         );
         // Tuned over netlink: loose rp_filter, forwarding, no proxy delay.
         for (key, want) in [
@@ -169,13 +188,12 @@ async fn each_pod_leaves_through_its_own_eni() {
     let listed = rules(&sb);
     for (p, table) in [(&a, 1001), (&b, 1001), (&c, 1002)] {
         let ip = ip(p);
-        assert!(
-            listed.contains(&format!("512:\tfrom all to {ip} lookup main")),
-            "{listed}"
-        );
-        assert!(
-            listed.contains(&format!("1536:\tfrom {ip} lookup {table}")),
-            "{listed}"
+        assert_holds_all(
+            &listed,
+            &[
+                format!("512:\tfrom all to {ip} lookup main"),
+                format!("1536:\tfrom {ip} lookup {table}"),
+            ],
         );
     }
 
@@ -239,10 +257,7 @@ async fn each_pod_leaves_through_its_own_eni() {
 
     // Exhausted: all three addresses are in use.
     let extra = NamedNetns::new("pod");
-    let err = mgr
-        .add(&owner("d", "eth0"), &extra.path())
-        .await
-        .unwrap_err();
+    let err = add_err(&mgr, &owner("d", "eth0"), &extra.path()).await;
     assert!(
         matches!(err, EngineError::NoFreeAddress(_)) && err.is_transient(),
         "{err}"
@@ -261,10 +276,7 @@ async fn each_pod_leaves_through_its_own_eni() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[10, 10], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[10, 10], true).await;
     let before = sb.host_state();
 
     let netns: Vec<NamedNetns> = (0..20).map(|_| NamedNetns::new("pod")).collect();
@@ -305,10 +317,7 @@ async fn twenty_pods_added_and_deleted_leave_the_host_as_found() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_pod_reaches_the_gateway_on_both() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[2], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[2], true).await;
     let pod = NamedNetns::new("pod");
     let result = mgr.add(&owner("v6", "eth0"), &pod.path()).await.unwrap();
     let ips: Vec<String> = result.ips.iter().map(|i| i.address.to_string()).collect();
@@ -319,21 +328,12 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
         .map(|i| i.gateway.unwrap().to_string())
         .collect();
     assert_eq!(gws, ["169.254.1.1", "fe80::1"]);
-    let routes: Vec<String> = result
-        .routes
-        .iter()
-        .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
-        .collect();
-    assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+    // 0.0.0.0/0 via 169.254.1.1 and ::/0 via fe80::1.
+    let defaults =
+        ["169.254.1.1", "fe80::1"].map(|gw| RouteConfig::default_via(gw.parse().unwrap()));
+    assert_eq!(result.routes, defaults);
 
-    let v6: serde_json::Value =
-        serde_json::from_str(&pod.ip(&["-j", "-6", "addr", "show", "dev", "eth0"])).unwrap();
-    let global = v6[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["local"] == "fd00:e1::11")
-        .expect("pod IPv6 address");
+    let global = pod.addr("eth0", "fd00:e1::11").expect("pod IPv6 address");
     assert_eq!(global["prefixlen"], 128);
     assert!(global.get("tentative").is_none(), "{global}");
     let default6 = pod.ip(&["-6", "route", "show", "default"]);
@@ -360,10 +360,7 @@ async fn dual_stack_pod_reaches_the_gateway_on_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[3], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[3], true).await;
     let live = NamedNetns::new("pod");
     let dying = NamedNetns::new("pod");
     mgr.add(&owner("live", "eth0"), &live.path()).await.unwrap();
@@ -457,9 +454,7 @@ async fn gc_removes_a_dead_pod_and_orphans_and_leaves_live_pods_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[2, 2], true);
-    let dir = tempfile::tempdir().unwrap();
+    let (sb, enis, dir) = sandbox(&[2, 2], true);
     let cp = dir.path().join("cp.json");
     let netns: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new("pod")).collect();
     let before = sb.host_state();
@@ -522,10 +517,7 @@ async fn restart_keeps_live_pods_and_a_lost_checkpoint_is_swept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_adds_roll_back_completely() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[1], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, dir, mgr) = rig(&[1], true).await;
     let before = sb.host_state();
 
     // The pod already has an eth0: nothing may be left, and its own eth0
@@ -534,7 +526,7 @@ async fn failed_adds_roll_back_completely() {
     pod.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
     ]);
-    let err = mgr.add(&owner("c", "eth0"), &pod.path()).await.unwrap_err();
+    let err = add_err(&mgr, &owner("c", "eth0"), &pod.path()).await;
     assert!(matches!(err, EngineError::IfnameConflict { .. }), "{err}");
     assert_eq!(sb.host_state(), before);
     assert!(pod.link("eth0").is_some(), "the pod's own eth0 was removed");
@@ -543,7 +535,7 @@ async fn failed_adds_roll_back_completely() {
     // A netns that is not one.
     let bogus = dir.path().join("not-a-netns");
     std::fs::write(&bogus, "").unwrap();
-    let err = mgr.add(&owner("c", "eth0"), &bogus).await.unwrap_err();
+    let err = add_err(&mgr, &owner("c", "eth0"), &bogus).await;
     assert!(matches!(err, EngineError::Netns(_)), "{err}");
 
     // The single address is free again: the next ADD gets it.
@@ -558,10 +550,7 @@ async fn failed_adds_roll_back_completely() {
         result
     );
     let other = NamedNetns::new("pod");
-    let err = mgr
-        .add(&owner("c", "net1"), &other.path())
-        .await
-        .unwrap_err();
+    let err = add_err(&mgr, &owner("c", "net1"), &other.path()).await;
     assert!(
         matches!(err, EngineError::AttachmentConflict { .. }),
         "{err}"
@@ -603,15 +592,24 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
     assert!(!all.contains("table 1002"), "{all}");
 }
 
+/// The error of an ADD that must fail.
+async fn add_err(mgr: &SecondaryEngine, o: &enim_provider::EniOwner, netns: &Path) -> EngineError {
+    mgr.add(o, netns).await.unwrap_err()
+}
+
+/// The checkpoint's record of container `cid`.
+async fn record_of(checkpoint: &enim::store::checkpoint::Checkpoint, cid: &str) -> Record {
+    let all = checkpoint.list().await;
+    all.into_iter().find(|p| p.key.container_id == cid).unwrap()
+}
+
 /// What a crash leaves, made by hand from a real ADD: an ADD whose outcome
 /// was never written is finished at restart when its pod side is whole; a
 /// DEL that had removed part of the plumbing is finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
     require_kernel!();
-    let sb = Sandbox::new(1);
-    let enis = sb.enis_with_secondaries(&[2], true);
-    let dir = tempfile::tempdir().unwrap();
+    let (sb, enis, dir) = sandbox(&[2], true);
     let cp = dir.path().join("cp.json");
     let first = start(&sb, &enis, &cp).await;
     let clean = sb.host_state();
@@ -628,24 +626,14 @@ async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
     drop(first);
 
     // Crash after plumbing, before the outcome: Adding, no MAC known.
-    let mut rec = checkpoint
-        .list()
-        .await
-        .into_iter()
-        .find(|p| p.key.container_id == "adding")
-        .unwrap();
+    let mut rec = record_of(&checkpoint, "adding").await;
     rec.phase = Phase::Adding;
     if let enim::model::Payload::Secondary(p) = &mut rec.payload {
         p.mac = None;
     }
     checkpoint.put(rec).await.unwrap();
     // Crash mid-DEL: Deleting, rules gone, veth still there.
-    let mut rec = checkpoint
-        .list()
-        .await
-        .into_iter()
-        .find(|p| p.key.container_id == "deleting")
-        .unwrap();
+    let mut rec = record_of(&checkpoint, "deleting").await;
     rec.phase = Phase::Deleting;
     let ip4 = sec(&rec).ipv4.unwrap().to_string();
     let ip6 = sec(&rec).ipv6.unwrap().to_string();
@@ -680,10 +668,7 @@ async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_adds_and_dels_share_nothing() {
     require_kernel!();
-    let sb = Sandbox::new(2);
-    let enis = sb.enis_with_secondaries(&[6, 6], true);
-    let dir = tempfile::tempdir().unwrap();
-    let mgr = start(&sb, &enis, &dir.path().join("cp.json")).await;
+    let (sb, _enis, _dir, mgr) = rig(&[6, 6], true).await;
     let before = sb.host_state();
     let netns: Vec<Arc<NamedNetns>> = (0..12).map(|_| Arc::new(NamedNetns::new("pod"))).collect();
     let adds: Vec<_> = netns

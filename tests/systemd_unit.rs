@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::ci;
+use common::{ci, run_ok};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -109,20 +109,15 @@ fn install_sh_installs_a_unit_systemd_accepts() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = |name: &str| -> PathBuf { tmp.path().join(name) };
     let bins = Path::new(env!("CARGO_BIN_EXE_enimd")).parent().unwrap();
-    let out = Command::new(repo().join("scripts/install.sh"))
-        .arg("--from")
-        .arg(bins)
-        .args(["--cni-bin-dir", dir("cni").to_str().unwrap()])
-        .args(["--net-d-dir", dir("net.d").to_str().unwrap()])
-        .args(["--bin-dir", dir("bin").to_str().unwrap()])
-        .args(["--config-dir", dir("etc").to_str().unwrap()])
-        .args(["--systemd-dir", dir("systemd").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "install.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(repo().join("scripts/install.sh"))
+            .arg("--from")
+            .arg(bins)
+            .args(["--cni-bin-dir", dir("cni").to_str().unwrap()])
+            .args(["--net-d-dir", dir("net.d").to_str().unwrap()])
+            .args(["--bin-dir", dir("bin").to_str().unwrap()])
+            .args(["--config-dir", dir("etc").to_str().unwrap()])
+            .args(["--systemd-dir", dir("systemd").to_str().unwrap()]),
     );
     let unit = dir("systemd").join("enimd.service");
     let text = std::fs::read_to_string(&unit).unwrap();

@@ -48,6 +48,12 @@ async fn index_of(handle: &Handle, name: &str) -> R<u32> {
         .index)
 }
 
+/// One RTM_SETLINK; `what` names it in the error.
+async fn set_link(handle: &Handle, msg: LinkMessage, what: &str) -> R<()> {
+    let req = handle.link().set(msg).execute();
+    req.await.map_err(|e| format!("{what}: {e}").into())
+}
+
 impl Floor {
     /// Opens the host namespace and a netlink socket in it (once, as an
     /// agent keeps its host socket).
@@ -71,17 +77,16 @@ impl Floor {
     ) -> R<()> {
         let pod_ns = Netns::open(pod_path)?;
         let index = index_of(&self.host_handle, host_name).await?;
-        self.host_handle
-            .link()
-            .set(
-                LinkUnspec::new_with_index(index)
-                    .setns_by_fd(pod_ns.file().as_raw_fd())
-                    .name(ifname)
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(|e| format!("move {host_name} into pod: {e}"))?;
+        let into_pod = LinkUnspec::new_with_index(index)
+            .setns_by_fd(pod_ns.file().as_raw_fd())
+            .name(ifname)
+            .build();
+        set_link(
+            &self.host_handle,
+            into_pod,
+            &format!("move {host_name} into pod"),
+        )
+        .await?;
         let pod = handle_in(&pod_ns).await?;
         let index = index_of(&pod, ifname).await?;
         pod.address()
@@ -89,11 +94,8 @@ impl Floor {
             .execute()
             .await
             .map_err(|e| format!("address add: {e}"))?;
-        pod.link()
-            .set(LinkUnspec::new_with_index(index).up().build())
-            .execute()
-            .await
-            .map_err(|e| format!("link up: {e}"))?;
+        let up = LinkUnspec::new_with_index(index).up().build();
+        set_link(&pod, up, "link up").await?;
         pod.route()
             .add(
                 RouteMessageBuilder::<Ipv4Addr>::new()
@@ -111,21 +113,13 @@ impl Floor {
         let pod_ns = Netns::open(pod_path)?;
         let pod = handle_in(&pod_ns).await?;
         let index = index_of(&pod, ifname).await?;
-        pod.link()
-            .set(LinkUnspec::new_with_index(index).down().build())
-            .execute()
-            .await
-            .map_err(|e| format!("link down: {e}"))?;
-        pod.link()
-            .set(
-                LinkUnspec::new_with_index(index)
-                    .setns_by_fd(self.host.file().as_raw_fd())
-                    .name(host_name)
-                    .build(),
-            )
-            .execute()
-            .await
-            .map_err(|e| format!("move {ifname} home: {e}"))?;
+        let down = LinkUnspec::new_with_index(index).down().build();
+        set_link(&pod, down, "link down").await?;
+        let home = LinkUnspec::new_with_index(index)
+            .setns_by_fd(self.host.file().as_raw_fd())
+            .name(host_name)
+            .build();
+        set_link(&pod, home, &format!("move {ifname} home")).await?;
         Ok(())
     }
 }

@@ -28,24 +28,50 @@ use std::process::ExitCode;
 
 pub type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-#[derive(Debug, Clone)]
+/// The command line, one field an option: clap reads its flags, defaults
+/// and help from here.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "enim-bench",
+    about = "enim against host-device and the kernel floor (run it through scripts/bench.sh)"
+)]
 pub struct Opts {
+    /// Where enimd, enim and enimctl are.
+    #[arg(long, value_name = "DIR")]
     pub bin_dir: PathBuf,
+    /// The reference plugins (host-device, static).
+    #[arg(long, value_name = "DIR", default_value = "/usr/lib/cni")]
     pub cni_path: PathBuf,
+    /// Namespace names are "<tag>-<what><i>": 1 to 24 ASCII letters or
+    /// digits.
+    #[arg(long, value_name = "TAG", default_value_t = format!("enimb{}", std::process::id()))]
     pub tag: String,
+    /// The sandbox's scratch dir (default: a temporary one).
+    #[arg(long, value_name = "DIR")]
     pub work: Option<PathBuf>,
+    /// Every figure as JSON, written here.
+    #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// A few cycles of everything: does it work, not a measurement.
+    #[arg(long)]
     pub smoke: bool,
+    /// Cycles a method (0: 3 with --smoke, else 200).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub cycles: usize,
     /// enim cycles before the last RSS sample (0: the mode's default).
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub rss_cycles: usize,
     /// Pods in parallel in the memory phase.
+    #[arg(long, value_name = "N", default_value_t = phases::MAIN_ENIS)]
     pub rss_workers: usize,
     /// Phases to run (empty: all).
+    #[arg(long, value_name = "PHASE,...", value_delimiter = ',', value_parser = phase_name)]
     pub only: Vec<String>,
     /// Idle time before each timed latency operation (None: the default).
+    #[arg(long, value_name = "N")]
     pub gap_ms: Option<u64>,
     /// Seed of the simulations.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     pub seed: u64,
 }
 
@@ -60,64 +86,22 @@ impl Opts {
     }
 }
 
-const USAGE: &str = "usage: enim-bench --bin-dir DIR [--smoke] [--cycles N] [--rss-cycles N] \
-                     [--rss-workers N] [--only PHASE,...] [--gap-ms N] [--json FILE] [--tag TAG] \
-                     [--work DIR] [--cni-path DIR] [--seed N]";
+/// One of `--only`'s phases, trimmed.
+fn phase_name(p: &str) -> Result<String, String> {
+    let p = p.trim();
+    if phases::PHASES.contains(&p) {
+        Ok(p.to_string())
+    } else {
+        Err(format!(
+            "unknown phase {p:?} (phases: {})",
+            phases::PHASES.join(",")
+        ))
+    }
+}
 
+/// The command line, checked beyond what clap checks.
 fn parse_args() -> Result<Opts, String> {
-    let mut o = Opts {
-        bin_dir: PathBuf::new(),
-        cni_path: PathBuf::from("/usr/lib/cni"),
-        tag: format!("enimb{}", std::process::id()),
-        work: None,
-        json: None,
-        smoke: false,
-        cycles: 0,
-        rss_cycles: 0,
-        rss_workers: phases::MAIN_ENIS,
-        only: Vec::new(),
-        gap_ms: None,
-        seed: 1,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or(format!("{a} needs a value\n{USAGE}"));
-        match a.as_str() {
-            "--bin-dir" => o.bin_dir = val()?.into(),
-            "--cni-path" => o.cni_path = val()?.into(),
-            "--tag" => o.tag = val()?,
-            "--work" => o.work = Some(val()?.into()),
-            "--json" => o.json = Some(val()?.into()),
-            "--cycles" => o.cycles = val()?.parse().map_err(|e| format!("--cycles: {e}"))?,
-            "--rss-cycles" => {
-                o.rss_cycles = val()?.parse().map_err(|e| format!("--rss-cycles: {e}"))?
-            }
-            "--rss-workers" => {
-                o.rss_workers = val()?.parse().map_err(|e| format!("--rss-workers: {e}"))?
-            }
-            "--only" => {
-                o.only = val()?.split(',').map(|p| p.trim().to_string()).collect();
-                if let Some(bad) = o
-                    .only
-                    .iter()
-                    .find(|p| !phases::PHASES.contains(&p.as_str()))
-                {
-                    return Err(format!(
-                        "--only: unknown phase {bad:?} (phases: {})",
-                        phases::PHASES.join(",")
-                    ));
-                }
-            }
-            "--gap-ms" => o.gap_ms = Some(val()?.parse().map_err(|e| format!("--gap-ms: {e}"))?),
-            "--seed" => o.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
-            "--smoke" => o.smoke = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other}\n{USAGE}")),
-        }
-    }
-    if o.bin_dir.as_os_str().is_empty() {
-        return Err(format!("--bin-dir is required\n{USAGE}"));
-    }
+    let mut o = <Opts as clap::Parser>::parse();
     // Namespace names are "<tag>-<what><i>"; keep them short and plain.
     if o.tag.is_empty() || o.tag.len() > 24 || !o.tag.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err("--tag must be 1 to 24 ASCII letters or digits".into());

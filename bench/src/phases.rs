@@ -27,7 +27,7 @@ mod scale;
 pub use cycles::Throughput;
 use cycles::{latency, parallel, throughput};
 pub use scale::Scale;
-use scale::{gc_dead, gc_moved, restore};
+use scale::{gc_dead, gc_moved, restore, timed_phase};
 
 /// The ways of doing the same ADD and DEL: enim as configured by default,
 /// the reference plugin, the kernel floor, and (latency only) a what-if of
@@ -580,6 +580,11 @@ fn loadavg() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// A progress line on stderr.
+fn say(what: &str) {
+    eprintln!("enim-bench: {what}");
+}
+
 pub fn run(o: &Opts) -> R<Results> {
     let plan = Plan::new(o);
     let load_start = loadavg();
@@ -591,7 +596,6 @@ pub fn run(o: &Opts) -> R<Results> {
         }
     };
     std::fs::create_dir_all(&work)?;
-    let say = |what: &str| eprintln!("enim-bench: {what}");
     say("setting up the sandbox");
     let ctx = Ctx::new(o, &plan, work.clone())?;
 
@@ -702,24 +706,18 @@ pub fn run(o: &Opts) -> R<Results> {
     let rss_after_kib = sample(enim_cycles, "the cycles and 200 ms idle")?;
     main.stop()?;
 
-    let gc_dead_ms = if o.runs("gc-dead") {
-        say(&format!(
-            "GC of {} dead records without devices",
-            plan.gc_dead
-        ));
-        gc_dead(&ctx, &plan)?
-    } else {
-        f64::NAN
-    };
-    let gc_moved_ms = if o.runs("gc-moved") {
-        say(&format!(
-            "CNI GC of {} attachments moved back home",
-            plan.gc_moved
-        ));
-        gc_moved(&ctx, &plan)?
-    } else {
-        f64::NAN
-    };
+    let gc_dead_ms = timed_phase(
+        o,
+        "gc-dead",
+        &format!("GC of {} dead records without devices", plan.gc_dead),
+        || gc_dead(&ctx, &plan),
+    )?;
+    let gc_moved_ms = timed_phase(
+        o,
+        "gc-moved",
+        &format!("CNI GC of {} attachments moved back home", plan.gc_moved),
+        || gc_moved(&ctx, &plan),
+    )?;
     let (restore_ms, restore_logged_ms, restore_empty_ms) = if o.runs("restore") {
         say(&format!("start-up restore of {} records", plan.restore));
         restore(&ctx, &plan)?

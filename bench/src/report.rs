@@ -34,96 +34,66 @@ const NO_FSYNC: usize = 3;
 const HOST_PATH: usize = 4;
 const FLOOR_HOST_PATH: usize = 5;
 
+/// How a figure must compare with its target's limit.
+#[derive(Clone, Copy)]
+enum Cmp {
+    Le,
+    Lt,
+    Ge,
+}
+
+impl Cmp {
+    fn judge(self, name: &'static str, value: f64, limit: f64, unit: &'static str) -> Target {
+        let (sign, met) = match self {
+            Cmp::Le => ("≤", value <= limit),
+            Cmp::Lt => ("<", value < limit),
+            Cmp::Ge => ("≥", value >= limit),
+        };
+        Target {
+            name,
+            value,
+            unit,
+            limit: format!("{sign} {limit}"),
+            met,
+        }
+    }
+}
+
 pub fn targets(r: &Results) -> Vec<Target> {
+    use Cmp::{Ge, Le, Lt};
     let add = |i: usize| r.lat[i].0.p50;
     let del = |i: usize| r.lat[i].1.p50;
-    let le = |name, value: f64, limit: f64, unit| Target {
-        name,
-        value,
-        unit,
-        limit: format!("≤ {limit}"),
-        met: value <= limit,
-    };
-    let lt = |name, value: f64, limit: f64, unit| Target {
-        name,
-        value,
-        unit,
-        limit: format!("< {limit}"),
-        met: value < limit,
-    };
-    let ge = |name, value: f64, limit: f64, unit| Target {
-        name,
-        value,
-        unit,
-        limit: format!("≥ {limit}"),
-        met: value >= limit,
-    };
-    let mut t = vec![
-        le(
-            "ADD p50 enim / floor",
-            ratio(add(ENIM), add(FLOOR)),
-            1.15,
-            "×",
-        ),
-        le(
-            "ADD p50 enim / host-device",
-            ratio(add(ENIM), add(HD)),
-            0.8,
-            "×",
-        ),
-        le(
-            "DEL p50 enim / floor",
-            ratio(del(ENIM), del(FLOOR)),
-            1.15,
-            "×",
-        ),
-        le(
-            "DEL p50 enim / host-device",
-            ratio(del(ENIM), del(HD)),
-            0.8,
-            "×",
-        ),
-        le(
-            "ADD p50 enim with host path / floor with host path",
-            ratio(add(HOST_PATH), add(FLOOR_HOST_PATH)),
-            1.10,
-            "×",
-        ),
-        lt(
-            "ADD p50 enim with host path / host-device",
-            ratio(add(HOST_PATH), add(HD)),
-            1.0,
-            "×",
-        ),
-    ];
-    if let Some(top) = r.throughput.iter().max_by_key(|t| t.level) {
-        t.push(ge(
-            "cycles/s at the top level enim / host-device",
-            ratio(top.rate(ENIM), top.rate(HD)),
-            1.0,
-            "×",
-        ));
-        t.push(ge(
-            "cycles/s at the top level enim / floor",
-            ratio(top.rate(ENIM), top.rate(FLOOR)),
-            0.95,
-            "×",
-        ));
+    // One row a target: its name, this run's figure, how the figure must
+    // compare with the limit, the limit and its unit. A macro, so that the
+    // table stays one row a line.
+    macro_rules! judged {
+        ($($name:literal: $value:expr, $cmp:ident $limit:literal $unit:literal;)*) => {
+            [$($cmp.judge($name, $value, $limit, $unit)),*]
+        };
     }
-    t.push(lt(
-        "GC of the dead records without devices",
-        r.scale.gc_dead_ms,
-        200.0,
-        "ms",
-    ));
-    t.push(lt("restore, exec → ready", r.scale.restore_ms, 500.0, "ms"));
-    t.push(le("enimd RSS idle", mib(r.rss_idle_kib), 16.0, "MiB"));
-    t.push(le(
-        "enimd RSS after the cycles / idle",
-        ratio(float(r.rss_after_kib), float(r.rss_idle_kib)),
-        1.10,
-        "×",
-    ));
+    let mut t = Vec::from(judged! {
+        "ADD p50 enim / floor": ratio(add(ENIM), add(FLOOR)), Le 1.15 "×";
+        "ADD p50 enim / host-device": ratio(add(ENIM), add(HD)), Le 0.8 "×";
+        "DEL p50 enim / floor": ratio(del(ENIM), del(FLOOR)), Le 1.15 "×";
+        "DEL p50 enim / host-device": ratio(del(ENIM), del(HD)), Le 0.8 "×";
+        "ADD p50 enim with host path / floor with host path":
+            ratio(add(HOST_PATH), add(FLOOR_HOST_PATH)), Le 1.10 "×";
+        "ADD p50 enim with host path / host-device": ratio(add(HOST_PATH), add(HD)), Lt 1.0 "×";
+    });
+    if let Some(top) = r.throughput.iter().max_by_key(|t| t.level) {
+        let of = |base| ratio(top.rate(ENIM), top.rate(base));
+        t.extend(judged! {
+            "cycles/s at the top level enim / host-device": of(HD), Ge 1.0 "×";
+            "cycles/s at the top level enim / floor": of(FLOOR), Ge 0.95 "×";
+        });
+    }
+    t.extend(judged! {
+        "GC of the dead records without devices": r.scale.gc_dead_ms, Lt 200.0 "ms";
+        "restore, exec → ready": r.scale.restore_ms, Lt 500.0 "ms";
+        "enimd RSS idle": mib(r.rss_idle_kib), Le 16.0 "MiB";
+        "enimd RSS after the cycles / idle":
+            ratio(float(r.rss_after_kib), float(r.rss_idle_kib)), Le 1.10 "×";
+    });
     t
 }
 

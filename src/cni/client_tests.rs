@@ -108,6 +108,23 @@ fn client(path: &Path) -> Client {
     Client::new(path, Duration::from_secs(5))
 }
 
+/// The error of a GET that the stub agent answers with `answer`.
+fn get_err(answer: impl AsRef<[u8]> + Send + 'static) -> ClientError {
+    let (_d, path, _rx) = serve_once(answer);
+    client(&path).get::<Status>("/x").unwrap_err()
+}
+
+/// A GET with `timeout` that must fail: its error and how long it took.
+fn timed_get(path: &Path, timeout: Duration) -> (ClientError, Duration) {
+    let start = StdInstant::now();
+    let e = Client::new(path, timeout).get::<Status>("/x").unwrap_err();
+    (e, start.elapsed())
+}
+
+fn assert_took(took: Duration, at_least: Duration, under: Duration) {
+    assert!(took >= at_least && took < under, "{took:?}");
+}
+
 /// The CNI code the plugin turns `e` into.
 fn cni_code(e: ClientError) -> u32 {
     CniError::from(e).code()
@@ -212,20 +229,18 @@ fn api_error_passes_through() {
         matches!(&e, ClientError::Api { status: 404, error } if *error == want),
         "{e:?}"
     );
-    assert_eq!(CniError::from(e), CniError::Agent(want));
+    assert_eq!(CniError::from(e), CniError::from(want));
 }
 
 #[test]
 fn odd_answers() {
-    let (_d, path, _rx) = serve_once(b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nboom");
-    let e = client(&path).get::<Status>("/x").unwrap_err();
+    let e = get_err(b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nboom");
     assert!(matches!(&e, ClientError::Status { status: 500, body } if body == "boom"));
     let e = CniError::from(e);
     assert_eq!(e.code(), code::INTERNAL);
     assert_eq!(e.details(), "boom");
 
-    let (_d, path, _rx) = serve_once(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n");
-    let e = client(&path).get::<Status>("/x").unwrap_err();
+    let e = get_err(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n");
     assert!(e.is_transient());
     assert_eq!(cni_code(e), 11);
 
@@ -238,8 +253,7 @@ fn odd_answers() {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcd\r\n0\r\n\r\n",
     ] {
-        let (_d, path, _rx) = serve_once(bad);
-        let e = client(&path).get::<Status>("/x").unwrap_err();
+        let e = get_err(bad);
         assert!(matches!(e, ClientError::Malformed { .. }), "{bad:?}: {e:?}");
         assert_eq!(cni_code(e), 6, "{bad:?}");
     }
@@ -252,8 +266,7 @@ fn odd_answers() {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\"",
         b"",
     ] {
-        let (_d, path, _rx) = serve_once(cut);
-        let e = client(&path).get::<Status>("/x").unwrap_err();
+        let e = get_err(cut);
         assert!(matches!(e, ClientError::CutShort { .. }), "{cut:?}: {e:?}");
         assert!(e.to_string().contains("closed the connection"), "{e}");
         assert_eq!(cni_code(e), 11, "{cut:?}");
@@ -263,11 +276,10 @@ fn odd_answers() {
 #[test]
 fn oversized_answers_are_refused() {
     // A declared length over the limit fails before any of it is read.
-    let (_d, path, _rx) = serve_once(format!(
+    let e = get_err(format!(
         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{{",
         MAX_RESPONSE + 1
     ));
-    let e = client(&path).get::<Status>("/x").unwrap_err();
     assert!(matches!(e, ClientError::TooLarge), "{e:?}");
     assert_eq!(cni_code(e), 6);
 
@@ -284,8 +296,7 @@ fn oversized_answers_are_refused() {
     let mut close = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
     close.extend(std::iter::repeat_n(b' ', MAX_RESPONSE + 1));
     for answer in [chunked, close] {
-        let (_d, path, _rx) = serve_once(answer);
-        let e = client(&path).get::<Status>("/x").unwrap_err();
+        let e = get_err(answer);
         assert!(matches!(e, ClientError::TooLarge), "{e:?}");
     }
 
@@ -294,8 +305,7 @@ fn oversized_answers_are_refused() {
     while head.len() <= MAX_RESPONSE {
         head.extend_from_slice(b"X-Pad: 0123456789012345678901234567890123456789\r\n");
     }
-    let (_d, path, _rx) = serve_once(head);
-    let e = client(&path).get::<Status>("/x").unwrap_err();
+    let e = get_err(head);
     assert!(matches!(e, ClientError::TooLarge), "{e:?}");
 }
 
@@ -330,18 +340,11 @@ fn hung_agent_times_out() {
         // Hold the connection open, never answering, until the test ends.
         let _ = rx.recv();
     });
-    let start = StdInstant::now();
-    let e = Client::new(&path, Duration::from_secs(1))
-        .get::<Status>("/x")
-        .unwrap_err();
-    let took = start.elapsed();
+    let (e, took) = timed_get(&path, Duration::from_secs(1));
     assert!(matches!(e, ClientError::TimedOut { .. }), "{e:?}");
     assert!(e.to_string().contains("did not answer within 1s"), "{e}");
     assert_eq!(cni_code(e), 11);
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert_took(took, Duration::from_millis(900), Duration::from_secs(3));
     drop(tx);
     server.join().unwrap();
 }
@@ -367,12 +370,9 @@ fn slow_trickle_is_bounded_by_one_deadline() {
             thread::sleep(Duration::from_millis(100));
         }
     });
-    let start = StdInstant::now();
-    let e = Client::new(&path, Duration::from_millis(500))
-        .get::<Status>("/x")
-        .unwrap_err();
+    let (e, took) = timed_get(&path, Duration::from_millis(500));
     assert!(matches!(e, ClientError::TimedOut { .. }), "{e:?}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(took < Duration::from_secs(2));
 }
 
 #[test]
@@ -412,18 +412,11 @@ fn wedged_agent_connect_times_out() {
     }
     assert!(held.len() < 64, "backlog never filled");
 
-    let start = StdInstant::now();
-    let e = Client::new(&path, Duration::from_millis(300))
-        .get::<Status>("/x")
-        .unwrap_err();
-    let took = start.elapsed();
+    let (e, took) = timed_get(&path, Duration::from_millis(300));
     assert!(matches!(e, ClientError::NotAccepting { .. }), "{e:?}");
     assert!(e.to_string().contains("did not accept"), "{e}");
     assert_eq!(cni_code(e), 11);
-    assert!(
-        took >= Duration::from_millis(200) && took < Duration::from_secs(2),
-        "{took:?}"
-    );
+    assert_took(took, Duration::from_millis(200), Duration::from_secs(2));
 }
 
 #[test]

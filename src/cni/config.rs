@@ -67,10 +67,7 @@ pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
     (&mut r)
         .take(MAX_STDIN + 1)
         .read_to_end(&mut buf)
-        .map_err(|e| CniError::Io {
-            msg: "failed to read the network configuration from stdin".into(),
-            details: e.to_string(),
-        })?;
+        .map_err(|e| CniError::io("failed to read the network configuration from stdin", e))?;
     if buf.len() as u64 > MAX_STDIN {
         return Err(CniError::decode(
             "network configuration on stdin is larger than 1 MiB",
@@ -109,32 +106,32 @@ impl NetConf {
 
         let version = match obj.get("cniVersion") {
             None | Some(Value::Null) => {
-                return Err(CniError::InvalidConfig(
-                    "network configuration has no cniVersion".into(),
+                return Err(CniError::invalid_config(
+                    "network configuration has no cniVersion",
                 ))
             }
             Some(Value::String(s)) => s.clone(),
             Some(_) => {
-                return Err(CniError::InvalidConfig(
-                    "network configuration's cniVersion is not a string".into(),
+                return Err(CniError::invalid_config(
+                    "network configuration's cniVersion is not a string",
                 ))
             }
         };
         let name = match obj.get("name") {
             None | Some(Value::Null) => {
-                return Err(CniError::InvalidConfig(
-                    "network configuration has no name".into(),
+                return Err(CniError::invalid_config(
+                    "network configuration has no name",
                 ))
             }
             Some(Value::String(s)) if valid_name(s) => s.clone(),
             Some(other) => {
-                return Err(CniError::InvalidConfig(format!(
+                return Err(CniError::invalid_config(format!(
                     "network name {other} is invalid: it must be a string matching ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
                 )))
             }
         };
         let cni_version = CniVersion::parse(&version).ok_or_else(|| {
-            CniError::IncompatibleVersion(format!(
+            CniError::incompatible_version(format!(
                 "CNI version {version:?} is not supported (supported: {})",
                 SUPPORTED_VERSIONS.join(", ")
             ))
@@ -144,8 +141,8 @@ impl NetConf {
             None | Some(Value::Null) => PathBuf::from(DEFAULT_SOCKET),
             Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
             Some(_) => {
-                return Err(CniError::InvalidConfig(
-                    "\"socket\" must be a non-empty string (the agent's unix socket path)".into(),
+                return Err(CniError::invalid_config(
+                    "\"socket\" must be a non-empty string (the agent's unix socket path)",
                 ))
             }
         };
@@ -157,15 +154,15 @@ impl NetConf {
                 // An upper bound keeps Duration arithmetic sane; a day is
                 // far beyond any runtime's own deadline anyway.
                 if !(secs > 0.0 && secs <= 86_400.0) {
-                    return Err(CniError::InvalidConfig(format!(
+                    return Err(CniError::invalid_config(format!(
                         "\"timeoutSeconds\" {n} must be greater than 0 and at most 86400"
                     )));
                 }
                 Duration::from_secs_f64(secs)
             }
             Some(_) => {
-                return Err(CniError::InvalidConfig(
-                    "\"timeoutSeconds\" must be a number".into(),
+                return Err(CniError::invalid_config(
+                    "\"timeoutSeconds\" must be a number",
                 ))
             }
         };
@@ -183,7 +180,7 @@ impl NetConf {
             let list: Vec<ValidAttachment> = match obj.remove(key) {
                 None | Some(Value::Null) => continue,
                 Some(v) => serde_json::from_value(v).map_err(|e| {
-                    CniError::InvalidConfig(format!(
+                    CniError::invalid_config(format!(
                         "{key} is not a list of {{containerID, ifname}}: {e}"
                     ))
                 })?,

@@ -28,7 +28,7 @@ impl Command {
             "GC" => Command::Gc,
             "STATUS" => Command::Status,
             other => {
-                return Err(CniError::InvalidEnv(format!(
+                return Err(CniError::invalid_env(format!(
                     "CNI_COMMAND {other:?} is not one of ADD, DEL, CHECK, VERSION, GC, STATUS"
                 )))
             }
@@ -59,7 +59,7 @@ pub struct CniEnv {
 /// Reads CNI_COMMAND alone, so VERSION and unknown verbs need nothing else.
 pub fn command(lookup: &dyn Fn(&str) -> Option<OsString>) -> Result<Command, CniError> {
     let cmd = var(lookup, "CNI_COMMAND")?
-        .ok_or_else(|| CniError::InvalidEnv("CNI_COMMAND is not set".into()))?;
+        .ok_or_else(|| CniError::invalid_env("CNI_COMMAND is not set"))?;
     Command::parse(&cmd)
 }
 
@@ -85,7 +85,7 @@ impl CniEnv {
 
         let id = required(lookup, "CNI_CONTAINERID")?;
         if !valid_container_id(&id) {
-            return Err(CniError::InvalidEnv(format!(
+            return Err(CniError::invalid_env(format!(
                 "CNI_CONTAINERID {id:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
             )));
         }
@@ -103,7 +103,7 @@ impl CniEnv {
         if let Some(ns) = netns {
             // The agent opens it with another working directory.
             if !ns.starts_with('/') {
-                return Err(CniError::InvalidEnv(format!(
+                return Err(CniError::invalid_env(format!(
                     "CNI_NETNS {ns:?} is not an absolute path"
                 )));
             }
@@ -125,12 +125,12 @@ fn var(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<Option<S
         Some(v) => v
             .into_string()
             .map(Some)
-            .map_err(|_| CniError::InvalidEnv(format!("{name} is not valid UTF-8"))),
+            .map_err(|_| CniError::invalid_env(format!("{name} is not valid UTF-8"))),
     }
 }
 
 fn required(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<String, CniError> {
-    var(lookup, name)?.ok_or_else(|| CniError::InvalidEnv(format!("{name} is not set")))
+    var(lookup, name)?.ok_or_else(|| CniError::invalid_env(format!("{name} is not set")))
 }
 
 /// The spec's container id pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
@@ -145,7 +145,7 @@ pub fn valid_container_id(id: &str) -> bool {
 
 /// What the kernel accepts as a link name (the checks libcni also makes).
 fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let bad = |why: &str| CniError::InvalidEnv(format!("CNI_IFNAME {name:?} is invalid: {why}"));
+    let bad = |why: &str| CniError::invalid_env(format!("CNI_IFNAME {name:?} is invalid: {why}"));
     if name.len() > 15 {
         return Err(bad("longer than 15 bytes"));
     }
@@ -168,10 +168,10 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
     // A trailing ';' leaves an empty segment; it carries nothing.
     for pair in args.split(';').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(|| {
-            CniError::InvalidEnv(format!("CNI_ARGS: {pair:?} is not a KEY=VALUE pair"))
+            CniError::invalid_env(format!("CNI_ARGS: {pair:?} is not a KEY=VALUE pair"))
         })?;
         if k.is_empty() {
-            return Err(CniError::InvalidEnv(format!(
+            return Err(CniError::invalid_env(format!(
                 "CNI_ARGS: {pair:?} has an empty key"
             )));
         }
@@ -186,7 +186,7 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
                 "1" | "true" => true,
                 "0" | "false" => false,
                 _ => {
-                    return Err(CniError::InvalidEnv(format!(
+                    return Err(CniError::invalid_env(format!(
                         "CNI_ARGS: IgnoreUnknown={v:?} is not 1, true, 0 or false"
                     )))
                 }
@@ -207,7 +207,7 @@ pub fn parse_cni_args(args: &str) -> Result<PodRef, CniError> {
         }
     }
     if !unknown.is_empty() && !ignore_unknown {
-        return Err(CniError::InvalidEnv(format!(
+        return Err(CniError::invalid_env(format!(
             "CNI_ARGS: unknown key(s) {} (set IgnoreUnknown=1 to accept them)",
             unknown.join(", ")
         )));
@@ -237,6 +237,20 @@ mod tests {
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni"),
         ]
+    }
+
+    /// `full(cmd)` without `name`.
+    fn full_without<'a>(cmd: &'a str, name: &str) -> Vec<(&'a str, &'a str)> {
+        let mut vars = full(cmd);
+        vars.retain(|(k, _)| *k != name);
+        vars
+    }
+
+    /// A full ADD with `name` set to `value`.
+    fn add_with<'a>(name: &'a str, value: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut vars = full_without("ADD", name);
+        vars.push((name, value));
+        vars
     }
 
     fn msg_of(r: Result<CniEnv, CniError>) -> String {
@@ -284,25 +298,17 @@ mod tests {
     fn missing_variables_are_named() {
         for name in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_NETNS"] {
             for cmd in ["ADD", "CHECK"] {
-                let vars: Vec<_> = full(cmd).into_iter().filter(|(k, _)| *k != name).collect();
-                let msg = msg_of(env_of(&vars));
+                let msg = msg_of(env_of(&full_without(cmd, name)));
                 assert!(msg.contains(name), "{cmd} without {name}: {msg}");
             }
         }
         // Empty counts as unset.
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_IFNAME");
-        vars.push(("CNI_IFNAME", ""));
-        assert!(msg_of(env_of(&vars)).contains("CNI_IFNAME"));
+        assert!(msg_of(env_of(&add_with("CNI_IFNAME", ""))).contains("CNI_IFNAME"));
     }
 
     #[test]
     fn del_netns_optional() {
-        let vars: Vec<_> = full("DEL")
-            .into_iter()
-            .filter(|(k, _)| *k != "CNI_NETNS")
-            .collect();
-        let env = env_of(&vars).unwrap();
+        let env = env_of(&full_without("DEL", "CNI_NETNS")).unwrap();
         assert_eq!(env.netns, None);
         assert!(
             msg_of(env_of(&[("CNI_COMMAND", "DEL"), ("CNI_IFNAME", "eth0")]))
@@ -326,23 +332,17 @@ mod tests {
         for bad in ["", "-a", ".a", "_a", "a/b", "a b", "a:b", "é"] {
             assert!(!valid_container_id(bad), "{bad}");
         }
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_CONTAINERID");
-        vars.push(("CNI_CONTAINERID", "-bad"));
+        let vars = add_with("CNI_CONTAINERID", "-bad");
         assert!(msg_of(env_of(&vars)).contains("CNI_CONTAINERID"));
     }
 
     #[test]
     fn ifname_and_netns_checked() {
         for bad in ["a/b", "a:b", "a b", ".", "..", "sixteen-chars-xx"] {
-            let mut vars = full("ADD");
-            vars.retain(|(k, _)| *k != "CNI_IFNAME");
-            vars.push(("CNI_IFNAME", bad));
+            let vars = add_with("CNI_IFNAME", bad);
             assert!(msg_of(env_of(&vars)).contains("CNI_IFNAME"), "{bad}");
         }
-        let mut vars = full("ADD");
-        vars.retain(|(k, _)| *k != "CNI_NETNS");
-        vars.push(("CNI_NETNS", "netns/x"));
+        let vars = add_with("CNI_NETNS", "netns/x");
         assert!(msg_of(env_of(&vars)).contains("CNI_NETNS"));
     }
 

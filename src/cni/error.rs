@@ -1,89 +1,62 @@
-//! The plugin's one error type. Every variant maps to a CNI error code, so
+//! The plugin's one error type. Every failure carries its CNI error code, so
 //! whatever goes wrong ends as the spec's error JSON on stdout.
 
 use serde_json::{json, Value};
 
 use crate::api::{code, ApiError, ClientError};
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CniError {
-    /// The network configuration asks for a CNI version we do not speak.
-    #[error("{0}")]
-    IncompatibleVersion(String),
-    /// A CNI_* environment variable is missing or malformed.
-    #[error("{0}")]
-    InvalidEnv(String),
-    /// Local I/O (stdin) failed.
-    #[error("{msg}")]
-    Io { msg: String, details: String },
-    /// Stdin, or the agent's answer, is not what it should be.
-    #[error("{msg}")]
-    Decode { msg: String, details: String },
-    /// The network configuration is JSON but not a valid enim config.
-    #[error("{0}")]
-    InvalidConfig(String),
-    /// The agent is down, refused, hung or cut the connection.
-    #[error("{msg}")]
-    TryAgain { msg: String, details: String },
-    /// STATUS: the plugin cannot serve ADDs now.
-    #[error("{msg}")]
-    NotAvailable { msg: String, details: String },
-    /// CHECK: prevResult does not hold what the agent says we attached.
-    #[error("{msg}")]
-    CheckMismatch { msg: String, details: String },
-    /// The agent's own error; its code is already a CNI code.
-    #[error(transparent)]
-    Agent(#[from] ApiError),
+/// One constructor a kind of failure, with its CNI code; `details` where
+/// the kind carries them, empty otherwise.
+macro_rules! constructors {
+    ($($(#[$doc:meta])* $name:ident($msg:ident $(, $details:ident)?) => $code:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name($msg: impl Into<String> $(, $details: impl ToString)?) -> Self {
+                Self::new(code::$code, $msg, constructors!(@details $($details)?))
+            }
+        )*
+    };
+    (@details) => { "" };
+    (@details $details:ident) => { $details };
 }
 
+/// What went wrong, as the spec's error carries it: a CNI code, a message
+/// and details. The same triple as the agent's [`ApiError`], whose code is
+/// already a CNI code, so the agent's errors pass through as they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(transparent)]
+pub struct CniError(ApiError);
+
 impl CniError {
-    pub fn decode(msg: impl Into<String>, details: impl ToString) -> Self {
-        CniError::Decode {
-            msg: msg.into(),
-            details: details.to_string(),
-        }
+    fn new(code: u32, msg: impl Into<String>, details: impl ToString) -> Self {
+        CniError(ApiError::new(code, msg).with_details(details.to_string()))
     }
 
-    pub fn try_again(msg: impl Into<String>, details: impl ToString) -> Self {
-        CniError::TryAgain {
-            msg: msg.into(),
-            details: details.to_string(),
-        }
-    }
-
-    pub fn not_available(msg: impl Into<String>, details: impl ToString) -> Self {
-        CniError::NotAvailable {
-            msg: msg.into(),
-            details: details.to_string(),
-        }
+    constructors! {
+        /// The network configuration asks for a CNI version we do not speak.
+        incompatible_version(msg) => INCOMPATIBLE_VERSION;
+        /// A CNI_* environment variable is missing or malformed.
+        invalid_env(msg) => INVALID_ENV;
+        /// Local I/O (stdin) failed.
+        io(msg, details) => IO_FAILURE;
+        /// Stdin, or the agent's answer, is not what it should be.
+        decode(msg, details) => DECODE_FAILURE;
+        /// The network configuration is JSON but not a valid enim config.
+        invalid_config(msg) => INVALID_CONFIG;
+        /// The agent is down, refused, hung or cut the connection.
+        try_again(msg, details) => TRY_AGAIN_LATER;
+        /// STATUS: the plugin cannot serve ADDs now.
+        not_available(msg, details) => NOT_AVAILABLE;
+        /// CHECK: prevResult does not hold what the agent says we attached.
+        check_mismatch(msg, details) => CHECK_MISMATCH;
     }
 
     pub fn code(&self) -> u32 {
-        match self {
-            CniError::IncompatibleVersion(_) => code::INCOMPATIBLE_VERSION,
-            CniError::InvalidEnv(_) => code::INVALID_ENV,
-            CniError::Io { .. } => code::IO_FAILURE,
-            CniError::Decode { .. } => code::DECODE_FAILURE,
-            CniError::InvalidConfig(_) => code::INVALID_CONFIG,
-            CniError::TryAgain { .. } => code::TRY_AGAIN_LATER,
-            CniError::NotAvailable { .. } => code::NOT_AVAILABLE,
-            CniError::CheckMismatch { .. } => code::CHECK_MISMATCH,
-            CniError::Agent(e) => e.code,
-        }
+        self.0.code
     }
 
     pub fn details(&self) -> &str {
-        match self {
-            CniError::Io { details, .. }
-            | CniError::Decode { details, .. }
-            | CniError::TryAgain { details, .. }
-            | CniError::NotAvailable { details, .. }
-            | CniError::CheckMismatch { details, .. } => details,
-            CniError::Agent(e) => &e.details,
-            CniError::IncompatibleVersion(_)
-            | CniError::InvalidEnv(_)
-            | CniError::InvalidConfig(_) => "",
-        }
+        &self.0.details
     }
 
     /// The spec's error object. `details` is always present (possibly empty)
@@ -98,13 +71,20 @@ impl CniError {
     }
 }
 
+/// The agent's own error.
+impl From<ApiError> for CniError {
+    fn from(e: ApiError) -> Self {
+        CniError(e)
+    }
+}
+
 /// The same codes the plugin always gave: a dead, hung or vanished agent
 /// is "try again later", the agent's own error passes through.
 impl From<ClientError> for CniError {
     fn from(e: ClientError) -> Self {
         let msg = e.to_string();
         match e {
-            ClientError::BadSocket { .. } => CniError::InvalidConfig(msg),
+            ClientError::BadSocket { .. } => CniError::invalid_config(msg),
             ClientError::Unreachable { source, .. } => {
                 CniError::try_again(msg, format!("connect: {source}"))
             }
@@ -116,17 +96,17 @@ impl From<ClientError> for CniError {
             ClientError::Io { source, .. } | ClientError::Runtime(source) => {
                 CniError::try_again(msg, source)
             }
-            ClientError::Api { error, .. } => CniError::Agent(error),
+            ClientError::Api { error, .. } => CniError::from(error),
             // Proxy-ish "not now" statuses are worth a retry.
             ClientError::Status { status, body } if (502..=504).contains(&status) => {
                 CniError::try_again(msg, body)
             }
             ClientError::Status { body, .. } => {
-                CniError::Agent(ApiError::new(code::INTERNAL, msg).with_details(body))
+                CniError::from(ApiError::new(code::INTERNAL, msg).with_details(body))
             }
             ClientError::Malformed { details, .. } => CniError::decode(msg, details),
             ClientError::TooLarge => CniError::decode(msg, ""),
-            ClientError::Encode(_) => CniError::Agent(ApiError::new(code::INTERNAL, msg)),
+            ClientError::Encode(_) => CniError::from(ApiError::new(code::INTERNAL, msg)),
         }
     }
 }
@@ -148,13 +128,13 @@ mod tests {
 
     #[test]
     fn codes() {
-        assert_eq!(CniError::InvalidEnv("x".into()).code(), 4);
+        assert_eq!(CniError::invalid_env("x").code(), 4);
         assert_eq!(CniError::decode("x", "").code(), 6);
-        assert_eq!(CniError::InvalidConfig("x".into()).code(), 7);
+        assert_eq!(CniError::invalid_config("x").code(), 7);
         assert_eq!(CniError::try_again("x", "").code(), 11);
         assert_eq!(CniError::not_available("x", "").code(), 50);
-        assert_eq!(CniError::IncompatibleVersion("x".into()).code(), 1);
-        let j = CniError::InvalidEnv("CNI_IFNAME is not set".into()).to_json("1.1.0");
+        assert_eq!(CniError::incompatible_version("x").code(), 1);
+        let j = CniError::invalid_env("CNI_IFNAME is not set").to_json("1.1.0");
         assert_eq!(j["details"], "");
         assert_eq!(j["msg"], "CNI_IFNAME is not set");
     }

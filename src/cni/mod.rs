@@ -174,7 +174,7 @@ fn status(client: &Client) -> Result<Option<Value>, CniError> {
         Err(ClientError::Api { error, .. })
             if error.code == code::NOT_AVAILABLE || error.code == code::LIMITED_CONNECTIVITY =>
         {
-            return Err(CniError::Agent(error))
+            return Err(CniError::from(error))
         }
         // STATUS speaks only "available or not": any failure to learn is "not".
         Err(e) => {

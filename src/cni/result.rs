@@ -160,10 +160,10 @@ pub fn check_prev_result(
     check_prev_shape(prev)?;
     let name = &ours.interface.name;
     if find_ours(prev, name).is_none() {
-        return Err(CniError::CheckMismatch {
-            msg: format!("prevResult has no interface {name:?}"),
-            details: Value::Object(prev.clone()).to_string(),
-        });
+        return Err(CniError::check_mismatch(
+            format!("prevResult has no interface {name:?}"),
+            Value::Object(prev.clone()).to_string(),
+        ));
     }
     Ok(())
 }

@@ -95,40 +95,24 @@ impl Metrics {
             secondary_addresses: Family::default(),
             registry: Registry::default(),
         };
-        registry.register(
-            "requests",
-            "ADD/DEL/CHECK/GC requests by result",
-            m.requests.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "Request latency by verb",
-            m.request_seconds.clone(),
-        );
-        registry.register("gc_actions", "GC actions by kind", m.gc_actions.clone());
-        registry.register(
-            "provider_call_duration_seconds",
-            "Provider call latency by operation",
-            m.provider_seconds.clone(),
-        );
-        registry.register(
-            "provider_errors",
-            "Provider call errors by operation",
-            m.provider_errors.clone(),
-        );
-        registry.register(
-            "checkpoint_write_duration_seconds",
-            "Checkpoint write latency",
-            m.checkpoint_write_seconds.clone(),
-        );
-        registry.register("enis", "ENIs by state", m.enis.clone());
-        registry.register("attachments", "Attachments recorded", m.attachments.clone());
-        registry.register("pool", "Warm-pool statistics", m.pool.clone());
-        registry.register(
-            "secondary_addresses",
-            "Secondary mode: ENI secondary addresses by state",
-            m.secondary_addresses.clone(),
-        );
+        // One row a metric: its name, the field that holds it, its help.
+        macro_rules! register {
+            ($($name:literal => $field:ident, $help:literal;)*) => {
+                $(registry.register($name, $help, m.$field.clone());)*
+            };
+        }
+        register! {
+            "requests" => requests, "ADD/DEL/CHECK/GC requests by result";
+            "request_duration_seconds" => request_seconds, "Request latency by verb";
+            "gc_actions" => gc_actions, "GC actions by kind";
+            "provider_call_duration_seconds" => provider_seconds, "Provider call latency by operation";
+            "provider_errors" => provider_errors, "Provider call errors by operation";
+            "checkpoint_write_duration_seconds" => checkpoint_write_seconds, "Checkpoint write latency";
+            "enis" => enis, "ENIs by state";
+            "attachments" => attachments, "Attachments recorded";
+            "pool" => pool, "Warm-pool statistics";
+            "secondary_addresses" => secondary_addresses, "Secondary mode: ENI secondary addresses by state";
+        }
         Metrics { registry, ..m }
     }
 

@@ -280,41 +280,58 @@ impl Record {
     }
 }
 
+/// Records for the unit tests of the model and the store.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
-    fn common(payload: Payload) -> Record {
+    /// A Ready record of container `cid` on ENI `eni-<cid>`, holding
+    /// `payload`.
+    pub(crate) fn record(cid: &str, payload: Payload) -> Record {
         Record {
             key: AttachmentKey {
-                network: "n".into(),
-                container_id: "c".into(),
+                network: "net".into(),
+                container_id: cid.into(),
                 ifname: "eth0".into(),
             },
             pod: PodRef::default(),
-            eni_id: "eni-1".into(),
-            netns: "/run/netns/p".into(),
+            eni_id: format!("eni-{cid}"),
+            netns: "/run/netns/x".into(),
             mtu: 9001,
             phase: Phase::Ready,
-            created_ms: 1,
-            updated_ms: 2,
+            created_ms: 1_700_000_000_000,
+            updated_ms: 1_700_000_000_000,
             expires_ms: None,
             payload,
         }
     }
 
-    #[test]
-    fn results_of_both_modes() {
-        let primary = common(Payload::Primary(PrimaryPayload {
+    /// Primary mode's IPv4-only payload: eth1's ENI, 10.0.1.10/24.
+    pub(crate) fn primary_v4() -> Payload {
+        Payload::Primary(PrimaryPayload {
             mac: "02:00:00:00:00:01".parse().unwrap(),
             host_name: "eth1".into(),
             host_mtu: 1500,
             ipv4: "10.0.1.10/24".parse().unwrap(),
             gateway4: "10.0.1.1".parse().unwrap(),
-            ipv6: Some("fd00:1::10/64".parse().unwrap()),
+            ipv6: None,
             gateway6: None,
             host_path: None,
-        }));
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{primary_v4, record};
+    use super::*;
+
+    #[test]
+    fn results_of_both_modes() {
+        let mut primary = record("c", primary_v4());
+        if let Payload::Primary(p) = &mut primary.payload {
+            p.ipv6 = Some("fd00:1::10/64".parse().unwrap());
+        }
         let r = primary.result();
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
         assert_eq!(ips, ["10.0.1.10/24", "fd00:1::10/64"]);
@@ -323,49 +340,44 @@ mod tests {
         assert_eq!(r.routes[0].dst.to_string(), "0.0.0.0/0");
         assert_eq!(r.interface.mac.to_string(), "02:00:00:00:00:01");
 
-        let secondary = common(Payload::Secondary(SecondaryPayload {
-            table: 1001,
-            rule_priority_to_pod: 512,
-            rule_priority_from_pod: 1536,
-            host_veth: "enim0123456789a".into(),
-            ipv4: Some("10.0.1.11".parse().unwrap()),
-            ipv6: Some("fd00:1::11".parse().unwrap()),
-            mac: None,
-        }));
+        let secondary = record(
+            "c",
+            Payload::Secondary(SecondaryPayload {
+                table: 1001,
+                rule_priority_to_pod: 512,
+                rule_priority_from_pod: 1536,
+                host_veth: "enim0123456789a".into(),
+                ipv4: Some("10.0.1.11".parse().unwrap()),
+                ipv6: Some("fd00:1::11".parse().unwrap()),
+                mac: None,
+            }),
+        );
         let r = secondary.result();
         let ips: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
         assert_eq!(ips, ["10.0.1.11/32", "fd00:1::11/128"]);
-        let routes: Vec<String> = r
-            .routes
-            .iter()
-            .map(|r| format!("{} via {}", r.dst, r.gw.unwrap()))
-            .collect();
-        assert_eq!(routes, ["0.0.0.0/0 via 169.254.1.1", "::/0 via fe80::1"]);
+        // 0.0.0.0/0 via 169.254.1.1 and ::/0 via fe80::1.
+        let defaults =
+            ["169.254.1.1", "fe80::1"].map(|gw| RouteConfig::default_via(gw.parse().unwrap()));
+        assert_eq!(r.routes, defaults);
         assert_eq!(secondary.mode(), Mode::Secondary);
     }
 
     #[test]
     fn payloads_are_told_apart_by_their_fields() {
         for record in [
-            common(Payload::Primary(PrimaryPayload {
-                mac: "02:00:00:00:00:01".parse().unwrap(),
-                host_name: "eth1".into(),
-                host_mtu: 1500,
-                ipv4: "10.0.1.10/24".parse().unwrap(),
-                gateway4: "10.0.1.1".parse().unwrap(),
-                ipv6: None,
-                gateway6: None,
-                host_path: None,
-            })),
-            common(Payload::Secondary(SecondaryPayload {
-                table: 1001,
-                rule_priority_to_pod: 512,
-                rule_priority_from_pod: 1536,
-                host_veth: "enim0123456789a".into(),
-                ipv4: Some("10.0.1.11".parse().unwrap()),
-                ipv6: None,
-                mac: Some("02:00:00:00:00:09".parse().unwrap()),
-            })),
+            record("c", primary_v4()),
+            record(
+                "c",
+                Payload::Secondary(SecondaryPayload {
+                    table: 1001,
+                    rule_priority_to_pod: 512,
+                    rule_priority_from_pod: 1536,
+                    host_veth: "enim0123456789a".into(),
+                    ipv4: Some("10.0.1.11".parse().unwrap()),
+                    ipv6: None,
+                    mac: Some("02:00:00:00:00:09".parse().unwrap()),
+                }),
+            ),
         ] {
             let json = serde_json::to_value(&record).unwrap();
             assert!(json.get("mode").is_none(), "no tag on disk: {json}");

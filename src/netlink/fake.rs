@@ -40,14 +40,53 @@ pub struct FakeHostPath {
     pub routes: Vec<IpNet>,
 }
 
+/// One-shot faults armed by step name, and one pause point: what both
+/// fakes (this one and the secondary mode's) inject.
+#[derive(Default)]
+pub struct Faults {
+    armed: Mutex<HashSet<&'static str>>,
+    /// When set, the pause point announces itself on `.0` and waits for
+    /// `.1`: lets a test act while an ADD is in the middle.
+    gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
+}
+
+impl Faults {
+    pub fn fail_once(&self, step: &'static str) {
+        self.armed.lock().unwrap().insert(step);
+    }
+
+    /// Fails, once, where a fault is armed at `step`.
+    pub fn check(&self, step: &'static str) -> Result<(), PlumbingError> {
+        if self.armed.lock().unwrap().remove(step) {
+            Err(PlumbingError::Injected(step))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Pauses at the next pause point; returns (entered, resume).
+    pub fn pause(&self) -> (Arc<Notify>, Arc<Notify>) {
+        let gate = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        *self.gate.lock().unwrap() = Some(gate.clone());
+        gate
+    }
+
+    /// The pause point: waits there if a pause is set.
+    pub async fn pause_point(&self) {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some((entered, resume)) = gate {
+            entered.notify_one();
+            resume.notified().await;
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct FakePlumbing {
     pub world: Mutex<FakeWorld>,
-    faults: Mutex<HashSet<&'static str>>,
+    /// The pause point is in configure_pod_link.
+    faults: Faults,
     next_index: Mutex<u32>,
-    /// When set, configure_pod_link announces itself on `.0` and waits for
-    /// `.1`: lets a test act while an ADD is in the middle.
-    configure_gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
     /// What primary_mac answers.
     pub primary: Mutex<Option<MacAddr>>,
     /// What node_addresses answers.
@@ -145,21 +184,15 @@ impl FakePlumbing {
 
     /// Pauses the next configure step; returns (entered, resume).
     pub fn pause_configure(&self) -> (Arc<Notify>, Arc<Notify>) {
-        let gate = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        *self.configure_gate.lock().unwrap() = Some(gate.clone());
-        gate
+        self.faults.pause()
     }
 
     pub fn fail_once(&self, step: &'static str) {
-        self.faults.lock().unwrap().insert(step);
+        self.faults.fail_once(step);
     }
 
     fn fault(&self, step: &'static str) -> Result<(), PlumbingError> {
-        if self.faults.lock().unwrap().remove(step) {
-            Err(PlumbingError::Injected(step))
-        } else {
-            Ok(())
-        }
+        self.faults.check(step)
     }
 
     fn count(&self, method: &'static str) {
@@ -274,11 +307,7 @@ impl Plumbing for FakePlumbing {
         config: &PodLinkConfig,
     ) -> Result<LinkInfo, PlumbingError> {
         self.fault("configure_pod_link")?;
-        let gate = self.configure_gate.lock().unwrap().take();
-        if let Some((entered, resume)) = gate {
-            entered.notify_one();
-            resume.notified().await;
-        }
+        self.faults.pause_point().await;
         let mut w = self.world.lock().unwrap();
         let pod = w.netns.get_mut(netns).ok_or_else(|| gone(netns))?;
         let dev = pod.iter_mut().find(|d| d.link.mac == mac).ok_or_else(|| {
@@ -289,14 +318,7 @@ impl Plumbing for FakePlumbing {
         })?;
         dev.link.mtu = config.mtu;
         dev.link.up = true;
-        if self
-            .faults
-            .lock()
-            .unwrap()
-            .remove("configure_pod_link:partial")
-        {
-            return Err(PlumbingError::Injected("configure_pod_link:partial"));
-        }
+        self.fault("configure_pod_link:partial")?;
         dev.addrs.push(IpNet::V4(config.ipv4));
         dev.gateways.push(IpAddr::V4(config.gateway4));
         if let Some(v6) = config.ipv6 {

@@ -157,31 +157,26 @@ pub fn default_via(gw: IpAddr, index: u32, table: u32) -> NewRoute {
 /// A route to `dst` via `gw` on device `index` in `table`, preferring the
 /// source `src` (of `dst`'s family) for traffic it carries.
 pub fn via(dst: IpNet, gw: IpAddr, index: u32, table: u32, src: Option<IpAddr>) -> NewRoute {
-    NewRoute(match (dst, gw) {
-        (IpNet::V4(d), IpAddr::V4(g)) => {
-            let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .gateway(g)
-                .output_interface(index)
-                .table_id(table);
-            if let Some(IpAddr::V4(s)) = src {
-                b = b.pref_source(s);
-            }
-            b.build()
+    let same_family = |a: &IpAddr| a.is_ipv4() == dst.addr().is_ipv4();
+    let build = || {
+        let mut b = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.addr(), dst.prefix_len())
+            .ok()?
+            .gateway(gw)
+            .ok()?
+            .output_interface(index)
+            .table_id(table);
+        if let Some(s) = src.filter(same_family) {
+            b = b.pref_source(s).ok()?;
         }
-        (IpNet::V6(d), IpAddr::V6(g)) => {
-            let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .gateway(g)
-                .output_interface(index)
-                .table_id(table);
-            if let Some(IpAddr::V6(s)) = src {
-                b = b.pref_source(s);
-            }
-            b.build()
-        }
+        Some(b.build())
+    };
+    NewRoute(match same_family(&gw) {
+        // The builder checks each address against `dst`'s family, so the
+        // one message serves IPv4 and IPv6 alike.
+        true => build().unwrap_or_default(),
         // A caller bug; the kernel refuses the empty message with EINVAL.
-        _ => RouteMessage::default(),
+        false => RouteMessage::default(),
     })
 }
 

@@ -380,6 +380,19 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
         .unwrap();
 }
 
+/// ENI eni-1's state as the engine lists it.
+async fn eni1_state(h: &PrimaryHarness) -> Option<crate::api::EniState> {
+    let enis = h.engine.enis().await.unwrap();
+    enis.iter().find(|e| e.eni.id == "eni-1").map(|e| e.state)
+}
+
+/// ADDs container `cid` into a netns made at `netns`: the ENI it got.
+async fn add_into_new_netns(h: &PrimaryHarness, cid: &str, netns: &str) -> String {
+    h.fake.add_netns(Path::new(netns));
+    let r = h.engine.add(&owner(cid), Path::new(netns)).await.unwrap();
+    r.eni_id
+}
+
 #[tokio::test]
 async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
     let mut h = PrimaryHarness::new(3).await;
@@ -390,21 +403,12 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
         let i = w.host.iter().position(|d| d.link.mac == mac(1)).unwrap();
         w.host.remove(i)
     };
-    let state = |enis: &[crate::api::EniStatus], id: &str| {
-        enis.iter().find(|e| e.eni.id == id).map(|e| e.state)
-    };
     // The ADD that allocates it skips it, in the same ADD.
     let r = h.engine.add(&owner("a"), Path::new(POD)).await.unwrap();
     assert_eq!(r.eni_id, "eni-2");
-    let enis = h.engine.enis().await.unwrap();
-    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Missing));
+    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Missing));
     // Held as missing, it is neither handed out nor an orphan.
-    let p2 = PathBuf::from("/run/netns/p2");
-    h.fake.add_netns(&p2);
-    assert_eq!(
-        h.engine.add(&owner("b"), &p2).await.unwrap().eni_id,
-        "eni-3"
-    );
+    assert_eq!(add_into_new_netns(&h, "b", "/run/netns/p2").await, "eni-3");
     let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
     assert!(
         report.orphans_released.is_empty() && report.back_in_service.is_empty(),
@@ -412,8 +416,7 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
     );
     // A restart while it is missing finds it missing again.
     h.restart().await;
-    let enis = h.engine.enis().await.unwrap();
-    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Missing));
+    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Missing));
     // Back under another name: GC frees it and puts its name right.
     let mut back = gone;
     back.link.name = "dev5".into();
@@ -425,14 +428,8 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
         .fake
         .host_dev(mac(1))
         .is_some_and(|d| d.link.name == "eni1"));
-    let enis = h.engine.enis().await.unwrap();
-    assert_eq!(state(&enis, "eni-1"), Some(crate::api::EniState::Free));
-    let p3 = PathBuf::from("/run/netns/p3");
-    h.fake.add_netns(&p3);
-    assert_eq!(
-        h.engine.add(&owner("c"), &p3).await.unwrap().eni_id,
-        "eni-1"
-    );
+    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Free));
+    assert_eq!(add_into_new_netns(&h, "c", "/run/netns/p3").await, "eni-1");
 }
 
 /// A pod's host path is planned into its intent (the node's addresses

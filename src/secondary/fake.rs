@@ -2,7 +2,7 @@
 //! driver: host ENIs, pod namespaces, veths, rules, proxy entries and
 //! route tables as sets, with one-shot faults and a pause point.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,6 +16,7 @@ use super::plumbing::{
     HostEniSpec, Inventory, OwnedRule, PodObservation, PodSpec, SecondaryPlumbing,
 };
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
+use crate::netlink::fake::Faults;
 use crate::netlink::{LinkInfo, PlumbingError, PodLinkState};
 
 /// Steps a fault can be armed at. `setup_pod:partial` creates the veth and
@@ -62,11 +63,10 @@ impl FakeWorld {
 #[derive(Default)]
 pub struct FakeSecondary {
     pub world: Mutex<FakeWorld>,
-    faults: Mutex<HashSet<&'static str>>,
+    /// The pause point is in setup_pod, once its veth exists: a test can
+    /// act while an ADD is half-way.
+    faults: Faults,
     macs: Mutex<u8>,
-    /// When set, setup_pod announces on `.0` once its veth exists and waits
-    /// for `.1`: a test can act while an ADD is half-way.
-    gate: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
 }
 
 impl FakeSecondary {
@@ -97,20 +97,15 @@ impl FakeSecondary {
     }
 
     pub fn fail_once(&self, step: &'static str) {
-        self.faults.lock().unwrap().insert(step);
+        self.faults.fail_once(step);
     }
 
     fn fault(&self, step: &'static str) -> Result<(), PlumbingError> {
-        match self.faults.lock().unwrap().remove(step) {
-            true => Err(PlumbingError::Injected(step)),
-            false => Ok(()),
-        }
+        self.faults.check(step)
     }
 
     pub fn pause_setup(&self) -> (Arc<Notify>, Arc<Notify>) {
-        let pair = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        *self.gate.lock().unwrap() = Some(pair.clone());
-        pair
+        self.faults.pause()
     }
 }
 
@@ -188,11 +183,7 @@ impl SecondaryPlumbing for FakeSecondary {
             );
             mac
         };
-        let gate = self.gate.lock().unwrap().take();
-        if let Some((entered, resume)) = gate {
-            entered.notify_one();
-            resume.notified().await;
-        }
+        self.faults.pause_point().await;
         let mut w = self.world();
         let rules = spec.rules();
         if self.fault("setup_pod:partial").is_err() {

@@ -518,41 +518,24 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Payload, PrimaryPayload};
+    use crate::model::record::fixtures;
 
     fn attachment(cid: &str) -> Record {
-        Record {
-            key: AttachmentKey {
-                network: "net".into(),
-                container_id: cid.into(),
-                ifname: "eth0".into(),
-            },
-            pod: Default::default(),
-            eni_id: format!("eni-{cid}"),
-            netns: "/run/netns/x".into(),
-            mtu: 9001,
-            phase: Phase::Ready,
-            created_ms: 1_700_000_000_000,
-            updated_ms: 1_700_000_000_000,
-            expires_ms: None,
-            payload: Payload::Primary(PrimaryPayload {
-                mac: "02:00:00:00:00:01".parse().unwrap(),
-                host_name: "eni1".into(),
-                host_mtu: 1500,
-                ipv4: "10.0.0.2/24".parse().unwrap(),
-                gateway4: "10.0.0.1".parse().unwrap(),
-                ipv6: None,
-                gateway6: None,
-                host_path: None,
-            }),
-        }
+        fixtures::record(cid, fixtures::primary_v4())
+    }
+
+    /// A checkpoint at `name` in a fresh temporary dir (kept alive by the
+    /// first element): the dir, its path and the opened checkpoint.
+    fn open_in(name: &str, fsync: bool) -> (tempfile::TempDir, PathBuf, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        let cp = Checkpoint::open(&path, fsync).unwrap();
+        (dir, path, cp)
     }
 
     #[tokio::test]
     async fn expiry_is_set_on_ready_records_cleared_and_rolled_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cp.json");
-        let cp = Checkpoint::open(&path, false).unwrap();
+        let (_dir, path, cp) = open_in("cp.json", false);
         let ready = attachment("r");
         let adding = Record {
             phase: Phase::Adding,
@@ -603,9 +586,7 @@ mod tests {
 
     #[tokio::test]
     async fn round_trip_and_versioned() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/checkpoint.json");
-        let cp = Checkpoint::open(&path, true).unwrap();
+        let (_dir, path, cp) = open_in("sub/checkpoint.json", true);
         cp.put(attachment("a")).await.unwrap();
         cp.put(attachment("b")).await.unwrap();
         cp.remove(&attachment("a").key).await.unwrap();
@@ -645,9 +626,7 @@ mod tests {
 
     #[tokio::test]
     async fn failed_write_leaves_memory_as_disk() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let cp = Checkpoint::open(&path, false).unwrap();
+        let (_dir, path, cp) = open_in("checkpoint.json", false);
         cp.put(attachment("a")).await.unwrap();
         cp.fail_nth_write(1);
         assert!(cp.put(attachment("b")).await.is_err());

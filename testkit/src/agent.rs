@@ -228,6 +228,23 @@ impl Agent {
         }
     }
 
+    /// Restarts the agent set to die at the crash point `point`
+    /// (ENIMD_CRASH_AT, the fault-injection build).
+    pub fn arm_crash(&mut self, point: &str) {
+        self.stop();
+        self.env = crash_env(point);
+        self.restart();
+    }
+
+    /// Waits for the armed agent to die, restarts it unarmed and runs one
+    /// GC: what a node does after a crash.
+    pub fn recover_crash(&mut self) {
+        self.wait_crashed();
+        self.env.clear();
+        self.restart();
+        self.ctl(&["gc"]);
+    }
+
     /// SIGKILL: a crash.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -283,19 +300,9 @@ pub fn sigterm_and_wait(mut child: Child) -> ExitStatus {
 
 /// `enimctl --json <args>` against the agent at `socket`; it must succeed.
 pub fn enimctl(enimctl: &Path, socket: &Path, args: &[&str]) -> Value {
-    let out = Command::new(enimctl)
-        .arg("--socket")
-        .arg(socket)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "enimctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let mut cmd = Command::new(enimctl);
+    cmd.arg("--socket").arg(socket).arg("--json").args(args);
+    serde_json::from_slice(&crate::netns::run_ok(&mut cmd)).unwrap()
 }
 
 /// The agent's status document, straight from its socket (one HTTP/1.1
@@ -364,4 +371,16 @@ pub fn metric(text: &str, series: &str) -> f64 {
                 .and_then(|rest| rest.trim().parse().ok())
         })
         .unwrap_or(0.0)
+}
+
+/// The environment that arms enimd's crash point `point`.
+pub fn crash_env(point: &str) -> Vec<(String, String)> {
+    vec![("ENIMD_CRASH_AT".into(), point.into())]
+}
+
+/// Asserts that each series has its value in `text`, a Prometheus scrape.
+pub fn assert_metrics(text: &str, expected: &[(&str, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(metric(text, series), *value, "{series} in {text}");
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -83,7 +83,28 @@ pub fn k8s_args(namespace: &str, cid: &str) -> String {
 
 /// Runs the plugin once.
 pub fn exec(call: &Call) -> Result<CniOutput, String> {
-    let mut cmd = Command::new(call.plugin);
+    exec_with(Command::new(call.plugin), call)
+}
+
+/// Runs `cmd` (the plugin itself, or a wrapper that execs it) once as
+/// `call` says.
+pub fn exec_with(cmd: Command, call: &Call) -> Result<CniOutput, String> {
+    let started = Instant::now();
+    let child = spawn(cmd, call)?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    Ok(CniOutput {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed,
+    })
+}
+
+/// Starts `cmd` (the plugin itself, or a wrapper that execs it) with the
+/// environment of `call` and its config written to stdin; stdout and stderr
+/// are piped.
+pub fn spawn(mut cmd: Command, call: &Call) -> Result<Child, String> {
     cmd.env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", call.command)
@@ -103,10 +124,9 @@ pub fn exec(call: &Call) -> Result<CniOutput, String> {
     if let Some(ns) = call.netns {
         cmd.env("CNI_NETNS", ns);
     }
-    let started = Instant::now();
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("spawn {}: {e}", call.plugin.display()))?;
+        .map_err(|e| format!("spawn {}: {e}", cmd.get_program().to_string_lossy()))?;
     // A config is far below a pipe's buffer: this write never blocks. A
     // plugin may exit without reading it (VERSION): that pipe is broken.
     match child
@@ -118,14 +138,7 @@ pub fn exec(call: &Call) -> Result<CniOutput, String> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.to_string()),
         _ => {}
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let elapsed = started.elapsed();
-    Ok(CniOutput {
-        status: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed,
-    })
+    Ok(child)
 }
 
 /// Execs a CNI plugin binary with the CNI environment (CNI_PATH

@@ -13,24 +13,17 @@ use crate::sandbox::POD_MTU;
 /// The sandbox's ENI i: MAC 02:e1:00:00:00:<i+1>, 10.77.i.10/24 with
 /// gateway .1, fd00:e1:i::10/64 with gateway ::1, pod MTU 9000.
 pub fn static_eni(i: usize) -> StaticEniConfig {
+    let last = u8::try_from(i + 1).expect("at most 255 ENIs");
     StaticEniConfig {
-        id: format!("eni-{i:04}"),
-        mac: MacAddr([
-            0x02,
-            0xe1,
-            0,
-            0,
-            0,
-            u8::try_from(i + 1).expect("at most 255 ENIs"),
-        ]),
-        ipv4: format!("10.77.{i}.10/24").parse().unwrap(),
-        gateway4: format!("10.77.{i}.1").parse().unwrap(),
         ipv6: Some(format!("fd00:e1:{i}::10/64").parse().unwrap()),
         gateway6: Some(format!("fd00:e1:{i}::1").parse().unwrap()),
         mtu: Some(POD_MTU),
-        device_index: None,
-        secondary_ipv4: vec![],
-        secondary_ipv6: vec![],
+        ..StaticEniConfig::new(
+            format!("eni-{i:04}"),
+            MacAddr([0x02, 0xe1, 0, 0, 0, last]),
+            format!("10.77.{i}.10/24").parse().unwrap(),
+            format!("10.77.{i}.1").parse().unwrap(),
+        )
     }
 }
 
@@ -41,18 +34,7 @@ pub fn plain_eni(
     ipv4: ipnet::Ipv4Net,
     gateway4: std::net::Ipv4Addr,
 ) -> StaticEniConfig {
-    StaticEniConfig {
-        id,
-        mac,
-        ipv4,
-        gateway4,
-        ipv6: None,
-        gateway6: None,
-        mtu: None,
-        device_index: None,
-        secondary_ipv4: vec![],
-        secondary_ipv6: vec![],
-    }
+    StaticEniConfig::new(id, mac, ipv4, gateway4)
 }
 
 /// `enis` (as [`static_eni`] made them) for secondary mode: `counts[i]`

@@ -29,7 +29,7 @@ pub mod moto;
 pub use agent::{enimctl, sigterm_and_wait, Agent, Bins};
 pub use cni::{exec_plugin, CniOutput};
 pub use fixtures::owner;
-pub use netns::{ip_batch, netns_path, sh, sh_ok, NamedNetns, NetnsSet};
+pub use netns::{ip_batch, netns_path, run_ok, sh, sh_ok, NamedNetns, NetnsSet};
 pub use sandbox::{assert_invariant, Sandbox, HOST_MTU, POD_MTU};
 
 use std::sync::atomic::{AtomicU32, Ordering};

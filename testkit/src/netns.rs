@@ -9,19 +9,21 @@ use serde_json::Value;
 
 use crate::unique;
 
+/// Runs `cmd`; it must succeed (else its stderr is the panic's). Returns
+/// its stdout.
+pub fn run_ok(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
+    out.stdout
+}
+
 /// Runs a command; it must succeed. Returns its stdout.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let out = run_ok(Command::new(args[0]).args(&args[1..]));
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether a command ran and succeeded.
@@ -82,6 +84,7 @@ fn del_netns(name: &str) {
 
 /// A named network namespace with a [`unique`] name, loopback up, deleted
 /// on drop.
+#[derive(Debug)]
 pub struct NamedNetns {
     pub name: String,
 }
@@ -146,12 +149,23 @@ impl NamedNetns {
         find_mac(&self.links(), &mac.to_string())
     }
 
+    /// The device's addresses as `ip -j addr` shows them (with flags such
+    /// as `nodad` and `tentative`).
+    pub fn addr_info(&self, dev: &str) -> Vec<Value> {
+        let v = self.ip_json(&["addr", "show", "dev", dev]);
+        v[0]["addr_info"].as_array().unwrap().clone()
+    }
+
+    /// The device's address `local` as `ip -j addr` shows it, or None.
+    pub fn addr(&self, dev: &str, local: &str) -> Option<Value> {
+        self.addr_info(dev)
+            .into_iter()
+            .find(|a| a["local"] == local)
+    }
+
     /// The device's addresses of global scope, as `addr/prefix`.
     pub fn addrs(&self, dev: &str) -> Vec<String> {
-        let v = self.ip_json(&["addr", "show", "dev", dev]);
-        v[0]["addr_info"]
-            .as_array()
-            .unwrap()
+        self.addr_info(dev)
             .iter()
             .filter(|a| a["scope"] != "link" && a["scope"] != "host")
             .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))

@@ -2,6 +2,7 @@
 //! thing in the parsed manifests and expects a problem naming it.
 
 use super::*;
+use k8s_openapi::api::core::v1::{Capabilities, HTTPGetAction, SecurityContext};
 
 fn agent_mut(m: &mut Manifests) -> &mut Container {
     spec_mut(m)
@@ -11,44 +12,45 @@ fn agent_mut(m: &mut Manifests) -> &mut Container {
         .unwrap()
 }
 
-/// The agent container's capabilities.
-fn caps_mut(m: &mut Manifests) -> &mut k8s_openapi::api::core::v1::Capabilities {
-    agent_mut(m)
-        .security_context
-        .as_mut()
-        .unwrap()
-        .capabilities
-        .as_mut()
-        .unwrap()
+fn agent_mounts_mut(m: &mut Manifests) -> &mut Vec<VolumeMount> {
+    agent_mut(m).volume_mounts.as_mut().unwrap()
 }
 
-fn init_mut(m: &mut Manifests) -> &mut Container {
-    spec_mut(m)
-        .init_containers
-        .as_mut()
+fn agent_security_mut(m: &mut Manifests) -> &mut SecurityContext {
+    agent_mut(m).security_context.as_mut().unwrap()
+}
+
+fn agent_caps_mut(m: &mut Manifests) -> &mut Capabilities {
+    agent_security_mut(m).capabilities.as_mut().unwrap()
+}
+
+/// The item called `name` in a list the manifests must have.
+fn named_mut<'a, T>(
+    list: &'a mut Option<Vec<T>>,
+    name: &str,
+    name_of: fn(&T) -> &str,
+) -> &'a mut T {
+    list.as_mut()
         .unwrap()
         .iter_mut()
-        .find(|c| c.name == INSTALLER)
+        .find(|t| name_of(t) == name)
         .unwrap()
 }
 
 fn volume_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut Volume {
-    spec_mut(m)
-        .volumes
-        .as_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|v| v.name == name)
-        .unwrap()
+    named_mut(&mut spec_mut(m).volumes, name, |v| &v.name)
+}
+
+fn http_get_mut(probe: &mut Option<Probe>) -> &mut HTTPGetAction {
+    probe.as_mut().unwrap().http_get.as_mut().unwrap()
+}
+
+fn init_mut(m: &mut Manifests) -> &mut Container {
+    named_mut(&mut spec_mut(m).init_containers, INSTALLER, |c| &c.name)
 }
 
 fn mount_mut<'a>(c: &'a mut Container, name: &str) -> &'a mut VolumeMount {
-    c.volume_mounts
-        .as_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|v| v.name == name)
-        .unwrap()
+    named_mut(&mut c.volume_mounts, name, |v| &v.name)
 }
 
 fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
@@ -86,19 +88,13 @@ fn each_check_fails_on_a_broken_manifest() {
     let cases: &[(&str, Break, &str)] = &[
         (
             "netns mount gone",
-            |m| {
-                agent_mut(m)
-                    .volume_mounts
-                    .as_mut()
-                    .unwrap()
-                    .retain(|v| v.mount_path != "/var/run/netns")
-            },
+            |m| agent_mounts_mut(m).retain(|v| v.mount_path != "/var/run/netns"),
             "pod netns",
         ),
         (
             "netns without propagation",
             |m| {
-                for v in agent_mut(m).volume_mounts.as_mut().unwrap() {
+                for v in agent_mounts_mut(m) {
                     v.mount_propagation = None;
                 }
             },
@@ -106,25 +102,13 @@ fn each_check_fails_on_a_broken_manifest() {
         ),
         (
             "socket dir not mounted",
-            |m| {
-                agent_mut(m)
-                    .volume_mounts
-                    .as_mut()
-                    .unwrap()
-                    .retain(|v| v.mount_path != "/run/enim")
-            },
+            |m| agent_mounts_mut(m).retain(|v| v.mount_path != "/run/enim"),
             "socket",
         ),
         (
             "state dir on an emptyDir",
             |m| {
-                let v = spec_mut(m)
-                    .volumes
-                    .as_mut()
-                    .unwrap()
-                    .iter_mut()
-                    .find(|v| v.name == "state")
-                    .unwrap();
+                let v = volume_mut(m, "state");
                 v.host_path = None;
                 v.empty_dir = Some(Default::default());
             },
@@ -155,35 +139,35 @@ fn each_check_fails_on_a_broken_manifest() {
         ),
         (
             "privileged",
-            |m| agent_mut(m).security_context.as_mut().unwrap().privileged = Some(true),
+            |m| agent_security_mut(m).privileged = Some(true),
             "is privileged",
         ),
         (
             "SYS_ADMIN dropped",
             |m| {
-                caps_mut(m)
+                agent_caps_mut(m)
                     .add
                     .as_mut()
                     .unwrap()
-                    .retain(|c| c != "SYS_ADMIN")
+                    .retain(|c| c != "SYS_ADMIN");
             },
             "capabilities",
         ),
         (
             "extra capability",
-            |m| caps_mut(m).add.as_mut().unwrap().push("SYS_PTRACE".into()),
-            "capabilities",
-        ),
-        ("no drop ALL", |m| caps_mut(m).drop = None, "drop ALL"),
-        (
-            "escalation off with SYS_ADMIN",
             |m| {
-                agent_mut(m)
-                    .security_context
+                agent_caps_mut(m)
+                    .add
                     .as_mut()
                     .unwrap()
-                    .allow_privilege_escalation = Some(false)
+                    .push("SYS_PTRACE".into());
             },
+            "capabilities",
+        ),
+        ("no drop ALL", |m| agent_caps_mut(m).drop = None, "drop ALL"),
+        (
+            "escalation off with SYS_ADMIN",
+            |m| agent_security_mut(m).allow_privilege_escalation = Some(false),
             "allowPrivilegeEscalation",
         ),
         ("hostPID", |m| spec_mut(m).host_pid = Some(true), "hostPID"),
@@ -195,13 +179,7 @@ fn each_check_fails_on_a_broken_manifest() {
         (
             "init writes the wrong net.d",
             |m| {
-                let v = spec_mut(m)
-                    .volumes
-                    .as_mut()
-                    .unwrap()
-                    .iter_mut()
-                    .find(|v| v.name == "cni-net-d")
-                    .unwrap();
+                let v = volume_mut(m, "cni-net-d");
                 v.host_path.as_mut().unwrap().path = "/etc/cni/net.d.old".into();
             },
             "--net-d-dir",
@@ -239,42 +217,21 @@ fn each_check_fails_on_a_broken_manifest() {
         (
             "readiness on the wrong port",
             |m| {
-                let get = agent_mut(m)
-                    .readiness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.port = IntOrString::Int(8080);
+                http_get_mut(&mut agent_mut(m).readiness_probe).port = IntOrString::Int(8080);
             },
             "readinessProbe port",
         ),
         (
             "liveness on the wrong path",
             |m| {
-                let get = agent_mut(m)
-                    .liveness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.path = Some("/readyz".into());
+                http_get_mut(&mut agent_mut(m).liveness_probe).path = Some("/readyz".into());
             },
             "livenessProbe path",
         ),
         (
             "probe on the pod IP",
             |m| {
-                let get = agent_mut(m)
-                    .readiness_probe
-                    .as_mut()
-                    .unwrap()
-                    .http_get
-                    .as_mut()
-                    .unwrap();
-                get.host = None;
+                http_get_mut(&mut agent_mut(m).readiness_probe).host = None;
             },
             "readinessProbe host",
         ),
@@ -347,7 +304,7 @@ fn each_check_fails_on_a_broken_manifest() {
                 let mut mnt = mount_mut(agent_mut(m), "state").clone();
                 mnt.name = "etc".into();
                 mnt.mount_path = "/host/etc".into();
-                agent_mut(m).volume_mounts.as_mut().unwrap().push(mnt);
+                agent_mounts_mut(m).push(mnt);
             },
             "hostPath /etc (volume etc) is not one enimd needs",
         ),

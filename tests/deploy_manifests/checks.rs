@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// The flags `enimd install-cni` takes.
+const INSTALL_CNI_FLAGS: &[&str] = &[
+    "--cni-bin-dir",
+    "--net-d-dir",
+    "--config",
+    "--socket",
+    "--plugin",
+    "--conflist-name",
+    "--network-name",
+];
+
 /// Everything but running install-cni.
 pub(crate) fn check(m: &Manifests) -> Vec<String> {
     let mut p = Problems::default();
@@ -165,31 +176,17 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
 
     // The node's /proc/sys/net, for the IPv6 sysctls that have no netlink
     // form (secondary mode with IPv6): writable where the config says, for
-    // the agent only. The pod's own /proc/sys is read-only.
-    let proc_sys_net = &config.secondary.proc_sys_net;
-    match host_path_of(spec, agent, proc_sys_net) {
-        Some((host, mount)) => {
-            p.check(host == Path::new(PROC_SYS_NET), || {
-                format!(
-                    "[secondary] proc_sys_net {} is {} on the node, not {PROC_SYS_NET}",
-                    proc_sys_net.display(),
-                    host.display()
-                )
-            });
-            p.check(writable(mount), || {
-                format!(
-                    "[secondary] proc_sys_net {} is mounted read-only",
-                    proc_sys_net.display()
-                )
-            });
-        }
-        None => p.0.push(format!(
-            "[secondary] proc_sys_net {} is not on a hostPath mount of {PROC_SYS_NET}: \
-             the pod's own /proc/sys is read-only, and secondary mode with IPv6 \
-             writes proxy_ndp, accept_dad and forwarding there",
-            proc_sys_net.display()
-        )),
-    }
+    // the agent only. The pod's own /proc/sys is read-only, and secondary
+    // mode with IPv6 writes proxy_ndp, accept_dad and forwarding there.
+    on_node_at(
+        spec,
+        agent,
+        &config.secondary.proc_sys_net,
+        Path::new(PROC_SYS_NET),
+        "[secondary] proc_sys_net",
+        true,
+        &mut p,
+    );
 
     // Nothing of the node beyond what enimd uses: each hostPath is one of
     // these exact dirs (a parent such as /run or /proc would grant more).
@@ -253,18 +250,7 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         init_line.get(1).map(String::as_str) == Some("install-cni"),
         || format!("init container command {init_line:?} is not `enimd install-cni`"),
     );
-    match flags(
-        init_line.get(2..).unwrap_or_default(),
-        &[
-            "--cni-bin-dir",
-            "--net-d-dir",
-            "--config",
-            "--socket",
-            "--plugin",
-            "--conflist-name",
-            "--network-name",
-        ],
-    ) {
+    match flags(init_line.get(2..).unwrap_or_default(), INSTALL_CNI_FLAGS) {
         Err(e) => p.0.push(format!("install-cni: {e}")),
         Ok(f) => {
             let dir = |flag: &str, default: &str| {
@@ -279,24 +265,8 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
                 ("--net-d-dir", install::DEFAULT_NET_D_DIR, HOST_NET_D_DIR),
             ] {
                 let path = dir(flag, default);
-                match host_path_of(spec, init, &path) {
-                    Some((on_host, mount)) => {
-                        p.check(on_host == Path::new(host), || {
-                            format!(
-                                "install-cni {flag} {} is {} on the node, not {host}",
-                                path.display(),
-                                on_host.display()
-                            )
-                        });
-                        p.check(writable(mount), || {
-                            format!("install-cni {flag} is mounted read-only")
-                        });
-                    }
-                    None => p.0.push(format!(
-                        "install-cni {flag} {} is not on a hostPath mount",
-                        path.display()
-                    )),
-                }
+                let what = format!("install-cni {flag}");
+                on_node_at(spec, init, &path, Path::new(host), &what, true, &mut p);
             }
             // The conflist's socket must be the agent's.
             match (f.get("--socket"), f.get("--config")) {
@@ -484,19 +454,7 @@ pub(crate) fn run_install_cni(m: &Manifests) -> Vec<String> {
         ));
         return p.0;
     }
-    let f = flags(
-        &line[2..],
-        &[
-            "--cni-bin-dir",
-            "--net-d-dir",
-            "--config",
-            "--socket",
-            "--plugin",
-            "--conflist-name",
-            "--network-name",
-        ],
-    )
-    .unwrap();
+    let f = flags(&line[2..], INSTALL_CNI_FLAGS).unwrap();
     let net_d = inside(
         f.get("--net-d-dir")
             .map(String::as_str)

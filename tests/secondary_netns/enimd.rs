@@ -1,6 +1,9 @@
 //! Secondary mode through the real enimd and the real plugin.
 
-use crate::common::{enim, http_get_in, metric, require_kernel, start_agent, NamedNetns, Sandbox};
+use crate::common::{
+    assert_metrics, enim, http_get_in, plugin_add_c1, require_kernel, start_agent, NamedNetns,
+    Sandbox,
+};
 use crate::{ping, rules};
 
 /// The real enimd, configured for secondary mode, and the real plugin.
@@ -16,8 +19,7 @@ fn enimd_and_plugin_in_secondary_mode_across_a_restart() {
         dir.path(),
         "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"\nrule_priority_to_pod = 600\n",
     );
-    let conf = agent.net_conf("1.1.0");
-    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    let (conf, result) = plugin_add_c1(&agent, &pod);
     let ips: Vec<(String, String)> = result["ips"]
         .as_array()
         .unwrap()
@@ -104,11 +106,7 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
         text
     };
     let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
-        3.0,
-        "{text}"
-    );
+    assert_metrics(&text, &[("enim_secondary_addresses{state=\"free\"}", 3.0)]);
 
     let pod = NamedNetns::new("pod");
     let conf = agent.net_conf("1.1.0");
@@ -131,17 +129,14 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
     assert!(pods[0]["host_veth"].is_string(), "{listed}");
     assert_eq!(agent.ctl(&["status"])["attachments"], 1);
     let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
-        1.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_secondary_addresses{state=\"assigned\"}", 1.0),
+            ("enim_secondary_addresses{state=\"free\"}", 2.0),
+            ("enim_attachments", 1.0),
+        ],
     );
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"free\"}"),
-        2.0,
-        "{text}"
-    );
-    assert_eq!(metric(&text, "enim_attachments"), 1.0, "{text}");
 
     enim("DEL", "c0", Some(&pod.path()), "eth0", &conf).ok();
     assert_eq!(
@@ -149,10 +144,11 @@ fn secondary_mode_through_enimd_plugin_enimctl_and_metrics() {
         serde_json::json!([])
     );
     let text = scrape();
-    assert_eq!(
-        metric(&text, "enim_secondary_addresses{state=\"assigned\"}"),
-        0.0,
-        "{text}"
+    assert_metrics(
+        &text,
+        &[
+            ("enim_secondary_addresses{state=\"assigned\"}", 0.0),
+            ("enim_attachments", 0.0),
+        ],
     );
-    assert_eq!(metric(&text, "enim_attachments"), 0.0, "{text}");
 }

@@ -14,6 +14,21 @@ pub struct Scale {
     pub restore_empty_ms: f64,
 }
 
+/// Runs the phase `name` when the run asks for it, announced as `title`:
+/// its time in ms, or NaN when it is not run.
+pub(super) fn timed_phase(
+    o: &Opts,
+    name: &str,
+    title: &str,
+    phase: impl FnOnce() -> R<f64>,
+) -> R<f64> {
+    if !o.runs(name) {
+        return Ok(f64::NAN);
+    }
+    say(title);
+    phase()
+}
+
 /// GC of `n` ready records whose netns paths do not exist and whose ENIs
 /// have no device: the records are older than the grace period when the
 /// GC route is called, so every one is collected.

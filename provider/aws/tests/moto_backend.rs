@@ -31,6 +31,14 @@ async fn rig() -> Option<(Env, AwsBackend)> {
     Some((env, b))
 }
 
+/// The ids of the ENIs the backend sees attached, sorted.
+async fn attached_ids(b: &AwsBackend) -> Vec<String> {
+    let attached = b.attached().await.unwrap();
+    let mut ids: Vec<String> = attached.into_iter().map(|e| e.id).collect();
+    ids.sort();
+    ids
+}
+
 /// Detaches and deletes `eni_id`, then checks no ENI tagged for the node is
 /// left.
 async fn delete_and_check_none_left(env: &Env, b: &AwsBackend, eni_id: &str) {
@@ -103,17 +111,9 @@ async fn discovery_create_attach_detach_delete() {
     assert_eq!(env.attached().await.get(&second.id), Some(&2));
     assert_ne!(first.mac, second.mac);
 
-    let attached: HashSet<String> = b
-        .attached()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
-    assert_eq!(
-        attached,
-        HashSet::from([first.id.clone(), second.id.clone()])
-    );
+    let mut both = vec![first.id.clone(), second.id.clone()];
+    both.sort();
+    assert_eq!(attached_ids(&b).await, both);
     let mut tagged = b.tagged().await.unwrap();
     tagged.sort_by(|a, b| a.id.cmp(&b.id));
     let mut want = vec![
@@ -132,14 +132,7 @@ async fn discovery_create_attach_detach_delete() {
     // Detach and delete the first: gone from EC2 and from metadata.
     b.detach_and_delete(&first.id).await.unwrap();
     assert_eq!(env.tagged_ids().await, HashSet::from([second.id.clone()]));
-    let attached: Vec<String> = b
-        .attached()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
-    assert_eq!(attached, vec![second.id.clone()]);
+    assert_eq!(attached_ids(&b).await, vec![second.id.clone()]);
     // Idempotent: a gone ENI is fine.
     b.detach_and_delete(&first.id).await.unwrap();
 
@@ -416,26 +409,24 @@ async fn instance_role_credentials_from_imds() {
     assert_eq!(b.eni_limit().await.unwrap(), INSTANCE_ENI_LIMIT);
 }
 
+/// Discovery with `config` fails before any call, naming `setting`.
+async fn assert_config_error(config: &AwsConfig, setting: &str) {
+    let e = AwsBackend::discover_with(config, None).await.err().unwrap();
+    assert!(e.to_string().contains(setting), "{e}");
+}
+
 #[tokio::test]
 async fn config_errors_are_reported_before_any_call() {
     let config = AwsConfig {
         api_attempts: 0,
         ..AwsConfig::default()
     };
-    let e = AwsBackend::discover_with(&config, None)
-        .await
-        .err()
-        .unwrap();
-    assert!(e.to_string().contains("api_attempts"), "{e}");
+    assert_config_error(&config, "api_attempts").await;
     let config = AwsConfig {
         ec2_endpoint: Some("not a url".into()),
         ..AwsConfig::default()
     };
-    let e = AwsBackend::discover_with(&config, None)
-        .await
-        .err()
-        .unwrap();
-    assert!(e.to_string().contains("ec2_endpoint"), "{e}");
+    assert_config_error(&config, "ec2_endpoint").await;
 }
 
 // ---- the fleet-wide reaper ----

@@ -59,14 +59,21 @@ async fn pool_ids(pool: &WarmPool) -> HashSet<String> {
         .collect()
 }
 
+/// The rig with the proxy set to fail the next `times` calls of `action`
+/// with `status` and the EC2 error `code`; `None` where moto is missing.
+async fn env_with_fault((action, times, status, code): (&str, usize, u16, &str)) -> Option<Env> {
+    let env = Env::start().await?;
+    env.proxy.inject(action, times, status, code);
+    Some(env)
+}
+
 #[tokio::test]
 async fn fill_allocate_release_shrink_and_restart() {
-    let Some(env) = Env::start().await else {
+    // A throttling burst during the first fill is absorbed by the client.
+    let fault = ("CreateNetworkInterface", 2, 503, "RequestLimitExceeded");
+    let Some(env) = env_with_fault(fault).await else {
         return;
     };
-    // A throttling burst during the first fill is absorbed by the client.
-    env.proxy
-        .inject("CreateNetworkInterface", 2, 503, "RequestLimitExceeded");
     let config = pool_config(&env, 1, 2);
     let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
         .await
@@ -148,11 +155,10 @@ async fn fill_allocate_release_shrink_and_restart() {
 
 #[tokio::test]
 async fn attachment_limit_exceeded_makes_the_pool_back_off() {
-    let Some(env) = Env::start().await else {
+    let fault = ("AttachNetworkInterface", 3, 400, "AttachmentLimitExceeded");
+    let Some(env) = env_with_fault(fault).await else {
         return;
     };
-    env.proxy
-        .inject("AttachNetworkInterface", 3, 400, "AttachmentLimitExceeded");
     let start = Instant::now();
     let pool = build_with(
         &pool_config(&env, 1, 1),

@@ -38,6 +38,25 @@ pub struct StaticEniConfig {
     pub secondary_ipv6: Vec<Ipv6Addr>,
 }
 
+impl StaticEniConfig {
+    /// An ENI with only the fields a config must give; every optional one
+    /// unset, as when the config leaves it out.
+    pub fn new(id: String, mac: MacAddr, ipv4: Ipv4Net, gateway4: Ipv4Addr) -> Self {
+        StaticEniConfig {
+            id,
+            mac,
+            ipv4,
+            gateway4,
+            ipv6: None,
+            gateway6: None,
+            mtu: None,
+            device_index: None,
+            secondary_ipv4: vec![],
+            secondary_ipv6: vec![],
+        }
+    }
+}
+
 pub struct StaticProvider {
     // One lock over all slots makes "find free + assign" atomic, which is all
     // the concurrency guarantee the API asks for.
@@ -307,18 +326,12 @@ mod tests {
     use std::sync::Arc;
 
     fn eni(i: u8) -> StaticEniConfig {
-        StaticEniConfig {
-            id: format!("eni-{i}"),
-            mac: MacAddr([2, 0, 0, 0, 0, i]),
-            ipv4: format!("10.0.{i}.10/24").parse().unwrap(),
-            gateway4: format!("10.0.{i}.1").parse().unwrap(),
-            ipv6: None,
-            gateway6: None,
-            mtu: None,
-            device_index: None,
-            secondary_ipv4: vec![],
-            secondary_ipv6: vec![],
-        }
+        StaticEniConfig::new(
+            format!("eni-{i}"),
+            MacAddr([2, 0, 0, 0, 0, i]),
+            format!("10.0.{i}.10/24").parse().unwrap(),
+            format!("10.0.{i}.1").parse().unwrap(),
+        )
     }
 
     #[tokio::test]
