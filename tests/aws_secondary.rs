@@ -40,7 +40,13 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn secondary_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, per_eni: usize) -> String {
+fn secondary_config(
+    dir: &Path,
+    host: &NamedNetns,
+    env: &aws_rig::Env,
+    per_eni: usize,
+    cooldown: &str,
+) -> String {
     let cap = if per_eni == 0 {
         String::new()
     } else {
@@ -49,7 +55,7 @@ fn secondary_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, per_eni: 
     format!(
         "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
          gc_interval = \"0s\"\n\
-         [secondary]\ncooldown = \"1s\"\n\
+         [secondary]\ncooldown = {cooldown:?}\n\
          [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
          {cap}resync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
          [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
@@ -115,7 +121,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = secondary_config(dir.path(), &host, &env, per_eni);
+    let config = secondary_config(dir.path(), &host, &env, per_eni, "1s");
     let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
 
     // The pool fills to pre_allocate on the adopted ENI.
@@ -252,4 +258,161 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
     );
     assert!(env.proxy.calls("AssignPrivateIpAddresses") >= 1);
     assert!(env.proxy.calls("UnassignPrivateIpAddresses") >= 1);
+}
+
+/// The agent's address counts (`enimctl status`).
+fn addresses(agent: &common::Agent) -> serde_json::Value {
+    blocking(|| agent.ctl(&["status"]))["addresses"].clone()
+}
+
+/// Waits until the agent's store and the cloud agree: every secondary
+/// address moto has on this node's ENIs is in the store (none leaked) and
+/// the pool has settled within its watermarks.
+async fn settled(env: &aws_rig::Env, agent: &common::Agent, pods: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cloud = total(&cloud_addresses(env).await);
+        let a = addresses(agent);
+        let store = usize::try_from(a["total"].as_u64().unwrap_or(0)).unwrap_or(usize::MAX);
+        let free = store.saturating_sub(pods);
+        if cloud == store
+            && a["assigned"] == pods
+            && (PRE_ALLOCATE..=PRE_ALLOCATE + MAX_ABOVE_WATERMARK).contains(&free)
+        {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "cloud ({cloud} addresses: {:?}) and agent ({a}) never agreed with {pods} pods",
+                cloud_addresses(env).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The crash matrix of the pool's cloud steps: enimd killed (abort, as
+/// SIGKILL) right after an assign returned, right after an ENI was
+/// attached, and right after free addresses left the store but before
+/// they were unassigned. After a restart and a GC, the cloud and the store
+/// agree (no address leaked), no address is held twice, every pod keeps
+/// its address, and no ENI was attached twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_cloud_steps_survive_a_crash_at_each_point() {
+    common::require_kernel!();
+    for point in enim::support::fault::POOL_CRASH_POINTS {
+        let Some(env) = aws_rig::Env::start().await else {
+            return;
+        };
+        let (host, _gw) = sandbox(&env);
+        let earlier = env.create_tagged_eni().await;
+        env.admin_ec2
+            .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // One address per ENI where the crash is at an attach (the first
+        // fill then needs a second ENI), two elsewhere. A long cooldown, so
+        // DEL'd addresses stay until the restart.
+        let per_eni = if *point == "pool:after-attach" { 1 } else { 2 };
+        let config = secondary_config(dir.path(), &host, &env, per_eni, "1m");
+        let conf = |agent: &common::Agent| net_conf("1.1.0", NETWORK, agent.socket());
+        let mut agent = aws::enimd(dir.path(), &config, &env);
+        let creds = agent.env.clone();
+        let pods: Vec<NamedNetns> = (0..3)
+            .map(|i| NamedNetns::new(&format!("awsc{i}")))
+            .collect();
+        let mut live: Vec<&NamedNetns> = Vec::new();
+        // The most ENIs the scenario needs.
+        let max_enis = match *point {
+            // The first fill crashes after its assign, or after attaching
+            // the second ENI it needs.
+            "pool:after-assign" => 1,
+            "pool:after-attach" => 2,
+            // Three pods on ENIs of two addresses, then two DEL'd: a
+            // restart finds their addresses free (cooldowns do not survive
+            // it), one more than the watermarks keep, and releases it.
+            "pool:before-unassign" => {
+                blocking(|| agent.restart());
+                for (i, pod) in pods.iter().enumerate() {
+                    blocking(|| add_retrying(&format!("c{i}"), pod, &conf(&agent)));
+                }
+                // Pre-allocated ahead of the three: five on three ENIs.
+                settled(&env, &agent, 3).await;
+                for (i, pod) in pods.iter().enumerate().skip(1) {
+                    blocking(|| {
+                        enim(
+                            "DEL",
+                            &format!("c{i}"),
+                            Some(&pod.path()),
+                            "eth0",
+                            &conf(&agent),
+                        )
+                        .ok()
+                    });
+                }
+                live.push(&pods[0]);
+                3
+            }
+            other => panic!("no scenario for crash point {other}"),
+        };
+        blocking(|| agent.stop());
+        agent.env = creds.clone();
+        agent.env.push(("ENIMD_CRASH_AT".into(), point.to_string()));
+        blocking(|| agent.spawn());
+        blocking(|| agent.wait_crashed());
+        let log = blocking(|| agent.log());
+        assert!(log.contains(point), "crashed elsewhere than {point}: {log}");
+        agent.env = creds.clone();
+        blocking(|| agent.restart());
+        blocking(|| agent.ctl(&["gc"]));
+        settled(&env, &agent, live.len()).await;
+        // Every live pod kept its address, held once, and still reaches
+        // the router; a new pod gets an address of its own.
+        let records = blocking(|| agent.ctl(&["attachments"]));
+        let held: Vec<String> = records["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a["ipv4"].as_str().map(String::from))
+            .collect();
+        assert_eq!(held.len(), live.len(), "{records}");
+        let distinct: HashSet<&String> = held.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            held.len(),
+            "an address held twice: {records}"
+        );
+        for pod in &live {
+            assert!(blocking(
+                || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
+            ));
+        }
+        // Never more ENIs than the addresses need: an ENI attached before
+        // the crash was taken in, not attached again.
+        let enis = cloud_addresses(&env).await.len();
+        assert!(
+            enis <= max_enis,
+            "{point}: {enis} ENIs: {:?}",
+            cloud_addresses(&env).await
+        );
+        assert_eq!(
+            env.tagged_ids().await.len(),
+            enis,
+            "{point}: an ENI left unattached"
+        );
+        let newcomer = NamedNetns::new("awscn");
+        let r = blocking(|| add_retrying("cn", &newcomer, &conf(&agent)));
+        let ip = r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("/32")
+            .to_string();
+        assert!(!held.contains(&ip), "{ip} given twice");
+        blocking(|| agent.stop());
+        eprintln!(
+            "crash at {point}: recovered, {} pods kept, {enis} ENIs",
+            live.len()
+        );
+    }
 }

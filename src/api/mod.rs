@@ -258,6 +258,9 @@ pub struct Status {
     /// only attached ENIs are handed out); absent when it serves normally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// Secondary mode: the address pool in numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<crate::model::AddressStats>,
 }
 
 /// Error body of every non-2xx answer.

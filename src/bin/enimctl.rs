@@ -105,7 +105,30 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
                 .as_ref()
                 .map(|why| format!("degraded: {why}\n"))
                 .unwrap_or_default();
+            // Secondary mode: the address pool, free meaning neither held
+            // nor cooling down.
+            let addresses = s
+                .addresses
+                .map(|a| {
+                    let lost = if a.lost > 0 {
+                        format!(
+                            ", {} lost (unassigned from outside, kept for their pods)",
+                            a.lost
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "addresses: {} in all, {} assigned, {} cooling, {} free{lost}\n",
+                        a.total,
+                        a.assigned,
+                        a.cooling,
+                        a.total - a.assigned - a.cooling
+                    )
+                })
+                .unwrap_or_default();
             Ok(degraded
+                + &addresses
                 + &table(
                     &[
                         "READY",

@@ -308,5 +308,6 @@ async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Statu
         attachments: s.engine.checkpoint().len().await,
         uptime_secs: s.started.elapsed().as_secs(),
         degraded: s.engine.provider().degraded(),
+        addresses: s.engine.address_stats(),
     }))
 }

@@ -12,6 +12,13 @@ use enim_testkit::moto as aws_rig;
 /// enimd with `config` in `dir`, in this namespace (it must reach the
 /// loopback servers), signing with the node's IAM user; ready.
 pub fn start_enimd(dir: &Path, config: &str, env: &aws_rig::Env) -> Agent {
+    let mut agent = enimd(dir, config, env);
+    agent.restart();
+    agent
+}
+
+/// As [`start_enimd`], not started yet.
+pub fn enimd(dir: &Path, config: &str, env: &aws_rig::Env) -> Agent {
     let paths = AgentPaths::in_dir(dir);
     std::fs::write(&paths.config, config).unwrap();
     let mut agent = Agent::new(bins(), paths);
@@ -25,7 +32,6 @@ pub fn start_enimd(dir: &Path, config: &str, env: &aws_rig::Env) -> Agent {
     agent.env_remove = vec!["AWS_SESSION_TOKEN".into()];
     agent.ready_timeout = Duration::from_secs(30);
     agent.ready_poll = Duration::from_millis(50);
-    agent.restart();
     agent
 }
 
