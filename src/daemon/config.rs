@@ -170,11 +170,6 @@ impl Config {
         let invalid = |e: &dyn std::fmt::Display| ConfigError::Invalid(e.to_string());
         config.secondary.validate().map_err(|e| invalid(&e))?;
         config.host_path.validate().map_err(|e| invalid(&e))?;
-        if config.host_path.enabled() && config.mode == Mode::Secondary {
-            // A secondary-mode pod's veth already carries all its traffic
-            // through the host.
-            return Err(invalid(&"[host_path] is for primary mode; secondary-mode pods reach the host over their veth already"));
-        }
         if config.mode == Mode::Secondary && matches!(config.provider, ProviderConfig::Bce(_)) {
             return Err(invalid(&"mode = \"secondary\" is not served by the bce provider yet (it cannot assign addresses); use primary mode, or the aws or static provider"));
         }
@@ -289,10 +284,16 @@ mod tests {
             "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nveth_prefix = \"enim\"\n",
             "[host_path]\nservice_cidrs = [\"not-a-cidr\"]\n",
             "[host_path]\nservice_cirds = []\n",
-            "mode = \"secondary\"\n[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\n",
         ] {
             assert!(Config::parse(&format!("{bad}{provider}")).is_err(), "{bad}");
         }
+        // One config for every node: secondary mode ignores the table (its
+        // pods reach the host over their veth already), at start it says so.
+        let c = Config::parse(&format!(
+            "mode = \"secondary\"\n[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\n{provider}"
+        ))
+        .unwrap();
+        assert!(c.host_path.enabled());
     }
 
     #[test]

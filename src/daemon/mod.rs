@@ -166,6 +166,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             node.serve(driver, stop).await
         }
         config::Mode::Secondary => {
+            if host_path.enabled() {
+                tracing::warn!("[host_path] is for primary mode and ignored in secondary mode: its pods reach Services and the node over their veth already");
+            }
             let host_netns = host_netns.as_deref();
             let driver =
                 SecondaryDriver::over_host(secondary, host_netns, provider, checkpoint, exclusions)

@@ -426,6 +426,11 @@ impl DataStore {
             .map(|(id, _)| id.clone())
     }
 
+    /// Whether any ENI has `ip`.
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        self.enis.values().any(|e| e.addresses.contains_key(ip))
+    }
+
     /// Whether any ENI offers IPv6 addresses: pods are then dual-stack.
     pub fn has_ipv6(&self) -> bool {
         self.enis

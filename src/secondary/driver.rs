@@ -233,7 +233,9 @@ impl Driver for SecondaryDriver {
             .await
             .map_err(EngineError::plumbing("find the primary interface"))?;
         let exclusions = self.exclude_primary(primary);
-        for eni in self.provider.list().await? {
+        let listed = self.provider.list().await?;
+        self.note_listed(&listed);
+        for eni in listed {
             match self.prepare(&eni, &exclusions).await? {
                 Ok((host, addresses)) => HostEnis::take_in(&mut store, &mut enis, host, &addresses)
                     .map_err(|e| ProviderError::Config(format!("ENI {}: {e}", eni.id)))?,

@@ -2,7 +2,7 @@
 //! and the warm address pool (its own loop): the host ENIs, set up in the
 //! kernel, and the [`DataStore`] of their addresses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, MutexGuard, RwLock};
 
@@ -61,6 +61,10 @@ pub struct HostEnis {
     // ENIs and addresses never used; the primary interface joins them at
     // restore.
     exclusions: RwLock<Exclusions>,
+    /// The own addresses of every ENI the provider listed last: never a
+    /// pod's, whichever ENI shows them as secondary (EC2 never does so;
+    /// an emulator may).
+    own_addresses: RwLock<HashSet<IpAddr>>,
 }
 
 /// Why a listed ENI is not taken in as a host ENI, when that is not an
@@ -84,6 +88,7 @@ impl HostEnis {
             plumbing,
             enis: Default::default(),
             exclusions: RwLock::new(exclusions),
+            own_addresses: Default::default(),
         }
     }
 
@@ -124,6 +129,29 @@ impl HostEnis {
         let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
         *ex = std::mem::take(&mut *ex).with_primary(primary);
         ex.clone()
+    }
+
+    /// Notes the own addresses of the ENIs the provider lists now.
+    pub(super) fn note_listed(&self, listed: &[Eni]) {
+        let own = listed
+            .iter()
+            .flat_map(|e| {
+                std::iter::once(IpAddr::V4(e.ipv4.addr()))
+                    .chain(e.ipv6.map(|n| IpAddr::V6(n.addr())))
+            })
+            .collect();
+        *self
+            .own_addresses
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = own;
+    }
+
+    /// Whether `ip` is some listed ENI's own address.
+    pub(super) fn is_own_address(&self, ip: &IpAddr) -> bool {
+        self.own_addresses
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(ip)
     }
 
     /// Replaces the store and the host ENIs at once (restore).
@@ -204,9 +232,9 @@ impl HostEnis {
             .iter()
             .filter(|ip| !exclusions.is_excluded_address(ip))
             .filter(|ip| {
-                let ok = host.usable(ip);
+                let ok = host.usable(ip) && !self.is_own_address(ip);
                 if !ok {
-                    tracing::warn!(eni = %eni.id, %ip, "secondary address no pod can use on this ENI (IPv6 without an IPv6 gateway, or not a host address of its subnet); not used");
+                    tracing::warn!(eni = %eni.id, %ip, "secondary address no pod can use on this ENI (IPv6 without an IPv6 gateway, not a host address of its subnet, or an ENI's own address); not used");
                 }
                 ok
             })

@@ -191,7 +191,12 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
             .max_by_key(|u| (u.ipv4, std::cmp::Reverse(u.eni_id.clone())));
         return match target {
             Some(u) => {
-                let n = deficit.min(room(u)).min(config.max_batch);
+                // As cilium's IPAM does: when allocating at all, allocate
+                // up to max_above_watermark beyond the need, so pods
+                // arriving one by one cost a call per few, not one each.
+                let n = (deficit + config.max_above_watermark)
+                    .min(room(u))
+                    .min(config.max_batch);
                 let (have, _) = slots(u, dual);
                 PoolStep::Assign {
                     eni_id: u.eni_id.clone(),
@@ -313,6 +318,7 @@ impl Shared {
     async fn round(&self, drift: bool) -> Result<(), EngineError> {
         let ips = self.ips()?;
         let listed = self.host.provider.list().await?;
+        self.host.note_listed(&listed);
         // ENIs listed but not serving yet (attached by the pool, or from
         // outside): taken in first, so they are never attached twice.
         let mut pending = 0;
@@ -349,6 +355,7 @@ impl Shared {
                 PoolStep::AttachEni => {
                     let eni = ips.attach_eni().await?;
                     crash_point("pool:after-attach");
+                    self.host.note_listed(&self.host.provider.list().await?);
                     if !self.host.add(&eni).await? {
                         // Taken in by a later round once the kernel shows it.
                         return Ok(());
@@ -396,7 +403,12 @@ impl Shared {
         let Some(host) = self.host.host_eni(eni_id) else {
             return Vec::new();
         };
-        let (ok, bad) = new.iter().partition(|ip| host.usable(ip));
+        // Also one the store has already, on another ENI: an address is
+        // assigned once in a VPC (an emulator may not keep to that).
+        let store = self.host.store();
+        let (ok, bad) = new.iter().partition(|ip| {
+            host.usable(ip) && !self.host.is_own_address(ip) && !store.contains(ip)
+        });
         *new = ok;
         bad
     }
@@ -531,14 +543,15 @@ mod tests {
     }
 
     #[test]
-    fn fills_to_pre_allocate_on_the_fullest_eni_with_room() {
+    fn fills_past_pre_allocate_on_the_fullest_eni_with_room() {
         let usage = [eni("eni-a", 9, 0), eni("eni-b", 3, 1)];
-        // eni-a has 9 of 9 secondaries: full. eni-b takes the 3 missing.
+        // eni-a has 9 of 9 secondaries: full. eni-b takes the 3 missing
+        // and max_above_watermark (2) more, in one call.
         assert_eq!(
             plan(&config(), &usage, &node(3, 0)),
             PoolStep::Assign {
                 eni_id: "eni-b".into(),
-                ipv4: 3,
+                ipv4: 5,
                 ipv6: 0
             }
         );
@@ -552,7 +565,7 @@ mod tests {
             plan(&config(), &usage, &node(2, 3)),
             PoolStep::Assign {
                 eni_id: "eni-a".into(),
-                ipv4: 3,
+                ipv4: 5,
                 ipv6: 0
             }
         );
@@ -560,11 +573,12 @@ mod tests {
             min_allocate: 8,
             ..config()
         };
+        // 4 missing and 2 above, bounded by the ENI's room of 5.
         assert_eq!(
             plan(&min, &usage, &node(2, 0)),
             PoolStep::Assign {
                 eni_id: "eni-a".into(),
-                ipv4: 4,
+                ipv4: 5,
                 ipv6: 0
             }
         );
@@ -626,13 +640,13 @@ mod tests {
             free4: 3,
             free6: 1,
         }];
-        // One free pair; three more wanted: four pairs in all.
+        // One free pair; three more wanted and two above: six pairs.
         assert_eq!(
             plan(&config(), &usage, &dual),
             PoolStep::Assign {
                 eni_id: "eni-a".into(),
-                ipv4: 1,
-                ipv6: 3
+                ipv4: 3,
+                ipv6: 5
             }
         );
     }
