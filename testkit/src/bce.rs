@@ -81,6 +81,11 @@ pub struct Logged {
     pub at: Instant,
 }
 
+/// Called with an ENI's MAC the first time metadata lists it (a test
+/// plugs a device with that MAC then, as a hypervisor would), and a
+/// running number of such ENIs.
+pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
+
 pub struct World {
     pub keys: HashMap<String, String>,
     pub enis: BTreeMap<String, FakeEni>,
@@ -101,6 +106,9 @@ pub struct World {
     pub log: Vec<Logged>,
     pub tokens: HashMap<String, String>,
     next: u32,
+    on_new: Option<NewInterfaceHook>,
+    /// MACs metadata has listed, in order.
+    shown: Vec<String>,
 }
 
 impl World {
@@ -119,6 +127,8 @@ impl World {
             log: Vec::new(),
             tokens: HashMap::new(),
             next: 0,
+            on_new: None,
+            shown: Vec::new(),
         }
     }
 
@@ -258,6 +268,11 @@ impl FakeCloud {
 
     pub fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap()
+    }
+
+    /// See [`NewInterfaceHook`].
+    pub fn on_new_interface(&self, hook: NewInterfaceHook) {
+        self.world().on_new = Some(hook);
     }
 }
 
@@ -803,13 +818,26 @@ async fn meta_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> R
         "local-ipv4" => return text(PRIMARY_IP.to_string()),
         "network/interfaces/macs" => {
             let mut lines = vec![format!("{PRIMARY_MAC}/")];
+            let mut new = Vec::new();
             for e in w.enis.values_mut() {
                 if e.instance_id == INSTANCE && e.status == "inuse" {
                     if e.meta_lag > 0 {
                         e.meta_lag -= 1;
                     } else {
                         lines.push(format!("{}/", e.mac));
+                        new.push(e.mac.clone());
                     }
+                }
+            }
+            new.retain(|m| !w.shown.contains(m));
+            let first = u32::try_from(w.shown.len()).expect("few fake ENIs");
+            w.shown.extend(new.iter().cloned());
+            let hook = w.on_new.clone();
+            drop(w);
+            // Plugged before the listing that shows it is answered.
+            if let Some(hook) = hook {
+                for (n, mac) in (first..).zip(&new) {
+                    hook(mac, n);
                 }
             }
             return text(lines.join("\n") + "\n");
