@@ -170,9 +170,6 @@ impl Config {
         let invalid = |e: &dyn std::fmt::Display| ConfigError::Invalid(e.to_string());
         config.secondary.validate().map_err(|e| invalid(&e))?;
         config.host_path.validate().map_err(|e| invalid(&e))?;
-        if config.mode == Mode::Secondary && matches!(config.provider, ProviderConfig::Bce(_)) {
-            return Err(invalid(&"mode = \"secondary\" is not served by the bce provider yet (it cannot assign addresses); use primary mode, or the aws or static provider"));
-        }
         if config
             .host_path
             .veth_prefix
@@ -247,6 +244,21 @@ mod tests {
         assert_eq!(bce.poll_interval, Duration::from_secs(1));
         assert_eq!((bce.pool.min_free, bce.pool.max_free), (2, 4));
         assert!(Config::parse("[provider]\ntype = \"bce\"\nregoin = \"bj\"\n").is_err());
+    }
+
+    #[test]
+    fn bce_serves_secondary_mode() {
+        let c = Config::parse(
+            "mode = \"secondary\"\n[provider]\ntype = \"bce\"\n\
+             security_group_ids = [\"g-1\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.mode, Mode::Secondary);
+        assert!(
+            matches!(c.provider, ProviderConfig::Bce(_)),
+            "{:?}",
+            c.provider
+        );
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub async fn build_provider(
     };
     match config {
         ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
-        ProviderConfig::Bce(bce) => enim_provider_bce::build(bce).await,
+        ProviderConfig::Bce(bce) => enim_provider_bce::build(bce, role).await,
         ProviderConfig::Aws(aws) => enim_provider_aws::build(aws, role).await,
     }
 }

@@ -8,9 +8,15 @@
 //! paged (at most `server_max_keys` per page). Attaching past the
 //! instance's quota fails. Mutating calls without a clientToken fail, and a
 //! repeated clientToken returns the first answer.
+//!
+//! Secondary addresses: private-IP batch add and delete (at most 10 a
+//! call, up to `ips_per_eni` addresses per family per ENI, the primary
+//! counted), handed out from the subnet's free host addresses (never its
+//! network, broadcast or gateway address); the ENI's listing and instance
+//! metadata (`fixed_ips`) show them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,6 +37,8 @@ pub const SUBNET: &str = "sbn-test01";
 pub const REGION: &str = "bj";
 pub const PRIMARY_MAC: &str = "fa:f6:00:00:00:01";
 pub const PRIMARY_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 5);
+/// The subnet's gateway (its first host address): never handed out.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
 
 #[derive(Debug, Clone)]
 pub struct FakeEni {
@@ -48,6 +56,19 @@ pub struct FakeEni {
     /// Metadata listings before an inuse ENI shows up there.
     pub meta_lag: u32,
     pub security_group_ids: Vec<String>,
+    /// Secondary addresses (IPv4 and IPv6) added by batch add.
+    pub secondary_ips: Vec<IpAddr>,
+}
+
+impl FakeEni {
+    fn ipv4_count(&self) -> usize {
+        1 + self.secondary_ips.iter().filter(|ip| ip.is_ipv4()).count()
+    }
+
+    fn ipv6_count(&self) -> usize {
+        usize::from(self.ipv6.is_some())
+            + self.secondary_ips.iter().filter(|ip| ip.is_ipv6()).count()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -60,11 +81,19 @@ pub struct Logged {
     pub at: Instant,
 }
 
+/// Called with an ENI's MAC the first time metadata lists it (a test
+/// plugs a device with that MAC then, as a hypervisor would), and a
+/// running number of such ENIs.
+pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
+
 pub struct World {
     pub keys: HashMap<String, String>,
     pub enis: BTreeMap<String, FakeEni>,
     /// Interfaces the instance may have, the primary included.
     pub quota_total: u32,
+    /// Addresses of each family one ENI may carry, its primary included
+    /// (the quota call's answer for an `eniId`).
+    pub ips_per_eni: u32,
     pub transition_polls: u32,
     pub metadata_lag: u32,
     pub server_max_keys: usize,
@@ -77,6 +106,9 @@ pub struct World {
     pub log: Vec<Logged>,
     pub tokens: HashMap<String, String>,
     next: u32,
+    on_new: Option<NewInterfaceHook>,
+    /// MACs metadata has listed, in order.
+    shown: Vec<String>,
 }
 
 impl World {
@@ -85,6 +117,7 @@ impl World {
             keys: HashMap::from([(AK.to_string(), SK.to_string())]),
             enis: BTreeMap::new(),
             quota_total: 8,
+            ips_per_eni: 8,
             transition_polls: 2,
             metadata_lag: 1,
             server_max_keys: 1000,
@@ -94,6 +127,8 @@ impl World {
             log: Vec::new(),
             tokens: HashMap::new(),
             next: 0,
+            on_new: None,
+            shown: Vec::new(),
         }
     }
 
@@ -122,9 +157,45 @@ impl World {
                 polls_left: 0,
                 meta_lag: 0,
                 security_group_ids: vec!["g-default".into()],
+                secondary_ips: Vec::new(),
             },
         );
         id
+    }
+
+    /// The secondary addresses of `eni_id` (none if it is gone).
+    pub fn secondaries(&self, eni_id: &str) -> Vec<IpAddr> {
+        self.enis
+            .get(eni_id)
+            .map(|e| e.secondary_ips.clone())
+            .unwrap_or_default()
+    }
+
+    fn in_use(&self) -> Vec<IpAddr> {
+        let mut used = vec![IpAddr::V4(PRIMARY_IP)];
+        for e in self.enis.values() {
+            used.push(IpAddr::V4(e.ip));
+            used.extend(e.ipv6.map(IpAddr::V6));
+            used.extend(&e.secondary_ips);
+        }
+        used
+    }
+
+    /// A free host address of the subnet 10.0.1.0/24, from the top down:
+    /// never .0 (network), .255 (broadcast) or .1 (gateway).
+    fn free_ipv4(&self) -> Option<Ipv4Addr> {
+        let used = self.in_use();
+        (2..=254u8)
+            .rev()
+            .map(|h| Ipv4Addr::new(10, 0, 1, h))
+            .find(|a| *a != GATEWAY && !used.contains(&IpAddr::V4(*a)))
+    }
+
+    fn free_ipv6(&self) -> Option<Ipv6Addr> {
+        let used = self.in_use();
+        (0x1000u16..0x2000)
+            .map(|h| Ipv6Addr::new(0x2400, 0xda00, 0, 0, 0, 0, 0, h))
+            .find(|a| !used.contains(&IpAddr::V6(*a)))
     }
 
     /// Adds an ENI with `description`, as another node (or someone by
@@ -197,6 +268,11 @@ impl FakeCloud {
 
     pub fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap()
+    }
+
+    /// See [`NewInterfaceHook`].
+    pub fn on_new_interface(&self, hook: NewInterfaceHook) {
+        self.world().on_new = Some(hook);
     }
 }
 
@@ -370,11 +446,20 @@ fn eni_json(e: &FakeEni) -> Value {
         "eniId": e.id, "name": e.name, "description": e.description,
         "vpcId": e.vpc_id, "subnetId": e.subnet_id, "zoneName": "cn-bj-a",
         "macAddress": e.mac, "status": e.status, "instanceId": e.instance_id,
-        "privateIpSet": [{"primary": true, "privateIpAddress": e.ip.to_string()}],
         "securityGroupIds": e.security_group_ids, "createdTime": "2024-01-01T00:00:00Z",
     });
-    if let Some(v6) = e.ipv6 {
-        v["ipv6PrivateIpSet"] = json!([{"primary": false, "privateIpAddress": v6.to_string()}]);
+    let ip = |a: String, primary: bool| json!({"primary": primary, "privateIpAddress": a});
+    let mut v4 = vec![ip(e.ip.to_string(), true)];
+    let mut v6: Vec<Value> = e.ipv6.iter().map(|a| ip(a.to_string(), false)).collect();
+    for a in &e.secondary_ips {
+        match a {
+            IpAddr::V4(_) => v4.push(ip(a.to_string(), false)),
+            IpAddr::V6(_) => v6.push(ip(a.to_string(), false)),
+        }
+    }
+    v["privateIpSet"] = json!(v4);
+    if !v6.is_empty() {
+        v["ipv6PrivateIpSet"] = json!(v6);
     }
     v
 }
@@ -449,11 +534,27 @@ fn route(w: &mut World, method: &Method, path: &str, query: &str, body: &[u8]) -
     }
     let resp: Result<String, Fail> = match (method.clone(), segments.as_slice()) {
         (Method::GET, ["v1", "eni", "quota"]) => {
-            let used = u32::try_from(w.secondaries_of_us()).expect("few fake ENIs");
-            Ok(json!({"totalQuantity": w.quota_total,
-                      "availableQuantity": w.quota_total.saturating_sub(used + 1)})
-            .to_string())
+            match (params.get("eniId"), params.get("instanceId")) {
+                (Some(id), _) => match w.enis.get(id) {
+                    Some(e) => {
+                        let used = u32::try_from(e.ipv4_count()).expect("few addresses");
+                        Ok(json!({"totalQuantity": w.ips_per_eni,
+                              "availableQuantity": w.ips_per_eni.saturating_sub(used)})
+                        .to_string())
+                    }
+                    None => Err(fail(404, "EniNotFound", "no such ENI")),
+                },
+                (None, Some(_)) => {
+                    let used = u32::try_from(w.secondaries_of_us()).expect("few fake ENIs");
+                    Ok(json!({"totalQuantity": w.quota_total,
+                          "availableQuantity": w.quota_total.saturating_sub(used + 1)})
+                    .to_string())
+                }
+                (None, None) => Err(fail(400, "MissingParameter", "eniId or instanceId")),
+            }
         }
+        (Method::POST, ["v1", "eni", id, "privateIp", "batchAdd"]) => batch_add(w, id, &json_body),
+        (Method::POST, ["v1", "eni", id, "privateIp", "batchDel"]) => batch_del(w, id, &json_body),
         (Method::GET, ["v1", "eni"]) => list(w, &params),
         (Method::GET, ["v1", "eni", id]) => {
             let lag = w.metadata_lag;
@@ -595,6 +696,94 @@ fn attach(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
     Ok(String::new())
 }
 
+fn batch_add(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
+    let ipv6 = body["isIpv6"].as_bool().unwrap_or(false);
+    let count = body["privateIpAddressCount"].as_u64().unwrap_or(0);
+    if body.get("privateIpAddresses").is_some() {
+        return Err(fail(400, "NotInFake", "the fake assigns by count only"));
+    }
+    let Ok(count @ 1..=10) = usize::try_from(count) else {
+        return Err(fail(
+            400,
+            "InvalidParameter",
+            "privateIpAddressCount must be 1 to 10",
+        ));
+    };
+    if ipv6 && !w.ipv6 {
+        return Err(fail(
+            400,
+            "SubnetIpv6NotEnabled",
+            "the subnet has no IPv6 block",
+        ));
+    }
+    let quota = w.ips_per_eni as usize;
+    let Some(e) = w.enis.get(id) else {
+        return Err(fail(404, "EniNotFound", "no such ENI"));
+    };
+    let have = if ipv6 { e.ipv6_count() } else { e.ipv4_count() };
+    if have + count > quota {
+        return Err(fail(
+            400,
+            "PrivateIpQuotaExceeded",
+            &format!("the ENI has {have} of {quota} addresses"),
+        ));
+    }
+    let mut added = Vec::new();
+    for _ in 0..count {
+        let next = if ipv6 {
+            w.free_ipv6().map(IpAddr::V6)
+        } else {
+            w.free_ipv4().map(IpAddr::V4)
+        };
+        let Some(ip) = next else {
+            return Err(fail(400, "SubnetIpExhausted", "the subnet is full"));
+        };
+        w.enis.get_mut(id).unwrap().secondary_ips.push(ip);
+        added.push(ip.to_string());
+    }
+    Ok(json!({"privateIpAddresses": added}).to_string())
+}
+
+fn batch_del(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
+    let ips: Vec<String> = body["privateIpAddresses"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    if ips.is_empty() || ips.len() > 10 {
+        return Err(fail(
+            400,
+            "InvalidParameter",
+            "privateIpAddresses must list 1 to 10 addresses",
+        ));
+    }
+    let Some(e) = w.enis.get_mut(id) else {
+        return Err(fail(404, "EniNotFound", "no such ENI"));
+    };
+    let mut parsed = Vec::new();
+    for raw in &ips {
+        let ip: Option<IpAddr> = raw.parse().ok();
+        match ip {
+            Some(IpAddr::V4(a)) if a == e.ip => {
+                return Err(fail(400, "PrimaryIpCannotDelete", "the primary IP stays"))
+            }
+            Some(ip) if e.secondary_ips.contains(&ip) => parsed.push(ip),
+            _ => {
+                return Err(fail(
+                    400,
+                    "PrivateIpNotOnEni",
+                    &format!("{raw} is not a secondary IP of the ENI"),
+                ))
+            }
+        }
+    }
+    e.secondary_ips.retain(|ip| !parsed.contains(ip));
+    Ok(String::new())
+}
+
 fn detach(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
     let polls = w.transition_polls;
     let Some(e) = w.enis.get_mut(id) else {
@@ -629,13 +818,26 @@ async fn meta_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> R
         "local-ipv4" => return text(PRIMARY_IP.to_string()),
         "network/interfaces/macs" => {
             let mut lines = vec![format!("{PRIMARY_MAC}/")];
+            let mut new = Vec::new();
             for e in w.enis.values_mut() {
                 if e.instance_id == INSTANCE && e.status == "inuse" {
                     if e.meta_lag > 0 {
                         e.meta_lag -= 1;
                     } else {
                         lines.push(format!("{}/", e.mac));
+                        new.push(e.mac.clone());
                     }
+                }
+            }
+            new.retain(|m| !w.shown.contains(m));
+            let first = u32::try_from(w.shown.len()).expect("few fake ENIs");
+            w.shown.extend(new.iter().cloned());
+            let hook = w.on_new.clone();
+            drop(w);
+            // Plugged before the listing that shows it is answered.
+            if let Some(hook) = hook {
+                for (n, mac) in (first..).zip(&new) {
+                    hook(mac, n);
                 }
             }
             return text(lines.join("\n") + "\n");
@@ -646,12 +848,12 @@ async fn meta_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> R
         .strip_prefix("network/interfaces/macs/")
         .map(|r| r.split('/').collect())
         .unwrap_or_default();
-    let (ip4, ip6, gw) = match rest.first() {
-        Some(&m) if m == PRIMARY_MAC => (PRIMARY_IP, None, "10.0.1.1"),
+    let (ip4, ip6, secondaries) = match rest.first() {
+        Some(&m) if m == PRIMARY_MAC => (PRIMARY_IP, None, Vec::new()),
         Some(&m) => match w.enis.values().find(|e| {
             e.mac == m && e.instance_id == INSTANCE && e.status == "inuse" && e.meta_lag == 0
         }) {
-            Some(e) => (e.ip, e.ipv6, "10.0.1.1"),
+            Some(e) => (e.ip, e.ipv6, e.secondary_ips.clone()),
             None => return (StatusCode::NOT_FOUND, "").into_response(),
         },
         None => return (StatusCode::NOT_FOUND, "").into_response(),
@@ -659,21 +861,24 @@ async fn meta_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> R
     match rest.as_slice() {
         [_, "fixed_ips"] => {
             let mut s = format!("{ip4}/\n");
-            if let Some(v6) = ip6 {
-                s.push_str(&format!("{v6}/\n"));
+            for a in ip6.map(IpAddr::V6).iter().chain(&secondaries) {
+                s.push_str(&format!("{a}/\n"));
             }
             text(s)
         }
         [_, "fixed_ips", ip, leaf] => {
-            let is4 = *ip == ip4.to_string();
-            let is6 = ip6.is_some_and(|v6| *ip == v6.to_string());
-            match (*leaf, is4, is6) {
-                ("gateway", true, _) => text(gw.into()),
-                ("mask", true, _) => text("255.255.255.0".into()),
-                ("ip_type", true, _) => text("primary".into()),
-                ("gateway", _, true) => text("2400:da00::1".into()),
-                ("mask", _, true) => text("64".into()),
-                ("ip_type", _, true) => text("secondary".into()),
+            let Ok(ip) = ip.parse::<IpAddr>() else {
+                return (StatusCode::NOT_FOUND, "").into_response();
+            };
+            let primary = ip == IpAddr::V4(ip4);
+            let known = primary || ip6.map(IpAddr::V6) == Some(ip) || secondaries.contains(&ip);
+            match (*leaf, known, ip.is_ipv4()) {
+                ("gateway", true, true) => text(GATEWAY.to_string()),
+                ("mask", true, true) => text("255.255.255.0".into()),
+                ("ip_type", true, true) if primary => text("primary".into()),
+                ("gateway", true, false) => text("2400:da00::1".into()),
+                ("mask", true, false) => text("64".into()),
+                ("ip_type", true, _) => text("secondary".into()),
                 _ => (StatusCode::NOT_FOUND, "").into_response(),
             }
         }

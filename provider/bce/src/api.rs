@@ -4,6 +4,7 @@
 //! that stays the same across its retries so BCE can deduplicate them.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +20,9 @@ use crate::auth::{self, Credentials, SignInput};
 /// `x-bce-date` is outside this window of its own clock.
 const SIGNATURE_TTL_SECS: u32 = 1800;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Addresses one private-IP batch add or delete takes at most (BCE's
+/// documented limit).
+pub const PRIVATE_IP_BATCH_MAX: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -237,9 +241,36 @@ pub struct ApiEni {
     pub subnet_id: String,
     #[serde(default, deserialize_with = "nullable")]
     pub private_ip_set: Vec<PrivateIp>,
+    /// IPv6 addresses (BCE marks none of them primary).
+    #[serde(default, deserialize_with = "nullable")]
+    pub ipv6_private_ip_set: Vec<PrivateIp>,
 }
 
 impl ApiEni {
+    /// The ENI's primary IPv4 address, if BCE reports one.
+    pub fn primary_ipv4(&self) -> Option<Ipv4Addr> {
+        self.private_ip_set
+            .iter()
+            .find(|p| p.primary)
+            .and_then(|p| p.private_ip_address.parse().ok())
+    }
+
+    /// Every address of the ENI but its primary IPv4: secondary IPv4 and
+    /// all IPv6. Unreadable entries are left out.
+    pub fn non_primary_ips(&self) -> Vec<IpAddr> {
+        self.private_ip_set
+            .iter()
+            .filter(|p| !p.primary)
+            .chain(&self.ipv6_private_ip_set)
+            .filter_map(|p| p.private_ip_address.parse().ok())
+            .collect()
+    }
+
+    /// IPv4 addresses the ENI carries, its primary included.
+    pub fn ipv4_count(&self) -> usize {
+        self.private_ip_set.len()
+    }
+
     pub fn status(&self) -> EniStatus {
         EniStatus::parse(&self.status)
     }
@@ -282,6 +313,13 @@ pub struct EniQuota {
     pub total_quantity: u32,
     #[serde(default, deserialize_with = "nullable")]
     pub available_quantity: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AddedIps {
+    #[serde(default, deserialize_with = "nullable")]
+    private_ip_addresses: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -654,6 +692,68 @@ impl ApiClient {
             .call(&op, Method::GET, "/v1/eni/quota", &params, None)
             .await?;
         Self::decode(&op, &body)
+    }
+
+    /// The private-IP quota of one ENI (the same quota call, asked by
+    /// `eniId`): `totalQuantity` addresses it may carry, `availableQuantity`
+    /// still free.
+    pub async fn ip_quota(&self, eni_id: &str) -> Result<EniQuota, ApiError> {
+        let op = format!("private-IP quota of ENI {eni_id}");
+        let params = [("eniId".to_string(), eni_id.to_string())];
+        let body = self
+            .call(&op, Method::GET, "/v1/eni/quota", &params, None)
+            .await?;
+        Self::decode(&op, &body)
+    }
+
+    /// Asks BCE for `count` (at most [`PRIVATE_IP_BATCH_MAX`]) new
+    /// secondary addresses of one family on `eni_id`; returns what BCE
+    /// says it added.
+    pub async fn batch_add_private_ips(
+        &self,
+        eni_id: &str,
+        count: usize,
+        ipv6: bool,
+        token: &str,
+    ) -> Result<Vec<String>, ApiError> {
+        let family = if ipv6 { "IPv6" } else { "IPv4" };
+        let op = format!("add {count} {family} addresses to ENI {eni_id}");
+        let body =
+            serde_json::json!({ "isIpv6": ipv6, "privateIpAddressCount": count }).to_string();
+        let params = [("clientToken".to_string(), token.to_string())];
+        let answer = self
+            .call(
+                &op,
+                Method::POST,
+                &format!("/v1/eni/{eni_id}/privateIp/batchAdd"),
+                &params,
+                Some(body),
+            )
+            .await?;
+        let added: AddedIps = Self::decode(&op, &answer)?;
+        Ok(added.private_ip_addresses)
+    }
+
+    /// Deletes `ips` (at most [`PRIVATE_IP_BATCH_MAX`], secondary only)
+    /// from `eni_id`.
+    pub async fn batch_del_private_ips(
+        &self,
+        eni_id: &str,
+        ips: &[String],
+        token: &str,
+    ) -> Result<(), ApiError> {
+        let op = format!("delete addresses {ips:?} of ENI {eni_id}");
+        let body = serde_json::json!({ "privateIpAddresses": ips }).to_string();
+        let params = [("clientToken".to_string(), token.to_string())];
+        self.call(
+            &op,
+            Method::POST,
+            &format!("/v1/eni/{eni_id}/privateIp/batchDel"),
+            &params,
+            Some(body),
+        )
+        .await?;
+        Ok(())
     }
 }
 

@@ -8,9 +8,22 @@
 //! For the fleet-wide reaper, the description carries what AWS keeps in
 //! tags, as `key=value` words: `enim.io/created-at=<RFC 3339>` and, with a
 //! cluster configured, `enim.io/cluster=<name>`.
+//!
+//! Secondary mode numbers each host ENI's route table from its device
+//! index, which must stay the same for as long as the ENI is attached,
+//! agent restarts included. BCE has none: its metadata gives no device
+//! number, its API no attach order, and the kernel's `ethN` is not seen
+//! from here (and is not stable across reboots either). So enim chooses
+//! the index itself when it creates the ENI, the lowest of `1..=255` no
+//! ENI of this instance uses, and keeps it in the cloud with the ENI, as
+//! the description word `enim.io/device-index=<n>`: it survives agent
+//! restarts, a lost checkpoint and reboots, and moves with nothing.
+//! ENIs attached from outside carry no such word and get no index (see
+//! README "Baidu BCE provider").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -21,7 +34,10 @@ use enim_provider::cloud::{
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
-use crate::api::{client_token, ApiClient, ApiEni, ApiError, CreateEni, EniStatus, PrivateIp};
+use crate::api::{
+    client_token, ApiClient, ApiEni, ApiError, CreateEni, EniStatus, PrivateIp,
+    PRIVATE_IP_BATCH_MAX,
+};
 use crate::metadata::{MetadataClient, MetadataError};
 
 impl From<MetadataError> for ProviderError {
@@ -49,11 +65,43 @@ pub struct BackendSettings {
     pub cluster: Option<String>,
 }
 
+/// The description word that keeps an ENI's device index (see the module
+/// comment).
+pub const TAG_DEVICE_INDEX: &str = "enim.io/device-index";
+/// Device indexes enim gives: 0 is the primary interface's, and secondary
+/// mode's route tables span 256 indexes.
+pub const DEVICE_INDEXES: std::ops::RangeInclusive<u32> = 1..=255;
+/// Addresses per ENI reported before any ENI is attached: BCE's quota call
+/// answers per ENI only, so until one exists the figure is BCE's largest
+/// (40, for instances of 64 GiB and more). It only lets the agent's pool
+/// attach its first ENI; every assign is cut to the ENI's real quota, which
+/// is asked then and kept.
+pub const PROVISIONAL_IPS_PER_ENI: usize = 40;
+
 pub struct BceBackend {
     api: ApiClient,
     meta: MetadataClient,
     s: BackendSettings,
     name_prefix: String,
+    /// Device indexes of creates in flight, not yet in any description.
+    reserved: Mutex<HashSet<u32>>,
+    /// Addresses one ENI of this instance may carry (BCE's per-ENI
+    /// `totalQuantity`), once asked: it follows the instance's size, which
+    /// does not change while the agent runs.
+    ips_per_eni: Mutex<Option<usize>>,
+    /// Attached ENIs without a device index, already warned about.
+    warned_unindexed: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The device index an ENI's description keeps, if a valid one.
+pub fn device_index_of(eni: &ApiEni) -> Option<u32> {
+    description_tag(&eni.description, TAG_DEVICE_INDEX)
+        .and_then(|v| v.parse().ok())
+        .filter(|i| DEVICE_INDEXES.contains(i))
 }
 
 impl BceBackend {
@@ -64,6 +112,9 @@ impl BceBackend {
             meta,
             s: settings,
             name_prefix,
+            reserved: Mutex::new(HashSet::new()),
+            ips_per_eni: Mutex::new(None),
+            warned_unindexed: Mutex::new(HashSet::new()),
         }
     }
 
@@ -89,9 +140,11 @@ impl BceBackend {
 
     /// The description of a new ENI: what it is for people, and the
     /// reaper's marks as `key=value` words (BCE ENIs have no tags).
-    fn description(&self, now: SystemTime) -> String {
+    fn description(&self, now: SystemTime, device_index: u32) -> String {
+        // Kept short: BCE allows 200 characters, and a cluster name takes
+        // up to 63 of them.
         let mut d = format!(
-            "enim: exclusive ENI of instance {}, do not attach elsewhere; {TAG_CREATED_AT}={}",
+            "enim: ENI of instance {}; {TAG_CREATED_AT}={} {TAG_DEVICE_INDEX}={device_index}",
             self.s.instance_id,
             format_created_at(now)
         );
@@ -123,7 +176,7 @@ impl BceBackend {
         let mut poll = self.poll();
         let token = client_token();
         let mut attach_sent = false;
-        let mac = loop {
+        let attached = loop {
             let eni = self
                 .api
                 .get_eni(eni_id)
@@ -131,7 +184,7 @@ impl BceBackend {
                 .map_err(|e| unknown_if_missing(e, eni_id))?;
             let status = eni.status();
             match (&status, eni.attached_to()) {
-                (EniStatus::InUse, Some(i)) if i == self.s.instance_id => break eni.mac_address,
+                (EniStatus::InUse, Some(i)) if i == self.s.instance_id => break eni,
                 (EniStatus::InUse | EniStatus::Attaching, Some(other))
                     if other != self.s.instance_id =>
                 {
@@ -154,10 +207,187 @@ impl BceBackend {
                 return Err(self.timeout(eni_id, "be attached", &status.to_string()));
             }
         };
+        let mac = &attached.mac_address;
         let mac: MacAddr = mac.parse().map_err(|e| {
             ProviderError::Unavailable(format!("ENI {eni_id}: BCE reports MAC {mac:?}: {e}"))
         })?;
-        self.wait_for_metadata(eni_id, mac, &mut poll).await
+        let mut eni = self.wait_for_metadata(eni_id, mac, &mut poll).await?;
+        eni.device_index = self.indexed(&attached);
+        Ok(eni)
+    }
+
+    /// The ENI's device index, warning once about an attached ENI without
+    /// one (secondary mode cannot use it).
+    fn indexed(&self, eni: &ApiEni) -> Option<u32> {
+        let index = device_index_of(eni);
+        if index.is_none() && lock(&self.warned_unindexed).insert(eni.eni_id.clone()) {
+            tracing::warn!(eni = %eni.eni_id, name = %eni.name, "ENI without an {TAG_DEVICE_INDEX} mark (attached from outside, or made by an older enim): secondary mode cannot number its route table; exclude it ([exclude] enis) or detach it");
+        }
+        index
+    }
+
+    /// The lowest device index no ENI of this instance has (attached here,
+    /// or enim's for it and detached) and no create in flight holds;
+    /// reserved until [`Self::unreserve`].
+    async fn reserve_device_index(&self) -> Result<u32, ProviderError> {
+        let all = self
+            .api
+            .list_enis(&self.s.vpc_id, None, self.s.page_size)
+            .await?;
+        let used: HashSet<u32> = all
+            .iter()
+            .filter(|e| self.is_ours(e) || e.attached_to() == Some(self.s.instance_id.as_str()))
+            .filter_map(device_index_of)
+            .collect();
+        let mut reserved = lock(&self.reserved);
+        let index = DEVICE_INDEXES
+            .clone()
+            .find(|i| !used.contains(i) && !reserved.contains(i))
+            .ok_or_else(|| ProviderError::Exhausted {
+                total: used.len() + reserved.len(),
+            })?;
+        reserved.insert(index);
+        Ok(index)
+    }
+
+    fn unreserve(&self, index: u32) {
+        lock(&self.reserved).remove(&index);
+    }
+
+    /// `eni_id` as the API sees it, checked to be a secondary ENI attached
+    /// to this instance: addresses are only ever changed on those.
+    async fn attached_here(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+        let eni = self
+            .api
+            .get_eni(eni_id)
+            .await
+            .map_err(|e| unknown_if_missing(e, eni_id))?;
+        if eni.status() != EniStatus::InUse || eni.attached_to() != Some(&self.s.instance_id) {
+            return Err(ProviderError::OwnedByOther {
+                eni_id: eni_id.to_string(),
+                holder: match eni.attached_to() {
+                    Some(other) => format!("instance {other} ({})", eni.status()),
+                    None => format!("no instance ({})", eni.status()),
+                },
+                requester: format!("instance {}", self.s.instance_id),
+            });
+        }
+        let local = self.meta.local_ipv4().await?;
+        if eni.primary_ipv4() == Some(local) {
+            return Err(ProviderError::Config(format!(
+                "ENI {eni_id} is the instance's primary interface; enim never changes its addresses"
+            )));
+        }
+        Ok(eni)
+    }
+
+    /// Addresses one ENI may carry (BCE's private-IP quota of `eni_id`,
+    /// asked once: every ENI of the instance has the same).
+    async fn ips_per_eni(&self, eni_id: &str) -> Result<usize, ProviderError> {
+        if let Some(n) = *lock(&self.ips_per_eni) {
+            return Ok(n);
+        }
+        let q = self.api.ip_quota(eni_id).await?;
+        let n = q.total_quantity as usize;
+        tracing::info!(
+            eni = eni_id,
+            ips_per_eni = n,
+            "BCE private-IP quota per ENI"
+        );
+        *lock(&self.ips_per_eni) = Some(n);
+        Ok(n)
+    }
+
+    /// A secondary ENI attached to this instance, to ask the per-ENI quota
+    /// of.
+    async fn any_attached(&self) -> Result<Option<String>, ProviderError> {
+        let local = self.meta.local_ipv4().await?;
+        let listed = self
+            .api
+            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
+            .await?;
+        Ok(listed
+            .into_iter()
+            .find(|e| {
+                e.status() == EniStatus::InUse
+                    && e.attached_to() == Some(self.s.instance_id.as_str())
+                    && e.primary_ipv4() != Some(local)
+            })
+            .map(|e| e.eni_id))
+    }
+
+    async fn do_assign(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        let before = self.attached_here(eni_id).await?;
+        let known: HashSet<IpAddr> = before.non_primary_ips().into_iter().collect();
+        // Cut to the ENI's quota: before the real figure was known the
+        // agent may have planned with a provisional one.
+        let per_eni = self.ips_per_eni(eni_id).await?;
+        let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
+        let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
+        if (want4, want6) != (ipv4, ipv6) {
+            tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
+        }
+        for (is_v6, mut left) in [(false, want4), (true, want6)] {
+            while left > 0 {
+                let n = left.min(PRIVATE_IP_BATCH_MAX);
+                self.api
+                    .batch_add_private_ips(eni_id, n, is_v6, &client_token())
+                    .await?;
+                left -= n;
+            }
+        }
+        // What is there now that was not before: the ENI's own listing,
+        // not the batch answers, so a retried batch is not counted twice.
+        let after = self.attached_here(eni_id).await?;
+        let new: Vec<IpAddr> = after
+            .non_primary_ips()
+            .into_iter()
+            .filter(|ip| !known.contains(ip))
+            .collect();
+        tracing::info!(eni = eni_id, assigned = ?new, "assigned secondary addresses");
+        Ok(new)
+    }
+
+    async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        let now = match self.attached_here(eni_id).await {
+            Ok(eni) => eni,
+            // Gone: its addresses went with it.
+            Err(ProviderError::UnknownEni(_)) => return Ok(()),
+            // Detached, or moved on: its addresses are not this node's.
+            Err(e @ ProviderError::OwnedByOther { .. }) => {
+                tracing::warn!(eni = eni_id, error = %e, "not unassigning addresses of an ENI no longer attached here");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let present: HashSet<IpAddr> = now.non_primary_ips().into_iter().collect();
+        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips
+            .iter()
+            .filter(|ip| present.contains(ip))
+            .partition(|ip| ip.is_ipv4());
+        // One family per call: the API takes either, mixing is not
+        // documented.
+        for family in [v4, v6] {
+            for chunk in family.chunks(PRIVATE_IP_BATCH_MAX) {
+                let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
+                match self
+                    .api
+                    .batch_del_private_ips(eni_id, &strings, &client_token())
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        tracing::info!(eni = eni_id, unassigned = ?ips, "unassigned secondary addresses");
+        Ok(())
     }
 
     /// Polls metadata until it lists `mac` with its addresses.
@@ -259,7 +489,9 @@ impl CloudBackend for BceBackend {
             if iface.all_ips.contains(&std::net::IpAddr::V4(local)) {
                 continue;
             }
-            out.push(iface.to_eni(&api.eni_id));
+            let mut eni = iface.to_eni(&api.eni_id);
+            eni.device_index = self.indexed(api);
+            out.push(eni);
         }
         Ok(out)
     }
@@ -296,8 +528,9 @@ impl CloudBackend for BceBackend {
             self.name_prefix,
             &client_token().replace('-', "")[..12]
         );
-        let description = self.description(SystemTime::now());
-        let eni_id = self
+        let device_index = self.reserve_device_index().await?;
+        let description = self.description(SystemTime::now(), device_index);
+        let created = self
             .api
             .create_eni(
                 &CreateEni {
@@ -312,8 +545,11 @@ impl CloudBackend for BceBackend {
                 },
                 &client_token(),
             )
-            .await?;
-        tracing::info!(eni = %eni_id, %name, "ENI created");
+            .await;
+        // Created or not, the listing now tells the index apart.
+        self.unreserve(device_index);
+        let eni_id = created?;
+        tracing::info!(eni = %eni_id, %name, device_index, "ENI created");
         match self.attach_and_wait(&eni_id).await {
             Ok(eni) => Ok(eni),
             Err(e) => {
@@ -439,32 +675,38 @@ impl CloudBackend for BceBackend {
         }
     }
 
-    // Secondary mode on BCE is not built yet: a config asking for it is
-    // refused at start with this error, never served with an empty pool.
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
-        Err(secondary_unsupported())
+        // ENIs: the instance's quota, read as `eni_limit` reads it.
+        let enis = self.api.quota(&self.s.instance_id).await?.total_quantity as usize;
+        let known = *lock(&self.ips_per_eni);
+        let per_eni = match known {
+            Some(n) => n,
+            None => match self.any_attached().await? {
+                Some(eni_id) => self.ips_per_eni(&eni_id).await?,
+                None => PROVISIONAL_IPS_PER_ENI,
+            },
+        };
+        // BCE's quota counts the primary address and documents no separate
+        // IPv6 figure; IPv6 is served only where ENIs have IPv6 at all.
+        Ok(AddressLimits {
+            ipv4_per_eni: per_eni,
+            ipv6_per_eni: per_eni,
+            enis,
+        })
     }
 
     async fn assign_addresses(
         &self,
-        _eni_id: &str,
-        _ipv4: usize,
-        _ipv6: usize,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
     ) -> Result<Vec<IpAddr>, ProviderError> {
-        Err(secondary_unsupported())
+        self.do_assign(eni_id, ipv4, ipv6).await
     }
 
-    async fn unassign_addresses(
-        &self,
-        _eni_id: &str,
-        _ips: &[IpAddr],
-    ) -> Result<(), ProviderError> {
-        Err(secondary_unsupported())
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        self.do_unassign(eni_id, ips).await
     }
-}
-
-fn secondary_unsupported() -> ProviderError {
-    ProviderError::Config("the bce provider does not serve secondary mode yet".into())
 }
 
 #[cfg(test)]
@@ -473,13 +715,14 @@ mod tests {
 
     #[test]
     fn description_tags() {
-        let d = "enim: exclusive ENI of instance i-1, do not attach elsewhere; \
-                 enim.io/created-at=2024-01-01T00:00:00Z enim.io/cluster=prod";
+        let d = "enim: ENI of instance i-1; \
+                 enim.io/created-at=2024-01-01T00:00:00Z enim.io/device-index=3 enim.io/cluster=prod";
         assert_eq!(description_tag(d, TAG_CLUSTER), Some("prod"));
         assert_eq!(
             description_tag(d, TAG_CREATED_AT),
             Some("2024-01-01T00:00:00Z")
         );
+        assert_eq!(description_tag(d, TAG_DEVICE_INDEX), Some("3"));
         assert_eq!(description_tag(d, "enim.io/node"), None);
         assert_eq!(description_tag("enim.io/clusters=x", TAG_CLUSTER), None);
         assert_eq!(description_tag("", TAG_CLUSTER), None);

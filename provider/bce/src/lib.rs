@@ -20,7 +20,8 @@ use std::time::Duration;
 use enim_provider::cloud::{validate_cluster_name, CloudBackend};
 use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniProvider, ProviderError};
-use enim_provider_pool::{PoolConfig, WarmPool};
+use enim_provider_pool::WarmPool;
+pub use enim_provider_pool::{PoolConfig, PoolRole};
 use serde::{Deserialize, Serialize};
 
 pub use api::{MethodLimits, RetryPolicy};
@@ -245,15 +246,23 @@ impl BceBackend {
     }
 }
 
-/// The warm pool over a discovered [`BceBackend`], started.
-pub async fn start_pool(config: &BceConfig) -> Result<Arc<WarmPool>, ProviderError> {
+/// The warm pool over a discovered [`BceBackend`], started in `role`
+/// (primary mode: ENIs for pods; secondary mode: the node's host ENIs,
+/// whose addresses the pool assigns through BCE's private-IP calls).
+pub async fn start_pool(
+    config: &BceConfig,
+    role: PoolRole,
+) -> Result<Arc<WarmPool>, ProviderError> {
     let backend: Arc<dyn CloudBackend> = Arc::new(BceBackend::discover(config).await?);
-    WarmPool::start(backend, config.pool.clone()).await
+    WarmPool::start_as(backend, config.pool.clone(), role).await
 }
 
 /// What `enimd` calls for `type = "bce"`.
-pub async fn build(config: &BceConfig) -> Result<Arc<dyn EniProvider>, ProviderError> {
-    let pool: Arc<dyn EniProvider> = start_pool(config).await?;
+pub async fn build(
+    config: &BceConfig,
+    role: PoolRole,
+) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = start_pool(config, role).await?;
     Ok(pool)
 }
 

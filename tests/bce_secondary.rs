@@ -1,0 +1,211 @@
+//! Secondary mode on "BCE": a real `enimd` with `mode = "secondary"` and
+//! `type = "bce"` over the loopback BCE fake (ENI OpenAPI with signatures
+//! checked, and instance metadata), and the real `enim` plugin. Pods get
+//! secondary addresses the warm address pool adds with private-IP batch
+//! add; when the attached ENIs are full the pool attaches another; surplus
+//! addresses go back by batch delete after their cooldown; a restart keeps
+//! every live pod's address.
+//!
+//! Each ENI shows up, when metadata first lists it, as a veth with its MAC
+//! in a host namespace; the far end sits on a bridge holding the subnet's
+//! router address (10.0.1.1) in a gateway namespace.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{bins, enim, Agent, NamedNetns};
+use enim_testkit::agent::net_conf;
+use enim_testkit::bce::{self as rig, FakeCloud};
+use enim_testkit::fixtures::AgentPaths;
+
+const NETWORK: &str = "enim-bce-secondary";
+const PRE_ALLOCATE: usize = 2;
+const MAX_ABOVE_WATERMARK: usize = 1;
+/// Addresses per ENI the agent uses (below the fake's quota of 8).
+const PER_ENI: usize = 4;
+const PODS: usize = 6;
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud) -> String {
+    format!(
+        "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
+         gc_interval = \"0s\"\n\
+         [secondary]\ncooldown = \"1s\"\n\
+         [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
+         max_per_eni = {PER_ENI}\nresync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
+         [provider]\ntype = \"bce\"\nendpoint = {api:?}\nmetadata_endpoint = {meta:?}\n\
+         security_group_ids = [\"g-enim\"]\naccess_key_id = {ak:?}\nsecret_access_key = {sk:?}\n\
+         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\nretry_base = \"10ms\"\nretry_cap = \"100ms\"\n",
+        sock = dir.join("enimd.sock").display().to_string(),
+        ckpt = dir.join("state/checkpoint.json").display().to_string(),
+        netns = host.path().display().to_string(),
+        api = cloud.api_url,
+        meta = cloud.meta_url,
+        ak = rig::AK,
+        sk = rig::SK,
+    )
+}
+
+/// The sandbox node: ENIs appear in the host namespace as metadata first
+/// lists them.
+fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
+    let host = Arc::new(NamedNetns::new("bcehost"));
+    let gw = Arc::new(NamedNetns::new("bcegw"));
+    gw.ip(&["link", "add", "br0", "type", "bridge"]);
+    gw.ip(&["addr", "add", "10.0.1.1/24", "dev", "br0"]);
+    gw.ip(&["link", "set", "br0", "up"]);
+    let (h, g) = (host.clone(), gw.clone());
+    cloud.on_new_interface(Arc::new(move |mac: &str, n: u32| {
+        let (name, peer) = (format!("bce{n}"), format!("bgw{n}"));
+        h.ip(&[
+            "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer, "netns",
+            &g.name,
+        ]);
+        g.ip(&["link", "set", &peer, "master", "br0", "up"]);
+    }));
+    (host, gw)
+}
+
+/// Secondary addresses the fake has on ENIs attached to the instance.
+fn cloud_addresses(cloud: &FakeCloud) -> Vec<(String, Vec<IpAddr>)> {
+    let w = cloud.world();
+    w.attached_to_us()
+        .iter()
+        .map(|e| (e.id.clone(), e.secondary_ips.clone()))
+        .collect()
+}
+
+fn total(cloud: &FakeCloud) -> usize {
+    cloud_addresses(cloud)
+        .iter()
+        .map(|(_, ips)| ips.len())
+        .sum()
+}
+
+async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
+        if out.status == 0 || Instant::now() > deadline {
+            return out.ok();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
+    common::require_kernel!();
+    let cloud = FakeCloud::start().await;
+    let (host, gw) = sandbox(&cloud);
+    let dir = tempfile::tempdir().unwrap();
+    let paths = AgentPaths::in_dir(dir.path());
+    std::fs::write(&paths.config, config(dir.path(), &host, &cloud)).unwrap();
+    let mut agent = Agent::new(bins(), paths);
+    agent.ready_timeout = Duration::from_secs(30);
+    agent.ready_poll = Duration::from_millis(50);
+    blocking(|| agent.restart());
+
+    // No ENI at start: the pool attaches one and fills it, past
+    // pre_allocate by max_above_watermark (one call).
+    eventually("the first fill", Duration::from_secs(20), || {
+        total(&cloud) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK
+    })
+    .await;
+    assert_eq!(cloud_addresses(&cloud).len(), 1);
+
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
+    let pods: Vec<NamedNetns> = (0..PODS)
+        .map(|i| NamedNetns::new(&format!("bces{i}")))
+        .collect();
+    let mut seen = HashSet::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let r = blocking(|| add_retrying(&format!("p{i}"), pod, &conf));
+        let ip = r["ips"][0]["address"].as_str().unwrap().to_string();
+        assert!(ip.starts_with("10.0.1.") && ip.ends_with("/32"), "{r}");
+        assert!(seen.insert(ip.clone()), "{ip} handed out twice");
+    }
+    for pod in &pods {
+        assert!(
+            blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])),
+            "{} cannot reach the router; host links {}",
+            pod.name,
+            host.ip(&["-d", "link"])
+        );
+    }
+    // Grown by ENIs once the first was full; every pod's address is on one
+    // of them in the cloud; each ENI keeps its own device index.
+    let cloud_now = cloud_addresses(&cloud);
+    assert!(cloud_now.len() >= PODS.div_ceil(PER_ENI), "{cloud_now:?}");
+    assert!(
+        cloud_now.iter().all(|(_, ips)| ips.len() <= PER_ENI),
+        "{cloud_now:?}"
+    );
+    let in_cloud: HashSet<String> = cloud_now
+        .iter()
+        .flat_map(|(_, ips)| ips.iter().map(|ip| format!("{ip}/32")))
+        .collect();
+    assert!(seen.is_subset(&in_cloud), "{seen:?} vs {cloud_now:?}");
+    let names = host.link_names();
+    for n in 1..=cloud_now.len() {
+        assert!(names.contains(&format!("enis{n}")), "{names:?}");
+    }
+
+    // A restart keeps every live pod's address and reachability.
+    blocking(|| agent.stop());
+    blocking(|| agent.restart());
+    let listed = blocking(|| agent.ctl(&["attachments"]));
+    let kept: HashSet<String> = listed["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| Some(format!("{}/32", a["ipv4"].as_str()?)))
+        .collect();
+    assert_eq!(kept, seen, "{listed}");
+    for pod in &pods {
+        assert!(blocking(
+            || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
+        ));
+    }
+
+    for (i, pod) in pods.iter().enumerate() {
+        blocking(|| enim("DEL", &format!("p{i}"), Some(&pod.path()), "eth0", &conf).ok());
+    }
+    // Surplus goes back after the cooldown.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while total(&cloud) != PRE_ALLOCATE + MAX_ABOVE_WATERMARK {
+        if Instant::now() > deadline {
+            let status = blocking(|| agent.ctl(&["status"]));
+            panic!(
+                "surplus not released: cloud {:?}, agent {status}",
+                cloud_addresses(&cloud)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    blocking(|| agent.stop());
+    let w = cloud.world();
+    assert!(w.count("POST", "/v1/eni/") >= 2, "batch adds and deletes");
+    assert!(
+        w.log.iter().all(|l| l.status != 403),
+        "every call signed right"
+    );
+    assert_eq!(w.count("DELETE", "/v1/eni/"), 0, "host ENIs are kept");
+    drop(gw);
+}
