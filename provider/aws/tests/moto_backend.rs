@@ -1,16 +1,16 @@
 //! The AWS backend against moto (EC2 and IAM, signatures checked), a fake
 //! IMDSv2 and a fault-injecting proxy, all on loopback.
 
+use enim_testkit::cloud::{both_list_then_reap, minutes_ago, two_passes_at_once, Leaks};
 use enim_testkit::moto as rig;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{
-    format_created_at, parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER,
-    TAG_CREATED_AT,
+    parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::ProviderError;
 use enim_provider_aws::{AwsBackend, AwsConfig, TAG_MANAGED, TAG_NODE};
@@ -440,11 +440,6 @@ fn in_cluster(env: &Env) -> AwsConfig {
     }
 }
 
-/// A creation tag `minutes` before now.
-fn minutes_ago(minutes: u64) -> String {
-    format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))
-}
-
 /// An unattached ENI tagged as any node of `cluster` would tag it.
 async fn leaked(env: &Env, cluster: &str, created_at: Option<&str>) -> String {
     let mut tags = vec![
@@ -456,11 +451,6 @@ async fn leaked(env: &Env, cluster: &str, created_at: Option<&str>) -> String {
         tags.push((TAG_CREATED_AT, t));
     }
     env.create_eni_with_tags(&tags).await.network_interface_id
-}
-
-fn sorted(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
 }
 
 #[tokio::test]
@@ -512,41 +502,27 @@ async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
     let Some(env) = Env::start().await else {
         return;
     };
-    let old = minutes_ago(20);
-    let unix_old = (SystemTime::now() - Duration::from_secs(3600))
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        .to_string();
-    let old_a = leaked(&env, CLUSTER, Some(&old)).await;
-    let old_b = leaked(&env, CLUSTER, Some(&unix_old)).await;
-    let young = leaked(&env, CLUSTER, Some(&minutes_ago(2))).await;
-    let unreadable = leaked(&env, CLUSTER, Some("after lunch")).await;
-    let no_created = leaked(&env, CLUSTER, None).await;
-    let other_cluster = leaked(&env, "c2", Some(&old)).await;
+    let leaks = {
+        let env = &env;
+        Leaks::make(CLUSTER, move |cluster, created_at| async move {
+            leaked(env, &cluster, created_at.as_deref()).await
+        })
+        .await
+    };
     let untagged = env.create_eni_with_tags(&[]).await.network_interface_id;
     // The cluster's tag but not enim's: someone else's.
     let not_enims = env
-        .create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER), (TAG_CREATED_AT, &old)])
+        .create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER), (TAG_CREATED_AT, &leaks.old)])
         .await
         .network_interface_id;
-    let attached = leaked(&env, CLUSTER, Some(&old)).await;
+    let attached = leaked(&env, CLUSTER, Some(&leaks.old)).await;
     env.attach_as_admin(&attached, 2).await;
 
     let b = backend(&env, &in_cluster(&env)).await;
     let r = reap_pass(&b, Duration::from_secs(600), || false)
         .await
         .unwrap();
-    assert_eq!(
-        sorted(r.deleted),
-        sorted(vec![old_a.clone(), old_b.clone()])
-    );
-    assert_eq!(r.young, vec![young.clone()]);
-    assert_eq!(
-        sorted(r.unreadable),
-        sorted(vec![unreadable.clone(), no_created.clone()])
-    );
-    assert!(r.gone.is_empty() && r.spared.is_empty() && r.failed.is_empty());
+    leaks.assert_pass(r);
 
     let left: HashSet<String> = env
         .all_enis()
@@ -554,32 +530,25 @@ async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
         .into_iter()
         .map(|e| e.network_interface_id)
         .collect();
-    for kept in [
-        &young,
-        &unreadable,
-        &no_created,
-        &other_cluster,
-        &untagged,
-        &not_enims,
-        &attached,
-        &env.primary_eni,
-    ] {
+    for kept in leaks
+        .kept()
+        .into_iter()
+        .chain([&untagged, &not_enims, &attached, &env.primary_eni])
+    {
         assert!(left.contains(kept), "{kept} was deleted");
     }
-    assert!(!left.contains(&old_a) && !left.contains(&old_b));
+    assert!(!left.contains(&leaks.old_a) && !left.contains(&leaks.old_b));
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
 
     // Asked directly, the backend still refuses what the pass skipped.
-    for (id, why) in [
-        (&other_cluster, "no longer tagged"),
-        (&not_enims, "no longer tagged"),
-        (&attached, "now in-use"),
-    ] {
-        match b.reap(id).await.unwrap() {
-            Reaped::Spared(w) => assert!(w.contains(why), "{id}: {w}"),
-            other => panic!("{id}: {other:?}"),
-        }
-    }
+    leaks
+        .assert_refused(
+            &b,
+            &not_enims,
+            &attached,
+            ["no longer tagged", "now in-use"],
+        )
+        .await;
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
 }
 
@@ -596,16 +565,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
     let a = backend(&env, &in_cluster(&env)).await;
     let b = backend(&env, &in_cluster(&env)).await;
     // Both list before either deletes.
-    let listed_a = a.unattached_in_cluster().await.unwrap();
-    let listed_b = b.unattached_in_cluster().await.unwrap();
-    assert_eq!(listed_a, listed_b);
-    assert_eq!(listed_a.len(), 3);
-    for e in &listed_a {
-        assert_eq!(a.reap(&e.id).await.unwrap(), Reaped::Deleted);
-    }
-    for e in &listed_b {
-        assert_eq!(b.reap(&e.id).await.unwrap(), Reaped::Gone, "{}", e.id);
-    }
+    both_list_then_reap(&a, &b, 3).await;
     // The delete itself losing the race (NotFound) counts as success too.
     let last = leaked(&env, CLUSTER, Some(&old)).await;
     env.proxy.inject(
@@ -622,21 +582,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
         ids.insert(leaked(&env, CLUSTER, Some(&old)).await);
     }
     let deletes = env.proxy.calls("DeleteNetworkInterface");
-    let cooldown = Duration::from_secs(600);
-    let (ra, rb) = tokio::join!(
-        reap_pass(&a, cooldown, || false),
-        reap_pass(&b, cooldown, || false)
-    );
-    let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert!(
-        ra.failed.is_empty() && rb.failed.is_empty(),
-        "{ra:?} {rb:?}"
-    );
-    let deleted: HashSet<String> = ra.deleted.iter().chain(&rb.deleted).cloned().collect();
-    assert_eq!(deleted, ids, "{ra:?} {rb:?}");
-    let gone: HashSet<String> = ra.gone.iter().chain(&rb.gone).cloned().collect();
-    assert!(gone.is_subset(&ids));
-    assert_eq!(ra.deleted.len() + rb.deleted.len(), ids.len());
+    two_passes_at_once(&a, &b, Duration::from_secs(600), &ids).await;
     assert!(env.proxy.calls("DeleteNetworkInterface") - deletes >= ids.len());
     assert!(env
         .all_enis()
