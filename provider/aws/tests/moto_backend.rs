@@ -26,8 +26,13 @@ async fn backend(env: &Env, config: &AwsConfig) -> AwsBackend {
 /// The rig and a backend on its default config; `None` (the test is
 /// skipped) where moto is not installed.
 async fn rig() -> Option<(Env, AwsBackend)> {
+    rig_with(|c| c).await
+}
+
+/// As [`rig`], with the backend's config changed by `change`.
+async fn rig_with(change: impl FnOnce(AwsConfig) -> AwsConfig) -> Option<(Env, AwsBackend)> {
     let env = Env::start().await?;
-    let b = backend(&env, &env.config()).await;
+    let b = backend(&env, &change(env.config())).await;
     Some((env, b))
 }
 
@@ -48,15 +53,15 @@ async fn delete_and_check_none_left(env: &Env, b: &AwsBackend, eni_id: &str) {
 
 #[tokio::test]
 async fn discovery_create_attach_detach_delete() {
-    let Some(env) = Env::start().await else {
-        return;
-    };
-    let config = AwsConfig {
+    let Some((env, b)) = rig_with(|c| AwsConfig {
         assign_ipv6: true,
         mtu: Some(9001),
-        ..env.config()
+        ..c
+    })
+    .await
+    else {
+        return;
     };
-    let b = backend(&env, &config).await;
 
     // Discovery through IMDS.
     assert_eq!(b.instance_id(), env.instance_id);
@@ -74,12 +79,7 @@ async fn discovery_create_attach_detach_delete() {
     assert_eq!(b.tagged().await.unwrap(), vec![]);
 
     let first = b.create_and_attach().await.expect("create_and_attach");
-    let moto_first = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == first.id)
-        .expect("ENI in moto");
+    let moto_first = env.eni(&first.id).await;
     assert_eq!(first.mac.to_string(), moto_first.mac_address);
     assert_eq!(
         first.ipv4.addr().to_string(),
@@ -462,12 +462,7 @@ async fn new_enis_carry_the_cluster_and_creation_tags() {
     assert_eq!(b.reap_cluster(), Some(CLUSTER));
     let before = SystemTime::now() - Duration::from_secs(1);
     let eni = b.create_and_attach().await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     assert_eq!(moto.tag(TAG_CLUSTER), Some(CLUSTER));
     assert_eq!(moto.tag("enim.io/managed"), Some("true"));
     assert_eq!(moto.tag("enim.io/node"), Some(env.instance_id.as_str()));
@@ -484,12 +479,7 @@ async fn new_enis_carry_the_cluster_and_creation_tags() {
     let b = backend(&env, &env.config()).await;
     assert_eq!(b.reap_cluster(), None);
     let eni = b.create_and_attach().await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     assert_eq!(moto.tag(TAG_CLUSTER), None);
     assert!(moto.tag(TAG_CREATED_AT).is_some());
     leaked(&env, CLUSTER, Some(&minutes_ago(60))).await;
@@ -597,14 +587,14 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
 /// secondary interface of this instance.
 #[tokio::test]
 async fn secondary_addresses_assign_unassign_and_limits() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig_with(|c| AwsConfig {
+        assign_ipv6: true,
+        ..c
+    })
+    .await
+    else {
         return;
     };
-    let config = AwsConfig {
-        assign_ipv6: true,
-        ..env.config()
-    };
-    let b = backend(&env, &config).await;
     let limits = b.address_limits().await.unwrap();
     // m5.xlarge: 4 interfaces of 15 IPv4 and 15 IPv6 addresses each.
     assert_eq!(limits.enis, INSTANCE_ENI_LIMIT);
@@ -639,12 +629,7 @@ async fn secondary_addresses_assign_unassign_and_limits() {
 
     b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
     b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     // EC2 lists the ENI's own IPv6 address among them; metadata's view
     // (what the pool serves) does not.
     let own6 = eni.ipv6.map(|n| std::net::IpAddr::V6(n.addr()));

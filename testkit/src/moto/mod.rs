@@ -398,6 +398,15 @@ impl Env {
             .unwrap()
     }
 
+    /// The ENI `id` as moto holds it; panics when there is none.
+    pub async fn eni(&self, id: &str) -> NetworkInterface {
+        self.all_enis()
+            .await
+            .into_iter()
+            .find(|e| e.network_interface_id == id)
+            .unwrap_or_else(|| panic!("no ENI {id} in moto"))
+    }
+
     /// ENIs tagged for this node.
     pub async fn tagged_ids(&self) -> HashSet<String> {
         self.all_enis()
