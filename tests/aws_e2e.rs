@@ -52,6 +52,15 @@ struct Rig {
     config: String,
 }
 
+/// The moto rig, for a test that needs the kernel too; `None` (the test is
+/// skipped) without root or without moto.
+async fn kernel_env() -> Option<aws_rig::Env> {
+    if !common::kernel_tests_enabled() {
+        return None;
+    }
+    aws_rig::Env::start().await
+}
+
 async fn rig(env: &aws_rig::Env) -> Rig {
     let (host, gw) = sandbox(env);
     let earlier = env.create_tagged_eni().await;
@@ -72,30 +81,22 @@ async fn rig(env: &aws_rig::Env) -> Rig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enimd_serves_pods_from_the_aws_warm_pool() {
-    common::require_kernel!();
-    let Some(env) = aws_rig::Env::start().await else {
+    let Some(env) = kernel_env().await else {
         return;
     };
-
-    // Every field bound: the namespaces live until the test ends.
-    let Rig {
-        host,
-        _gw,
-        earlier,
-        dir,
-        config,
-    } = rig(&env).await;
-    let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
+    // Held whole: the namespaces live until the test ends.
+    let rig = rig(&env).await;
+    let mut agent = blocking(|| start_enimd(rig.dir.path(), &rig.config, &env));
 
     // Pod 1 takes the adopted ENI; the pool makes another for pod 2.
     let pod1 = NamedNetns::new("awspod1");
     let pod2 = NamedNetns::new("awspod2");
     let conf = net_conf("1.1.0", NETWORK, agent.socket());
     let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
-    assert_eq!(r1["interfaces"][0]["mac"], earlier.mac_address);
+    assert_eq!(r1["interfaces"][0]["mac"], rig.earlier.mac_address);
     assert_eq!(
         r1["ips"][0]["address"],
-        format!("{}/24", earlier.private_ip_address.clone().unwrap())
+        format!("{}/24", rig.earlier.private_ip_address.clone().unwrap())
     );
     assert_eq!(r1["ips"][0]["gateway"], "10.0.1.1");
 
@@ -115,7 +116,7 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         }
     });
     let mac2 = r2["interfaces"][0]["mac"].as_str().unwrap().to_string();
-    assert_ne!(mac2, earlier.mac_address);
+    assert_ne!(mac2, rig.earlier.mac_address);
     assert_eq!(r2["ips"][0]["gateway"], "10.0.1.1");
 
     // Both pods reach the router through their own ENI.
@@ -133,9 +134,9 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         blocking(|| enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok());
     }
     blocking(|| {
-        for mac in [&earlier.mac_address, &mac2] {
+        for mac in [&rig.earlier.mac_address, &mac2] {
             assert!(
-                host.link_by_mac(mac.parse().unwrap()).is_some(),
+                rig.host.link_by_mac(mac.parse().unwrap()).is_some(),
                 "{mac} home"
             );
         }
@@ -205,20 +206,13 @@ async fn enimd_stops_at_start_on_a_wrong_secret() {
 /// pool finishes its discovery and grows, and the degraded state clears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
-    common::require_kernel!();
-    let Some(env) = aws_rig::Env::start().await else {
+    let Some(env) = kernel_env().await else {
         return;
     };
-    let Rig {
-        host: _host,
-        _gw,
-        earlier,
-        dir,
-        config,
-    } = rig(&env).await;
+    let rig = rig(&env).await;
 
     env.proxy.set_down(true);
-    let agent = blocking(|| start_enimd(dir.path(), &config, &env));
+    let agent = blocking(|| start_enimd(rig.dir.path(), &rig.config, &env));
     let status = blocking(|| agent.ctl(&["status"]));
     let why = status["degraded"].as_str().unwrap_or_default().to_string();
     assert!(why.contains("cloud unreachable since"), "{status}");
@@ -227,7 +221,7 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
     let conf = net_conf("1.1.0", NETWORK, agent.socket());
     let (pod1, pod2) = (NamedNetns::new("awspod1"), NamedNetns::new("awspod2"));
     let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
-    assert_eq!(r1["interfaces"][0]["mac"], earlier.mac_address);
+    assert_eq!(r1["interfaces"][0]["mac"], rig.earlier.mac_address);
     assert!(blocking(
         || pod1.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
     ));
@@ -277,8 +271,7 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
 /// backend still gives each attach a device index of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_creates_never_share_a_device_index() {
-    common::require_kernel!();
-    let Some(env) = aws_rig::Env::start().await else {
+    let Some(env) = kernel_env().await else {
         return;
     };
     let (host, _gw) = sandbox(&env);

@@ -192,6 +192,21 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// A static provider with no ENIs: the least a config must give.
+    const STATIC: &str = "[provider]\ntype = \"static\"\nenis = []\n";
+
+    /// `head` (top-level keys and sections) ahead of [`STATIC`], parsed.
+    fn parse_static(head: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("{head}{STATIC}"))
+    }
+
+    /// Each of `bad`, ahead of [`STATIC`], is refused.
+    fn assert_refused(bad: &[&str]) {
+        for bad in bad {
+            assert!(parse_static(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn minimal_static_config_gets_defaults() {
         let c = Config::parse(
@@ -218,9 +233,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
-        let base = "[provider]\ntype = \"static\"\nenis = []\n";
-        assert!(Config::parse(&format!("sockt = \"/x\"\n{base}")).is_err());
-        assert!(Config::parse(&format!("gc_interval = \"soon\"\n{base}")).is_err());
+        assert_refused(&["sockt = \"/x\"\n", "gc_interval = \"soon\"\n"]);
         assert!(Config::parse("[provider]\ntype = \"nimbus\"\n").is_err());
         let err = Config::parse(
             "[provider]\ntype = \"static\"\n[[provider.enis]]\nid = \"e\"\nmac = \"zz\"\nipv4 = \"10.0.0.2/24\"\ngateway4 = \"10.0.0.1\"\n",
@@ -280,44 +293,43 @@ mod tests {
 
     #[test]
     fn host_path_config() {
-        let provider = "[provider]\ntype = \"static\"\nenis = []\n";
-        let c = Config::parse(provider).unwrap();
+        let c = parse_static("").unwrap();
         assert!(!c.host_path.enabled());
-        let c = Config::parse(&format!(
+        let c = parse_static(
             "[host_path]\nservice_cidrs = [\"10.96.0.0/12\", \"fd00:96::/112\"]\n\
-             host_stack_cidrs = [\"169.254.20.10/32\"]\n{provider}"
-        ))
+             host_stack_cidrs = [\"169.254.20.10/32\"]\n",
+        )
         .unwrap();
         assert!(c.host_path.enabled());
         assert_eq!(c.host_path.interfaces, ["eth0"]);
         assert_eq!(c.host_path.veth_prefix, "enih");
-        for bad in [
+        assert_refused(&[
             "[host_path]\nhost_stack_cidrs = [\"169.254.20.10/32\"]\n",
             "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nveth_prefix = \"enim\"\n",
             "[host_path]\nservice_cidrs = [\"not-a-cidr\"]\n",
             "[host_path]\nservice_cirds = []\n",
-        ] {
-            assert!(Config::parse(&format!("{bad}{provider}")).is_err(), "{bad}");
-        }
+        ]);
         // One config for every node: secondary mode ignores the table (its
         // pods reach the host over their veth already), at start it says so.
-        let c = Config::parse(&format!(
-            "mode = \"secondary\"\n[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\n{provider}"
-        ))
+        let c = parse_static(
+            "mode = \"secondary\"
+[host_path]
+service_cidrs = [\"10.96.0.0/12\"]
+",
+        )
         .unwrap();
         assert!(c.host_path.enabled());
     }
 
     #[test]
     fn secondary_mode_config() {
-        let provider = "[provider]\ntype = \"static\"\nenis = []\n";
-        let c = Config::parse(provider).unwrap();
+        let c = parse_static("").unwrap();
         assert_eq!(c.mode, Mode::Primary);
         assert_eq!(c.secondary, crate::secondary::SecondaryConfig::default());
-        let c = Config::parse(&format!(
+        let c = parse_static(
             "mode = \"secondary\"\n[secondary]\ntable_offset = 2000\n\
-             rule_priority_to_pod = 100\ncooldown = \"5s\"\n{provider}"
-        ))
+             rule_priority_to_pod = 100\ncooldown = \"5s\"\n",
+        )
         .unwrap();
         assert_eq!(c.mode, Mode::Secondary);
         assert_eq!(c.secondary.table_offset, 2000);
@@ -325,14 +337,12 @@ mod tests {
         assert_eq!(c.secondary.rule_priority_from_pod, 1536);
         assert_eq!(c.secondary.cooldown, Duration::from_secs(5));
         assert_eq!(c.secondary.veth_prefix, "enim");
-        for bad in [
+        assert_refused(&[
             "mode = \"tertiary\"\n",
             "[secondary]\ntable_ofset = 1\n",
             "[secondary]\nrule_priority_to_pod = 2000\n",
             "[secondary]\ntable_offset = 200\n",
             "[secondary]\nveth_prefix = \"much-too-long\"\n",
-        ] {
-            assert!(Config::parse(&format!("{bad}{provider}")).is_err(), "{bad}");
-        }
+        ]);
     }
 }

@@ -9,7 +9,8 @@
 //! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
 //!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does;
 //! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
-//!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata).
+//!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata),
+//!   and with either, [`cloud`]: the checks both clouds' tests share.
 //!
 //! It drives enimd, enim and enimctl as binaries and speaks their JSON: it
 //! does not link the agent, so the agent's internals can change under it.
@@ -23,6 +24,8 @@ pub mod sandbox;
 
 #[cfg(feature = "bce")]
 pub mod bce;
+#[cfg(any(feature = "bce", feature = "moto"))]
+pub mod cloud;
 #[cfg(feature = "moto")]
 pub mod moto;
 

@@ -23,7 +23,7 @@ use tokio::sync::{Mutex, OnceCell};
 use crate::config::AwsConfig;
 use crate::credentials::{CredentialsError, CredentialsProvider};
 use crate::ec2::{
-    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, NetworkInterface,
+    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, Family, NetworkInterface,
 };
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
 
@@ -643,17 +643,15 @@ impl AwsBackend {
     ) -> Result<Vec<IpAddr>, AwsError> {
         let before = self.attached_here(eni_id).await?;
         let known: HashSet<IpAddr> = before.secondary_ips().into_iter().collect();
-        if ipv4 > 0 {
-            self.ec2
-                .assign_private_ip_addresses(eni_id, ipv4)
-                .await
-                .map_err(ec2(format!("assigning {ipv4} IPv4 addresses to {eni_id}")))?;
-        }
-        if ipv6 > 0 {
-            self.ec2
-                .assign_ipv6_addresses(eni_id, ipv6)
-                .await
-                .map_err(ec2(format!("assigning {ipv6} IPv6 addresses to {eni_id}")))?;
+        for (family, count) in [(Family::V4, ipv4), (Family::V6, ipv6)] {
+            if count > 0 {
+                self.ec2
+                    .assign_addresses(family, eni_id, count)
+                    .await
+                    .map_err(ec2(format!(
+                        "assigning {count} {family} addresses to {eni_id}"
+                    )))?;
+            }
         }
         // What is there now that was not before: the reply of an assign
         // lists only the new addresses on EC2, but all of them on some
@@ -686,17 +684,13 @@ impl AwsBackend {
             .filter(|ip| present.contains(ip))
             .partition(|ip| ip.is_ipv4());
         let strings = |ips: &[IpAddr]| ips.iter().map(ToString::to_string).collect::<Vec<_>>();
-        if !v4.is_empty() {
-            self.ec2
-                .unassign_private_ip_addresses(eni_id, &strings(&v4))
-                .await
-                .map_err(ec2(format!("unassigning {v4:?} from {eni_id}")))?;
-        }
-        if !v6.is_empty() {
-            self.ec2
-                .unassign_ipv6_addresses(eni_id, &strings(&v6))
-                .await
-                .map_err(ec2(format!("unassigning {v6:?} from {eni_id}")))?;
+        for (family, ips) in [(Family::V4, v4), (Family::V6, v6)] {
+            if !ips.is_empty() {
+                self.ec2
+                    .unassign_addresses(family, eni_id, &strings(&ips))
+                    .await
+                    .map_err(ec2(format!("unassigning {ips:?} from {eni_id}")))?;
+            }
         }
         tracing::info!(eni = %eni_id, unassigned = ?ips, "unassigned secondary addresses");
         Ok(())

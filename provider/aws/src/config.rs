@@ -210,46 +210,44 @@ mod tests {
         let e = toml::from_str::<AwsConfig>("[pool]\nmin_fre = 1").unwrap_err();
         assert!(e.to_string().contains("min_fre"), "{e}");
 
-        let bad = |c: AwsConfig| c.validate().unwrap_err();
-        assert!(bad(AwsConfig {
-            api_attempts: 0,
-            ..Default::default()
-        })
-        .contains("api_attempts"));
-        assert!(bad(AwsConfig {
-            api_backoff: Duration::from_secs(2),
-            api_max_backoff: Duration::from_secs(1),
-            ..Default::default()
-        })
-        .contains("api_max_backoff"));
-        assert!(bad(AwsConfig {
-            mtu: Some(100),
-            ..Default::default()
-        })
-        .contains("mtu"));
-        assert!(bad(AwsConfig {
-            ec2_endpoint: Some("ec2.local".into()),
-            ..Default::default()
-        })
-        .contains("ec2_endpoint"));
-        assert!(bad(AwsConfig {
-            api_mutating_rate: RateLimit::new(Duration::from_secs(1), 0),
-            ..Default::default()
-        })
-        .contains("api_mutating_rate: burst"));
-        assert!(bad(AwsConfig {
-            api_describe_rate: RateLimit::new(Duration::ZERO, 5),
-            ..Default::default()
-        })
-        .contains("api_describe_rate: every"));
-        assert!(bad(AwsConfig {
-            cluster: Some("no spaces".into()),
-            ..Default::default()
-        })
-        .contains("cluster"));
-        let mut c = AwsConfig::default();
-        c.pool.min_free = 5;
-        c.pool.max_free = 1;
-        assert!(bad(c).contains("max_free"));
+        // Each change to the defaults and what the error must name.
+        type Change = fn(&mut AwsConfig);
+        let cases: [(Change, &str); 8] = [
+            (|c| c.api_attempts = 0, "api_attempts"),
+            (
+                |c| {
+                    c.api_backoff = Duration::from_secs(2);
+                    c.api_max_backoff = Duration::from_secs(1);
+                },
+                "api_max_backoff",
+            ),
+            (|c| c.mtu = Some(100), "mtu"),
+            (
+                |c| c.ec2_endpoint = Some("ec2.local".into()),
+                "ec2_endpoint",
+            ),
+            (
+                |c| c.api_mutating_rate = RateLimit::new(Duration::from_secs(1), 0),
+                "api_mutating_rate: burst",
+            ),
+            (
+                |c| c.api_describe_rate = RateLimit::new(Duration::ZERO, 5),
+                "api_describe_rate: every",
+            ),
+            (|c| c.cluster = Some("no spaces".into()), "cluster"),
+            (
+                |c| {
+                    c.pool.min_free = 5;
+                    c.pool.max_free = 1;
+                },
+                "max_free",
+            ),
+        ];
+        for (change, needle) in cases {
+            let mut c = AwsConfig::default();
+            change(&mut c);
+            let e = c.validate().unwrap_err();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
     }
 }

@@ -35,6 +35,52 @@ const PAGE_SIZE: &str = "1000";
 /// A runaway NextToken chain is a bug on one side; stop rather than spin.
 const MAX_PAGES: usize = 1000;
 
+/// An address family, for the address verbs: EC2 has a pair of actions
+/// per family that differ only in their names and parameter names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// One family's actions and parameter names.
+struct AddressVerbs {
+    assign: &'static str,
+    /// The assign's count parameter.
+    count: &'static str,
+    unassign: &'static str,
+    /// The unassign's list parameter (`<each>.1`, `<each>.2`, ...).
+    each: &'static str,
+}
+
+impl Family {
+    fn verbs(self) -> AddressVerbs {
+        match self {
+            Family::V4 => AddressVerbs {
+                assign: "AssignPrivateIpAddresses",
+                count: "SecondaryPrivateIpAddressCount",
+                unassign: "UnassignPrivateIpAddresses",
+                each: "PrivateIpAddress",
+            },
+            Family::V6 => AddressVerbs {
+                assign: "AssignIpv6Addresses",
+                count: "Ipv6AddressCount",
+                unassign: "UnassignIpv6Addresses",
+                each: "Ipv6Addresses",
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
 /// What CreateNetworkInterface should make.
 #[derive(Debug, Clone, Default)]
 pub struct CreateEni<'a> {
@@ -220,54 +266,35 @@ impl Ec2Client {
         self.query.call(ACTION, &p).await.map(drop)
     }
 
-    /// AssignPrivateIpAddresses with a count: EC2 picks the addresses.
-    pub async fn assign_private_ip_addresses(
+    /// Assign{PrivateIp,Ipv6}Addresses with a count: EC2 picks the
+    /// addresses (IPv6: from the subnet's block).
+    pub async fn assign_addresses(
         &self,
+        family: Family,
         eni_id: &str,
         count: usize,
     ) -> Result<(), Ec2Error> {
-        const ACTION: &str = "AssignPrivateIpAddresses";
+        let v = family.verbs();
         let p = vec![
             ("NetworkInterfaceId".into(), eni_id.into()),
-            ("SecondaryPrivateIpAddressCount".into(), count.to_string()),
+            (v.count.into(), count.to_string()),
         ];
-        self.query.call(ACTION, &p).await.map(drop)
+        self.query.call(v.assign, &p).await.map(drop)
     }
 
-    pub async fn unassign_private_ip_addresses(
+    /// Unassign{PrivateIp,Ipv6}Addresses of exactly `ips`.
+    pub async fn unassign_addresses(
         &self,
+        family: Family,
         eni_id: &str,
         ips: &[String],
     ) -> Result<(), Ec2Error> {
-        const ACTION: &str = "UnassignPrivateIpAddresses";
+        let v = family.verbs();
         let mut p = vec![("NetworkInterfaceId".to_string(), eni_id.to_string())];
         for (i, ip) in ips.iter().enumerate() {
-            p.push((format!("PrivateIpAddress.{}", i + 1), ip.clone()));
+            p.push((format!("{}.{}", v.each, i + 1), ip.clone()));
         }
-        self.query.call(ACTION, &p).await.map(drop)
-    }
-
-    /// AssignIpv6Addresses with a count: EC2 picks from the subnet's block.
-    pub async fn assign_ipv6_addresses(&self, eni_id: &str, count: usize) -> Result<(), Ec2Error> {
-        const ACTION: &str = "AssignIpv6Addresses";
-        let p = vec![
-            ("NetworkInterfaceId".into(), eni_id.into()),
-            ("Ipv6AddressCount".into(), count.to_string()),
-        ];
-        self.query.call(ACTION, &p).await.map(drop)
-    }
-
-    pub async fn unassign_ipv6_addresses(
-        &self,
-        eni_id: &str,
-        ips: &[String],
-    ) -> Result<(), Ec2Error> {
-        const ACTION: &str = "UnassignIpv6Addresses";
-        let mut p = vec![("NetworkInterfaceId".to_string(), eni_id.to_string())];
-        for (i, ip) in ips.iter().enumerate() {
-            p.push((format!("Ipv6Addresses.{}", i + 1), ip.clone()));
-        }
-        self.query.call(ACTION, &p).await.map(drop)
+        self.query.call(v.unassign, &p).await.map(drop)
     }
 
     /// What `instance_type` allows: interfaces on network card 0 (where

@@ -1,16 +1,16 @@
 //! The AWS backend against moto (EC2 and IAM, signatures checked), a fake
 //! IMDSv2 and a fault-injecting proxy, all on loopback.
 
+use enim_testkit::cloud::{both_list_then_reap, minutes_ago, two_passes_at_once, Leaks};
 use enim_testkit::moto as rig;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{
-    format_created_at, parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER,
-    TAG_CREATED_AT,
+    parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::ProviderError;
 use enim_provider_aws::{AwsBackend, AwsConfig, TAG_MANAGED, TAG_NODE};
@@ -26,8 +26,13 @@ async fn backend(env: &Env, config: &AwsConfig) -> AwsBackend {
 /// The rig and a backend on its default config; `None` (the test is
 /// skipped) where moto is not installed.
 async fn rig() -> Option<(Env, AwsBackend)> {
+    rig_with(|c| c).await
+}
+
+/// As [`rig`], with the backend's config changed by `change`.
+async fn rig_with(change: impl FnOnce(AwsConfig) -> AwsConfig) -> Option<(Env, AwsBackend)> {
     let env = Env::start().await?;
-    let b = backend(&env, &env.config()).await;
+    let b = backend(&env, &change(env.config())).await;
     Some((env, b))
 }
 
@@ -48,15 +53,15 @@ async fn delete_and_check_none_left(env: &Env, b: &AwsBackend, eni_id: &str) {
 
 #[tokio::test]
 async fn discovery_create_attach_detach_delete() {
-    let Some(env) = Env::start().await else {
-        return;
-    };
-    let config = AwsConfig {
+    let Some((env, b)) = rig_with(|c| AwsConfig {
         assign_ipv6: true,
         mtu: Some(9001),
-        ..env.config()
+        ..c
+    })
+    .await
+    else {
+        return;
     };
-    let b = backend(&env, &config).await;
 
     // Discovery through IMDS.
     assert_eq!(b.instance_id(), env.instance_id);
@@ -74,12 +79,7 @@ async fn discovery_create_attach_detach_delete() {
     assert_eq!(b.tagged().await.unwrap(), vec![]);
 
     let first = b.create_and_attach().await.expect("create_and_attach");
-    let moto_first = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == first.id)
-        .expect("ENI in moto");
+    let moto_first = env.eni(&first.id).await;
     assert_eq!(first.mac.to_string(), moto_first.mac_address);
     assert_eq!(
         first.ipv4.addr().to_string(),
@@ -440,11 +440,6 @@ fn in_cluster(env: &Env) -> AwsConfig {
     }
 }
 
-/// A creation tag `minutes` before now.
-fn minutes_ago(minutes: u64) -> String {
-    format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))
-}
-
 /// An unattached ENI tagged as any node of `cluster` would tag it.
 async fn leaked(env: &Env, cluster: &str, created_at: Option<&str>) -> String {
     let mut tags = vec![
@@ -458,11 +453,6 @@ async fn leaked(env: &Env, cluster: &str, created_at: Option<&str>) -> String {
     env.create_eni_with_tags(&tags).await.network_interface_id
 }
 
-fn sorted(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
-}
-
 #[tokio::test]
 async fn new_enis_carry_the_cluster_and_creation_tags() {
     let Some(env) = Env::start().await else {
@@ -472,12 +462,7 @@ async fn new_enis_carry_the_cluster_and_creation_tags() {
     assert_eq!(b.reap_cluster(), Some(CLUSTER));
     let before = SystemTime::now() - Duration::from_secs(1);
     let eni = b.create_and_attach().await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     assert_eq!(moto.tag(TAG_CLUSTER), Some(CLUSTER));
     assert_eq!(moto.tag("enim.io/managed"), Some("true"));
     assert_eq!(moto.tag("enim.io/node"), Some(env.instance_id.as_str()));
@@ -494,12 +479,7 @@ async fn new_enis_carry_the_cluster_and_creation_tags() {
     let b = backend(&env, &env.config()).await;
     assert_eq!(b.reap_cluster(), None);
     let eni = b.create_and_attach().await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     assert_eq!(moto.tag(TAG_CLUSTER), None);
     assert!(moto.tag(TAG_CREATED_AT).is_some());
     leaked(&env, CLUSTER, Some(&minutes_ago(60))).await;
@@ -512,41 +492,27 @@ async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
     let Some(env) = Env::start().await else {
         return;
     };
-    let old = minutes_ago(20);
-    let unix_old = (SystemTime::now() - Duration::from_secs(3600))
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        .to_string();
-    let old_a = leaked(&env, CLUSTER, Some(&old)).await;
-    let old_b = leaked(&env, CLUSTER, Some(&unix_old)).await;
-    let young = leaked(&env, CLUSTER, Some(&minutes_ago(2))).await;
-    let unreadable = leaked(&env, CLUSTER, Some("after lunch")).await;
-    let no_created = leaked(&env, CLUSTER, None).await;
-    let other_cluster = leaked(&env, "c2", Some(&old)).await;
+    let leaks = {
+        let env = &env;
+        Leaks::make(CLUSTER, move |cluster, created_at| async move {
+            leaked(env, &cluster, created_at.as_deref()).await
+        })
+        .await
+    };
     let untagged = env.create_eni_with_tags(&[]).await.network_interface_id;
     // The cluster's tag but not enim's: someone else's.
     let not_enims = env
-        .create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER), (TAG_CREATED_AT, &old)])
+        .create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER), (TAG_CREATED_AT, &leaks.old)])
         .await
         .network_interface_id;
-    let attached = leaked(&env, CLUSTER, Some(&old)).await;
+    let attached = leaked(&env, CLUSTER, Some(&leaks.old)).await;
     env.attach_as_admin(&attached, 2).await;
 
     let b = backend(&env, &in_cluster(&env)).await;
     let r = reap_pass(&b, Duration::from_secs(600), || false)
         .await
         .unwrap();
-    assert_eq!(
-        sorted(r.deleted),
-        sorted(vec![old_a.clone(), old_b.clone()])
-    );
-    assert_eq!(r.young, vec![young.clone()]);
-    assert_eq!(
-        sorted(r.unreadable),
-        sorted(vec![unreadable.clone(), no_created.clone()])
-    );
-    assert!(r.gone.is_empty() && r.spared.is_empty() && r.failed.is_empty());
+    leaks.assert_pass(r);
 
     let left: HashSet<String> = env
         .all_enis()
@@ -554,32 +520,25 @@ async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
         .into_iter()
         .map(|e| e.network_interface_id)
         .collect();
-    for kept in [
-        &young,
-        &unreadable,
-        &no_created,
-        &other_cluster,
-        &untagged,
-        &not_enims,
-        &attached,
-        &env.primary_eni,
-    ] {
+    for kept in leaks
+        .kept()
+        .into_iter()
+        .chain([&untagged, &not_enims, &attached, &env.primary_eni])
+    {
         assert!(left.contains(kept), "{kept} was deleted");
     }
-    assert!(!left.contains(&old_a) && !left.contains(&old_b));
+    assert!(!left.contains(&leaks.old_a) && !left.contains(&leaks.old_b));
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
 
     // Asked directly, the backend still refuses what the pass skipped.
-    for (id, why) in [
-        (&other_cluster, "no longer tagged"),
-        (&not_enims, "no longer tagged"),
-        (&attached, "now in-use"),
-    ] {
-        match b.reap(id).await.unwrap() {
-            Reaped::Spared(w) => assert!(w.contains(why), "{id}: {w}"),
-            other => panic!("{id}: {other:?}"),
-        }
-    }
+    leaks
+        .assert_refused(
+            &b,
+            &not_enims,
+            &attached,
+            ["no longer tagged", "now in-use"],
+        )
+        .await;
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 2);
 }
 
@@ -596,16 +555,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
     let a = backend(&env, &in_cluster(&env)).await;
     let b = backend(&env, &in_cluster(&env)).await;
     // Both list before either deletes.
-    let listed_a = a.unattached_in_cluster().await.unwrap();
-    let listed_b = b.unattached_in_cluster().await.unwrap();
-    assert_eq!(listed_a, listed_b);
-    assert_eq!(listed_a.len(), 3);
-    for e in &listed_a {
-        assert_eq!(a.reap(&e.id).await.unwrap(), Reaped::Deleted);
-    }
-    for e in &listed_b {
-        assert_eq!(b.reap(&e.id).await.unwrap(), Reaped::Gone, "{}", e.id);
-    }
+    both_list_then_reap(&a, &b, 3).await;
     // The delete itself losing the race (NotFound) counts as success too.
     let last = leaked(&env, CLUSTER, Some(&old)).await;
     env.proxy.inject(
@@ -622,21 +572,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
         ids.insert(leaked(&env, CLUSTER, Some(&old)).await);
     }
     let deletes = env.proxy.calls("DeleteNetworkInterface");
-    let cooldown = Duration::from_secs(600);
-    let (ra, rb) = tokio::join!(
-        reap_pass(&a, cooldown, || false),
-        reap_pass(&b, cooldown, || false)
-    );
-    let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert!(
-        ra.failed.is_empty() && rb.failed.is_empty(),
-        "{ra:?} {rb:?}"
-    );
-    let deleted: HashSet<String> = ra.deleted.iter().chain(&rb.deleted).cloned().collect();
-    assert_eq!(deleted, ids, "{ra:?} {rb:?}");
-    let gone: HashSet<String> = ra.gone.iter().chain(&rb.gone).cloned().collect();
-    assert!(gone.is_subset(&ids));
-    assert_eq!(ra.deleted.len() + rb.deleted.len(), ids.len());
+    two_passes_at_once(&a, &b, Duration::from_secs(600), &ids).await;
     assert!(env.proxy.calls("DeleteNetworkInterface") - deletes >= ids.len());
     assert!(env
         .all_enis()
@@ -651,14 +587,14 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
 /// secondary interface of this instance.
 #[tokio::test]
 async fn secondary_addresses_assign_unassign_and_limits() {
-    let Some(env) = Env::start().await else {
+    let Some((env, b)) = rig_with(|c| AwsConfig {
+        assign_ipv6: true,
+        ..c
+    })
+    .await
+    else {
         return;
     };
-    let config = AwsConfig {
-        assign_ipv6: true,
-        ..env.config()
-    };
-    let b = backend(&env, &config).await;
     let limits = b.address_limits().await.unwrap();
     // m5.xlarge: 4 interfaces of 15 IPv4 and 15 IPv6 addresses each.
     assert_eq!(limits.enis, INSTANCE_ENI_LIMIT);
@@ -693,12 +629,7 @@ async fn secondary_addresses_assign_unassign_and_limits() {
 
     b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
     b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
-    let moto = env
-        .all_enis()
-        .await
-        .into_iter()
-        .find(|e| e.network_interface_id == eni.id)
-        .unwrap();
+    let moto = env.eni(&eni.id).await;
     // EC2 lists the ENI's own IPv6 address among them; metadata's view
     // (what the pool serves) does not.
     let own6 = eni.ipv6.map(|n| std::net::IpAddr::V6(n.addr()));

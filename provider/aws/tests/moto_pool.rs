@@ -41,6 +41,13 @@ fn pool_config(env: &Env, min_free: usize, max_free: usize) -> AwsConfig {
     }
 }
 
+/// A pod-ENI pool on `config` with the node's credentials, started.
+async fn pod_pool(env: &Env, config: &AwsConfig) -> Arc<WarmPool> {
+    build_with(config, Some(env.node.clone()), PoolRole::PodEnis)
+        .await
+        .unwrap()
+}
+
 async fn wait_stats(pool: &WarmPool, what: &str, f: impl Fn(&PoolStats) -> bool) -> PoolStats {
     let mut rx = pool.subscribe();
     let got = match tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|s| f(s))).await {
@@ -75,9 +82,7 @@ async fn fill_allocate_release_shrink_and_restart() {
         return;
     };
     let config = pool_config(&env, 1, 2);
-    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let pool = pod_pool(&env, &config).await;
     assert_eq!(pool.name(), "aws");
 
     // Fill to min_free.
@@ -140,9 +145,7 @@ async fn fill_allocate_release_shrink_and_restart() {
     // A restarted agent finds the attached ENIs, and deletes a leftover
     // that a crash between create and attach left behind.
     let orphan = env.create_tagged_eni().await;
-    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let pool = pod_pool(&env, &config).await;
     assert_eq!(pool_ids(&pool).await, kept);
     assert_eq!(pool.stats().available, 2);
     assert!(!env
@@ -160,13 +163,7 @@ async fn attachment_limit_exceeded_makes_the_pool_back_off() {
         return;
     };
     let start = Instant::now();
-    let pool = build_with(
-        &pool_config(&env, 1, 1),
-        Some(env.node.clone()),
-        PoolRole::PodEnis,
-    )
-    .await
-    .unwrap();
+    let pool = pod_pool(&env, &pool_config(&env, 1, 1)).await;
     wait_stats(&pool, "min_free despite three refusals", |s| {
         s.available == 1
     })
@@ -189,13 +186,7 @@ async fn metadata_lag_during_fill() {
         return;
     };
     env.imds.hide_new_interfaces_for(4);
-    let pool = build_with(
-        &pool_config(&env, 2, 2),
-        Some(env.node.clone()),
-        PoolRole::PodEnis,
-    )
-    .await
-    .unwrap();
+    let pool = pod_pool(&env, &pool_config(&env, 2, 2)).await;
     wait_stats(&pool, "min_free", |s| s.available == 2).await;
     assert!(env.imds.hidden_hits() >= 8, "{}", env.imds.hidden_hits());
     assert_eq!(env.tagged_ids().await, pool_ids(&pool).await);
@@ -219,13 +210,7 @@ async fn build_fails_clearly_on_a_wrong_secret() {
 
     // Through the public entry point too (as enimd calls it); the pool is
     // an EniProvider.
-    let good = build_with(
-        &pool_config(&env, 0, 0),
-        Some(env.node.clone()),
-        PoolRole::PodEnis,
-    )
-    .await
-    .unwrap();
+    let good = pod_pool(&env, &pool_config(&env, 0, 0)).await;
     let provider: Arc<dyn EniProvider> = good.clone();
     assert_eq!(provider.list().await.unwrap(), vec![]);
     good.shutdown().await;
@@ -245,9 +230,7 @@ async fn a_pods_add_never_waits_for_an_api_token() {
         api_mutating_rate: RateLimit::new(Duration::from_secs(3600), 3),
         ..pool_config(&env, 1, 2)
     };
-    let pool = build_with(&config, Some(env.node.clone()), PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let pool = pod_pool(&env, &config).await;
     wait_stats(&pool, "min_free", |s| s.available == 1).await;
     let t0 = Instant::now();
     let a = pool.allocate_next(&owner(1)).await.unwrap();

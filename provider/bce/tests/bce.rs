@@ -2,12 +2,15 @@
 //! `enim_testkit::bce` (signature-checking ENI OpenAPI plus instance metadata).
 
 use enim_testkit::bce as rig;
+use enim_testkit::cloud::{
+    assert_paced, both_list_then_reap, minutes_ago, two_passes_at_once, Leaks,
+};
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use enim_provider::cloud::{format_created_at, parse_created_at, CloudBackend, Reaped};
+use enim_provider::cloud::{parse_created_at, CloudBackend, Reaped};
 use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
 use enim_provider_bce::api::ApiClient;
@@ -512,10 +515,6 @@ fn in_cluster(cloud: &FakeCloud) -> BceConfig {
     }
 }
 
-fn minutes_ago(minutes: u64) -> String {
-    format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))
-}
-
 /// What another node of `cluster` writes into a new ENI's description.
 fn marks(cluster: &str, created_at: Option<&str>) -> String {
     let mut d = "enim: exclusive ENI of instance i-Other111, do not attach elsewhere;".to_string();
@@ -533,11 +532,6 @@ fn leaked(cloud: &FakeCloud, cluster: &str, created_at: Option<&str>) -> String 
         &marks(cluster, created_at),
         None,
     )
-}
-
-fn sorted(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
 }
 
 #[tokio::test]
@@ -589,70 +583,43 @@ async fn new_enis_are_marked_with_the_cluster_and_creation_time() {
 #[tokio::test]
 async fn reaper_deletes_only_old_unattached_enis_of_this_cluster() {
     let cloud = FakeCloud::start().await;
-    let old = minutes_ago(20);
-    let unix_old = (SystemTime::now() - Duration::from_secs(3600))
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        .to_string();
-    let old_a = leaked(&cloud, CLUSTER, Some(&old));
-    let old_b = leaked(&cloud, CLUSTER, Some(&unix_old));
-    let young = leaked(&cloud, CLUSTER, Some(&minutes_ago(2)));
-    let unreadable = leaked(&cloud, CLUSTER, Some("after-lunch"));
-    let no_created = leaked(&cloud, CLUSTER, None);
-    let other_cluster = leaked(&cloud, "c2", Some(&old));
+    let leaks = Leaks::make(CLUSTER, |cluster, created_at| {
+        std::future::ready(leaked(&cloud, &cluster, created_at.as_deref()))
+    })
+    .await;
+    let old = &leaks.old;
     let (not_enims, unmarked, attached) = {
         let mut w = cloud.world();
         (
             // This cluster's marks, but not an enim name: someone else's.
-            w.add_eni_described("user-eni", &marks(CLUSTER, Some(&old)), None),
+            w.add_eni_described("user-eni", &marks(CLUSTER, Some(old)), None),
             w.add_eni_described("enim-i-Other111-unmarked0000", "made by hand", None),
             w.add_eni_described(
                 "enim-i-NodeAAAA-attached0000",
-                &marks(CLUSTER, Some(&old)),
+                &marks(CLUSTER, Some(old)),
                 Some(INSTANCE),
             ),
         )
     };
     let b = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
     let r = reap_pass(&b, COOLDOWN, || false).await.unwrap();
-    assert_eq!(
-        sorted(r.deleted),
-        sorted(vec![old_a.clone(), old_b.clone()])
-    );
-    assert_eq!(r.young, vec![young.clone()]);
-    assert_eq!(
-        sorted(r.unreadable),
-        sorted(vec![unreadable.clone(), no_created.clone()])
-    );
-    assert!(r.gone.is_empty() && r.spared.is_empty() && r.failed.is_empty());
+    leaks.assert_pass(r);
     {
         let w = cloud.world();
-        for kept in [
-            &young,
-            &unreadable,
-            &no_created,
-            &other_cluster,
-            &not_enims,
-            &unmarked,
-            &attached,
-        ] {
+        for kept in leaks
+            .kept()
+            .into_iter()
+            .chain([&not_enims, &unmarked, &attached])
+        {
             assert!(w.enis.contains_key(kept), "{kept} was deleted");
         }
-        assert!(!w.enis.contains_key(&old_a) && !w.enis.contains_key(&old_b));
+        assert!(!w.enis.contains_key(&leaks.old_a) && !w.enis.contains_key(&leaks.old_b));
         assert_eq!(w.count("DELETE", "/v1/eni/"), 2);
     }
     // Asked directly, the backend refuses what the pass skipped.
-    for (id, why) in [
-        (&other_cluster, "no longer marked"),
-        (&not_enims, "no longer marked"),
-        (&attached, "now inuse"),
-    ] {
-        match b.reap(id).await.unwrap() {
-            Reaped::Spared(w) => assert!(w.contains(why), "{id}: {w}"),
-            other => panic!("{id}: {other:?}"),
-        }
-    }
+    leaks
+        .assert_refused(&b, &not_enims, &attached, ["no longer marked", "now inuse"])
+        .await;
     assert_eq!(cloud.world().count("DELETE", "/v1/eni/"), 2);
 }
 
@@ -666,16 +633,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
     let a = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
     let b = BceBackend::discover(&in_cluster(&cloud)).await.unwrap();
     // Both list before either deletes.
-    let listed_a = a.unattached_in_cluster().await.unwrap();
-    let listed_b = b.unattached_in_cluster().await.unwrap();
-    assert_eq!(listed_a, listed_b);
-    assert_eq!(listed_a.len(), 3);
-    for e in &listed_a {
-        assert_eq!(a.reap(&e.id).await.unwrap(), Reaped::Deleted);
-    }
-    for e in &listed_b {
-        assert_eq!(b.reap(&e.id).await.unwrap(), Reaped::Gone, "{}", e.id);
-    }
+    both_list_then_reap(&a, &b, 3).await;
     // The delete itself losing the race (404) counts as success too.
     let last = leaked(&cloud, CLUSTER, Some(&old));
     cloud
@@ -690,18 +648,7 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
     for _ in 0..3 {
         ids.insert(leaked(&cloud, CLUSTER, Some(&old)));
     }
-    let (ra, rb) = tokio::join!(
-        reap_pass(&a, COOLDOWN, || false),
-        reap_pass(&b, COOLDOWN, || false)
-    );
-    let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert!(
-        ra.failed.is_empty() && rb.failed.is_empty(),
-        "{ra:?} {rb:?}"
-    );
-    let deleted: HashSet<String> = ra.deleted.iter().chain(&rb.deleted).cloned().collect();
-    assert_eq!(deleted, ids, "{ra:?} {rb:?}");
-    assert_eq!(ra.deleted.len() + rb.deleted.len(), ids.len());
+    two_passes_at_once(&a, &b, COOLDOWN, &ids).await;
     assert!(cloud.world().enis.keys().all(|id| !ids.contains(id)));
 }
 
@@ -710,9 +657,9 @@ async fn two_reapers_racing_on_the_same_enis_both_succeed() {
 #[tokio::test]
 async fn a_burst_of_calls_is_spread_at_the_configured_rate() {
     let cloud = FakeCloud::start().await;
-    let every = Duration::from_millis(200);
+    let mutating = RateLimit::new(Duration::from_millis(200), 2);
     let limits = Arc::new(MethodLimits::new(
-        RateLimit::new(every, 2),
+        mutating,
         RateLimit::new(Duration::from_millis(20), 5),
     ));
     let api = Arc::new(api_client(&cloud).with_limits(limits));
@@ -749,21 +696,9 @@ async fn a_burst_of_calls_is_spread_at_the_configured_rate() {
     };
     let deletes = arrivals("DELETE");
     assert_eq!(deletes.len(), 8);
-    for (k, at) in deletes.iter().enumerate() {
-        let due = every * u32::try_from(k.saturating_sub(1)).unwrap();
-        assert!(*at >= due, "delete {k} at {at:?}, due {due:?}: {deletes:?}");
-        assert!(
-            *at < due + Duration::from_millis(500),
-            "delete {k} at {at:?}, due {due:?}: {deletes:?}"
-        );
-    }
     let reads = arrivals("GET");
     assert_eq!(reads.len(), 3);
-    let last = *deletes.last().unwrap();
-    assert!(
-        reads.iter().all(|r| *r < last / 2),
-        "{reads:?} vs {deletes:?}"
-    );
+    assert_paced(&deletes, mutating, &reads);
 }
 
 // ---- secondary mode: private IPs, address limits, device indexes ----

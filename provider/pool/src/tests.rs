@@ -42,6 +42,19 @@ async fn wait_stats(pool: &WarmPool, pred: impl Fn(&PoolStats) -> bool) -> PoolS
     *stats
 }
 
+/// Owners `a` and `b` get an ENI each, two different ones; `c` is then
+/// turned away: all `total` ENIs are in use.
+async fn two_then_exhausted(pool: &WarmPool, total: usize) -> (Eni, Eni) {
+    let a = pool.allocate_next(&owner("a")).await.unwrap();
+    let b = pool.allocate_next(&owner("b")).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(
+        pool.allocate_next(&owner("c")).await.unwrap_err(),
+        ProviderError::Exhausted { total }
+    );
+    (a, b)
+}
+
 /// Allocates, waiting for the filler when the pool is momentarily empty.
 async fn allocate_waiting(pool: &WarmPool, o: &EniOwner) -> Eni {
     loop {
@@ -224,13 +237,7 @@ async fn eni_limit_is_respected() {
             remaining_interfaces: 0,
         }
     );
-    let a = pool.allocate_next(&owner("a")).await.unwrap();
-    let b = pool.allocate_next(&owner("b")).await.unwrap();
-    assert_ne!(a.id, b.id);
-    assert_eq!(
-        pool.allocate_next(&owner("c")).await.unwrap_err(),
-        ProviderError::Exhausted { total: 2 }
-    );
+    two_then_exhausted(&pool, 2).await;
     pool.resync_now().await.unwrap();
     assert_eq!(cloud.st().creates_started, 2);
     assert_eq!(cloud.st().over_limit, 0);
@@ -258,14 +265,7 @@ async fn shrinks_to_max_free_after_releases() {
     pool.resync_now().await.unwrap();
     assert_eq!(cloud.st().deletes.len(), 4, "6 ENIs shrunk to 2");
     assert_eq!(cloud.attached_count(), 2);
-    let mut listed: Vec<_> = pool
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
-    listed.sort();
+    let listed = member_ids(&pool).await;
     let mut in_cloud: Vec<_> = cloud.st().enis.keys().cloned().collect();
     in_cloud.sort();
     assert_eq!(listed, in_cloud);
@@ -322,13 +322,7 @@ async fn leaving_eni_is_never_allocated_and_comes_back_on_failure() {
     cloud.until(|st| st.delete_times.len() == 1).await;
     let s = pool.stats();
     assert_eq!((s.available, s.excess), (2, 0));
-    let a = pool.allocate_next(&owner("a")).await.unwrap();
-    let b = pool.allocate_next(&owner("b")).await.unwrap();
-    assert_ne!(a.id, b.id);
-    assert_eq!(
-        pool.allocate_next(&owner("c")).await.unwrap_err(),
-        ProviderError::Exhausted { total: 3 }
-    );
+    let (a, b) = two_then_exhausted(&pool, 3).await;
 
     // The delete fails: the ENI is free again and can be taken.
     cloud.fail_next(1);

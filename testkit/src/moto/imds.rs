@@ -9,10 +9,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use enim_provider_aws::ec2::{Ec2Client, NetworkInterface};
-use tokio::task::JoinHandle;
 
 use super::{
-    not_found, p, serve, text, xml, DescribeSubnetsResponse, Subnet, INSTANCE_TYPE, REGION,
+    not_found, p, text, xml, DescribeSubnetsResponse, Fake, Subnet, INSTANCE_TYPE, REGION,
 };
 
 /// How the fake reports an interface's network card.
@@ -26,7 +25,8 @@ pub enum CardKey {
     Missing,
 }
 
-struct ImdsState {
+/// Public only as [`Fake`]'s parameter: its fields stay private.
+pub struct ImdsState {
     ec2: Ec2Client,
     instance_id: String,
     tokens: Mutex<HashSet<String>>,
@@ -48,21 +48,11 @@ pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
 /// A loopback IMDSv2: a token from PUT /latest/api/token is required on
 /// every GET (401 without), 404 where AWS has nothing, and the instance's
 /// interfaces come live from moto.
-pub struct FakeImds {
-    pub url: String,
-    state: Arc<ImdsState>,
-    task: JoinHandle<()>,
-}
+pub type FakeImds = Fake<ImdsState>;
 
-impl Drop for FakeImds {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl FakeImds {
+impl Fake<ImdsState> {
     pub async fn start(ec2: Ec2Client, instance_id: String) -> FakeImds {
-        let state = Arc::new(ImdsState {
+        let state = ImdsState {
             ec2,
             instance_id,
             tokens: Mutex::new(HashSet::new()),
@@ -74,12 +64,8 @@ impl FakeImds {
             role: Mutex::new(None),
             on_new: Mutex::new(None),
             plugged: Mutex::new(HashSet::new()),
-        });
-        let router = axum::Router::new()
-            .fallback(imds_handler)
-            .with_state(state.clone());
-        let (url, task) = serve(router).await;
-        FakeImds { url, state, task }
+        };
+        Fake::serve(state, imds_handler).await
     }
 
     /// Newly attached interfaces stay invisible for `n` requests that

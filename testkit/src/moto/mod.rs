@@ -398,6 +398,15 @@ impl Env {
             .unwrap()
     }
 
+    /// The ENI `id` as moto holds it; panics when there is none.
+    pub async fn eni(&self, id: &str) -> NetworkInterface {
+        self.all_enis()
+            .await
+            .into_iter()
+            .find(|e| e.network_interface_id == id)
+            .unwrap_or_else(|| panic!("no ENI {id} in moto"))
+    }
+
     /// ENIs tagged for this node.
     pub async fn tagged_ids(&self) -> HashSet<String> {
         self.all_enis()
@@ -499,13 +508,43 @@ async fn iam_user(iam: &QueryClient, name: &str, actions: &[&str]) -> Credential
     Credentials::new(key.result.key.id, key.result.key.secret, None, None, "test")
 }
 
-async fn serve(router: axum::Router) -> (String, JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
-    });
-    (format!("http://{addr}"), task)
+/// A loopback fake (the IMDS, the fault proxy): its URL, the state its
+/// handler serves from, and its server, stopped on drop (pass or fail).
+pub struct Fake<S> {
+    pub url: String,
+    state: Arc<S>,
+    server: JoinHandle<()>,
+}
+
+impl<S> Drop for Fake<S> {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl<S: Send + Sync + 'static> Fake<S> {
+    /// Serves `handler` over `state` on a free loopback port, every
+    /// request to it.
+    async fn serve<H, T>(state: S, handler: H) -> Fake<S>
+    where
+        H: axum::handler::Handler<T, Arc<S>>,
+        T: 'static,
+    {
+        let state = Arc::new(state);
+        let router = axum::Router::new()
+            .fallback(handler)
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Fake {
+            url: format!("http://{addr}"),
+            state,
+            server,
+        }
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response {

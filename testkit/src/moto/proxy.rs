@@ -6,9 +6,8 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use tokio::task::JoinHandle;
 
-use super::{serve, text};
+use super::{text, Fake};
 
 #[derive(Debug, Clone)]
 struct Fault {
@@ -19,7 +18,8 @@ struct Fault {
     code: String,
 }
 
-struct ProxyState {
+/// Public only as [`Fake`]'s parameter: its fields stay private.
+pub struct ProxyState {
     /// An outage: every call answers 503 `Unavailable` while set.
     down: std::sync::atomic::AtomicBool,
     upstream: String,
@@ -30,32 +30,18 @@ struct ProxyState {
 
 /// Forwards to moto byte for byte (the Host header included, so
 /// signatures still verify), except for injected faults.
-pub struct FaultProxy {
-    pub url: String,
-    state: Arc<ProxyState>,
-    task: JoinHandle<()>,
-}
+pub type FaultProxy = Fake<ProxyState>;
 
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl FaultProxy {
+impl Fake<ProxyState> {
     pub async fn start(upstream: &str) -> FaultProxy {
-        let state = Arc::new(ProxyState {
+        let state = ProxyState {
             down: Default::default(),
             upstream: upstream.trim_end_matches('/').into(),
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             faults: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
-        });
-        let router = axum::Router::new()
-            .fallback(proxy_handler)
-            .with_state(state.clone());
-        let (url, task) = serve(router).await;
-        FaultProxy { url, state, task }
+        };
+        Fake::serve(state, proxy_handler).await
     }
 
     /// The next `times` calls of `action` fail with `status` and `code`
