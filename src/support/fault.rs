@@ -55,10 +55,9 @@ pub const SECONDARY_CRASH_POINTS: &[&str] = &[
     "del:after-release",
 ];
 
-#[cfg(feature = "fault-injection")]
+/// Reaches `point`: aborts or stalls there as the environment asks (see
+/// [`enim_provider::fault`], which the providers' cloud steps use too).
 pub fn crash_point(point: &'static str) {
-    use std::sync::OnceLock;
-    static TARGET: OnceLock<Option<String>> = OnceLock::new();
     debug_assert!(
         [
             CRASH_POINTS,
@@ -70,34 +69,5 @@ pub fn crash_point(point: &'static str) {
         .any(|list| list.contains(&point)),
         "undeclared crash point {point}"
     );
-    static DELAY: OnceLock<Option<(String, u64)>> = OnceLock::new();
-    let delay = DELAY.get_or_init(|| {
-        let spec = std::env::var("ENIMD_DELAY_AT").ok()?;
-        let (at, ms) = spec.rsplit_once('=')?;
-        Some((at.to_string(), ms.parse().ok()?))
-    });
-    if let Some((at, ms)) = delay {
-        if at == point {
-            let stall = || std::thread::sleep(std::time::Duration::from_millis(*ms));
-            // On enimd's multi-thread runtime the worker hands its other
-            // duties (the I/O driver among them) to another thread first:
-            // a stall must not also stop the agent noticing that the client
-            // hung up, which is what the tests that stall are about.
-            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
-                    tokio::task::block_in_place(stall)
-                }
-                _ => stall(),
-            }
-        }
-    }
-    let target = TARGET.get_or_init(|| std::env::var("ENIMD_CRASH_AT").ok());
-    if target.as_deref() == Some(point) {
-        eprintln!("enimd: crash point {point} reached: aborting");
-        std::process::abort();
-    }
+    enim_provider::fault::crash_point(point);
 }
-
-#[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub fn crash_point(_point: &'static str) {}

@@ -6,6 +6,7 @@
 //! owner that already holds an ENI returns that ENI again.
 
 pub mod cloud;
+pub mod fault;
 pub mod ratelimit;
 pub mod retry;
 #[cfg(feature = "testing")]

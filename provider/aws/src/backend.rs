@@ -16,6 +16,7 @@ use enim_provider::cloud::{
     format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
     TAG_CREATED_AT,
 };
+use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use tokio::sync::{Mutex, OnceCell};
@@ -505,6 +506,7 @@ impl AwsBackend {
         let token = self.client_token();
         let tags = self.tags();
         let description = format!("enim pod ENI of {}", self.instance_id);
+        crash_point("cloud:before-create");
         let created = self
             .ec2
             .create_network_interface(&CreateEni {
@@ -520,10 +522,12 @@ impl AwsBackend {
         let id = created.network_interface_id.clone();
         tracing::info!(eni = %id, mac = %created.mac_address, subnet = %self.subnet_id, "created ENI");
 
+        crash_point("cloud:after-create");
         if let Err(e) = self.attach(&id).await {
             self.delete_quietly(&id).await;
             return Err(e);
         }
+        crash_point("cloud:after-attach");
         match self.await_metadata(&id, &created.mac_address).await {
             Ok(eni) => Ok(eni),
             Err(e) => {
@@ -588,6 +592,7 @@ impl AwsBackend {
             if let (Some(att_id), "attaching" | "attached" | "") =
                 (att.attachment_id.as_deref(), att.status.as_str())
             {
+                crash_point("cloud:before-detach");
                 match self.ec2.detach_network_interface(att_id).await {
                     Ok(()) => tracing::info!(eni = %eni_id, "detaching ENI"),
                     // Already detached (or detaching) meanwhile.
@@ -599,9 +604,11 @@ impl AwsBackend {
         if eni.status != "available" && self.await_detached(eni_id).await?.is_none() {
             return Ok(());
         }
+        crash_point("cloud:after-detach");
         match self.ec2.delete_network_interface(eni_id).await {
             Ok(()) => {
                 tracing::info!(eni = %eni_id, "deleted ENI");
+                crash_point("cloud:after-delete");
                 Ok(())
             }
             Err(e) if e.is_not_found() => Ok(()),

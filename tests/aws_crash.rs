@@ -1,0 +1,139 @@
+//! The crash matrix of the cloud steps (primary mode on "AWS"): a real
+//! `enimd` over moto and the fake IMDS is aborted (as by SIGKILL) before
+//! and after each EC2 call of an ENI's create, attach, detach and delete,
+//! then restarted. The cloud must end with exactly the ENIs the node should
+//! have: none orphaned (tagged for the node but unattached), none created
+//! twice, and never one a pod holds deleted.
+//!
+//! What makes this hold is that an ENI is born tagged for its node (the
+//! tags go with CreateNetworkInterface itself), so the cloud records the
+//! intent before anything can be lost: at start the pool adopts tagged
+//! attached ENIs and deletes tagged unattached ones, judged by EC2's
+//! attachment state, not by metadata that may be stale.
+
+#[path = "aws/mod.rs"]
+mod aws;
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use aws::{blocking, sandbox};
+use common::{enim, NamedNetns};
+use enim_provider::fault::CLOUD_CRASH_POINTS;
+use enim_testkit::agent::net_conf;
+use enim_testkit::moto as aws_rig;
+
+const NETWORK: &str = "enim-aws-crash";
+
+fn config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, free: usize) -> String {
+    format!(
+        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
+         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
+         [provider.pool]\nmin_free = {free}\nmax_free = {free}\ninitial_retry = \"100ms\"\n\
+         max_backoff = \"1s\"\nresync_interval = \"300ms\"\n",
+        sock = dir.join("enimd.sock").display().to_string(),
+        ckpt = dir.join("state/checkpoint.json").display().to_string(),
+        netns = host.path().display().to_string(),
+        imds = env.imds.url,
+        ec2 = env.proxy.url,
+    )
+}
+
+/// Waits until the cloud holds exactly `want` ENIs tagged for the node,
+/// every one attached to it, and the agent's pool lists the same number.
+async fn settled(env: &aws_rig::Env, agent: &common::Agent, want: usize, point: &str) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let tagged = env.tagged_ids().await;
+        let attached = env.attached().await;
+        let status = blocking(|| agent.ctl(&["status"]));
+        let all_attached = tagged.iter().all(|id| attached.contains_key(id));
+        if tagged.len() == want && all_attached && status["enis_total"] == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{point}: want {want} tagged ENIs, all attached; cloud has {tagged:?}, attached {attached:?}; agent {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
+    common::require_kernel!();
+    for point in CLOUD_CRASH_POINTS {
+        let Some(env) = aws_rig::Env::start().await else {
+            return;
+        };
+        let (host, _gw) = sandbox(&env);
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = aws::enimd(dir.path(), &config(dir.path(), &host, &env, 1), &env);
+        let creds = agent.env.clone();
+        let pod = NamedNetns::new("awscrash");
+        let conf = net_conf("1.1.0", NETWORK, agent.socket());
+        let creating = point.contains("create") || point.contains("attach");
+        // After recovery: the pod's ENI (if any) and one free.
+        let want = if creating {
+            // A first start from nothing: its first fill crashes.
+            1
+        } else {
+            // Three ENIs, a pod on one; the armed start keeps one free, so
+            // it detaches and deletes one and crashes on the way.
+            std::fs::write(
+                &agent_config(dir.path()),
+                config(dir.path(), &host, &env, 2),
+            )
+            .unwrap();
+            blocking(|| agent.restart());
+            blocking(|| {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
+                    if out.status == 0 || Instant::now() > deadline {
+                        return out.ok();
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+            settled(&env, &agent, 3, point).await;
+            blocking(|| agent.stop());
+            std::fs::write(
+                &agent_config(dir.path()),
+                config(dir.path(), &host, &env, 1),
+            )
+            .unwrap();
+            2
+        };
+        agent.env = creds.clone();
+        agent.env.push(("ENIMD_CRASH_AT".into(), point.to_string()));
+        blocking(|| agent.spawn());
+        blocking(|| agent.wait_crashed());
+        let log = blocking(|| agent.log());
+        assert!(
+            log.contains(&format!("crash point {point} reached")),
+            "{point}: crashed elsewhere: {log}"
+        );
+        agent.env = creds;
+        blocking(|| agent.restart());
+        blocking(|| agent.ctl(&["gc"]));
+        settled(&env, &agent, want, point).await;
+        if !creating {
+            // The pod's ENI was never touched: still in the pod, and DEL
+            // brings it home.
+            assert!(
+                blocking(|| pod.exec_ok(&["ip", "link", "show", "eth0"])),
+                "{point}: the pod lost its ENI"
+            );
+            blocking(|| enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok());
+        }
+        blocking(|| agent.stop());
+        eprintln!("crash at {point}: recovered with {want} ENIs, none orphaned or doubled");
+    }
+}
+
+fn agent_config(dir: &Path) -> std::path::PathBuf {
+    enim_testkit::fixtures::AgentPaths::in_dir(dir).config
+}
