@@ -11,6 +11,8 @@
 //! attached ENIs and deletes tagged unattached ones, judged by EC2's
 //! attachment state, not by metadata that may be stale.
 
+// Shared by the AWS test binaries; this one starts its agents armed.
+#[allow(dead_code)]
 #[path = "aws/mod.rs"]
 mod aws;
 mod common;
@@ -82,11 +84,7 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
         } else {
             // Three ENIs, a pod on one; the armed start keeps one free, so
             // it detaches and deletes one and crashes on the way.
-            std::fs::write(
-                &agent_config(dir.path()),
-                config(dir.path(), &host, &env, 2),
-            )
-            .unwrap();
+            std::fs::write(agent_config(dir.path()), config(dir.path(), &host, &env, 2)).unwrap();
             blocking(|| agent.restart());
             blocking(|| {
                 let deadline = Instant::now() + Duration::from_secs(30);
@@ -100,11 +98,7 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
             });
             settled(&env, &agent, 3, point).await;
             blocking(|| agent.stop());
-            std::fs::write(
-                &agent_config(dir.path()),
-                config(dir.path(), &host, &env, 1),
-            )
-            .unwrap();
+            std::fs::write(agent_config(dir.path()), config(dir.path(), &host, &env, 1)).unwrap();
             2
         };
         agent.env = creds.clone();
