@@ -31,6 +31,7 @@ use enim_provider::cloud::{
     format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
     TAG_CREATED_AT,
 };
+use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
@@ -530,6 +531,7 @@ impl CloudBackend for BceBackend {
         );
         let device_index = self.reserve_device_index().await?;
         let description = self.description(SystemTime::now(), device_index);
+        crash_point("cloud:before-create");
         let created = self
             .api
             .create_eni(
@@ -550,8 +552,12 @@ impl CloudBackend for BceBackend {
         self.unreserve(device_index);
         let eni_id = created?;
         tracing::info!(eni = %eni_id, %name, device_index, "ENI created");
+        crash_point("cloud:after-create");
         match self.attach_and_wait(&eni_id).await {
-            Ok(eni) => Ok(eni),
+            Ok(eni) => {
+                crash_point("cloud:after-attach");
+                Ok(eni)
+            }
             Err(e) => {
                 // Best effort: a leftover is found again by `tagged`.
                 if let Err(cleanup) = self.detach_and_delete(&eni_id).await {
@@ -597,9 +603,13 @@ impl CloudBackend for BceBackend {
             let status = eni.status();
             match (&status, eni.attached_to()) {
                 (EniStatus::Available, _) => {
+                    if detach_sent {
+                        crash_point("cloud:after-detach");
+                    }
                     return match self.api.delete_eni(eni_id, &delete_token).await {
                         Ok(()) => {
                             tracing::info!(eni = eni_id, "ENI deleted");
+                            crash_point("cloud:after-delete");
                             Ok(())
                         }
                         Err(e) if e.is_not_found() => Ok(()),
@@ -614,6 +624,7 @@ impl CloudBackend for BceBackend {
                     });
                 }
                 (EniStatus::InUse, _) if !detach_sent => {
+                    crash_point("cloud:before-detach");
                     self.api
                         .detach(eni_id, &self.s.instance_id, &detach_token)
                         .await?;
