@@ -20,8 +20,7 @@ Reads the manifests as they are and changes only what a sandbox must:
   manifest has the socket at the same path inside and outside for that
   reason; tests/deploy_manifests.rs checks it);
 - in enimd.toml, [provider] becomes the sandbox's static ENIs (ENIS_TOML: a
-  TOML file with `mode`, optional `[secondary]`, and `[provider]`), and in
-  secondary mode [host_path], which is primary mode's, goes; every other
+  TOML file with `mode`, optional `[secondary]`, and `[provider]`); every other
   key stays as the ConfigMap has it.
 
 - podman 4.3's own limits:
@@ -129,11 +128,9 @@ def main():
     with open(enis_file, "rb") as f:
         sandbox = tomllib.load(f)
     config.pop("provider", None)
+    # One config for both modes: in secondary mode enimd ignores
+    # [host_path] (its pods reach the host over their veth already).
     config.update(sandbox)
-    if config.get("mode") == "secondary":
-        # [host_path] is primary mode's; enimd refuses it in secondary mode
-        # (its pods reach the host over their veth already).
-        config.pop("host_path", None)
 
     # Host paths under ROOT; the socket dir at the same path inside.
     socket = config.get("socket", "/run/enim/enimd.sock")

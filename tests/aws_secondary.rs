@@ -1,5 +1,6 @@
-//! Secondary mode on "AWS": a real `enimd` with `mode = "secondary"` and
-//! `type = "aws"` over moto (EC2 and IAM, signatures checked) and the fake
+//! Secondary mode on "AWS": a real `enimd` configured as
+//! `deploy/20-configmap.yaml` ships it but with `mode = "secondary"` (and
+//! the sandbox's paths and endpoints) over moto (EC2 and IAM, signatures checked) and the fake
 //! IMDSv2, and the real `enim` plugin. Pods get secondary addresses the
 //! warm address pool assigns (AssignPrivateIpAddresses); when the attached
 //! ENIs are full, the pool attaches another; surplus addresses are given
@@ -47,25 +48,76 @@ fn secondary_config(
     per_eni: usize,
     cooldown: &str,
 ) -> String {
-    let cap = if per_eni == 0 {
-        String::new()
-    } else {
-        format!("max_per_eni = {per_eni}\n")
+    let mut config = shipped_config();
+    let set = |table: &mut toml::Table, key: &str, value: toml::Value| {
+        table.insert(key.into(), value);
     };
-    format!(
-        "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
-         gc_interval = \"0s\"\n\
-         [secondary]\ncooldown = {cooldown:?}\n\
-         [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
-         {cap}resync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        imds = env.imds.url,
-        ec2 = env.proxy.url,
-    )
+    let s = |v: &str| toml::Value::String(v.into());
+    // Node paths and endpoints of the sandbox; no kubelet, no fixed port.
+    set(&mut config, "mode", s("secondary"));
+    set(
+        &mut config,
+        "socket",
+        s(&dir.join("enimd.sock").display().to_string()),
+    );
+    set(
+        &mut config,
+        "checkpoint",
+        s(&dir.join("state/checkpoint.json").display().to_string()),
+    );
+    set(
+        &mut config,
+        "host_netns",
+        s(&host.path().display().to_string()),
+    );
+    set(&mut config, "gc_interval", s("0s"));
+    set(&mut config, "log_format", s("text"));
+    config.remove("metrics_address");
+    config.remove("device_plugin");
+    let table = |config: &mut toml::Table, key: &str| -> toml::Table {
+        config
+            .get(key)
+            .and_then(|v| v.as_table().cloned())
+            .unwrap_or_default()
+    };
+    let mut provider = table(&mut config, "provider");
+    set(&mut provider, "imds_endpoint", s(&env.imds.url));
+    set(&mut provider, "ec2_endpoint", s(&env.proxy.url));
+    set(&mut provider, "api_backoff", s("20ms"));
+    set(&mut provider, "api_max_backoff", s("200ms"));
+    set(&mut provider, "metadata_wait", s("10s"));
+    set(&mut config, "provider", toml::Value::Table(provider));
+    // The test's watermarks and timings.
+    let mut secondary = table(&mut config, "secondary");
+    set(&mut secondary, "cooldown", s(cooldown));
+    let mut pool = toml::Table::new();
+    let n = |v: usize| toml::Value::Integer(i64::try_from(v).unwrap());
+    set(&mut pool, "pre_allocate", n(PRE_ALLOCATE));
+    set(&mut pool, "max_above_watermark", n(MAX_ABOVE_WATERMARK));
+    if per_eni > 0 {
+        set(&mut pool, "max_per_eni", n(per_eni));
+    }
+    set(&mut pool, "resync_interval", s("500ms"));
+    set(&mut pool, "initial_retry", s("100ms"));
+    set(&mut pool, "max_backoff", s("1s"));
+    set(&mut secondary, "pool", toml::Value::Table(pool));
+    set(&mut config, "secondary", toml::Value::Table(secondary));
+    toml::to_string(&config).unwrap()
+}
+
+/// `enimd.toml` as `deploy/20-configmap.yaml` ships it (aws provider,
+/// host path and device plugin on): the test node runs that config with
+/// `mode = "secondary"` and only the sandbox's paths and endpoints changed.
+fn shipped_config() -> toml::Table {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/20-configmap.yaml");
+    let yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let text = yaml["data"]["enimd.toml"]
+        .as_str()
+        .expect("enimd.toml in the ConfigMap");
+    let config: toml::Table = text.parse().unwrap();
+    assert_eq!(config["provider"]["type"].as_str(), Some("aws"), "{text}");
+    config
 }
 
 /// Every secondary address moto has on this instance's ENIs but the
