@@ -10,18 +10,21 @@
 //! in a host namespace; the far end sits on a bridge holding the subnet's
 //! router address (10.0.1.1) in a gateway namespace.
 
+// Shared by the BCE test binaries; each uses its own part.
+#[allow(dead_code)]
+#[path = "bce/mod.rs"]
+mod bce;
 mod common;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{bins, enim, Agent, NamedNetns};
+use bce::{add_retrying, blocking, eventually, sandbox};
+use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
-use enim_testkit::bce::{self as rig, FakeCloud};
-use enim_testkit::fixtures::AgentPaths;
+use enim_testkit::bce::FakeCloud;
 
 const NETWORK: &str = "enim-bce-secondary";
 const PRE_ALLOCATE: usize = 2;
@@ -30,48 +33,16 @@ const MAX_ABOVE_WATERMARK: usize = 1;
 const PER_ENI: usize = 4;
 const PODS: usize = 6;
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
 fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud) -> String {
     format!(
-        "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
-         gc_interval = \"0s\"\n\
+        "mode = \"secondary\"\n{agent}\
          [secondary]\ncooldown = \"1s\"\n\
          [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
          max_per_eni = {PER_ENI}\nresync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
-         [provider]\ntype = \"bce\"\nendpoint = {api:?}\nmetadata_endpoint = {meta:?}\n\
-         security_group_ids = [\"g-enim\"]\naccess_key_id = {ak:?}\nsecret_access_key = {sk:?}\n\
-         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\nretry_base = \"10ms\"\nretry_cap = \"100ms\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        api = cloud.api_url,
-        meta = cloud.meta_url,
-        ak = rig::AK,
-        sk = rig::SK,
+         {provider}",
+        agent = bce::agent_section(dir, host),
+        provider = bce::provider_section(cloud),
     )
-}
-
-/// The sandbox node: ENIs appear in the host namespace as metadata first
-/// lists them.
-fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
-    let host = Arc::new(NamedNetns::new("bcehost"));
-    let gw = Arc::new(NamedNetns::new("bcegw"));
-    gw.ip(&["link", "add", "br0", "type", "bridge"]);
-    gw.ip(&["addr", "add", "10.0.1.1/24", "dev", "br0"]);
-    gw.ip(&["link", "set", "br0", "up"]);
-    let (h, g) = (host.clone(), gw.clone());
-    cloud.on_new_interface(Arc::new(move |mac: &str, n: u32| {
-        let (name, peer) = (format!("bce{n}"), format!("bgw{n}"));
-        h.ip(&[
-            "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer, "netns",
-            &g.name,
-        ]);
-        g.ip(&["link", "set", &peer, "master", "br0", "up"]);
-    }));
-    (host, gw)
 }
 
 /// Secondary addresses the fake has on ENIs attached to the instance.
@@ -90,36 +61,13 @@ fn total(cloud: &FakeCloud) -> usize {
         .sum()
 }
 
-async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
-        if out.status == 0 || Instant::now() > deadline {
-            return out.ok();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     common::require_kernel!();
     let cloud = FakeCloud::start().await;
     let (host, gw) = sandbox(&cloud);
     let dir = tempfile::tempdir().unwrap();
-    let paths = AgentPaths::in_dir(dir.path());
-    std::fs::write(&paths.config, config(dir.path(), &host, &cloud)).unwrap();
-    let mut agent = Agent::new(bins(), paths);
-    agent.ready_timeout = Duration::from_secs(30);
-    agent.ready_poll = Duration::from_millis(50);
+    let mut agent = bce::enimd(dir.path(), &config(dir.path(), &host, &cloud));
     blocking(|| agent.restart());
 
     // No ENI at start: the pool attaches one and fills it, past

@@ -72,6 +72,19 @@ pub async fn build_provider(
     }
 }
 
+/// The provider's config with what enimd fills in: BCE's ENI id cache
+/// beside the checkpoint unless set.
+fn provider_config(config: &Config) -> ProviderConfig {
+    let mut provider = config.provider.clone();
+    if let ProviderConfig::Bce(bce) = &mut provider {
+        if bce.eni_id_cache.is_none() {
+            let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
+            bce.eni_id_cache = Some(dir.join("bce-eni-ids.json"));
+        }
+    }
+    provider
+}
+
 /// One agent per checkpoint: an exclusive lock on `<checkpoint>.lock`, held
 /// for the life of the process.
 fn lock_state(checkpoint: &Path) -> Result<Flock<File>, DaemonError> {
@@ -135,7 +148,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _state_lock = lock_state(&config.checkpoint)?;
     let metrics = Arc::new(metrics::Metrics::new());
     let provider: Arc<dyn EniProvider> = Arc::new(metrics::MeteredProvider::new(
-        build_provider(&config.provider, config.mode).await?,
+        build_provider(&provider_config(&config), config.mode).await?,
         metrics.clone(),
     ));
     let checkpoint = Arc::new(Checkpoint::open(

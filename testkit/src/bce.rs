@@ -105,6 +105,9 @@ pub struct World {
     pub inject_method: Vec<(&'static str, u16, &'static str)>,
     pub log: Vec<Logged>,
     pub tokens: HashMap<String, String>,
+    /// An outage of the ENI OpenAPI: every request answers 503
+    /// `ServiceUnavailable` while set (metadata still answers).
+    pub down: bool,
     next: u32,
     on_new: Option<NewInterfaceHook>,
     /// MACs metadata has listed, in order.
@@ -126,6 +129,7 @@ impl World {
             inject_method: Vec::new(),
             log: Vec::new(),
             tokens: HashMap::new(),
+            down: false,
             next: 0,
             on_new: None,
             shown: Vec::new(),
@@ -268,6 +272,12 @@ impl FakeCloud {
 
     pub fn world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap()
+    }
+
+    /// Starts (`true`) or ends an outage of the ENI OpenAPI (see
+    /// [`World::down`]).
+    pub fn set_down(&self, down: bool) {
+        self.world().down = down;
     }
 
     /// See [`NewInterfaceHook`].
@@ -494,6 +504,11 @@ async fn api_handler(State(world): State<Arc<Mutex<World>>>, req: Request) -> Re
         .iter()
         .position(|(m, _, _)| *m == parts.method.as_str());
     let resp = match verify(&w, &parts.method, &path, &query, &parts.headers) {
+        _ if w.down => error(
+            503,
+            "ServiceUnavailable",
+            "the service is down (test outage)",
+        ),
         Err((status, code, msg)) => error(status, code, &msg),
         Ok(()) => match (w.inject.pop_front(), by_method) {
             (Some((status, code)), _) => error(status, code, "injected"),

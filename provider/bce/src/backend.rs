@@ -20,9 +20,17 @@
 //! restarts, a lost checkpoint and reboots, and moves with nothing.
 //! ENIs attached from outside carry no such word and get no index (see
 //! README "Baidu BCE provider").
+//!
+//! BCE's instance metadata names no ENI ids: they come from the OpenAPI,
+//! matched by MAC. So that an agent started while that API is down can
+//! still serve the ENIs metadata shows attached, the backend keeps what it
+//! last learnt (MAC to id and device index, for every ENI attached here) in
+//! a small file, [`IdCache`]: an ENI's MAC is its own for its whole life,
+//! so a MAC metadata lists and the file knows is that ENI.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -92,6 +100,88 @@ pub struct BceBackend {
     ips_per_eni: Mutex<Option<usize>>,
     /// Attached ENIs without a device index, already warned about.
     warned_unindexed: Mutex<HashSet<String>>,
+    /// What the API last said about the ENIs attached here, kept for a
+    /// start without it.
+    ids: Option<IdCache>,
+}
+
+/// One attached ENI as the id cache keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct KnownEni {
+    id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device_index: Option<u32>,
+}
+
+/// MAC to ENI id (and device index) of the ENIs attached here, in a JSON
+/// file written whole (temp file, rename) whenever it changes. Losing it
+/// costs nothing but serving through an outage at start.
+pub struct IdCache {
+    path: PathBuf,
+    known: Mutex<BTreeMap<MacAddr, KnownEni>>,
+}
+
+impl IdCache {
+    /// The cache at `path`; an unreadable or absent file starts it empty.
+    pub fn open(path: PathBuf) -> IdCache {
+        let known = match std::fs::read(&path) {
+            Ok(raw) => serde_json::from_slice(&raw).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "unreadable ENI id cache ignored");
+                BTreeMap::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "ENI id cache unreadable; starting without it");
+                BTreeMap::new()
+            }
+        };
+        IdCache {
+            path,
+            known: Mutex::new(known),
+        }
+    }
+
+    fn get(&self, mac: &MacAddr) -> Option<KnownEni> {
+        lock(&self.known).get(mac).cloned()
+    }
+
+    /// Records `enis` as what is attached (`replace`: and nothing else).
+    fn record(&self, enis: &[Eni], replace: bool) {
+        let mut known = lock(&self.known);
+        let mut next = if replace {
+            BTreeMap::new()
+        } else {
+            known.clone()
+        };
+        for e in enis {
+            next.insert(
+                e.mac,
+                KnownEni {
+                    id: e.id.clone(),
+                    device_index: e.device_index,
+                },
+            );
+        }
+        if next == *known {
+            return;
+        }
+        *known = next;
+        if let Err(e) = self.write(&known) {
+            tracing::warn!(path = %self.path.display(), error = %e, "writing the ENI id cache failed");
+        }
+    }
+
+    fn write(&self, known: &BTreeMap<MacAddr, KnownEni>) -> std::io::Result<()> {
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(known).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, &self.path)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,7 +206,79 @@ impl BceBackend {
             reserved: Mutex::new(HashSet::new()),
             ips_per_eni: Mutex::new(None),
             warned_unindexed: Mutex::new(HashSet::new()),
+            ids: None,
         }
+    }
+
+    /// Keeps the ids of attached ENIs in `cache` (see the module comment).
+    pub fn with_id_cache(mut self, cache: IdCache) -> Self {
+        self.ids = Some(cache);
+        self
+    }
+
+    /// The ENIs attached here: the API's listing, matched by MAC with
+    /// instance metadata (which must show them too).
+    async fn attached_online(&self) -> Result<Vec<Eni>, ProviderError> {
+        let listed = self
+            .api
+            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
+            .await?;
+        let mut by_mac: HashMap<MacAddr, ApiEni> = HashMap::new();
+        for e in listed {
+            // The instanceId filter is trusted only as far as it is checked.
+            if e.status() != EniStatus::InUse || e.attached_to() != Some(&self.s.instance_id) {
+                continue;
+            }
+            match e.mac_address.parse() {
+                Ok(mac) => {
+                    by_mac.insert(mac, e);
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %e.eni_id, %err, "ENI with an unreadable MAC skipped")
+                }
+            }
+        }
+        let local = self.meta.local_ipv4().await?;
+        let mut out = Vec::new();
+        for raw in self.meta.macs().await? {
+            let Ok(mac) = raw.parse::<MacAddr>() else {
+                tracing::warn!(mac = %raw, "metadata lists an unreadable MAC; skipped");
+                continue;
+            };
+            // The primary interface is normally not an ENI of the listing;
+            // the local-ipv4 check below keeps it out if it is.
+            let Some(api) = by_mac.get(&mac) else {
+                continue;
+            };
+            let iface = self.meta.interface(&raw).await?;
+            if iface.all_ips.contains(&std::net::IpAddr::V4(local)) {
+                continue;
+            }
+            let mut eni = iface.to_eni(&api.eni_id);
+            eni.device_index = self.indexed(api);
+            out.push(eni);
+        }
+        Ok(out)
+    }
+
+    /// The ENIs metadata shows attached whose ids the cache knows: what a
+    /// start without the API can serve.
+    async fn attached_offline(&self, cache: &IdCache) -> Result<Vec<Eni>, ProviderError> {
+        let local = self.meta.local_ipv4().await?;
+        let mut out = Vec::new();
+        for raw in self.meta.macs().await? {
+            let Some(known) = raw.parse::<MacAddr>().ok().and_then(|m| cache.get(&m)) else {
+                continue;
+            };
+            let iface = self.meta.interface(&raw).await?;
+            if iface.all_ips.contains(&IpAddr::V4(local)) {
+                continue;
+            }
+            let mut eni = iface.to_eni(&known.id);
+            eni.device_index = known.device_index;
+            out.push(eni);
+        }
+        Ok(out)
     }
 
     pub fn settings(&self) -> &BackendSettings {
@@ -455,46 +617,21 @@ impl CloudBackend for BceBackend {
     }
 
     async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
-        let listed = self
-            .api
-            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
-            .await?;
-        let mut by_mac: HashMap<MacAddr, ApiEni> = HashMap::new();
-        for e in listed {
-            // The instanceId filter is trusted only as far as it is checked.
-            if e.status() != EniStatus::InUse || e.attached_to() != Some(&self.s.instance_id) {
-                continue;
+        let Some(cache) = &self.ids else {
+            return self.attached_online().await;
+        };
+        match self.attached_online().await {
+            Ok(enis) => {
+                cache.record(&enis, true);
+                Ok(enis)
             }
-            match e.mac_address.parse() {
-                Ok(mac) => {
-                    by_mac.insert(mac, e);
-                }
-                Err(err) => {
-                    tracing::warn!(eni = %e.eni_id, %err, "ENI with an unreadable MAC skipped")
-                }
+            Err(e) if e.is_transient() => {
+                let enis = self.attached_offline(cache).await?;
+                tracing::warn!(error = %e, enis = enis.len(), "ENI API unreachable: the ENIs attached here as instance metadata shows them, ids as last known");
+                Ok(enis)
             }
+            Err(e) => Err(e),
         }
-        let local = self.meta.local_ipv4().await?;
-        let mut out = Vec::new();
-        for raw in self.meta.macs().await? {
-            let Ok(mac) = raw.parse::<MacAddr>() else {
-                tracing::warn!(mac = %raw, "metadata lists an unreadable MAC; skipped");
-                continue;
-            };
-            // The primary interface is normally not an ENI of the listing;
-            // the local-ipv4 check below keeps it out if it is.
-            let Some(api) = by_mac.get(&mac) else {
-                continue;
-            };
-            let iface = self.meta.interface(&raw).await?;
-            if iface.all_ips.contains(&std::net::IpAddr::V4(local)) {
-                continue;
-            }
-            let mut eni = iface.to_eni(&api.eni_id);
-            eni.device_index = self.indexed(api);
-            out.push(eni);
-        }
-        Ok(out)
     }
 
     async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
@@ -556,6 +693,9 @@ impl CloudBackend for BceBackend {
         match self.attach_and_wait(&eni_id).await {
             Ok(eni) => {
                 crash_point("cloud:after-attach");
+                if let Some(cache) = &self.ids {
+                    cache.record(std::slice::from_ref(&eni), false);
+                }
                 Ok(eni)
             }
             Err(e) => {
@@ -580,7 +720,11 @@ impl CloudBackend for BceBackend {
                 eni.name, self.s.instance_id
             )));
         }
-        self.attach_and_wait(eni_id).await
+        let eni = self.attach_and_wait(eni_id).await?;
+        if let Some(cache) = &self.ids {
+            cache.record(std::slice::from_ref(&eni), false);
+        }
+        Ok(eni)
     }
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {

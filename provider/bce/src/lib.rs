@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backend;
 pub mod metadata;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,6 +83,11 @@ pub struct BceConfig {
     /// description, and the fleet-wide reaper deletes this cluster's ENIs
     /// left unattached. Unset: reaper off.
     pub cluster: Option<String>,
+    /// Where the backend keeps the ids of the ENIs attached here, to serve
+    /// them through an API outage at start (instance metadata names no
+    /// ids); enimd's default: `bce-eni-ids.json` beside its checkpoint.
+    /// Unset: no cache, and a start without the API serves nothing.
+    pub eni_id_cache: Option<PathBuf>,
     pub pool: PoolConfig,
 }
 
@@ -110,6 +116,7 @@ impl Default for BceConfig {
             api_mutating_rate: DEFAULT_MUTATING_RATE,
             api_read_rate: DEFAULT_READ_RATE,
             cluster: None,
+            eni_id_cache: None,
             pool: PoolConfig::default(),
         }
     }
@@ -239,7 +246,20 @@ impl BceBackend {
                 cluster: config.cluster.clone(),
             },
         );
-        backend.eni_limit().await?;
+        let backend = match &config.eni_id_cache {
+            Some(path) => backend.with_id_cache(backend::IdCache::open(path.clone())),
+            None => backend,
+        };
+        match backend.eni_limit().await {
+            Ok(_) => {}
+            // Bad keys fail the start; an API that does not answer does
+            // not: the pool serves what is attached and grows when it is
+            // back.
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "bce: the ENI API does not answer; credentials unchecked until it does")
+            }
+            Err(e) => return Err(e),
+        }
         let s = backend.settings();
         tracing::info!(instance = %s.instance_id, vpc = %s.vpc_id, subnet = %s.subnet_id, %endpoint, "bce backend ready");
         Ok(backend)

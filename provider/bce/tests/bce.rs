@@ -966,3 +966,70 @@ async fn the_host_eni_pool_serves_addresses_and_never_grows_by_watermark() {
     assert_eq!(w.count("DELETE", "/v1/eni/"), 0);
     assert_eq!(w.attached_to_us().len(), 1);
 }
+
+/// The API is down when the pool starts: it starts, degraded, and serves
+/// the ENIs metadata shows attached under the ids the id cache kept from
+/// an earlier start; without the cache it knows no ids and serves none.
+/// When the API answers again the degraded state clears.
+#[tokio::test]
+async fn a_start_without_the_api_serves_the_enis_the_id_cache_knows() {
+    let cloud = FakeCloud::start().await;
+    let cache = std::env::temp_dir().join(format!(
+        "enim-bce-ids-{}-{}.json",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let mut cfg = config(&cloud);
+    cfg.eni_id_cache = Some(cache.clone());
+    let first = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
+        .await
+        .unwrap();
+    wait_for(&first, "the first fill", |s| s.available == 2).await;
+    let ids: HashSet<String> = first
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    first.shutdown().await;
+
+    cloud.set_down(true);
+    let mut uncached = cfg.clone();
+    uncached.eni_id_cache = None;
+    let blind = enim_provider_bce::start_pool(&uncached, PoolRole::PodEnis)
+        .await
+        .unwrap();
+    assert!(blind.degraded().is_some());
+    assert_eq!(blind.stats().available, 0, "no ids without the cache");
+    blind.shutdown().await;
+
+    let pool = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
+        .await
+        .unwrap();
+    let why = pool.degraded().expect("degraded");
+    assert!(why.contains("cloud unreachable since"), "{why}");
+    let served: HashSet<String> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(served, ids);
+    let eni = pool.allocate_next(&owner(1)).await.unwrap();
+    assert!(ids.contains(&eni.id), "{eni:?}");
+
+    cloud.set_down(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.degraded().is_some() {
+        assert!(std::time::Instant::now() < deadline, "still degraded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&pool, "growth", |s| s.used == 1 && s.available >= 2).await;
+    pool.shutdown().await;
+    let _ = std::fs::remove_file(&cache);
+}
