@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use enim_provider::retry::{Backoff, Jitter};
+use enim_provider::retry::{pause, Backoff, Pause};
 use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
@@ -483,22 +483,10 @@ async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             return;
         }
-        let stopping = match failed {
-            Some(delay) => tokio::select! {
-                _ = tokio::time::sleep(delay) => false,
-                _ = stop.changed() => true,
-            },
-            None => tokio::select! {
-                _ = tokio::time::sleep(Jitter::Equal.apply(config.resync_interval)) => {
-                    drift = true;
-                    false
-                }
-                _ = shared.wake.notified() => false,
-                _ = stop.changed() => true,
-            },
-        };
-        if stopping {
-            return;
+        match pause(failed, config.resync_interval, &shared.wake, &mut stop).await {
+            Pause::Stopped => return,
+            Pause::Resync => drift = true,
+            Pause::Go => {}
         }
     }
 }
