@@ -24,14 +24,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aws::{blocking, sandbox, start_enimd};
+use common::cloud_node::{
+    self, add_retrying, add_secondary_pods, as_host_routes, del_pods, pings_router,
+    restart_keeps_pods, MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
+};
 use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
 use enim_testkit::moto as aws_rig;
 
 const NETWORK: &str = "enim-aws-secondary";
-/// Warm pool watermarks of the test (`[secondary.pool]`).
-const PRE_ALLOCATE: usize = 2;
-const MAX_ABOVE_WATERMARK: usize = 1;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -47,25 +48,7 @@ fn secondary_config(
     per_eni: usize,
     cooldown: &str,
 ) -> String {
-    let cap = if per_eni == 0 {
-        String::new()
-    } else {
-        format!("max_per_eni = {per_eni}\n")
-    };
-    format!(
-        "mode = \"secondary\"\nsocket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\n\
-         gc_interval = \"0s\"\n\
-         [secondary]\ncooldown = {cooldown:?}\n\
-         [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
-         {cap}resync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        imds = env.imds.url,
-        ec2 = env.proxy.url,
-    )
+    cloud_node::secondary_config(dir, host, cooldown, per_eni, &aws::provider_table(env))
 }
 
 /// Every secondary address moto has on this instance's ENIs but the
@@ -91,18 +74,6 @@ fn total(addresses: &BTreeMap<String, Vec<IpAddr>>) -> usize {
     addresses.values().map(Vec::len).sum()
 }
 
-/// ADD as a runtime does it: "try again later" (11) is retried.
-fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
-        if out.status == 0 || Instant::now() > deadline {
-            return out.ok();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
     common::require_kernel!();
@@ -115,11 +86,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
 
     let (host, _gw) = sandbox(&env);
     // One ENI an earlier run left attached, with no secondary address yet.
-    let earlier = env.create_tagged_eni().await;
-    env.admin_ec2
-        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-        .await
-        .unwrap();
+    let earlier = aws::attach_earlier(&env).await;
     let dir = tempfile::tempdir().unwrap();
     let config = secondary_config(dir.path(), &host, &env, per_eni, "1s");
     let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
@@ -141,16 +108,11 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
         let pods: Vec<NamedNetns> = (0..pods_per_wave)
             .map(|i| NamedNetns::new(&format!("awss{i}")))
             .collect();
-        let mut seen = HashSet::new();
-        for (i, pod) in pods.iter().enumerate() {
-            let r = blocking(|| add_retrying(&format!("w{wave}p{i}"), pod, &conf));
-            let ip = r["ips"][0]["address"].as_str().unwrap().to_string();
-            assert!(ip.starts_with("10.0.1.") && ip.ends_with("/32"), "{r}");
-            assert!(seen.insert(ip.clone()), "{ip} handed out twice");
-        }
+        let prefix = format!("w{wave}p");
+        let seen = blocking(|| add_secondary_pods(&pods, &prefix, &conf));
         // Every pod reaches the router, out of its ENI.
         for pod in &pods {
-            if !blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])) {
+            if !blocking(|| pings_router(pod)) {
                 for (ns, args) in [
                     (&host.name, &["ip", "-d", "link"][..]),
                     (&host.name, &["ip", "rule"][..]),
@@ -169,7 +131,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
                         .unwrap();
                     eprintln!("== {ns} {args:?}\n{}", String::from_utf8_lossy(&out.stdout));
                 }
-                let again = blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"]));
+                let again = blocking(|| pings_router(pod));
                 panic!("ping from {} failed; again: {again}", pod.name);
             }
         }
@@ -182,44 +144,15 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
             assert!(cloud.values().all(|ips| ips.len() <= per_eni), "{cloud:?}");
         }
         // Every pod's address is assigned in the cloud, on one ENI.
-        let in_cloud: HashSet<String> = cloud
-            .values()
-            .flatten()
-            .map(|ip| format!("{ip}/32"))
-            .collect();
+        let in_cloud = as_host_routes(cloud.values().flatten());
         assert!(seen.is_subset(&in_cloud), "{seen:?} vs {cloud:?}");
 
         if wave == 0 {
             // A restart keeps every live pod's address, and the pool picks
             // up where it was.
-            blocking(|| agent.stop());
-            blocking(|| agent.restart());
-            let listed = blocking(|| agent.ctl(&["attachments"]));
-            let kept: HashSet<String> = listed["attachments"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|a| Some(format!("{}/32", a["ipv4"].as_str()?)))
-                .collect();
-            assert_eq!(kept, seen, "{listed}");
-            for pod in &pods {
-                assert!(blocking(
-                    || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-                ));
-            }
+            blocking(|| restart_keeps_pods(&mut agent, &pods, &seen));
         }
-        for (i, pod) in pods.iter().enumerate() {
-            blocking(|| {
-                enim(
-                    "DEL",
-                    &format!("w{wave}p{i}"),
-                    Some(&pod.path()),
-                    "eth0",
-                    &conf,
-                )
-                .ok()
-            });
-        }
+        blocking(|| del_pods(&pods, &prefix, &conf));
         // Surplus goes back after the cooldown: pre_allocate +
         // max_above_watermark free addresses stay.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -304,11 +237,8 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             return;
         };
         let (host, _gw) = sandbox(&env);
-        let earlier = env.create_tagged_eni().await;
-        env.admin_ec2
-            .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-            .await
-            .unwrap();
+        // One ENI an earlier run left attached, as in the test above.
+        aws::attach_earlier(&env).await;
         let dir = tempfile::tempdir().unwrap();
         // One address per ENI where the crash is at an attach (the first
         // fill then needs a second ENI), two elsewhere. A long cooldown, so
@@ -334,7 +264,8 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "pool:before-unassign" => {
                 blocking(|| agent.restart());
                 for (i, pod) in pods.iter().enumerate() {
-                    blocking(|| add_retrying(&format!("c{i}"), pod, &conf(&agent)));
+                    let cid = format!("c{i}");
+                    blocking(|| add_retrying(&cid, pod, &conf(&agent), Duration::from_secs(60)));
                 }
                 // Pre-allocated ahead of the three: five on three ENIs.
                 settled(&env, &agent, 3).await;
@@ -383,9 +314,7 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "an address held twice: {records}"
         );
         for pod in &live {
-            assert!(blocking(
-                || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-            ));
+            assert!(blocking(|| pings_router(pod)));
         }
         // Never more ENIs than the addresses need: an ENI attached before
         // the crash was taken in, not attached again.
@@ -401,7 +330,7 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "{point}: an ENI left unattached"
         );
         let newcomer = NamedNetns::new("awscn");
-        let r = blocking(|| add_retrying("cn", &newcomer, &conf(&agent)));
+        let r = blocking(|| add_retrying("cn", &newcomer, &conf(&agent), Duration::from_secs(60)));
         let ip = r["ips"][0]["address"]
             .as_str()
             .unwrap()
