@@ -36,7 +36,8 @@ use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
 use crate::api::{
-    client_token, ApiClient, ApiEni, CreateEni, EniStatus, PrivateIp, PRIVATE_IP_BATCH_MAX,
+    client_token, ApiClient, ApiEni, Attachment, CreateEni, EniStatus, PrivateIp,
+    PRIVATE_IP_BATCH_MAX,
 };
 use crate::metadata::{MetadataClient, MetadataError};
 
@@ -223,7 +224,9 @@ impl BceBackend {
                     });
                 }
                 (EniStatus::Available, _) if !attach_sent => {
-                    self.api.attach(eni_id, &self.s.instance_id, &token).await?;
+                    self.api
+                        .set_attachment(Attachment::Attach, eni_id, &self.s.instance_id, &token)
+                        .await?;
                     attach_sent = true;
                     tracing::info!(eni = eni_id, instance = %self.s.instance_id, "attach requested");
                 }
@@ -551,7 +554,12 @@ impl CloudBackend for BceBackend {
                 (EniStatus::InUse, _) if !detach_sent => {
                     crash_point("cloud:before-detach");
                     self.api
-                        .detach(eni_id, &self.s.instance_id, &detach_token)
+                        .set_attachment(
+                            Attachment::Detach,
+                            eni_id,
+                            &self.s.instance_id,
+                            &detach_token,
+                        )
                         .await?;
                     detach_sent = true;
                     tracing::info!(eni = eni_id, "detach requested");
