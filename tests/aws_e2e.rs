@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws::{blocking, sandbox, start_enimd};
+use common::cloud_node::{add_retrying, config_head, pings_router};
 use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
 use enim_testkit::moto as aws_rig;
@@ -29,16 +30,10 @@ const NETWORK: &str = "enim-aws-e2e";
 /// through the fault proxy, short timings.
 fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env) -> String {
     format!(
-        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
-         [provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
+        "{}{}[provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
          max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        imds = env.imds.url,
-        ec2 = env.proxy.url,
+        config_head(dir, host),
+        aws::provider_table(env),
     )
 }
 
@@ -63,11 +58,7 @@ async fn kernel_env() -> Option<aws_rig::Env> {
 
 async fn rig(env: &aws_rig::Env) -> Rig {
     let (host, gw) = sandbox(env);
-    let earlier = env.create_tagged_eni().await;
-    env.admin_ec2
-        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-        .await
-        .unwrap();
+    let earlier = aws::attach_earlier(env).await;
     let dir = tempfile::tempdir().unwrap();
     let config = pool_config(dir.path(), &host, env);
     Rig {
@@ -104,28 +95,15 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         env.tagged_ids().await.len() == 2 && env.attached().await.len() == 3
     })
     .await;
-    let r2 = blocking(|| {
-        // The refill is attached; enimd may still be waiting for metadata.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf);
-            if out.status == 0 || Instant::now() > deadline {
-                return out.ok();
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    });
+    // The refill is attached; enimd may still be waiting for metadata.
+    let r2 = blocking(|| add_retrying("c2", &pod2, &conf, Duration::from_secs(20)));
     let mac2 = r2["interfaces"][0]["mac"].as_str().unwrap().to_string();
     assert_ne!(mac2, rig.earlier.mac_address);
     assert_eq!(r2["ips"][0]["gateway"], "10.0.1.1");
 
     // Both pods reach the router through their own ENI.
     for pod in [&pod1, &pod2] {
-        assert!(
-            blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])),
-            "ping from {}",
-            pod.name
-        );
+        assert!(blocking(|| pings_router(pod)), "ping from {}", pod.name);
     }
 
     // DEL both: the ENIs go home; one free ENI is above max_free 1, so the
@@ -222,9 +200,7 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
     let (pod1, pod2) = (NamedNetns::new("awspod1"), NamedNetns::new("awspod2"));
     let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
     assert_eq!(r1["interfaces"][0]["mac"], rig.earlier.mac_address);
-    assert!(blocking(
-        || pod1.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-    ));
+    assert!(blocking(|| pings_router(&pod1)));
     blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).err(11));
     // The runtime DELs the failed sandbox, as CRI runtimes do: the pod no
     // longer counts as waiting for an ENI.

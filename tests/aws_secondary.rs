@@ -25,14 +25,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aws::{blocking, sandbox, start_enimd};
+use common::cloud_node::{
+    add_retrying, add_secondary_pods, as_host_routes, del_pods, pings_router, restart_keeps_pods,
+    MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
+};
 use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
 use enim_testkit::moto as aws_rig;
 
 const NETWORK: &str = "enim-aws-secondary";
-/// Warm pool watermarks of the test (`[secondary.pool]`).
-const PRE_ALLOCATE: usize = 2;
-const MAX_ABOVE_WATERMARK: usize = 1;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -80,12 +81,12 @@ fn secondary_config(
             .and_then(|v| v.as_table().cloned())
             .unwrap_or_default()
     };
+    // The ConfigMap's [provider] and [provider.pool], pointed at moto.
     let mut provider = table(&mut config, "provider");
-    set(&mut provider, "imds_endpoint", s(&env.imds.url));
-    set(&mut provider, "ec2_endpoint", s(&env.proxy.url));
-    set(&mut provider, "api_backoff", s("20ms"));
-    set(&mut provider, "api_max_backoff", s("200ms"));
-    set(&mut provider, "metadata_wait", s("10s"));
+    let sandbox: toml::Table = aws::provider_table(env).parse().unwrap();
+    for (key, value) in sandbox["provider"].as_table().unwrap() {
+        set(&mut provider, key, value.clone());
+    }
     set(&mut config, "provider", toml::Value::Table(provider));
     // The test's watermarks and timings.
     let mut secondary = table(&mut config, "secondary");
@@ -143,18 +144,6 @@ fn total(addresses: &BTreeMap<String, Vec<IpAddr>>) -> usize {
     addresses.values().map(Vec::len).sum()
 }
 
-/// ADD as a runtime does it: "try again later" (11) is retried.
-fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
-        if out.status == 0 || Instant::now() > deadline {
-            return out.ok();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
     common::require_kernel!();
@@ -167,19 +156,18 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
 
     let (host, _gw) = sandbox(&env);
     // One ENI an earlier run left attached, with no secondary address yet.
-    let earlier = env.create_tagged_eni().await;
-    env.admin_ec2
-        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-        .await
-        .unwrap();
+    let earlier = aws::attach_earlier(&env).await;
     let dir = tempfile::tempdir().unwrap();
     let config = secondary_config(dir.path(), &host, &env, per_eni, "1s");
     let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
 
     // The pool fills on the adopted ENI: pre_allocate, and as it is
-    // allocating anyway, max_above_watermark more in the same call.
+    // allocating anyway, max_above_watermark more in the same call (one
+    // fewer when moto hands out an address no pod can use, which the pool
+    // gives back: it is then still at or above pre_allocate).
     aws_rig::eventually(Duration::from_secs(20), "the first fill", || async {
-        total(&cloud_addresses(&env).await) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK
+        (PRE_ALLOCATE..=PRE_ALLOCATE + MAX_ABOVE_WATERMARK)
+            .contains(&total(&cloud_addresses(&env).await))
     })
     .await;
     assert_eq!(
@@ -193,16 +181,11 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
         let pods: Vec<NamedNetns> = (0..pods_per_wave)
             .map(|i| NamedNetns::new(&format!("awss{i}")))
             .collect();
-        let mut seen = HashSet::new();
-        for (i, pod) in pods.iter().enumerate() {
-            let r = blocking(|| add_retrying(&format!("w{wave}p{i}"), pod, &conf));
-            let ip = r["ips"][0]["address"].as_str().unwrap().to_string();
-            assert!(ip.starts_with("10.0.1.") && ip.ends_with("/32"), "{r}");
-            assert!(seen.insert(ip.clone()), "{ip} handed out twice");
-        }
+        let prefix = format!("w{wave}p");
+        let seen = blocking(|| add_secondary_pods(&pods, &prefix, &conf));
         // Every pod reaches the router, out of its ENI.
         for pod in &pods {
-            if !blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])) {
+            if !blocking(|| pings_router(pod)) {
                 for (ns, args) in [
                     (&host.name, &["ip", "-d", "link"][..]),
                     (&host.name, &["ip", "rule"][..]),
@@ -221,7 +204,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
                         .unwrap();
                     eprintln!("== {ns} {args:?}\n{}", String::from_utf8_lossy(&out.stdout));
                 }
-                let again = blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"]));
+                let again = blocking(|| pings_router(pod));
                 panic!("ping from {} failed; again: {again}", pod.name);
             }
         }
@@ -234,44 +217,15 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_moto() {
             assert!(cloud.values().all(|ips| ips.len() <= per_eni), "{cloud:?}");
         }
         // Every pod's address is assigned in the cloud, on one ENI.
-        let in_cloud: HashSet<String> = cloud
-            .values()
-            .flatten()
-            .map(|ip| format!("{ip}/32"))
-            .collect();
+        let in_cloud = as_host_routes(cloud.values().flatten());
         assert!(seen.is_subset(&in_cloud), "{seen:?} vs {cloud:?}");
 
         if wave == 0 {
             // A restart keeps every live pod's address, and the pool picks
             // up where it was.
-            blocking(|| agent.stop());
-            blocking(|| agent.restart());
-            let listed = blocking(|| agent.ctl(&["attachments"]));
-            let kept: HashSet<String> = listed["attachments"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|a| Some(format!("{}/32", a["ipv4"].as_str()?)))
-                .collect();
-            assert_eq!(kept, seen, "{listed}");
-            for pod in &pods {
-                assert!(blocking(
-                    || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-                ));
-            }
+            blocking(|| restart_keeps_pods(&mut agent, &pods, &seen));
         }
-        for (i, pod) in pods.iter().enumerate() {
-            blocking(|| {
-                enim(
-                    "DEL",
-                    &format!("w{wave}p{i}"),
-                    Some(&pod.path()),
-                    "eth0",
-                    &conf,
-                )
-                .ok()
-            });
-        }
+        blocking(|| del_pods(&pods, &prefix, &conf));
         // Surplus goes back after the cooldown: pre_allocate +
         // max_above_watermark free addresses stay.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -356,11 +310,8 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             return;
         };
         let (host, _gw) = sandbox(&env);
-        let earlier = env.create_tagged_eni().await;
-        env.admin_ec2
-            .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
-            .await
-            .unwrap();
+        // One ENI an earlier run left attached, as in the test above.
+        aws::attach_earlier(&env).await;
         let dir = tempfile::tempdir().unwrap();
         // One address per ENI where the crash is at an attach (the first
         // fill then needs a second ENI), two elsewhere. A long cooldown, so
@@ -386,7 +337,8 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "pool:before-unassign" => {
                 blocking(|| agent.restart());
                 for (i, pod) in pods.iter().enumerate() {
-                    blocking(|| add_retrying(&format!("c{i}"), pod, &conf(&agent)));
+                    let cid = format!("c{i}");
+                    blocking(|| add_retrying(&cid, pod, &conf(&agent), Duration::from_secs(60)));
                 }
                 // Pre-allocated ahead of the three: five on three ENIs.
                 settled(&env, &agent, 3).await;
@@ -435,9 +387,7 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "an address held twice: {records}"
         );
         for pod in &live {
-            assert!(blocking(
-                || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-            ));
+            assert!(blocking(|| pings_router(pod)));
         }
         // Never more ENIs than the addresses need: an ENI attached before
         // the crash was taken in, not attached again.
@@ -453,7 +403,7 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
             "{point}: an ENI left unattached"
         );
         let newcomer = NamedNetns::new("awscn");
-        let r = blocking(|| add_retrying("cn", &newcomer, &conf(&agent)));
+        let r = blocking(|| add_retrying("cn", &newcomer, &conf(&agent), Duration::from_secs(60)));
         let ip = r["ips"][0]["address"]
             .as_str()
             .unwrap()

@@ -10,39 +10,54 @@
 //! in a host namespace; the far end sits on a bridge holding the subnet's
 //! router address (10.0.1.1) in a gateway namespace.
 
-// Shared by the BCE test binaries; each uses its own part.
-#[allow(dead_code)]
-#[path = "bce/mod.rs"]
-mod bce;
 mod common;
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bce::{add_retrying, blocking, eventually, sandbox};
-use common::{enim, NamedNetns};
+use common::cloud_node::{
+    self, add_secondary_pods, as_host_routes, del_pods, pings_router, restart_keeps_pods,
+    MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
+};
+use common::{bins, Agent, NamedNetns};
 use enim_testkit::agent::net_conf;
-use enim_testkit::bce::FakeCloud;
+use enim_testkit::bce::{self as rig, FakeCloud};
+use enim_testkit::fixtures::AgentPaths;
 
 const NETWORK: &str = "enim-bce-secondary";
-const PRE_ALLOCATE: usize = 2;
-const MAX_ABOVE_WATERMARK: usize = 1;
 /// Addresses per ENI the agent uses (below the fake's quota of 8).
 const PER_ENI: usize = 4;
 const PODS: usize = 6;
 
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
 fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud) -> String {
-    format!(
-        "mode = \"secondary\"\n{agent}\
-         [secondary]\ncooldown = \"1s\"\n\
-         [secondary.pool]\npre_allocate = {PRE_ALLOCATE}\nmax_above_watermark = {MAX_ABOVE_WATERMARK}\n\
-         max_per_eni = {PER_ENI}\nresync_interval = \"500ms\"\ninitial_retry = \"100ms\"\nmax_backoff = \"1s\"\n\
-         {provider}",
-        agent = bce::agent_section(dir, host),
-        provider = bce::provider_section(cloud),
-    )
+    let provider = format!(
+        "[provider]\ntype = \"bce\"\nendpoint = {api:?}\nmetadata_endpoint = {meta:?}\n\
+         security_group_ids = [\"g-enim\"]\naccess_key_id = {ak:?}\nsecret_access_key = {sk:?}\n\
+         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\nretry_base = \"10ms\"\nretry_cap = \"100ms\"\n",
+        api = cloud.api_url,
+        meta = cloud.meta_url,
+        ak = rig::AK,
+        sk = rig::SK,
+    );
+    cloud_node::secondary_config(dir, host, "1s", PER_ENI, &provider)
+}
+
+/// The sandbox node: ENIs appear in the host namespace as metadata first
+/// lists them.
+fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
+    let host = Arc::new(NamedNetns::new("bcehost"));
+    let gw = cloud_node::gateway("bcegw");
+    let (h, g) = (host.clone(), gw.clone());
+    cloud.on_new_interface(Arc::new(move |mac: &str, n: u32| {
+        cloud_node::plug(&h, &g, &format!("bce{n}"), mac, &format!("bgw{n}"));
+    }));
+    (host, gw)
 }
 
 /// Secondary addresses the fake has on ENIs attached to the instance.
@@ -61,13 +76,25 @@ fn total(cloud: &FakeCloud) -> usize {
         .sum()
 }
 
+async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     common::require_kernel!();
     let cloud = FakeCloud::start().await;
     let (host, gw) = sandbox(&cloud);
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = bce::enimd(dir.path(), &config(dir.path(), &host, &cloud));
+    let paths = AgentPaths::in_dir(dir.path());
+    std::fs::write(&paths.config, config(dir.path(), &host, &cloud)).unwrap();
+    let mut agent = Agent::new(bins(), paths);
+    agent.ready_timeout = Duration::from_secs(30);
+    agent.ready_poll = Duration::from_millis(50);
     blocking(|| agent.restart());
 
     // No ENI at start: the pool attaches one and fills it, past
@@ -82,16 +109,10 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     let pods: Vec<NamedNetns> = (0..PODS)
         .map(|i| NamedNetns::new(&format!("bces{i}")))
         .collect();
-    let mut seen = HashSet::new();
-    for (i, pod) in pods.iter().enumerate() {
-        let r = blocking(|| add_retrying(&format!("p{i}"), pod, &conf));
-        let ip = r["ips"][0]["address"].as_str().unwrap().to_string();
-        assert!(ip.starts_with("10.0.1.") && ip.ends_with("/32"), "{r}");
-        assert!(seen.insert(ip.clone()), "{ip} handed out twice");
-    }
+    let seen = blocking(|| add_secondary_pods(&pods, "p", &conf));
     for pod in &pods {
         assert!(
-            blocking(|| pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])),
+            blocking(|| pings_router(pod)),
             "{} cannot reach the router; host links {}",
             pod.name,
             host.ip(&["-d", "link"])
@@ -105,10 +126,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
         cloud_now.iter().all(|(_, ips)| ips.len() <= PER_ENI),
         "{cloud_now:?}"
     );
-    let in_cloud: HashSet<String> = cloud_now
-        .iter()
-        .flat_map(|(_, ips)| ips.iter().map(|ip| format!("{ip}/32")))
-        .collect();
+    let in_cloud = as_host_routes(cloud_now.iter().flat_map(|(_, ips)| ips));
     assert!(seen.is_subset(&in_cloud), "{seen:?} vs {cloud_now:?}");
     let names = host.link_names();
     for n in 1..=cloud_now.len() {
@@ -116,25 +134,9 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     }
 
     // A restart keeps every live pod's address and reachability.
-    blocking(|| agent.stop());
-    blocking(|| agent.restart());
-    let listed = blocking(|| agent.ctl(&["attachments"]));
-    let kept: HashSet<String> = listed["attachments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|a| Some(format!("{}/32", a["ipv4"].as_str()?)))
-        .collect();
-    assert_eq!(kept, seen, "{listed}");
-    for pod in &pods {
-        assert!(blocking(
-            || pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.0.1.1"])
-        ));
-    }
+    blocking(|| restart_keeps_pods(&mut agent, &pods, &seen));
 
-    for (i, pod) in pods.iter().enumerate() {
-        blocking(|| enim("DEL", &format!("p{i}"), Some(&pod.path()), "eth0", &conf).ok());
-    }
+    blocking(|| del_pods(&pods, "p", &conf));
     // Surplus goes back after the cooldown.
     let deadline = Instant::now() + Duration::from_secs(30);
     while total(&cloud) != PRE_ALLOCATE + MAX_ABOVE_WATERMARK {

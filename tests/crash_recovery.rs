@@ -23,30 +23,35 @@ fn crashed_and_recovered_at(point: &str) -> ConfRig {
     (sb, pod, dir, agent, conf)
 }
 
+/// For each crash point of the verb (`prefix` "add:" or "del:"): a rig
+/// crashed there and recovered, then the runtime's retry (`retry`, which
+/// for a DEL is the DEL below), then DEL brings both ENIs home, free.
+fn after_each_crash_point(prefix: &str, retry: impl Fn(&str, &ConfRig)) {
+    for point in CRASH_POINTS.iter().filter(|p| p.starts_with(prefix)) {
+        let rig = crashed_and_recovered_at(point);
+        retry(point, &rig);
+        let (sb, pod, _dir, agent, conf) = &rig;
+        enim("DEL", "c1", Some(&pod.path()), "eth0", conf).ok();
+        assert_all_home_and_unrecorded(sb, agent);
+        assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
+    }
+}
+
 #[test]
 fn crash_at_every_add_point_then_restart_and_gc() {
     require_kernel!();
-    for point in CRASH_POINTS.iter().filter(|p| p.starts_with("add:")) {
-        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
-
-        // The runtime retries the ADD: it succeeds, then DEL brings it home.
-        enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        assert_invariant(&sb, &[&pod], &agent, &[], &format!("{point}, retried ADD"));
-        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        assert_all_home_and_unrecorded(&sb, &agent);
-    }
+    // The runtime retries the ADD: it succeeds.
+    after_each_crash_point("add:", |point, (sb, pod, _dir, agent, conf)| {
+        enim("ADD", "c1", Some(&pod.path()), "eth0", conf).ok();
+        assert_invariant(sb, &[pod], agent, &[], &format!("{point}, retried ADD"));
+    });
 }
 
 #[test]
 fn crash_at_every_del_point_then_restart_and_gc() {
     require_kernel!();
-    for point in CRASH_POINTS.iter().filter(|p| p.starts_with("del:")) {
-        let (sb, pod, _dir, agent, conf) = crashed_and_recovered_at(point);
-        // The runtime retries the DEL.
-        enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-        assert_all_home_and_unrecorded(&sb, &agent);
-        assert_eq!(agent.ctl(&["status"])["enis_free"], 2, "{point}");
-    }
+    // The runtime retries the DEL: the helper's own.
+    after_each_crash_point("del:", |_, _| {});
 }
 
 /// Secondary mode: the agent is killed at each of its ADD and DEL points,

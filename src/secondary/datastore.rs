@@ -464,6 +464,14 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// [`store`] with pod p assigned (dual-stack when `dual`) now; and now.
+    fn store_with_p(dual: bool) -> (DataStore, Instant) {
+        let t0 = Instant::now();
+        let mut ds = store();
+        ds.assign(&key("p"), dual, t0).unwrap();
+        (ds, t0)
+    }
+
     fn store() -> DataStore {
         let mut ds = DataStore::new(Duration::from_secs(30));
         ds.add_eni("eni-a", 2).unwrap();
@@ -545,9 +553,7 @@ mod tests {
 
     #[test]
     fn released_addresses_cool_down() {
-        let t0 = Instant::now();
-        let mut ds = store();
-        ds.assign(&key("p"), false, t0).unwrap();
+        let (mut ds, t0) = store_with_p(false);
         assert_eq!(
             ds.unassign(&key("p"), t0).unwrap().ipv4,
             Some(ip("10.0.0.11"))
@@ -650,9 +656,7 @@ mod tests {
 
     #[test]
     fn usage_counts_by_family() {
-        let t0 = Instant::now();
-        let mut ds = store();
-        ds.assign(&key("p"), true, t0).unwrap();
+        let (ds, t0) = store_with_p(true);
         assert_eq!(
             ds.usage(t0),
             vec![EniUsage {

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use enim_provider::retry::{Backoff, Jitter};
+use enim_provider::retry::{pause, Backoff, Pause};
 use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
@@ -483,22 +483,10 @@ async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             return;
         }
-        let stopping = match failed {
-            Some(delay) => tokio::select! {
-                _ = tokio::time::sleep(delay) => false,
-                _ = stop.changed() => true,
-            },
-            None => tokio::select! {
-                _ = tokio::time::sleep(Jitter::Equal.apply(config.resync_interval)) => {
-                    drift = true;
-                    false
-                }
-                _ = shared.wake.notified() => false,
-                _ = stop.changed() => true,
-            },
-        };
-        if stopping {
-            return;
+        match pause(failed, config.resync_interval, &shared.wake, &mut stop).await {
+            Pause::Stopped => return,
+            Pause::Resync => drift = true,
+            Pause::Go => {}
         }
     }
 }
@@ -533,6 +521,23 @@ mod tests {
         }
     }
 
+    /// IPv4-only steps, as most plans are.
+    fn assign4(eni_id: &str, ipv4: usize) -> PoolStep {
+        PoolStep::Assign {
+            eni_id: eni_id.into(),
+            ipv4,
+            ipv6: 0,
+        }
+    }
+
+    fn release4(eni_id: &str, ipv4: usize) -> PoolStep {
+        PoolStep::Release {
+            eni_id: eni_id.into(),
+            ipv4,
+            ipv6: 0,
+        }
+    }
+
     fn config() -> WarmIpConfig {
         WarmIpConfig {
             pre_allocate: 4,
@@ -547,41 +552,20 @@ mod tests {
         let usage = [eni("eni-a", 9, 0), eni("eni-b", 3, 1)];
         // eni-a has 9 of 9 secondaries: full. eni-b takes the 3 missing
         // and max_above_watermark (2) more, in one call.
-        assert_eq!(
-            plan(&config(), &usage, &node(3, 0)),
-            PoolStep::Assign {
-                eni_id: "eni-b".into(),
-                ipv4: 5,
-                ipv6: 0
-            }
-        );
+        assert_eq!(plan(&config(), &usage, &node(3, 0)), assign4("eni-b", 5));
     }
 
     #[test]
     fn waiting_pods_and_min_allocate_add_demand() {
         let usage = [eni("eni-a", 4, 4)];
         assert_eq!(plan(&config(), &usage, &node(2, 0)), PoolStep::Idle);
-        assert_eq!(
-            plan(&config(), &usage, &node(2, 3)),
-            PoolStep::Assign {
-                eni_id: "eni-a".into(),
-                ipv4: 5,
-                ipv6: 0
-            }
-        );
+        assert_eq!(plan(&config(), &usage, &node(2, 3)), assign4("eni-a", 5));
         let min = WarmIpConfig {
             min_allocate: 8,
             ..config()
         };
         // 4 missing and 2 above, bounded by the ENI's room of 5.
-        assert_eq!(
-            plan(&min, &usage, &node(2, 0)),
-            PoolStep::Assign {
-                eni_id: "eni-a".into(),
-                ipv4: 5,
-                ipv6: 0
-            }
-        );
+        assert_eq!(plan(&min, &usage, &node(2, 0)), assign4("eni-a", 5));
     }
 
     #[test]
@@ -600,26 +584,12 @@ mod tests {
     fn surplus_above_the_watermark_is_released_but_not_below_min_allocate() {
         let usage = [eni("eni-a", 9, 9), eni("eni-b", 2, 1)];
         // 10 free, keep 4 + 2: release 4 from eni-a (most free).
-        assert_eq!(
-            plan(&config(), &usage, &node(3, 0)),
-            PoolStep::Release {
-                eni_id: "eni-a".into(),
-                ipv4: 4,
-                ipv6: 0
-            }
-        );
+        assert_eq!(plan(&config(), &usage, &node(3, 0)), release4("eni-a", 4));
         let min = WarmIpConfig {
             min_allocate: 9,
             ..config()
         };
-        assert_eq!(
-            plan(&min, &usage, &node(3, 0)),
-            PoolStep::Release {
-                eni_id: "eni-a".into(),
-                ipv4: 2,
-                ipv6: 0
-            }
-        );
+        assert_eq!(plan(&min, &usage, &node(3, 0)), release4("eni-a", 2));
         // Within the watermark: nothing.
         assert_eq!(
             plan(&config(), &[eni("eni-a", 6, 6)], &node(2, 0)),
@@ -663,11 +633,7 @@ mod tests {
         );
         assert_eq!(
             plan(&c, &[eni("eni-a", 2, 1)], &node(2, 0)),
-            PoolStep::Assign {
-                eni_id: "eni-a".into(),
-                ipv4: 2,
-                ipv6: 0
-            }
+            assign4("eni-a", 2)
         );
     }
 
@@ -680,11 +646,7 @@ mod tests {
         };
         assert_eq!(
             plan(&c, &[eni("eni-a", 0, 0)], &node(2, 0)),
-            PoolStep::Assign {
-                eni_id: "eni-a".into(),
-                ipv4: 5,
-                ipv6: 0
-            }
+            assign4("eni-a", 5)
         );
     }
 

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{bins, Agent, NamedNetns};
+use crate::common::{bins, cloud_node, Agent, NamedNetns};
+use enim_provider_aws::ec2::NetworkInterface;
 use enim_testkit::fixtures::AgentPaths;
 use enim_testkit::moto as aws_rig;
 
@@ -46,10 +47,7 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 /// gateway namespace.
 pub fn sandbox(env: &aws_rig::Env) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
     let host = Arc::new(NamedNetns::new("awshost"));
-    let gw = Arc::new(NamedNetns::new("awsgw"));
-    gw.ip(&["link", "add", "br0", "type", "bridge"]);
-    gw.ip(&["addr", "add", "10.0.1.1/24", "dev", "br0"]);
-    gw.ip(&["link", "set", "br0", "up"]);
+    let gw = cloud_node::gateway("awsgw");
     {
         let (host, gw) = (host.clone(), gw.clone());
         env.imds
@@ -59,12 +57,29 @@ pub fn sandbox(env: &aws_rig::Env) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
                 // the old NIC's pair goes first, as a hypervisor unplugs it.
                 let _ = host.exec_ok(&["ip", "link", "del", &name]);
                 let _ = gw.exec_ok(&["ip", "link", "del", &peer]);
-                host.ip(&[
-                    "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer,
-                    "netns", &gw.name,
-                ]);
-                gw.ip(&["link", "set", &peer, "master", "br0", "up"]);
+                cloud_node::plug(&host, &gw, &name, mac, &peer);
             }));
     }
     (host, gw)
+}
+
+/// An ENI tagged for the node as an earlier agent run left it: attached
+/// at device index 1.
+pub async fn attach_earlier(env: &aws_rig::Env) -> NetworkInterface {
+    let earlier = env.create_tagged_eni().await;
+    env.admin_ec2
+        .attach_network_interface(&earlier.network_interface_id, &env.instance_id, 1, 0)
+        .await
+        .unwrap();
+    earlier
+}
+
+/// enimd's `[provider]` table over moto: IMDS and EC2 (through the fault
+/// proxy), short timings.
+pub fn provider_table(env: &aws_rig::Env) -> String {
+    format!(
+        "[provider]\ntype = \"aws\"\nimds_endpoint = {:?}\nec2_endpoint = {:?}\n\
+         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n",
+        env.imds.url, env.proxy.url,
+    )
 }

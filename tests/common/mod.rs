@@ -15,6 +15,8 @@ use enim::primary::PrimaryDriver;
 use enim::secondary::{SecondaryConfig, SecondaryDriver};
 use enim::store::checkpoint::Checkpoint;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
+
+pub mod cloud_node;
 pub use enim_testkit::agent::{assert_metrics, crash_env, http_get_in, metric, NETWORK};
 pub use enim_testkit::cni::CniOutput;
 pub use enim_testkit::*;

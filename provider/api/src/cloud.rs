@@ -89,6 +89,44 @@ pub enum Reaped {
     Spared(String),
 }
 
+/// The reaper's second look at an ENI it listed, before deleting it:
+/// why it is spared now, if it is no longer this cluster's (`mark`: how the
+/// cloud marks it, "tagged" or "marked") or no longer attached nowhere.
+pub fn spared_on_second_look(
+    in_cluster: bool,
+    mark: &str,
+    unattached: bool,
+    status: impl std::fmt::Display,
+) -> Option<Reaped> {
+    if !in_cluster {
+        return Some(Reaped::Spared(format!("no longer {mark} for this cluster")));
+    }
+    if !unattached {
+        return Some(Reaped::Spared(format!("now {status}")));
+    }
+    None
+}
+
+/// What an assign added: the addresses of the ENI's listing `after` that
+/// its listing `before` did not have (logged). Both clouds read the
+/// listing, not the assign's reply, which is not the same everywhere (and
+/// counts a retried call twice).
+pub fn added_addresses(eni_id: &str, before: Vec<IpAddr>, after: Vec<IpAddr>) -> Vec<IpAddr> {
+    let known: std::collections::HashSet<IpAddr> = before.into_iter().collect();
+    let new: Vec<IpAddr> = after.into_iter().filter(|ip| !known.contains(ip)).collect();
+    tracing::info!(eni = eni_id, assigned = ?new, "assigned secondary addresses");
+    new
+}
+
+/// Of `ips`, those the ENI still has (`present`), by family (IPv4, IPv6):
+/// an unassign skips what is gone already.
+pub fn still_present(ips: &[IpAddr], present: Vec<IpAddr>) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let present: std::collections::HashSet<IpAddr> = present.into_iter().collect();
+    ips.iter()
+        .filter(|ip| present.contains(ip))
+        .partition(|ip| ip.is_ipv4())
+}
+
 /// An ENI enim created for this node, found by its tags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaggedEni {

@@ -212,6 +212,41 @@ impl Poll {
     }
 }
 
+/// How a background loop's wait between two rounds ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Its `stop` signal changed: the loop ends.
+    Stopped,
+    /// The delay passed, or someone woke it.
+    Go,
+    /// The resync interval passed with nothing to wake it: the next round
+    /// also checks the cloud for drift.
+    Resync,
+}
+
+/// The wait between two rounds of a warm pool's loop. After a failed round
+/// (`retry_in`) the backoff, deaf to wake-ups so callers hitting an empty
+/// pool cannot hammer a throttling cloud; after a good round, up to the
+/// jittered `resync` interval or until `wake`.
+pub async fn pause(
+    retry_in: Option<Duration>,
+    resync: Duration,
+    wake: &tokio::sync::Notify,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Pause {
+    match retry_in {
+        Some(delay) => tokio::select! {
+            _ = tokio::time::sleep(delay) => Pause::Go,
+            _ = stop.changed() => Pause::Stopped,
+        },
+        None => tokio::select! {
+            _ = tokio::time::sleep(Jitter::Equal.apply(resync)) => Pause::Resync,
+            _ = wake.notified() => Pause::Go,
+            _ = stop.changed() => Pause::Stopped,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -5,7 +5,7 @@
 //! for what exists, which interfaces enim created (by tag), and for
 //! attachment state while metadata lags.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{
-    format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
-    TAG_CREATED_AT,
+    added_addresses, format_created_at, still_present, CloudBackend, Reaped, TaggedEni,
+    UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
@@ -27,6 +27,9 @@ use crate::ec2::{
     default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, Family, NetworkInterface,
 };
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
+
+// The reaper's side of `AwsBackend`.
+mod reaper;
 
 /// Marks an ENI as created by enim.
 pub const TAG_MANAGED: &str = "enim.io/managed";
@@ -263,44 +266,17 @@ impl AwsBackend {
         tags
     }
 
-    /// enim's and this cluster's (any node's).
-    fn in_cluster(&self, eni: &NetworkInterface) -> bool {
-        let cluster = self.config.cluster.as_deref();
-        cluster.is_some() && eni.tag(TAG_MANAGED) == Some("true") && eni.tag(TAG_CLUSTER) == cluster
-    }
-
-    /// Detached, by EC2's account: `available` and no live attachment.
-    fn is_unattached(eni: &NetworkInterface) -> bool {
-        eni.status == "available" && eni.attached_instance().is_none()
-    }
-
-    async fn do_reap(&self, eni_id: &str) -> Result<Reaped, AwsError> {
-        // Looked up again: it may have been attached (or retagged) since
-        // it was listed, and DeleteNetworkInterface does not check tags.
-        let Some(eni) = self
-            .ec2
+    /// `eni_id` as EC2 sees it, `None` if it does not exist; `what` names
+    /// the step in an error.
+    async fn describe(
+        &self,
+        eni_id: &str,
+        what: String,
+    ) -> Result<Option<NetworkInterface>, AwsError> {
+        self.ec2
             .describe_network_interface(eni_id)
             .await
-            .map_err(ec2(format!("looking up leaked ENI {eni_id}")))?
-        else {
-            return Ok(Reaped::Gone);
-        };
-        if !self.in_cluster(&eni) {
-            return Ok(Reaped::Spared("no longer tagged for this cluster".into()));
-        }
-        if !Self::is_unattached(&eni) {
-            return Ok(Reaped::Spared(format!("now {}", eni.status)));
-        }
-        match self.ec2.delete_network_interface(eni_id).await {
-            Ok(()) => Ok(Reaped::Deleted),
-            // Another node's reaper got there first.
-            Err(e) if e.is_not_found() => Ok(Reaped::Gone),
-            // Attached between our look and the delete.
-            Err(e) if e.code() == Some("InvalidNetworkInterface.InUse") => {
-                Ok(Reaped::Spared("attached meanwhile".into()))
-            }
-            Err(e) => Err(ec2(format!("deleting leaked ENI {eni_id}"))(e)),
-        }
+            .map_err(ec2(what))
     }
 
     fn is_ours(&self, eni: &NetworkInterface) -> bool {
@@ -445,10 +421,8 @@ impl AwsBackend {
         let mut poll = Poll::within(&DETACH_BACKOFF, self.config.detach_timeout);
         loop {
             let now = self
-                .ec2
-                .describe_network_interface(eni_id)
-                .await
-                .map_err(ec2(format!("waiting for ENI {eni_id} to detach")))?;
+                .describe(eni_id, format!("waiting for ENI {eni_id} to detach"))
+                .await?;
             let Some(now) = now else { return Ok(None) };
             if now.status == "available" {
                 return Ok(Some(now));
@@ -466,10 +440,8 @@ impl AwsBackend {
     /// Looks `eni_id` up and checks it is enim's for this node.
     async fn ours(&self, eni_id: &str) -> Result<Option<NetworkInterface>, AwsError> {
         let Some(eni) = self
-            .ec2
-            .describe_network_interface(eni_id)
-            .await
-            .map_err(ec2(format!("looking up ENI {eni_id}")))?
+            .describe(eni_id, format!("looking up ENI {eni_id}"))
+            .await?
         else {
             return Ok(None);
         };
@@ -620,10 +592,8 @@ impl AwsBackend {
     /// this instance: addresses are only ever changed on those.
     async fn attached_here(&self, eni_id: &str) -> Result<NetworkInterface, AwsError> {
         let eni = self
-            .ec2
-            .describe_network_interface(eni_id)
-            .await
-            .map_err(ec2(format!("looking up ENI {eni_id}")))?
+            .describe(eni_id, format!("looking up ENI {eni_id}"))
+            .await?
             .ok_or_else(|| AwsError::Missing(eni_id.into()))?;
         let att = eni.attachment.as_ref();
         if eni.attached_instance() != Some(self.instance_id.as_str()) {
@@ -649,7 +619,6 @@ impl AwsBackend {
         ipv6: usize,
     ) -> Result<Vec<IpAddr>, AwsError> {
         let before = self.attached_here(eni_id).await?;
-        let known: HashSet<IpAddr> = before.secondary_ips().into_iter().collect();
         for (family, count) in [(Family::V4, ipv4), (Family::V6, ipv6)] {
             if count > 0 {
                 self.ec2
@@ -660,17 +629,14 @@ impl AwsBackend {
                     )))?;
             }
         }
-        // What is there now that was not before: the reply of an assign
-        // lists only the new addresses on EC2, but all of them on some
-        // emulators; the ENI's own listing means the same everywhere.
+        // The reply of an assign lists only the new addresses on EC2, but
+        // all of them on some emulators: the ENI's own listing tells.
         let after = self.attached_here(eni_id).await?;
-        let new: Vec<IpAddr> = after
-            .secondary_ips()
-            .into_iter()
-            .filter(|ip| !known.contains(ip))
-            .collect();
-        tracing::info!(eni = %eni_id, assigned = ?new, "assigned secondary addresses");
-        Ok(new)
+        Ok(added_addresses(
+            eni_id,
+            before.secondary_ips(),
+            after.secondary_ips(),
+        ))
     }
 
     async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), AwsError> {
@@ -685,11 +651,7 @@ impl AwsBackend {
             }
             Err(e) => return Err(e),
         };
-        let present: HashSet<IpAddr> = now.secondary_ips().into_iter().collect();
-        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips
-            .iter()
-            .filter(|ip| present.contains(ip))
-            .partition(|ip| ip.is_ipv4());
+        let (v4, v6) = still_present(ips, now.secondary_ips());
         let strings = |ips: &[IpAddr]| ips.iter().map(ToString::to_string).collect::<Vec<_>>();
         for (family, ips) in [(Family::V4, v4), (Family::V6, v6)] {
             if !ips.is_empty() {
@@ -790,27 +752,7 @@ impl CloudBackend for AwsBackend {
     }
 
     async fn unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, ProviderError> {
-        let Some(cluster) = self.config.cluster.as_deref() else {
-            return Ok(Vec::new());
-        };
-        // Status is filtered here, not by EC2's `status` filter: the tag
-        // filters already keep the listing to this cluster's ENIs.
-        let enis = self
-            .ec2
-            .describe_network_interfaces(&[
-                (&format!("tag:{TAG_CLUSTER}"), &[cluster]),
-                (&format!("tag:{TAG_MANAGED}"), &["true"]),
-            ])
-            .await
-            .map_err(ec2("listing this cluster's ENIs"))?;
-        Ok(enis
-            .into_iter()
-            .filter(|e| self.in_cluster(e) && Self::is_unattached(e))
-            .map(|e| UnattachedEni {
-                created_at: CreatedAt::from_tag(e.tag(TAG_CREATED_AT)),
-                id: e.network_interface_id,
-            })
-            .collect())
+        Ok(self.do_unattached_in_cluster().await?)
     }
 
     async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {

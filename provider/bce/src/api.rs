@@ -338,6 +338,23 @@ pub fn client_token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// The two verbs of `PUT /v1/eni/<id>` ([`ApiClient::set_attachment`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attachment {
+    Attach,
+    Detach,
+}
+
+impl Attachment {
+    /// Its query parameter.
+    fn action(self) -> &'static str {
+        match self {
+            Attachment::Attach => "attach",
+            Attachment::Detach => "detach",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ApiClient {
     http: reqwest::Client,
@@ -627,13 +644,15 @@ impl ApiClient {
         Ok(created.eni_id)
     }
 
-    async fn attach_action(
+    /// Attaches `eni_id` to `instance_id`, or detaches it from there.
+    pub async fn set_attachment(
         &self,
-        action: &str,
+        verb: Attachment,
         eni_id: &str,
         instance_id: &str,
         token: &str,
     ) -> Result<(), ApiError> {
+        let action = verb.action();
         let op = format!("{action} ENI {eni_id} to/from {instance_id}");
         let params = [
             (action.to_string(), String::new()),
@@ -649,26 +668,6 @@ impl ApiClient {
         )
         .await?;
         Ok(())
-    }
-
-    pub async fn attach(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        token: &str,
-    ) -> Result<(), ApiError> {
-        self.attach_action("attach", eni_id, instance_id, token)
-            .await
-    }
-
-    pub async fn detach(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        token: &str,
-    ) -> Result<(), ApiError> {
-        self.attach_action("detach", eni_id, instance_id, token)
-            .await
     }
 
     pub async fn delete_eni(&self, eni_id: &str, token: &str) -> Result<(), ApiError> {
@@ -687,11 +686,7 @@ impl ApiClient {
 
     pub async fn quota(&self, instance_id: &str) -> Result<EniQuota, ApiError> {
         let op = format!("ENI quota of {instance_id}");
-        let params = [("instanceId".to_string(), instance_id.to_string())];
-        let body = self
-            .call(&op, Method::GET, "/v1/eni/quota", &params, None)
-            .await?;
-        Self::decode(&op, &body)
+        self.quota_call(&op, "instanceId", instance_id).await
     }
 
     /// The private-IP quota of one ENI (the same quota call, asked by
@@ -699,11 +694,16 @@ impl ApiClient {
     /// still free.
     pub async fn ip_quota(&self, eni_id: &str) -> Result<EniQuota, ApiError> {
         let op = format!("private-IP quota of ENI {eni_id}");
-        let params = [("eniId".to_string(), eni_id.to_string())];
+        self.quota_call(&op, "eniId", eni_id).await
+    }
+
+    /// The quota call, asked by `key` (`instanceId` or `eniId`).
+    async fn quota_call(&self, op: &str, key: &str, value: &str) -> Result<EniQuota, ApiError> {
+        let params = [(key.to_string(), value.to_string())];
         let body = self
-            .call(&op, Method::GET, "/v1/eni/quota", &params, None)
+            .call(op, Method::GET, "/v1/eni/quota", &params, None)
             .await?;
-        Self::decode(&op, &body)
+        Self::decode(op, &body)
     }
 
     /// Asks BCE for `count` (at most [`PRIVATE_IP_BATCH_MAX`]) new

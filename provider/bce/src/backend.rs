@@ -36,15 +36,15 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{
-    format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
-    TAG_CREATED_AT,
+    added_addresses, format_created_at, spared_on_second_look, still_present, CloudBackend,
+    CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
 use crate::api::{
-    client_token, ApiClient, ApiEni, ApiError, CreateEni, EniStatus, PrivateIp,
+    client_token, ApiClient, ApiEni, Attachment, CreateEni, EniStatus, PrivateIp,
     PRIVATE_IP_BATCH_MAX,
 };
 use crate::metadata::{MetadataClient, MetadataError};
@@ -219,10 +219,7 @@ impl BceBackend {
     /// The ENIs attached here: the API's listing, matched by MAC with
     /// instance metadata (which must show them too).
     async fn attached_online(&self) -> Result<Vec<Eni>, ProviderError> {
-        let listed = self
-            .api
-            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
-            .await?;
+        let listed = self.instance_enis().await?;
         let mut by_mac: HashMap<MacAddr, ApiEni> = HashMap::new();
         for e in listed {
             // The instanceId filter is trusted only as far as it is checked.
@@ -285,6 +282,38 @@ impl BceBackend {
         &self.s
     }
 
+    /// Every ENI of the VPC, this instance's or not: detached ENIs have no
+    /// instance to filter by.
+    async fn vpc_enis(&self) -> Result<Vec<ApiEni>, ProviderError> {
+        let listed = self
+            .api
+            .list_enis(&self.s.vpc_id, None, self.s.page_size)
+            .await?;
+        Ok(listed)
+    }
+
+    /// The ENIs the API lists for this instance (a filter the callers
+    /// still check).
+    async fn instance_enis(&self) -> Result<Vec<ApiEni>, ProviderError> {
+        let listed = self
+            .api
+            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
+            .await?;
+        Ok(listed)
+    }
+
+    /// `eni_id` as the API sees it; an ENI that does not exist is
+    /// [`ProviderError::UnknownEni`].
+    async fn get_known(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+        self.api.get_eni(eni_id).await.map_err(|e| {
+            if e.is_not_found() {
+                ProviderError::UnknownEni(eni_id.to_string())
+            } else {
+                e.into()
+            }
+        })
+    }
+
     fn is_ours(&self, eni: &ApiEni) -> bool {
         eni.name.starts_with(&self.name_prefix)
     }
@@ -340,11 +369,7 @@ impl BceBackend {
         let token = client_token();
         let mut attach_sent = false;
         let attached = loop {
-            let eni = self
-                .api
-                .get_eni(eni_id)
-                .await
-                .map_err(|e| unknown_if_missing(e, eni_id))?;
+            let eni = self.get_known(eni_id).await?;
             let status = eni.status();
             match (&status, eni.attached_to()) {
                 (EniStatus::InUse, Some(i)) if i == self.s.instance_id => break eni,
@@ -358,7 +383,9 @@ impl BceBackend {
                     });
                 }
                 (EniStatus::Available, _) if !attach_sent => {
-                    self.api.attach(eni_id, &self.s.instance_id, &token).await?;
+                    self.api
+                        .set_attachment(Attachment::Attach, eni_id, &self.s.instance_id, &token)
+                        .await?;
                     attach_sent = true;
                     tracing::info!(eni = eni_id, instance = %self.s.instance_id, "attach requested");
                 }
@@ -393,10 +420,7 @@ impl BceBackend {
     /// or enim's for it and detached) and no create in flight holds;
     /// reserved until [`Self::unreserve`].
     async fn reserve_device_index(&self) -> Result<u32, ProviderError> {
-        let all = self
-            .api
-            .list_enis(&self.s.vpc_id, None, self.s.page_size)
-            .await?;
+        let all = self.vpc_enis().await?;
         let used: HashSet<u32> = all
             .iter()
             .filter(|e| self.is_ours(e) || e.attached_to() == Some(self.s.instance_id.as_str()))
@@ -420,11 +444,7 @@ impl BceBackend {
     /// `eni_id` as the API sees it, checked to be a secondary ENI attached
     /// to this instance: addresses are only ever changed on those.
     async fn attached_here(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
-        let eni = self
-            .api
-            .get_eni(eni_id)
-            .await
-            .map_err(|e| unknown_if_missing(e, eni_id))?;
+        let eni = self.get_known(eni_id).await?;
         if eni.status() != EniStatus::InUse || eni.attached_to() != Some(&self.s.instance_id) {
             return Err(ProviderError::OwnedByOther {
                 eni_id: eni_id.to_string(),
@@ -465,10 +485,7 @@ impl BceBackend {
     /// of.
     async fn any_attached(&self) -> Result<Option<String>, ProviderError> {
         let local = self.meta.local_ipv4().await?;
-        let listed = self
-            .api
-            .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
-            .await?;
+        let listed = self.instance_enis().await?;
         Ok(listed
             .into_iter()
             .find(|e| {
@@ -477,80 +494,6 @@ impl BceBackend {
                     && e.primary_ipv4() != Some(local)
             })
             .map(|e| e.eni_id))
-    }
-
-    async fn do_assign(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        let before = self.attached_here(eni_id).await?;
-        let known: HashSet<IpAddr> = before.non_primary_ips().into_iter().collect();
-        // Cut to the ENI's quota: before the real figure was known the
-        // agent may have planned with a provisional one.
-        let per_eni = self.ips_per_eni(eni_id).await?;
-        let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
-        let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
-        if (want4, want6) != (ipv4, ipv6) {
-            tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
-        }
-        for (is_v6, mut left) in [(false, want4), (true, want6)] {
-            while left > 0 {
-                let n = left.min(PRIVATE_IP_BATCH_MAX);
-                self.api
-                    .batch_add_private_ips(eni_id, n, is_v6, &client_token())
-                    .await?;
-                left -= n;
-            }
-        }
-        // What is there now that was not before: the ENI's own listing,
-        // not the batch answers, so a retried batch is not counted twice.
-        let after = self.attached_here(eni_id).await?;
-        let new: Vec<IpAddr> = after
-            .non_primary_ips()
-            .into_iter()
-            .filter(|ip| !known.contains(ip))
-            .collect();
-        tracing::info!(eni = eni_id, assigned = ?new, "assigned secondary addresses");
-        Ok(new)
-    }
-
-    async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        let now = match self.attached_here(eni_id).await {
-            Ok(eni) => eni,
-            // Gone: its addresses went with it.
-            Err(ProviderError::UnknownEni(_)) => return Ok(()),
-            // Detached, or moved on: its addresses are not this node's.
-            Err(e @ ProviderError::OwnedByOther { .. }) => {
-                tracing::warn!(eni = eni_id, error = %e, "not unassigning addresses of an ENI no longer attached here");
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        let present: HashSet<IpAddr> = now.non_primary_ips().into_iter().collect();
-        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips
-            .iter()
-            .filter(|ip| present.contains(ip))
-            .partition(|ip| ip.is_ipv4());
-        // One family per call: the API takes either, mixing is not
-        // documented.
-        for family in [v4, v6] {
-            for chunk in family.chunks(PRIVATE_IP_BATCH_MAX) {
-                let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
-                match self
-                    .api
-                    .batch_del_private_ips(eni_id, &strings, &client_token())
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        tracing::info!(eni = eni_id, unassigned = ?ips, "unassigned secondary addresses");
-        Ok(())
     }
 
     /// Polls metadata until it lists `mac` with its addresses.
@@ -602,14 +545,6 @@ pub fn description_tag<'a>(description: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
-fn unknown_if_missing(e: ApiError, eni_id: &str) -> ProviderError {
-    if e.is_not_found() {
-        ProviderError::UnknownEni(eni_id.to_string())
-    } else {
-        e.into()
-    }
-}
-
 #[async_trait]
 impl CloudBackend for BceBackend {
     fn name(&self) -> &str {
@@ -637,10 +572,7 @@ impl CloudBackend for BceBackend {
     async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
         // Detached ENIs have no instance, so the whole VPC is listed and
         // filtered by name.
-        let all = self
-            .api
-            .list_enis(&self.s.vpc_id, None, self.s.page_size)
-            .await?;
+        let all = self.vpc_enis().await?;
         Ok(all
             .into_iter()
             .filter(|e| self.is_ours(e))
@@ -709,11 +641,7 @@ impl CloudBackend for BceBackend {
     }
 
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
-        let eni = self
-            .api
-            .get_eni(eni_id)
-            .await
-            .map_err(|e| unknown_if_missing(e, eni_id))?;
+        let eni = self.get_known(eni_id).await?;
         if !self.is_ours(&eni) {
             return Err(ProviderError::Config(format!(
                 "ENI {eni_id} ({:?}) was not created by enim for instance {}; not attaching it",
@@ -770,7 +698,12 @@ impl CloudBackend for BceBackend {
                 (EniStatus::InUse, _) if !detach_sent => {
                     crash_point("cloud:before-detach");
                     self.api
-                        .detach(eni_id, &self.s.instance_id, &detach_token)
+                        .set_attachment(
+                            Attachment::Detach,
+                            eni_id,
+                            &self.s.instance_id,
+                            &detach_token,
+                        )
                         .await?;
                     detach_sent = true;
                     tracing::info!(eni = eni_id, "detach requested");
@@ -793,10 +726,7 @@ impl CloudBackend for BceBackend {
         }
         // No server-side filter for the description: the VPC is listed
         // and filtered here, as `tagged` does.
-        let all = self
-            .api
-            .list_enis(&self.s.vpc_id, None, self.s.page_size)
-            .await?;
+        let all = self.vpc_enis().await?;
         Ok(all
             .into_iter()
             .filter(|e| self.in_cluster(e) && Self::is_unattached(e))
@@ -814,11 +744,14 @@ impl CloudBackend for BceBackend {
             Err(e) if e.is_not_found() => return Ok(Reaped::Gone),
             Err(e) => return Err(e.into()),
         };
-        if !self.in_cluster(&eni) {
-            return Ok(Reaped::Spared("no longer marked for this cluster".into()));
-        }
-        if !Self::is_unattached(&eni) {
-            return Ok(Reaped::Spared(format!("now {}", eni.status())));
+        let in_cluster = self.in_cluster(&eni);
+        if let Some(spared) = spared_on_second_look(
+            in_cluster,
+            "marked",
+            Self::is_unattached(&eni),
+            eni.status(),
+        ) {
+            return Ok(spared);
         }
         match self.api.delete_eni(eni_id, &client_token()).await {
             Ok(()) => Ok(Reaped::Deleted),
@@ -856,11 +789,65 @@ impl CloudBackend for BceBackend {
         ipv4: usize,
         ipv6: usize,
     ) -> Result<Vec<IpAddr>, ProviderError> {
-        self.do_assign(eni_id, ipv4, ipv6).await
+        let before = self.attached_here(eni_id).await?;
+        // Cut to the ENI's quota: before the real figure was known the
+        // agent may have planned with a provisional one.
+        let per_eni = self.ips_per_eni(eni_id).await?;
+        let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
+        let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
+        if (want4, want6) != (ipv4, ipv6) {
+            tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
+        }
+        for (is_v6, mut left) in [(false, want4), (true, want6)] {
+            while left > 0 {
+                let n = left.min(PRIVATE_IP_BATCH_MAX);
+                self.api
+                    .batch_add_private_ips(eni_id, n, is_v6, &client_token())
+                    .await?;
+                left -= n;
+            }
+        }
+        // What is there now that was not before: the ENI's own listing,
+        // not the batch answers, so a retried batch is not counted twice.
+        let after = self.attached_here(eni_id).await?;
+        Ok(added_addresses(
+            eni_id,
+            before.non_primary_ips(),
+            after.non_primary_ips(),
+        ))
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        self.do_unassign(eni_id, ips).await
+        let now = match self.attached_here(eni_id).await {
+            Ok(eni) => eni,
+            // Gone: its addresses went with it.
+            Err(ProviderError::UnknownEni(_)) => return Ok(()),
+            // Detached, or moved on: its addresses are not this node's.
+            Err(e @ ProviderError::OwnedByOther { .. }) => {
+                tracing::warn!(eni = eni_id, error = %e, "not unassigning addresses of an ENI no longer attached here");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let (v4, v6) = still_present(ips, now.non_primary_ips());
+        // One family per call: the API takes either, mixing is not
+        // documented.
+        for family in [v4, v6] {
+            for chunk in family.chunks(PRIVATE_IP_BATCH_MAX) {
+                let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
+                match self
+                    .api
+                    .batch_del_private_ips(eni_id, &strings, &client_token())
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        tracing::info!(eni = eni_id, unassigned = ?ips, "unassigned secondary addresses");
+        Ok(())
     }
 }
 

@@ -72,6 +72,13 @@ async fn wait_for(pool: &WarmPool, what: &str, pred: impl Fn(&PoolStats) -> bool
     }
 }
 
+/// The pool of pod ENIs over `cfg`, started.
+async fn pod_pool(cfg: &BceConfig) -> Arc<WarmPool> {
+    enim_provider_bce::start_pool(cfg, PoolRole::PodEnis)
+        .await
+        .unwrap()
+}
+
 /// An API client of `cloud` with the right keys that tries each call once.
 fn api_client(cloud: &FakeCloud) -> ApiClient {
     let creds = Credentials {
@@ -352,9 +359,7 @@ async fn a_repeated_create_after_a_lost_answer_makes_one_eni() {
 async fn pool_fills_to_min_free_and_shrinks_to_max_free() {
     let cloud = FakeCloud::start().await;
     let cfg = config(&cloud);
-    let pool = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let pool = pod_pool(&cfg).await;
     let s = wait_for(&pool, "min_free ENIs", |s| s.available == 2).await;
     assert_eq!(s.used, 0);
     assert_eq!(cloud.world().ours().len(), 2);
@@ -415,9 +420,7 @@ async fn the_quota_caps_the_pool() {
     let mut cfg = config(&cloud);
     cfg.pool.min_free = 5;
     cfg.pool.max_free = 5;
-    let pool = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let pool = pod_pool(&cfg).await;
     let s = wait_for(&pool, "quota reached", |s| s.available == 2).await;
     assert_eq!(s.remaining_interfaces, 0);
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -436,9 +439,7 @@ async fn the_quota_caps_the_pool() {
 async fn a_restarted_agent_finds_its_enis_again() {
     let cloud = FakeCloud::start().await;
     let cfg = config(&cloud);
-    let first = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let first = pod_pool(&cfg).await;
     wait_for(&first, "fill", |s| s.available == 2).await;
     let held = first.allocate_next(&owner(1)).await.unwrap();
     wait_for(&first, "refill", |s| s.available == 2 && s.used == 1).await;
@@ -451,9 +452,7 @@ async fn a_restarted_agent_finds_its_enis_again() {
         (w.count("POST", "/v1/eni"), orphan)
     };
 
-    let second = enim_provider_bce::start_pool(&cfg, PoolRole::PodEnis)
-        .await
-        .unwrap();
+    let second = pod_pool(&cfg).await;
     // All three attached ENIs are back, before the loop did anything.
     let listed = second.list().await.unwrap();
     assert_eq!(listed.len(), 3, "{listed:?}");

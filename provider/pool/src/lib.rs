@@ -41,7 +41,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, TAG_CREATED_AT};
-use enim_provider::retry::{Backoff, Jitter};
+use enim_provider::retry::{pause, Backoff, Jitter, Pause};
 use enim_provider::{
     check_at_least, AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps,
 };
@@ -586,18 +586,11 @@ impl Inner {
             }
             !lost
         });
-        for mut eni in attached.into_iter() {
-            if st.members.iter().any(|m| m.eni.id == eni.id) {
-                continue;
+        for eni in attached {
+            let (id, mac) = (eni.id.clone(), eni.mac);
+            if st.adopt(eni) {
+                tracing::info!(eni = %id, mac = %mac, "an ENI attached from outside the pool; now a free member");
             }
-            tracing::info!(eni = %eni.id, mac = %eni.mac, "an ENI attached from outside the pool; now a free member");
-            eni.owner = None;
-            st.members.push(Member {
-                eni,
-                ours: false,
-                leaving: false,
-                missing_rounds: 0,
-            });
         }
         self.publish(&st);
         Ok(())
@@ -661,22 +654,10 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         if stopped(&stop) {
             return;
         }
-        let stopping = match delay {
-            Some(delay) => tokio::select! {
-                _ = tokio::time::sleep(delay) => false,
-                _ = stop.changed() => true,
-            },
-            None => tokio::select! {
-                _ = tokio::time::sleep(Jitter::Equal.apply(inner.config.resync_interval)) => {
-                    reconcile = true;
-                    false
-                }
-                _ = inner.wake.notified() => false,
-                _ = stop.changed() => true,
-            },
-        };
-        if stopping {
-            return;
+        match pause(delay, inner.config.resync_interval, &inner.wake, &mut stop).await {
+            Pause::Stopped => return,
+            Pause::Resync => reconcile = true,
+            Pause::Go => {}
         }
     }
 }
@@ -827,18 +808,25 @@ async fn limit_and_tagged(
 impl State {
     /// Attached ENIs become free members (not known to be enim's yet).
     fn adopt_attached(&mut self, attached: Vec<Eni>) {
-        for mut eni in attached {
-            if self.members.iter().any(|m| m.eni.id == eni.id) {
-                continue;
-            }
-            eni.owner = None;
-            self.members.push(Member {
-                eni,
-                ours: false,
-                leaving: false,
-                missing_rounds: 0,
-            });
+        for eni in attached {
+            self.adopt(eni);
         }
+    }
+
+    /// An attached ENI not a member yet becomes a free one (not known to
+    /// be enim's yet); whether it was new.
+    fn adopt(&mut self, mut eni: Eni) -> bool {
+        if self.members.iter().any(|m| m.eni.id == eni.id) {
+            return false;
+        }
+        eni.owner = None;
+        self.members.push(Member {
+            eni,
+            ours: false,
+            leaving: false,
+            missing_rounds: 0,
+        });
+        true
     }
 
     /// Marks the members that carry enim's tag, and takes tagged ENIs that
