@@ -20,7 +20,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bce::{add_retrying, blocking, sandbox};
+use bce::{blocking, sandbox};
+use common::cloud_node::add_retrying;
 use common::{enim, Agent, NamedNetns};
 use enim_provider::fault::CLOUD_CRASH_POINTS;
 use enim_testkit::agent::{crash_env, net_conf};
@@ -35,7 +36,7 @@ fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud, free: usize) -> Stri
         "{agent}{provider}\
          [provider.pool]\nmin_free = {free}\nmax_free = {free}\ninitial_retry = \"100ms\"\n\
          max_backoff = \"1s\"\nresync_interval = \"300ms\"\n",
-        agent = bce::agent_section(dir, host),
+        agent = common::cloud_node::config_head(dir, host),
         provider = bce::provider_section(cloud),
     )
 }
@@ -95,7 +96,7 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
             // it detaches and deletes one and crashes on the way.
             set_free(dir.path(), &host, &cloud, 2);
             blocking(|| agent.restart());
-            let r = blocking(|| add_retrying("c1", &pod, &conf));
+            let r = blocking(|| add_retrying("c1", &pod, &conf, Duration::from_secs(60)));
             let mac = r["interfaces"][0]["mac"].as_str().unwrap().to_string();
             settled(&cloud, &agent, 3, point).await;
             let id = ours(&cloud)

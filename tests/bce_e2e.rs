@@ -25,7 +25,7 @@ fn pool_config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud) -> String {
         "{agent}{provider}\
          [provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
          max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
-        agent = bce::agent_section(dir, host),
+        agent = common::cloud_node::config_head(dir, host),
         provider = bce::provider_section(cloud),
     )
 }
@@ -60,10 +60,14 @@ async fn enimd_serves_through_a_bce_api_outage_and_grows_after_it() {
     })
     .await;
     let earlier = attached_macs(&cloud).remove(0);
+    // What it learnt of the ENI, beside its checkpoint: written once the
+    // attach has settled, which may be a moment after the fake shows it.
+    let cache_path = dir.path().join("state/bce-eni-ids.json");
+    eventually("the ENI in the id cache", Duration::from_secs(20), || {
+        std::fs::read_to_string(&cache_path).is_ok_and(|c| c.contains(&earlier))
+    })
+    .await;
     blocking(|| agent.stop());
-    // What it learnt of the ENI, beside its checkpoint.
-    let cache = std::fs::read_to_string(dir.path().join("state/bce-eni-ids.json")).unwrap();
-    assert!(cache.contains(&earlier), "{cache}");
 
     cloud.set_down(true);
     let outage = Instant::now();

@@ -10,54 +10,32 @@
 //! in a host namespace; the far end sits on a bridge holding the subnet's
 //! router address (10.0.1.1) in a gateway namespace.
 
+// Shared by the BCE test binaries; this one uses a part of it.
+#[allow(dead_code)]
+#[path = "bce/mod.rs"]
+mod bce;
 mod common;
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bce::{blocking, eventually, sandbox};
 use common::cloud_node::{
     self, add_secondary_pods, as_host_routes, del_pods, pings_router, restart_keeps_pods,
     MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
 };
-use common::{bins, Agent, NamedNetns};
+use common::NamedNetns;
 use enim_testkit::agent::net_conf;
-use enim_testkit::bce::{self as rig, FakeCloud};
-use enim_testkit::fixtures::AgentPaths;
+use enim_testkit::bce::FakeCloud;
 
 const NETWORK: &str = "enim-bce-secondary";
 /// Addresses per ENI the agent uses (below the fake's quota of 8).
 const PER_ENI: usize = 4;
 const PODS: usize = 6;
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
 fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud) -> String {
-    let provider = format!(
-        "[provider]\ntype = \"bce\"\nendpoint = {api:?}\nmetadata_endpoint = {meta:?}\n\
-         security_group_ids = [\"g-enim\"]\naccess_key_id = {ak:?}\nsecret_access_key = {sk:?}\n\
-         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\nretry_base = \"10ms\"\nretry_cap = \"100ms\"\n",
-        api = cloud.api_url,
-        meta = cloud.meta_url,
-        ak = rig::AK,
-        sk = rig::SK,
-    );
-    cloud_node::secondary_config(dir, host, "1s", PER_ENI, &provider)
-}
-
-/// The sandbox node: ENIs appear in the host namespace as metadata first
-/// lists them.
-fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
-    let host = Arc::new(NamedNetns::new("bcehost"));
-    let gw = cloud_node::gateway("bcegw");
-    let (h, g) = (host.clone(), gw.clone());
-    cloud.on_new_interface(Arc::new(move |mac: &str, n: u32| {
-        cloud_node::plug(&h, &g, &format!("bce{n}"), mac, &format!("bgw{n}"));
-    }));
-    (host, gw)
+    cloud_node::secondary_config(dir, host, "1s", PER_ENI, &bce::provider_section(cloud))
 }
 
 /// Secondary addresses the fake has on ENIs attached to the instance.
@@ -76,25 +54,13 @@ fn total(cloud: &FakeCloud) -> usize {
         .sum()
 }
 
-async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     common::require_kernel!();
     let cloud = FakeCloud::start().await;
     let (host, gw) = sandbox(&cloud);
     let dir = tempfile::tempdir().unwrap();
-    let paths = AgentPaths::in_dir(dir.path());
-    std::fs::write(&paths.config, config(dir.path(), &host, &cloud)).unwrap();
-    let mut agent = Agent::new(bins(), paths);
-    agent.ready_timeout = Duration::from_secs(30);
-    agent.ready_poll = Duration::from_millis(50);
+    let mut agent = bce::enimd(dir.path(), &config(dir.path(), &host, &cloud));
     blocking(|| agent.restart());
 
     // No ENI at start: the pool attaches one and fills it, past

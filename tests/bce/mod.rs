@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{bins, enim, Agent, NamedNetns};
+use crate::common::{bins, cloud_node, Agent, NamedNetns};
 use enim_testkit::bce::{self as rig, FakeCloud};
 use enim_testkit::fixtures::AgentPaths;
 
@@ -14,17 +14,6 @@ use enim_testkit::fixtures::AgentPaths;
 /// runtime's other worker keeps serving the fake.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
-}
-
-/// The top of enimd's config in `dir`: socket, checkpoint, ENIs kept in
-/// `host`, no periodic GC.
-pub fn agent_section(dir: &Path, host: &NamedNetns) -> String {
-    format!(
-        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-    )
 }
 
 /// The `[provider]` table over the fake, with short timings.
@@ -56,18 +45,10 @@ pub fn enimd(dir: &Path, config: &str) -> Agent {
 /// subnet's router address in the gateway namespace.
 pub fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
     let host = Arc::new(NamedNetns::new("bcehost"));
-    let gw = Arc::new(NamedNetns::new("bcegw"));
-    gw.ip(&["link", "add", "br0", "type", "bridge"]);
-    gw.ip(&["addr", "add", "10.0.1.1/24", "dev", "br0"]);
-    gw.ip(&["link", "set", "br0", "up"]);
+    let gw = cloud_node::gateway("bcegw");
     let (h, g) = (host.clone(), gw.clone());
     cloud.on_new_interface(Arc::new(move |mac: &str, n: u32| {
-        let (name, peer) = (format!("bce{n}"), format!("bgw{n}"));
-        h.ip(&[
-            "link", "add", &name, "address", mac, "type", "veth", "peer", "name", &peer, "netns",
-            &g.name,
-        ]);
-        g.ip(&["link", "set", &peer, "master", "br0", "up"]);
+        cloud_node::plug(&h, &g, &format!("bce{n}"), mac, &format!("bgw{n}"));
     }));
     (host, gw)
 }
@@ -78,18 +59,5 @@ pub async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> boo
     while !ok() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// ADD of `cid` on eth0 in `pod`, retried while the agent answers "try
-/// again later" (its pool still filling), up to a minute.
-pub fn add_retrying(cid: &str, pod: &NamedNetns, conf: &serde_json::Value) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = enim("ADD", cid, Some(&pod.path()), "eth0", conf);
-        if out.status == 0 || Instant::now() > deadline {
-            return out.ok();
-        }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
