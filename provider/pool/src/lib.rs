@@ -40,142 +40,24 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, TAG_CREATED_AT};
-use enim_provider::retry::{pause, Backoff, Jitter, Pause};
-use enim_provider::{
-    check_at_least, AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps,
-};
-use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::retry::{pause, Pause};
+use enim_provider::{Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+mod config;
+mod host;
+mod reaper;
 #[cfg(test)]
 mod tests;
+
+pub use config::{PoolConfig, PoolRole, PoolStats, MIN_REAP_COOLDOWN};
+pub use reaper::{reap_pass, ReapReport};
 
 /// Timer rounds in a row a free member must be missing from the instance
 /// before it leaves the pool.
 pub const MISSING_ROUNDS: u8 = 2;
-
-/// Watermarks and loop timing of the warm pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PoolConfig {
-    /// Free ENIs to keep attached ahead of demand (PreAllocate).
-    pub min_free: usize,
-    /// Free ENIs above this are detached and deleted (MaxAboveWatermark).
-    pub max_free: usize,
-    /// First retry step after a failed round; doubles per failure. Each
-    /// delay is drawn from the upper half of its step (jitter).
-    #[serde(with = "humantime_serde")]
-    pub initial_retry: Duration,
-    /// Upper bound of the retry step.
-    #[serde(with = "humantime_serde")]
-    pub max_backoff: Duration,
-    /// Longest delay between rounds when nothing failed and nothing woke
-    /// the loop; each is drawn from its upper half (jitter).
-    #[serde(with = "humantime_serde")]
-    pub resync_interval: Duration,
-    /// ENIs created at once while the pool is more than one below
-    /// `min_free` (a burst): an attach takes about 10 s, so creating them
-    /// one at a time makes the n-th pod of a burst wait n × 10 s. Bounded,
-    /// because the account's API buckets are shared by the whole fleet.
-    pub max_parallel_creates: usize,
-    /// Between two passes of the fleet-wide reaper (each delay drawn from
-    /// its upper half; the first from all of it, so nodes started together
-    /// do not reap together). Off unless the provider names a `cluster`.
-    #[serde(with = "humantime_serde")]
-    pub reap_interval: Duration,
-    /// The reaper spares ENIs younger than this (by their creation tag):
-    /// a new ENI is unattached between its create and its attach.
-    #[serde(with = "humantime_serde")]
-    pub reap_cooldown: Duration,
-}
-
-/// The shortest `reap_cooldown` accepted: an ENI's create and attach,
-/// with their retries and token waits, take well under it.
-pub const MIN_REAP_COOLDOWN: Duration = Duration::from_secs(60);
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        PoolConfig {
-            min_free: 1,
-            max_free: 3,
-            initial_retry: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
-            resync_interval: Duration::from_secs(30),
-            max_parallel_creates: 2,
-            reap_interval: Duration::from_secs(3600),
-            reap_cooldown: Duration::from_secs(600),
-        }
-    }
-}
-
-impl PoolConfig {
-    /// The delays between failed rounds.
-    pub fn retry_backoff(&self) -> Backoff {
-        Backoff::new(self.initial_retry, self.max_backoff)
-    }
-
-    pub fn validate(&self) -> Result<(), ProviderError> {
-        let bad = |why: String| ProviderError::Config(format!("warm pool: {why}"));
-        check_at_least(("max_free", self.max_free), ("min_free", self.min_free)).map_err(bad)?;
-        if self.initial_retry.is_zero() {
-            return Err(bad("initial_retry must be above zero".into()));
-        }
-        check_at_least(
-            ("max_backoff", self.max_backoff),
-            ("initial_retry", self.initial_retry),
-        )
-        .map_err(bad)?;
-        if self.resync_interval.is_zero() {
-            return Err(bad("resync_interval must be above zero".into()));
-        }
-        if self.max_parallel_creates == 0 {
-            return Err(bad("max_parallel_creates must be at least 1".into()));
-        }
-        if self.reap_interval.is_zero() {
-            return Err(bad("reap_interval must be above zero".into()));
-        }
-        check_at_least(
-            ("reap_cooldown", self.reap_cooldown),
-            ("the minimum", MIN_REAP_COOLDOWN),
-        )
-        .map_err(bad)?;
-        Ok(())
-    }
-}
-
-/// What the pool's ENIs are for, fixed at start by the agent's mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PoolRole {
-    /// Primary mode: each ENI goes to one pod; the watermarks keep free
-    /// ENIs ahead of demand and detach the surplus.
-    #[default]
-    PodEnis,
-    /// Secondary mode: every ENI serves the node's pods by its secondary
-    /// addresses. The watermarks do not apply (an ENI is never detached
-    /// for being "free"); the agent's address pool attaches one more
-    /// through [`SecondaryIps::attach_eni`] when the attached ones are full.
-    HostEnis,
-}
-
-/// Pool statistics (CCE/cilium IPAM `Statistics`, counted in ENIs).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolStats {
-    /// ENIs assigned to an owner.
-    pub used: usize,
-    /// Free ENIs that can be allocated now (not being detached).
-    pub available: usize,
-    /// ENIs still to create to reach `min_free`, bounded by
-    /// `remaining_interfaces`.
-    pub needed: usize,
-    /// Free ENIs above `max_free`.
-    pub excess: usize,
-    /// ENIs the instance may still attach: the limit minus the primary
-    /// minus every ENI the pool holds.
-    pub remaining_interfaces: usize,
-}
 
 /// The warm pool. Create it with [`WarmPool::start`]; use it through
 /// [`EniProvider`].
@@ -339,7 +221,7 @@ impl WarmPool {
                     cooldown = ?inner.config.reap_cooldown,
                     "fleet-wide reaper on: deletes this cluster's unattached ENIs past the cooldown",
                 );
-                tasks.push(tokio::spawn(reap_loop(inner.clone(), stop_rx)));
+                tasks.push(tokio::spawn(reaper::reap_loop(inner.clone(), stop_rx)));
             }
             None => tracing::info!(
                 backend = inner.backend.name(),
@@ -662,120 +544,6 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// What one reaper pass did, ENI by ENI.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReapReport {
-    /// Deleted by this pass.
-    pub deleted: Vec<String>,
-    /// Gone before this pass's delete landed (another node won the race).
-    pub gone: Vec<String>,
-    /// Younger than the cooldown.
-    pub young: Vec<String>,
-    /// Without a readable creation tag (logged; never reaped).
-    pub unreadable: Vec<String>,
-    /// Changed since listed (attached, or retagged): left alone.
-    pub spared: Vec<String>,
-    /// Whose delete failed; the next pass tries again.
-    pub failed: Vec<String>,
-}
-
-/// One pass of the fleet-wide reaper over `backend`: lists this cluster's
-/// unattached ENIs and deletes those at least `cooldown` old by their
-/// creation tag. A failed delete is logged and counted, and the pass goes
-/// on; only a failed listing fails the pass. `stopping` is asked between
-/// ENIs, so a shutdown does not wait for a long pass.
-pub async fn reap_pass(
-    backend: &dyn CloudBackend,
-    cooldown: Duration,
-    stopping: impl Fn() -> bool,
-) -> Result<ReapReport, ProviderError> {
-    let mut report = ReapReport::default();
-    if backend.reap_cluster().is_none() {
-        return Ok(report);
-    }
-    let listed = backend
-        .unattached_in_cluster()
-        .await
-        .map_err(|e| context(e, "list this cluster's unattached ENIs"))?;
-    let now = SystemTime::now();
-    for eni in listed {
-        if stopping() {
-            break;
-        }
-        let created = match eni.created_at {
-            CreatedAt::At(t) => t,
-            CreatedAt::Missing | CreatedAt::Unreadable(_) => {
-                tracing::warn!(eni = %eni.id, created_at = ?eni.created_at, tag = TAG_CREATED_AT, "an unattached ENI of this cluster has no readable creation tag; the reaper never deletes it: check it and delete it by hand");
-                report.unreadable.push(eni.id);
-                continue;
-            }
-        };
-        // A creation time ahead of this node's clock counts as new.
-        let age = now.duration_since(created).unwrap_or_default();
-        if age < cooldown {
-            report.young.push(eni.id);
-            continue;
-        }
-        match backend.reap(&eni.id).await {
-            Ok(Reaped::Deleted) => {
-                tracing::info!(eni = %eni.id, age = ?age, "reaped a leaked ENI of this cluster (unattached past the cooldown)");
-                report.deleted.push(eni.id);
-            }
-            Ok(Reaped::Gone) => {
-                tracing::debug!(eni = %eni.id, "leaked ENI already gone: another node reaped it first");
-                report.gone.push(eni.id);
-            }
-            Ok(Reaped::Spared(why)) => {
-                tracing::info!(eni = %eni.id, %why, "leaked ENI changed since listed; not reaped");
-                report.spared.push(eni.id);
-            }
-            Err(e) => {
-                tracing::warn!(eni = %eni.id, error = %e, "reaping a leaked ENI failed; the next pass tries again");
-                report.failed.push(eni.id);
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// The reaper's own timer: a pass every `reap_interval`, jittered, never
-/// in a pod's path nor in the resync loop's. A failed pass is logged and
-/// tried again at the next (jittered) time: leaked ENIs cost only money,
-/// so there is no hurry to hammer a struggling API.
-async fn reap_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
-    // The first wait is drawn from the whole interval: nodes that start
-    // together spread their first passes over it.
-    let mut delay = Jitter::Full.apply(inner.config.reap_interval);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
-        }
-        if stopped(&stop) {
-            return;
-        }
-        let pass = reap_pass(inner.backend.as_ref(), inner.config.reap_cooldown, || {
-            stopped(&stop)
-        })
-        .await;
-        match pass {
-            Ok(r) => tracing::info!(
-                deleted = r.deleted.len(),
-                gone = r.gone.len(),
-                young = r.young.len(),
-                unreadable = r.unreadable.len(),
-                spared = r.spared.len(),
-                failed = r.failed.len(),
-                "reaper pass done"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, transient = e.is_transient(), "reaper pass failed; trying again at the next pass")
-            }
-        }
-        delay = Jitter::Equal.apply(inner.config.reap_interval);
-    }
-}
-
 /// Everything the pool asks the cloud at start: the attachment limit, the
 /// attached ENIs (instance metadata) and the tagged ones (the cloud API).
 async fn discover(
@@ -1027,72 +795,5 @@ impl EniProvider for WarmPool {
         }
         self.inner.wake.notify_one();
         Ok(())
-    }
-}
-
-/// Secondary mode's verbs: the backend's, with the members' view of their
-/// addresses kept current so [`EniProvider::list`] shows what was done.
-#[async_trait]
-impl SecondaryIps for WarmPool {
-    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
-        self.inner.backend.address_limits().await
-    }
-
-    async fn assign(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        let new = self
-            .inner
-            .backend
-            .assign_addresses(eni_id, ipv4, ipv6)
-            .await?;
-        let mut st = self.inner.state();
-        if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
-            for ip in &new {
-                if !m.eni.secondary_ips.contains(ip) {
-                    m.eni.secondary_ips.push(*ip);
-                }
-            }
-        }
-        Ok(new)
-    }
-
-    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        self.inner.backend.unassign_addresses(eni_id, ips).await?;
-        let mut st = self.inner.state();
-        if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
-            m.eni.secondary_ips.retain(|ip| !ips.contains(ip));
-        }
-        Ok(())
-    }
-
-    async fn attach_eni(&self) -> Result<Eni, ProviderError> {
-        // One at a time with the loop's own rounds (orphan deletes).
-        let _round = self.inner.round.lock().await;
-        {
-            let st = self.inner.state();
-            let Some(limit) = st.eni_limit else {
-                return Err(ProviderError::Unavailable(
-                    "the ENI limit is not known yet (the cloud has not answered)".into(),
-                ));
-            };
-            // The primary interface counts toward the limit.
-            if st.members.len() + 1 >= limit {
-                return Err(ProviderError::Exhausted {
-                    total: st.members.len(),
-                });
-            }
-        }
-        let eni = self
-            .inner
-            .backend
-            .create_and_attach()
-            .await
-            .map_err(|e| context(e, "create and attach an ENI"))?;
-        self.inner.take_in_created(eni.clone());
-        Ok(eni)
     }
 }

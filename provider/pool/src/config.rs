@@ -1,0 +1,128 @@
+//! The pool's config (watermarks, loop timing, the reaper's), its role,
+//! and its statistics.
+
+use std::time::Duration;
+
+use enim_provider::retry::Backoff;
+use enim_provider::{check_at_least, ProviderError};
+use serde::{Deserialize, Serialize};
+
+/// Watermarks and loop timing of the warm pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Free ENIs to keep attached ahead of demand (PreAllocate).
+    pub min_free: usize,
+    /// Free ENIs above this are detached and deleted (MaxAboveWatermark).
+    pub max_free: usize,
+    /// First retry step after a failed round; doubles per failure. Each
+    /// delay is drawn from the upper half of its step (jitter).
+    #[serde(with = "humantime_serde")]
+    pub initial_retry: Duration,
+    /// Upper bound of the retry step.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Longest delay between rounds when nothing failed and nothing woke
+    /// the loop; each is drawn from its upper half (jitter).
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+    /// ENIs created at once while the pool is more than one below
+    /// `min_free` (a burst): an attach takes about 10 s, so creating them
+    /// one at a time makes the n-th pod of a burst wait n × 10 s. Bounded,
+    /// because the account's API buckets are shared by the whole fleet.
+    pub max_parallel_creates: usize,
+    /// Between two passes of the fleet-wide reaper (each delay drawn from
+    /// its upper half; the first from all of it, so nodes started together
+    /// do not reap together). Off unless the provider names a `cluster`.
+    #[serde(with = "humantime_serde")]
+    pub reap_interval: Duration,
+    /// The reaper spares ENIs younger than this (by their creation tag):
+    /// a new ENI is unattached between its create and its attach.
+    #[serde(with = "humantime_serde")]
+    pub reap_cooldown: Duration,
+}
+
+/// The shortest `reap_cooldown` accepted: an ENI's create and attach,
+/// with their retries and token waits, take well under it.
+pub const MIN_REAP_COOLDOWN: Duration = Duration::from_secs(60);
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            min_free: 1,
+            max_free: 3,
+            initial_retry: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(30),
+            max_parallel_creates: 2,
+            reap_interval: Duration::from_secs(3600),
+            reap_cooldown: Duration::from_secs(600),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The delays between failed rounds.
+    pub fn retry_backoff(&self) -> Backoff {
+        Backoff::new(self.initial_retry, self.max_backoff)
+    }
+
+    pub fn validate(&self) -> Result<(), ProviderError> {
+        let bad = |why: String| ProviderError::Config(format!("warm pool: {why}"));
+        check_at_least(("max_free", self.max_free), ("min_free", self.min_free)).map_err(bad)?;
+        if self.initial_retry.is_zero() {
+            return Err(bad("initial_retry must be above zero".into()));
+        }
+        check_at_least(
+            ("max_backoff", self.max_backoff),
+            ("initial_retry", self.initial_retry),
+        )
+        .map_err(bad)?;
+        if self.resync_interval.is_zero() {
+            return Err(bad("resync_interval must be above zero".into()));
+        }
+        if self.max_parallel_creates == 0 {
+            return Err(bad("max_parallel_creates must be at least 1".into()));
+        }
+        if self.reap_interval.is_zero() {
+            return Err(bad("reap_interval must be above zero".into()));
+        }
+        check_at_least(
+            ("reap_cooldown", self.reap_cooldown),
+            ("the minimum", MIN_REAP_COOLDOWN),
+        )
+        .map_err(bad)?;
+        Ok(())
+    }
+}
+
+/// What the pool's ENIs are for, fixed at start by the agent's mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoolRole {
+    /// Primary mode: each ENI goes to one pod; the watermarks keep free
+    /// ENIs ahead of demand and detach the surplus.
+    #[default]
+    PodEnis,
+    /// Secondary mode: every ENI serves the node's pods by its secondary
+    /// addresses. The watermarks do not apply (an ENI is never detached
+    /// for being "free"); the agent's address pool attaches one more
+    /// through [`SecondaryIps::attach_eni`](enim_provider::SecondaryIps::attach_eni) when the attached ones are full.
+    HostEnis,
+}
+
+/// Pool statistics (CCE/cilium IPAM `Statistics`, counted in ENIs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStats {
+    /// ENIs assigned to an owner.
+    pub used: usize,
+    /// Free ENIs that can be allocated now (not being detached).
+    pub available: usize,
+    /// ENIs still to create to reach `min_free`, bounded by
+    /// `remaining_interfaces`.
+    pub needed: usize,
+    /// Free ENIs above `max_free`.
+    pub excess: usize,
+    /// ENIs the instance may still attach: the limit minus the primary
+    /// minus every ENI the pool holds.
+    pub remaining_interfaces: usize,
+}
