@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod idcache;
 pub mod metadata;
 
 use std::path::PathBuf;
@@ -247,7 +248,7 @@ impl BceBackend {
             },
         );
         let backend = match &config.eni_id_cache {
-            Some(path) => backend.with_id_cache(backend::IdCache::open(path.clone())),
+            Some(path) => backend.with_id_cache(idcache::IdCache::open(path.clone())),
             None => backend,
         };
         match backend.eni_limit().await {
