@@ -124,9 +124,14 @@ fn shipped_config() -> toml::Table {
 /// Every secondary address moto has on this instance's ENIs but the
 /// primary interface, by ENI.
 async fn cloud_addresses(env: &aws_rig::Env) -> BTreeMap<String, Vec<IpAddr>> {
-    env.all_enis()
-        .await
-        .into_iter()
+    let all = env.all_enis().await;
+    // Every ENI's own address: moto may hand one out again as another
+    // ENI's secondary, which enim never serves.
+    let own: Vec<String> = all
+        .iter()
+        .filter_map(|e| e.private_ip_address.clone())
+        .collect();
+    all.into_iter()
         .filter(|e| {
             e.attachment.as_ref().is_some_and(|a| {
                 a.instance_id.as_deref() == Some(env.instance_id.as_str())
@@ -134,7 +139,19 @@ async fn cloud_addresses(env: &aws_rig::Env) -> BTreeMap<String, Vec<IpAddr>> {
             }) && e.attached_instance().is_some()
         })
         .map(|e| {
-            let ips = e.secondary_ips();
+            // Addresses no pod can have (moto hands out the subnet's
+            // network, router and broadcast addresses too) are left out:
+            // enim never serves them, and one moto put on an ENI while the
+            // agent was down stays there, unused.
+            let unusable = ["10.0.1.0", "10.0.1.1", "10.0.1.255"];
+            let ips = e
+                .secondary_ips()
+                .into_iter()
+                .filter(|ip| {
+                    let ip = ip.to_string();
+                    !unusable.contains(&ip.as_str()) && !own.contains(&ip)
+                })
+                .collect();
             (e.network_interface_id, ips)
         })
         .collect()
