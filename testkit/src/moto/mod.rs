@@ -34,6 +34,10 @@ pub const INSTANCE_TYPE: &str = "m5.xlarge";
 /// DescribeInstanceTypes in moto: m5.xlarge takes 4 interfaces.
 pub const INSTANCE_ENI_LIMIT: usize = 4;
 
+/// moto's server with unique, unreserved IPv4 addresses, as EC2 gives
+/// (see the script's header).
+const LAUNCHER: &str = include_str!("launch.py");
+
 /// Whether moto can run here. Without it the tests skip with a message,
 /// except under CI=true, where a skip would hide a broken setup.
 pub fn moto_available() -> bool {
@@ -77,14 +81,7 @@ impl Moto {
                 std::env::temp_dir().join(format!("enim-moto-{}-{port}.log", std::process::id()));
             let out = std::fs::File::create(&log).unwrap();
             let child = Command::new("python3")
-                .args([
-                    "-m",
-                    "moto.server",
-                    "-H",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                ])
+                .args(["-c", LAUNCHER, "-H", "127.0.0.1", "-p", &port.to_string()])
                 // Check signatures from the first request on.
                 .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
                 .env("PYTHONUNBUFFERED", "1")
@@ -92,7 +89,7 @@ impl Moto {
                 .stdout(out.try_clone().unwrap())
                 .stderr(out)
                 .spawn()
-                .expect("spawning python3 -m moto.server");
+                .expect("spawning moto's server (python3)");
             let mut moto = Moto {
                 child,
                 url: format!("http://127.0.0.1:{port}"),
