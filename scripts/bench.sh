@@ -58,7 +58,7 @@ if $sim_only; then
   (cd "$root" && cargo build --quiet "${flags[@]}" -p enim-bench)
 else
   echo "== building enim and enim-bench ($profile)" >&2
-  (cd "$root" && cargo build --quiet "${flags[@]}" -p enim --bins -p enim-bench)
+  "$root/scripts/build-bins.sh" "${flags[@]}" -p enim-bench
 fi
 bin="$target/$profile"
 

@@ -43,7 +43,7 @@ fi
 
 cd "$root"
 if [ "$build" = 1 ]; then
-  if [ "$profile" = release ]; then cargo build --release --bins; else cargo build --bins; fi
+  if [ "$profile" = release ]; then scripts/build-bins.sh --release; else scripts/build-bins.sh; fi
 fi
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")/$profile
 

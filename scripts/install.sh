@@ -12,7 +12,8 @@
 #
 # Defaults: /opt/cni/bin, /etc/cni/net.d, /usr/local/bin, /etc/enim,
 # /etc/systemd/system. --from DIR takes already built binaries from DIR
-# instead of running `cargo build --release` (honours CARGO_TARGET_DIR).
+# instead of running `scripts/build-bins.sh --release` (honours
+# CARGO_TARGET_DIR).
 set -euo pipefail
 
 cni_bin_dir=${CNI_BIN_DIR:-/opt/cni/bin}
@@ -39,7 +40,7 @@ done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ -z "$from" ]; then
-  (cd "$root" && cargo build --release --bins)
+  "$root/scripts/build-bins.sh" --release
   from=$(cd "$root" && realpath -m "${CARGO_TARGET_DIR:-target}")/release
 fi
 for b in enim enimd enimctl; do
