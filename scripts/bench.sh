@@ -24,6 +24,7 @@
 # and removes everything on exit, pass or fail.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib.sh"
 target=${CARGO_TARGET_DIR:-$root/target}
 
 smoke=false
@@ -44,7 +45,7 @@ for a in "$@"; do
   prev=$a
 done
 if ! $sim_only; then
-  [ "$(id -u)" = 0 ] || { echo "bench.sh: run as root: it creates network namespaces" >&2; exit 1; }
+  need_root bench.sh "it creates network namespaces"
   for f in /usr/lib/cni/host-device /usr/lib/cni/static; do
     [ -x "$f" ] || { echo "bench.sh: $f is missing: apt-get install containernetworking-plugins" >&2; exit 1; }
   done

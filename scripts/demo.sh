@@ -8,8 +8,9 @@
 # home, and removes everything. It never touches this machine's own
 # interfaces.
 set -euo pipefail
-[ "$(id -u)" = 0 ] || { echo "demo.sh: run as root: it creates network namespaces" >&2; exit 1; }
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib.sh"
+need_root demo.sh "it creates network namespaces"
 echo "== building"
 (cd "$root" && cargo build --quiet --bins)
 bin="$root/target/debug"
@@ -25,7 +26,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step() { printf '\n== %s\n' "$*"; }
 show() { printf '$ %s\n' "$*"; "$@"; }
 
 step "sandbox: host $host, gateway $gw, two veth ENIs"
@@ -40,18 +40,8 @@ type = "static"
 TOML
 for i in 0 1; do
   mac="02:e1:de:00:00:0$((i + 1))"
-  ip -n "$host" link add "eni$i" address "$mac" mtu 1500 type veth peer name "gw$i" netns "$gw" mtu 9000
-  ip -n "$gw" addr add "10.78.$i.1/24" dev "gw$i"
-  ip -n "$gw" link set "gw$i" up
-  cat >> "$work/enimd.toml" <<TOML
-
-[[provider.enis]]
-id = "eni-demo-$i"
-mac = "$mac"
-ipv4 = "10.78.$i.10/24"
-gateway4 = "10.78.$i.1"
-mtu = 9000
-TOML
+  veth_eni "$host" "$gw" "$i" "$mac" 9000 "10.78.$i.1/24"
+  { static_eni "eni-demo-$i" "$mac" "10.78.$i"; echo "mtu = 9000"; } >> "$work/enimd.toml"
 done
 show ip -n "$host" -o link show
 

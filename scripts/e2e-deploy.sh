@@ -49,7 +49,8 @@ while [ $# -gt 0 ]; do
     *) echo "e2e-deploy.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ "$(id -u)" = 0 ] || { echo "e2e-deploy.sh: run as root: it creates namespaces and runs podman" >&2; exit 1; }
+. "$(dirname "$0")/lib.sh"
+need_root e2e-deploy.sh "it creates namespaces and runs podman"
 for tool in podman ip curl nsenter /usr/bin/python3 /bin/busybox; do
   command -v "$tool" >/dev/null || { echo "e2e-deploy.sh: $tool is missing" >&2; exit 1; }
 done
@@ -83,7 +84,6 @@ check() { # description command...
   local what=$1; shift
   if "$@"; then pass "$what"; else fail "$what"; fi
 }
-step() { printf '\n== %s\n' "$*"; }
 
 cleanup() {
   local rc=$?
@@ -143,18 +143,10 @@ sandbox() {
   enis=(); macs=()
   for i in $(seq 0 $((n - 1))); do
     local mac="02:e2:e0:00:0$i:01"
-    ip -n "$node" link add "eni$i" address "$mac" mtu 1500 type veth peer name "gw$i" netns "$gw" mtu 1500
-    ip -n "$gw" addr add "10.79.$i.1/24" dev "gw$i"
-    ip -n "$gw" addr add "fd00:79:$i::1/64" dev "gw$i" nodad
-    ip -n "$gw" link set "gw$i" up
+    veth_eni "$node" "$gw" "$i" "$mac" 1500 "10.79.$i.1/24" "fd00:79:$i::1/64"
     enis+=("eni$i"); macs+=("$mac")
+    static_eni "eni-e2e-$i" "$mac" "10.79.$i" >> "$work/$mode/enis.toml"
     cat >> "$work/$mode/enis.toml" <<TOML
-
-[[provider.enis]]
-id = "eni-e2e-$i"
-mac = "$mac"
-ipv4 = "10.79.$i.10/24"
-gateway4 = "10.79.$i.1"
 ipv6 = "fd00:79:$i::10/64"
 gateway6 = "fd00:79:$i::1"
 TOML

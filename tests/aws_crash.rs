@@ -18,9 +18,10 @@ mod aws;
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws::{blocking, sandbox};
+use common::cloud_node::{self, add_retrying, crash_at, primary_config};
 use common::{enim, NamedNetns};
 use enim_provider::fault::CLOUD_CRASH_POINTS;
 use enim_testkit::agent::net_conf;
@@ -29,38 +30,20 @@ use enim_testkit::moto as aws_rig;
 const NETWORK: &str = "enim-aws-crash";
 
 fn config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, free: usize) -> String {
-    format!(
-        "socket = {sock:?}\ncheckpoint = {ckpt:?}\nhost_netns = {netns:?}\ngc_interval = \"0s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n\
-         [provider.pool]\nmin_free = {free}\nmax_free = {free}\ninitial_retry = \"100ms\"\n\
-         max_backoff = \"1s\"\nresync_interval = \"300ms\"\n",
-        sock = dir.join("enimd.sock").display().to_string(),
-        ckpt = dir.join("state/checkpoint.json").display().to_string(),
-        netns = host.path().display().to_string(),
-        imds = env.imds.url,
-        ec2 = env.proxy.url,
-    )
+    primary_config(dir, host, &aws::provider_table(env), free, "300ms")
 }
 
 /// Waits until the cloud holds exactly `want` ENIs tagged for the node,
 /// every one attached to it, and the agent's pool lists the same number.
 async fn settled(env: &aws_rig::Env, agent: &common::Agent, want: usize, point: &str) {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
+    cloud_node::settled(agent, want, point, || async {
         let tagged = env.tagged_ids().await;
         let attached = env.attached().await;
-        let status = blocking(|| agent.ctl(&["status"]));
         let all_attached = tagged.iter().all(|id| attached.contains_key(id));
-        if tagged.len() == want && all_attached && status["enis_total"] == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{point}: want {want} tagged ENIs, all attached; cloud has {tagged:?}, attached {attached:?}; agent {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        let shown = format!("{tagged:?}, attached {attached:?}");
+        (tagged.len(), all_attached, shown)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +56,6 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
         let (host, _gw) = sandbox(&env);
         let dir = tempfile::tempdir().unwrap();
         let mut agent = aws::enimd(dir.path(), &config(dir.path(), &host, &env, 1), &env);
-        let creds = agent.env.clone();
         let pod = NamedNetns::new("awscrash");
         let conf = net_conf("1.1.0", NETWORK, agent.socket());
         let creating = point.contains("create") || point.contains("attach");
@@ -86,31 +68,13 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
             // it detaches and deletes one and crashes on the way.
             std::fs::write(agent_config(dir.path()), config(dir.path(), &host, &env, 2)).unwrap();
             blocking(|| agent.restart());
-            blocking(|| {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    let out = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf);
-                    if out.status == 0 || Instant::now() > deadline {
-                        return out.ok();
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            });
+            blocking(|| add_retrying("c1", &pod, &conf, Duration::from_secs(30)));
             settled(&env, &agent, 3, point).await;
             blocking(|| agent.stop());
             std::fs::write(agent_config(dir.path()), config(dir.path(), &host, &env, 1)).unwrap();
             2
         };
-        agent.env = creds.clone();
-        agent.env.push(("ENIMD_CRASH_AT".into(), point.to_string()));
-        blocking(|| agent.spawn());
-        blocking(|| agent.wait_crashed());
-        let log = blocking(|| agent.log());
-        assert!(
-            log.contains(&format!("crash point {point} reached")),
-            "{point}: crashed elsewhere: {log}"
-        );
-        agent.env = creds;
+        blocking(|| crash_at(&mut agent, point));
         blocking(|| agent.restart());
         blocking(|| agent.ctl(&["gc"]));
         settled(&env, &agent, want, point).await;

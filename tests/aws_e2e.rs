@@ -16,25 +16,23 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws::{blocking, sandbox, start_enimd};
-use common::cloud_node::{add_retrying, config_head, pings_router};
+use common::cloud_node::{
+    add_retrying, assert_degraded_with_one_free, pings_router, primary_config,
+    serve_through_outage, wait_recovered,
+};
 use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
 use enim_testkit::moto as aws_rig;
 
 const NETWORK: &str = "enim-aws-e2e";
 
-/// enimd's config in `dir`: ENIs kept in `host`, a pool of one over EC2
-/// through the fault proxy, short timings.
-fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env) -> String {
-    format!(
-        "{}{}[provider.pool]\nmin_free = 1\nmax_free = 1\ninitial_retry = \"100ms\"\n\
-         max_backoff = \"1s\"\nresync_interval = \"200ms\"\n",
-        config_head(dir, host),
-        aws::provider_table(env),
-    )
+/// enimd's config in `dir`: ENIs kept in `host`, a pool of `free` over
+/// EC2 through the fault proxy, short timings.
+fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, free: usize) -> String {
+    primary_config(dir, host, &aws::provider_table(env), free, "200ms")
 }
 
 /// The sandbox, one ENI left attached by an earlier agent run (the pool
@@ -60,7 +58,7 @@ async fn rig(env: &aws_rig::Env) -> Rig {
     let (host, gw) = sandbox(env);
     let earlier = aws::attach_earlier(env).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = pool_config(dir.path(), &host, env);
+    let config = pool_config(dir.path(), &host, env, 1);
     Rig {
         host,
         _gw: gw,
@@ -191,23 +189,12 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
 
     env.proxy.set_down(true);
     let agent = blocking(|| start_enimd(rig.dir.path(), &rig.config, &env));
-    let status = blocking(|| agent.ctl(&["status"]));
-    let why = status["degraded"].as_str().unwrap_or_default().to_string();
-    assert!(why.contains("cloud unreachable since"), "{status}");
-    assert_eq!(status["enis_free"], 1, "{status}");
+    blocking(|| assert_degraded_with_one_free(&agent));
 
     let conf = net_conf("1.1.0", NETWORK, agent.socket());
     let (pod1, pod2) = (NamedNetns::new("awspod1"), NamedNetns::new("awspod2"));
-    let r1 = blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
-    assert_eq!(r1["interfaces"][0]["mac"], rig.earlier.mac_address);
-    assert!(blocking(|| pings_router(&pod1)));
-    blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).err(11));
-    // The runtime DELs the failed sandbox, as CRI runtimes do: the pod no
-    // longer counts as waiting for an ENI.
-    blocking(|| enim("DEL", "c2", Some(&pod2.path()), "eth0", &conf).ok());
-    // DEL and a second ADD of the same ENI need no cloud either.
-    blocking(|| enim("DEL", "c1", Some(&pod1.path()), "eth0", &conf).ok());
-    blocking(|| enim("ADD", "c1", Some(&pod1.path()), "eth0", &conf).ok());
+    let mac = &rig.earlier.mac_address;
+    blocking(|| serve_through_outage(&conf, &pod1, &pod2, mac));
     assert_eq!(
         env.tagged_ids().await.len(),
         1,
@@ -219,18 +206,7 @@ async fn enimd_serves_through_an_ec2_outage_and_grows_after_it() {
         env.tagged_ids().await.len() == 2 && env.attached().await.len() == 3
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status = blocking(|| agent.ctl(&["status"]));
-        if status.get("degraded").is_none() && status["enis_free"] == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still degraded or not grown: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_recovered(&agent).await;
     blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).ok());
     // Every attached ENI has a device index of its own.
     let attached = env.attached().await;
@@ -252,8 +228,7 @@ async fn parallel_creates_never_share_a_device_index() {
     };
     let (host, _gw) = sandbox(&env);
     let dir = tempfile::tempdir().unwrap();
-    let config = pool_config(dir.path(), &host, &env)
-        .replace("min_free = 1\nmax_free = 1", "min_free = 3\nmax_free = 3");
+    let config = pool_config(dir.path(), &host, &env, 3);
     let agent = blocking(|| start_enimd(dir.path(), &config, &env));
     aws_rig::eventually(Duration::from_secs(30), "the pool to fill", || async {
         env.attached().await.len() == 4

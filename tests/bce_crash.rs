@@ -18,13 +18,13 @@ mod bce;
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bce::{blocking, sandbox};
-use common::cloud_node::add_retrying;
+use bce::blocking;
+use common::cloud_node::{self, add_retrying, crash_at, primary_config};
 use common::{enim, Agent, NamedNetns};
 use enim_provider::fault::CLOUD_CRASH_POINTS;
-use enim_testkit::agent::{crash_env, net_conf};
+use enim_testkit::agent::net_conf;
 use enim_testkit::bce::{FakeCloud, INSTANCE};
 use enim_testkit::fixtures::AgentPaths;
 use enim_testkit::netns::find_mac;
@@ -32,13 +32,7 @@ use enim_testkit::netns::find_mac;
 const NETWORK: &str = "enim-bce-crash";
 
 fn config(dir: &Path, host: &NamedNetns, cloud: &FakeCloud, free: usize) -> String {
-    format!(
-        "{agent}{provider}\
-         [provider.pool]\nmin_free = {free}\nmax_free = {free}\ninitial_retry = \"100ms\"\n\
-         max_backoff = \"1s\"\nresync_interval = \"300ms\"\n",
-        agent = common::cloud_node::config_head(dir, host),
-        provider = bce::provider_section(cloud),
-    )
+    primary_config(dir, host, &bce::provider_section(cloud), free, "300ms")
 }
 
 fn set_free(dir: &Path, host: &NamedNetns, cloud: &FakeCloud, free: usize) {
@@ -61,29 +55,19 @@ fn ours(cloud: &FakeCloud) -> Vec<(String, String, bool)> {
 /// Waits until the fake holds exactly `want` ENIs named for the node,
 /// every one attached to it, and the agent's pool counts the same.
 async fn settled(cloud: &FakeCloud, agent: &Agent, want: usize, point: &str) {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
+    cloud_node::settled(agent, want, point, || async {
         let enis = ours(cloud);
-        let status = blocking(|| agent.ctl(&["status"]));
-        if enis.len() == want && enis.iter().all(|e| e.2) && status["enis_total"] == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{point}: want {want} ENIs of the node, all attached; the fake has {enis:?}; agent {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (enis.len(), enis.iter().all(|e| e.2), format!("{enis:?}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
     common::require_kernel!();
     for &point in CLOUD_CRASH_POINTS {
-        let cloud = FakeCloud::start().await;
-        let (host, _gw) = sandbox(&cloud);
-        let dir = tempfile::tempdir().unwrap();
-        let mut agent = bce::enimd(dir.path(), &config(dir.path(), &host, &cloud, 1));
+        let mut node = bce::node(|dir, host, cloud| config(dir, host, cloud, 1)).await;
+        let (agent, cloud, dir, host) = (&mut node.agent, &node.cloud, &node.dir, &node.host);
         let pod = NamedNetns::new("bcecrash");
         let conf = net_conf("1.1.0", NETWORK, agent.socket());
         let creating = point.contains("create") || point.contains("attach");
@@ -94,31 +78,24 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
         } else {
             // Three ENIs, a pod on one; the armed start keeps one free, so
             // it detaches and deletes one and crashes on the way.
-            set_free(dir.path(), &host, &cloud, 2);
+            set_free(dir.path(), host, cloud, 2);
             blocking(|| agent.restart());
             let r = blocking(|| add_retrying("c1", &pod, &conf, Duration::from_secs(60)));
             let mac = r["interfaces"][0]["mac"].as_str().unwrap().to_string();
-            settled(&cloud, &agent, 3, point).await;
-            let id = ours(&cloud)
+            settled(cloud, agent, 3, point).await;
+            let id = ours(cloud)
                 .into_iter()
                 .find(|e| e.1 == mac)
                 .unwrap_or_else(|| panic!("{point}: the pod's MAC {mac} is no ENI of the node"))
                 .0;
             blocking(|| agent.stop());
-            set_free(dir.path(), &host, &cloud, 1);
+            set_free(dir.path(), host, cloud, 1);
             (2, Some((id, mac)))
         };
-        agent.env = crash_env(point);
-        blocking(|| agent.spawn());
-        blocking(|| agent.wait_crashed());
-        let log = blocking(|| agent.log());
-        assert!(
-            log.contains(&format!("crash point {point} reached")),
-            "{point}: crashed elsewhere: {log}"
-        );
+        blocking(|| crash_at(agent, point));
         // What the crash left in the cloud: (ENIs of the node, of them
         // attached here).
-        let left = ours(&cloud);
+        let left = ours(cloud);
         let attached_left = left.iter().filter(|e| e.2).count();
         let expected = match point {
             "cloud:before-create" => (0, 0),
@@ -137,14 +114,13 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
             expected,
             "{point}: the crash left {left:?}"
         );
-        agent.env.clear();
         blocking(|| agent.restart());
         blocking(|| agent.ctl(&["gc"]));
-        settled(&cloud, &agent, want, point).await;
+        settled(cloud, agent, want, point).await;
         // Whatever was attached is adopted, not replaced; whatever was not
         // is gone. (Before the detach, the restart's own shrink takes one
         // of the three: not checked here.)
-        let now = ours(&cloud);
+        let now = ours(cloud);
         for (id, _, attached) in left.iter().filter(|_| point != "cloud:before-detach") {
             let kept = now.iter().any(|e| &e.0 == id);
             assert_eq!(
@@ -162,9 +138,9 @@ async fn cloud_steps_survive_a_crash_before_and_after_each_call() {
             // The pod's ENI was never touched: still attached, still in the
             // pod; DEL brings it home to the host namespace.
             assert!(
-                ours(&cloud).iter().any(|e| e.0 == id && e.2),
+                ours(cloud).iter().any(|e| e.0 == id && e.2),
                 "{point}: the pod's ENI {id} left the node: {:?}",
-                ours(&cloud)
+                ours(cloud)
             );
             let in_pod = blocking(|| pod.link("eth0"));
             assert_eq!(

@@ -18,12 +18,12 @@ mod common;
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bce::{blocking, eventually, sandbox};
+use bce::{blocking, eventually};
 use common::cloud_node::{
-    self, add_secondary_pods, as_host_routes, del_pods, pings_router, restart_keeps_pods,
-    MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
+    self, add_secondary_pods, as_host_routes, del_pods, pings_router, poll_until,
+    restart_keeps_pods, MAX_ABOVE_WATERMARK, PRE_ALLOCATE,
 };
 use common::NamedNetns;
 use enim_testkit::agent::net_conf;
@@ -57,19 +57,17 @@ fn total(cloud: &FakeCloud) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     common::require_kernel!();
-    let cloud = FakeCloud::start().await;
-    let (host, gw) = sandbox(&cloud);
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = bce::enimd(dir.path(), &config(dir.path(), &host, &cloud));
+    let mut node = bce::node(config).await;
+    let (agent, cloud, host) = (&mut node.agent, &node.cloud, &node.host);
     blocking(|| agent.restart());
 
     // No ENI at start: the pool attaches one and fills it, past
     // pre_allocate by max_above_watermark (one call).
     eventually("the first fill", Duration::from_secs(20), || {
-        total(&cloud) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK
+        total(cloud) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK
     })
     .await;
-    assert_eq!(cloud_addresses(&cloud).len(), 1);
+    assert_eq!(cloud_addresses(cloud).len(), 1);
 
     let conf = net_conf("1.1.0", NETWORK, agent.socket());
     let pods: Vec<NamedNetns> = (0..PODS)
@@ -86,7 +84,7 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     }
     // Grown by ENIs once the first was full; every pod's address is on one
     // of them in the cloud; each ENI keeps its own device index.
-    let cloud_now = cloud_addresses(&cloud);
+    let cloud_now = cloud_addresses(cloud);
     assert!(cloud_now.len() >= PODS.div_ceil(PER_ENI), "{cloud_now:?}");
     assert!(
         cloud_now.iter().all(|(_, ips)| ips.len() <= PER_ENI),
@@ -100,21 +98,25 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
     }
 
     // A restart keeps every live pod's address and reachability.
-    blocking(|| restart_keeps_pods(&mut agent, &pods, &seen));
+    blocking(|| restart_keeps_pods(agent, &pods, &seen));
 
     blocking(|| del_pods(&pods, "p", &conf));
     // Surplus goes back after the cooldown.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while total(&cloud) != PRE_ALLOCATE + MAX_ABOVE_WATERMARK {
-        if Instant::now() > deadline {
+    poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            if total(cloud) == PRE_ALLOCATE + MAX_ABOVE_WATERMARK {
+                return Ok(());
+            }
             let status = blocking(|| agent.ctl(&["status"]));
-            panic!(
+            Err(format!(
                 "surplus not released: cloud {:?}, agent {status}",
-                cloud_addresses(&cloud)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+                cloud_addresses(cloud)
+            ))
+        },
+    )
+    .await;
     blocking(|| agent.stop());
     let w = cloud.world();
     assert!(w.count("POST", "/v1/eni/") >= 2, "batch adds and deletes");
@@ -123,5 +125,4 @@ async fn secondary_mode_serves_pods_from_a_warm_ip_pool_on_the_bce_fake() {
         "every call signed right"
     );
     assert_eq!(w.count("DELETE", "/v1/eni/"), 0, "host ENIs are kept");
-    drop(gw);
 }

@@ -392,11 +392,22 @@ fn read_request(s: &mut UnixStream) -> Seen {
     }
 }
 
+/// The pod's interface as the fake agent describes it; the plugin's 1.x
+/// result lists it unchanged.
+fn pod_interface() -> Value {
+    json!({"name": "eth0", "mac": "02:00:00:00:00:0a", "mtu": 9001, "sandbox": "/run/netns/test-pod"})
+}
+
+/// The route the fake agent gives the pod; passed through as it is.
+fn default_route() -> Value {
+    json!({"dst": "0.0.0.0/0", "gw": "10.0.1.1"})
+}
+
 fn agent_result() -> Value {
     json!({
-        "interface": {"name": "eth0", "mac": "02:00:00:00:00:0a", "mtu": 9001, "sandbox": "/run/netns/test-pod"},
+        "interface": pod_interface(),
         "ips": [{"address": "10.0.1.5/24", "gateway": "10.0.1.1"}],
-        "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.1.1"}],
+        "routes": [default_route()],
         "eni_id": "eni-1"
     })
 }
@@ -418,9 +429,9 @@ fn add_against_fake_agent() {
         result,
         json!({
             "cniVersion": "1.1.0",
-            "interfaces": [{"name": "eth0", "mac": "02:00:00:00:00:0a", "mtu": 9001, "sandbox": "/run/netns/test-pod"}],
+            "interfaces": [pod_interface()],
             "ips": [{"interface": 0, "address": "10.0.1.5/24", "gateway": "10.0.1.1"}],
-            "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.1.1"}],
+            "routes": [default_route()],
             "dns": {}
         })
     );

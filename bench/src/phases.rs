@@ -23,11 +23,13 @@ use crate::{Opts, R};
 
 mod cycles;
 mod scale;
+mod worker;
 
 pub use cycles::Throughput;
 use cycles::{latency, parallel, throughput};
 pub use scale::Scale;
 use scale::{gc_dead, gc_moved, restore, timed_phase};
+use worker::Worker;
 
 /// The ways of doing the same ADD and DEL: enim as configured by default,
 /// the reference plugin, the kernel floor, and (latency only) a what-if of
@@ -177,16 +179,63 @@ impl Plan {
 pub struct Ctx {
     pub sb: Sandbox,
     pub bins: Bins,
-    pub main_enis: Vec<Eni>,
-    pub pods: Vec<PathBuf>,
-    pub moved_enis: Vec<Eni>,
-    pub moved_pods: Vec<PathBuf>,
+    pub main: Slots,
+    pub moved: Slots,
     pub work: PathBuf,
     pub pids_file: PathBuf,
-    pub enim_conf: Vec<u8>,
-    pub enim_conf_no_fsync: Vec<u8>,
-    pub enim_conf_host_path: Vec<u8>,
+    pub enim_confs: EnimConfs,
     pub smoke: bool,
+}
+
+/// Stand-in ENIs in the sandbox host and a pod namespace for each: slot
+/// `i` is ENI `i` and pod `i`.
+pub struct Slots {
+    pub enis: Vec<Eni>,
+    pub pods: Vec<PathBuf>,
+}
+
+impl Slots {
+    /// `n` ENIs of family `fam` named `<name>-NNNNN` (host name `<name>i`,
+    /// peer `<peer>i`) on /24s from 10.`net_base`.0.0, and pods `<pod>i`.
+    fn add(
+        sb: &mut Sandbox,
+        n: usize,
+        fam: u8,
+        name: &str,
+        net_base: u8,
+        peer: &str,
+        pod: &str,
+    ) -> R<Slots> {
+        let enis: Vec<Eni> = (0..n)
+            .map(|i| family(fam, i, name, name, net_base))
+            .collect();
+        sb.add_enis(&enis, peer)?;
+        let pods = sb.add_pods(pod, n)?;
+        Ok(Slots {
+            enis,
+            pods: pods.iter().map(|p| netns_path(p)).collect(),
+        })
+    }
+}
+
+/// The plugin's network config for each enim agent of the latency loop
+/// (each has its own socket).
+pub struct EnimConfs {
+    pub main: Vec<u8>,
+    pub no_fsync: Vec<u8>,
+    pub host_path: Vec<u8>,
+}
+
+impl EnimConfs {
+    /// The config of the agent `method` talks to (the main one for all but
+    /// the what-ifs).
+    fn of(&self, method: Method) -> &[u8] {
+        match method {
+            Method::EnimNoFsync => &self.no_fsync,
+            Method::EnimHostPath => &self.host_path,
+            _ => &self.main,
+        }
+    }
 }
 
 pub const MAIN_ENIS: usize = 16;
@@ -253,16 +302,8 @@ impl Ctx {
             }
         }
         let mut sb = Sandbox::new(&o.tag)?;
-        let main_enis: Vec<Eni> = (0..MAIN_ENIS)
-            .map(|i| family(0, i, "eni", "eni", 77))
-            .collect();
-        sb.add_enis(&main_enis, "gw")?;
-        let pods = sb.add_pods("pod", MAIN_ENIS)?;
-        let moved_enis: Vec<Eni> = (0..plan.gc_moved)
-            .map(|i| family(1, i, "mb", "mb", 78))
-            .collect();
-        sb.add_enis(&moved_enis, "mbp")?;
-        let moved_pods = sb.add_pods("mbpod", plan.gc_moved)?;
+        let main = Slots::add(&mut sb, MAIN_ENIS, 0, "eni", 77, "gw", "pod")?;
+        let moved = Slots::add(&mut sb, plan.gc_moved, 1, "mb", 78, "mbp", "mbpod")?;
         let pids_file = work.join("enimd.pids");
         let conf = |agent: &str| {
             serde_json::to_vec(&json!({
@@ -273,21 +314,19 @@ impl Ctx {
                 "timeoutSeconds": 20,
             }))
         };
-        let enim_conf = conf("main")?;
-        let enim_conf_no_fsync = conf("no-fsync")?;
-        let enim_conf_host_path = conf("host-path")?;
+        let enim_confs = EnimConfs {
+            main: conf("main")?,
+            no_fsync: conf("no-fsync")?,
+            host_path: conf("host-path")?,
+        };
         Ok(Ctx {
             sb,
             bins,
-            main_enis,
-            pods: pods.iter().map(|p| netns_path(p)).collect(),
-            moved_enis,
-            moved_pods: moved_pods.iter().map(|p| netns_path(p)).collect(),
+            main,
+            moved,
             work,
             pids_file,
-            enim_conf,
-            enim_conf_no_fsync,
-            enim_conf_host_path,
+            enim_confs,
             smoke: o.smoke,
         })
     }
@@ -305,200 +344,6 @@ impl Ctx {
             },
         }))
         .expect("JSON")
-    }
-}
-
-/// A thread's tools for cycles: it lives in the sandbox host namespace
-/// (so host-device, which moves devices back to its own namespace, works
-/// as under a runtime there) and has its own runtime and host socket for
-/// the floor.
-struct Worker<'a> {
-    ctx: &'a Ctx,
-    rt: tokio::runtime::Runtime,
-    floor: Floor,
-    /// Idle time before each timed operation (see `latency`).
-    gap: Duration,
-}
-
-/// One ADD+DEL cycle's two latencies.
-type Cycle = (Duration, Duration);
-
-impl<'a> Worker<'a> {
-    /// Call only on a thread made for it: it moves the thread into the
-    /// sandbox host namespace for good.
-    fn on_this_thread(ctx: &'a Ctx) -> R<Worker<'a>> {
-        enter(&Netns::open(&ctx.sb.host_path())?)?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let floor = rt.block_on(Floor::new(&ctx.sb.host_path()))?;
-        Ok(Worker {
-            ctx,
-            rt,
-            floor,
-            gap: Duration::ZERO,
-        })
-    }
-
-    /// ADD then DEL with `method`, in pod `slot` (and, for host-device and
-    /// the floor, ENI `slot`; enim picks its own). `verify` checks the pod
-    /// after each step, outside the timings.
-    fn cycle(&self, method: Method, slot: usize, cid: &str, verify: bool) -> R<Cycle> {
-        let ctx = self.ctx;
-        let pod = ctx.pods[slot].as_path();
-        let eni = &ctx.main_enis[slot];
-        let call = |plugin, command, conf| pod_call(ctx, plugin, command, cid, pod, conf);
-        let hd_conf;
-        let enim_conf = match method {
-            Method::EnimNoFsync => &ctx.enim_conf_no_fsync,
-            Method::EnimHostPath => &ctx.enim_conf_host_path,
-            _ => &ctx.enim_conf,
-        };
-        std::thread::sleep(self.gap);
-        let host_path = HostPathFloor::of(slot);
-        let add = match method {
-            Method::Enim | Method::EnimNoFsync | Method::EnimHostPath => {
-                let out = exec(&call(&ctx.bins.enim, "ADD", enim_conf))?;
-                out.result("enim ADD")?
-                    .ok_or("enim ADD printed no result")?;
-                out.elapsed
-            }
-            Method::HostDevice => {
-                hd_conf = ctx.hd_conf(eni);
-                let out = exec(&call(&ctx.bins.host_device, "ADD", &hd_conf))?;
-                out.result("host-device ADD")?;
-                out.elapsed
-            }
-            Method::Floor => {
-                let t = Instant::now();
-                self.rt.block_on(self.floor.add(
-                    &eni.host_name,
-                    pod,
-                    "eth0",
-                    eni.ipv4,
-                    eni.gateway4,
-                ))?;
-                t.elapsed()
-            }
-            Method::FloorHostPath => {
-                let t = Instant::now();
-                self.rt.block_on(async {
-                    let f = &self.floor;
-                    f.add(&eni.host_name, pod, "eth0", eni.ipv4, eni.gateway4)
-                        .await?;
-                    f.add_host_path(pod, &host_path, eni.ipv4.addr()).await
-                })?;
-                t.elapsed()
-            }
-        };
-        if verify {
-            self.verify_added(method, slot)?;
-        }
-        std::thread::sleep(self.gap);
-        let del = match method {
-            Method::Enim | Method::EnimNoFsync | Method::EnimHostPath => {
-                let out = exec(&call(&ctx.bins.enim, "DEL", enim_conf))?;
-                out.result("enim DEL")?;
-                out.elapsed
-            }
-            Method::HostDevice => {
-                let conf = ctx.hd_conf(eni);
-                let out = exec(&call(&ctx.bins.host_device, "DEL", &conf))?;
-                out.result("host-device DEL")?;
-                out.elapsed
-            }
-            Method::Floor => {
-                let t = Instant::now();
-                self.rt
-                    .block_on(self.floor.del(pod, "eth0", &eni.host_name))?;
-                t.elapsed()
-            }
-            Method::FloorHostPath => {
-                let t = Instant::now();
-                self.rt.block_on(async {
-                    self.floor.del_host_path(&host_path).await?;
-                    self.floor.del(pod, "eth0", &eni.host_name).await
-                })?;
-                t.elapsed()
-            }
-        };
-        if verify {
-            self.verify_deleted(method, slot)?;
-        }
-        Ok((add, del))
-    }
-
-    fn verify_added(&self, method: Method, slot: usize) -> R<()> {
-        let pod = &self.ctx.pods[slot];
-        let iface = self
-            .rt
-            .block_on(floor::pod_iface(pod, "eth0"))?
-            .ok_or_else(|| format!("{}: no eth0 in {} after ADD", method.name(), pod.display()))?;
-        let ok_addr = match method {
-            // enim picks the ENI: any of the sandbox's addresses will do.
-            Method::Enim | Method::EnimNoFsync => iface.addrs.iter().any(|a| {
-                self.ctx
-                    .main_enis
-                    .iter()
-                    .any(|e| ipnet::IpNet::V4(e.ipv4) == *a)
-            }),
-            _ => iface
-                .addrs
-                .contains(&ipnet::IpNet::V4(self.ctx.main_enis[slot].ipv4)),
-        };
-        if !iface.up || !ok_addr {
-            return Err(format!(
-                "{}: eth0 in {} after ADD: up={} addrs={:?}",
-                method.name(),
-                pod.display(),
-                iface.up,
-                iface.addrs
-            )
-            .into());
-        }
-        Ok(())
-    }
-
-    fn verify_deleted(&self, method: Method, slot: usize) -> R<()> {
-        let pod = &self.ctx.pods[slot];
-        if self.rt.block_on(floor::pod_iface(pod, "eth0"))?.is_some() {
-            return Err(format!(
-                "{}: eth0 still in {} after DEL",
-                method.name(),
-                pod.display()
-            )
-            .into());
-        }
-        if !method.is_enim() {
-            let name = &self.ctx.main_enis[slot].host_name;
-            if !self
-                .rt
-                .block_on(floor::has_link(self.floor.host_handle(), name))?
-            {
-                return Err(format!("{}: {name} is not home after DEL", method.name()).into());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A plugin call for the pod interface `eth0` in `pod`.
-fn pod_call<'c>(
-    ctx: &'c Ctx,
-    plugin: &'c Path,
-    command: &'c str,
-    cid: &'c str,
-    pod: &'c Path,
-    conf: &'c [u8],
-) -> Call<'c> {
-    Call {
-        plugin,
-        command,
-        container_id: cid,
-        netns: Some(pod),
-        ifname: "eth0",
-        cni_path: &ctx.bins.cni_path,
-        conf,
     }
 }
 
@@ -529,7 +374,7 @@ fn check_all_home(ctx: &Ctx, agent: &Enimd, when: &str) -> R<()> {
             R::Ok(links.into_iter().map(|l| l.name).collect::<Vec<_>>())
         })
     })?;
-    for e in ctx.main_enis.iter().chain(&ctx.moved_enis) {
+    for e in ctx.main.enis.iter().chain(&ctx.moved.enis) {
         if !names.contains(&e.host_name) {
             return Err(format!("{when}: {} is not home (host has {names:?})", e.host_name).into());
         }
@@ -600,7 +445,7 @@ pub fn run(o: &Opts) -> R<Results> {
     let ctx = Ctx::new(o, &plan, work.clone())?;
 
     let main_dir = work.join("main");
-    ctx.write_config(&main_dir, &ctx.main_enis, "")?;
+    ctx.write_config(&main_dir, &ctx.main.enis, "")?;
     let main = ctx.enimd(&main_dir, Duration::from_secs(30))?;
     let startup_ms = main.exec_to_ready.as_secs_f64() * 1e3;
     std::thread::sleep(Duration::from_millis(200));
@@ -639,11 +484,11 @@ pub fn run(o: &Opts) -> R<Results> {
         // The what-if agent over the same ENIs; the loop never lets two
         // agents hold a device at once.
         let no_fsync_dir = work.join("no-fsync");
-        ctx.write_config(&no_fsync_dir, &ctx.main_enis, "checkpoint_fsync = false")?;
+        ctx.write_config(&no_fsync_dir, &ctx.main.enis, "checkpoint_fsync = false")?;
         let no_fsync = ctx.enimd(&no_fsync_dir, Duration::from_secs(30))?;
         let host_path_dir = work.join("host-path");
         let host_path_extra = format!("[host_path]\nservice_cidrs = [\"{SERVICE_CIDR}\"]");
-        ctx.write_config(&host_path_dir, &ctx.main_enis, &host_path_extra)?;
+        ctx.write_config(&host_path_dir, &ctx.main.enis, &host_path_extra)?;
         let host_path = ctx.enimd(&host_path_dir, Duration::from_secs(30))?;
         say(&format!(
             "latency: {} interleaved ADD+DEL cycles per method",

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::common::cloud_node::blocking;
 use crate::common::{bins, cloud_node, Agent, NamedNetns};
 use enim_provider_aws::ec2::NetworkInterface;
 use enim_testkit::fixtures::AgentPaths;
@@ -34,12 +35,6 @@ pub fn enimd(dir: &Path, config: &str, env: &aws_rig::Env) -> Agent {
     agent.ready_timeout = Duration::from_secs(30);
     agent.ready_poll = Duration::from_millis(50);
     agent
-}
-
-/// Runs blocking test steps (plugin execs, `ip`, enimctl) in place: the
-/// runtime's other worker keeps serving the fake IMDS and the proxy.
-pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
 }
 
 /// The sandbox: ENIs appear in the returned host namespace when attached;

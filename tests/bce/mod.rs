@@ -6,15 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::common::cloud_node::blocking;
 use crate::common::{bins, cloud_node, Agent, NamedNetns};
 use enim_testkit::bce::{self as rig, FakeCloud};
 use enim_testkit::fixtures::AgentPaths;
-
-/// Runs blocking test steps (plugin execs, `ip`, enimctl) in place: the
-/// runtime's other worker keeps serving the fake.
-pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
 
 /// The `[provider]` table over the fake, with short timings.
 pub fn provider_section(cloud: &FakeCloud) -> String {
@@ -51,6 +46,31 @@ pub fn sandbox(cloud: &FakeCloud) -> (Arc<NamedNetns>, Arc<NamedNetns>) {
         cloud_node::plug(&h, &g, &format!("bce{n}"), mac, &format!("bgw{n}"));
     }));
     (host, gw)
+}
+
+/// A node on a fresh fake: the sandbox, and enimd (not started yet) with
+/// the config `config` makes for them, in a temp dir. Fields drop in
+/// order: the agent before its files, namespaces and cloud.
+pub struct Node {
+    pub agent: Agent,
+    pub dir: tempfile::TempDir,
+    pub host: Arc<NamedNetns>,
+    pub gw: Arc<NamedNetns>,
+    pub cloud: FakeCloud,
+}
+
+pub async fn node(config: impl FnOnce(&Path, &NamedNetns, &FakeCloud) -> String) -> Node {
+    let cloud = FakeCloud::start().await;
+    let (host, gw) = sandbox(&cloud);
+    let dir = tempfile::tempdir().unwrap();
+    let agent = enimd(dir.path(), &config(dir.path(), &host, &cloud));
+    Node {
+        agent,
+        dir,
+        host,
+        gw,
+        cloud,
+    }
 }
 
 /// Waits (up to `limit`) for `ok`.

@@ -2,15 +2,17 @@
 //! loopback BCE fake): each ENI the cloud attaches shows up as a veth with
 //! its MAC in a host namespace, its far end on a bridge holding the
 //! subnet's router address in a gateway namespace; pods are ADDed as a
-//! runtime does it and checked by pinging the router. Shared by
-//! `aws_e2e.rs`, `aws_secondary.rs` and `bce_secondary.rs`.
+//! runtime does it and checked by pinging the router. Shared by the AWS
+//! and BCE end-to-end, outage, crash and secondary-mode tests.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{enim, Agent, NamedNetns};
+use enim_testkit::agent::crash_env;
 
 /// The subnet's router, on the gateway namespace's bridge.
 pub const ROUTER: &str = "10.0.1.1";
@@ -48,6 +50,24 @@ pub fn config_head(dir: &Path, host: &NamedNetns) -> String {
         dir.join("enimd.sock").display().to_string(),
         dir.join("state/checkpoint.json").display().to_string(),
         host.path().display().to_string(),
+    )
+}
+
+/// enimd's config in primary mode: `provider` (its `[provider]` table)
+/// with a warm pool of `free` ENIs that resyncs every `resync`, short
+/// retries.
+pub fn primary_config(
+    dir: &Path,
+    host: &NamedNetns,
+    provider: &str,
+    free: usize,
+    resync: &str,
+) -> String {
+    format!(
+        "{head}{provider}\
+         [provider.pool]\nmin_free = {free}\nmax_free = {free}\ninitial_retry = \"100ms\"\n\
+         max_backoff = \"1s\"\nresync_interval = {resync:?}\n",
+        head = config_head(dir, host),
     )
 }
 
@@ -152,4 +172,112 @@ pub fn restart_keeps_pods(agent: &mut Agent, pods: &[NamedNetns], seen: &HashSet
     for pod in pods {
         assert!(pings_router(pod), "{} after the restart", pod.name);
     }
+}
+
+/// Runs blocking test steps (plugin execs, `ip`, enimctl) in place: the
+/// runtime's other worker keeps serving the cloud fake.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Runs `check` every `every` until it passes; past `limit`, panics with
+/// what its last run said was missing.
+pub async fn poll_until<F, Fut>(limit: Duration, every: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let Err(missing) = check().await else {
+            return;
+        };
+        assert!(Instant::now() < deadline, "{missing}");
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// What the crash tests wait for after each step: the cloud holds exactly
+/// `want` ENIs of the node, every one attached to it, and the agent's pool
+/// counts as many. `cloud` reads the cloud's side: how many ENIs of the
+/// node, whether all are attached, and the ENIs for the failure message.
+pub async fn settled<F, Fut>(agent: &Agent, want: usize, point: &str, cloud: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = (usize, bool, String)>,
+{
+    poll_until(Duration::from_secs(40), Duration::from_millis(200), || async {
+        let (enis, all_attached, shown) = cloud().await;
+        let status = blocking(|| agent.ctl(&["status"]));
+        if enis == want && all_attached && status["enis_total"] == want {
+            return Ok(());
+        }
+        Err(format!(
+            "{point}: want {want} ENIs of the node, all attached; the cloud has {shown}; agent {status}"
+        ))
+    })
+    .await;
+}
+
+/// Starts `agent` armed to abort at crash point `point`, waits for it to
+/// die there (its log must say so), and disarms it: its environment (the
+/// cloud's credentials, say) is as before.
+pub fn crash_at(agent: &mut Agent, point: &str) {
+    let env = agent.env.clone();
+    agent.env.extend(crash_env(point));
+    agent.spawn();
+    agent.wait_crashed();
+    let log = agent.log();
+    assert!(
+        log.contains(&format!("crash point {point} reached")),
+        "{point}: crashed elsewhere: {log}"
+    );
+    agent.env = env;
+}
+
+/// Checks the agent, started while the cloud's API is down, says it is
+/// degraded and has one ENI free (the one metadata shows attached).
+pub fn assert_degraded_with_one_free(agent: &Agent) {
+    let status = agent.ctl(&["status"]);
+    let why = status["degraded"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("cloud unreachable since"), "{status}");
+    assert_eq!(status["enis_free"], 1, "{status}");
+}
+
+/// What a node serves with the cloud's API down: c1 in `pod1` gets the ENI
+/// metadata shows (`mac`) and reaches the router; c2 in `pod2` is told "try
+/// again later" (11). DEL and a second ADD of the same ENI need no cloud.
+pub fn serve_through_outage(
+    conf: &serde_json::Value,
+    pod1: &NamedNetns,
+    pod2: &NamedNetns,
+    mac: &str,
+) {
+    let r1 = enim("ADD", "c1", Some(&pod1.path()), "eth0", conf).ok();
+    assert_eq!(r1["interfaces"][0]["mac"], mac, "{r1}");
+    assert!(pings_router(pod1));
+    enim("ADD", "c2", Some(&pod2.path()), "eth0", conf).err(11);
+    // The runtime DELs the failed sandbox, as CRI runtimes do: the pod no
+    // longer counts as waiting for an ENI.
+    enim("DEL", "c2", Some(&pod2.path()), "eth0", conf).ok();
+    enim("DEL", "c1", Some(&pod1.path()), "eth0", conf).ok();
+    enim("ADD", "c1", Some(&pod1.path()), "eth0", conf).ok();
+}
+
+/// Waits (up to 20 s) for the agent to leave its degraded state once the
+/// API is back, with one ENI free again.
+pub async fn wait_recovered(agent: &Agent) {
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let status = blocking(|| agent.ctl(&["status"]));
+            if status.get("degraded").is_none() && status["enis_free"] == 1 {
+                Ok(())
+            } else {
+                Err(format!("still degraded or not grown: {status}"))
+            }
+        },
+    )
+    .await;
 }

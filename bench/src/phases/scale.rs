@@ -83,7 +83,7 @@ pub(super) fn gc_dead(ctx: &Ctx, plan: &Plan) -> R<f64> {
 pub(super) fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
     let n = plan.gc_moved;
     let dir = ctx.work.join("gc-moved");
-    ctx.write_config(&dir, &ctx.moved_enis, "gc_grace = \"0s\"")?;
+    ctx.write_config(&dir, &ctx.moved.enis, "gc_grace = \"0s\"")?;
     let agent = ctx.enimd(&dir, Duration::from_secs(30))?;
     let conf = serde_json::to_vec(&json!({
         "cniVersion": "1.1.0",
@@ -91,7 +91,7 @@ pub(super) fn gc_moved(ctx: &Ctx, plan: &Plan) -> R<f64> {
         "type": "enim",
         "socket": agent.socket,
     }))?;
-    for (i, pod) in ctx.moved_pods.iter().enumerate() {
+    for (i, pod) in ctx.moved.pods.iter().enumerate() {
         let out = exec(&Call {
             plugin: &ctx.bins.enim,
             command: "ADD",
@@ -142,7 +142,7 @@ pub(super) fn restore(ctx: &Ctx, plan: &Plan) -> R<(f64, Option<u64>, f64)> {
     let dir = ctx.work.join("restore");
     ctx.write_config(&dir, &enis, "")?;
     let hour_ago = now_ms() - 3_600_000;
-    let live = &ctx.pods[0];
+    let live = &ctx.main.pods[0];
     let records: Vec<_> = enis
         .iter()
         .enumerate()

@@ -1,0 +1,381 @@
+//! The backend of one node: the AWS backend's calls, in its order, over the
+//! shared [`Account`].
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::retry::Poll;
+use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
+use ipnet::Ipv4Net;
+
+use super::{Account, Attachment, EniRecord};
+use crate::sim::bucket::Action;
+
+/// The [`CloudBackend`] of one simulated node.
+pub struct SimCloud {
+    account: Arc<Account>,
+    node: usize,
+    instance: String,
+    /// DescribeInstanceTypes' answer, once it succeeded.
+    limit: Mutex<Option<usize>>,
+    /// Device-index choice and attach, one at a time (as the AWS backend).
+    attach_lock: tokio::sync::Mutex<()>,
+}
+
+fn unavailable(what: String) -> ProviderError {
+    ProviderError::Unavailable(what)
+}
+
+impl SimCloud {
+    pub(super) fn new(account: Arc<Account>, node: usize) -> SimCloud {
+        SimCloud {
+            account,
+            node,
+            instance: format!("i-sim{node:05}"),
+            limit: Mutex::new(None),
+            attach_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    async fn limit(&self) -> Result<usize, ProviderError> {
+        let known = *self.limit.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = known {
+            return Ok(l);
+        }
+        let limit = self.account.params.eni_limit;
+        self.account
+            .call(Action::DescribeInstanceTypes, |_, _| Ok(limit))
+            .await?;
+        *self.limit.lock().unwrap_or_else(|p| p.into_inner()) = Some(limit);
+        Ok(limit)
+    }
+
+    /// Interfaces on this instance (the primary included) and the lowest
+    /// free device index, from DescribeNetworkInterfaces (filtered).
+    async fn device_slots(&self) -> Result<(usize, u32), ProviderError> {
+        let node = self.node;
+        self.account
+            .call(Action::DescribeNetworkInterfacesFiltered, |st, now| {
+                let mut used = vec![0u32];
+                for (_, e) in st.of_node(node, now) {
+                    if let Some(a) = e.attachment.as_ref().filter(|a| a.node == node) {
+                        used.push(a.device_index);
+                    }
+                }
+                let free = (1..).find(|i| !used.contains(i)).unwrap_or(u32::MAX);
+                Ok((used.len(), free))
+            })
+            .await
+    }
+
+    /// DescribeNetworkInterfaces by id: `Some(available)` when it exists.
+    async fn describe(&self, id: &str) -> Result<Option<bool>, ProviderError> {
+        self.account
+            .call(Action::DescribeNetworkInterfacesById, |st, now| {
+                Ok(st.enis.get_mut(id).map(|e| {
+                    e.settle(now);
+                    e.available()
+                }))
+            })
+            .await
+    }
+
+    fn no_slot(&self, attached: usize, limit: usize) -> ProviderError {
+        unavailable(format!(
+            "instance {} already has {attached} interfaces on card 0, its limit is {limit}",
+            self.instance
+        ))
+    }
+
+    async fn attach(&self, id: &str) -> Result<(), ProviderError> {
+        {
+            let _one_at_a_time = self.attach_lock.lock().await;
+            let (attached, index) = self.device_slots().await?;
+            let limit = self.limit().await?;
+            if attached >= limit {
+                return Err(self.no_slot(attached, limit));
+            }
+            let (node, (lo, hi)) = (self.node, self.account.params.attach);
+            let result = self
+                .account
+                .call(Action::AttachNetworkInterface, |st, now| {
+                    let took = st.rng.between(lo, hi);
+                    let e = st
+                        .enis
+                        .get_mut(id)
+                        .ok_or_else(|| ProviderError::UnknownEni(id.into()))?;
+                    e.settle(now);
+                    if e.attachment.is_some() {
+                        return Err(unavailable(format!("ENI {id} is not available")));
+                    }
+                    e.attachment = Some(Attachment {
+                        node,
+                        device_index: index,
+                        attached_at: now + took,
+                        detached_at: None,
+                    });
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = result {
+                // The backend looks before reporting failure: a retried
+                // attach may have gone through.
+                let _ = self.describe(id).await;
+                return Err(e);
+            }
+        }
+        // DeleteOnTermination; the backend only logs a failure.
+        let _ = self
+            .account
+            .call(Action::ModifyNetworkInterfaceAttribute, |st, _| {
+                if st.enis.contains_key(id) {
+                    Ok(())
+                } else {
+                    Err(ProviderError::UnknownEni(id.into()))
+                }
+            })
+            .await;
+        Ok(())
+    }
+
+    async fn await_metadata(&self, id: &str) -> Result<Eni, ProviderError> {
+        let mut poll = Poll::within(&SETTLE_BACKOFF, self.account.params.metadata_wait);
+        let node = self.node;
+        loop {
+            let shown = self
+                .account
+                .imds(|st, now| {
+                    st.enis.get_mut(id).and_then(|e| {
+                        e.settle(now);
+                        e.in_metadata_of(node, now).then(|| e.eni(id))
+                    })
+                })
+                .await;
+            if let Some(eni) = shown {
+                return Ok(eni);
+            }
+            if !poll.wait().await {
+                return Err(unavailable(format!(
+                    "ENI {id} attached: not in instance metadata after {:?}",
+                    poll.elapsed()
+                )));
+            }
+        }
+    }
+
+    async fn delete_quietly(&self, id: &str) {
+        // Tagged, so the pool finds and deletes it later if this fails.
+        let _ = self.do_detach_and_delete(id).await;
+    }
+
+    async fn do_detach_and_delete(&self, id: &str) -> Result<(), ProviderError> {
+        // ours(): the ENI as EC2 has it now.
+        let node = self.node;
+        let found = self
+            .account
+            .call(Action::DescribeNetworkInterfacesById, |st, now| {
+                Ok(st.enis.get_mut(id).map(|e| {
+                    e.settle(now);
+                    (
+                        e.node,
+                        e.attachment
+                            .as_ref()
+                            .map(|a| (a.node, a.detached_at.is_some())),
+                    )
+                }))
+            })
+            .await?;
+        let Some((owner, attachment)) = found else {
+            return Ok(());
+        };
+        if owner != node {
+            return Err(ProviderError::Config(format!(
+                "ENI {id} was not created for {}",
+                self.instance
+            )));
+        }
+        let mut available = attachment.is_none();
+        if let Some((on, detaching)) = attachment {
+            if on != node {
+                return Err(ProviderError::Config(format!(
+                    "ENI {id} is attached to another instance"
+                )));
+            }
+            if !detaching {
+                let (lo, hi) = self.account.params.detach;
+                self.account
+                    .call(Action::DetachNetworkInterface, |st, now| {
+                        let took = st.rng.between(lo, hi);
+                        if let Some(a) = st.enis.get_mut(id).and_then(|e| e.attachment.as_mut()) {
+                            a.detached_at.get_or_insert(now + took);
+                        }
+                        Ok(())
+                    })
+                    .await?;
+            }
+            // Poll until available or gone.
+            let mut poll = Poll::within(&DETACH_BACKOFF, self.account.params.detach_timeout);
+            loop {
+                match self.describe(id).await? {
+                    None => return Ok(()),
+                    Some(true) => {
+                        available = true;
+                        break;
+                    }
+                    Some(false) => {}
+                }
+                if !poll.wait().await {
+                    return Err(unavailable(format!(
+                        "ENI {id} still in-use after {:?}",
+                        poll.elapsed()
+                    )));
+                }
+            }
+        }
+        debug_assert!(available);
+        self.account
+            .call(Action::DeleteNetworkInterface, |st, now| {
+                match st.enis.get_mut(id) {
+                    // Already gone: the backend treats not-found as done.
+                    None => Ok(()),
+                    Some(e) => {
+                        e.settle(now);
+                        if e.available() {
+                            st.remove(id);
+                            Ok(())
+                        } else {
+                            Err(unavailable(format!("ENI {id} is in use")))
+                        }
+                    }
+                }
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl CloudBackend for SimCloud {
+    fn name(&self) -> &str {
+        "sim-aws"
+    }
+
+    async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
+        let node = self.node;
+        Ok(self
+            .account
+            .imds(|st, now| {
+                st.of_node(node, now)
+                    .into_iter()
+                    .filter_map(|(id, e)| e.in_metadata_of(node, now).then(|| e.eni(&id)))
+                    .collect()
+            })
+            .await)
+    }
+
+    async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
+        let node = self.node;
+        self.account
+            .call(Action::DescribeNetworkInterfacesFiltered, |st, now| {
+                Ok(st
+                    .of_node(node, now)
+                    .into_iter()
+                    .map(|(id, e)| TaggedEni {
+                        attached: e.attachment.as_ref().is_some_and(|a| a.node == node),
+                        id,
+                    })
+                    .collect())
+            })
+            .await
+    }
+
+    async fn eni_limit(&self) -> Result<usize, ProviderError> {
+        self.limit().await
+    }
+
+    async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
+        let limit = self.limit().await?;
+        let (attached, _) = self.device_slots().await?;
+        if attached >= limit {
+            return Err(self.no_slot(attached, limit));
+        }
+        let node = self.node;
+        let id = self
+            .account
+            .call(Action::CreateNetworkInterface, |st, _| {
+                st.next_eni += 1;
+                let n = st.next_eni;
+                let id = format!("eni-{n:08x}");
+                let [_, a, b, c] = n.to_be_bytes();
+                let mac = MacAddr([0x02, 0x5e, 0x00, a, b, c]);
+                // Counted up in 10.0.0.0/8 from .2 (the gateway is .1).
+                let host = 0x0a00_0000 | (n.wrapping_add(1) & 0x00ff_ffff);
+                let ipv4 = Ipv4Net::new(Ipv4Addr::from(host), 8)
+                    .map_err(|e| ProviderError::Config(e.to_string()))?;
+                st.by_node.entry(node).or_default().insert(id.clone());
+                st.enis.insert(
+                    id.clone(),
+                    EniRecord {
+                        node,
+                        mac,
+                        ipv4,
+                        attachment: None,
+                    },
+                );
+                Ok(id)
+            })
+            .await?;
+        if let Err(e) = self.attach(&id).await {
+            self.delete_quietly(&id).await;
+            return Err(e);
+        }
+        match self.await_metadata(&id).await {
+            Ok(eni) => Ok(eni),
+            Err(e) => {
+                self.delete_quietly(&id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
+        match self.describe(eni_id).await? {
+            None => return Err(ProviderError::UnknownEni(eni_id.into())),
+            Some(true) => self.attach(eni_id).await?,
+            Some(false) => {}
+        }
+        self.await_metadata(eni_id).await
+    }
+
+    async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
+        self.do_detach_and_delete(eni_id).await
+    }
+
+    // The burst and fleet scenarios are primary mode's: whole ENIs.
+    async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
+        Err(primary_only())
+    }
+
+    async fn assign_addresses(
+        &self,
+        _eni_id: &str,
+        _ipv4: usize,
+        _ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        Err(primary_only())
+    }
+
+    async fn unassign_addresses(
+        &self,
+        _eni_id: &str,
+        _ips: &[IpAddr],
+    ) -> Result<(), ProviderError> {
+        Err(primary_only())
+    }
+}
+
+fn primary_only() -> ProviderError {
+    ProviderError::Config("the simulated cloud serves primary mode only".into())
+}

@@ -1,0 +1,140 @@
+use super::*;
+use enim_provider::cloud::{CloudBackend, TaggedEni};
+
+fn rt() -> tokio::runtime::Runtime {
+    paused_runtime(1).unwrap()
+}
+
+#[test]
+fn create_attach_detach_delete_make_the_aws_backends_calls() {
+    rt().block_on(async {
+        let account = Account::new(CloudParams::default(), 3);
+        let node = account.node(0);
+        assert_eq!(node.eni_limit().await.unwrap(), 15);
+        assert_eq!(node.eni_limit().await.unwrap(), 15, "cached");
+        let t = Instant::now();
+        let eni = node.create_and_attach().await.unwrap();
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_secs(8) && took < Duration::from_secs(14),
+            "{took:?}"
+        );
+        assert_eq!(node.attached().await.unwrap(), vec![eni.clone()]);
+        assert_eq!(
+            node.tagged().await.unwrap(),
+            vec![TaggedEni {
+                id: eni.id.clone(),
+                attached: true
+            }]
+        );
+        let c = account.counts();
+        let n = |a| c.get(a).ok;
+        assert_eq!(n(Action::DescribeInstanceTypes), 1);
+        // Two slot checks and the tagged() list.
+        assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 3);
+        assert_eq!(n(Action::CreateNetworkInterface), 1);
+        assert_eq!(n(Action::AttachNetworkInterface), 1);
+        assert_eq!(n(Action::ModifyNetworkInterfaceAttribute), 1);
+        assert_eq!(c.throttled(), 0);
+        assert!(c.imds_reads >= 2);
+
+        let t = Instant::now();
+        node.detach_and_delete(&eni.id).await.unwrap();
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+            "{took:?}"
+        );
+        let c = account.counts();
+        assert_eq!(c.get(Action::DetachNetworkInterface).ok, 1);
+        assert_eq!(c.get(Action::DeleteNetworkInterface).ok, 1);
+        // The lookup, then polls until available.
+        assert!(c.get(Action::DescribeNetworkInterfacesById).ok >= 2);
+        assert!(node.attached().await.unwrap().is_empty());
+        assert_eq!(account.eni_count(), 0);
+        // Deleting what is gone is done.
+        node.detach_and_delete(&eni.id).await.unwrap();
+    });
+}
+
+#[test]
+fn the_limit_counts_the_primary() {
+    rt().block_on(async {
+        let params = CloudParams {
+            eni_limit: 3,
+            ..CloudParams::default()
+        };
+        let account = Account::new(params, 1);
+        let node = account.node(0);
+        node.create_and_attach().await.unwrap();
+        node.create_and_attach().await.unwrap();
+        let e = node.create_and_attach().await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert_eq!(account.attached_ids(0).len(), 2);
+        // Refused before creating anything.
+        assert_eq!(account.counts().get(Action::CreateNetworkInterface).ok, 2);
+    });
+}
+
+#[test]
+fn an_empty_bucket_throttles_and_the_client_retries_then_gives_up() {
+    rt().block_on(async {
+        let account = Account::new(CloudParams::default(), 1);
+        // 200 describes at once against 100 tokens + 20/s: the first 100
+        // pass, the rest are throttled and retried with backoff.
+        let nodes: Vec<_> = (0..200).map(|i| account.node(i)).collect();
+        let tasks: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                let n = n.clone();
+                tokio::spawn(async move { n.tagged().await })
+            })
+            .collect();
+        let mut ok = 0;
+        let mut throttled = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(e @ ProviderError::Throttled(_)) => {
+                    assert!(e.is_transient());
+                    throttled += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let c = account
+            .counts()
+            .get(Action::DescribeNetworkInterfacesFiltered);
+        assert_eq!(ok + throttled, 200);
+        assert_eq!(c.ok, ok);
+        assert_eq!(c.gave_up, throttled);
+        assert!(c.throttled >= 100, "{c:?}");
+        // Four retries wait 1.5–3 s in all: 20–60 refilled tokens
+        // (20/s) let some more through; the rest give up throttled.
+        assert!((120..=170).contains(&ok), "{c:?}");
+        assert!(throttled > 0, "{c:?}");
+        // Other buckets are untouched.
+        assert_eq!(
+            account.counts().get(Action::DescribeInstanceTypes),
+            Count::default()
+        );
+    });
+}
+
+#[test]
+fn same_seed_same_run() {
+    let run = || {
+        rt().block_on(async {
+            let account = Account::new(CloudParams::default(), 9);
+            let node = account.node(0);
+            let mut times = Vec::new();
+            for _ in 0..3 {
+                let t = Instant::now();
+                node.create_and_attach().await.unwrap();
+                times.push(t.elapsed());
+            }
+            (times, account.counts())
+        })
+    };
+    assert_eq!(run(), run());
+}
