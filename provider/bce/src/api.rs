@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use enim_provider::ratelimit::{RateLimit, TokenBucket};
-use enim_provider::retry::{retry, Backoff};
+pub use enim_provider::retry::RetryPolicy;
 use enim_provider::ProviderError;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
@@ -117,29 +117,6 @@ impl From<ApiError> for ProviderError {
         } else {
             ProviderError::Config(e.to_string())
         }
-    }
-}
-
-/// Bounded exponential backoff with jitter (see [`enim_provider::retry`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Tries per call, the first included.
-    pub max_attempts: u32,
-    pub base: Duration,
-    pub cap: Duration,
-}
-
-impl RetryPolicy {
-    /// `base` doubling to `cap`, each pause half of its step plus a random
-    /// share of the other half, so that many nodes throttled together do
-    /// not come back together.
-    pub fn backoff(&self) -> Backoff {
-        Backoff::new(self.base, self.cap)
-    }
-
-    /// The pause before retry number `retry` (0-based).
-    pub fn delay(&self, retry: u32) -> Duration {
-        self.backoff().delay(retry)
     }
 }
 
@@ -452,13 +429,9 @@ impl ApiClient {
             params,
             body,
         };
-        retry(
-            &self.retry.backoff(),
-            self.retry.max_attempts,
-            ApiError::is_transient,
-            |_| self.call_once(&request),
-        )
-        .await
+        self.retry
+            .run(ApiError::is_transient, |_| self.call_once(&request))
+            .await
     }
 
     async fn call_once(&self, request: &Request<'_>) -> Result<String, ApiError> {
@@ -803,21 +776,6 @@ mod tests {
     }
 
     #[test]
-    fn retry_policy_is_the_shared_backoff_counted_from_zero() {
-        let p = RetryPolicy {
-            max_attempts: 5,
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(2),
-        };
-        assert_eq!(p.backoff(), Backoff::new(p.base, p.cap));
-        let steps = [100, 200, 400, 800, 1600, 2000, 2000].map(Duration::from_millis);
-        for (retry, step) in (0..).zip(steps) {
-            let d = p.delay(retry);
-            assert!(d >= step / 2 && d <= step, "retry {retry}: {d:?}");
-        }
-    }
-
-    #[test]
     fn answers_with_nulls_and_extra_fields_decode() {
         let e: ApiEni = serde_json::from_str(
             r#"{"eniId": "eni-1", "name": null, "instanceId": null, "status": "Available",
@@ -841,9 +799,9 @@ mod tests {
             secret_access_key: "b".into(),
         };
         let p = RetryPolicy {
-            max_attempts: 1,
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(1),
+            attempts: 1,
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(1),
         };
         let c = ApiClient::new("bcc.bj.baidubce.com", creds.clone(), p).unwrap();
         assert_eq!(c.base, "https://bcc.bj.baidubce.com");

@@ -221,9 +221,9 @@ impl BceBackend {
             tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
         }
         let retry = RetryPolicy {
-            max_attempts: config.max_attempts,
-            base: config.retry_base,
-            cap: config.retry_cap,
+            attempts: config.max_attempts,
+            initial: config.retry_base,
+            max: config.retry_cap,
         };
         // One set of buckets for the agent: the backend is its only client.
         let limits = Arc::new(MethodLimits::new(

@@ -86,9 +86,9 @@ fn api_client(cloud: &FakeCloud) -> ApiClient {
         secret_access_key: SK.into(),
     };
     let retry = RetryPolicy {
-        max_attempts: 1,
-        base: Duration::from_millis(1),
-        cap: Duration::from_millis(1),
+        attempts: 1,
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(1),
     };
     ApiClient::new(&cloud.api_url, creds, retry).unwrap()
 }
