@@ -369,7 +369,9 @@ mod tests {
         };
         let before = vec![ip("10.0.0.5")];
         let after = || async { Ok(vec![ip("10.0.0.5"), ip("10.0.0.9"), ip("fd00::9")]) };
-        let new = assign_new("eni-1", before, (1, 0), add, after).await.unwrap();
+        let new = assign_new("eni-1", before, (1, 0), add, after)
+            .await
+            .unwrap();
         assert_eq!(new, [ip("10.0.0.9"), ip("fd00::9")]);
         assert_eq!(*calls.lock().unwrap(), [(Family::V4, 1)]);
     }

@@ -738,7 +738,10 @@ impl CloudBackend for BceBackend {
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        let lookup = self.attached_here(eni_id).await.map(|e| e.non_primary_ips());
+        let lookup = self
+            .attached_here(eni_id)
+            .await
+            .map(|e| e.non_primary_ips());
         let departed = |e: &ProviderError| match e {
             ProviderError::UnknownEni(_) => Some(Departed::Gone),
             ProviderError::OwnedByOther { .. } => Some(Departed::Elsewhere),
