@@ -325,17 +325,26 @@ mod tests {
         );
     }
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A cloud verb that notes its arguments in `calls` and succeeds.
+    fn noting<A, B>(
+        calls: &std::sync::Mutex<Vec<(A, B)>>,
+    ) -> impl FnMut(A, B) -> std::future::Ready<Result<(), String>> + '_ {
+        move |a, b| {
+            calls.lock().unwrap().push((a, b));
+            std::future::ready(Ok(()))
+        }
+    }
+
     #[tokio::test]
     async fn an_unassign_gives_back_what_is_present_one_family_at_a_time() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let calls = std::sync::Mutex::new(Vec::new());
-        let remove = |family, ips| {
-            calls.lock().unwrap().push((family, ips));
-            async { Ok::<(), String>(()) }
-        };
         let present = vec![ip("10.0.0.5"), ip("fd00::5"), ip("10.0.0.6")];
         let asked = [ip("10.0.0.5"), ip("10.0.0.7"), ip("fd00::5")];
-        unassign_present("eni-1", &asked, Ok(present), |_| None, remove)
+        unassign_present("eni-1", &asked, Ok(present), |_| None, noting(&calls))
             .await
             .unwrap();
         assert_eq!(
@@ -353,7 +362,8 @@ mod tests {
             (Some(Departed::Elsewhere), true),
             (None, false),
         ] {
-            let r = unassign_present("eni-1", &asked, Err("x".into()), |_| departed, remove).await;
+            let lookup = Err("lookup failed".to_string());
+            let r = unassign_present("eni-1", &asked, lookup, |_| departed, noting(&calls)).await;
             assert_eq!(r.is_ok(), ok, "{departed:?}");
         }
         assert!(calls.lock().unwrap().is_empty());
@@ -361,15 +371,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_assign_returns_what_the_listing_gained() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let calls = std::sync::Mutex::new(Vec::new());
-        let add = |family, count| {
-            calls.lock().unwrap().push((family, count));
-            async { Ok::<(), String>(()) }
-        };
-        let before = vec![ip("10.0.0.5")];
         let after = || async { Ok(vec![ip("10.0.0.5"), ip("10.0.0.9"), ip("fd00::9")]) };
-        let new = assign_new("eni-1", before, (1, 0), add, after)
+        let new = assign_new("eni-1", vec![ip("10.0.0.5")], (1, 0), noting(&calls), after)
             .await
             .unwrap();
         assert_eq!(new, [ip("10.0.0.9"), ip("fd00::9")]);
