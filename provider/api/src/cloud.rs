@@ -4,11 +4,12 @@
 //! [`crate::EniProvider`] on top of it, so pods never wait on a cloud call
 //! while the pool has a free ENI.
 
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-
-use std::net::IpAddr;
 
 use crate::{AddressLimits, Eni, ProviderError};
 
@@ -107,24 +108,116 @@ pub fn spared_on_second_look(
     None
 }
 
+/// An address family: the clouds' address verbs take one at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
 /// What an assign added: the addresses of the ENI's listing `after` that
 /// its listing `before` did not have (logged). Both clouds read the
 /// listing, not the assign's reply, which is not the same everywhere (and
 /// counts a retried call twice).
-pub fn added_addresses(eni_id: &str, before: Vec<IpAddr>, after: Vec<IpAddr>) -> Vec<IpAddr> {
+fn added_addresses(eni_id: &str, before: Vec<IpAddr>, after: Vec<IpAddr>) -> Vec<IpAddr> {
     let known: std::collections::HashSet<IpAddr> = before.into_iter().collect();
     let new: Vec<IpAddr> = after.into_iter().filter(|ip| !known.contains(ip)).collect();
     tracing::info!(eni = eni_id, assigned = ?new, "assigned secondary addresses");
     new
 }
 
-/// Of `ips`, those the ENI still has (`present`), by family (IPv4, IPv6):
-/// an unassign skips what is gone already.
-pub fn still_present(ips: &[IpAddr], present: Vec<IpAddr>) -> (Vec<IpAddr>, Vec<IpAddr>) {
-    let present: std::collections::HashSet<IpAddr> = present.into_iter().collect();
-    ips.iter()
+/// An assign as both clouds make it: `add` (the cloud's verb) once for
+/// each family with a count, then what is new in the ENI's listing
+/// (`before`, and `listing` after the adds; its addresses but the primary
+/// IPv4), see [`added_addresses`].
+pub async fn assign_new<E, AddFut, ListFut>(
+    eni_id: &str,
+    before: Vec<IpAddr>,
+    (ipv4, ipv6): (usize, usize),
+    mut add: impl FnMut(Family, usize) -> AddFut,
+    listing: impl FnOnce() -> ListFut,
+) -> Result<Vec<IpAddr>, E>
+where
+    AddFut: Future<Output = Result<(), E>>,
+    ListFut: Future<Output = Result<Vec<IpAddr>, E>>,
+{
+    for (family, count) in [(Family::V4, ipv4), (Family::V6, ipv6)] {
+        if count > 0 {
+            add(family, count).await?;
+        }
+    }
+    Ok(added_addresses(eni_id, before, listing().await?))
+}
+
+/// Why an unassign finds an ENI no longer this node's to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departed {
+    /// Gone: its addresses went with it.
+    Gone,
+    /// Detached, or attached to another instance: its addresses are not
+    /// this node's any more.
+    Elsewhere,
+}
+
+/// An unassign as both clouds make it. `lookup` is the ENI's listing (its
+/// addresses but the primary IPv4), checked to be a secondary ENI attached
+/// here; an error that `departed` recognises means there is nothing to
+/// give back. Otherwise those of `ips` the ENI still has go back one
+/// family at a time through `remove` (the cloud's verb; never called with
+/// none): an address already gone counts as given back.
+pub async fn unassign_present<E, Fut>(
+    eni_id: &str,
+    ips: &[IpAddr],
+    lookup: Result<Vec<IpAddr>, E>,
+    departed: impl FnOnce(&E) -> Option<Departed>,
+    mut remove: impl FnMut(Family, Vec<IpAddr>) -> Fut,
+) -> Result<(), E>
+where
+    E: fmt::Display,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let present: std::collections::HashSet<IpAddr> = match lookup {
+        Ok(present) => present.into_iter().collect(),
+        Err(e) => {
+            return match departed(&e) {
+                Some(Departed::Gone) => Ok(()),
+                Some(Departed::Elsewhere) => {
+                    tracing::warn!(eni = eni_id, error = %e, "not unassigning addresses of an ENI no longer attached here");
+                    Ok(())
+                }
+                None => Err(e),
+            };
+        }
+    };
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = ips
+        .iter()
         .filter(|ip| present.contains(ip))
-        .partition(|ip| ip.is_ipv4())
+        .partition(|ip| ip.is_ipv4());
+    for (family, ips) in [(Family::V4, v4), (Family::V6, v6)] {
+        if !ips.is_empty() {
+            remove(family, ips).await?;
+        }
+    }
+    tracing::info!(eni = eni_id, unassigned = ?ips, "unassigned secondary addresses");
+    Ok(())
 }
 
 /// An ENI enim created for this node, found by its tags.
@@ -230,6 +323,61 @@ mod tests {
             CreatedAt::from_tag(Some("soon")),
             CreatedAt::Unreadable("soon".into())
         );
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A cloud verb that notes its arguments in `calls` and succeeds.
+    fn noting<A, B>(
+        calls: &std::sync::Mutex<Vec<(A, B)>>,
+    ) -> impl FnMut(A, B) -> std::future::Ready<Result<(), String>> + '_ {
+        move |a, b| {
+            calls.lock().unwrap().push((a, b));
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unassign_gives_back_what_is_present_one_family_at_a_time() {
+        let calls = std::sync::Mutex::new(Vec::new());
+        let present = vec![ip("10.0.0.5"), ip("fd00::5"), ip("10.0.0.6")];
+        let asked = [ip("10.0.0.5"), ip("10.0.0.7"), ip("fd00::5")];
+        unassign_present("eni-1", &asked, Ok(present), |_| None, noting(&calls))
+            .await
+            .unwrap();
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [
+                (Family::V4, vec![ip("10.0.0.5")]),
+                (Family::V6, vec![ip("fd00::5")])
+            ]
+        );
+
+        // Gone or moved away: nothing to give back; any other error stands.
+        calls.lock().unwrap().clear();
+        for (departed, ok) in [
+            (Some(Departed::Gone), true),
+            (Some(Departed::Elsewhere), true),
+            (None, false),
+        ] {
+            let lookup = Err("lookup failed".to_string());
+            let r = unassign_present("eni-1", &asked, lookup, |_| departed, noting(&calls)).await;
+            assert_eq!(r.is_ok(), ok, "{departed:?}");
+        }
+        assert!(calls.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_assign_returns_what_the_listing_gained() {
+        let calls = std::sync::Mutex::new(Vec::new());
+        let after = || async { Ok(vec![ip("10.0.0.5"), ip("10.0.0.9"), ip("fd00::9")]) };
+        let new = assign_new("eni-1", vec![ip("10.0.0.5")], (1, 0), noting(&calls), after)
+            .await
+            .unwrap();
+        assert_eq!(new, [ip("10.0.0.9"), ip("fd00::9")]);
+        assert_eq!(*calls.lock().unwrap(), [(Family::V4, 1)]);
     }
 
     #[test]

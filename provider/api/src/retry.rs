@@ -8,6 +8,7 @@
 //! - [`Backoff`]: the policy (initial step, cap, multiplier, jitter);
 //! - [`Delays`]: its delays one after another, with a reset after success;
 //! - [`retry`]: a bounded retry of one operation on transient errors;
+//! - [`RetryPolicy`]: such a retry as a cloud API client configures it;
 //! - [`Poll`]: polling toward a deadline, the last wait cut at the deadline.
 
 use std::fmt::Display;
@@ -166,6 +167,48 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// The retry of a cloud API client's calls (EC2, BCE): `attempts` in all,
+/// the waits between them `initial` doubling to `max`, each drawn from the
+/// upper half of its step ([`Jitter::Equal`]), so that many nodes throttled
+/// together do not retry in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 5 attempts, 200 ms doubling to 10 s.
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.initial, self.max)
+    }
+
+    /// Runs `op` under this policy: [`retry`] with its backoff and attempts.
+    pub async fn run<T, E, Fut>(
+        &self,
+        is_transient: impl Fn(&E) -> bool,
+        op: impl FnMut(u32) -> Fut,
+    ) -> Result<T, E>
+    where
+        Fut: Future<Output = Result<T, E>>,
+        E: Display,
+    {
+        retry(&self.backoff(), self.attempts, is_transient, op).await
     }
 }
 
@@ -376,6 +419,23 @@ mod tests {
         // Zero attempts still makes one.
         let r: Result<(), u32> = retry(&b, 0, |_| true, |n| async move { Err(n) }).await;
         assert_eq!(r, Err(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_policy_is_the_doubling_backoff_with_its_attempts() {
+        let p = RetryPolicy {
+            attempts: 3,
+            initial: 100 * MS,
+            max: 150 * MS,
+        };
+        assert_eq!(p.backoff(), Backoff::new(100 * MS, 150 * MS));
+        assert_eq!(p.backoff().jitter, Jitter::Equal);
+        let t0 = Instant::now();
+        let r: Result<(), u32> = p.run(|_| true, |n| async move { Err(n) }).await;
+        assert_eq!(r, Err(3));
+        // Steps 100 and 150, each from its upper half.
+        let waited = t0.elapsed();
+        assert!((125 * MS..=250 * MS).contains(&waited), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]

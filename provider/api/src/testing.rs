@@ -44,3 +44,16 @@ where
     }
     (ids, exhausted)
 }
+
+/// The ids of the ENIs `provider` lists, sorted.
+pub async fn listed_ids<P: EniProvider + ?Sized>(provider: &P) -> Vec<String> {
+    let mut ids: Vec<String> = provider
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    ids.sort();
+    ids
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{
-    added_addresses, format_created_at, still_present, CloudBackend, Reaped, TaggedEni,
+    assign_new, format_created_at, unassign_present, CloudBackend, Departed, Reaped, TaggedEni,
     UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
@@ -24,7 +24,7 @@ use tokio::sync::{Mutex, OnceCell};
 use crate::config::AwsConfig;
 use crate::credentials::{CredentialsError, CredentialsProvider};
 use crate::ec2::{
-    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, Family, NetworkInterface,
+    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, NetworkInterface,
 };
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
 
@@ -619,50 +619,40 @@ impl AwsBackend {
         ipv6: usize,
     ) -> Result<Vec<IpAddr>, AwsError> {
         let before = self.attached_here(eni_id).await?;
-        for (family, count) in [(Family::V4, ipv4), (Family::V6, ipv6)] {
-            if count > 0 {
+        // The reply of an assign lists only the new addresses on EC2, but
+        // all of them on some emulators: the ENI's own listing tells.
+        assign_new(
+            eni_id,
+            before.secondary_ips(),
+            (ipv4, ipv6),
+            |family, count| async move {
                 self.ec2
                     .assign_addresses(family, eni_id, count)
                     .await
                     .map_err(ec2(format!(
                         "assigning {count} {family} addresses to {eni_id}"
-                    )))?;
-            }
-        }
-        // The reply of an assign lists only the new addresses on EC2, but
-        // all of them on some emulators: the ENI's own listing tells.
-        let after = self.attached_here(eni_id).await?;
-        Ok(added_addresses(
-            eni_id,
-            before.secondary_ips(),
-            after.secondary_ips(),
-        ))
+                    )))
+            },
+            || async { Ok(self.attached_here(eni_id).await?.secondary_ips()) },
+        )
+        .await
     }
 
     async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), AwsError> {
-        let now = match self.attached_here(eni_id).await {
-            Ok(eni) => eni,
-            // Gone: its addresses went with it.
-            Err(AwsError::Missing(_)) => return Ok(()),
-            // Moved to another instance: its addresses are that node's now.
-            Err(e @ AwsError::ForeignAttachment { .. }) => {
-                tracing::warn!(eni = %eni_id, error = %e, "not unassigning addresses of an ENI that left this instance");
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+        let lookup = self.attached_here(eni_id).await.map(|e| e.secondary_ips());
+        let departed = |e: &AwsError| match e {
+            AwsError::Missing(_) => Some(Departed::Gone),
+            AwsError::ForeignAttachment { .. } => Some(Departed::Elsewhere),
+            _ => None,
         };
-        let (v4, v6) = still_present(ips, now.secondary_ips());
-        let strings = |ips: &[IpAddr]| ips.iter().map(ToString::to_string).collect::<Vec<_>>();
-        for (family, ips) in [(Family::V4, v4), (Family::V6, v6)] {
-            if !ips.is_empty() {
-                self.ec2
-                    .unassign_addresses(family, eni_id, &strings(&ips))
-                    .await
-                    .map_err(ec2(format!("unassigning {ips:?} from {eni_id}")))?;
-            }
-        }
-        tracing::info!(eni = %eni_id, unassigned = ?ips, "unassigned secondary addresses");
-        Ok(())
+        unassign_present(eni_id, ips, lookup, departed, |family, ips| async move {
+            let strings: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            self.ec2
+                .unassign_addresses(family, eni_id, &strings)
+                .await
+                .map_err(ec2(format!("unassigning {ips:?} from {eni_id}")))
+        })
+        .await
     }
 }
 

@@ -62,11 +62,11 @@ pub struct AwsConfig {
     pub pool: PoolConfig,
 }
 
-/// Default of `api_mutating_rate`: one a second, four at once (one ENI's
-/// create, attach and delete-on-termination go without waiting).
-pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 4);
-/// Default of `api_describe_rate`: two a second, ten at once.
-pub const DEFAULT_DESCRIBE_RATE: RateLimit = RateLimit::new(Duration::from_millis(500), 10);
+/// Defaults of `api_mutating_rate` and `api_describe_rate` (shared with
+/// BCE).
+pub use enim_provider::ratelimit::{
+    DEFAULT_MUTATING_RATE, DEFAULT_READ_RATE as DEFAULT_DESCRIBE_RATE,
+};
 
 impl Default for AwsConfig {
     fn default() -> Self {

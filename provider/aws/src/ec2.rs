@@ -35,13 +35,9 @@ const PAGE_SIZE: &str = "1000";
 /// A runaway NextToken chain is a bug on one side; stop rather than spin.
 const MAX_PAGES: usize = 1000;
 
-/// An address family, for the address verbs: EC2 has a pair of actions
+/// The address verbs take one family at a time: EC2 has a pair of actions
 /// per family that differ only in their names and parameter names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
+pub use enim_provider::cloud::Family;
 
 /// One family's actions and parameter names.
 struct AddressVerbs {
@@ -53,31 +49,20 @@ struct AddressVerbs {
     each: &'static str,
 }
 
-impl Family {
-    fn verbs(self) -> AddressVerbs {
-        match self {
-            Family::V4 => AddressVerbs {
-                assign: "AssignPrivateIpAddresses",
-                count: "SecondaryPrivateIpAddressCount",
-                unassign: "UnassignPrivateIpAddresses",
-                each: "PrivateIpAddress",
-            },
-            Family::V6 => AddressVerbs {
-                assign: "AssignIpv6Addresses",
-                count: "Ipv6AddressCount",
-                unassign: "UnassignIpv6Addresses",
-                each: "Ipv6Addresses",
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        })
+fn verbs(family: Family) -> AddressVerbs {
+    match family {
+        Family::V4 => AddressVerbs {
+            assign: "AssignPrivateIpAddresses",
+            count: "SecondaryPrivateIpAddressCount",
+            unassign: "UnassignPrivateIpAddresses",
+            each: "PrivateIpAddress",
+        },
+        Family::V6 => AddressVerbs {
+            assign: "AssignIpv6Addresses",
+            count: "Ipv6AddressCount",
+            unassign: "UnassignIpv6Addresses",
+            each: "Ipv6Addresses",
+        },
     }
 }
 
@@ -274,7 +259,7 @@ impl Ec2Client {
         eni_id: &str,
         count: usize,
     ) -> Result<(), Ec2Error> {
-        let v = family.verbs();
+        let v = verbs(family);
         let p = vec![
             ("NetworkInterfaceId".into(), eni_id.into()),
             (v.count.into(), count.to_string()),
@@ -289,7 +274,7 @@ impl Ec2Client {
         eni_id: &str,
         ips: &[String],
     ) -> Result<(), Ec2Error> {
-        let v = family.verbs();
+        let v = verbs(family);
         let mut p = vec![("NetworkInterfaceId".to_string(), eni_id.to_string())];
         for (i, ip) in ips.iter().enumerate() {
             p.push((format!("{}.{}", v.each, i + 1), ip.clone()));

@@ -35,8 +35,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{
-    added_addresses, format_created_at, spared_on_second_look, still_present, CloudBackend,
-    CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
+    assign_new, format_created_at, spared_on_second_look, unassign_present, CloudBackend,
+    CreatedAt, Departed, Family, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
@@ -715,42 +715,42 @@ impl CloudBackend for BceBackend {
         if (want4, want6) != (ipv4, ipv6) {
             tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
         }
-        for (is_v6, mut left) in [(false, want4), (true, want6)] {
-            while left > 0 {
-                let n = left.min(PRIVATE_IP_BATCH_MAX);
-                self.api
-                    .batch_add_private_ips(eni_id, n, is_v6, &client_token())
-                    .await?;
-                left -= n;
-            }
-        }
         // What is there now that was not before: the ENI's own listing,
         // not the batch answers, so a retried batch is not counted twice.
-        let after = self.attached_here(eni_id).await?;
-        Ok(added_addresses(
+        assign_new(
             eni_id,
             before.non_primary_ips(),
-            after.non_primary_ips(),
-        ))
+            (want4, want6),
+            |family, count| async move {
+                let mut left = count;
+                while left > 0 {
+                    let n = left.min(PRIVATE_IP_BATCH_MAX);
+                    self.api
+                        .batch_add_private_ips(eni_id, n, family == Family::V6, &client_token())
+                        .await?;
+                    left -= n;
+                }
+                Ok(())
+            },
+            || async { Ok(self.attached_here(eni_id).await?.non_primary_ips()) },
+        )
+        .await
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        let now = match self.attached_here(eni_id).await {
-            Ok(eni) => eni,
-            // Gone: its addresses went with it.
-            Err(ProviderError::UnknownEni(_)) => return Ok(()),
-            // Detached, or moved on: its addresses are not this node's.
-            Err(e @ ProviderError::OwnedByOther { .. }) => {
-                tracing::warn!(eni = eni_id, error = %e, "not unassigning addresses of an ENI no longer attached here");
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+        let lookup = self
+            .attached_here(eni_id)
+            .await
+            .map(|e| e.non_primary_ips());
+        let departed = |e: &ProviderError| match e {
+            ProviderError::UnknownEni(_) => Some(Departed::Gone),
+            ProviderError::OwnedByOther { .. } => Some(Departed::Elsewhere),
+            _ => None,
         };
-        let (v4, v6) = still_present(ips, now.non_primary_ips());
         // One family per call: the API takes either, mixing is not
         // documented.
-        for family in [v4, v6] {
-            for chunk in family.chunks(PRIVATE_IP_BATCH_MAX) {
+        unassign_present(eni_id, ips, lookup, departed, |_, ips| async move {
+            for chunk in ips.chunks(PRIVATE_IP_BATCH_MAX) {
                 let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
                 match self
                     .api
@@ -762,9 +762,9 @@ impl CloudBackend for BceBackend {
                     Err(e) => return Err(e.into()),
                 }
             }
-        }
-        tracing::info!(eni = eni_id, unassigned = ?ips, "unassigned secondary addresses");
-        Ok(())
+            Ok(())
+        })
+        .await
     }
 }
 

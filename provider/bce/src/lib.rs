@@ -92,10 +92,8 @@ pub struct BceConfig {
     pub pool: PoolConfig,
 }
 
-/// Default of `api_mutating_rate`: one a second, four at once.
-pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 4);
-/// Default of `api_read_rate`: two a second, ten at once.
-pub const DEFAULT_READ_RATE: RateLimit = RateLimit::new(Duration::from_millis(500), 10);
+/// Defaults of `api_mutating_rate` and `api_read_rate` (shared with AWS).
+pub use enim_provider::ratelimit::{DEFAULT_MUTATING_RATE, DEFAULT_READ_RATE};
 
 impl Default for BceConfig {
     fn default() -> Self {
@@ -221,9 +219,9 @@ impl BceBackend {
             tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
         }
         let retry = RetryPolicy {
-            max_attempts: config.max_attempts,
-            base: config.retry_base,
-            cap: config.retry_cap,
+            attempts: config.max_attempts,
+            initial: config.retry_base,
+            max: config.retry_cap,
         };
         // One set of buckets for the agent: the backend is its only client.
         let limits = Arc::new(MethodLimits::new(

@@ -2,7 +2,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use enim_provider::testing::{allocate_concurrently, owner};
+use enim_provider::testing::{allocate_concurrently, listed_ids, owner};
 use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
 use tokio::time::Instant;
 
@@ -156,17 +156,4 @@ async fn invalid_config_fails_start() {
         WarmPool::start(cloud.clone(), config(3, 1)).await,
         Err(ProviderError::Config(_))
     ));
-}
-
-/// The pool's members' ids, sorted.
-async fn member_ids(pool: &WarmPool) -> Vec<String> {
-    let mut ids: Vec<String> = pool
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
-    ids.sort();
-    ids
 }

@@ -9,46 +9,12 @@ use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettin
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use enim_provider::ratelimit::{RateLimit, TokenBucket};
-use enim_provider::retry::{retry, Backoff};
+pub use enim_provider::retry::RetryPolicy;
 
 use super::error::{classify, Ec2Error};
 use crate::credentials::CredentialsProvider;
 
 const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
-
-/// Bounded retries with jittered exponential backoff (see
-/// [`enim_provider::retry`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first included.
-    pub attempts: u32,
-    pub initial: Duration,
-    pub max: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            attempts: 5,
-            initial: Duration::from_millis(200),
-            max: Duration::from_secs(10),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// `initial` doubling to `max`, each wait drawn from the upper half of
-    /// its step ("equal jitter"), so many nodes throttled together do not
-    /// retry in lockstep.
-    pub fn backoff(&self) -> Backoff {
-        Backoff::new(self.initial, self.max)
-    }
-
-    /// The wait after failed attempt `n` (1-based).
-    pub fn delay(&self, n: u32) -> Duration {
-        self.backoff().delay(n.saturating_sub(1))
-    }
-}
 
 /// This agent's token buckets, one per API class: mutating actions and
 /// describe (read-only) actions, as EC2 throttles them apart. Every call
@@ -181,11 +147,8 @@ impl QueryClient {
             body.push_str(&form_encode(v));
         }
         let (body, refreshed) = (&body, &AtomicBool::new(false));
-        retry(
-            &self.retry.backoff(),
-            self.retry.attempts,
-            Ec2Error::retryable,
-            |attempt| async move {
+        self.retry
+            .run(Ec2Error::retryable, |attempt| async move {
                 let mut sent = self.send_once(action, body).await;
                 if let Err(e) = &sent {
                     // Rotated role credentials: fetch the new set, once per
@@ -200,9 +163,8 @@ impl QueryClient {
                     e.set_attempts(attempt);
                     e
                 })
-            },
-        )
-        .await
+            })
+            .await
     }
 
     async fn send_once(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
@@ -323,22 +285,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_policy_is_the_shared_backoff_counted_from_one() {
-        let p = RetryPolicy {
-            attempts: 5,
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        assert_eq!(p.backoff(), Backoff::new(p.initial, p.max));
-        // Attempt 1 failed: the first step, jittered; far on: the cap.
-        let ms = Duration::from_millis;
-        for _ in 0..100 {
-            assert!((ms(50)..=ms(100)).contains(&p.delay(1)));
-            assert!((ms(500)..=ms(1000)).contains(&p.delay(40)));
-        }
-    }
 
     #[test]
     fn actions_are_classed() {

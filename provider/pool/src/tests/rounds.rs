@@ -34,9 +34,12 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
 
     // Someone attaches an ENI of their own: the next timer round takes it in.
     let outside = cloud.add(true, false);
-    assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    assert_eq!(listed_ids(&*pool).await, vec![held.clone()]);
     next_timer_round(&cloud).await;
-    assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
+    assert_eq!(
+        listed_ids(&*pool).await,
+        vec![held.clone(), outside.clone()]
+    );
     // Free and above max_free = 0, yet never detached: not enim's.
     next_timer_round(&cloud).await;
     next_timer_round(&cloud).await;
@@ -52,11 +55,14 @@ async fn timer_rounds_follow_enis_attached_and_detached_outside() {
     }
     let detached_at = cloud.st().attached_times.len();
     next_timer_round(&cloud).await;
-    assert_eq!(member_ids(&pool).await, vec![held.clone(), outside.clone()]);
+    assert_eq!(
+        listed_ids(&*pool).await,
+        vec![held.clone(), outside.clone()]
+    );
     for _ in 1..MISSING_ROUNDS {
         next_timer_round(&cloud).await;
     }
-    assert_eq!(member_ids(&pool).await, vec![held.clone()]);
+    assert_eq!(listed_ids(&*pool).await, vec![held.clone()]);
     // Nothing woke the loop since the detach: the timer rounds came at
     // jittered delays of at most `resync`, not in lockstep.
     next_timer_round(&cloud).await;

@@ -120,7 +120,7 @@ async fn shrinks_to_max_free_after_releases() {
     pool.resync_now().await.unwrap();
     assert_eq!(cloud.st().deletes.len(), 4, "6 ENIs shrunk to 2");
     assert_eq!(cloud.attached_count(), 2);
-    let listed = member_ids(&pool).await;
+    let listed = listed_ids(&*pool).await;
     let mut in_cloud: Vec<_> = cloud.st().enis.keys().cloned().collect();
     in_cloud.sort();
     assert_eq!(listed, in_cloud);

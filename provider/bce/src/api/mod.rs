@@ -2,19 +2,26 @@
 //! `/v1/eni...`): signed with bce-auth-v1, retried with jittered backoff on
 //! throttling and server errors, every mutating call carrying a clientToken
 //! that stays the same across its retries so BCE can deduplicate them.
+//! Its error type is in [`error`], the request and answer bodies in
+//! [`types`].
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use enim_provider::ratelimit::{RateLimit, TokenBucket};
-use enim_provider::retry::{retry, Backoff};
-use enim_provider::ProviderError;
+pub use enim_provider::retry::RetryPolicy;
 use reqwest::Method;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::auth::{self, Credentials, SignInput};
+
+pub mod error;
+pub mod types;
+
+pub use error::ApiError;
+use types::{AddedIps, Created, ErrorBody, ListPage};
+pub use types::{ApiEni, CreateEni, EniQuota, EniStatus, PrivateIp};
 
 /// How long a signature stays valid. BCE rejects requests whose
 /// `x-bce-date` is outside this window of its own clock.
@@ -23,125 +30,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Addresses one private-IP batch add or delete takes at most (BCE's
 /// documented limit).
 pub const PRIVATE_IP_BATCH_MAX: usize = 10;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    #[error("BCE {op}: {source}")]
-    Transport {
-        op: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("BCE {op}: HTTP {status} {code}: {message} (request id {request_id})")]
-    Http {
-        op: String,
-        status: u16,
-        code: String,
-        message: String,
-        request_id: String,
-    },
-    #[error("BCE {op}: unexpected answer: {why}")]
-    Decode { op: String, why: String },
-    #[error("BCE endpoint {endpoint:?}: {why}")]
-    Endpoint { endpoint: String, why: String },
-}
-
-/// Error codes BCE uses for throttling (besides HTTP 429).
-const THROTTLE_CODES: &[&str] = &[
-    "RequestLimitExceeded",
-    "Throttling",
-    "ThrottlingException",
-    "TooManyRequests",
-    "RateLimitExceeded",
-];
-
-/// Error codes that mean the credentials or the signature are wrong.
-const AUTH_CODES: &[&str] = &[
-    "AccessDenied",
-    "AccessDeniedException",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "RequestExpired",
-    "InvalidHTTPAuthHeader",
-    "InvalidAuthorization",
-];
-
-impl ApiError {
-    fn code(&self) -> Option<(u16, &str)> {
-        match self {
-            ApiError::Http { status, code, .. } => Some((*status, code.as_str())),
-            _ => None,
-        }
-    }
-
-    pub fn is_throttled(&self) -> bool {
-        matches!(self.code(), Some((status, code)) if status == 429 || THROTTLE_CODES.contains(&code))
-    }
-
-    /// Throttling, server errors and transport failures may pass; anything
-    /// else the server said no to will be said no to again.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            ApiError::Transport { .. } => true,
-            ApiError::Http { status, .. } => *status >= 500 || self.is_throttled(),
-            ApiError::Decode { .. } | ApiError::Endpoint { .. } => false,
-        }
-    }
-
-    pub fn is_auth(&self) -> bool {
-        matches!(self.code(), Some((status, code)) if status == 401 || status == 403 || AUTH_CODES.contains(&code))
-    }
-
-    /// The ENI's state does not allow the call (e.g. deleting one in use).
-    pub fn is_conflict(&self) -> bool {
-        matches!(self.code(), Some((status, code)) if status == 409 || code.contains("StatusConflict"))
-    }
-
-    pub fn is_not_found(&self) -> bool {
-        matches!(self.code(), Some((status, code)) if status == 404 || code.contains("NotFound") || code.starts_with("NoSuch"))
-    }
-}
-
-impl From<ApiError> for ProviderError {
-    fn from(e: ApiError) -> Self {
-        if e.is_throttled() {
-            ProviderError::Throttled(e.to_string())
-        } else if e.is_transient() {
-            ProviderError::Unavailable(e.to_string())
-        } else if e.is_auth() {
-            ProviderError::Config(format!(
-                "authentication with BCE failed (check access_key_id / secret_access_key \
-                 or BCE_ACCESS_KEY_ID / BCE_SECRET_ACCESS_KEY, the key's rights on the \
-                 ENI API, and the node's clock): {e}"
-            ))
-        } else {
-            ProviderError::Config(e.to_string())
-        }
-    }
-}
-
-/// Bounded exponential backoff with jitter (see [`enim_provider::retry`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Tries per call, the first included.
-    pub max_attempts: u32,
-    pub base: Duration,
-    pub cap: Duration,
-}
-
-impl RetryPolicy {
-    /// `base` doubling to `cap`, each pause half of its step plus a random
-    /// share of the other half, so that many nodes throttled together do
-    /// not come back together.
-    pub fn backoff(&self) -> Backoff {
-        Backoff::new(self.base, self.cap)
-    }
-
-    /// The pause before retry number `retry` (0-based).
-    pub fn delay(&self, retry: u32) -> Duration {
-        self.backoff().delay(retry)
-    }
-}
 
 /// This agent's token buckets, one per API class: calls that change
 /// something (POST, PUT, DELETE) and reads (GET). Every request, each retry
@@ -168,169 +56,6 @@ impl MethodLimits {
             &self.mutating
         }
     }
-}
-
-/// ENI states as BCE reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EniStatus {
-    Available,
-    Attaching,
-    InUse,
-    Detaching,
-    Other(String),
-}
-
-impl EniStatus {
-    fn parse(s: &str) -> Self {
-        match s.to_ascii_lowercase().as_str() {
-            "available" => EniStatus::Available,
-            "attaching" => EniStatus::Attaching,
-            "inuse" => EniStatus::InUse,
-            "detaching" => EniStatus::Detaching,
-            _ => EniStatus::Other(s.to_string()),
-        }
-    }
-}
-
-impl fmt::Display for EniStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EniStatus::Available => f.write_str("available"),
-            EniStatus::Attaching => f.write_str("attaching"),
-            EniStatus::InUse => f.write_str("inuse"),
-            EniStatus::Detaching => f.write_str("detaching"),
-            EniStatus::Other(s) => f.write_str(s),
-        }
-    }
-}
-
-/// BCE may send `null` where a value is absent; read it as the default.
-fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PrivateIp {
-    #[serde(default, deserialize_with = "nullable")]
-    pub primary: bool,
-    #[serde(default, deserialize_with = "nullable")]
-    pub private_ip_address: String,
-}
-
-/// An ENI as the OpenAPI describes it (only the fields enim reads).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiEni {
-    pub eni_id: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub name: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub description: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub instance_id: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub mac_address: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub status: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub subnet_id: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub private_ip_set: Vec<PrivateIp>,
-    /// IPv6 addresses (BCE marks none of them primary).
-    #[serde(default, deserialize_with = "nullable")]
-    pub ipv6_private_ip_set: Vec<PrivateIp>,
-}
-
-impl ApiEni {
-    /// The ENI's primary IPv4 address, if BCE reports one.
-    pub fn primary_ipv4(&self) -> Option<Ipv4Addr> {
-        self.private_ip_set
-            .iter()
-            .find(|p| p.primary)
-            .and_then(|p| p.private_ip_address.parse().ok())
-    }
-
-    /// Every address of the ENI but its primary IPv4: secondary IPv4 and
-    /// all IPv6. Unreadable entries are left out.
-    pub fn non_primary_ips(&self) -> Vec<IpAddr> {
-        self.private_ip_set
-            .iter()
-            .filter(|p| !p.primary)
-            .chain(&self.ipv6_private_ip_set)
-            .filter_map(|p| p.private_ip_address.parse().ok())
-            .collect()
-    }
-
-    /// IPv4 addresses the ENI carries, its primary included.
-    pub fn ipv4_count(&self) -> usize {
-        self.private_ip_set.len()
-    }
-
-    pub fn status(&self) -> EniStatus {
-        EniStatus::parse(&self.status)
-    }
-
-    pub fn attached_to(&self) -> Option<&str> {
-        (!self.instance_id.is_empty()).then_some(self.instance_id.as_str())
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListPage {
-    #[serde(default, deserialize_with = "nullable")]
-    enis: Vec<ApiEni>,
-    #[serde(default, deserialize_with = "nullable")]
-    is_truncated: bool,
-    #[serde(default, deserialize_with = "nullable")]
-    next_marker: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CreateEni<'a> {
-    pub name: &'a str,
-    pub subnet_id: &'a str,
-    pub security_group_ids: &'a [String],
-    pub private_ip_set: Vec<PrivateIp>,
-    pub description: &'a str,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Created {
-    eni_id: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EniQuota {
-    pub total_quantity: u32,
-    #[serde(default, deserialize_with = "nullable")]
-    pub available_quantity: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct AddedIps {
-    #[serde(default, deserialize_with = "nullable")]
-    private_ip_addresses: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ErrorBody {
-    #[serde(default, deserialize_with = "nullable")]
-    code: String,
-    #[serde(default, deserialize_with = "nullable")]
-    message: String,
-    #[serde(default, deserialize_with = "nullable")]
-    request_id: String,
 }
 
 /// A fresh idempotency token (ASCII, well under BCE's 64-character limit).
@@ -452,13 +177,9 @@ impl ApiClient {
             params,
             body,
         };
-        retry(
-            &self.retry.backoff(),
-            self.retry.max_attempts,
-            ApiError::is_transient,
-            |_| self.call_once(&request),
-        )
-        .await
+        self.retry
+            .run(ApiError::is_transient, |_| self.call_once(&request))
+            .await
     }
 
     async fn call_once(&self, request: &Request<'_>) -> Result<String, ApiError> {
@@ -761,79 +482,6 @@ impl ApiClient {
 mod tests {
     use super::*;
 
-    fn http_err(status: u16, code: &str) -> ApiError {
-        ApiError::Http {
-            op: "op".into(),
-            status,
-            code: code.into(),
-            message: "m".into(),
-            request_id: "r".into(),
-        }
-    }
-
-    #[test]
-    fn errors_are_classified() {
-        assert!(http_err(500, "InternalError").is_transient());
-        assert!(http_err(503, "ServiceUnavailable").is_transient());
-        assert!(http_err(429, "x").is_throttled());
-        assert!(http_err(400, "RequestLimitExceeded").is_throttled());
-        assert!(http_err(400, "RequestLimitExceeded").is_transient());
-        assert!(!http_err(400, "BadRequest").is_transient());
-        assert!(http_err(403, "SignatureDoesNotMatch").is_auth());
-        assert!(http_err(401, "x").is_auth());
-        assert!(http_err(404, "x").is_not_found());
-        assert!(http_err(400, "EniNotFound").is_not_found());
-        assert!(matches!(
-            ProviderError::from(http_err(429, "x")),
-            ProviderError::Throttled(_)
-        ));
-        assert!(matches!(
-            ProviderError::from(http_err(502, "x")),
-            ProviderError::Unavailable(_)
-        ));
-        let ProviderError::Config(msg) =
-            ProviderError::from(http_err(403, "SignatureDoesNotMatch"))
-        else {
-            panic!("auth errors are configuration errors");
-        };
-        assert!(
-            msg.contains("authentication") && msg.contains("SignatureDoesNotMatch"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn retry_policy_is_the_shared_backoff_counted_from_zero() {
-        let p = RetryPolicy {
-            max_attempts: 5,
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(2),
-        };
-        assert_eq!(p.backoff(), Backoff::new(p.base, p.cap));
-        let steps = [100, 200, 400, 800, 1600, 2000, 2000].map(Duration::from_millis);
-        for (retry, step) in (0..).zip(steps) {
-            let d = p.delay(retry);
-            assert!(d >= step / 2 && d <= step, "retry {retry}: {d:?}");
-        }
-    }
-
-    #[test]
-    fn answers_with_nulls_and_extra_fields_decode() {
-        let e: ApiEni = serde_json::from_str(
-            r#"{"eniId": "eni-1", "name": null, "instanceId": null, "status": "Available",
-                "privateIpSet": null, "zoneName": "cn-bj-a", "macAddress": "fa:f6:00:00:00:02"}"#,
-        )
-        .unwrap();
-        assert_eq!(e.attached_to(), None);
-        assert_eq!(e.status(), EniStatus::Available);
-        assert!(e.private_ip_set.is_empty() && e.name.is_empty());
-        let p: ListPage =
-            serde_json::from_str(r#"{"enis": [], "isTruncated": false, "nextMarker": null}"#)
-                .unwrap();
-        assert!(p.enis.is_empty() && p.next_marker.is_none());
-        assert!(serde_json::from_str::<ApiEni>(r#"{"name": "x"}"#).is_err());
-    }
-
     #[test]
     fn endpoints() {
         let creds = Credentials {
@@ -841,9 +489,9 @@ mod tests {
             secret_access_key: "b".into(),
         };
         let p = RetryPolicy {
-            max_attempts: 1,
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(1),
+            attempts: 1,
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(1),
         };
         let c = ApiClient::new("bcc.bj.baidubce.com", creds.clone(), p).unwrap();
         assert_eq!(c.base, "https://bcc.bj.baidubce.com");

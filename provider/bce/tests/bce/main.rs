@@ -1,0 +1,92 @@
+//! The BCE backend and its warm pool against the loopback fake in
+//! `enim_testkit::bce` (signature-checking ENI OpenAPI plus instance metadata).
+
+mod api;
+mod pool;
+mod reaper;
+mod secondary;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use enim_provider::ratelimit::RateLimit;
+use enim_provider::{EniOwner, PodRef};
+use enim_provider_bce::api::ApiClient;
+use enim_provider_bce::{BceConfig, Credentials, RetryPolicy};
+use enim_provider_pool::{PoolConfig, PoolRole, PoolStats, WarmPool};
+use enim_testkit::bce as rig;
+use rig::{FakeCloud, AK, SK};
+
+fn config(cloud: &FakeCloud) -> BceConfig {
+    BceConfig {
+        endpoint: Some(cloud.api_url.clone()),
+        metadata_endpoint: Some(cloud.meta_url.clone()),
+        security_group_ids: vec!["g-enim".into()],
+        access_key_id: Some(AK.into()),
+        secret_access_key: Some(SK.into()),
+        poll_interval: Duration::from_millis(5),
+        operation_timeout: Duration::from_secs(5),
+        max_attempts: 4,
+        retry_base: Duration::from_millis(2),
+        retry_cap: Duration::from_millis(10),
+        // Small pages force every listing through several calls.
+        list_page_size: 2,
+        // Out of the way: the bucket test sets its own.
+        api_mutating_rate: FAST,
+        api_read_rate: FAST,
+        pool: PoolConfig {
+            min_free: 2,
+            max_free: 3,
+            initial_retry: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            resync_interval: Duration::from_millis(50),
+            ..PoolConfig::default()
+        },
+        ..BceConfig::default()
+    }
+}
+
+/// A client-side rate no test notices.
+const FAST: RateLimit = RateLimit::new(Duration::from_micros(10), 1_000_000);
+
+fn owner(n: u32) -> EniOwner {
+    EniOwner {
+        network: "net".into(),
+        container_id: format!("c{n}"),
+        ifname: "eth0".into(),
+        pod: PodRef::default(),
+    }
+}
+
+async fn wait_for(pool: &WarmPool, what: &str, pred: impl Fn(&PoolStats) -> bool) -> PoolStats {
+    let mut rx = pool.subscribe();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        rx.wait_for(|s| pred(s)).await.map(|s| *s)
+    })
+    .await;
+    match found {
+        Ok(Ok(s)) => s,
+        _ => panic!("timed out waiting for {what}; stats {:?}", pool.stats()),
+    }
+}
+
+/// The pool of pod ENIs over `cfg`, started.
+async fn pod_pool(cfg: &BceConfig) -> Arc<WarmPool> {
+    enim_provider_bce::start_pool(cfg, PoolRole::PodEnis)
+        .await
+        .unwrap()
+}
+
+/// An API client of `cloud` with the right keys that tries each call once.
+fn api_client(cloud: &FakeCloud) -> ApiClient {
+    let creds = Credentials {
+        access_key_id: AK.into(),
+        secret_access_key: SK.into(),
+    };
+    let retry = RetryPolicy {
+        attempts: 1,
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+    };
+    ApiClient::new(&cloud.api_url, creds, retry).unwrap()
+}
