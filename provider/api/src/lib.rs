@@ -5,6 +5,7 @@
 //! for different owners never return the same ENI, and `allocate_next` for an
 //! owner that already holds an ENI returns that ENI again.
 
+pub mod atomic_file;
 pub mod cloud;
 pub mod fault;
 pub mod ratelimit;

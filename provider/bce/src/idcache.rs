@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
+use enim_provider::atomic_file::{self, Durability, FileError};
 use enim_provider::{Eni, MacAddr};
 
 /// One attached ENI as the id cache keeps it.
@@ -17,7 +18,7 @@ pub(crate) struct KnownEni {
 }
 
 /// MAC to ENI id (and device index) of the ENIs attached here, in a JSON
-/// file written whole (temp file, rename) whenever it changes. Losing it
+/// file written whole (atomically, see [`atomic_file`]) whenever it changes. Losing it
 /// costs nothing but serving through an outage at start.
 pub struct IdCache {
     path: PathBuf,
@@ -74,19 +75,92 @@ impl IdCache {
         }
     }
 
-    fn write(&self, known: &BTreeMap<MacAddr, KnownEni>) -> std::io::Result<()> {
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(known).map_err(std::io::Error::other)?,
-        )?;
-        std::fs::rename(&tmp, &self.path)
+    fn write(&self, known: &BTreeMap<MacAddr, KnownEni>) -> Result<(), FileError> {
+        let bytes = serde_json::to_vec(known).map_err(|e| FileError {
+            what: "encoding",
+            path: self.path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        // Durable: the cache is read at a start when the API is down, which
+        // may be the boot after a power cut.
+        atomic_file::replace(
+            &self.path,
+            0o600,
+            Durability {
+                data: true,
+                rename: true,
+            },
+            &bytes,
+        )
     }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn eni(id: &str, mac: &str, device_index: u32) -> Eni {
+        Eni {
+            id: id.into(),
+            mac: mac.parse().unwrap(),
+            ipv4: "10.0.1.10/24".parse().unwrap(),
+            gateway4: "10.0.1.1".parse().unwrap(),
+            ipv6: None,
+            gateway6: None,
+            mtu: None,
+            owner: None,
+            device_index: Some(device_index),
+            secondary_ips: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn survives_a_reopen_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("bce-eni-ids.json");
+        let a = eni("eni-a", "fa:f6:00:00:00:0a", 1);
+        let b = eni("eni-b", "fa:f6:00:00:00:0b", 2);
+        let cache = IdCache::open(path.clone());
+        cache.record(&[a.clone(), b.clone()], true);
+        // A later listing with only `b` replaces the record.
+        cache.record(std::slice::from_ref(&b), true);
+
+        let again = IdCache::open(path.clone());
+        assert_eq!(again.get(&a.mac), None);
+        assert_eq!(
+            again.get(&b.mac),
+            Some(KnownEni {
+                id: "eni-b".into(),
+                device_index: Some(2)
+            })
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["bce-eni-ids.json"], "a temporary file was left");
+    }
+
+    #[test]
+    fn a_corrupt_file_starts_empty_and_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bce-eni-ids.json");
+        std::fs::write(&path, b"{not json").unwrap();
+        let cache = IdCache::open(path.clone());
+        let a = eni("eni-a", "fa:f6:00:00:00:0a", 1);
+        assert_eq!(cache.get(&a.mac), None);
+        cache.record(std::slice::from_ref(&a), false);
+        assert_eq!(
+            IdCache::open(path).get(&a.mac).map(|k| k.id),
+            Some("eni-a".into())
+        );
+    }
 }
