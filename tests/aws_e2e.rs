@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use aws::{blocking, sandbox, start_enimd};
 use common::cloud_node::{
-    add_retrying, assert_degraded_with_one_free, pings_router, primary_config,
-    serve_through_outage, wait_recovered,
+    assert_degraded_with_one_free, pings_router, primary_config, serve_through_outage,
+    wait_recovered,
 };
 use common::{enim, NamedNetns};
 use enim_testkit::agent::net_conf;
@@ -89,12 +89,15 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
     );
     assert_eq!(r1["ips"][0]["gateway"], "10.0.1.1");
 
+    // No ENI is free now: pod 2's ADD, right away and not retried, waits
+    // for the one the pool is creating (`allocate_wait`) and gets it.
+    let r2 = blocking(|| enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).ok());
+    // The waiting pod counted as demand on top of min_free 1: two creates,
+    // one for it and one kept free.
     aws_rig::eventually(Duration::from_secs(20), "the pool to refill", || async {
-        env.tagged_ids().await.len() == 2 && env.attached().await.len() == 3
+        env.tagged_ids().await.len() == 3 && env.attached().await.len() == 4
     })
     .await;
-    // The refill is attached; enimd may still be waiting for metadata.
-    let r2 = blocking(|| add_retrying("c2", &pod2, &conf, Duration::from_secs(20)));
     let mac2 = r2["interfaces"][0]["mac"].as_str().unwrap().to_string();
     assert_ne!(mac2, rig.earlier.mac_address);
     assert_eq!(r2["ips"][0]["gateway"], "10.0.1.1");
@@ -104,8 +107,8 @@ async fn enimd_serves_pods_from_the_aws_warm_pool() {
         assert!(blocking(|| pings_router(pod)), "ping from {}", pod.name);
     }
 
-    // DEL both: the ENIs go home; one free ENI is above max_free 1, so the
-    // pool detaches and deletes one.
+    // DEL both: the ENIs go home; two free ENIs are above max_free 1, so
+    // the pool detaches and deletes them.
     for (cid, pod) in [("c1", &pod1), ("c2", &pod2)] {
         blocking(|| enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok());
     }

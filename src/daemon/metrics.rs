@@ -301,6 +301,10 @@ impl EniProvider for MeteredProvider {
         r
     }
 
+    async fn wait_for_free(&self, owner: &EniOwner) {
+        self.inner.wait_for_free(owner).await
+    }
+
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
         let t = Instant::now();
         let r = self.inner.release(owner).await;

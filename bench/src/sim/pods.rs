@@ -135,6 +135,8 @@ pub async fn add(
     };
     loop {
         r.tries += 1;
+        // As enimd's ADD does before it allocates (src/engine/mod.rs).
+        pool.wait_for_free(&who).await;
         match pool.allocate_next(&who).await {
             Ok(eni) => {
                 ledger.take(&eni.id, pod);

@@ -226,6 +226,15 @@ pub trait EniProvider: Send + Sync {
     /// an ENI gets the same one back.
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError>;
 
+    /// Called by ADD before it takes any lock: when no ENI is free now but
+    /// one is on its way, waits (a bounded time) until one is, so that
+    /// [`allocate_next`] finds it rather than answering "try again later".
+    /// Holds nothing; `allocate_next` may still find none. The default
+    /// returns at once: what the provider has is all there is.
+    ///
+    /// [`allocate_next`]: EniProvider::allocate_next
+    async fn wait_for_free(&self, _owner: &EniOwner) {}
+
     /// Frees the ENI `owner` holds. Succeeds when it holds none, and never
     /// frees an ENI held by a different owner.
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError>;

@@ -40,7 +40,20 @@ pub struct PoolConfig {
     /// a new ENI is unattached between its create and its attach.
     #[serde(with = "humantime_serde")]
     pub reap_cooldown: Duration,
+    /// How long an ADD that finds no free ENI waits for one on its way
+    /// (created, or attached from outside) before answering "try again
+    /// later". The kubelet retries a failed sandbox only after 10-15 s, so
+    /// without the wait a pod is ready up to that long after its ENI
+    /// landed. Only while the pool can still bring an ENI (room on the
+    /// instance, the cloud answering); zero turns the wait off. The default
+    /// covers two attaches on EC2 (8-12 s each), one after the other.
+    #[serde(with = "humantime_serde")]
+    pub allocate_wait: Duration,
 }
+
+/// The longest `allocate_wait` accepted: the rest of an ADD must fit in
+/// the plugin's default 30 s timeout (`timeoutSeconds`).
+pub const MAX_ALLOCATE_WAIT: Duration = Duration::from_secs(25);
 
 /// The shortest `reap_cooldown` accepted: an ENI's create and attach,
 /// with their retries and token waits, take well under it.
@@ -57,6 +70,7 @@ impl Default for PoolConfig {
             max_parallel_creates: 2,
             reap_interval: Duration::from_secs(3600),
             reap_cooldown: Duration::from_secs(600),
+            allocate_wait: Duration::from_secs(20),
         }
     }
 }
@@ -92,6 +106,12 @@ impl PoolConfig {
             ("the minimum", MIN_REAP_COOLDOWN),
         )
         .map_err(bad)?;
+        if self.allocate_wait > MAX_ALLOCATE_WAIT {
+            return Err(bad(format!(
+                "allocate_wait ({:?}) must be at most {MAX_ALLOCATE_WAIT:?}: the rest of an ADD must fit in the plugin's 30 s timeout",
+                self.allocate_wait
+            )));
+        }
         Ok(())
     }
 }

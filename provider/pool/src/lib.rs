@@ -52,7 +52,7 @@ mod reaper;
 #[cfg(test)]
 mod tests;
 
-pub use config::{PoolConfig, PoolRole, PoolStats, MIN_REAP_COOLDOWN};
+pub use config::{PoolConfig, PoolRole, PoolStats, MAX_ALLOCATE_WAIT, MIN_REAP_COOLDOWN};
 pub use reaper::{reap_pass, ReapReport};
 
 /// Timer rounds in a row a free member must be missing from the instance
@@ -102,7 +102,72 @@ struct State {
     /// Attachments told "try again later" for want of a free ENI, and
     /// when: pods the runtime will retry, so ENIs to create on top of
     /// `min_free` (each forgotten once served, or after [`WAITING_TTL`]).
-    waiting: HashMap<(String, String, String), tokio::time::Instant>,
+    waiting: HashMap<(String, String, String), Waiting>,
+}
+
+/// A pod waiting for an ENI.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    /// Since when: pods are served in this order.
+    since: tokio::time::Instant,
+    /// When it last asked: it has gone if it asks no more.
+    seen: tokio::time::Instant,
+    /// Its ADDs waiting in [`EniProvider::wait_for_free`] now. One that is
+    /// not (told to try again, its retry not yet here) keeps its place but
+    /// does not hold up those waiting behind it.
+    present: u32,
+}
+
+impl State {
+    /// Notes `owner` as waiting for an ENI, keeping its place in line.
+    fn note_waiting(&mut self, owner: &EniOwner) {
+        let now = tokio::time::Instant::now();
+        self.waiting
+            .entry(waiting_key(owner))
+            .and_modify(|w| w.seen = now)
+            .or_insert(Waiting {
+                since: now,
+                seen: now,
+                present: 0,
+            });
+    }
+
+    /// Forgets pods that have not asked for [`WAITING_TTL`].
+    fn expire_waiting(&mut self) {
+        let now = tokio::time::Instant::now();
+        self.waiting
+            .retain(|_, w| w.present > 0 || now.duration_since(w.seen) < WAITING_TTL);
+    }
+
+    /// How many pods waiting now are ahead of `owner` in line.
+    fn ahead_of(&self, owner: &EniOwner) -> usize {
+        let key = waiting_key(owner);
+        let Some(mine) = self.waiting.get(&key) else {
+            return self.waiting.len();
+        };
+        self.waiting
+            .iter()
+            .filter(|(k, w)| w.present > 0 && (w.since, *k) < (mine.since, &key))
+            .count()
+    }
+
+    /// `owner`'s ADD starts (`true`) or stops waiting in line.
+    fn set_present(&mut self, owner: &EniOwner, entering: bool) {
+        if entering {
+            self.note_waiting(owner);
+        }
+        if let Some(w) = self.waiting.get_mut(&waiting_key(owner)) {
+            w.present = if entering {
+                w.present + 1
+            } else {
+                w.present.saturating_sub(1)
+            };
+        }
+    }
+
+    fn free_count(&self) -> usize {
+        self.members.iter().filter(|m| m.is_free()).count()
+    }
 }
 
 /// How long a pod told "try again later" counts as waiting: the kubelet
@@ -113,6 +178,26 @@ pub const WAITING_TTL: Duration = Duration::from_secs(60);
 fn waiting_key(owner: &EniOwner) -> (String, String, String) {
     let (n, c, i) = owner.key();
     (n.to_string(), c.to_string(), i.to_string())
+}
+
+/// An ADD waiting in line for an ENI, until dropped (also when the client
+/// hangs up and the wait is cancelled).
+struct InLine<'a> {
+    inner: &'a Inner,
+    owner: &'a EniOwner,
+}
+
+impl<'a> InLine<'a> {
+    fn enter(inner: &'a Inner, owner: &'a EniOwner) -> Self {
+        inner.state().set_present(owner, true);
+        InLine { inner, owner }
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.inner.state().set_present(self.owner, false);
+    }
 }
 
 struct Member {
@@ -281,6 +366,17 @@ impl WarmPool {
 }
 
 impl Inner {
+    /// Whether one more ENI can still come: this role creates them, the
+    /// cloud answers, and the instance has room for it (the primary
+    /// interface counts toward the limit).
+    fn can_grow(&self, st: &State) -> bool {
+        self.role == PoolRole::PodEnis
+            && st.cloud_down.is_none()
+            && st
+                .eni_limit
+                .is_some_and(|limit| st.members.len() + 1 < limit)
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
@@ -385,10 +481,8 @@ impl Inner {
             return false;
         }
         let mut st = self.state();
-        let now = tokio::time::Instant::now();
-        st.waiting
-            .retain(|_, since| now.duration_since(*since) < WAITING_TTL);
-        let free = st.members.iter().filter(|m| m.is_free()).count();
+        st.expire_waiting();
+        let free = st.free_count();
         // The primary interface counts toward the limit.
         let room = st
             .eni_limit
@@ -702,6 +796,48 @@ impl EniProvider for WarmPool {
             .collect())
     }
 
+    async fn wait_for_free(&self, owner: &EniOwner) {
+        let wait = self.inner.config.allocate_wait;
+        if wait.is_zero() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        // Every change of the members publishes new statistics; subscribed
+        // before the first look, so none is missed.
+        let mut changes = self.inner.stats.subscribe();
+        let _in_line = InLine::enter(&self.inner, owner);
+        let mut waited = false;
+        loop {
+            {
+                let mut st = self.inner.state();
+                // In line, as a pod told to try again is: demand beyond
+                // `min_free`, served first come, first served, so one ENI
+                // landing does not send every waiting pod to race for it.
+                st.note_waiting(owner);
+                let holds = st.members.iter().any(|m| {
+                    m.eni
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.same_attachment(owner))
+                });
+                let served = holds || st.free_count() > st.ahead_of(owner);
+                if served || !self.inner.can_grow(&st) {
+                    if waited {
+                        tracing::debug!(pod = ?owner.key(), served, "done waiting for an ENI");
+                    }
+                    return;
+                }
+            }
+            self.inner.wake.notify_one();
+            waited = true;
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                // The deadline passed, or the pool shut down.
+                _ => return,
+            }
+        }
+    }
+
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
         let result = {
             let mut st = self.inner.state();
@@ -725,7 +861,7 @@ impl EniProvider for WarmPool {
                 }
                 None => {
                     // A pod waits for an ENI: demand beyond `min_free`.
-                    st.waiting.insert(key, tokio::time::Instant::now());
+                    st.note_waiting(owner);
                     Err(ProviderError::Exhausted { total })
                 }
             }

@@ -14,6 +14,7 @@ mod reaper;
 mod restart;
 mod rounds;
 mod serving;
+mod waiting;
 use fake::{FakeCloud, WAIT_LIMIT};
 
 fn config(min_free: usize, max_free: usize) -> PoolConfig {
