@@ -37,7 +37,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
@@ -51,9 +51,12 @@ mod host;
 mod reaper;
 #[cfg(test)]
 mod tests;
+mod waiting;
 
 pub use config::{PoolConfig, PoolRole, PoolStats, MAX_ALLOCATE_WAIT, MIN_REAP_COOLDOWN};
 pub use reaper::{reap_pass, ReapReport};
+pub use waiting::WAITING_TTL;
+use waiting::{waiting_key, Waiting};
 
 /// Timer rounds in a row a free member must be missing from the instance
 /// before it leaves the pool.
@@ -103,101 +106,6 @@ struct State {
     /// when: pods the runtime will retry, so ENIs to create on top of
     /// `min_free` (each forgotten once served, or after [`WAITING_TTL`]).
     waiting: HashMap<(String, String, String), Waiting>,
-}
-
-/// A pod waiting for an ENI.
-#[derive(Debug, Clone, Copy)]
-struct Waiting {
-    /// Since when: pods are served in this order.
-    since: tokio::time::Instant,
-    /// When it last asked: it has gone if it asks no more.
-    seen: tokio::time::Instant,
-    /// Its ADDs waiting in [`EniProvider::wait_for_free`] now. One that is
-    /// not (told to try again, its retry not yet here) keeps its place but
-    /// does not hold up those waiting behind it.
-    present: u32,
-}
-
-impl State {
-    /// Notes `owner` as waiting for an ENI, keeping its place in line.
-    fn note_waiting(&mut self, owner: &EniOwner) {
-        let now = tokio::time::Instant::now();
-        self.waiting
-            .entry(waiting_key(owner))
-            .and_modify(|w| w.seen = now)
-            .or_insert(Waiting {
-                since: now,
-                seen: now,
-                present: 0,
-            });
-    }
-
-    /// Forgets pods that have not asked for [`WAITING_TTL`].
-    fn expire_waiting(&mut self) {
-        let now = tokio::time::Instant::now();
-        self.waiting
-            .retain(|_, w| w.present > 0 || now.duration_since(w.seen) < WAITING_TTL);
-    }
-
-    /// How many pods waiting now are ahead of `owner` in line.
-    fn ahead_of(&self, owner: &EniOwner) -> usize {
-        let key = waiting_key(owner);
-        let Some(mine) = self.waiting.get(&key) else {
-            return self.waiting.len();
-        };
-        self.waiting
-            .iter()
-            .filter(|(k, w)| w.present > 0 && (w.since, *k) < (mine.since, &key))
-            .count()
-    }
-
-    /// `owner`'s ADD starts (`true`) or stops waiting in line.
-    fn set_present(&mut self, owner: &EniOwner, entering: bool) {
-        if entering {
-            self.note_waiting(owner);
-        }
-        if let Some(w) = self.waiting.get_mut(&waiting_key(owner)) {
-            w.present = if entering {
-                w.present + 1
-            } else {
-                w.present.saturating_sub(1)
-            };
-        }
-    }
-
-    fn free_count(&self) -> usize {
-        self.members.iter().filter(|m| m.is_free()).count()
-    }
-}
-
-/// How long a pod told "try again later" counts as waiting: the kubelet
-/// retries a failed sandbox within about 15 s, so one not back by then
-/// has gone.
-pub const WAITING_TTL: Duration = Duration::from_secs(60);
-
-fn waiting_key(owner: &EniOwner) -> (String, String, String) {
-    let (n, c, i) = owner.key();
-    (n.to_string(), c.to_string(), i.to_string())
-}
-
-/// An ADD waiting in line for an ENI, until dropped (also when the client
-/// hangs up and the wait is cancelled).
-struct InLine<'a> {
-    inner: &'a Inner,
-    owner: &'a EniOwner,
-}
-
-impl<'a> InLine<'a> {
-    fn enter(inner: &'a Inner, owner: &'a EniOwner) -> Self {
-        inner.state().set_present(owner, true);
-        InLine { inner, owner }
-    }
-}
-
-impl Drop for InLine<'_> {
-    fn drop(&mut self) {
-        self.inner.state().set_present(self.owner, false);
-    }
 }
 
 struct Member {
@@ -366,17 +274,6 @@ impl WarmPool {
 }
 
 impl Inner {
-    /// Whether one more ENI can still come: this role creates them, the
-    /// cloud answers, and the instance has room for it (the primary
-    /// interface counts toward the limit).
-    fn can_grow(&self, st: &State) -> bool {
-        self.role == PoolRole::PodEnis
-            && st.cloud_down.is_none()
-            && st
-                .eni_limit
-                .is_some_and(|limit| st.members.len() + 1 < limit)
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
@@ -797,45 +694,7 @@ impl EniProvider for WarmPool {
     }
 
     async fn wait_for_free(&self, owner: &EniOwner) {
-        let wait = self.inner.config.allocate_wait;
-        if wait.is_zero() {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + wait;
-        // Every change of the members publishes new statistics; subscribed
-        // before the first look, so none is missed.
-        let mut changes = self.inner.stats.subscribe();
-        let _in_line = InLine::enter(&self.inner, owner);
-        let mut waited = false;
-        loop {
-            {
-                let mut st = self.inner.state();
-                // In line, as a pod told to try again is: demand beyond
-                // `min_free`, served first come, first served, so one ENI
-                // landing does not send every waiting pod to race for it.
-                st.note_waiting(owner);
-                let holds = st.members.iter().any(|m| {
-                    m.eni
-                        .owner
-                        .as_ref()
-                        .is_some_and(|o| o.same_attachment(owner))
-                });
-                let served = holds || st.free_count() > st.ahead_of(owner);
-                if served || !self.inner.can_grow(&st) {
-                    if waited {
-                        tracing::debug!(pod = ?owner.key(), served, "done waiting for an ENI");
-                    }
-                    return;
-                }
-            }
-            self.inner.wake.notify_one();
-            waited = true;
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
-                Ok(Ok(())) => {}
-                // The deadline passed, or the pool shut down.
-                _ => return,
-            }
-        }
+        waiting::wait_for_free(&self.inner, owner).await
     }
 
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
