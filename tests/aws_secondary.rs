@@ -413,3 +413,56 @@ async fn pool_cloud_steps_survive_a_crash_at_each_point() {
         );
     }
 }
+
+/// With no address kept free (pre_allocate and max_above_watermark 0), each
+/// ADD finds none: it waits for the one the pool assigns for it
+/// (`allocate_wait`) and is served by that single ADD, not by the
+/// kubelet's retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_waits_for_the_address_the_pool_assigns() {
+    common::require_kernel!();
+    let Some(env) = aws_rig::Env::start().await else {
+        return;
+    };
+    let (host, _gw) = sandbox(&env);
+    aws::attach_earlier(&env).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: toml::Table = secondary_config(dir.path(), &host, &env, 0, "1s")
+        .parse()
+        .unwrap();
+    let mut pool = config["secondary"]["pool"].as_table().cloned().unwrap();
+    pool.insert("pre_allocate".into(), toml::Value::Integer(0));
+    pool.insert("max_above_watermark".into(), toml::Value::Integer(0));
+    config["secondary"]
+        .as_table_mut()
+        .unwrap()
+        .insert("pool".into(), toml::Value::Table(pool));
+    let config = toml::to_string(&config).unwrap();
+    let mut agent = blocking(|| start_enimd(dir.path(), &config, &env));
+    assert_eq!(total(&cloud_addresses(&env).await), 0, "nothing kept free");
+
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
+    let pods: Vec<NamedNetns> = (0..2)
+        .map(|i| NamedNetns::new(&format!("awsw{i}")))
+        .collect();
+    for (i, pod) in pods.iter().enumerate() {
+        // One ADD each, not retried.
+        let out = blocking(|| enim("ADD", &format!("w{i}"), Some(&pod.path()), "eth0", &conf));
+        assert_eq!(out.status, 0, "{out:?}\n{}", blocking(|| agent.log()));
+        let r = out.ok();
+        let ip: IpAddr = r["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("/32")
+            .parse()
+            .unwrap();
+        let cloud = cloud_addresses(&env).await;
+        assert!(
+            cloud.values().flatten().any(|a| *a == ip),
+            "{ip} not in {cloud:?}"
+        );
+        assert!(blocking(|| pings_router(pod)), "ping from {}", pod.name);
+    }
+    assert!(env.proxy.calls("AssignPrivateIpAddresses") >= 2);
+    blocking(|| agent.stop());
+}

@@ -52,6 +52,15 @@ pub trait Driver: Send + Sync + 'static {
     /// and the provider in line with `records` (this mode's, every phase).
     async fn restore(&self, records: &[Record]) -> Result<(), EngineError>;
 
+    /// Called by ADD before it takes any lock: with nothing free for
+    /// `owner` now but something on its way, waits (a bounded time) until
+    /// it is there, so that [`allocate`](Driver::allocate) finds it rather
+    /// than answering "try again later". Holds nothing. By default, the
+    /// provider's wait for a free ENI.
+    async fn wait_for_capacity(&self, owner: &EniOwner) {
+        self.provider().wait_for_free(owner).await
+    }
+
     /// ADD's allocation: takes what the attachment will hold and returns its
     /// intent record (phase `Adding`). On error nothing is held.
     async fn allocate(

@@ -168,9 +168,9 @@ impl<D: Driver> Engine<D> {
     ) -> Result<AttachmentResult, EngineError> {
         validate(owner)?;
         let key = AttachmentKey::of(owner);
-        // With no ENI free but one on its way, wait for it here, holding
-        // no lock: neither GC nor other pods wait on this one.
-        self.driver.provider().wait_for_free(owner).await;
+        // With nothing free but something on its way, wait for it here,
+        // holding no lock: neither GC nor other pods wait on this one.
+        self.driver.wait_for_capacity(owner).await;
         let _fence = self.fence.read().await;
         let _guard = self.locks.lock(&key).await;
 

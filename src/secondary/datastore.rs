@@ -185,6 +185,27 @@ impl DataStore {
         None
     }
 
+    /// Whether [`assign`](Self::assign) would give `key` addresses now.
+    pub fn can_assign(&self, key: &AttachmentKey, ipv6: bool, now: Instant) -> bool {
+        self.assignment(key).is_some() || self.choose(ipv6, now).is_some()
+    }
+
+    /// The free addresses an assign takes: an IPv4 one and, with `ipv6`,
+    /// an IPv6 one on the same ENI.
+    fn choose(&self, ipv6: bool, now: Instant) -> Option<(String, IpAddr, Option<IpAddr>)> {
+        let pick = |eni: &EniAddresses, v6: bool| {
+            eni.addresses
+                .iter()
+                .find(|(ip, s)| ip.is_ipv6() == v6 && self.is_free(s, now))
+                .map(|(ip, _)| *ip)
+        };
+        self.enis.iter().find_map(|(id, eni)| {
+            let v4 = pick(eni, false)?;
+            let v6 = if ipv6 { Some(pick(eni, true)?) } else { None };
+            Some((id.clone(), v4, v6))
+        })
+    }
+
     /// Assigns `key` an IPv4 address (and an IPv6 one from the same ENI when
     /// `ipv6`). Idempotent: a key that holds addresses gets them again.
     pub fn assign(
@@ -196,18 +217,7 @@ impl DataStore {
         if let Some(held) = self.assignment(key) {
             return Ok(held);
         }
-        let pick = |eni: &EniAddresses, v6: bool| {
-            eni.addresses
-                .iter()
-                .find(|(ip, s)| ip.is_ipv6() == v6 && self.is_free(s, now))
-                .map(|(ip, _)| *ip)
-        };
-        let choice = self.enis.iter().find_map(|(id, eni)| {
-            let v4 = pick(eni, false)?;
-            let v6 = if ipv6 { Some(pick(eni, true)?) } else { None };
-            Some((id.clone(), v4, v6))
-        });
-        let Some((eni_id, v4, v6)) = choice else {
+        let Some((eni_id, v4, v6)) = self.choose(ipv6, now) else {
             return Err(DataStoreError::NoFreeAddress {
                 ipv6,
                 cooling: self.stats(now).cooling,
@@ -478,6 +488,18 @@ mod tests {
         ds.add_address("eni-a", ip("10.0.0.11")).unwrap();
         ds.add_address("eni-a", ip("fd00::11")).unwrap();
         ds
+    }
+
+    #[test]
+    fn can_assign_answers_as_assign_would() {
+        let now = Instant::now();
+        let mut ds = store();
+        assert!(ds.can_assign(&key("p"), true, now));
+        ds.assign(&key("p"), true, now).unwrap();
+        // The holder would get its addresses again; nobody else gets any.
+        assert!(ds.can_assign(&key("p"), true, now));
+        assert!(!ds.can_assign(&key("q"), false, now));
+        assert!(ds.assign(&key("q"), false, now).is_err());
     }
 
     #[test]

@@ -281,6 +281,14 @@ impl Driver for SecondaryDriver {
         Ok(())
     }
 
+    async fn wait_for_capacity(&self, owner: &EniOwner) {
+        if let Some(pool) = self.pool.get() {
+            let dual_stack = self.store().has_ipv6();
+            pool.wait_for_address(&AttachmentKey::of(owner), dual_stack)
+                .await;
+        }
+    }
+
     async fn allocate(&self, owner: &EniOwner, netns: &Path) -> Result<(Record, ()), EngineError> {
         let key = AttachmentKey::of(owner);
         let mut store = self.store();

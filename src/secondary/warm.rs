@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use enim_provider::retry::{pause, Backoff, Pause};
-use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
+use enim_provider::{AddressLimits, ProviderError, SecondaryIps, MAX_ALLOCATE_WAIT};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
@@ -72,6 +72,12 @@ pub struct WarmIpConfig {
     pub initial_retry: Duration,
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
+    /// How long an ADD that finds no free address waits for the pool's
+    /// next check to assign one, before answering "try again later" (the
+    /// kubelet retries only 10-15 s later). Zero turns the wait off; at
+    /// most [`MAX_ALLOCATE_WAIT`].
+    #[serde(with = "humantime_serde")]
+    pub allocate_wait: Duration,
 }
 
 impl Default for WarmIpConfig {
@@ -85,6 +91,7 @@ impl Default for WarmIpConfig {
             resync_interval: Duration::from_secs(30),
             initial_retry: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
+            allocate_wait: Duration::from_secs(10),
         }
     }
 }
@@ -104,6 +111,12 @@ impl WarmIpConfig {
             if d.is_zero() {
                 return Err(format!("[secondary.pool] {name} must be above zero"));
             }
+        }
+        if self.allocate_wait > MAX_ALLOCATE_WAIT {
+            return Err(format!(
+                "[secondary.pool] allocate_wait ({:?}) must be at most {MAX_ALLOCATE_WAIT:?}: the rest of an ADD must fit in the plugin's 30 s timeout",
+                self.allocate_wait
+            ));
         }
         enim_provider::check_at_least(
             ("max_backoff", self.max_backoff),
@@ -212,7 +225,8 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
             None => PoolStep::Idle,
         };
     }
-    let keep = config.pre_allocate + config.max_above_watermark;
+    // Pods waiting for an address are about to take one: never surplus.
+    let keep = want_free + config.max_above_watermark;
     let surplus = free
         .saturating_sub(keep)
         .min(total.saturating_sub(config.min_allocate));
@@ -261,6 +275,8 @@ pub struct WarmIps {
 struct Shared {
     host: Arc<HostEnis>,
     wake: Notify,
+    /// The loop's progress, for ADDs waiting on it.
+    rounds: watch::Sender<Rounds>,
     /// Attachments told "try again later" for want of an address, and when.
     waiting: Mutex<HashMap<AttachmentKey, tokio::time::Instant>>,
 }
@@ -278,6 +294,7 @@ impl WarmIps {
         let shared = Arc::new(Shared {
             host,
             wake: Notify::new(),
+            rounds: watch::channel(Rounds::default()).0,
             waiting: Mutex::new(HashMap::new()),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -298,6 +315,53 @@ impl WarmIps {
         self.shared.waiting().remove(key);
         self.shared.wake.notify_one();
     }
+
+    /// Called by ADD before it takes any lock: with no free address for
+    /// `key` now, counts it as demand, wakes the pool and waits (up to
+    /// `allocate_wait`) until a free address is there, or until a round
+    /// that began after this call has ended without one (the node is full)
+    /// or the pool's rounds fail (the cloud): the ADD then answers "try
+    /// again later" at once, as without the wait.
+    pub async fn wait_for_address(&self, key: &AttachmentKey, dual_stack: bool) {
+        let wait = self.shared.host.config.pool.allocate_wait;
+        if wait.is_zero() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut rounds = self.shared.rounds.subscribe();
+        let mut began = None;
+        loop {
+            if self
+                .shared
+                .host
+                .store()
+                .can_assign(key, dual_stack, Instant::now())
+            {
+                return;
+            }
+            let now = *rounds.borrow_and_update();
+            if now.failing || began.is_some_and(|b| now.ended > b) {
+                return;
+            }
+            began.get_or_insert(now.started);
+            self.waiting(key);
+            if tokio::time::timeout_at(deadline, rounds.changed())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// The loop's progress: rounds begun and ended, and whether the last one
+/// failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rounds {
+    started: u64,
+    ended: u64,
+    failing: bool,
 }
 
 impl Shared {
@@ -468,7 +532,13 @@ async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     // view that may lag.
     let mut drift = true;
     loop {
-        let failed = match shared.round(drift).await {
+        shared.rounds.send_modify(|r| r.started += 1);
+        let outcome = shared.round(drift).await;
+        shared.rounds.send_modify(|r| {
+            r.ended += 1;
+            r.failing = outcome.is_err();
+        });
+        let failed = match outcome {
             Ok(()) => {
                 backoff.reset();
                 drift = false;
@@ -595,6 +665,29 @@ mod tests {
             plan(&config(), &[eni("eni-a", 6, 6)], &node(2, 0)),
             PoolStep::Idle
         );
+        // Free addresses waiting pods are about to take are no surplus,
+        // even with nothing kept free otherwise.
+        let none_kept = WarmIpConfig {
+            pre_allocate: 0,
+            max_above_watermark: 0,
+            ..config()
+        };
+        let one_free = [eni("eni-a", 1, 1)];
+        assert_eq!(plan(&none_kept, &one_free, &node(2, 1)), PoolStep::Idle);
+        assert_eq!(
+            plan(&none_kept, &one_free, &node(2, 0)),
+            release4("eni-a", 1)
+        );
+    }
+
+    #[test]
+    fn allocate_wait_is_bounded_by_the_plugin_timeout() {
+        let mut c = config();
+        assert_eq!(c.allocate_wait, Duration::from_secs(10));
+        c.allocate_wait = MAX_ALLOCATE_WAIT;
+        c.validate().unwrap();
+        c.allocate_wait = MAX_ALLOCATE_WAIT + Duration::from_secs(1);
+        assert!(c.validate().unwrap_err().contains("allocate_wait"));
     }
 
     #[test]

@@ -212,6 +212,11 @@ pub fn check_at_least<T: PartialOrd + fmt::Debug>(
     Ok(())
 }
 
+/// The longest an ADD may wait for an ENI or address on its way (the
+/// pools' `allocate_wait`): the rest of the ADD must fit in the plugin's
+/// default 30 s timeout (`timeoutSeconds`).
+pub const MAX_ALLOCATE_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+
 /// The ENI provider (CCE's ENIProvider: List / AllocateNextENI /
 /// DeallocateENI).
 #[async_trait]

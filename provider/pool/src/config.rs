@@ -51,9 +51,7 @@ pub struct PoolConfig {
     pub allocate_wait: Duration,
 }
 
-/// The longest `allocate_wait` accepted: the rest of an ADD must fit in
-/// the plugin's default 30 s timeout (`timeoutSeconds`).
-pub const MAX_ALLOCATE_WAIT: Duration = Duration::from_secs(25);
+pub use enim_provider::MAX_ALLOCATE_WAIT;
 
 /// The shortest `reap_cooldown` accepted: an ENI's create and attach,
 /// with their retries and token waits, take well under it.
