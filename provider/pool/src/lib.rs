@@ -122,6 +122,14 @@ impl Member {
     fn is_free(&self) -> bool {
         self.eni.owner.is_none() && !self.leaving
     }
+
+    /// Whether `owner`'s attachment holds it.
+    fn held_by(&self, owner: &EniOwner) -> bool {
+        self.eni
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.same_attachment(owner))
+    }
 }
 
 /// What a round does next, decided under the state lock.
@@ -474,7 +482,7 @@ impl Inner {
             return Step::Create;
         }
         let mut st = self.state();
-        let free = st.members.iter().filter(|m| m.is_free()).count();
+        let free = st.free_count();
         if self.role == PoolRole::PodEnis && st.restored && free > self.config.max_free {
             let surplus = st.members.iter_mut().rev().find(|m| m.ours && m.is_free());
             if let Some(m) = surplus {
@@ -565,6 +573,11 @@ async fn limit_and_tagged(
 }
 
 impl State {
+    /// Members that can be allocated now.
+    fn free_count(&self) -> usize {
+        self.members.iter().filter(|m| m.is_free()).count()
+    }
+
     /// Attached ENIs become free members (not known to be enim's yet).
     fn adopt_attached(&mut self, attached: Vec<Eni>) {
         for eni in attached {
@@ -623,7 +636,7 @@ fn stats_of(state: &State, config: &PoolConfig) -> PoolStats {
         .iter()
         .filter(|m| m.eni.owner.is_some())
         .count();
-    let available = state.members.iter().filter(|m| m.is_free()).count();
+    let available = state.free_count();
     let remaining_interfaces = eni_limit.saturating_sub(1 + state.members.len());
     PoolStats {
         used,
@@ -701,12 +714,7 @@ impl EniProvider for WarmPool {
         let result = {
             let mut st = self.inner.state();
             let total = st.members.len();
-            if let Some(held) = st.members.iter().find(|m| {
-                m.eni
-                    .owner
-                    .as_ref()
-                    .is_some_and(|o| o.same_attachment(owner))
-            }) {
+            if let Some(held) = st.members.iter().find(|m| m.held_by(owner)) {
                 return Ok(held.eni.clone());
             }
             let key = waiting_key(owner);
@@ -737,11 +745,7 @@ impl EniProvider for WarmPool {
             st.waiting.remove(&waiting_key(owner));
             let mut changed = false;
             for m in st.members.iter_mut() {
-                if m.eni
-                    .owner
-                    .as_ref()
-                    .is_some_and(|o| o.same_attachment(owner))
-                {
+                if m.held_by(owner) {
                     m.eni.owner = None;
                     changed = true;
                 }

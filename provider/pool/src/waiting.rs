@@ -68,10 +68,6 @@ impl State {
             };
         }
     }
-
-    pub(crate) fn free_count(&self) -> usize {
-        self.members.iter().filter(|m| m.is_free()).count()
-    }
 }
 
 /// How long a pod told "try again later" counts as waiting: the kubelet
@@ -138,12 +134,7 @@ pub(crate) async fn wait_for_free(inner: &Inner, owner: &EniOwner) {
             // `min_free`, served first come, first served, so one ENI
             // landing does not send every waiting pod to race for it.
             st.note_waiting(owner);
-            let holds = st.members.iter().any(|m| {
-                m.eni
-                    .owner
-                    .as_ref()
-                    .is_some_and(|o| o.same_attachment(owner))
-            });
+            let holds = st.members.iter().any(|m| m.held_by(owner));
             let served = holds || st.free_count() > st.ahead_of(owner);
             if served || !inner.can_grow(&st) {
                 if waited {
