@@ -343,8 +343,12 @@ impl WarmIps {
             if now.failing || began.is_some_and(|b| now.ended > b) {
                 return;
             }
-            began.get_or_insert(now.started);
-            self.waiting(key);
+            if began.is_none() {
+                // Once: from now on the loop counts this pod as demand, and
+                // every round it begins and ends comes back here.
+                began = Some(now.started);
+                self.waiting(key);
+            }
             if tokio::time::timeout_at(deadline, rounds.changed())
                 .await
                 .map_or(true, |r| r.is_err())

@@ -143,8 +143,12 @@ pub(crate) async fn wait_for_free(inner: &Inner, owner: &EniOwner) {
                 return;
             }
         }
-        inner.wake.notify_one();
-        waited = true;
+        if !waited {
+            // Once: from now on the loop counts this pod as demand, and
+            // every change it makes comes back here.
+            inner.wake.notify_one();
+            waited = true;
+        }
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
             // The deadline passed, or the pool shut down.
