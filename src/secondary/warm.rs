@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use enim_provider::retry::{pause, Backoff, Pause};
-use enim_provider::{AddressLimits, ProviderError, SecondaryIps, MAX_ALLOCATE_WAIT};
+use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
@@ -75,7 +75,7 @@ pub struct WarmIpConfig {
     /// How long an ADD that finds no free address waits for the pool's
     /// next check to assign one, before answering "try again later" (the
     /// kubelet retries only 10-15 s later). Zero turns the wait off; at
-    /// most [`MAX_ALLOCATE_WAIT`].
+    /// most [`MAX_ALLOCATE_WAIT`](enim_provider::MAX_ALLOCATE_WAIT).
     #[serde(with = "humantime_serde")]
     pub allocate_wait: Duration,
 }
@@ -112,12 +112,8 @@ impl WarmIpConfig {
                 return Err(format!("[secondary.pool] {name} must be above zero"));
             }
         }
-        if self.allocate_wait > MAX_ALLOCATE_WAIT {
-            return Err(format!(
-                "[secondary.pool] allocate_wait ({:?}) must be at most {MAX_ALLOCATE_WAIT:?}: the rest of an ADD must fit in the plugin's 30 s timeout",
-                self.allocate_wait
-            ));
-        }
+        enim_provider::check_allocate_wait(self.allocate_wait)
+            .map_err(|e| format!("[secondary.pool] {e}"))?;
         enim_provider::check_at_least(
             ("max_backoff", self.max_backoff),
             ("initial_retry", self.initial_retry),
@@ -567,6 +563,8 @@ async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    use enim_provider::MAX_ALLOCATE_WAIT;
+
     use super::*;
 
     fn limits() -> AddressLimits {

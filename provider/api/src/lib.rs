@@ -217,6 +217,16 @@ pub fn check_at_least<T: PartialOrd + fmt::Debug>(
 /// default 30 s timeout (`timeoutSeconds`).
 pub const MAX_ALLOCATE_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
 
+/// Checks a pool's `allocate_wait` against [`MAX_ALLOCATE_WAIT`].
+pub fn check_allocate_wait(wait: std::time::Duration) -> Result<(), String> {
+    if wait > MAX_ALLOCATE_WAIT {
+        return Err(format!(
+            "allocate_wait ({wait:?}) must be at most {MAX_ALLOCATE_WAIT:?}: the rest of an ADD must fit in the plugin's 30 s timeout"
+        ));
+    }
+    Ok(())
+}
+
 /// The ENI provider (CCE's ENIProvider: List / AllocateNextENI /
 /// DeallocateENI).
 #[async_trait]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use enim_provider::retry::Backoff;
-use enim_provider::{check_at_least, ProviderError};
+use enim_provider::{check_allocate_wait, check_at_least, ProviderError};
 use serde::{Deserialize, Serialize};
 
 /// Watermarks and loop timing of the warm pool.
@@ -104,12 +104,7 @@ impl PoolConfig {
             ("the minimum", MIN_REAP_COOLDOWN),
         )
         .map_err(bad)?;
-        if self.allocate_wait > MAX_ALLOCATE_WAIT {
-            return Err(bad(format!(
-                "allocate_wait ({:?}) must be at most {MAX_ALLOCATE_WAIT:?}: the rest of an ADD must fit in the plugin's 30 s timeout",
-                self.allocate_wait
-            )));
-        }
+        check_allocate_wait(self.allocate_wait).map_err(bad)?;
         Ok(())
     }
 }
