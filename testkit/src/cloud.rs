@@ -10,6 +10,23 @@ use enim_provider::cloud::{format_created_at, CloudBackend, Reaped};
 use enim_provider::ratelimit::RateLimit;
 use enim_provider_pool::{reap_pass, ReapReport};
 
+/// Runs `check` every `every` until it passes; past `limit`, panics with
+/// what its last run said was missing.
+pub async fn poll_until<F, Fut>(limit: Duration, every: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let Err(missing) = check().await else {
+            return;
+        };
+        assert!(std::time::Instant::now() < deadline, "{missing}");
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// A creation tag `minutes` before now.
 pub fn minutes_ago(minutes: u64) -> String {
     format_created_at(SystemTime::now() - Duration::from_secs(60 * minutes))

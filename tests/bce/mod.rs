@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use crate::common::cloud_node::blocking;
 use crate::common::{bins, cloud_node, Agent, NamedNetns};
@@ -75,9 +75,15 @@ pub async fn node(config: impl FnOnce(&Path, &NamedNetns, &FakeCloud) -> String)
 
 /// Waits (up to `limit`) for `ok`.
 pub async fn eventually(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cloud_node::poll_until(limit, Duration::from_millis(100), || {
+        let done = ok();
+        async move {
+            if done {
+                Ok(())
+            } else {
+                Err(format!("timed out waiting for {what}"))
+            }
+        }
+    })
+    .await
 }

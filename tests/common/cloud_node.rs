@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::{enim, Agent, NamedNetns};
 use enim_testkit::agent::crash_env;
+pub use enim_testkit::cloud::poll_until;
 
 /// The subnet's router, on the gateway namespace's bridge.
 pub const ROUTER: &str = "10.0.1.1";
@@ -178,23 +179,6 @@ pub fn restart_keeps_pods(agent: &mut Agent, pods: &[NamedNetns], seen: &HashSet
 /// runtime's other worker keeps serving the cloud fake.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
-}
-
-/// Runs `check` every `every` until it passes; past `limit`, panics with
-/// what its last run said was missing.
-pub async fn poll_until<F, Fut>(limit: Duration, every: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        let Err(missing) = check().await else {
-            return;
-        };
-        assert!(Instant::now() < deadline, "{missing}");
-        tokio::time::sleep(every).await;
-    }
 }
 
 /// What the crash tests wait for after each step: the cloud holds exactly

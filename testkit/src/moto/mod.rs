@@ -558,14 +558,17 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        if f().await {
-            return;
+    crate::cloud::poll_until(within, Duration::from_millis(50), || {
+        let done = f();
+        async move {
+            if done.await {
+                Ok(())
+            } else {
+                Err(format!("timed out waiting for {what}"))
+            }
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 pub fn ipv6_in(net: Ipv6Net, a: Ipv6Addr) -> bool {
