@@ -1,0 +1,360 @@
+# A one-node Kubernetes cluster in sandbox namespaces, for scripts/e2e-cluster.sh
+# (source it; it runs nothing by itself). Every component is the upstream
+# one, built by scripts/cluster/build.sh.
+#
+# Layout (TAG is unique per run):
+#
+#   $TAG-gw    netns: the "VPC": the node's uplink peer 10.250.0.1/24 and the
+#              far ends of the ENIs, each holding its subnet's gateway;
+#              forwards between them and goes nowhere else.
+#   $TAG-node  netns: the node. eth0 10.250.0.2/24 (its InternalIP, default
+#              route via the VPC), veth pairs eniN standing in for ENIs, and
+#              every component: etcd and the control plane on the node's
+#              addresses, containerd, the kubelet, kube-proxy (iptables).
+#              A mount namespace of its own, where per-run dirs are bound over
+#              the paths a node uses (/etc/cni/net.d, /opt/cni/bin,
+#              /var/lib/kubelet, /var/lib/containerd, /run/containerd,
+#              /run/netns, /var/lib/enim, /run/enim, /var/log/pods), so
+#              nothing of this machine's own is touched and hostPath volumes
+#              resolve to the sandbox. `/` is rshared there: the DaemonSet's
+#              /var/run/netns mount has HostToContainer propagation.
+#              /sys is this machine's (nsenter does not remount it, unlike
+#              `ip netns exec`), so the kubelet finds the cgroup mounts; its
+#              pods' cgroups go under a cgroup root of their own.
+#
+# Needs: ip, nsenter, unshare, openssl, runc, python3, podman (image builds).
+
+# Set by cluster_init.
+tag="" work="" node="" gw="" bin="" cgroot=""
+NODE_IP=10.250.0.2
+GW_IP=10.250.0.1
+SERVICE_CIDR=10.96.0.0/12
+SERVICE_IP=10.96.0.1
+DNS_IP=10.96.0.10
+NODE_NAME=enim-e2e-node
+# Paths bound over per run in the node's mount namespace.
+NODE_DIRS=(/etc/cni/net.d /opt/cni/bin /var/lib/kubelet /var/lib/containerd
+  /run/containerd /run/netns /var/lib/enim /run/enim /var/log/pods /var/log/containers)
+
+. "$(dirname "${BASH_SOURCE[0]}")/pki.sh"
+
+# cluster_init BIN_DIR: names for this run (nothing is made yet).
+cluster_init() {
+  bin=$1
+  tag=enimk8s$$
+  work=/var/tmp/$tag
+  node=$tag-node
+  gw=$tag-gw
+  cgroot=/$tag
+  mkdir -p "$work"/{logs,pids,pki,etc}
+}
+
+# Runs a command on the node: its network and mount namespaces.
+on_node() { nsenter --mount="$work/ns/mnt" --net="/run/netns/$node" -- "$@"; }
+k() { on_node "$bin/kubectl" --kubeconfig "$work/pki/admin.kubeconfig" "$@"; }
+ctr_node() { on_node "$bin/ctr" --address /run/containerd/containerd.sock "$@"; }
+
+# start NAME CMD...: a component on the node, in the background, logging to
+# $work/logs/NAME.log.
+start() {
+  local name=$1; shift
+  on_node "$@" >> "$work/logs/$name.log" 2>&1 &
+  echo $! > "$work/pids/$name"
+}
+
+# stop NAME [SIGNAL]: stops a component and waits for it to exit.
+stop() {
+  local name=$1 sig=${2:-TERM} pid i
+  [ -f "$work/pids/$name" ] || return 0
+  pid=$(cat "$work/pids/$name")
+  kill "-$sig" "$pid" 2>/dev/null || true
+  for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -f "$work/pids/$name"
+}
+
+# wait_for WHAT TRIES CMD...: CMD until it succeeds, 0.5 s apart.
+wait_for() {
+  local what=$1 tries=$2 i; shift 2
+  for i in $(seq "$tries"); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "timed out waiting for $what" >&2
+  return 1
+}
+
+# net_up ENIS ADDRS_PER_ENI: the namespaces, the node's uplink and ENIS veth
+# ENIs; ENI i is in 10.251.i.0/24 with address .10 and gateway .1 (and,
+# with ADDRS_PER_ENI > 0, secondaries .11 on). Writes the static provider's
+# entries to $work/etc/enis.toml.
+net_up() {
+  local n=$1 per=$2 i j
+  ip netns add "$gw"
+  ip netns add "$node"
+  ip -n "$gw" link set lo up
+  ip -n "$node" link set lo up
+  ip netns exec "$gw" sysctl -qw net.ipv4.ip_forward=1
+  ip netns exec "$node" sysctl -qw net.ipv4.ip_forward=1
+  ip -n "$node" link add eth0 type veth peer name uplink netns "$gw"
+  ip -n "$node" addr add "$NODE_IP/24" dev eth0
+  ip -n "$gw" addr add "$GW_IP/24" dev uplink
+  ip -n "$node" link set eth0 up
+  ip -n "$gw" link set uplink up
+  ip -n "$node" route add default via "$GW_IP"
+  : > "$work/etc/enis.toml"
+  for i in $(seq 0 $((n - 1))); do
+    local mac
+    mac=$(printf '02:e5:00:00:%02x:01' "$i")
+    ip -n "$node" link add "eni$i" address "$mac" type veth peer name "vpc$i" netns "$gw"
+    ip -n "$gw" addr add "10.251.$i.1/24" dev "vpc$i"
+    ip -n "$gw" link set "vpc$i" up
+    printf '\n[[provider.enis]]\nid = "eni-e2e-%d"\nmac = "%s"\nipv4 = "10.251.%d.10/24"\ngateway4 = "10.251.%d.1"\n' \
+      "$i" "$mac" "$i" "$i" >> "$work/etc/enis.toml"
+    if [ "$per" -gt 0 ]; then
+      printf 'secondary_ipv4 = [' >> "$work/etc/enis.toml"
+      for j in $(seq 1 "$per"); do
+        printf '"10.251.%d.%d"%s' "$i" $((10 + j)) "$([ "$j" -lt "$per" ] && echo ', ')" >> "$work/etc/enis.toml"
+      done
+      printf ']\n' >> "$work/etc/enis.toml"
+    fi
+  done
+}
+
+# mnt_up: the node's mount namespace, with per-run dirs over NODE_DIRS.
+mnt_up() {
+  local d
+  mkdir -p "$work/ns" "$work/root"
+  mount --bind "$work/ns" "$work/ns"
+  mount --make-private "$work/ns"
+  touch "$work/ns/mnt"
+  unshare --mount="$work/ns/mnt" --propagation private true
+  for d in "${NODE_DIRS[@]}"; do
+    mkdir -p "$work/root$d"
+    # The mount point must exist on this machine; an empty dir made here is
+    # removed again by cluster_down.
+    if [ ! -e "$d" ]; then mkdir -p "$d"; echo "$d" >> "$work/made-dirs"; fi
+  done
+  nsenter --mount="$work/ns/mnt" -- sh -ec "
+    for d in ${NODE_DIRS[*]}; do mount --bind '$work/root'\$d \$d; done
+    mount --make-rshared /
+  "
+}
+
+# cgroups_up: the kubelet's cgroup root in every v1 hierarchy (cpuset needs
+# its cpus and mems copied down before it can hold anything).
+cgroups_up() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [ "$(basename "$h")" = unified ] && continue
+    mkdir -p "$h$cgroot"
+    if [ -f "$h/cpuset.cpus" ]; then
+      cat "$h/cpuset.cpus" > "$h$cgroot/cpuset.cpus"
+      cat "$h/cpuset.mems" > "$h$cgroot/cpuset.mems"
+    fi
+  done
+}
+
+# The component configs.
+configs() {
+  local server="https://$NODE_IP:6443" c
+  pki_make "$work/pki" "$NODE_NAME" "$NODE_IP" "$SERVICE_IP"
+  for c in admin kubelet controller-manager scheduler kube-proxy; do
+    pki_kubeconfig "$work/pki" "$c" "$server"
+  done
+  echo "nameserver $GW_IP" > "$work/etc/resolv.conf"
+  cat > "$work/etc/containerd.toml" <<EOF
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.runtime']
+  # This machine lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["/opt/cni/bin"]
+  conf_dir = "/etc/cni/net.d"
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "$(command -v runc)"
+EOF
+  cat > "$work/etc/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+cgroupRoot: $cgroot
+failSwapOn: false
+address: $NODE_IP
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $work/pki/ca.crt}
+authorization: {mode: Webhook}
+clusterDNS: [$DNS_IP]
+clusterDomain: cluster.local
+resolvConf: $work/etc/resolv.conf
+# A sandbox on a shared disk: never evict for disk or image space.
+evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+# The admission scenario kills enimd 20 times in a row; the default
+# crash-loop backoff (10 s doubling to 5 min) would stretch that to an hour.
+# A test-rig setting: the window it tests is the same or longer without it.
+featureGates: {KubeletCrashLoopBackOffMax: true}
+crashLoopBackOff: {maxContainerRestartPeriod: 2s}
+EOF
+}
+
+kube_proxy_config() { # CLUSTER_CIDR (empty: unset)
+  {
+    echo "apiVersion: kubeproxy.config.k8s.io/v1alpha1"
+    echo "kind: KubeProxyConfiguration"
+    echo "mode: iptables"
+    echo "clientConnection: {kubeconfig: $work/pki/kube-proxy.kubeconfig}"
+    echo "hostnameOverride: $NODE_NAME"
+    echo "bindAddress: $NODE_IP"
+    echo "metricsBindAddress: 127.0.0.1:10249"
+    echo "healthzBindAddress: 127.0.0.1:10256"
+    # conntrack's table size is the machine's, not the sandbox's: leave it.
+    echo "conntrack: {maxPerCore: 0, min: 0}"
+    [ -n "$1" ] && echo "clusterCIDR: $1"
+  } > "$work/etc/kube-proxy.yaml"
+}
+
+start_etcd() {
+  start etcd "$bin/etcd" --name e2e --data-dir "$work/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster e2e=http://127.0.0.1:2380 --unsafe-no-fsync
+}
+
+start_apiserver() {
+  local p=$work/pki
+  start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+    --advertise-address="$NODE_IP" --bind-address="$NODE_IP" --secure-port=6443 \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --client-ca-file="$p/ca.crt" --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="" --kubelet-preferred-address-types=InternalIP \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --allow-privileged=true --profiling=false --endpoint-reconciler-type=lease
+}
+
+start_controllers() {
+  local p=$work/pki
+  start kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig="$p/controller-manager.kubeconfig" --authentication-kubeconfig="$p/controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$p/controller-manager.kubeconfig" \
+    --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
+    --use-service-account-credentials=true --leader-elect=false \
+    --bind-address=127.0.0.1 --profiling=false
+  start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$p/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$p/scheduler.kubeconfig" --authorization-kubeconfig="$p/scheduler.kubeconfig" \
+    --leader-elect=false --bind-address=127.0.0.1 --profiling=false
+}
+
+start_containerd() {
+  start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$work/etc/containerd.toml"
+  wait_for containerd 60 on_node test -S /run/containerd/containerd.sock
+}
+
+start_kubelet() {
+  start kubelet "$bin/kubelet" --config="$work/etc/kubelet.yaml" \
+    --kubeconfig="$work/pki/kubelet.kubeconfig" --hostname-override="$NODE_NAME" \
+    --node-ip="$NODE_IP" --v=2
+}
+
+start_kube_proxy() {
+  start kube-proxy "$bin/kube-proxy" --config="$work/etc/kube-proxy.yaml"
+}
+
+# images_import: the images the cluster runs, built here and imported.
+images_import() {
+  local i
+  for i in "$work"/images/*.tar; do
+    ctr_node -n k8s.io images import "$i" >/dev/null
+  done
+}
+
+# cluster_up ENIS ADDRS_PER_ENI CLUSTER_CIDR
+cluster_up() {
+  local t0
+  t0=$(date +%s%N)
+  net_up "$1" "$2"
+  mnt_up
+  cgroups_up
+  configs
+  kube_proxy_config "$3"
+  # The reference plugins on the node, as on any node: containerd's CRI
+  # runs loopback for every sandbox; portmap serves hostPort.
+  cp "$bin"/cni/* "$work/root/opt/cni/bin/"
+  start_etcd
+  wait_for etcd 60 on_node "$bin/etcd" --version
+  start_apiserver
+  wait_for kube-apiserver 240 k get --raw /readyz
+  start_controllers
+  start_containerd
+  images_import
+  start_kubelet
+  start_kube_proxy
+  wait_for "node $NODE_NAME" 240 k get node "$NODE_NAME"
+  CLUSTER_START_MS=$((($(date +%s%N) - t0) / 1000000))
+}
+
+# Every process of the sandbox: in its namespaces or under its cgroup root.
+sandbox_pids() {
+  local netns mntns p
+  netns=$(stat -L -c %i "/run/netns/$node" 2>/dev/null || echo none)
+  mntns=$(stat -L -c %i "$work/ns/mnt" 2>/dev/null || echo none)
+  for p in /proc/[0-9]*; do
+    [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$netns" ] ||
+      [ "$(stat -L -c %i "$p/ns/mnt" 2>/dev/null)" = "$mntns" ] ||
+      grep -q ":$cgroot/" "$p/cgroup" 2>/dev/null ||
+      continue
+    echo "${p#/proc/}"
+  done
+}
+
+cluster_down() {
+  local p d h i
+  for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
+    stop "$p"
+  done
+  for i in 1 2 3; do
+    p=$(sandbox_pids)
+    [ -z "$p" ] && break
+    # shellcheck disable=SC2086
+    kill -KILL $p 2>/dev/null || true
+    sleep 0.5
+  done
+  # Cgroups, deepest first, once their processes are gone.
+  for h in /sys/fs/cgroup/*/; do
+    [ -d "$h$cgroot" ] || continue
+    find "$h$cgroot" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  if [ -e "$work/ns/mnt" ]; then
+    umount "$work/ns/mnt" 2>/dev/null || true
+    umount "$work/ns" 2>/dev/null || true
+  fi
+  ip netns del "$node" 2>/dev/null || true
+  ip netns del "$gw" 2>/dev/null || true
+  if [ -f "$work/made-dirs" ]; then
+    while read -r d; do rmdir -p "$d" 2>/dev/null || true; done < "$work/made-dirs"
+  fi
+}

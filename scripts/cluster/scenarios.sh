@@ -1,0 +1,485 @@
+# The e2e cluster's scenarios (scripts/e2e-cluster.sh sources this; each
+# s_* function returns 0 for PASS). They drive the cluster as a user does,
+# through kubectl, and look at the node (its netns, containerd, enimctl)
+# only to check what kubectl cannot show.
+
+# What enim's device plugin advertises in this mode, and how many.
+resource() { [ "$mode" = primary ] && echo enim.io/eni || echo enim.io/ip; }
+capacity() { [ "$mode" = primary ] && echo 4 || echo 12; }
+jsonkey() { echo "$1" | sed 's/\./\\./g'; }
+allocatable() { k get node "$NODE_NAME" -o "jsonpath={.status.allocatable.$(jsonkey "$(resource)")}"; }
+
+# pod NAME [KEY=VALUE...]: a busybox pod on an enim ENI (or address) that
+# serves its own name over HTTP on 8080, with an HTTP readiness probe.
+# Keys: cmd (replaces the server), probe (path; "none" for no probe),
+# hostport, restart (restartPolicy), res (0: no enim resource).
+pod() {
+  local name=$1; shift
+  local cmd="mkdir -p /www && echo $name > /www/index.html && exec httpd -f -p 8080 -h /www"
+  local probe=/ hostport="" restart=Always res=1 kv
+  for kv in "$@"; do
+    case $kv in
+      cmd=*) cmd=${kv#cmd=} ;;
+      probe=*) probe=${kv#probe=} ;;
+      hostport=*) hostport=${kv#hostport=} ;;
+      restart=*) restart=${kv#restart=} ;;
+      res=*) res=${kv#res=} ;;
+    esac
+  done
+  {
+    cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $name
+  labels: {app: $name, e2e: "1"}
+spec:
+  restartPolicy: $restart
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: $BUSYBOX
+      imagePullPolicy: Never
+      args: ["$cmd"]
+      ports: [{containerPort: 8080$([ -n "$hostport" ] && echo ", hostPort: $hostport")}]
+EOF
+    [ "$probe" = none ] || echo "      readinessProbe: {httpGet: {path: $probe, port: 8080}, periodSeconds: 1}"
+    [ "$res" = 0 ] || echo "      resources: {limits: {$(resource): 1}}"
+  } | k apply -f - >/dev/null
+}
+
+pod_ip() { k get pod "$1" -o jsonpath='{.status.podIP}'; }
+ready() { k wait --for=condition=Ready "pod/$1" --timeout="${2:-90}s" >/dev/null; }
+# clean: every test pod and service gone, and enim holding nothing.
+clean() {
+  k delete pod,svc,endpointslice -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
+  wait_for "enim to hold nothing" 120 holds 0
+}
+enimctl() { k -n enim-system exec ds/enimd -c enimd -- /usr/local/bin/enimctl "$@"; }
+# holds N: enim's checkpoint has exactly N attachments.
+holds() { [ "$(attachments | wc -l)" = "$1" ]; }
+# attachments: the container id of each attachment enim records, a line each.
+attachments() {
+  enimctl --json attachments | python3 -c '
+import json, sys
+for a in json.load(sys.stdin)["attachments"]:
+    print(a["container_id"])'
+}
+# in_pod POD CMD: a shell command in the pod.
+in_pod() { local p=$1; shift; k exec "$p" -- sh -c "$*"; }
+http_get() { printf 'GET / HTTP/1.0\r\n\r\n' | "$@" 2>/dev/null | tail -n 1; }
+
+s_ready() {
+  k -n enim-system rollout status daemonset/enimd --timeout=120s &&
+    k wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s &&
+    k -n kube-system rollout status deployment/coredns --timeout=120s || return 1
+  wait_for "allocatable $(resource) = $(capacity)" 60 test "$(allocatable)" = "$(capacity)" || return 1
+  echo "node Ready; allocatable $(resource): $(allocatable)"
+}
+
+# The address a pod must get: an ENI's own (primary) or a secondary one.
+enim_address() {
+  if [ "$mode" = primary ]; then [[ $1 =~ ^10\.251\.[0-3]\.10$ ]]
+  else [[ $1 =~ ^10\.251\.[01]\.1[1-6]$ ]]; fi
+}
+
+unschedulable() {
+  k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | grep -q "Insufficient $(resource)"
+}
+
+s_scheduling() {
+  local n i ip ips=() msg
+  n=$(capacity)
+  for i in $(seq 0 $((n - 1))); do pod "web-$i"; done
+  for i in $(seq 0 $((n - 1))); do
+    ready "web-$i" 120 || return 1
+    ip=$(pod_ip "web-$i")
+    enim_address "$ip" || { echo "web-$i has podIP $ip, not an enim address"; return 1; }
+    ips+=("$ip")
+  done
+  [ "$(printf '%s\n' "${ips[@]}" | sort -u | wc -l)" = "$n" ] || { echo "podIPs not unique: ${ips[*]}"; return 1; }
+  echo "$n pods Running on ${ips[*]}"
+  pod extra
+  wait_for "extra to be unschedulable" 60 unschedulable extra || return 1
+  msg=$(k get pod extra -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')
+  echo "pod $((n + 1)): Pending: $msg"
+  k delete pod web-0 --wait=true >/dev/null
+  ready extra 120 || return 1
+  ip=$(pod_ip extra)
+  enim_address "$ip" || return 1
+  echo "after deleting web-0, extra Runs on $ip"
+  clean
+}
+
+# Services and DNS from a pod on an ENI, with a backend on another ENI and
+# one off the node (in the VPC namespace, standing in for another node).
+services_check() {
+  local svc remote out
+  svc=$(k get svc web -o jsonpath='{.spec.clusterIP}')
+  remote=$(k get svc remote -o jsonpath='{.spec.clusterIP}')
+  out=$(in_pod client "nslookup kubernetes.default.svc.cluster.local $DNS_IP") &&
+    grep -q "$SERVICE_IP" <<<"$out" || { echo "DNS: $out"; return 1; }
+  out=$(in_pod client "nslookup web.default.svc.cluster.local $DNS_IP") &&
+    grep -q "$svc" <<<"$out" || { echo "DNS: $out"; return 1; }
+  echo "DNS: kubernetes.default -> $SERVICE_IP, web.default -> $svc"
+  out=$(in_pod client "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 $svc 80 | tail -n 1") || true
+  [ "$out" = backend ] || { echo "ClusterIP $svc (backend on an ENI): got '$out'"; return 1; }
+  echo "ClusterIP $svc -> backend pod: '$out'"
+  out=$(in_pod client "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 $remote 80 | tail -n 1") || true
+  [ "$out" = remote ] || { echo "ClusterIP $remote (backend off the node): got '$out'"; return 1; }
+  echo "ClusterIP $remote -> backend off the node: '$out'"
+}
+
+services_up() {
+  pod backend
+  pod client cmd="exec sleep 100000" probe=none
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: web, labels: {e2e: "1"}}
+spec:
+  selector: {app: backend}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: remote, labels: {e2e: "1"}}
+spec:
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: remote-1
+  labels: {e2e: "1", kubernetes.io/service-name: remote}
+addressType: IPv4
+ports: [{port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["$GW_IP"], conditions: {ready: true}}]
+EOF
+  # The backend off the node: busybox httpd in the VPC namespace.
+  mkdir -p "$work/remote-www"
+  echo remote > "$work/remote-www/index.html"
+  ip netns exec "$gw" busybox httpd -p "$GW_IP:8080" -h "$work/remote-www"
+  ready backend && ready client
+}
+
+services_down() {
+  pkill -f "busybox httpd -p $GW_IP:8080" || true
+  clean
+}
+
+# kube_proxy_with CIDR: kube-proxy restarted with clusterCIDR CIDR (empty:
+# unset), and its rules for the test Services in place.
+kube_proxy_with() {
+  stop kube-proxy
+  kube_proxy_config "$1"
+  start_kube_proxy
+  wait_for "kube-proxy's rules" 60 kube_proxy_synced
+}
+
+kube_proxy_synced() { on_node iptables -t nat -S KUBE-SERVICES | grep -q default/remote; }
+
+s_services_cidr_set() {
+  services_up || return 1
+  kube_proxy_with 10.244.0.0/16 || return 1
+  services_check
+}
+
+s_services_cidr_unset() {
+  kube_proxy_with "" || return 1
+  services_check
+  local rc=$?
+  services_down
+  return $rc
+}
+
+s_probe() {
+  pod probe-ok
+  pod probe-bad probe=/missing
+  ready probe-ok || return 1
+  sleep 5
+  [ "$(k get pod probe-bad -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = False ] ||
+    { echo "a pod whose probe gets 404 is Ready: the probe proves nothing"; return 1; }
+  echo "probe-ok Ready through an HTTP probe to $(pod_ip probe-ok); probe-bad (404) not Ready"
+  clean
+}
+
+s_hostport() {
+  local out rc=0
+  pod hp hostport=18080
+  ready hp || return 1
+  out=$(http_get on_node busybox nc -w 5 "$NODE_IP" 18080)
+  [ "$out" = hp ] || { echo "hostPort from the node: got '$out'"; rc=1; }
+  [ "$rc" = 0 ] && echo "hostPort 18080 from the node: '$out'"
+  out=$(http_get ip netns exec "$gw" busybox nc -w 5 "$NODE_IP" 18080)
+  [ "$out" = hp ] || { echo "hostPort from another machine: got '$out'"; rc=1; }
+  [ "$rc" = 0 ] && echo "hostPort 18080 from another machine: '$out'"
+  clean
+  return $rc
+}
+
+# The ENI's device name in the node netns for a pod address (primary).
+s_delete() {
+  local ip before
+  pod del-me
+  ready del-me || return 1
+  ip=$(pod_ip del-me)
+  holds 1 || return 1
+  k delete pod del-me --wait=true >/dev/null
+  wait_for "enim to hold nothing" 60 holds 0 || return 1
+  if [ "$mode" = primary ]; then
+    # The ENI is back in the node under its host name, with its MAC.
+    local i=${ip#10.251.}; i=${i%%.*}
+    on_node ip -o link show | grep -q "02:e5:00:00:0$i:01" || { echo "ENI $i is not home"; return 1; }
+  fi
+  before=$(allocatable)
+  [ "$before" = "$(capacity)" ] || { echo "allocatable $before"; return 1; }
+  echo "DEL by the kubelet: $ip released, enim holds nothing, allocatable $(allocatable)"
+}
+
+# The pod's interface still has its address (the ENI or the secondary).
+has_address() { in_pod "$1" "ip -o addr show eth0" | grep -q " $2/"; }
+
+enimd_ready() { k -n enim-system rollout status daemonset/enimd --timeout=120s >/dev/null; }
+
+s_rollout() {
+  local a b ipa ipb
+  pod keep-a
+  pod keep-b
+  ready keep-a && ready keep-b || return 1
+  ipa=$(pod_ip keep-a); ipb=$(pod_ip keep-b)
+  k -n enim-system rollout restart daemonset/enimd >/dev/null
+  enimd_ready || return 1
+  for a in keep-a keep-b; do
+    ready "$a" 5 || { echo "$a not Ready after the rollout"; return 1; }
+  done
+  has_address keep-a "$ipa" && has_address keep-b "$ipb" || { echo "an address moved"; return 1; }
+  pod after-rollout
+  ready after-rollout || return 1
+  b=$(pod_ip after-rollout)
+  echo "keep-a $ipa and keep-b $ipb kept their ENIs and Ready; a new pod runs on $b"
+  holds 3 || return 1
+  clean
+}
+
+# --- faults -------------------------------------------------------------
+
+enimd_pid() { on_node pgrep -f '^/usr/local/bin/enimd --config' | head -n 1; }
+kill_enimd() { local p; p=$(enimd_pid); [ -n "$p" ] && kill -9 "$p"; }
+
+# settled: every test pod Ready, enim holding exactly one attachment per
+# test pod, each for a sandbox containerd runs, and (primary) every other
+# ENI home in the node.
+running_sandboxes() {
+  ctr_node -n k8s.io tasks ls 2>/dev/null | awk '$3 == "RUNNING" { print $1 }'
+}
+settled() {
+  local pods n stale
+  pods=$(k get pods -l e2e=1 -o name | wc -l)
+  k wait --for=condition=Ready pod -l e2e=1 --timeout=180s >/dev/null || { echo "not every pod is Ready"; return 1; }
+  wait_for "one attachment per pod" 60 holds "$pods" || { echo "enim holds $(attachments | wc -l) attachments for $pods pods"; return 1; }
+  stale=$(comm -23 <(attachments | sort) <(running_sandboxes | sort))
+  [ -z "$stale" ] || { echo "records for sandboxes that do not run: $stale"; return 1; }
+  if [ "$mode" = primary ]; then
+    n=$(on_node ip -o link show | grep -c 'link/ether 02:e5:00:00' || true)
+    [ "$n" = $(($(capacity) - pods)) ] || { echo "$n ENIs home, want $(($(capacity) - pods))"; return 1; }
+  fi
+  echo "settled: $pods pods Ready, $pods attachments, all for running sandboxes"
+}
+
+# churn: pods created and deleted in the background, at most 3 at a time.
+churn_start() {
+  touch "$work/churn"
+  (
+    i=0
+    while [ -f "$work/churn" ]; do
+      pod "churn-$i" >/dev/null 2>&1 || true
+      [ $i -ge 3 ] && k delete pod "churn-$((i - 3))" --wait=false >/dev/null 2>&1
+      i=$((i + 1))
+      sleep 1.5
+    done
+  ) &
+  churn_pid=$!
+}
+churn_stop() { rm -f "$work/churn"; wait "$churn_pid" 2>/dev/null || true; }
+
+# The reboot-like stop: everything on the node stops at once, the pods'
+# namespaces are deleted without DEL, and the node's /run is emptied.
+reboot_node() {
+  local p cp
+  stop kubelet KILL
+  stop kube-proxy KILL
+  stop containerd KILL
+  cp=" $(cat "$work"/pids/* 2>/dev/null | tr '\n' ' ') "
+  for p in $(sandbox_pids); do
+    [[ $cp == *" $p "* ]] || kill -9 "$p" 2>/dev/null || true
+  done
+  sleep 1
+  on_node sh -c '
+    grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+      case $m in /run/netns/*|/run/containerd/*) umount -l "$m" ;; esac
+    done
+    rm -rf /run/netns/* /run/containerd/* /run/enim/*'
+  # A physical ENI comes home when its pod's namespace goes; a veth is
+  # destroyed instead, so the sandbox's cloud puts it back.
+  reattach_enis
+  start_containerd
+  start_kubelet
+  start_kube_proxy
+}
+
+s_fault() {
+  local what=$1 rc=0
+  churn_start
+  sleep 4
+  case $what in
+    kill9) kill_enimd ;;
+    kubelet) stop kubelet; start_kubelet ;;
+    containerd) stop containerd; start_containerd ;;
+    reboot) reboot_node ;;
+  esac
+  sleep 4
+  churn_stop
+  enimd_ready || rc=1
+  [ $rc = 0 ] && settled || rc=1
+  clean
+  return $rc
+}
+s_fault_kill9() { s_fault kill9; }
+s_fault_kubelet() { s_fault kubelet; }
+s_fault_containerd() { s_fault containerd; }
+s_fault_reboot() { s_fault reboot; }
+
+# --- no pod rejected while enimd restarts ---------------------------------
+
+# A short-lived pod that asks for the resource and succeeds once it runs.
+adm_pod() { pod "$1" cmd="exit 0" probe=none restart=Never; }
+
+# admission KIND: RESTARTS restarts of enimd of that kind, each with pods
+# created in a tight loop through it; every pod must end Succeeded.
+s_admission() {
+  local kind=$1 r j n=0 p failed
+  for r in $(seq "$restarts"); do
+    case $kind in
+      kill9)
+        kill_enimd
+        for j in 1 2 3; do adm_pod "adm-$kind-$r-$j"; n=$((n + 1)); sleep 0.2; done
+        enimd_ready || return 1 ;;
+      crashloop)
+        # Killed again as soon as it is back, three times running.
+        for j in 1 2 3; do
+          kill_enimd
+          adm_pod "adm-$kind-$r-$j"; n=$((n + 1))
+          wait_for "enimd back" 60 enimd_pid || return 1
+        done
+        enimd_ready || return 1 ;;
+      rollout)
+        k -n enim-system rollout restart daemonset/enimd >/dev/null
+        for j in 1 2 3; do adm_pod "adm-$kind-$r-$j"; n=$((n + 1)); sleep 1; done
+        enimd_ready || return 1 ;;
+    esac
+  done
+  wait_for "every pod to finish" 360 all_done "adm-$kind-" || true
+  failed=$(k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.status.reason}{"\n"}{end}' | grep "^adm-$kind-" | grep -v ' Succeeded' || true)
+  clean
+  [ -z "$failed" ] || { echo "pods that did not succeed:"; echo "$failed"; return 1; }
+  echo "$n pods created across $restarts restarts ($kind): all Succeeded"
+}
+all_done() {
+  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}' | grep "^$1" | grep -qv ' Succeeded\| Failed'
+}
+s_admission_kill9() { s_admission kill9; }
+s_admission_crashloop() { s_admission crashloop; }
+s_admission_rollout() { s_admission rollout; }
+
+# --- containerd 2.x -------------------------------------------------------
+
+s_status_full() {
+  local i
+  for i in $(seq 1 "$(capacity)"); do pod "full-$i"; done
+  k wait --for=condition=Ready pod -l e2e=1 --timeout=120s >/dev/null || return 1
+  # The kubelet asks the runtime's status every ~5 s; containerd asks STATUS.
+  sleep 12
+  [ "$(k get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] ||
+    { echo "node not Ready with every ENI in use"; return 1; }
+  grep -q 'STATUS' "$work/logs/containerd.log" && echo "(containerd's log mentions STATUS)"
+  echo "all $(capacity) in use for 12 s: node Ready"
+  clean
+}
+
+# A sandbox whose netns is destroyed without DEL: its record goes (GC or
+# the DEL the kubelet sends for the dead sandbox), and the pod runs again.
+s_netns_gone() {
+  local cid ns
+  pod gone
+  ready gone || return 1
+  cid=$(attachments | head -n 1)
+  ns=$(enimctl --json attachments | python3 -c 'import json,sys; print(json.load(sys.stdin)["attachments"][0]["netns"])')
+  # Its processes die and its namespace is unmounted and removed.
+  kill_sandbox_of "$cid"
+  on_node sh -c "umount -l '$ns'; rm -f '$ns'"
+  reattach_enis
+  wait_for "the record of $cid to go" 120 not_recorded "$cid" || return 1
+  ready gone 120 || return 1
+  echo "sandbox ${cid:0:12}: netns destroyed without DEL; record collected; pod Running again on $(pod_ip gone)"
+  clean
+}
+not_recorded() { ! attachments | grep -q "$1"; }
+kill_sandbox_of() {
+  local pid
+  pid=$(ctr_node -n k8s.io tasks ls | awk -v c="$1" '$1 == c { print $2 }')
+  [ -n "$pid" ] && kill -9 "$pid"
+}
+
+# reattach_enis: any ENI whose veth went with a pod's namespace is put back.
+reattach_enis() {
+  local i mac
+  for i in $(seq 0 $(($(eni_count) - 1))); do
+    mac=$(printf '02:e5:00:00:%02x:01' "$i")
+    ip -n "$gw" link show "vpc$i" >/dev/null 2>&1 && continue
+    ip -n "$node" link add "eni$i" address "$mac" type veth peer name "vpc$i" netns "$gw"
+    ip -n "$gw" addr add "10.251.$i.1/24" dev "vpc$i"
+    ip -n "$gw" link set "vpc$i" up
+  done
+}
+eni_count() { [ "$mode" = primary ] && echo 4 || echo 2; }
+
+# --- a broken ENI ---------------------------------------------------------
+
+s_broken_eni() {
+  local free want
+  [ "$mode" = primary ] || return 0
+  # Delete a free ENI's device from the node.
+  free=$(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1 | head -n 1)
+  on_node ip link del "$free"
+  want=$(($(capacity) - 1))
+  wait_for "allocatable $want" 60 test "$(allocatable)" = "$want" || { echo "allocatable $(allocatable)"; return 1; }
+  echo "ENI $free deleted: capacity $(k get node "$NODE_NAME" -o "jsonpath={.status.capacity.$(jsonkey "$(resource)")}"), allocatable $(allocatable) (the kubelet counts it unhealthy)"
+  pod after-break
+  ready after-break || return 1
+  echo "the next pod got $(pod_ip after-break)"
+  clean
+  reattach_enis
+  wait_for "allocatable back" 60 test "$(allocatable)" = "$(capacity)"
+}
+
+run_scenarios() {
+  scenario "enimd and the node Ready; allocatable $(resource) = $(capacity)" s_ready
+  scenario "scheduling: $(capacity) pods on enim, one more Pending (Insufficient $(resource)), runs after a delete" s_scheduling
+  scenario "Services and DNS, kube-proxy clusterCIDR set (ENI addresses outside it)" s_services_cidr_set
+  scenario "Services and DNS, kube-proxy clusterCIDR unset" s_services_cidr_unset
+  scenario "the kubelet's HTTP readiness probe reaches a pod" s_probe
+  scenario "hostPort through portmap" s_hostport
+  scenario "DEL from the kubelet releases the ENI" s_delete
+  scenario "rollout restart of enimd: pods keep their ENIs, new pods work" s_rollout
+  scenario "fault during pod churn: kill -9 enimd" s_fault_kill9
+  scenario "fault during pod churn: kubelet restarted" s_fault_kubelet
+  scenario "fault during pod churn: containerd restarted" s_fault_containerd
+  scenario "fault during pod churn: reboot-like stop, netns deleted without DEL" s_fault_reboot
+  scenario "containerd 2.x STATUS: every $(resource) in use, node stays Ready" s_status_full
+  scenario "containerd 2.x: a sandbox whose netns was destroyed without DEL is collected" s_netns_gone
+  scenario "a broken ENI: unhealthy in the kubelet, the next pod gets another" s_broken_eni
+  scenario "no pod rejected across $restarts kill -9s of enimd" s_admission_kill9
+  scenario "no pod rejected across $restarts crash loops of enimd" s_admission_crashloop
+  scenario "no pod rejected across $restarts rollout restarts of enimd" s_admission_rollout
+}
