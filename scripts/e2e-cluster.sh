@@ -67,6 +67,7 @@ scenario() {
 }
 
 images=/var/tmp/enimk8s-images-$$
+IMAGES_DIR=$images
 PAUSE_IMAGE=localhost/enim-e2e/pause:1
 BUSYBOX=localhost/enim-e2e/busybox:1
 ENIM_IMAGE=docker.io/library/enim:0.1.0

@@ -230,7 +230,7 @@ kube_proxy_config() { # CLUSTER_CIDR (empty: unset)
     echo "healthzBindAddress: 127.0.0.1:10256"
     # conntrack's table size is the machine's, not the sandbox's: leave it.
     echo "conntrack: {maxPerCore: 0, min: 0}"
-    [ -n "$1" ] && echo "clusterCIDR: $1"
+    if [ -n "$1" ]; then echo "clusterCIDR: $1"; fi
   } > "$work/etc/kube-proxy.yaml"
 }
 
@@ -284,11 +284,11 @@ start_kube_proxy() {
   start kube-proxy "$bin/kube-proxy" --config="$work/etc/kube-proxy.yaml"
 }
 
-# images_import: the images the cluster runs, built here and imported.
+# images_import: the images the cluster runs (IMAGES_DIR/*.tar, built here), imported.
 images_import() {
   local i
-  for i in "$work"/images/*.tar; do
-    ctr_node -n k8s.io images import "$i" >/dev/null
+  for i in "$IMAGES_DIR"/*.tar; do
+    ctr_node -n k8s.io images import "$i" 2>&1 >/dev/null | grep -v "support for cgroup v1 is deprecated" >&2 || true
   done
 }
 

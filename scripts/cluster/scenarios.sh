@@ -463,6 +463,84 @@ s_broken_eni() {
   wait_for "allocatable back" 60 test "$(allocatable)" = "$(capacity)"
 }
 
+# --- performance ----------------------------------------------------------
+
+# bridge_on / bridge_off: the reference bridge + host-local (and portmap, as
+# enim's conflist chains it) as the node's network, for the baseline: its
+# conflist sorts before enim's, so containerd uses it while it is there.
+bridge_on() {
+  on_node sh -c 'cat > /etc/cni/net.d/.05-bridge.tmp && mv /etc/cni/net.d/.05-bridge.tmp /etc/cni/net.d/05-bridge.conflist' <<'JSON'
+{"cniVersion": "1.0.0", "name": "bridge-e2e", "plugins": [
+  {"type": "bridge", "bridge": "cni-e2e", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+  sleep 3
+}
+bridge_off() { on_node rm -f /etc/cni/net.d/05-bridge.conflist; on_node ip link del cni-e2e 2>/dev/null || true; sleep 3; }
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# p50/p95 of numbers on stdin.
+pcts() { sort -n | awk '{ v[NR] = $1 } END { i50 = int(0.5 * (NR - 1) + 0.5) + 1; i95 = int(0.95 * (NR - 1) + 0.5) + 1; printf "%d %d", v[i50], v[i95] }'; }
+
+# one_at_a_time PREFIX RES: 20 pods, each created, Ready, deleted in turn;
+# prints apply->Ready p50 p95 (ms).
+one_at_a_time() {
+  local i t0 ready=()
+  for i in $(seq 1 20); do
+    t0=$(now_ms)
+    pod "$1$i" probe=none res="$2"
+    ready "$1$i" 60 || return 1
+    ready+=($(($(now_ms) - t0)))
+    k delete pod "$1$i" --wait=true >/dev/null
+  done
+  printf '%s\n' "${ready[@]}" | pcts
+}
+
+# at_once PREFIX RES: 10 pods created together; waits for all.
+at_once() {
+  local i
+  for i in $(seq 1 10); do pod "$1$i" probe=none res="$2" & done
+  wait
+  k wait --for=condition=Ready pod -l e2e=1 --timeout=120s >/dev/null || return 1
+  k delete pod -l e2e=1 --wait=true >/dev/null
+}
+
+s_perf() {
+  local log=$work/logs/containerd.log e b
+  e=$(one_at_a_time "perf-enim-" 1) || return 1
+  wait_for "enim to hold nothing" 60 holds 0
+  bridge_on
+  b=$(one_at_a_time "perf-bridge-" 0) || { bridge_off; return 1; }
+  if [ "$mode" = secondary ]; then
+    at_once "perfx-bridge-" 0 || { bridge_off; return 1; }
+  fi
+  bridge_off
+  if [ "$mode" = secondary ]; then at_once "perfx-enim-" 1 || return 1; fi
+  local se sb
+  se=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perf-enim-) || return 1
+  sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perf-bridge-) || return 1
+  perf_line "one at a time" "$se" "$sb"
+  echo "apply->Ready ms p50/p95: enim $e, bridge $b (one at a time)"
+  if [ "$mode" = secondary ]; then
+    se=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-enim-) || return 1
+    sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-bridge-) || return 1
+    perf_line "10 at once" "$se" "$sb"
+  fi
+  clean
+}
+# perf_line WHAT "N P50 P95" "N P50 P95": the RunPodSandbox comparison.
+perf_line() {
+  local line
+  line=$(python3 -c "
+import sys
+e = sys.argv[2].split(); b = sys.argv[3].split()
+print(f'RunPodSandbox {sys.argv[1]} ({e[0]} pods each): enim p50 {e[1]} ms p95 {e[2]} ms; bridge p50 {b[1]} ms p95 {b[2]} ms; enim/bridge p50 {float(e[1]) / float(b[1]):.2f} x, p95 {float(e[2]) / float(b[2]):.2f} x')
+" "$@")
+  echo "$line"
+  echo "[$mode] $line" >> "$work/../enimk8s-perf.txt"
+}
+
 run_scenarios() {
   scenario "enimd and the node Ready; allocatable $(resource) = $(capacity)" s_ready
   scenario "scheduling: $(capacity) pods on enim, one more Pending (Insufficient $(resource)), runs after a delete" s_scheduling
@@ -482,4 +560,5 @@ run_scenarios() {
   scenario "no pod rejected across $restarts kill -9s of enimd" s_admission_kill9
   scenario "no pod rejected across $restarts crash loops of enimd" s_admission_crashloop
   scenario "no pod rejected across $restarts rollout restarts of enimd" s_admission_rollout
+  scenario "performance: RunPodSandbox and apply->Ready, enim against bridge" s_perf
 }

@@ -1,0 +1,50 @@
+#!/usr/bin/python3
+"""RunPodSandbox durations from containerd's log (scripts/cluster/scenarios.sh):
+
+    sandbox-times.py LOG PREFIX
+
+containerd's CRI logs "RunPodSandbox for &PodSandboxMetadata{Name:NAME,..."
+when a sandbox is asked for and the same line with "returns sandbox id" when
+it is done, each with its time. Prints, for the pods whose name starts with
+PREFIX: count, p50 and p95 in milliseconds, one line.
+"""
+
+import datetime
+import re
+import sys
+
+LINE = re.compile(r'time="([^"]+)".*RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),')
+
+
+def when(stamp):
+    # containerd writes RFC 3339 with nanoseconds; Python keeps microseconds.
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def main():
+    log, prefix = sys.argv[1:]
+    started, took = {}, []
+    with open(log, errors="replace") as f:
+        for line in f:
+            m = LINE.search(line)
+            if not m or not m.group(2).startswith(prefix):
+                continue
+            name = m.group(2)
+            if "returns sandbox id" in line:
+                if name in started:
+                    took.append((when(m.group(1)) - started.pop(name)).total_seconds() * 1000)
+            elif "returns" not in line:
+                started[name] = when(m.group(1))
+    if not took:
+        sys.exit(f"sandbox-times.py: no RunPodSandbox for {prefix}* in {log}")
+    print(f"{len(took)} {percentile(took, 50):.1f} {percentile(took, 95):.1f}")
+
+
+if __name__ == "__main__":
+    main()
