@@ -64,6 +64,7 @@ scenario() {
   wanted "$f" || return 0
   step "[$mode] $name ($(elapsed))"
   if "$f"; then pass "$name"; else fail "$name"; diagnose; fi
+  clean
 }
 
 images=/var/tmp/enimk8s-images-$$
@@ -132,7 +133,10 @@ enim_install() {
 
 diagnose() {
   echo "--- pods"; k get pods -A -o wide 2>&1 | tail -n 30 || true
-  echo "--- events"; k get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 15 || true
+  echo "--- enim's attachments"; enimctl attachments 2>&1 || true
+  echo "--- events"; k get events -A --sort-by=.lastTimestamp 2>&1 | grep -v ' Normal ' | tail -n 15 || true
+  echo "--- enimd's log"; k -n enim-system logs ds/enimd -c enimd --tail=15 2>&1 || true
+  if [ "$keep" = 1 ]; then echo "(--keep: stopping here for a look)"; exit 1; fi
 }
 
 # One cluster per mode.

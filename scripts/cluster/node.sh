@@ -55,10 +55,10 @@ k() { on_node "$bin/kubectl" --kubeconfig "$work/pki/admin.kubeconfig" "$@"; }
 ctr_node() { on_node "$bin/ctr" --address /run/containerd/containerd.sock "$@"; }
 
 # start NAME CMD...: a component on the node, in the background, logging to
-# $work/logs/NAME.log.
+# $work/logs/NAME.log. exec, so that $! is the component itself.
 start() {
   local name=$1; shift
-  on_node "$@" >> "$work/logs/$name.log" 2>&1 &
+  (exec nsenter --mount="$work/ns/mnt" --net="/run/netns/$node" -- "$@") >> "$work/logs/$name.log" 2>&1 &
   echo $! > "$work/pids/$name"
 }
 

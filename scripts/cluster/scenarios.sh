@@ -108,7 +108,6 @@ s_scheduling() {
   ip=$(pod_ip extra)
   enim_address "$ip" || return 1
   echo "after deleting web-0, extra Runs on $ip"
-  clean
 }
 
 # Services and DNS from a pod on an ENI, with a backend on another ENI and
@@ -165,7 +164,6 @@ EOF
 
 services_down() {
   pkill -f "busybox httpd -p $GW_IP:8080" || true
-  clean
 }
 
 # kube_proxy_with CIDR: kube-proxy restarted with clusterCIDR CIDR (empty:
@@ -201,20 +199,18 @@ s_probe() {
   [ "$(k get pod probe-bad -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = False ] ||
     { echo "a pod whose probe gets 404 is Ready: the probe proves nothing"; return 1; }
   echo "probe-ok Ready through an HTTP probe to $(pod_ip probe-ok); probe-bad (404) not Ready"
-  clean
 }
 
 s_hostport() {
   local out rc=0
-  pod hp hostport=18080
+  pod hp hostport=30080
   ready hp || return 1
-  out=$(http_get on_node busybox nc -w 5 "$NODE_IP" 18080)
+  out=$(http_get on_node busybox nc -w 5 "$NODE_IP" 30080)
   [ "$out" = hp ] || { echo "hostPort from the node: got '$out'"; rc=1; }
-  [ "$rc" = 0 ] && echo "hostPort 18080 from the node: '$out'"
-  out=$(http_get ip netns exec "$gw" busybox nc -w 5 "$NODE_IP" 18080)
+  [ "$rc" = 0 ] && echo "hostPort 30080 from the node: '$out'"
+  out=$(http_get ip netns exec "$gw" busybox nc -w 5 "$NODE_IP" 30080)
   [ "$out" = hp ] || { echo "hostPort from another machine: got '$out'"; rc=1; }
-  [ "$rc" = 0 ] && echo "hostPort 18080 from another machine: '$out'"
-  clean
+  [ "$rc" = 0 ] && echo "hostPort 30080 from another machine: '$out'"
   return $rc
 }
 
@@ -259,7 +255,6 @@ s_rollout() {
   b=$(pod_ip after-rollout)
   echo "keep-a $ipa and keep-b $ipb kept their ENIs and Ready; a new pod runs on $b"
   holds 3 || return 1
-  clean
 }
 
 # --- faults -------------------------------------------------------------
@@ -273,8 +268,12 @@ kill_enimd() { local p; p=$(enimd_pid); [ -n "$p" ] && kill -9 "$p"; }
 running_sandboxes() {
   ctr_node -n k8s.io tasks ls 2>/dev/null | awk '$3 == "RUNNING" { print $1 }'
 }
+terminating_gone() {
+  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"\n"}{end}' | grep -q .
+}
 settled() {
   local pods n stale
+  wait_for "deleted pods to go" 120 terminating_gone || return 1
   pods=$(k get pods -l e2e=1 -o name | wc -l)
   k wait --for=condition=Ready pod -l e2e=1 --timeout=180s >/dev/null || { echo "not every pod is Ready"; return 1; }
   wait_for "one attachment per pod" 60 holds "$pods" || { echo "enim holds $(attachments | wc -l) attachments for $pods pods"; return 1; }
@@ -317,7 +316,7 @@ reboot_node() {
   sleep 1
   on_node sh -c '
     grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
-      case $m in /run/netns/*|/run/containerd/*) umount -l "$m" ;; esac
+      case $m in /run/netns/cni-*|/run/containerd/*) umount -l "$m" ;; esac
     done
     rm -rf /run/netns/* /run/containerd/* /run/enim/*'
   # A physical ENI comes home when its pod's namespace goes; a veth is
@@ -342,7 +341,6 @@ s_fault() {
   churn_stop
   enimd_ready || rc=1
   [ $rc = 0 ] && settled || rc=1
-  clean
   return $rc
 }
 s_fault_kill9() { s_fault kill9; }
@@ -381,7 +379,6 @@ s_admission() {
   done
   wait_for "every pod to finish" 360 all_done "adm-$kind-" || true
   failed=$(k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.status.reason}{"\n"}{end}' | grep "^adm-$kind-" | grep -v ' Succeeded' || true)
-  clean
   [ -z "$failed" ] || { echo "pods that did not succeed:"; echo "$failed"; return 1; }
   echo "$n pods created across $restarts restarts ($kind): all Succeeded"
 }
@@ -404,7 +401,6 @@ s_status_full() {
     { echo "node not Ready with every ENI in use"; return 1; }
   grep -q 'STATUS' "$work/logs/containerd.log" && echo "(containerd's log mentions STATUS)"
   echo "all $(capacity) in use for 12 s: node Ready"
-  clean
 }
 
 # A sandbox whose netns is destroyed without DEL: its record goes (GC or
@@ -422,7 +418,6 @@ s_netns_gone() {
   wait_for "the record of $cid to go" 120 not_recorded "$cid" || return 1
   ready gone 120 || return 1
   echo "sandbox ${cid:0:12}: netns destroyed without DEL; record collected; pod Running again on $(pod_ip gone)"
-  clean
 }
 not_recorded() { ! attachments | grep -q "$1"; }
 kill_sandbox_of() {
@@ -458,7 +453,6 @@ s_broken_eni() {
   pod after-break
   ready after-break || return 1
   echo "the next pod got $(pod_ip after-break)"
-  clean
   reattach_enis
   wait_for "allocatable back" 60 test "$(allocatable)" = "$(capacity)"
 }
@@ -527,7 +521,6 @@ s_perf() {
     sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-bridge-) || return 1
     perf_line "10 at once" "$se" "$sb"
   fi
-  clean
 }
 # perf_line WHAT "N P50 P95" "N P50 P95": the RunPodSandbox comparison.
 perf_line() {
