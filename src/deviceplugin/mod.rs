@@ -9,8 +9,13 @@
 //! still enim's choice at ADD, so `Allocate` asks nothing of the container.
 //! A restarting kubelet removes the plugins' sockets and re-creates its
 //! own; [`serve`] notices either and registers again.
+//!
+//! [`serve`] runs inside enimd (`[device_plugin] enabled = true`) or in a
+//! process of its own, `enimd device-plugin` ([`relay`]), which asks enimd
+//! for the list and outlives its restarts.
 
 mod plugin;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::sync::Arc;
