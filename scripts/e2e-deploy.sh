@@ -27,7 +27,11 @@
 #     gateway; after it exits the ENI is home under its host name;
 #   - upgrade: while a container holds an ENI, the pod is replaced by one
 #     with a rebuilt image; the ENI stays in that container throughout, the
-#     new agent restores it, and the container's DEL then succeeds.
+#     new agent restores it, and the container's DEL then succeeds;
+#   - the device plugin's DaemonSet as a second pod: with no capabilities it
+#     gets enimd's list through its mounts and makes its socket in the
+#     kubelet's dir (no kubelet registers it here), and it keeps running
+#     while enimd is replaced.
 #
 # Needs root, podman (4.3+, with runc or crun), ip, curl, Debian's
 # busybox-static (/bin/busybox) and python3-yaml. Touches none of this
@@ -45,7 +49,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0; shift ;;
     --keep) keep=1; shift ;;
     --mode) modes=("${2:?}"); shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "e2e-deploy.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,7 +96,7 @@ cleanup() {
     echo "  podman pod rm -f $pod; podman rm -f \$(podman ps -aq --filter name=$tag); ip netns del ..."
     return
   fi
-  podman pod rm -f -t 5 "$pod" >/dev/null 2>&1 || true
+  podman pod rm -f -t 5 "$pod" "$pod-dp" >/dev/null 2>&1 || true
   # shellcheck disable=SC2046
   podman rm -f -t 2 $(podman ps -aq --filter "name=^$tag") >/dev/null 2>&1 || true
   for ns in $(ip netns list | awk -v t="$tag-" 'index($1, t) == 1 { print $1 }'); do
@@ -180,6 +184,47 @@ deploy() {
 
 undeploy() {
   on_node podman kube down "$work/$mode/pod.yaml" >/dev/null
+}
+
+# The device plugin's DaemonSet as the pod $pod-dp, IMAGE.
+deploy_plugin() {
+  /usr/bin/python3 "$repo/scripts/e2e-pod.py" --name "$pod-dp" --daemonset enim-device-plugin \
+    "$repo/deploy" "$root" "$1" "$work/$mode/enis.toml" > "$work/$mode/dp.yaml"
+  on_node podman kube play "$work/$mode/dp.yaml" >/dev/null
+}
+
+# A line of the device plugin's log holds every TEXT within 10 s, and it
+# runs.
+plugin_says() { # text...
+  local i
+  for i in $(seq 50); do
+    if has_all "$(podman logs "$pod-dp-device-plugin" 2>&1)" "$@"; then
+      [ "$(podman inspect -f '{{.State.Running}}' "$pod-dp-device-plugin")" = true ] && return 0
+      break
+    fi
+    sleep 0.2
+  done
+  echo "-- the device plugin's log:"; podman logs "$pod-dp-device-plugin" 2>&1 | tail -n 20
+  return 1
+}
+
+# Its first list is enimd's: the mode's resource, two devices (two ENIs;
+# secondary: one ENI with two addresses of each family, two pods). Then it
+# made its socket in the kubelet's dir and tried to register, which fails
+# here for want of a kubelet.
+plugin_serving() {
+  local resource=enim.io/eni
+  [ "$mode" = secondary ] && resource=enim.io/ip
+  plugin_says "enimd's device list" "\"resource\":\"$resource\"" '"devices":2' &&
+    plugin_says "kubelet not reachable yet"
+}
+
+has_all() { # lines text...
+  local lines=$1; shift
+  while [ $# -gt 0 ]; do
+    lines=$(grep -F -- "$1" <<<"$lines") || return 1
+    shift
+  done
 }
 
 wait_ready() {
@@ -332,6 +377,12 @@ for mode in "${modes[@]}"; do
     check "$mode: the ENI is tuned in the node (IPv4 over netlink, IPv6 through the mount)" eni_tuned
   fi
 
+  step "$mode: the device plugin's pod beside enimd's"
+  deploy_plugin "$image_v1"
+  check "$mode: enimd device-plugin serves enimd's list in the kubelet's dir" plugin_serving
+  check "$mode: enimd device-plugin runs with no capabilities, read-only root, uid 0" \
+    privileges "$pod-dp-device-plugin"
+
   step "$mode: a container on an enim ENI pings its gateway, then exits"
   check "$mode: container pinged its gateway over enim" run_and_ping
   check "$mode: after it exited, the ENI is home and the agent holds nothing" home
@@ -355,8 +406,11 @@ for mode in "${modes[@]}"; do
     test "$(podman inspect -f '{{.State.ExitCode}}' "$pod-enimd")" = 0
   undeploy
   check "$mode: with the agent gone, the holder keeps its ENI" holder_has_eni
+  check "$mode: with the agent gone, the device plugin runs on with the last list" \
+    plugin_says "enimd does not answer"
   deploy "$image_v2"
   check "$mode: the rebuilt image's enimd is ready" wait_ready
+  check "$mode: the device plugin hears from the new enimd" plugin_says "enimd answers again"
   check "$mode: the pod runs the rebuilt image" \
     test "$(podman inspect -f '{{.ImageName}}' "$pod-enimd")" = "$image_v2"
   check "$mode: the new agent restored the attachment" agent_holds 1
@@ -366,6 +420,7 @@ for mode in "${modes[@]}"; do
 
   agent_log
   if [ "$keep" = 0 ]; then
+    on_node podman kube down "$work/$mode/dp.yaml" >/dev/null
     undeploy
     ip netns del "$node"; ip netns del "$gw"
   fi

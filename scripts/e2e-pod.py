@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""Turns deploy/'s DaemonSet and ConfigMap into a Pod that `podman kube play`
-runs on a sandbox node (scripts/e2e-deploy.sh).
+"""Turns one of deploy/'s DaemonSets (enimd's, with the ConfigMap, or
+enim-device-plugin's) into a Pod that `podman kube play` runs on a sandbox
+node (scripts/e2e-deploy.sh).
 
-    e2e-pod.py [--name POD] DEPLOY_DIR ROOT IMAGE ENIS_TOML > pod.yaml
+    e2e-pod.py [--name POD] [--daemonset NAME] DEPLOY_DIR ROOT IMAGE ENIS_TOML > pod.yaml
 
 Reads the manifests as they are and changes only what a sandbox must:
 
-- the DaemonSet's pod template becomes a Pod (podman 4.3 plays Pods, not
-  DaemonSets) named POD (default: the DaemonSet's name), with IMAGE on
-  every container;
+- the DaemonSet's pod template (NAME, default enimd) becomes a Pod (podman
+  4.3 plays Pods, not DaemonSets) named POD (default: the DaemonSet's
+  name), with IMAGE on every container;
 - every hostPath moves under ROOT (a temporary directory), except two that
   are the sandbox node's already: the pods' network namespace dir, where
   the node's runtime and `ip netns` put namespaces (/run/netns), and
@@ -18,7 +19,8 @@ Reads the manifests as they are and changes only what a sandbox must:
   the container, and the config's `socket` follows, so the conflist that
   install-cni writes names a path the plugin on the node really finds (the
   manifest has the socket at the same path inside and outside for that
-  reason; tests/deploy_manifests.rs checks it);
+  reason; tests/deploy_manifests.rs checks it); `enimd device-plugin` is
+  given that path with --socket (its default is the ConfigMap's socket);
 - in enimd.toml, [provider] becomes the sandbox's static ENIs (ENIS_TOML: a
   TOML file with `mode`, optional `[secondary]`, and `[provider]`); every other
   key stays as the ConfigMap has it.
@@ -47,6 +49,7 @@ import tomllib
 
 import yaml
 
+AGENT_DS = "enimd"
 NETNS_DIRS = ("/var/run/netns", "/run/netns")
 KEPT = NETNS_DIRS + ("/proc/sys/net",)
 
@@ -55,7 +58,7 @@ def fail(msg):
     sys.exit(f"e2e-pod.py: {msg}")
 
 
-def load(deploy_dir):
+def load(deploy_dir, daemonset):
     docs = []
     for name in sorted(os.listdir(deploy_dir)):
         if name.endswith((".yaml", ".yml")):
@@ -64,10 +67,12 @@ def load(deploy_dir):
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
-    for kind in ("DaemonSet", "ConfigMap"):
-        if len(by_kind.get(kind, [])) != 1:
-            fail(f"expected one {kind} in {deploy_dir}")
-    return by_kind["DaemonSet"][0], by_kind["ConfigMap"][0]
+    agents = [d for d in by_kind.get("DaemonSet", []) if d["metadata"]["name"] == daemonset]
+    if len(agents) != 1:
+        fail(f"expected one DaemonSet {daemonset} in {deploy_dir}")
+    if len(by_kind.get("ConfigMap", [])) != 1:
+        fail(f"expected one ConfigMap in {deploy_dir}")
+    return agents[0], by_kind["ConfigMap"][0]
 
 
 def toml_value(v):
@@ -109,13 +114,19 @@ def literal_blocks(dumper, s):
 def main():
     args = sys.argv[1:]
     name = None
-    if args[:1] == ["--name"]:
-        name, args = args[1], args[2:]
+    daemonset = AGENT_DS
+    while args[:1] in (["--name"], ["--daemonset"]):
+        if args[0] == "--name":
+            name = args[1]
+        else:
+            daemonset = args[1]
+        args = args[2:]
     if len(args) != 4:
-        fail("usage: e2e-pod.py [--name POD] DEPLOY_DIR ROOT IMAGE ENIS_TOML")
+        fail("usage: e2e-pod.py [--name POD] [--daemonset NAME] DEPLOY_DIR ROOT IMAGE ENIS_TOML")
     deploy_dir, root, image, enis_file = args
     root = os.path.abspath(root)
-    ds, cm = load(deploy_dir)
+    ds, cm = load(deploy_dir, daemonset)
+    agent = daemonset == AGENT_DS
     template = copy.deepcopy(ds["spec"]["template"])
     spec = template["spec"]
     containers = spec["containers"] + spec.get("initContainers", [])
@@ -152,9 +163,15 @@ def main():
                 moved_socket = True
     if not moved_socket:
         fail(f"no hostPath mount at the socket dir {socket_dir}")
-    if not any(v.get("hostPath", {}).get("path") in NETNS_DIRS for v in volumes.values()):
+    if agent and not any(v.get("hostPath", {}).get("path") in NETNS_DIRS for v in volumes.values()):
         fail(f"no hostPath volume for the pods' namespaces ({' or '.join(NETNS_DIRS)})")
     config["socket"] = root + socket
+    for c in containers:
+        command = c.get("command", [])
+        if command[1:2] == ["device-plugin"]:
+            if "--socket" in command:
+                fail("enimd device-plugin has its own --socket; the test follows the ConfigMap's")
+            command += ["--socket", root + socket]
 
     for c in containers:
         c["image"] = image
@@ -176,7 +193,8 @@ def main():
         "spec": spec,
     }
     yaml.SafeDumper.add_representer(str, literal_blocks)
-    yaml.safe_dump_all([cm, pod], sys.stdout, sort_keys=False)
+    # The device plugin reads no ConfigMap.
+    yaml.safe_dump_all([cm, pod] if agent else [pod], sys.stdout, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ fn secondary_config(
 }
 
 /// `enimd.toml` as `deploy/20-configmap.yaml` ships it (aws provider,
-/// host path and device plugin on): the test node runs that config with
+/// host path on, enimd's own device plugin off): the test node runs that config with
 /// `mode = "secondary"` and only the sandbox's paths and endpoints changed.
 fn shipped_config() -> toml::Table {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/20-configmap.yaml");

@@ -27,6 +27,9 @@ mod broken;
 /// What the manifests must agree with: the checks, and install-cni run.
 #[path = "deploy_manifests/checks.rs"]
 mod checks;
+/// The device plugin's DaemonSet, checked against enimd's.
+#[path = "deploy_manifests/plugin.rs"]
+mod plugin;
 
 use checks::{check, run_install_cni};
 
@@ -42,6 +45,11 @@ const SAMPLE_NETNS: &str = "/var/run/netns/cni-0b9a3f2e-1c7d-4e55-a1f0-2d6c9b8e7
 const PROC_SYS_NET: &str = enim::netlink::sysctl::PROC_SYS_NET;
 const AGENT: &str = "enimd";
 const INSTALLER: &str = "install-cni";
+/// The DaemonSets: enimd's, and the kubelet's device plugin's.
+const AGENT_DS: &str = "enimd";
+const PLUGIN_DS: &str = "enim-device-plugin";
+/// The device plugin's container.
+const PLUGIN: &str = "device-plugin";
 
 #[derive(Debug, Clone, Default)]
 struct Manifests {
@@ -169,6 +177,13 @@ fn one<'a, T>(items: &'a [T], what: &str, p: &mut Problems) -> Option<&'a T> {
     items.first()
 }
 
+/// The DaemonSet called `name`.
+fn daemon_set<'a>(m: &'a Manifests, name: &str) -> Option<&'a DaemonSet> {
+    m.daemon_sets
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some(name))
+}
+
 fn pod_spec(ds: &DaemonSet) -> Option<&PodSpec> {
     ds.spec.as_ref()?.template.spec.as_ref()
 }
@@ -267,7 +282,7 @@ fn command_line(c: &Container) -> Vec<String> {
 /// The config the agent will run with, from the ConfigMap its `--config`
 /// points at.
 fn agent_config(m: &Manifests, p: &mut Problems) -> Option<(Config, String)> {
-    let ds = m.daemon_sets.first()?;
+    let ds = daemon_set(m, AGENT_DS)?;
     let spec = pod_spec(ds)?;
     let agent = container(Some(&spec.containers), AGENT)?;
     let line = command_line(agent);

@@ -284,3 +284,269 @@ async fn enimd_advertises_its_enis_and_their_health() {
         drop(agent);
     });
 }
+
+/// `enimd device-plugin`, the process: killed on drop, pass or fail.
+struct Relay {
+    child: Option<std::process::Child>,
+    log: std::path::PathBuf,
+}
+
+impl Relay {
+    /// `enimd device-plugin` against the enimd at `socket`, for the kubelet
+    /// in `plugins`, asking every 100 ms; it logs to `log`.
+    fn start(socket: &std::path::Path, plugins: &std::path::Path, log: &std::path::Path) -> Relay {
+        let out = std::fs::File::create(log).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_enimd"))
+            .arg("device-plugin")
+            .arg("--socket")
+            .arg(socket)
+            .arg("--dir")
+            .arg(plugins)
+            .args(["--poll", "100ms"])
+            .env("ENIMD_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Relay {
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    /// Waits (a bounded while) for it to exit by itself.
+    async fn exited(&mut self) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        within("enimd device-plugin to exit", async {
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    }
+
+    /// SIGTERM, as the kubelet stops a pod: it must exit 0.
+    fn stop(&mut self) {
+        let status = enim_testkit::sigterm_and_wait(self.child.take().unwrap());
+        assert!(status.success(), "exit {status}: {}", self.log());
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An enimd that answers only `GET /v1/devices`, with what the test sets
+/// (`None`: 503, as enimd answers before it knows its list).
+fn start_fake_enimd(
+    socket: &std::path::Path,
+    answer: Arc<Mutex<Option<enim::api::DeviceList>>>,
+) -> oneshot::Sender<()> {
+    use axum::http::StatusCode;
+    let listener = UnixListener::bind(socket).unwrap();
+    let app = axum::Router::new().route(
+        enim::api::ROUTE_DEVICES,
+        axum::routing::get(move || {
+            let answer = answer.lock().unwrap().clone();
+            async move {
+                match answer {
+                    Some(list) => Ok(axum::Json(list)),
+                    None => Err((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(enim::api::ApiError::new(
+                            enim::api::code::TRY_AGAIN_LATER,
+                            "not yet",
+                        )),
+                    )),
+                }
+            }
+        }),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    stop
+}
+
+fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
+    enim::api::DeviceList {
+        resource_name: "enim.io/eni".into(),
+        in_process_plugin,
+        devices: ids
+            .iter()
+            .map(|id| Device {
+                id: id.to_string(),
+                healthy: true,
+            })
+            .collect(),
+    }
+}
+
+/// Before enimd ever gave a list (no socket yet, then 503 while it starts)
+/// the process does not register: a kubelet told of no devices would
+/// reject the pods it admits. It registers once enimd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_process_registers_only_once_enimd_has_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let _kubelet = start_kubelet(&plugins, seen_tx);
+    let socket = dir.path().join("enimd.sock");
+    let mut relay = Relay::start(&socket, &plugins, &dir.path().join("relay.log"));
+
+    // No enimd, then an enimd that does not know its list yet.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let answer = Arc::new(Mutex::new(None));
+    let _enimd = start_fake_enimd(&socket, answer.clone());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(relay.running(), "gave up waiting: {}", relay.log());
+    assert!(seen.try_recv().is_err(), "registered with no list");
+    assert!(!plugins.join("enim.sock").exists(), "served with no list");
+    let waiting = relay
+        .log()
+        .matches("waiting for enimd's device list")
+        .count();
+    assert_eq!(waiting, 1, "not logged once: {}", relay.log());
+
+    // enimd knows its list: registration, and the list on the stream.
+    *answer.lock().unwrap() = Some(device_list(&["eni-1", "eni-2"], false));
+    let req = within("registration", seen.recv()).await.unwrap();
+    assert_eq!(req.resource_name, "enim.io/eni");
+    let mut client = plugin_client(plugins.join(&req.endpoint)).await;
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = next_list(&mut stream, "the first list").await;
+    let healthy = |id: &str| (id.to_string(), "Healthy".to_string());
+    assert_eq!(health(&first), [healthy("eni-1"), healthy("eni-2")]);
+
+    // SIGTERM: it exits 0 and takes its socket with it.
+    tokio::task::block_in_place(|| relay.stop());
+    assert!(!plugins.join("enim.sock").exists());
+}
+
+/// Beside an enimd that serves the kubelet itself the two would replace
+/// each other's registration: the process says so and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_process_refuses_an_enimd_with_its_own_plugin_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let _kubelet = start_kubelet(&plugins, seen_tx);
+    let socket = dir.path().join("enimd.sock");
+    let answer = Arc::new(Mutex::new(Some(device_list(&["eni-1"], true))));
+    let _enimd = start_fake_enimd(&socket, answer);
+    let mut relay = Relay::start(&socket, &plugins, &dir.path().join("relay.log"));
+    let status = relay.exited().await;
+    assert!(!status.success(), "{status}");
+    let log = relay.log();
+    assert!(
+        log.contains("serves the kubelet itself") && log.contains("enabled = false"),
+        "{log}"
+    );
+    assert!(seen.try_recv().is_err(), "registered beside enimd's plugin");
+}
+
+/// The point of the separate process: enimd killed with SIGKILL, and the
+/// kubelet's stream stays open with the same healthy devices, Allocate
+/// still answers, and nothing is logged past one line; enimd back with an
+/// ENI fewer, and the kubelet is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_process_outlives_enimd() {
+    enim_testkit::require_kernel!();
+    let sb = common::Sandbox::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let _kubelet = start_kubelet(&plugins, seen_tx);
+    // enimd's own plugin is off (the default): the process serves instead.
+    let mut agent = tokio::task::block_in_place(|| common::start_agent(&sb, dir.path(), ""));
+    let mut relay = Relay::start(agent.socket(), &plugins, &dir.path().join("relay.log"));
+    let req = within("the registration", seen.recv()).await.unwrap();
+    assert_eq!(req.resource_name, "enim.io/eni");
+    let mut client = plugin_client(plugins.join(&req.endpoint)).await;
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = next_list(&mut stream, "the first list").await;
+    let mut ids: Vec<String> = sb.enis.iter().map(|e| e.id.clone()).collect();
+    ids.sort();
+    let all_healthy = |ids: &[String]| {
+        ids.iter()
+            .map(|id| (id.clone(), "Healthy".to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(health(&first), all_healthy(&ids));
+
+    // enimd dies hard. For three seconds (thirty polls): no new list (the
+    // kubelet would mark devices unhealthy from one), and the stream open.
+    tokio::task::block_in_place(|| agent.kill9());
+    match tokio::time::timeout(Duration::from_secs(3), stream.message()).await {
+        Err(_) => {}
+        Ok(Ok(Some(list))) => panic!("a new list while enimd is down: {list:?}"),
+        Ok(Ok(None)) => panic!("the stream ended while enimd is down"),
+        Ok(Err(e)) => panic!("the stream failed while enimd is down: {e}"),
+    }
+    assert!(relay.running(), "it exited: {}", relay.log());
+    // Allocate still answers, and a kubelet listing anew gets the same.
+    let ask = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_i_ds: vec![ids[0].clone()],
+        }],
+    };
+    let ok = client.allocate(ask).await.unwrap().into_inner();
+    assert_eq!(ok.container_responses.len(), 1);
+    let mut again = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let listed = next_list(&mut again, "a list during the outage").await;
+    assert_eq!(health(&listed), all_healthy(&ids));
+    drop(again);
+    let said = relay.log().matches("enimd does not answer").count();
+    assert_eq!(said, 1, "the outage not logged once: {}", relay.log());
+
+    // enimd back, with one ENI fewer: the kubelet is told on the same stream.
+    let kept = &sb.enis[..2];
+    tokio::task::block_in_place(|| {
+        common::fixtures::write_config(dir.path(), None, kept, "");
+        agent.restart();
+    });
+    let after = next_list(&mut stream, "the list after enimd came back").await;
+    let mut kept: Vec<String> = kept.iter().map(|e| e.id.clone()).collect();
+    kept.sort();
+    assert_eq!(health(&after), all_healthy(&kept));
+    assert!(
+        relay.log().contains("enimd answers again"),
+        "{}",
+        relay.log()
+    );
+    assert!(
+        seen.try_recv().is_err(),
+        "registered again without a reason"
+    );
+
+    tokio::task::block_in_place(|| {
+        relay.stop();
+        agent.stop();
+    });
+}

@@ -24,7 +24,7 @@ use serde::Serialize;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-use super::ApiError;
+use super::{ApiError, DeviceList, ROUTE_DEVICES};
 
 /// Bounds what a broken agent can make us buffer.
 pub const MAX_RESPONSE: usize = 8 * 1024 * 1024;
@@ -146,6 +146,11 @@ impl Client {
 
     pub fn get<R: DeserializeOwned>(&self, route: &str) -> Result<R, ClientError> {
         decode_ok(self.round_trip(Method::GET, route, Vec::new())?)
+    }
+
+    /// The device plugin's list (`GET /v1/devices`).
+    pub fn devices(&self) -> Result<DeviceList, ClientError> {
+        self.get(ROUTE_DEVICES)
     }
 
     /// Sends one request and reads its whole answer, within the timeout.

@@ -25,6 +25,8 @@ pub const ROUTE_GC: &str = "/v1/gc";
 pub const ROUTE_ENIS: &str = "/v1/enis";
 pub const ROUTE_ATTACHMENTS: &str = "/v1/attachments";
 pub const ROUTE_STATUS: &str = "/v1/status";
+/// What the node can hold, as the kubelet device plugin advertises it.
+pub const ROUTE_DEVICES: &str = "/v1/devices";
 
 /// CNI error codes (spec 1.1.0) and enim's own (100 and up).
 pub mod code {
@@ -261,6 +263,21 @@ pub struct Status {
     /// Secondary mode: the address pool in numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<crate::model::AddressStats>,
+}
+
+/// `GET /v1/devices`: the device plugin's list (README "Scheduling"), for
+/// `enimd device-plugin`. Answered 503 ([`code::TRY_AGAIN_LATER`]) until
+/// enimd has its first list, after startup recovery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceList {
+    /// `enim.io/eni` (primary mode) or `enim.io/ip` (secondary mode).
+    pub resource_name: String,
+    /// True when enimd serves the kubelet itself (`[device_plugin]
+    /// enabled = true`): `enimd device-plugin` then refuses to run, as the
+    /// two would replace each other's registration.
+    pub in_process_plugin: bool,
+    /// Each with its health as enimd judges it.
+    pub devices: Vec<crate::deviceplugin::Device>,
 }
 
 /// Error body of every non-2xx answer.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use enim::daemon::config::{Config, LogFormat};
 use enim::daemon::install::{self, CniInstall, InstallError};
+use enim::deviceplugin::{self, relay};
 
 /// Without a subcommand enimd runs the agent, so the flags below keep
 /// working as before; they cannot be mixed with a subcommand.
@@ -29,6 +30,33 @@ enum Command {
     /// Install the `enim` CNI plugin and its conflist on this node, each
     /// atomically (temp file, fsync, rename), then exit. Idempotent.
     InstallCni(InstallCniArgs),
+    /// Serve the kubelet's device plugin API from a process of its own,
+    /// with the device list of the enimd at --socket, so that enimd's
+    /// restarts never end the kubelet's stream. Refuses to run beside an
+    /// enimd whose own plugin is on ([device_plugin] enabled = true).
+    DevicePlugin(DevicePluginArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct DevicePluginArgs {
+    /// enimd's API socket.
+    #[arg(long, default_value = enim::api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The kubelet's device plugin dir.
+    #[arg(long, default_value = deviceplugin::DEFAULT_DIR)]
+    dir: PathBuf,
+    /// This plugin's socket, in --dir.
+    #[arg(long, default_value = deviceplugin::DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// The kubelet's registration socket, in --dir.
+    #[arg(long, default_value = deviceplugin::DEFAULT_KUBELET_SOCKET)]
+    kubelet_socket: String,
+    /// How often enimd is asked for its list, e.g. "1s".
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    poll: Duration,
+    /// Log format [default: text].
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,6 +116,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::InstallCni(args)) => install_cni(args),
+        Some(Command::DevicePlugin(args)) => device_plugin(args),
         None => run_agent(cli.run),
     }
 }
@@ -145,6 +174,69 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
             }
         }
     }
+}
+
+fn device_plugin(args: DevicePluginArgs) -> ExitCode {
+    init_logging(args.log_format.unwrap_or_default());
+    let config = relay::RelayConfig {
+        socket: args.socket,
+        plugin: deviceplugin::DevicePluginConfig {
+            enabled: true,
+            dir: args.dir,
+            kubelet_socket: args.kubelet_socket,
+            endpoint: args.endpoint,
+        },
+        poll: args.poll,
+    };
+    // One thread is plenty: a poll a second and the kubelet's few calls.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("enimd device-plugin: starting runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Dropped after block_on: the client owns a runtime of its own, which
+    // may not be dropped inside this one.
+    let client = std::sync::Arc::new(enim::api::Client::new(
+        config.socket.clone(),
+        relay::ANSWER_WITHIN,
+    ));
+    let served = runtime.block_on(async {
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let stop_signal = stop_signal().map_err(|e| format!("installing signal handlers: {e}"))?;
+        tokio::spawn(async move {
+            stop_signal.await;
+            let _ = stop_tx.send(true);
+        });
+        relay::run(config, client.clone(), stop)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "enimd device-plugin failed");
+            eprintln!("enimd device-plugin: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT (the handlers are installed now).
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+    })
 }
 
 fn run_agent(args: Args) -> ExitCode {

@@ -9,6 +9,8 @@
 //! The list is kept current by a refresher: after every verb that can
 //! change it (the server pokes it) and every second (a warm pool grows and
 //! shrinks on its own), and subscribers are told only when it changed.
+//! enimd keeps it whether or not its own plugin is on: `GET /v1/devices`
+//! serves it to `enimd device-plugin`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +24,8 @@ use crate::model::Mode;
 
 pub struct EngineDevices {
     resource: String,
-    current: Mutex<Vec<Device>>,
+    /// `None` until the first refresh that succeeded.
+    current: Mutex<Option<Vec<Device>>>,
     version: watch::Sender<u64>,
     poke: Notify,
 }
@@ -35,10 +38,19 @@ impl EngineDevices {
         };
         Arc::new(EngineDevices {
             resource: resource.into(),
-            current: Mutex::new(Vec::new()),
+            current: Mutex::new(None),
             version: watch::channel(0).0,
             poke: Notify::new(),
         })
+    }
+
+    /// The list, once one is known (the refresher starts after startup
+    /// recovery, and a provider error keeps it unknown until one succeeds).
+    pub fn known(&self) -> Option<Vec<Device>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Something may have changed: refresh now.
@@ -91,8 +103,8 @@ impl EngineDevices {
                 .collect(),
         };
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if *current != devices {
-            *current = devices;
+        if current.as_ref() != Some(&devices) {
+            *current = Some(devices);
             self.version.send_modify(|v| *v += 1);
         }
     }
@@ -104,10 +116,7 @@ impl DeviceSource for EngineDevices {
     }
 
     fn devices(&self) -> Vec<Device> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.known().unwrap_or_default()
     }
 
     fn subscribe(&self) -> watch::Receiver<u64> {
@@ -127,6 +136,7 @@ mod tests {
         let h = PrimaryHarness::new(3).await;
         let devices = EngineDevices::new(Mode::Primary);
         let mut changes = devices.subscribe();
+        assert_eq!(devices.known(), None, "no list before the first refresh");
         devices.refresh(h.engine()).await;
         assert_eq!(devices.resource_name(), "enim.io/eni");
         let healthy: Vec<(String, bool)> = devices

@@ -221,14 +221,14 @@ impl Node {
         let heap = Arc::new(heap::Trimmer::default());
         tokio::spawn(heap.clone().run());
         let ready_rx_for_health = ready_rx.clone();
-        // The device plugin's view of the node, when the plugin is on.
-        let devices = config
-            .device_plugin
-            .enabled
-            .then(|| devices::EngineDevices::new(D::MODE));
+        // The device plugin's view of the node: served to the kubelet by
+        // the plugin in this process when it is on, and on the API socket
+        // (`GET /v1/devices`) to `enimd device-plugin` either way.
+        let devices = devices::EngineDevices::new(D::MODE);
         let state = Arc::new(AppState {
             engine: engine.clone(),
             devices: devices.clone(),
+            in_process_plugin: config.device_plugin.enabled,
             ready: ready_rx,
             allowed_uids: config.allowed_uids.clone(),
             startup_wait: config.startup_wait,
@@ -285,9 +285,10 @@ impl Node {
         heap::release_free_heap();
         let _ = ready_tx.send(true);
 
-        // Advertised only once recovery is done: before, the list is not known.
-        if let Some(devices) = devices {
-            tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
+        // Listed, and advertised, only once recovery is done: before, the
+        // list is not known.
+        tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
+        if config.device_plugin.enabled {
             let plugin =
                 crate::deviceplugin::serve(config.device_plugin.clone(), devices, stop_rx.clone());
             tokio::spawn(async move {

@@ -35,8 +35,11 @@ impl Connected<axum::serve::IncomingStream<'_, UnixListener>> for PeerCred {
 
 pub struct AppState<D: Driver> {
     pub engine: Arc<Engine<D>>,
-    /// Told after every verb that may change what the node can hold.
-    pub devices: Option<Arc<crate::daemon::devices::EngineDevices>>,
+    /// What the node can hold (`GET /v1/devices`, the device plugin); told
+    /// after every verb that may change it.
+    pub devices: Arc<crate::daemon::devices::EngineDevices>,
+    /// Whether enimd serves the kubelet itself (`[device_plugin] enabled`).
+    pub in_process_plugin: bool,
     pub ready: watch::Receiver<bool>,
     pub allowed_uids: Vec<u32>,
     pub startup_wait: Duration,
@@ -102,6 +105,7 @@ pub fn router<D: Driver>(state: Shared<D>) -> Router {
         .route(api::ROUTE_ENIS, get(enis::<D>))
         .route(api::ROUTE_ATTACHMENTS, get(attachments::<D>))
         .route(api::ROUTE_STATUS, get(status::<D>))
+        .route(api::ROUTE_DEVICES, get(devices::<D>))
         .layer(middleware::from_fn_with_state(state.clone(), measure::<D>))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -131,9 +135,7 @@ async fn measure<D: Driver>(
         state
             .metrics
             .observe_request(verb, started, response.status().is_success());
-        if let Some(devices) = &state.devices {
-            devices.poke();
-        }
+        state.devices.poke();
     }
     response
 }
@@ -289,6 +291,27 @@ async fn attachments<D: Driver>(State(s): State<Shared<D>>) -> Json<api::Attachm
     Json(api::AttachmentList {
         attachments: s.engine.attachments().await,
     })
+}
+
+/// The device plugin's list; 503 until enimd has its first one (before
+/// startup recovery is done it would be empty, and a kubelet told of no
+/// devices rejects the pods it admits meanwhile).
+async fn devices<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::DeviceList>, Failure> {
+    use crate::deviceplugin::DeviceSource;
+    let Some(devices) = s.devices.known() else {
+        return Err(Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::new(
+                code::TRY_AGAIN_LATER,
+                "enimd does not know its device list yet (startup recovery); try again later",
+            ),
+        ));
+    };
+    Ok(Json(api::DeviceList {
+        resource_name: s.devices.resource_name(),
+        in_process_plugin: s.in_process_plugin,
+        devices,
+    }))
 }
 
 async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Status>, Failure> {

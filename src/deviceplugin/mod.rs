@@ -9,8 +9,13 @@
 //! still enim's choice at ADD, so `Allocate` asks nothing of the container.
 //! A restarting kubelet removes the plugins' sockets and re-creates its
 //! own; [`serve`] notices either and registers again.
+//!
+//! [`serve`] runs inside enimd (`[device_plugin] enabled = true`) or in a
+//! process of its own, `enimd device-plugin` ([`relay`]), which asks enimd
+//! for the list and outlives its restarts.
 
 mod plugin;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +37,7 @@ pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
 
 /// One device as the kubelet sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Device {
     pub id: String,
     pub healthy: bool,
@@ -62,13 +67,20 @@ pub struct DevicePluginConfig {
     pub endpoint: String,
 }
 
+/// The kubelet's device plugin directory.
+pub const DEFAULT_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The kubelet's registration socket in it.
+pub const DEFAULT_KUBELET_SOCKET: &str = "kubelet.sock";
+/// enim's own socket in it.
+pub const DEFAULT_ENDPOINT: &str = "enim.sock";
+
 impl Default for DevicePluginConfig {
     fn default() -> Self {
         DevicePluginConfig {
             enabled: false,
-            dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
-            kubelet_socket: "kubelet.sock".into(),
-            endpoint: "enim.sock".into(),
+            dir: PathBuf::from(DEFAULT_DIR),
+            kubelet_socket: DEFAULT_KUBELET_SOCKET.into(),
+            endpoint: DEFAULT_ENDPOINT.into(),
         }
     }
 }

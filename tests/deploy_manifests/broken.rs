@@ -53,8 +53,15 @@ fn mount_mut<'a>(c: &'a mut Container, name: &str) -> &'a mut VolumeMount {
     named_mut(&mut c.volume_mounts, name, |v| &v.name)
 }
 
-fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
-    m.daemon_sets[0]
+fn daemon_set_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut DaemonSet {
+    m.daemon_sets
+        .iter_mut()
+        .find(|d| d.metadata.name.as_deref() == Some(name))
+        .unwrap()
+}
+
+fn pod_spec_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut PodSpec {
+    daemon_set_mut(m, name)
         .spec
         .as_mut()
         .unwrap()
@@ -62,6 +69,22 @@ fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
         .spec
         .as_mut()
         .unwrap()
+}
+
+fn spec_mut(m: &mut Manifests) -> &mut PodSpec {
+    pod_spec_mut(m, AGENT_DS)
+}
+
+fn plugin_spec_mut(m: &mut Manifests) -> &mut PodSpec {
+    pod_spec_mut(m, PLUGIN_DS)
+}
+
+fn plugin_mut(m: &mut Manifests) -> &mut Container {
+    &mut plugin_spec_mut(m).containers[0]
+}
+
+fn plugin_security_mut(m: &mut Manifests) -> &mut SecurityContext {
+    plugin_mut(m).security_context.as_mut().unwrap()
 }
 
 fn toml_mut(m: &mut Manifests) -> &mut String {
@@ -307,6 +330,152 @@ fn each_check_fails_on_a_broken_manifest() {
                 agent_mounts_mut(m).push(mnt);
             },
             "hostPath /etc (volume etc) is not one enimd needs",
+        ),
+        (
+            "device plugin DaemonSet gone",
+            |m| {
+                m.daemon_sets
+                    .retain(|d| d.metadata.name.as_deref() != Some(PLUGIN_DS))
+            },
+            "enim-device-plugin",
+        ),
+        (
+            "enimd's own plugin on beside it",
+            |m| {
+                *toml_mut(m) = toml_mut(m).replace(
+                    "[device_plugin]\nenabled = false",
+                    "[device_plugin]\nenabled = true",
+                )
+            },
+            "refuses to run beside it",
+        ),
+        (
+            "device plugin with a capability",
+            |m| {
+                plugin_security_mut(m).capabilities.as_mut().unwrap().add =
+                    Some(vec!["NET_ADMIN".into()]);
+            },
+            "enim-device-plugin adds capabilities",
+        ),
+        (
+            "device plugin without drop ALL",
+            |m| plugin_security_mut(m).capabilities = None,
+            "enim-device-plugin does not drop ALL",
+        ),
+        (
+            "device plugin with a writable root",
+            |m| plugin_security_mut(m).read_only_root_filesystem = None,
+            "enim-device-plugin has a writable root",
+        ),
+        (
+            "device plugin may escalate",
+            |m| plugin_security_mut(m).allow_privilege_escalation = None,
+            "enim-device-plugin allows privilege escalation",
+        ),
+        (
+            "device plugin as another user",
+            |m| plugin_security_mut(m).run_as_user = Some(1000),
+            "enim-device-plugin runs as Some(1000)",
+        ),
+        (
+            "device plugin asks another socket",
+            |m| {
+                plugin_mut(m)
+                    .command
+                    .as_mut()
+                    .unwrap()
+                    .extend(["--socket".into(), "/run/other/enimd.sock".into()])
+            },
+            "enim-device-plugin asks the socket /run/other/enimd.sock",
+        ),
+        (
+            "device plugin without enimd's socket dir",
+            |m| {
+                let c = plugin_mut(m);
+                c.volume_mounts
+                    .as_mut()
+                    .unwrap()
+                    .retain(|v| v.mount_path != "/run/enim");
+            },
+            "enim-device-plugin --socket /run/enim/enimd.sock is not on a hostPath mount",
+        ),
+        (
+            "device plugin's kubelet dir read-only",
+            |m| mount_mut(plugin_mut(m), "device-plugins").read_only = Some(true),
+            "/var/lib/kubelet/device-plugins is mounted read-only",
+        ),
+        (
+            "device plugin serving elsewhere than the kubelet's dir",
+            |m| {
+                let v = named_mut(&mut plugin_spec_mut(m).volumes, "device-plugins", |v| {
+                    &v.name
+                });
+                v.host_path.as_mut().unwrap().path = "/var/lib/enim-plugins".into();
+            },
+            "enim-device-plugin --dir /var/lib/kubelet/device-plugins is /var/lib/enim-plugins",
+        ),
+        (
+            "device plugin with the checkpoint's dir too",
+            |m| {
+                let state = volume_mut(m, "state").clone();
+                let mut mnt = mount_mut(agent_mut(m), "state").clone();
+                plugin_spec_mut(m).volumes.as_mut().unwrap().push(state);
+                mnt.read_only = Some(true);
+                plugin_mut(m).volume_mounts.as_mut().unwrap().push(mnt);
+            },
+            "enim-device-plugin: hostPath /var/lib/enim (volume state) is not one it needs",
+        ),
+        (
+            "device plugin on the pod network",
+            |m| plugin_spec_mut(m).host_network = None,
+            "enim-device-plugin: hostNetwork",
+        ),
+        (
+            "device plugin not on tainted nodes",
+            |m| plugin_spec_mut(m).tolerations = None,
+            "enim-device-plugin: no catch-all toleration",
+        ),
+        (
+            "device plugin not node-critical",
+            |m| plugin_spec_mut(m).priority_class_name = None,
+            "enim-device-plugin: priorityClassName",
+        ),
+        (
+            "device plugin with a token",
+            |m| plugin_spec_mut(m).automount_service_account_token = None,
+            "enim-device-plugin mounts a service account token",
+        ),
+        (
+            "device plugin of another image",
+            |m| plugin_mut(m).image = Some("enim:old".into()),
+            "enim-device-plugin image",
+        ),
+        (
+            "device plugin not running device-plugin",
+            |m| plugin_mut(m).command.as_mut().unwrap()[1] = "install-cni".into(),
+            "is not `enimd device-plugin`",
+        ),
+        (
+            "device plugin with an unknown flag",
+            |m| {
+                plugin_mut(m)
+                    .command
+                    .as_mut()
+                    .unwrap()
+                    .extend(["--kubelet-dir".into(), "/x".into()])
+            },
+            "enim-device-plugin: --kubelet-dir",
+        ),
+        (
+            "device plugin selecting enimd's pods",
+            |m| {
+                let ds = daemon_set_mut(m, PLUGIN_DS).spec.as_mut().unwrap();
+                ds.selector.match_labels = Some(BTreeMap::from([(
+                    "app.kubernetes.io/name".to_string(),
+                    "enim".to_string(),
+                )]));
+            },
+            "each selects the other's pods",
         ),
     ];
     assert!(check(&good).is_empty(), "the unbroken manifests must pass");

@@ -16,7 +16,16 @@ const INSTALL_CNI_FLAGS: &[&str] = &[
 /// Everything but running install-cni.
 pub(crate) fn check(m: &Manifests) -> Vec<String> {
     let mut p = Problems::default();
-    let Some(ds) = one(&m.daemon_sets, "DaemonSet", &mut p) else {
+    let names: BTreeSet<&str> = m
+        .daemon_sets
+        .iter()
+        .filter_map(|d| d.metadata.name.as_deref())
+        .collect();
+    p.check(
+        m.daemon_sets.len() == 2 && names == BTreeSet::from([AGENT_DS, PLUGIN_DS]),
+        || format!("expected the DaemonSets {AGENT_DS} and {PLUGIN_DS}, found {names:?}"),
+    );
+    let Some(ds) = daemon_set(m, AGENT_DS) else {
         return p.0;
     };
     let Some(spec) = pod_spec(ds) else {
@@ -373,6 +382,9 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         "install-cni allows privilege escalation".into()
     });
 
+    // The kubelet's device plugin, beside the agent.
+    super::plugin::check(m, spec, agent, &config, &mut p);
+
     // Probes on the metrics listener.
     if let Some(addr) = metrics_address(&config, &mut p) {
         check_probe(
@@ -400,7 +412,7 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
 /// mounts at their mount paths), and checks the conflist it writes.
 pub(crate) fn run_install_cni(m: &Manifests) -> Vec<String> {
     let mut p = Problems::default();
-    let ds = &m.daemon_sets[0];
+    let ds = daemon_set(m, AGENT_DS).unwrap();
     let spec = pod_spec(ds).unwrap();
     let init = container(spec.init_containers.as_ref(), INSTALLER).unwrap();
     let Some((config, _)) = agent_config(m, &mut p) else {
