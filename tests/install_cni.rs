@@ -235,3 +235,220 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
     assert_eq!(names(&d.bin), ["bridge", "enim"]);
     assert_eq!(names(&d.netd), ["10-enim.conflist", "99-other.conflist"]);
 }
+
+/// Writes an executable script from a child process, so that no thread of
+/// this test binary holds it open for writing (a fork elsewhere inheriting
+/// that fd would make its exec fail with ETXTBSY).
+fn write_script(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("cat > \"$0\" && chmod 0755 \"$0\"")
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// A stand-in for the reference portmap in `bin`: it answers a VERSION
+/// probe (CNI_COMMAND=VERSION, a config on stdin, no other CNI_ variable)
+/// with `versions`, and fails anything else.
+fn fake_portmap(bin: &Path, versions: &[&str]) {
+    let list: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
+    write_script(
+        &bin.join("portmap"),
+        &format!(
+            r#"#!/bin/sh
+IFS= read -r conf
+if [ "$CNI_COMMAND" != VERSION ] || [ -z "$conf" ] ||
+   [ -n "$CNI_CONTAINERID$CNI_NETNS$CNI_IFNAME$CNI_ARGS$CNI_PATH" ]; then
+  printf '{{"code":4,"msg":"not a VERSION probe"}}'
+  exit 1
+fi
+printf '{{"cniVersion":"1.0.0","supportedVersions":[{}]}}'
+"#,
+            list.join(",")
+        ),
+    );
+}
+
+/// The `type`s of the installed conflist's plugins, in order, and the
+/// portmap entry's full config when there is one.
+fn chain(d: &Dirs) -> (Vec<String>, Option<serde_json::Value>) {
+    let list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.conflist()).unwrap()).unwrap();
+    let plugins = list["plugins"].as_array().unwrap();
+    let types = plugins
+        .iter()
+        .map(|p| p["type"].as_str().unwrap().to_string())
+        .collect();
+    let portmap = plugins.iter().find(|p| p["type"] == "portmap").cloned();
+    (types, portmap)
+}
+
+const HOSTPORT_LOST: &str = "hostPort will not work";
+
+#[test]
+fn portmap_auto_chains_a_portmap_that_speaks_every_version() {
+    let d = Dirs::new();
+    fake_portmap(&d.bin, &["0.3.1", "0.4.0", "1.0.0", "1.1.0"]);
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains(HOSTPORT_LOST),
+        "{}",
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("portmap: chained after enim"), "{stdout}");
+    let (types, portmap) = chain(&d);
+    assert_eq!(types, ["enim", "portmap"]);
+    assert_eq!(
+        portmap.unwrap(),
+        serde_json::json!({"type": "portmap", "capabilities": {"portMappings": true}})
+    );
+    // enim is still first, with its socket.
+    let list: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.conflist()).unwrap()).unwrap();
+    assert_eq!(list["plugins"][0]["socket"], "/run/enim/enimd.sock");
+
+    // Again: unchanged. Then never: the conflist is replaced by enim alone.
+    let out = enimd(&d.args(&[]));
+    assert!(text(&out.stdout).contains("10-enim.conflist: unchanged"));
+    let out = enimd(&d.args(&["--portmap", "never"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
+    assert!(
+        !text(&out.stdout).contains("portmap"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(chain(&d).0, ["enim"]);
+}
+
+#[test]
+fn portmap_auto_leaves_out_one_without_cni_1_1_0() {
+    let d = Dirs::new();
+    // What Debian's containernetworking-plugins 1.1.1 answers.
+    fake_portmap(
+        &d.bin,
+        &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"],
+    );
+    let out = enimd(&d.args(&["--portmap", "auto"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(HOSTPORT_LOST) && err.contains("but not 1.1.0"),
+        "{err}"
+    );
+    assert_eq!(chain(&d), (vec!["enim".to_string()], None));
+}
+
+#[test]
+fn portmap_auto_without_portmap_is_enim_alone() {
+    let d = Dirs::new();
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let path = d.bin.join("portmap");
+    assert!(
+        err.contains(HOSTPORT_LOST) && err.contains(&format!("{} does not exist", path.display())),
+        "{err}"
+    );
+    assert_eq!(chain(&d), (vec!["enim".to_string()], None));
+}
+
+#[test]
+fn portmap_always_without_portmap_fails_and_writes_nothing() {
+    let d = Dirs::new();
+    let out = enimd(&d.args(&["--portmap", "always"]));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--portmap always") && err.contains(d.bin.join("portmap").to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!d.bin.exists() && !d.netd.exists());
+
+    // An old portmap is chained all the same: always checks no versions.
+    fake_portmap(&d.bin, &["1.0.0"]);
+    let out = enimd(&d.args(&["--portmap", "always"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(chain(&d).0, ["enim", "portmap"]);
+}
+
+#[test]
+fn portmap_never_is_enim_alone_without_a_word() {
+    let d = Dirs::new();
+    fake_portmap(&d.bin, &["1.0.0", "1.1.0"]);
+    let out = enimd(&d.args(&["--portmap", "never"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(chain(&d), (vec!["enim".to_string()], None));
+
+    let out = enimd(&d.args(&["--portmap", "sometimes"]));
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// Debian's reference portmap (containernetworking-plugins 1.1.1) stops at
+/// CNI 1.0.0, so auto leaves it out; always chains it all the same.
+#[test]
+fn portmap_auto_with_debians_reference_plugin() {
+    let real = Path::new("/usr/lib/cni/portmap");
+    if !real.exists() {
+        // .ci/run installs containernetworking-plugins: there a skip would
+        // hide a broken setup.
+        assert!(
+            !enim_testkit::ci(),
+            "CI=true but {} is missing (Debian package containernetworking-plugins)",
+            real.display()
+        );
+        eprintln!("SKIPPED: {} is not installed", real.display());
+        return;
+    }
+    // What it says it speaks, asked here the way a runtime does.
+    let mut child = Command::new(real)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        br#"{"cniVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let answer: serde_json::Value =
+        serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+    let speaks_1_1 = answer["supportedVersions"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!("1.1.0"));
+
+    let d = Dirs::new();
+    std::fs::create_dir_all(&d.bin).unwrap();
+    std::os::unix::fs::symlink(real, d.bin.join("portmap")).unwrap();
+    let out = enimd(&d.args(&[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    if speaks_1_1 {
+        // A newer package than 1.1.1: chained.
+        assert_eq!(err, "");
+        assert_eq!(chain(&d).0, ["enim", "portmap"]);
+        return;
+    }
+    assert!(
+        err.contains(HOSTPORT_LOST) && err.contains("but not 1.1.0"),
+        "{err}"
+    );
+    assert_eq!(chain(&d).0, ["enim"]);
+
+    let out = enimd(&d.args(&["--portmap", "always"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("portmap: chained after enim"));
+    assert_eq!(chain(&d).0, ["enim", "portmap"]);
+}

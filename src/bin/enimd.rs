@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use enim::daemon::config::{Config, LogFormat};
-use enim::daemon::install::{self, CniInstall, InstallError};
+use enim::daemon::install::{self, CniInstall, InstallError, PortmapChoice, PortmapMode};
 use enim::deviceplugin::{self, relay};
 
 /// Without a subcommand enimd runs the agent, so the flags below keep
@@ -83,6 +83,12 @@ struct InstallCniArgs {
     /// /run/enim/enimd.sock].
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Chain the reference `portmap` plugin after enim, which is what makes
+    /// a pod's hostPort work: `auto` when `<cni-bin-dir>/portmap` is an
+    /// executable that speaks every CNI version of the conflist, `always`
+    /// (an error if it is not there), or `never`.
+    #[arg(long, value_enum, default_value_t = PortmapMode::Auto)]
+    portmap: PortmapMode,
 }
 
 #[derive(clap::Args, Debug)]
@@ -150,6 +156,7 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
         conflist_name: args.conflist_name,
         network_name: args.network_name,
         socket,
+        portmap: args.portmap,
     };
     match install::install_cni(&opts) {
         Ok(done) => {
@@ -164,6 +171,16 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
                 done.conflist.display(),
                 word(done.conflist_outcome)
             );
+            match &done.portmap {
+                PortmapChoice::Chained { path } => {
+                    println!("{}: chained after enim (hostPort)", path.display())
+                }
+                PortmapChoice::Off => {}
+                PortmapChoice::Unusable(problem) => eprintln!(
+                    "enimd install-cni: hostPort will not work: portmap is not in the \
+                     conflist: {problem}"
+                ),
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -8,6 +8,13 @@
 //! exec these paths at any moment) see the old file, or the complete new
 //! one, never half of either; a running `enim` keeps its old inode. Running
 //! it again with the same inputs changes nothing.
+//!
+//! hostPort is not enim's: it is the reference `portmap` plugin's, chained
+//! after enim with the `portMappings` capability (the runtime passes a
+//! pod's port mappings only to plugins that declare it). `--portmap`
+//! ([`PortmapMode`]) decides whether the conflist chains it; `auto` does
+//! when the node's bin dir holds a portmap that speaks every CNI version
+//! the conflist lists.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -16,6 +23,13 @@ use std::path::{Path, PathBuf};
 
 use crate::api::DEFAULT_SOCKET;
 use crate::store::atomic::{self, FileError};
+
+mod portmap;
+
+pub use portmap::{
+    check_portmap, PortmapChoice, PortmapMode, PortmapProblem, PORTMAP_NAME,
+    PORTMAP_VERSION_TIMEOUT,
+};
 
 /// The plugin's file name in the CNI bin dir, which is also its `type`.
 pub const PLUGIN_NAME: &str = "enim";
@@ -43,6 +57,12 @@ pub enum InstallError {
     PluginNotAFile { path: PathBuf },
     #[error("{0}")]
     Invalid(String),
+    /// `--portmap always`, and the portmap it would chain is not there.
+    #[error(
+        "--portmap always: {problem}; put the CNI reference plugins' portmap there, \
+         or pass --portmap auto to chain it only when it is"
+    )]
+    PortmapRequired { problem: PortmapProblem },
     #[error("{0}")]
     Io(#[from] FileError),
 }
@@ -65,6 +85,8 @@ pub struct CniInstall {
     pub network_name: String,
     /// The agent's API socket, as the plugin will find it on the host.
     pub socket: PathBuf,
+    /// Whether to chain `portmap` (hostPort) after enim.
+    pub portmap: PortmapMode,
 }
 
 impl CniInstall {
@@ -77,6 +99,7 @@ impl CniInstall {
             conflist_name: DEFAULT_CONFLIST_NAME.into(),
             network_name: DEFAULT_NETWORK_NAME.into(),
             socket: DEFAULT_SOCKET.into(),
+            portmap: PortmapMode::default(),
         }
     }
 }
@@ -96,6 +119,7 @@ pub struct Installed {
     pub plugin_outcome: Outcome,
     pub conflist: PathBuf,
     pub conflist_outcome: Outcome,
+    pub portmap: PortmapChoice,
 }
 
 /// The default plugin source: `enim` next to the running executable.
@@ -107,16 +131,26 @@ pub fn default_plugin_path() -> io::Result<PathBuf> {
     Ok(dir.join(PLUGIN_NAME))
 }
 
-/// The conflist text for `network_name` and `socket`.
-pub fn conflist(network_name: &str, socket: &Path) -> Result<String, InstallError> {
+/// The conflist text for `network_name` and `socket`, with `portmap`
+/// chained after enim or not.
+pub fn conflist(network_name: &str, socket: &Path, portmap: bool) -> Result<String, InstallError> {
     let socket = socket
         .to_str()
         .ok_or_else(|| InstallError::Invalid(format!("socket {socket:?} is not UTF-8")))?;
+    let mut plugins = vec![serde_json::json!({ "type": PLUGIN_NAME, "socket": socket })];
+    if portmap {
+        // Nothing else: portmap's `snat` already defaults to true (it
+        // masquerades hairpin and localhost connections to a hostPort).
+        plugins.push(serde_json::json!({
+            "type": PORTMAP_NAME,
+            "capabilities": { "portMappings": true },
+        }));
+    }
     let value = serde_json::json!({
         "cniVersion": CNI_VERSION,
         "cniVersions": CNI_VERSIONS,
         "name": network_name,
-        "plugins": [{ "type": PLUGIN_NAME, "socket": socket }],
+        "plugins": plugins,
     });
     let mut text = serde_json::to_string_pretty(&value)
         .map_err(|e| InstallError::Invalid(format!("encoding conflist: {e}")))?;
@@ -148,10 +182,25 @@ fn validate(opts: &CniInstall) -> Result<(), InstallError> {
     Ok(())
 }
 
+/// What `opts.portmap` makes of the portmap in the CNI bin dir.
+fn choose_portmap(opts: &CniInstall) -> Result<PortmapChoice, InstallError> {
+    let path = opts.cni_bin_dir.join(PORTMAP_NAME);
+    match opts.portmap {
+        PortmapMode::Never => Ok(PortmapChoice::Off),
+        PortmapMode::Always => match portmap::portmap_file(&path) {
+            Ok(()) => Ok(PortmapChoice::Chained { path }),
+            Err(problem) => Err(InstallError::PortmapRequired { problem }),
+        },
+        PortmapMode::Auto => Ok(match check_portmap(&path, PORTMAP_VERSION_TIMEOUT) {
+            Ok(()) => PortmapChoice::Chained { path },
+            Err(problem) => PortmapChoice::Unusable(problem),
+        }),
+    }
+}
+
 /// Installs the plugin, then the conflist.
 pub fn install_cni(opts: &CniInstall) -> Result<Installed, InstallError> {
     validate(opts)?;
-    let conflist = conflist(&opts.network_name, &opts.socket)?;
     let meta = std::fs::metadata(&opts.plugin).map_err(|source| InstallError::Plugin {
         path: opts.plugin.clone(),
         source,
@@ -165,6 +214,10 @@ pub fn install_cni(opts: &CniInstall) -> Result<Installed, InstallError> {
         path: opts.plugin.clone(),
         source,
     })?;
+    // Before anything is written: `always` without a portmap writes nothing.
+    let portmap = choose_portmap(opts)?;
+    let chained = matches!(portmap, PortmapChoice::Chained { .. });
+    let conflist = conflist(&opts.network_name, &opts.socket, chained)?;
 
     // Binary first: a conflist naming a plugin that is not there yet would
     // make every pod sandbox fail until it is.
@@ -180,6 +233,7 @@ pub fn install_cni(opts: &CniInstall) -> Result<Installed, InstallError> {
         plugin_outcome,
         conflist: opts.net_d_dir.join(&opts.conflist_name),
         conflist_outcome,
+        portmap,
     })
 }
 
@@ -237,6 +291,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use super::portmap::tests::{fake_portmap, NEW, OLD};
     use super::*;
 
     fn mode_of(p: &Path) -> u32 {
@@ -453,5 +508,154 @@ mod tests {
         std::fs::create_dir_all(opts.net_d_dir.join("10-enim.conflist")).unwrap();
         let err = install_cni(&opts).unwrap_err().to_string();
         assert!(err.contains("10-enim.conflist"), "{err}");
+    }
+    #[test]
+    fn conflist_text_alone_and_with_portmap() {
+        let socket = Path::new("/run/enim/enimd.sock");
+        // Alone: the text install-cni wrote before --portmap existed.
+        let alone = r#"{
+  "cniVersion": "1.0.0",
+  "cniVersions": [
+    "1.0.0",
+    "1.1.0"
+  ],
+  "name": "enim",
+  "plugins": [
+    {
+      "socket": "/run/enim/enimd.sock",
+      "type": "enim"
+    }
+  ]
+}
+"#;
+        assert_eq!(conflist("enim", socket, false).unwrap(), alone);
+        let chained = r#"{
+  "cniVersion": "1.0.0",
+  "cniVersions": [
+    "1.0.0",
+    "1.1.0"
+  ],
+  "name": "enim",
+  "plugins": [
+    {
+      "socket": "/run/enim/enimd.sock",
+      "type": "enim"
+    },
+    {
+      "capabilities": {
+        "portMappings": true
+      },
+      "type": "portmap"
+    }
+  ]
+}
+"#;
+        assert_eq!(conflist("enim", socket, true).unwrap(), chained);
+    }
+
+    #[test]
+    fn portmap_modes_choose_the_conflist() {
+        let text = |p: &Path| std::fs::read_to_string(p).unwrap();
+        let alone = conflist("enim", Path::new("/run/enim/enimd.sock"), false).unwrap();
+        let chained = conflist("enim", Path::new("/run/enim/enimd.sock"), true).unwrap();
+
+        // No portmap: auto leaves it out and says why; never does not look.
+        let (_tmp, mut opts) = setup();
+        let done = install_cni(&opts).unwrap();
+        let portmap = opts.cni_bin_dir.join("portmap");
+        assert_eq!(
+            done.portmap,
+            PortmapChoice::Unusable(PortmapProblem::Missing {
+                path: portmap.clone()
+            })
+        );
+        assert_eq!(text(&done.conflist), alone);
+        opts.portmap = PortmapMode::Never;
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(done.portmap, PortmapChoice::Off);
+        assert_eq!(done.conflist_outcome, Outcome::Unchanged);
+
+        // A portmap that speaks 1.1.0: auto chains it, replacing the
+        // conflist; never takes it out again.
+        fake_portmap(&opts.cni_bin_dir, NEW);
+        opts.portmap = PortmapMode::Auto;
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(
+            done.portmap,
+            PortmapChoice::Chained {
+                path: portmap.clone()
+            }
+        );
+        assert_eq!(done.conflist_outcome, Outcome::Replaced);
+        assert_eq!(text(&done.conflist), chained);
+        assert_eq!(
+            install_cni(&opts).unwrap().conflist_outcome,
+            Outcome::Unchanged
+        );
+        opts.portmap = PortmapMode::Never;
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(done.conflist_outcome, Outcome::Replaced);
+        assert_eq!(text(&done.conflist), alone);
+
+        // One that stops at 1.0.0: auto leaves it out, always chains it.
+        fake_portmap(&opts.cni_bin_dir, OLD);
+        opts.portmap = PortmapMode::Auto;
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(
+            done.portmap,
+            PortmapChoice::Unusable(PortmapProblem::LacksVersions {
+                path: portmap.clone(),
+                supported: OLD.iter().map(|v| v.to_string()).collect(),
+                lacking: vec!["1.1.0".into()],
+            })
+        );
+        assert_eq!(text(&done.conflist), alone);
+        opts.portmap = PortmapMode::Always;
+        let done = install_cni(&opts).unwrap();
+        assert_eq!(done.portmap, PortmapChoice::Chained { path: portmap });
+        assert_eq!(text(&done.conflist), chained);
+    }
+
+    #[test]
+    fn always_without_portmap_writes_nothing() {
+        let (_tmp, mut opts) = setup();
+        opts.portmap = PortmapMode::Always;
+        let err = install_cni(&opts).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                InstallError::PortmapRequired {
+                    problem: PortmapProblem::Missing { .. }
+                }
+            ),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("--portmap always") && text.contains("opt/cni/bin/portmap"),
+            "{text}"
+        );
+        assert!(!opts.cni_bin_dir.exists() && !opts.net_d_dir.exists());
+
+        // Present but not executable, or not a file: the same.
+        std::fs::create_dir_all(&opts.cni_bin_dir).unwrap();
+        let portmap = opts.cni_bin_dir.join("portmap");
+        std::fs::write(&portmap, "#!/bin/sh\n").unwrap();
+        assert!(matches!(
+            install_cni(&opts),
+            Err(InstallError::PortmapRequired {
+                problem: PortmapProblem::NotExecutable { .. }
+            })
+        ));
+        std::fs::remove_file(&portmap).unwrap();
+        std::fs::create_dir(&portmap).unwrap();
+        assert!(matches!(
+            install_cni(&opts),
+            Err(InstallError::PortmapRequired {
+                problem: PortmapProblem::NotAFile { .. }
+            })
+        ));
+        assert_eq!(dir_names(&opts.cni_bin_dir), ["portmap"]);
+        assert!(!opts.net_d_dir.exists());
     }
 }

@@ -11,6 +11,8 @@ const INSTALL_CNI_FLAGS: &[&str] = &[
     "--plugin",
     "--conflist-name",
     "--network-name",
+    // Not in enimd.toml: the manifest may pass never or always.
+    "--portmap",
 ];
 
 /// Everything but running install-cni.
