@@ -8,6 +8,7 @@ resource() { [ "$mode" = primary ] && echo enim.io/eni || echo enim.io/ip; }
 capacity() { [ "$mode" = primary ] && echo 4 || echo 12; }
 jsonkey() { echo "$1" | sed 's/\./\\./g'; }
 allocatable() { k get node "$NODE_NAME" -o "jsonpath={.status.allocatable.$(jsonkey "$(resource)")}"; }
+allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 
 # pod NAME [KEY=VALUE...]: a busybox pod on an enim ENI (or address) that
 # serves its own name over HTTP on 8080, with an HTTP readiness probe.
@@ -73,7 +74,7 @@ s_ready() {
   k -n enim-system rollout status daemonset/enimd --timeout=120s &&
     k wait --for=condition=Ready "node/$NODE_NAME" --timeout=120s &&
     k -n kube-system rollout status deployment/coredns --timeout=120s || return 1
-  wait_for "allocatable $(resource) = $(capacity)" 60 test "$(allocatable)" = "$(capacity)" || return 1
+  wait_for "allocatable $(resource) = $(capacity)" 60 allocatable_is "$(capacity)" || return 1
   echo "node Ready; allocatable $(resource): $(allocatable)"
 }
 
@@ -448,13 +449,13 @@ s_broken_eni() {
   free=$(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1 | head -n 1)
   on_node ip link del "$free"
   want=$(($(capacity) - 1))
-  wait_for "allocatable $want" 60 test "$(allocatable)" = "$want" || { echo "allocatable $(allocatable)"; return 1; }
+  wait_for "allocatable $want" 60 allocatable_is "$want" || { echo "allocatable $(allocatable)"; return 1; }
   echo "ENI $free deleted: capacity $(k get node "$NODE_NAME" -o "jsonpath={.status.capacity.$(jsonkey "$(resource)")}"), allocatable $(allocatable) (the kubelet counts it unhealthy)"
   pod after-break
   ready after-break || return 1
   echo "the next pod got $(pod_ip after-break)"
   reattach_enis
-  wait_for "allocatable back" 60 test "$(allocatable)" = "$(capacity)"
+  wait_for "allocatable back" 60 allocatable_is "$(capacity)"
 }
 
 # --- performance ----------------------------------------------------------
