@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the enim node image (deploy/Containerfile) without pulling
-# anything: the image is FROM scratch and holds the three binaries plus
-# exactly the shared libraries `ldd` says they load, copied from this
-# machine.
+# anything: the image is FROM scratch and holds the three binaries, this
+# machine's `nft` (enimd applies the host path's masquerade table with
+# it; Debian's nftables package), plus exactly the shared libraries `ldd`
+# says they load, copied from this machine.
 #
 #   scripts/build-image.sh [--debug] [--no-build] [IMAGE] [-- BUILD-ARGS...]
 #
@@ -15,8 +16,8 @@
 # Builds with CONTAINER_TOOL (default: podman if installed, else docker).
 # Honours CARGO_TARGET_DIR. The binaries are copied with their debug info
 # stripped (symbols stay, so backtraces keep function names). Afterwards
-# it runs `enimd --version` in the image, with no network, to prove the
-# loader finds every library.
+# it runs `enimd --version` and `nft --version` in the image, with no
+# network, to prove the loader finds every library.
 set -euo pipefail
 
 profile=release
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --debug) profile=debug; shift ;;
     --no-build) build=0; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "build-image.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) image=$1; shift ;;
   esac
@@ -55,15 +56,22 @@ for b in "${bins[@]}"; do
   [ -x "$target/$b" ] || { echo "build-image.sh: $target/$b is missing" >&2; exit 1; }
   objcopy --strip-debug "$target/$b" "$ctx/$b"
 done
+# nft, as this machine has it: its libraries join the binaries' below.
+nft=$(command -v nft || true)
+[ -n "$nft" ] || nft=/usr/sbin/nft
+[ -x "$nft" ] || { echo "build-image.sh: nft is missing (apt-get install nftables)" >&2; exit 1; }
+mkdir -p "$ctx/rootfs/usr/sbin"
+cp -L "$nft" "$ctx/rootfs/usr/sbin/nft"
 
 # The libraries: every path ldd resolves for any of the binaries (and the
 # loader itself), copied with symlinks followed to the path the binary
 # asks for. The vDSO is the kernel's, not a file.
 mkdir -p "$ctx/rootfs"
-libs=$(for b in "${bins[@]}"; do ldd "$ctx/$b"; done |
+linked=("${bins[@]/#/$ctx/}" "$ctx/rootfs/usr/sbin/nft")
+libs=$(for b in "${linked[@]}"; do ldd "$b"; done |
   awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
 [ -n "$libs" ] || { echo "build-image.sh: ldd found no libraries" >&2; exit 1; }
-if for b in "${bins[@]}"; do ldd "$ctx/$b"; done | grep -q 'not found'; then
+if for b in "${linked[@]}"; do ldd "$b"; done | grep -q 'not found'; then
   echo "build-image.sh: a library is missing on this machine" >&2; exit 1
 fi
 for lib in $libs; do
@@ -80,8 +88,9 @@ ln -s ../run "$ctx/rootfs/var/run"
 # Explicit, modest limits: podman's defaults for root (nofile 1048576,
 # nproc 4194304) are refused where root may not raise its hard limits (no
 # CAP_SYS_RESOURCE, as in some CI sandboxes).
-"$CONTAINER_TOOL" run --rm --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
-  "$image" --version
+limits=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+"$CONTAINER_TOOL" run --rm --network none "${limits[@]}" "$image" --version
+"$CONTAINER_TOOL" run --rm --network none "${limits[@]}" --entrypoint /usr/sbin/nft "$image" --version
 size=$("$CONTAINER_TOOL" image inspect --format '{{.Size}}' "$image")
 echo "built $image ($profile binaries, $((size / 1024 / 1024)) MiB; libraries: $(echo $libs))"
 echo "push it where your nodes pull from and set it in deploy/30-daemonset.yaml"

@@ -109,6 +109,8 @@ cleanup() {
 trap cleanup EXIT
 
 on_node() { nsenter --net="/run/netns/$node" "$@"; }
+# masquerade_table: enimd's nftables table is in the node, with its rules.
+masquerade_table() { on_node nft list table inet enim | grep -q 'ct status dnat'; }
 # podman as the node's container runtime, on the enim network.
 runtime() { CONTAINERS_CONF="$work/$mode/runtime.conf" on_node podman "$@"; }
 # The enimd container's own enimctl, as `kubectl exec POD -- enimctl`.
@@ -375,6 +377,10 @@ for mode in "${modes[@]}"; do
     privileges "$pod-enimd" NET_ADMIN SYS_ADMIN
   if [ "$mode" = secondary ]; then
     check "$mode: the ENI is tuned in the node (IPv4 over netlink, IPv6 through the mount)" eni_tuned
+  else
+    # The ConfigMap's [host_path] masquerades by default: the image's nft
+    # made the table, with the container's capabilities and read-only root.
+    check "$mode: enimd's masquerade table (inet enim) is in the node" masquerade_table
   fi
 
   step "$mode: the device plugin's pod beside enimd's"

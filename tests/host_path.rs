@@ -24,6 +24,22 @@ const CLUSTER_IP4: &str = "10.96.0.10";
 const CLUSTER_IP6: &str = "fd00:96::a";
 const HOST_PATH: &str = "[host_path]\nservice_cidrs = [\"10.96.0.0/12\", \"fd00:96::/112\"]";
 const BACKEND_PORT: u16 = 8053;
+/// The node's uplink address (see [`uplink`]) and a backend on another
+/// node, behind the gateway.
+const UPLINK4: &str = "10.78.0.2";
+const UPLINK6: &str = "fd00:78::2";
+const REMOTE4: &str = "10.79.0.5";
+const REMOTE6: &str = "fd00:79::5";
+/// Services whose backend is another whole-ENI pod on the node (pod B on
+/// ENI 1), and a remote one.
+const TO_POD_B4: &str = "10.96.0.20";
+const TO_POD_B6: &str = "fd00:96::14";
+const TO_REMOTE4: &str = "10.96.0.21";
+const TO_REMOTE6: &str = "fd00:96::15";
+const POD_B4: &str = "10.77.1.10";
+const POD_B6: &str = "fd00:e1:1::10";
+const SERVICE_PORT: u16 = 80;
+const APP_PORT: u16 = 8080;
 const POD_PORT: u16 = 8081;
 /// The sandbox ENI 0's addresses in a pod.
 const POD4: &str = "10.77.0.10";
@@ -35,6 +51,17 @@ struct Server(Child);
 
 impl Server {
     fn start(ns: &NamedNetns, addr: &str, port: u16, reply: &str) -> Server {
+        Server::spawn(ns, addr, port, reply, false)
+    }
+
+    /// Answers `<reply> from <the connection's source address>`: what the
+    /// backend sees.
+    fn telling_source(ns: &NamedNetns, addr: &str, port: u16, reply: &str) -> Server {
+        Server::spawn(ns, addr, port, reply, true)
+    }
+
+    fn spawn(ns: &NamedNetns, addr: &str, port: u16, reply: &str, source: bool) -> Server {
+        let source = if source { "True" } else { "False" };
         let script = format!(
             "import socket,sys\n\
              s=socket.socket(socket.AF_INET6 if ':' in {addr:?} else socket.AF_INET)\n\
@@ -43,8 +70,8 @@ impl Server {
              s.listen(8)\n\
              print('ready',flush=True)\n\
              while True:\n\
-             \x20c,_=s.accept()\n\
-             \x20c.sendall({reply:?}.encode())\n\
+             \x20c,a=s.accept()\n\
+             \x20c.sendall(({reply:?}+(' from '+a[0] if {source} else '')).encode())\n\
              \x20c.close()\n"
         );
         let mut child = Command::new("ip")
@@ -75,10 +102,15 @@ impl Drop for Server {
 /// What a TCP connection from `ns` to `addr`:`port` reads (an error string
 /// when it fails), within 3 s.
 fn fetch(ns: &NamedNetns, addr: &str, port: u16) -> String {
+    fetch_within(ns, addr, port, 3)
+}
+
+/// [`fetch`] giving up after `secs` (then "error: timed out").
+fn fetch_within(ns: &NamedNetns, addr: &str, port: u16, secs: u32) -> String {
     let script = format!(
         "import socket\n\
          try:\n\
-         \x20c=socket.create_connection(({addr:?},{port}),timeout=3)\n\
+         \x20c=socket.create_connection(({addr:?},{port}),timeout={secs})\n\
          \x20print(c.recv(100).decode())\n\
          except Exception as e:\n\
          \x20print('error:',e)\n"
@@ -109,35 +141,132 @@ fn make_node(sb: &Sandbox) {
     host.ip(&["addr", "add", &format!("{NODE4}/32"), "dev", "lo"]);
     host.ip(&["addr", "add", &format!("{NODE6}/128"), "dev", "lo"]);
     strict_rp_filter(host);
-    for (tool, cluster_ip, backend) in [
-        ("iptables", CLUSTER_IP4, format!("{NODE4}:{BACKEND_PORT}")),
-        (
-            "ip6tables",
-            CLUSTER_IP6,
-            format!("[{NODE6}]:{BACKEND_PORT}"),
-        ),
+    service(sb, CLUSTER_IP4, 53, NODE4, BACKEND_PORT);
+    service(sb, CLUSTER_IP6, 53, NODE6, BACKEND_PORT);
+}
+
+/// kube-proxy's DNAT of `cluster_ip`:`port` to `backend`:`backend_port`
+/// in the sandbox host (iptables or ip6tables by the address's family).
+fn service(sb: &Sandbox, cluster_ip: &str, port: u16, backend: &str, backend_port: u16) {
+    let (tool, to) = if cluster_ip.contains(':') {
+        ("ip6tables", format!("[{backend}]:{backend_port}"))
+    } else {
+        ("iptables", format!("{backend}:{backend_port}"))
+    };
+    assert!(
+        sb.host.exec_ok(&[
+            tool,
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            cluster_ip,
+            "-p",
+            "tcp",
+            "--dport",
+            &port.to_string(),
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &to,
+        ]),
+        "{tool} DNAT in the sandbox host"
+    );
+}
+
+/// The node's uplink: `node0` in the sandbox host (UPLINK4/UPLINK6) to
+/// the gateway netns, which stands in for the VPC and the other nodes and
+/// holds REMOTE4/REMOTE6 (a backend on another node) behind it. Forwarding
+/// is on in the node (as on any Kubernetes node) and in the gateway (the
+/// VPC routes between ENIs: a reply to a pod's address goes straight to
+/// its ENI, never back through the node).
+fn uplink(sb: &Sandbox) {
+    let (host, gw) = (&sb.host, &sb.gateway);
+    host.ip(&[
+        "link", "add", "node0", "type", "veth", "peer", "name", "gwn0", "netns", &gw.name,
+    ]);
+    host.ip(&["addr", "add", &format!("{UPLINK4}/24"), "dev", "node0"]);
+    host.ip(&[
+        "addr",
+        "add",
+        &format!("{UPLINK6}/64"),
+        "dev",
+        "node0",
+        "nodad",
+    ]);
+    host.ip(&["link", "set", "node0", "up"]);
+    gw.ip(&["addr", "add", "10.78.0.1/24", "dev", "gwn0"]);
+    gw.ip(&["addr", "add", "fd00:78::1/64", "dev", "gwn0", "nodad"]);
+    gw.ip(&["link", "set", "gwn0", "up"]);
+    gw.ip(&["addr", "add", &format!("{REMOTE4}/32"), "dev", "lo"]);
+    gw.ip(&["addr", "add", &format!("{REMOTE6}/128"), "dev", "lo"]);
+    host.ip(&["route", "add", "10.79.0.0/24", "via", "10.78.0.1"]);
+    host.ip(&["route", "add", "fd00:79::/64", "via", "fd00:78::1"]);
+    for ns in [host, gw] {
+        for key in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+            assert!(ns.exec_ok(&["sysctl", "-qw", key]), "{key}");
+        }
+    }
+}
+
+/// Deletes enimd's masquerade table from the sandbox host by hand.
+fn drop_table(sb: &Sandbox) {
+    assert!(sb.host.exec_ok(&["nft", "delete", "table", "inet", "enim"]));
+}
+
+/// Asserts that `answer` is `<tag> from <one of the node's addresses>`:
+/// the backend saw the node as the source, as with kube-proxy's own
+/// masquerade.
+fn from_the_node(answer: &str, tag: &str) {
+    let source = answer
+        .strip_prefix(&format!("{tag} from "))
+        .unwrap_or_else(|| panic!("not {tag:?} from someone: {answer:?}"));
+    assert!(
+        [NODE4, NODE6, UPLINK4, UPLINK6].contains(&source),
+        "the backend saw {source}, not the node"
+    );
+}
+
+/// enimd's masquerade table in the sandbox host as `nft` lists it, if any.
+fn masquerade_table(sb: &Sandbox) -> Option<String> {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &sb.host.name,
+            "nft",
+            "list",
+            "table",
+            "inet",
+            "enim",
+        ])
+        .output()
+        .expect("nft");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Asserts that the masquerade table holds each of its chains and rules
+/// exactly once.
+fn assert_table_once(sb: &Sandbox, when: &str) {
+    let table = masquerade_table(sb).unwrap_or_else(|| panic!("{when}: no table"));
+    for needle in [
+        "chain host_path_mark {",
+        "chain host_path_masquerade {",
+        "iifname \"enih*\" ct state new ct mark set ct mark | 0x00200000",
+        "ct status dnat ct mark & 0x00200000 == 0x00200000 masquerade fully-random",
+        "oifname \"enih*\" ct status dnat masquerade fully-random",
     ] {
-        assert!(
-            host.exec_ok(&[
-                tool,
-                "-t",
-                "nat",
-                "-A",
-                "PREROUTING",
-                "-d",
-                cluster_ip,
-                "-p",
-                "tcp",
-                "--dport",
-                "53",
-                "-j",
-                "DNAT",
-                "--to-destination",
-                &backend,
-            ]),
-            "{tool} DNAT in the sandbox host"
+        assert_eq!(
+            table.matches(needle).count(),
+            1,
+            "{when}: {needle} in {table}"
         );
     }
+    let rules = table.lines().filter(|l| l.contains(" comment ")).count();
+    assert_eq!(rules, 3, "{when}: {table}");
 }
 
 /// The host ends of host paths in the sandbox host.
@@ -337,6 +466,7 @@ fn chained(plugin: &str, extra: Value, prev: &Value) -> Value {
 fn host_port_through_the_reference_portmap_plugin() {
     require_kernel!();
     let (sb, pod, dir, agent) = host_rig(1, "");
+    uplink(&sb);
     let portmap = in_host_netns(&sb, dir.path(), "portmap");
     // Debian's reference plugins (1.1.1) speak up to CNI 1.0.0.
     let conf = agent.net_conf("1.0.0");
@@ -364,9 +494,21 @@ fn host_port_through_the_reference_portmap_plugin() {
         &pm(&first),
     );
     let last = out.ok();
-    let _server = Server::start(&pod, POD4, POD_PORT, "hostport");
+    let _server = Server::telling_source(&pod, POD4, POD_PORT, "hostport");
     // A connection to the node's host port, from the node, reaches the pod.
-    assert_eq!(fetch(&sb.host, NODE4, 9090), "hostport");
+    from_the_node(&fetch(&sb.host, NODE4, 9090), "hostport");
+    // From another machine (the gateway, to the node's uplink address):
+    // the DNATed connection leaves to the pod's host path, so enimd's table
+    // masquerades it and the pod answers the node over its host path.
+    // Without the table the pod answers the caller over its ENI (its
+    // default route), and the caller never hears from the address it
+    // called.
+    from_the_node(&fetch(&sb.gateway, UPLINK4, 9090), "hostport");
+    drop_table(&sb);
+    assert_eq!(
+        fetch_within(&sb.gateway, UPLINK4, 9090, 2),
+        "error: timed out"
+    );
 
     exec_plugin(
         &portmap,
@@ -383,6 +525,136 @@ fn host_port_through_the_reference_portmap_plugin() {
     enim("DEL", "c1", Some(&pod.path()), "eth0", &del).ok();
     sb.assert_home(0);
     assert_eq!(host_path_veths(&sb), Vec::<String>::new());
+}
+
+/// kube-proxy without `clusterCIDR` does not masquerade: a Service's
+/// backend (a whole-ENI pod on this node, or one on another node) would
+/// answer the client pod's own address over the VPC, past the node's
+/// conntrack. Pod A (ENI 0) calls Services
+/// whose backend is pod B (ENI 1, on this node) and a backend on another
+/// node (behind the gateway), both families: through enimd's table each
+/// answers, seeing the node as the source; without it each times out.
+#[test]
+fn services_with_enim_backends_answer_through_the_masquerade() {
+    require_kernel!();
+    let (sb, pod_a, _dir, mut agent) = host_rig(2, "");
+    uplink(&sb);
+    let pod_b = NamedNetns::new("pod");
+    strict_rp_filter(&pod_b);
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "a", Some(&pod_a.path()), "eth0", &conf).ok();
+    enim("ADD", "b", Some(&pod_b.path()), "eth0", &conf).ok();
+    let services = [
+        (TO_POD_B4, &pod_b, POD_B4, "b4"),
+        (TO_POD_B6, &pod_b, POD_B6, "b6"),
+        (TO_REMOTE4, &sb.gateway, REMOTE4, "remote4"),
+        (TO_REMOTE6, &sb.gateway, REMOTE6, "remote6"),
+    ];
+    let _servers: Vec<Server> = services
+        .iter()
+        .map(|(cluster_ip, ns, backend, tag)| {
+            service(&sb, cluster_ip, SERVICE_PORT, backend, APP_PORT);
+            Server::telling_source(ns, backend, APP_PORT, tag)
+        })
+        .collect();
+    let all_answer = |when: &str| {
+        for (cluster_ip, _, _, tag) in &services {
+            let answer = fetch(&pod_a, cluster_ip, SERVICE_PORT);
+            assert!(answer.starts_with(tag), "{when}: {cluster_ip}: {answer}");
+            from_the_node(&answer, tag);
+        }
+    };
+    assert_table_once(&sb, "at start");
+    all_answer("with the table");
+
+    drop_table(&sb);
+    for (cluster_ip, _, backend, _) in &services {
+        assert_eq!(
+            fetch_within(&pod_a, cluster_ip, SERVICE_PORT, 2),
+            "error: timed out",
+            "without the table, {cluster_ip} -> {backend}"
+        );
+    }
+    // The pod's own path to B, over the ENIs and the VPC, is not the
+    // node's business: it works with or without the table.
+    let direct = fetch(&pod_a, POD_B4, APP_PORT);
+    assert_eq!(direct, format!("b4 from {POD4}"));
+
+    // A restart puts the table back.
+    agent.stop();
+    agent.restart();
+    assert_table_once(&sb, "after a restart");
+    all_answer("after a restart");
+    assert_eq!(fetch(&pod_a, POD_B4, APP_PORT), format!("b4 from {POD4}"));
+
+    for (cid, pod) in [("a", &pod_a), ("b", &pod_b)] {
+        enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok();
+    }
+    sb.assert_all_home();
+}
+
+/// With the host path off there is no table. With it on, the table is
+/// made whole at every start: two restarts leave each rule once. With the
+/// masquerade turned off (or the host path), a start removes an earlier
+/// run's table and makes none; an `nft` that cannot run is a start-up
+/// error naming the command.
+#[test]
+fn the_masquerade_table_converges_at_every_start() {
+    require_kernel!();
+    let sb = Sandbox::new(1);
+    make_node(&sb);
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start_agent(&sb, dir.path(), "");
+    assert_eq!(masquerade_table(&sb), None, "the host path off");
+    let reconfigure = |agent: &mut Agent, extra: &str| {
+        agent.stop();
+        enim_testkit::fixtures::write_config(dir.path(), None, &sb.enis, extra);
+    };
+    reconfigure(&mut agent, HOST_PATH);
+    agent.restart();
+    assert_table_once(&sb, "first start with the host path");
+    for n in 1..=2 {
+        agent.stop();
+        agent.restart();
+        assert_table_once(&sb, &format!("restart {n}"));
+    }
+    let nft_tables = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &sb.host.name, "nft", "list", "tables"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(nft_tables().matches("table inet enim").count(), 1);
+
+    reconfigure(&mut agent, &format!("{HOST_PATH}\nmasquerade = false"));
+    agent.restart();
+    assert_eq!(masquerade_table(&sb), None, "masquerade = false");
+    // The host path works without it (the node's own Services).
+    let pod = NamedNetns::new("pod");
+    let (conf, _) = plugin_add_c1(&agent, &pod);
+    let _backend = Server::start(&sb.host, NODE4, BACKEND_PORT, "dns4");
+    assert_eq!(fetch(&pod, CLUSTER_IP4, 53), "dns4");
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+
+    reconfigure(&mut agent, HOST_PATH);
+    agent.restart();
+    assert_table_once(&sb, "masquerade back on");
+    reconfigure(&mut agent, "");
+    agent.restart();
+    assert_eq!(masquerade_table(&sb), None, "the host path off");
+
+    reconfigure(
+        &mut agent,
+        &format!("{HOST_PATH}\nnft = \"/nonexistent/nft\""),
+    );
+    agent.spawn();
+    let err = agent.try_wait_ready().unwrap_err();
+    assert!(
+        err.contains("/nonexistent/nft -f -") && err.contains("host path masquerade"),
+        "{err}"
+    );
+    assert_eq!(masquerade_table(&sb), None);
 }
 
 #[test]

@@ -207,6 +207,59 @@ async fn bad_netns_paths_are_clear_errors_and_leak_nothing() {
     // A mount namespace file is a namespace, but not a network one.
     let err = c1_add_err(&mgr, std::path::Path::new("/proc/self/ns/mnt")).await;
     assert!(err.to_string().contains("another kind"), "{err}");
+    // The namespace free ENIs live in (host_netns) is the node's, not a
+    // pod's. (The test process's own is refused too, but an ADD into the
+    // machine's namespace is not one to try here: the real plugin and a
+    // real enimd in a sandbox try it below.)
+    let err = c1_add_err(&mgr, &sb.host.path()).await;
+    assert!(matches!(err, EngineError::Netns(_)), "{err}");
+    assert!(err.to_string().contains("host_netns"), "{err}");
+    assert_eni0_free(&sb, &mgr, &provider).await;
+}
+
+/// The real plugin and a real enimd: an ADD whose CNI_NETNS is the node's
+/// own namespace (enimd's, under any path, or `host_netns`) is refused
+/// with CNI error 4 (CNI_NETNS is an invalid environment value, as a path
+/// that is no netns is), and nothing is taken: the ENI stays free and
+/// home, and no record is left.
+#[test]
+fn an_add_into_the_nodes_own_netns_is_refused() {
+    require_kernel!();
+    let refused = |agent: &Agent, sb: &Sandbox, netns: &std::path::Path, whose: &str| {
+        let conf = agent.net_conf("1.1.0");
+        let msg = enim("ADD", "c1", Some(netns), "eth0", &conf).err(4);
+        assert!(msg.contains(&netns.display().to_string()), "{msg}");
+        assert!(msg.contains("the node's network namespace"), "{msg}");
+        assert!(msg.contains(whose), "{msg}");
+        sb.assert_home(0);
+        assert!(agent.attachments().is_empty(), "a record is left");
+        let enis = agent.ctl(&["enis"]);
+        assert_eq!(enis["enis"][0]["state"], "free", "{enis}");
+    };
+
+    // As on a node: enimd in the host namespace (the sandbox's), which
+    // holds the free ENIs. Refused by its name, and by enimd's /proc path.
+    let (sb, pod, _dir, agent) = agent_rig(1, "");
+    refused(&agent, &sb, &sb.host.path(), "enimd's own");
+    let own = std::path::PathBuf::from(format!("/proc/{}/ns/net", agent.pid()));
+    refused(&agent, &sb, &own, "enimd's own");
+    // The ENI is still there for a pod.
+    let (conf, _) = plugin_add_c1(&agent, &pod);
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    sb.assert_home(0);
+    drop(agent);
+
+    // enimd in a namespace of its own, ENIs in host_netns: both refused.
+    let sb = Sandbox::new(1);
+    let agent_ns = NamedNetns::new("agent");
+    let dir = tempfile::tempdir().unwrap();
+    let paths =
+        enim_testkit::fixtures::write_config(dir.path(), Some(&sb.host.path()), &sb.enis, "");
+    let mut agent = Agent::new(bins(), paths);
+    agent.netns = Some(agent_ns.name.clone());
+    agent.restart();
+    refused(&agent, &sb, &agent_ns.path(), "enimd's own");
+    refused(&agent, &sb, &sb.host.path(), "host_netns");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -537,6 +537,14 @@ async fn failed_adds_roll_back_completely() {
     std::fs::write(&bogus, "").unwrap();
     let err = add_err(&mgr, &owner("c", "eth0"), &bogus).await;
     assert!(matches!(err, EngineError::Netns(_)), "{err}");
+    // The node's own namespace, where the ENIs live, is no pod's.
+    let err = add_err(&mgr, &owner("c", "eth0"), &sb.host.path()).await;
+    assert!(matches!(err, EngineError::Netns(_)), "{err}");
+    assert!(
+        err.to_string().contains("the node's network namespace"),
+        "{err}"
+    );
+    assert_eq!(sb.host_state(), before);
 
     // The single address is free again: the next ADD gets it.
     let result = mgr.add(&owner("c", "net1"), &pod.path()).await.unwrap();

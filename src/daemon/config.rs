@@ -303,7 +303,23 @@ mod tests {
         assert!(c.host_path.enabled());
         assert_eq!(c.host_path.interfaces, ["eth0"]);
         assert_eq!(c.host_path.veth_prefix, "enih");
+        assert!(c.host_path.masquerades());
+        assert_eq!(c.host_path.nft, PathBuf::from("nft"));
+        assert_eq!(c.host_path.ct_mark, 0x0020_0000);
+        let c = parse_static(
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nmasquerade = false\n\
+             nft = \"/usr/sbin/nft\"\nct_mark = 0x1000000\n",
+        )
+        .unwrap();
+        assert!(!c.host_path.masquerades());
+        assert_eq!(c.host_path.nft, PathBuf::from("/usr/sbin/nft"));
+        assert_eq!(c.host_path.ct_mark, 0x0100_0000);
         assert_refused(&[
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nct_mark = 0x3\n",
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nct_mark = 0\n",
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nnft = \"\"\n",
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nnft = \"bin/nft\"\n",
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nmasquerade = \"yes\"\n",
             "[host_path]\nhost_stack_cidrs = [\"169.254.20.10/32\"]\n",
             "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nveth_prefix = \"enim\"\n",
             "[host_path]\nservice_cidrs = [\"not-a-cidr\"]\n",

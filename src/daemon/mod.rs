@@ -27,6 +27,7 @@ use crate::api::GcRequest;
 use crate::engine::{Driver, Engine, EngineError};
 use crate::netlink::rtnl::RtnlPlumbing;
 use crate::netlink::PlumbingError;
+use crate::primary::masquerade::{self, MasqueradeError};
 use crate::primary::PrimaryDriver;
 use crate::secondary::SecondaryDriver;
 use crate::store::atomic::FileError;
@@ -49,6 +50,8 @@ pub enum DaemonError {
     AlreadyRunning { path: PathBuf },
     #[error("{0}")]
     Io(#[from] FileError),
+    #[error("{0}")]
+    Masquerade(#[from] MasqueradeError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
@@ -174,11 +177,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     match mode {
         config::Mode::Primary => {
             let plumbing = Arc::new(RtnlPlumbing::new(host_netns.as_deref()).await?);
+            // Before anything is served: Service traffic of the first pod
+            // already needs it. Start-up state, made whole by every start,
+            // so no ADD step and no crash point (see primary::masquerade).
+            masquerade::apply(&host_path, plumbing.host_netns()).await?;
             let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
                 .with_host_path(host_path);
             node.serve(driver, stop).await
         }
         config::Mode::Secondary => {
+            // Nor a masquerade table: a secondary-mode pod's only interface
+            // is a veth to the host, so its replies pass the node's
+            // conntrack anyway (a table left by an earlier primary-mode
+            // run matches only host path veths, which this mode never makes).
             if host_path.enabled() {
                 tracing::warn!("[host_path] is for primary mode and ignored in secondary mode: its pods reach Services and the node over their veth already");
             }

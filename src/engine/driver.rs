@@ -45,7 +45,10 @@ pub trait Driver: Send + Sync + 'static {
     /// Where ENIs come from (listings, status, metrics).
     fn provider(&self) -> &Arc<dyn EniProvider>;
 
-    /// Whether `netns` is a network namespace the agent can enter.
+    /// Whether `netns` is a network namespace a pod can be in: one the
+    /// agent can enter, and not the node's own. ADD refuses any other; GC
+    /// and a conflicting ADD count an attachment whose netns fails this
+    /// only for being the node's as alive (it is not gone).
     async fn check_netns(&self, netns: &Path) -> Result<(), PlumbingError>;
 
     /// Start-up, before any record is finished or undone: brings the host

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use enim_provider::MacAddr;
 use rtnetlink::Handle;
 
-use super::{route, Netns, PlumbingError};
+use super::{route, Netns, NetnsId, PlumbingError};
 
 /// Opens an rtnetlink connection inside `netns` (thread pattern, see
 /// [`super::netns`]) and drives it on the current runtime. The socket closes
@@ -36,6 +36,10 @@ pub struct Host(Arc<Inner>);
 
 struct Inner {
     netns: Netns,
+    /// The identities of the two namespaces no pod may be given: enimd's
+    /// own and the host namespace (the same unless `host_netns` is set).
+    own_id: NetnsId,
+    host_id: NetnsId,
     handle: Handle,
     // The kernel runs one dump at a time per netlink socket (a second gets
     // EBUSY): dumps on the host socket take turns.
@@ -45,10 +49,18 @@ struct Inner {
 impl Host {
     /// `path`: the host namespace's path; `None` is the agent's own.
     pub async fn open(path: Option<&Path>) -> Result<Host, PlumbingError> {
-        let netns = Netns::open(path.unwrap_or(Path::new("/proc/self/ns/net")))?;
+        let own = Path::new("/proc/self/ns/net");
+        let netns = Netns::open(path.unwrap_or(own))?;
+        let host_id = netns.id()?;
+        let own_id = match path {
+            Some(_) => Netns::open(own)?.id()?,
+            None => host_id,
+        };
         let handle = handle_in(&netns).await?;
         Ok(Host(Arc::new(Inner {
             netns,
+            own_id,
+            host_id,
             handle,
             dump: Default::default(),
         })))
@@ -56,6 +68,24 @@ impl Host {
 
     pub fn netns(&self) -> &Netns {
         &self.0.netns
+    }
+
+    /// Checks that `path` is a network namespace a pod can be given: one
+    /// that opens as such, and neither enimd's own nor the host namespace.
+    /// Compared by device and inode of the opened file, never by path.
+    pub fn check_pod_netns(&self, path: &Path) -> Result<(), PlumbingError> {
+        let id = Netns::open(path)?.id()?;
+        let whose = if id == self.0.own_id {
+            "enimd's own"
+        } else if id == self.0.host_id {
+            "host_netns, where free ENIs live"
+        } else {
+            return Ok(());
+        };
+        Err(PlumbingError::NodeNetns {
+            path: path.to_path_buf(),
+            whose,
+        })
     }
 
     /// For requests that are not dumps; dumps go through [`Host::dump`].

@@ -39,7 +39,7 @@ use crate::model::AttachmentResult;
 
 pub use host::Host;
 pub use hostpath::HostPathSpec;
-pub use netns::Netns;
+pub use netns::{Netns, NetnsId};
 
 /// A device as seen in one namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +120,10 @@ pub enum PlumbingError {
     NetnsNotFound(PathBuf),
     #[error("{path} is not a network namespace: {why}")]
     NotANetns { path: PathBuf, why: String },
+    /// A pod's namespace that is the node's own: attaching there would put
+    /// the pod's interface and default route into the node.
+    #[error("{path} is the node's network namespace ({whose}), not a pod's")]
+    NodeNetns { path: PathBuf, whose: &'static str },
     #[error("entering network namespace {path}: {source}")]
     Setns { path: PathBuf, source: io::Error },
     #[error("an interface named {ifname:?} already exists in {netns}")]
@@ -215,7 +219,9 @@ pub(crate) fn host_prefix_len(ip: IpAddr) -> u8 {
 /// ifindex.
 #[async_trait]
 pub trait Plumbing: Send + Sync {
-    /// Checks that `path` is a network namespace the agent can enter.
+    /// Checks that `path` is a network namespace a pod can be in: one the
+    /// agent can enter, and not the node's own (enimd's, or `host_netns`:
+    /// [`PlumbingError::NodeNetns`]).
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError>;
 
     /// The device with `mac` in the host namespace, under any name.

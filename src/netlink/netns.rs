@@ -18,6 +18,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -28,6 +29,16 @@ use super::PlumbingError;
 // NS_GET_NSTYPE = _IO(0xb7, 0x3) from <linux/nsfs.h>: asks an nsfs file which
 // kind of namespace it is.
 nix::ioctl_none!(ns_get_nstype, 0xb7, 3);
+
+/// Which namespace a namespace file is: the device and inode of its nsfs
+/// file (what `stat -L` shows). Two paths name the same namespace exactly
+/// when these match, whatever the paths are (`/proc/1/ns/net`, a bind
+/// mount under `/run/netns`, `/proc/<pid>/task/<tid>/ns/net`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetnsId {
+    pub dev: u64,
+    pub ino: u64,
+}
 
 /// An open network namespace file (`/run/netns/x`, `/proc/<pid>/ns/net`).
 /// Holding it pins the namespace, so handles are dropped promptly.
@@ -76,6 +87,19 @@ impl Netns {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This namespace's identity, from `fstat` of the open file (not of the
+    /// path, which may have been replaced since it was opened).
+    pub fn id(&self) -> Result<NetnsId, PlumbingError> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(PlumbingError::io("fstat netns"))?;
+        Ok(NetnsId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
     }
 
     pub fn file(&self) -> &File {
@@ -181,8 +205,6 @@ fn serve(home: Netns, jobs: mpsc::Receiver<Job>) {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt;
-
     use super::*;
 
     fn ns_inode(path: &str) -> u64 {

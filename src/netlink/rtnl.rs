@@ -77,7 +77,7 @@ fn fallback_host_name(mac: MacAddr) -> String {
 #[async_trait]
 impl Plumbing for RtnlPlumbing {
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError> {
-        Netns::open(path).map(drop)
+        self.host.check_pod_netns(path)
     }
 
     async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {

@@ -6,12 +6,20 @@
 //! must stay on the node; everything else keeps taking the ENI.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{naming, AttachmentKey, HostPath};
 use crate::netlink::validate_ifname;
+
+/// The masquerade table's conntrack mark bit by default: bit 21. kube-proxy
+/// marks packets (0x4000, 0x8000), not connections; the AWS VPC CNI's
+/// connmark is 0x80; Calico's packet marks sit in the upper 16 bits. A ct
+/// mark is only seen by whatever matches or restores ct marks, and the
+/// table only ever ORs this bit in.
+pub const DEFAULT_CT_MARK: u32 = 0x0020_0000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("[host_path] config: {0}")]
@@ -36,6 +44,17 @@ pub struct HostPathConfig {
     /// in all); GC takes such veths that no record explains for enim's
     /// leftovers. Must differ from `[secondary] veth_prefix`.
     pub veth_prefix: String,
+    /// Masquerade the connections the node DNATs (Services, hostPort) that
+    /// enter from or leave to a host path, with enimd's own nftables table
+    /// (see [`super::masquerade`]), so that replies come back through the
+    /// node's conntrack whatever kube-proxy's `clusterCIDR` says.
+    pub masquerade: bool,
+    /// The `nft` binary that applies the masquerade table: a name looked
+    /// up in `PATH`, or an absolute path.
+    pub nft: PathBuf,
+    /// The conntrack mark bit the masquerade table sets on connections
+    /// that arrive from a host path (one bit; the others are left alone).
+    pub ct_mark: u32,
 }
 
 impl Default for HostPathConfig {
@@ -45,6 +64,9 @@ impl Default for HostPathConfig {
             host_stack_cidrs: Vec::new(),
             interfaces: vec!["eth0".into()],
             veth_prefix: "enih".into(),
+            masquerade: true,
+            nft: PathBuf::from("nft"),
+            ct_mark: DEFAULT_CT_MARK,
         }
     }
 }
@@ -74,6 +96,21 @@ impl HostPathConfig {
         for ifname in &self.interfaces {
             validate_ifname(ifname).map_err(HostPathConfigError)?;
         }
+        if self.ct_mark.count_ones() != 1 {
+            return bad(format!(
+                "ct_mark {:#x} must be exactly one bit (the table ORs it into the connection's mark)",
+                self.ct_mark
+            ));
+        }
+        let nft = self.nft.to_string_lossy();
+        if nft.trim().is_empty() || nft.contains('\0') {
+            return bad(format!("nft {nft:?} is not a program name or path"));
+        }
+        if self.nft.components().count() > 1 && !self.nft.is_absolute() {
+            return bad(format!(
+                "nft {nft:?} must be a bare name (looked up in PATH) or an absolute path"
+            ));
+        }
         for net in self.service_cidrs.iter().chain(&self.host_stack_cidrs) {
             if net.trunc() != *net {
                 return bad(format!(
@@ -83,6 +120,11 @@ impl HostPathConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether enimd keeps its masquerade table in the host netns.
+    pub fn masquerades(&self) -> bool {
+        self.enabled() && self.masquerade
     }
 
     /// Whether the attachment of `key` gets a host path.
@@ -233,8 +275,49 @@ mod tests {
                 service_cidrs: vec!["10.96.0.1/12".parse().unwrap()],
                 ..c.clone()
             },
+            HostPathConfig {
+                ct_mark: 0,
+                ..c.clone()
+            },
+            HostPathConfig {
+                ct_mark: 0x3000,
+                ..c.clone()
+            },
+            HostPathConfig {
+                nft: "".into(),
+                ..c.clone()
+            },
+            HostPathConfig {
+                nft: "sbin/nft".into(),
+                ..c.clone()
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+        for good in [
+            HostPathConfig {
+                nft: "/usr/sbin/nft".into(),
+                ct_mark: 0x8000_0000,
+                ..c.clone()
+            },
+            HostPathConfig {
+                masquerade: false,
+                ..c.clone()
+            },
+        ] {
+            good.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn masquerade_follows_the_host_path() {
+        let c = config();
+        assert!(c.masquerades());
+        assert!(!HostPathConfig::default().masquerades());
+        assert!(!HostPathConfig {
+            masquerade: false,
+            ..c
+        }
+        .masquerades());
     }
 }

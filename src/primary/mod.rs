@@ -5,12 +5,15 @@
 //! - [`driver`]: the [`crate::engine::Driver`] of this mode.
 //! - [`hostpath`]: the `[host_path]` config and what each pod's host path
 //!   routes (the kernel side is [`crate::netlink::hostpath`]).
+//! - [`masquerade`]: the nftables table that masquerades Service and
+//!   hostPort connections touching a host path (start-up state).
 //! - [`host`]: GC's host pass (orphaned assignments, drifted free ENIs,
 //!   excluded ENIs) and `/v1/enis`.
 
 pub mod driver;
 mod host;
 pub mod hostpath;
+pub mod masquerade;
 
 pub use driver::PrimaryDriver;
 pub use hostpath::HostPathConfig;

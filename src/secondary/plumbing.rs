@@ -114,7 +114,9 @@ pub struct PodObservation {
 
 #[async_trait]
 pub trait SecondaryPlumbing: Send + Sync {
-    /// Checks that `path` is a network namespace the agent can enter.
+    /// Checks that `path` is a network namespace a pod can be in: one the
+    /// agent can enter, and not the node's own (enimd's, or `host_netns`:
+    /// [`PlumbingError::NodeNetns`]).
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError>;
 
     /// Forwarding in the host namespace for the families pods use. IPv4
@@ -227,7 +229,7 @@ impl RtnlSecondary {
 #[async_trait]
 impl SecondaryPlumbing for RtnlSecondary {
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError> {
-        Netns::open(path).map(drop)
+        self.host.check_pod_netns(path)
     }
 
     async fn enable_forwarding(&self, ipv6: bool) -> Result<(), PlumbingError> {
