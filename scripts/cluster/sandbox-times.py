@@ -3,9 +3,9 @@
 
     sandbox-times.py LOG PREFIX
 
-containerd's CRI logs "RunPodSandbox for &PodSandboxMetadata{Name:NAME,..."
-when a sandbox is asked for and the same line with "returns sandbox id" when
-it is done, each with its time. Prints, for the pods whose name starts with
+containerd 2.x's CRI logs 'RunPodSandbox for name:\"NAME\" uid:...' when a
+sandbox is asked for and the same line with "returns sandbox id" when it is
+done, each with its time. Prints, for the pods whose name starts with
 PREFIX: count, p50 and p95 in milliseconds, one line.
 """
 
@@ -13,7 +13,7 @@ import datetime
 import re
 import sys
 
-LINE = re.compile(r'time="([^"]+)".*RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),')
+LINE = re.compile(r'time="([^"]+)".*RunPodSandbox for name:\\"([^\\]+)\\"')
 
 
 def when(stamp):

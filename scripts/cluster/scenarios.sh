@@ -53,7 +53,7 @@ pod_ip() { k get pod "$1" -o jsonpath='{.status.podIP}'; }
 ready() { k wait --for=condition=Ready "pod/$1" --timeout="${2:-90}s" >/dev/null; }
 # clean: every test pod and service gone, and enim holding nothing.
 clean() {
-  k delete pod,svc,endpointslice -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
+  k delete deployment,pod,svc,endpointslice -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
   wait_for "enim to hold nothing" 120 holds 0
 }
 enimctl() { k -n enim-system exec ds/enimd -c enimd -- /usr/local/bin/enimctl "$@"; }
@@ -163,10 +163,6 @@ EOF
   ready backend && ready client
 }
 
-services_down() {
-  pkill -f "busybox httpd -p $GW_IP:8080" || true
-}
-
 # kube_proxy_with CIDR: kube-proxy restarted with clusterCIDR CIDR (empty:
 # unset), and its rules for the test Services in place.
 kube_proxy_with() {
@@ -178,19 +174,18 @@ kube_proxy_with() {
 
 kube_proxy_synced() { on_node iptables -t nat -S KUBE-SERVICES | grep -q default/remote; }
 
-s_services_cidr_set() {
-  services_up || return 1
-  kube_proxy_with 10.244.0.0/16 || return 1
-  services_check
-}
-
-s_services_cidr_unset() {
-  kube_proxy_with "" || return 1
-  services_check
-  local rc=$?
-  services_down
+# services_with CIDR: the Services checked with kube-proxy's clusterCIDR
+# CIDR (empty: unset).
+services_with() {
+  local rc=0
+  services_up || rc=1
+  [ $rc = 0 ] && kube_proxy_with "$1" || rc=1
+  [ $rc = 0 ] && services_check || rc=1
+  pkill -f "busybox httpd -p $GW_IP:8080" || true
   return $rc
 }
+s_services_cidr_set() { services_with 10.244.0.0/16; }
+s_services_cidr_unset() { services_with ""; }
 
 s_probe() {
   pod probe-ok
@@ -272,19 +267,47 @@ running_sandboxes() {
 terminating_gone() {
   ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"\n"}{end}' | grep -q .
 }
-settled() {
-  local pods n stale
-  wait_for "deleted pods to go" 120 terminating_gone || return 1
-  pods=$(k get pods -l e2e=1 -o name | wc -l)
-  k wait --for=condition=Ready pod -l e2e=1 --timeout=180s >/dev/null || { echo "not every pod is Ready"; return 1; }
-  wait_for "one attachment per pod" 60 holds "$pods" || { echo "enim holds $(attachments | wc -l) attachments for $pods pods"; return 1; }
+# live_pods: test pods that are not finished (Failed or Succeeded).
+live_pods() { k get pods -l e2e=1 --field-selector=status.phase!=Failed,status.phase!=Succeeded -o name; }
+# Failed pods a controller did not replace: their names, a line each.
+unreplaced_failures() {
+  k get pods -l e2e=1 --field-selector=status.phase=Failed \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.status.reason} {.metadata.ownerReferences[0].kind}{"\n"}{end}' |
+    grep -v ' ReplicaSet$' || true
+}
+# settled_now: one look at the invariants after a fault; SETTLED_WHY says
+# what is off. No failed pod left unreplaced; every live test pod Ready;
+# exactly one attachment per live pod, each for a sandbox containerd runs;
+# (primary) every other ENI home in the node.
+settled_now() {
+  local pods n stale failed
+  SETTLED_WHY=""
+  terminating_gone || { SETTLED_WHY="pods still terminating"; return 1; }
+  failed=$(unreplaced_failures)
+  [ -z "$failed" ] || { SETTLED_WHY="failed pods nobody recreates: $failed"; return 1; }
+  pods=$(live_pods | wc -l)
+  [ "$pods" -gt 0 ] || { SETTLED_WHY="no pod left to check"; return 1; }
+  n=$(k get pods -l e2e=1 --field-selector=status.phase=Running \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true)
+  [ "$n" = "$pods" ] || { SETTLED_WHY="$n of $pods pods Ready"; return 1; }
+  n=$(attachments | wc -l)
+  [ "$n" = "$pods" ] || { SETTLED_WHY="enim holds $n attachments for $pods pods"; return 1; }
   stale=$(comm -23 <(attachments | sort) <(running_sandboxes | sort))
-  [ -z "$stale" ] || { echo "records for sandboxes that do not run: $stale"; return 1; }
+  [ -z "$stale" ] || { SETTLED_WHY="records for sandboxes that do not run: $stale"; return 1; }
   if [ "$mode" = primary ]; then
     n=$(on_node ip -o link show | grep -c 'link/ether 02:e5:00:00' || true)
-    [ "$n" = $(($(capacity) - pods)) ] || { echo "$n ENIs home, want $(($(capacity) - pods))"; return 1; }
+    [ "$n" = $(($(capacity) - pods)) ] || { SETTLED_WHY="$n ENIs home, want $(($(capacity) - pods))"; return 1; }
   fi
-  echo "settled: $pods pods Ready, $pods attachments, all for running sandboxes"
+  SETTLED_PODS=$pods
+}
+settled() {
+  local i
+  for i in $(seq 180); do
+    settled_now && { echo "settled: $SETTLED_PODS pods Ready, one attachment each, all for running sandboxes"; return 0; }
+    sleep 1
+  done
+  echo "not settled after 180 s: $SETTLED_WHY"
+  return 1
 }
 
 # churn: pods created and deleted in the background, at most 3 at a time.
@@ -347,7 +370,43 @@ s_fault() {
 s_fault_kill9() { s_fault kill9; }
 s_fault_kubelet() { s_fault kubelet; }
 s_fault_containerd() { s_fault containerd; }
-s_fault_reboot() { s_fault reboot; }
+# A reboot restarts the kubelet before any plugin: a pod the kubelet admits
+# before the device plugin registers again is refused (UnexpectedAdmissionError,
+# the kubelet's rule for extended resources at boot, whatever the plugin).
+# So the workload here is what survives a reboot in any cluster: a
+# Deployment, rolled during the stop, whose refused pods are replaced.
+s_fault_reboot() {
+  local failed
+  k apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: churn, labels: {e2e: "1"}}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: churn}}
+  template:
+    metadata: {labels: {app: churn, e2e: "1"}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: c
+          image: $BUSYBOX
+          imagePullPolicy: Never
+          args: ["mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
+          resources: {limits: {$(resource): 1}}
+EOF
+  k rollout status deployment/churn --timeout=120s >/dev/null || return 1
+  k rollout restart deployment/churn >/dev/null
+  sleep 1
+  reboot_node
+  enimd_ready || return 1
+  k rollout status deployment/churn --timeout=240s >/dev/null || { echo "the Deployment did not recover"; return 1; }
+  failed=$(k get pods -l e2e=1 --field-selector=status.phase=Failed -o name | wc -l)
+  echo "after the reboot: the Deployment is available again ($failed pods refused at admission and replaced)"
+  settled
+}
+
 
 # --- no pod rejected while enimd restarts ---------------------------------
 
