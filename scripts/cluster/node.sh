@@ -47,6 +47,9 @@ cluster_init() {
   gw=$tag-gw
   cgroot=/$tag
   mkdir -p "$work"/{logs,pids,pki,etc}
+  # For testkit::cluster (Rust tests against this cluster).
+  echo "/run/netns/$node" > "$work/node-netns"
+  echo "$bin" > "$work/bin-dir"
 }
 
 # Runs a command on the node: its network and mount namespaces.

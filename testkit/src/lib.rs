@@ -8,6 +8,8 @@
 //!   those ENIs to a static provider ([`fixtures`]);
 //! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
 //!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does;
+//! - [`cluster`]: the real one-node Kubernetes of `scripts/e2e-cluster.sh`,
+//!   reached through `nsenter` (kubectl as its admin, commands on its node);
 //! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
 //!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata),
 //!   and with either, [`cloud`]: the checks both clouds' tests share.
@@ -17,6 +19,7 @@
 //! Nothing here touches the machine's own interfaces.
 
 pub mod agent;
+pub mod cluster;
 pub mod cni;
 pub mod fixtures;
 pub mod netns;
