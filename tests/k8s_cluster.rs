@@ -89,7 +89,10 @@ fn the_kubelet_sends_the_pods_identity_and_enim_records_it() {
         let r = mine[0];
         // K8S_POD_NAMESPACE, K8S_POD_NAME and K8S_POD_UID from CNI_ARGS.
         assert_eq!(r["pod"]["namespace"], "default", "{r}");
-        assert_eq!(r["pod"]["uid"], uid, "K8S_POD_UID as the API server has it: {r}");
+        assert_eq!(
+            r["pod"]["uid"], uid,
+            "K8S_POD_UID as the API server has it: {r}"
+        );
         // The runtime's network name and interface: the conflist's, eth0.
         assert_eq!(r["network"], "enim", "{r}");
         assert_eq!(r["ifname"], "eth0", "{r}");
@@ -98,7 +101,10 @@ fn the_kubelet_sends_the_pods_identity_and_enim_records_it() {
         assert!(netns.starts_with("/var/run/netns/cni-"), "{netns}");
         // The address the kubelet reported is the one enim gave.
         let recorded = r.to_string();
-        assert!(recorded.contains(&format!("\"{ip}/")), "{ip} not in {recorded}");
+        assert!(
+            recorded.contains(&format!("\"{ip}/")),
+            "{ip} not in {recorded}"
+        );
     }
 
     // The ENIs enim lists as usable match what the kubelet may schedule.
