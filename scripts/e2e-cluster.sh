@@ -69,6 +69,8 @@ scenario() {
 
 images=/var/tmp/enimk8s-images-$$
 IMAGES_DIR=$images
+# The performance scenario's figures, printed again at the end.
+PERF_OUT=$images/perf.txt
 PAUSE_IMAGE=localhost/enim-e2e/pause:1
 BUSYBOX=localhost/enim-e2e/busybox:1
 ENIM_IMAGE=docker.io/library/enim:0.1.0
@@ -156,6 +158,7 @@ done
 [ "$keep" = 1 ] || { cluster_down; rm -rf "$work"; work=""; }
 step "results ($(elapsed); components $BUILD_S s)"
 printf '%s\n' "${results[@]}"
+[ -s "$PERF_OUT" ] && { echo "performance:"; cat "$PERF_OUT"; }
 npass=$(printf '%s\n' "${results[@]}" | grep -c '^PASS' || true)
 echo "e2e-cluster: $npass passed, $failures failed"
 [ "$failures" = 0 ]

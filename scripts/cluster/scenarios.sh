@@ -563,9 +563,23 @@ at_once() {
   k delete pod -l e2e=1 --wait=true >/dev/null
 }
 
+# add_seconds: enimd's ADD count and total seconds, from its /metrics.
+add_seconds() {
+  on_node curl -fsS http://127.0.0.1:9464/metrics | python3 -c '
+import re, sys
+v = {}
+for line in sys.stdin:
+    m = re.match(r"enim_request_duration_seconds_(sum|count)\{verb=\"(?i:add)\"\} (\S+)", line)
+    if m:
+        v[m.group(1)] = float(m.group(2))
+print(v.get("count", 0), v.get("sum", 0))'
+}
+
 s_perf() {
-  local log=$work/logs/containerd.log e b
+  local log=$work/logs/containerd.log e b a0 a1
+  a0=$(add_seconds)
   e=$(one_at_a_time "perf-enim-" 1) || return 1
+  a1=$(add_seconds)
   wait_for "enim to hold nothing" 60 holds 0
   bridge_on
   b=$(one_at_a_time "perf-bridge-" 0) || { bridge_off; return 1; }
@@ -579,6 +593,11 @@ s_perf() {
   sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perf-bridge-) || return 1
   perf_line "one at a time" "$se" "$sb"
   echo "apply->Ready ms p50/p95: enim $e, bridge $b (one at a time)"
+  python3 -c "
+import sys
+c0, s0 = map(float, sys.argv[1].split()); c1, s1 = map(float, sys.argv[2].split())
+print(f'enimd ADD (server side, from its /metrics): {int(c1 - c0)} ADDs, mean {(s1 - s0) / max(c1 - c0, 1) * 1000:.1f} ms')
+" "$a0" "$a1" | tee -a "$PERF_OUT"
   if [ "$mode" = secondary ]; then
     se=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-enim-) || return 1
     sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-bridge-) || return 1
@@ -594,7 +613,7 @@ e = sys.argv[2].split(); b = sys.argv[3].split()
 print(f'RunPodSandbox {sys.argv[1]} ({e[0]} pods each): enim p50 {e[1]} ms p95 {e[2]} ms; bridge p50 {b[1]} ms p95 {b[2]} ms; enim/bridge p50 {float(e[1]) / float(b[1]):.2f} x, p95 {float(e[2]) / float(b[2]):.2f} x')
 " "$@")
   echo "$line"
-  echo "[$mode] $line" >> "$work/../enimk8s-perf.txt"
+  echo "[$mode] $line" >> "$PERF_OUT"
 }
 
 # tests/k8s_cluster.rs against this cluster, through testkit::cluster.
