@@ -54,6 +54,9 @@ ready() { k wait --for=condition=Ready "pod/$1" --timeout="${2:-90}s" >/dev/null
 # clean: every test pod and service gone, and enim holding nothing.
 clean() {
   k delete deployment,pod,svc,endpointslice -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
+  # Any ENI a scenario took from the node (on purpose or by failing midway)
+  # is put back, so the next scenario starts from a whole node.
+  reattach_enis
   wait_for "enim to hold nothing" 120 holds 0
 }
 enimctl() { k -n enim-system exec ds/enimd -c enimd -- /usr/local/bin/enimctl "$@"; }
@@ -474,19 +477,36 @@ s_netns_gone() {
   ready gone || return 1
   cid=$(attachments | head -n 1)
   ns=$(enimctl --json attachments | python3 -c 'import json,sys; print(json.load(sys.stdin)["attachments"][0]["netns"])')
-  # Its processes die and its namespace is unmounted and removed.
-  kill_sandbox_of "$cid"
+  # Every process in it dies and it is unmounted and removed, so the
+  # namespace is destroyed at once (with it the veth standing in for the ENI,
+  # which the rig then puts back as a cloud's device would come home).
+  kill_netns_procs "$ns"
   on_node sh -c "umount -l '$ns'; rm -f '$ns'"
+  if [ "$mode" = primary ]; then
+    wait_for "the ENI's veth to go with the namespace" 20 eni_gone || return 1
+  fi
   reattach_enis
   wait_for "the record of $cid to go" 120 not_recorded "$cid" || return 1
   ready gone 120 || return 1
   echo "sandbox ${cid:0:12}: netns destroyed without DEL; record collected; pod Running again on $(pod_ip gone)"
 }
 not_recorded() { ! attachments | grep -q "$1"; }
-kill_sandbox_of() {
-  local pid
-  pid=$(ctr_node -n k8s.io tasks ls | awk -v c="$1" '$1 == c { print $2 }')
-  [ -n "$pid" ] && kill -9 "$pid"
+# kill_netns_procs NETNS: kill -9 every process in that network namespace.
+kill_netns_procs() {
+  local ino p
+  ino=$(on_node stat -L -c %i "$1")
+  for p in /proc/[0-9]*; do
+    [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$ino" ] && kill -9 "${p#/proc/}" 2>/dev/null
+  done
+  return 0
+}
+# eni_gone: some ENI's veth has gone with a pod's namespace.
+eni_gone() {
+  local i
+  for i in $(seq 0 $(($(eni_count) - 1))); do
+    ip -n "$gw" link show "vpc$i" >/dev/null 2>&1 || return 0
+  done
+  return 1
 }
 
 # reattach_enis: any ENI whose veth went with a pod's namespace is put back.
@@ -506,6 +526,9 @@ eni_count() { [ "$mode" = primary ] && echo 4 || echo 2; }
 
 s_broken_eni() {
   local free want
+  # From a whole node: an ENI quarantined earlier (a device seen missing)
+  # is freed by enimd's GC once its device is back.
+  wait_for "allocatable $(capacity) first" 60 allocatable_is "$(capacity)" || return 1
   # Delete a free ENI's device from the node.
   free=$(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1 | head -n 1)
   on_node ip link del "$free"
