@@ -512,8 +512,10 @@ mod tests {
     #[test]
     fn conflist_text_alone_and_with_portmap() {
         let socket = Path::new("/run/enim/enimd.sock");
-        // Alone: the text install-cni wrote before --portmap existed.
-        let alone = r#"{
+        // The text with `more` after enim's own entry in the chain.
+        let text = |more: &str| {
+            format!(
+                r#"{{
   "cniVersion": "1.0.0",
   "cniVersions": [
     "1.0.0",
@@ -521,36 +523,25 @@ mod tests {
   ],
   "name": "enim",
   "plugins": [
-    {
+    {{
       "socket": "/run/enim/enimd.sock",
       "type": "enim"
-    }
+    }}{more}
   ]
-}
-"#;
-        assert_eq!(conflist("enim", socket, false).unwrap(), alone);
-        let chained = r#"{
-  "cniVersion": "1.0.0",
-  "cniVersions": [
-    "1.0.0",
-    "1.1.0"
-  ],
-  "name": "enim",
-  "plugins": [
-    {
-      "socket": "/run/enim/enimd.sock",
-      "type": "enim"
-    },
+}}
+"#
+            )
+        };
+        // Alone: the text install-cni wrote before --portmap existed.
+        assert_eq!(conflist("enim", socket, false).unwrap(), text(""));
+        let portmap = r#",
     {
       "capabilities": {
         "portMappings": true
       },
       "type": "portmap"
-    }
-  ]
-}
-"#;
-        assert_eq!(conflist("enim", socket, true).unwrap(), chained);
+    }"#;
+        assert_eq!(conflist("enim", socket, true).unwrap(), text(portmap));
     }
 
     #[test]
