@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use enim::cni::NetConf;
+use enim_testkit::cni::fake_portmap;
 
 const ENIMD: &str = env!("CARGO_BIN_EXE_enimd");
 const ENIM: &str = env!("CARGO_BIN_EXE_enim");
@@ -234,44 +235,6 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
     };
     assert_eq!(names(&d.bin), ["bridge", "enim"]);
     assert_eq!(names(&d.netd), ["10-enim.conflist", "99-other.conflist"]);
-}
-
-/// Writes an executable script from a child process, so that no thread of
-/// this test binary holds it open for writing (a fork elsewhere inheriting
-/// that fd would make its exec fail with ETXTBSY).
-fn write_script(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut child = Command::new("/bin/sh")
-        .arg("-c")
-        .arg("cat > \"$0\" && chmod 0755 \"$0\"")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
-}
-
-/// A stand-in for the reference portmap in `bin`: it answers a VERSION
-/// probe (CNI_COMMAND=VERSION, a config on stdin, no other CNI_ variable)
-/// with `versions`, and fails anything else.
-fn fake_portmap(bin: &Path, versions: &[&str]) {
-    let list: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
-    write_script(
-        &bin.join("portmap"),
-        &format!(
-            r#"#!/bin/sh
-IFS= read -r conf
-if [ "$CNI_COMMAND" != VERSION ] || [ -z "$conf" ] ||
-   [ -n "$CNI_CONTAINERID$CNI_NETNS$CNI_IFNAME$CNI_ARGS$CNI_PATH" ]; then
-  printf '{{"code":4,"msg":"not a VERSION probe"}}'
-  exit 1
-fi
-printf '{{"cniVersion":"1.0.0","supportedVersions":[{}]}}'
-"#,
-            list.join(",")
-        ),
-    );
 }
 
 /// The `type`s of the installed conflist's plugins, in order, and the

@@ -291,8 +291,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use super::portmap::tests::{fake_portmap, NEW, OLD};
+    use super::portmap::tests::{NEW, OLD};
     use super::*;
+    use enim_testkit::cni::fake_portmap;
 
     fn mode_of(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().mode() & 0o7777
