@@ -395,13 +395,7 @@ fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
     enim::api::DeviceList {
         resource_name: "enim.io/eni".into(),
         in_process_plugin,
-        devices: ids
-            .iter()
-            .map(|id| Device {
-                id: id.to_string(),
-                healthy: true,
-            })
-            .collect(),
+        devices: ids.iter().copied().map(Device::healthy).collect(),
     }
 }
 
