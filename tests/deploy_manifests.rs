@@ -279,6 +279,39 @@ fn command_line(c: &Container) -> Vec<String> {
     v
 }
 
+/// The flags of `c`'s command line (`who` in problems), which must be
+/// `enimd <sub>` on the agent's own binary with only `known` flags; None,
+/// the problem noted, when they do not parse.
+fn enimd_flags(
+    who: &str,
+    c: &Container,
+    agent: &Container,
+    sub: &str,
+    known: &[&str],
+    p: &mut Problems,
+) -> Option<BTreeMap<String, String>> {
+    let line = command_line(c);
+    let agent_line = command_line(agent);
+    p.check(line.first() == agent_line.first(), || {
+        format!(
+            "{who} runs {:?}, the agent {:?}",
+            line.first(),
+            agent_line.first()
+        )
+    });
+    p.check(line.get(1).map(String::as_str) == Some(sub), || {
+        format!("{who} command {line:?} is not `enimd {sub}`")
+    });
+    flags(line.get(2..).unwrap_or_default(), known)
+        .map_err(|e| p.0.push(format!("{who}: {e}")))
+        .ok()
+}
+
+/// The path `flag` has among `flags`, or `default`.
+fn flag_path(flags: &BTreeMap<String, String>, flag: &str, default: &str) -> PathBuf {
+    PathBuf::from(flags.get(flag).map(String::as_str).unwrap_or(default))
+}
+
 /// The config the agent will run with, from the ConfigMap its `--config`
 /// points at.
 fn agent_config(m: &Manifests, p: &mut Problems) -> Option<(Config, String)> {

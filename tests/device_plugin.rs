@@ -83,6 +83,56 @@ fn start_kubelet(
     stop
 }
 
+/// A temporary dir, and in its `device-plugins` a kubelet stand-in.
+struct PluginDir {
+    /// Stops the kubelet when dropped, before the dir goes.
+    _kubelet: oneshot::Sender<()>,
+    /// What the kubelet was asked to register, in order.
+    seen: mpsc::UnboundedReceiver<RegisterRequest>,
+    /// The kubelet's device plugin dir.
+    plugins: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl PluginDir {
+    fn start() -> PluginDir {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let (seen_tx, seen) = mpsc::unbounded_channel();
+        PluginDir {
+            _kubelet: start_kubelet(&plugins, seen_tx),
+            seen,
+            plugins,
+            dir,
+        }
+    }
+
+    /// `enimd device-plugin` against the enimd at `socket`, for this
+    /// kubelet; it logs to `relay.log` in the dir.
+    fn relay(&self, socket: &std::path::Path) -> Relay {
+        Relay::start(socket, &self.plugins, &self.dir.path().join("relay.log"))
+    }
+
+    /// Waits for a registration of `enim.io/eni` (as `what`), then asks
+    /// the plugin for its list: the client, the stream and its first list.
+    async fn registered(
+        &mut self,
+        what: &str,
+    ) -> (
+        DevicePluginClient<Channel>,
+        tonic::Streaming<ListAndWatchResponse>,
+        ListAndWatchResponse,
+    ) {
+        let req = within(what, self.seen.recv()).await.unwrap();
+        assert_eq!(req.resource_name, "enim.io/eni");
+        let mut client = plugin_client(self.plugins.join(&req.endpoint)).await;
+        let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+        let first = next_list(&mut stream, "the first list").await;
+        (client, stream, first)
+    }
+}
+
 async fn plugin_client(path: std::path::PathBuf) -> DevicePluginClient<Channel> {
     DevicePluginClient::new(enim::deviceplugin::unix_channel(path).await.unwrap())
 }
@@ -235,23 +285,15 @@ async fn enimd_advertises_its_enis_and_their_health() {
     enim_testkit::require_kernel!();
     let sb = common::Sandbox::new(3);
     let pod = common::NamedNetns::new("pod");
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let _kubelet = start_kubelet(&plugins, seen_tx);
+    let mut k = PluginDir::start();
     let extra = format!(
         "[device_plugin]\nenabled = true\ndir = \"{}\"",
-        plugins.display()
+        k.plugins.display()
     );
     // The rig blocks while enimd starts; the stand-in runs meanwhile.
-    let agent = tokio::task::block_in_place(|| common::start_agent(&sb, dir.path(), &extra));
+    let agent = tokio::task::block_in_place(|| common::start_agent(&sb, k.dir.path(), &extra));
     let conf = agent.net_conf("1.1.0");
-    let req = within("enimd's registration", seen.recv()).await.unwrap();
-    assert_eq!(req.resource_name, "enim.io/eni");
-    let mut client = plugin_client(plugins.join(&req.endpoint)).await;
-    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let first = next_list(&mut stream, "the first list").await;
+    let (mut client, mut stream, first) = k.registered("enimd's registration").await;
     assert_eq!(first.devices.len(), 3, "{first:?}");
     assert!(
         first.devices.iter().all(|d| d.health == "Healthy"),
@@ -395,13 +437,7 @@ fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
     enim::api::DeviceList {
         resource_name: "enim.io/eni".into(),
         in_process_plugin,
-        devices: ids
-            .iter()
-            .map(|id| Device {
-                id: id.to_string(),
-                healthy: true,
-            })
-            .collect(),
+        devices: ids.iter().copied().map(Device::healthy).collect(),
     }
 }
 
@@ -410,13 +446,9 @@ fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
 /// reject the pods it admits. It registers once enimd answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_plugin_process_registers_only_once_enimd_has_a_list() {
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let _kubelet = start_kubelet(&plugins, seen_tx);
-    let socket = dir.path().join("enimd.sock");
-    let mut relay = Relay::start(&socket, &plugins, &dir.path().join("relay.log"));
+    let mut k = PluginDir::start();
+    let socket = k.dir.path().join("enimd.sock");
+    let mut relay = k.relay(&socket);
 
     // No enimd, then an enimd that does not know its list yet.
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -424,8 +456,8 @@ async fn device_plugin_process_registers_only_once_enimd_has_a_list() {
     let _enimd = start_fake_enimd(&socket, answer.clone());
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(relay.running(), "gave up waiting: {}", relay.log());
-    assert!(seen.try_recv().is_err(), "registered with no list");
-    assert!(!plugins.join("enim.sock").exists(), "served with no list");
+    assert!(k.seen.try_recv().is_err(), "registered with no list");
+    assert!(!k.plugins.join("enim.sock").exists(), "served with no list");
     let waiting = relay
         .log()
         .matches("waiting for enimd's device list")
@@ -434,32 +466,24 @@ async fn device_plugin_process_registers_only_once_enimd_has_a_list() {
 
     // enimd knows its list: registration, and the list on the stream.
     *answer.lock().unwrap() = Some(device_list(&["eni-1", "eni-2"], false));
-    let req = within("registration", seen.recv()).await.unwrap();
-    assert_eq!(req.resource_name, "enim.io/eni");
-    let mut client = plugin_client(plugins.join(&req.endpoint)).await;
-    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let first = next_list(&mut stream, "the first list").await;
+    let (_client, _stream, first) = k.registered("registration").await;
     let healthy = |id: &str| (id.to_string(), "Healthy".to_string());
     assert_eq!(health(&first), [healthy("eni-1"), healthy("eni-2")]);
 
     // SIGTERM: it exits 0 and takes its socket with it.
     tokio::task::block_in_place(|| relay.stop());
-    assert!(!plugins.join("enim.sock").exists());
+    assert!(!k.plugins.join("enim.sock").exists());
 }
 
 /// Beside an enimd that serves the kubelet itself the two would replace
 /// each other's registration: the process says so and exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_plugin_process_refuses_an_enimd_with_its_own_plugin_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let _kubelet = start_kubelet(&plugins, seen_tx);
-    let socket = dir.path().join("enimd.sock");
+    let mut k = PluginDir::start();
+    let socket = k.dir.path().join("enimd.sock");
     let answer = Arc::new(Mutex::new(Some(device_list(&["eni-1"], true))));
     let _enimd = start_fake_enimd(&socket, answer);
-    let mut relay = Relay::start(&socket, &plugins, &dir.path().join("relay.log"));
+    let mut relay = k.relay(&socket);
     let status = relay.exited().await;
     assert!(!status.success(), "{status}");
     let log = relay.log();
@@ -467,7 +491,10 @@ async fn device_plugin_process_refuses_an_enimd_with_its_own_plugin_on() {
         log.contains("serves the kubelet itself") && log.contains("enabled = false"),
         "{log}"
     );
-    assert!(seen.try_recv().is_err(), "registered beside enimd's plugin");
+    assert!(
+        k.seen.try_recv().is_err(),
+        "registered beside enimd's plugin"
+    );
 }
 
 /// The point of the separate process: enimd killed with SIGKILL, and the
@@ -478,19 +505,11 @@ async fn device_plugin_process_refuses_an_enimd_with_its_own_plugin_on() {
 async fn device_plugin_process_outlives_enimd() {
     enim_testkit::require_kernel!();
     let sb = common::Sandbox::new(3);
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let (seen_tx, mut seen) = mpsc::unbounded_channel();
-    let _kubelet = start_kubelet(&plugins, seen_tx);
+    let mut k = PluginDir::start();
     // enimd's own plugin is off (the default): the process serves instead.
-    let mut agent = tokio::task::block_in_place(|| common::start_agent(&sb, dir.path(), ""));
-    let mut relay = Relay::start(agent.socket(), &plugins, &dir.path().join("relay.log"));
-    let req = within("the registration", seen.recv()).await.unwrap();
-    assert_eq!(req.resource_name, "enim.io/eni");
-    let mut client = plugin_client(plugins.join(&req.endpoint)).await;
-    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
-    let first = next_list(&mut stream, "the first list").await;
+    let mut agent = tokio::task::block_in_place(|| common::start_agent(&sb, k.dir.path(), ""));
+    let mut relay = k.relay(agent.socket());
+    let (mut client, mut stream, first) = k.registered("the registration").await;
     let mut ids: Vec<String> = sb.enis.iter().map(|e| e.id.clone()).collect();
     ids.sort();
     let all_healthy = |ids: &[String]| {
@@ -528,7 +547,7 @@ async fn device_plugin_process_outlives_enimd() {
     // enimd back, with one ENI fewer: the kubelet is told on the same stream.
     let kept = &sb.enis[..2];
     tokio::task::block_in_place(|| {
-        common::fixtures::write_config(dir.path(), None, kept, "");
+        common::fixtures::write_config(k.dir.path(), None, kept, "");
         agent.restart();
     });
     let after = next_list(&mut stream, "the list after enimd came back").await;
@@ -541,7 +560,7 @@ async fn device_plugin_process_outlives_enimd() {
         relay.log()
     );
     assert!(
-        seen.try_recv().is_err(),
+        k.seen.try_recv().is_err(),
         "registered again without a reason"
     );
 

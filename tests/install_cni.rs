@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use enim::cni::NetConf;
+use enim_testkit::cni::fake_portmap;
 
 const ENIMD: &str = env!("CARGO_BIN_EXE_enimd");
 const ENIM: &str = env!("CARGO_BIN_EXE_enim");
@@ -23,6 +24,18 @@ fn enimd(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// What `plugin` prints when asked for its VERSION with `conf` on stdin.
+fn version_answer(plugin: &Path, conf: &[u8]) -> Vec<u8> {
+    let mut child = Command::new(plugin)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), conf).unwrap();
+    child.wait_with_output().unwrap().stdout
 }
 
 struct Dirs {
@@ -56,6 +69,13 @@ impl Dirs {
     fn conflist(&self) -> PathBuf {
         self.netd.join("10-enim.conflist")
     }
+
+    /// Runs install-cni into these dirs with `extra` flags; it must succeed.
+    fn install(&self, extra: &[&str]) -> Output {
+        let out = enimd(&self.args(extra));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    }
 }
 
 /// The network config the runtime hands the plugin for the first entry of
@@ -79,8 +99,7 @@ fn mode(p: &Path) -> u32 {
 #[test]
 fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
     let d = Dirs::new();
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     let stdout = text(&out.stdout);
     assert_eq!(stdout.matches(": created").count(), 2, "{stdout}");
 
@@ -105,23 +124,8 @@ fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
     assert_eq!(conf.socket, PathBuf::from("/run/enim/enimd.sock"));
 
     // The installed binary runs: it answers VERSION with 1.1.0 among others.
-    let mut child = Command::new(&installed)
-        .env("CNI_COMMAND", "VERSION")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
-        br#"{"cniVersion":"1.1.0"}"#,
-    )
-    .unwrap();
-    let version = child.wait_with_output().unwrap();
-    assert!(
-        text(&version.stdout).contains("1.1.0"),
-        "{}",
-        text(&version.stdout)
-    );
+    let version = text(&version_answer(&installed, br#"{"cniVersion":"1.1.0"}"#));
+    assert!(version.contains("1.1.0"), "{version}");
 
     // Again: nothing changes, not even the inodes.
     let inodes = |d: &Dirs| {
@@ -131,8 +135,7 @@ fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
         )
     };
     let before = inodes(&d);
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     assert_eq!(
         text(&out.stdout).matches(": unchanged").count(),
         2,
@@ -153,15 +156,13 @@ fn socket_comes_from_the_config_unless_given() {
     .unwrap();
     let cfg = config.to_str().unwrap();
 
-    let out = enimd(&d.args(&["--config", cfg, "--network-name", "pods"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    d.install(&["--config", cfg, "--network-name", "pods"]);
     let conf = plugin_netconf(&d.conflist());
     assert_eq!(conf.socket, PathBuf::from("/run/custom/agent.sock"));
     assert_eq!(conf.name, "pods");
 
     // --socket wins, and replaces the existing conflist.
-    let out = enimd(&d.args(&["--config", cfg, "--socket", "/run/x/y.sock"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&["--config", cfg, "--socket", "/run/x/y.sock"]);
     assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
     assert_eq!(
         plugin_netconf(&d.conflist()).socket,
@@ -214,8 +215,7 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
     std::fs::write(d.conflist(), b"{\"half\":").unwrap();
     std::fs::write(d.netd.join("99-other.conflist"), b"{}").unwrap();
 
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     assert_eq!(text(&out.stdout).matches(": replaced").count(), 2);
     assert_eq!(mode(&d.bin.join("enim")), 0o755);
     assert_eq!(plugin_netconf(&d.conflist()).name, "enim");
@@ -234,44 +234,6 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
     };
     assert_eq!(names(&d.bin), ["bridge", "enim"]);
     assert_eq!(names(&d.netd), ["10-enim.conflist", "99-other.conflist"]);
-}
-
-/// Writes an executable script from a child process, so that no thread of
-/// this test binary holds it open for writing (a fork elsewhere inheriting
-/// that fd would make its exec fail with ETXTBSY).
-fn write_script(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut child = Command::new("/bin/sh")
-        .arg("-c")
-        .arg("cat > \"$0\" && chmod 0755 \"$0\"")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
-}
-
-/// A stand-in for the reference portmap in `bin`: it answers a VERSION
-/// probe (CNI_COMMAND=VERSION, a config on stdin, no other CNI_ variable)
-/// with `versions`, and fails anything else.
-fn fake_portmap(bin: &Path, versions: &[&str]) {
-    let list: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
-    write_script(
-        &bin.join("portmap"),
-        &format!(
-            r#"#!/bin/sh
-IFS= read -r conf
-if [ "$CNI_COMMAND" != VERSION ] || [ -z "$conf" ] ||
-   [ -n "$CNI_CONTAINERID$CNI_NETNS$CNI_IFNAME$CNI_ARGS$CNI_PATH" ]; then
-  printf '{{"code":4,"msg":"not a VERSION probe"}}'
-  exit 1
-fi
-printf '{{"cniVersion":"1.0.0","supportedVersions":[{}]}}'
-"#,
-            list.join(",")
-        ),
-    );
 }
 
 /// The `type`s of the installed conflist's plugins, in order, and the
@@ -294,8 +256,7 @@ const HOSTPORT_LOST: &str = "hostPort will not work";
 fn portmap_auto_chains_a_portmap_that_speaks_every_version() {
     let d = Dirs::new();
     fake_portmap(&d.bin, &["0.3.1", "0.4.0", "1.0.0", "1.1.0"]);
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     assert!(
         !text(&out.stderr).contains(HOSTPORT_LOST),
         "{}",
@@ -317,8 +278,7 @@ fn portmap_auto_chains_a_portmap_that_speaks_every_version() {
     // Again: unchanged. Then never: the conflist is replaced by enim alone.
     let out = enimd(&d.args(&[]));
     assert!(text(&out.stdout).contains("10-enim.conflist: unchanged"));
-    let out = enimd(&d.args(&["--portmap", "never"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&["--portmap", "never"]);
     assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
     assert!(
         !text(&out.stdout).contains("portmap"),
@@ -336,8 +296,7 @@ fn portmap_auto_leaves_out_one_without_cni_1_1_0() {
         &d.bin,
         &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"],
     );
-    let out = enimd(&d.args(&["--portmap", "auto"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&["--portmap", "auto"]);
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     assert!(
@@ -350,8 +309,7 @@ fn portmap_auto_leaves_out_one_without_cni_1_1_0() {
 #[test]
 fn portmap_auto_without_portmap_is_enim_alone() {
     let d = Dirs::new();
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     let path = d.bin.join("portmap");
@@ -376,8 +334,7 @@ fn portmap_always_without_portmap_fails_and_writes_nothing() {
 
     // An old portmap is chained all the same: always checks no versions.
     fake_portmap(&d.bin, &["1.0.0"]);
-    let out = enimd(&d.args(&["--portmap", "always"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    d.install(&["--portmap", "always"]);
     assert_eq!(chain(&d).0, ["enim", "portmap"]);
 }
 
@@ -385,8 +342,7 @@ fn portmap_always_without_portmap_fails_and_writes_nothing() {
 fn portmap_never_is_enim_alone_without_a_word() {
     let d = Dirs::new();
     fake_portmap(&d.bin, &["1.0.0", "1.1.0"]);
-    let out = enimd(&d.args(&["--portmap", "never"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&["--portmap", "never"]);
     assert_eq!(text(&out.stderr), "");
     assert_eq!(chain(&d), (vec!["enim".to_string()], None));
 
@@ -411,19 +367,8 @@ fn portmap_auto_with_debians_reference_plugin() {
         return;
     }
     // What it says it speaks, asked here the way a runtime does.
-    let mut child = Command::new(real)
-        .env("CNI_COMMAND", "VERSION")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
-        br#"{"cniVersion":"1.0.0"}"#,
-    )
-    .unwrap();
     let answer: serde_json::Value =
-        serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+        serde_json::from_slice(&version_answer(real, br#"{"cniVersion":"1.0.0"}"#)).unwrap();
     let speaks_1_1 = answer["supportedVersions"]
         .as_array()
         .unwrap()
@@ -432,8 +377,7 @@ fn portmap_auto_with_debians_reference_plugin() {
     let d = Dirs::new();
     std::fs::create_dir_all(&d.bin).unwrap();
     std::os::unix::fs::symlink(real, d.bin.join("portmap")).unwrap();
-    let out = enimd(&d.args(&[]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&[]);
     let err = text(&out.stderr);
     if speaks_1_1 {
         // A newer package than 1.1.1: chained.
@@ -447,8 +391,7 @@ fn portmap_auto_with_debians_reference_plugin() {
     );
     assert_eq!(chain(&d).0, ["enim"]);
 
-    let out = enimd(&d.args(&["--portmap", "always"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.install(&["--portmap", "always"]);
     assert!(text(&out.stdout).contains("portmap: chained after enim"));
     assert_eq!(chain(&d).0, ["enim", "portmap"]);
 }

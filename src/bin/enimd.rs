@@ -224,7 +224,8 @@ fn device_plugin(args: DevicePluginArgs) -> ExitCode {
     ));
     let served = runtime.block_on(async {
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        let stop_signal = stop_signal().map_err(|e| format!("installing signal handlers: {e}"))?;
+        let stop_signal = enim::daemon::stop_signal("stopping")
+            .map_err(|e| format!("installing signal handlers: {e}"))?;
         tokio::spawn(async move {
             stop_signal.await;
             let _ = stop_tx.send(true);
@@ -241,19 +242,6 @@ fn device_plugin(args: DevicePluginArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Resolves on the first SIGTERM or SIGINT (the handlers are installed now).
-fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping"),
-        }
-    })
 }
 
 fn run_agent(args: Args) -> ExitCode {

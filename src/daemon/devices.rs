@@ -96,10 +96,7 @@ impl EngineDevices {
                 Err(e) => return tracing::warn!(error = %e, "device list: provider"),
             },
             Mode::Secondary => (0..engine.address_stats().map_or(0, |s| s.pods))
-                .map(|i| Device {
-                    id: format!("ip-{i}"),
-                    healthy: true,
-                })
+                .map(|i| Device::healthy(format!("ip-{i}")))
                 .collect(),
         };
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());

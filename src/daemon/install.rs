@@ -291,8 +291,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use super::portmap::tests::{fake_portmap, NEW, OLD};
+    use super::portmap::tests::{NEW, OLD};
     use super::*;
+    use enim_testkit::cni::fake_portmap;
 
     fn mode_of(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().mode() & 0o7777
@@ -512,8 +513,10 @@ mod tests {
     #[test]
     fn conflist_text_alone_and_with_portmap() {
         let socket = Path::new("/run/enim/enimd.sock");
-        // Alone: the text install-cni wrote before --portmap existed.
-        let alone = r#"{
+        // The text with `more` after enim's own entry in the chain.
+        let text = |more: &str| {
+            format!(
+                r#"{{
   "cniVersion": "1.0.0",
   "cniVersions": [
     "1.0.0",
@@ -521,36 +524,25 @@ mod tests {
   ],
   "name": "enim",
   "plugins": [
-    {
+    {{
       "socket": "/run/enim/enimd.sock",
       "type": "enim"
-    }
+    }}{more}
   ]
-}
-"#;
-        assert_eq!(conflist("enim", socket, false).unwrap(), alone);
-        let chained = r#"{
-  "cniVersion": "1.0.0",
-  "cniVersions": [
-    "1.0.0",
-    "1.1.0"
-  ],
-  "name": "enim",
-  "plugins": [
-    {
-      "socket": "/run/enim/enimd.sock",
-      "type": "enim"
-    },
+}}
+"#
+            )
+        };
+        // Alone: the text install-cni wrote before --portmap existed.
+        assert_eq!(conflist("enim", socket, false).unwrap(), text(""));
+        let portmap = r#",
     {
       "capabilities": {
         "portMappings": true
       },
       "type": "portmap"
-    }
-  ]
-}
-"#;
-        assert_eq!(conflist("enim", socket, true).unwrap(), chained);
+    }"#;
+        assert_eq!(conflist("enim", socket, true).unwrap(), text(portmap));
     }
 
     #[test]

@@ -127,17 +127,16 @@ fn bind_socket(config: &Config) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
-/// Installs the SIGTERM/SIGINT handlers now (before the socket exists, so a
-/// stop sent right after start is never fatal) and resolves on the first.
-fn stop_signal() -> Result<impl std::future::Future<Output = ()>, DaemonError> {
+/// Installs the SIGTERM/SIGINT handlers now and resolves on the first,
+/// logging it with what stopping does (`action`).
+pub fn stop_signal(action: &'static str) -> io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let handler = |kind| signal(kind).map_err(io_err("installing signal handler", Path::new("-")));
-    let mut term = handler(SignalKind::terminate())?;
-    let mut int = handler(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     Ok(async move {
         tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: finishing requests in flight"),
-        _ = int.recv() => tracing::info!("SIGINT: finishing requests in flight"),
+            _ = term.recv() => tracing::info!("SIGTERM: {action}"),
+            _ = int.recv() => tracing::info!("SIGINT: {action}"),
         }
     })
 }
@@ -145,7 +144,10 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>, DaemonError> {
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let started = Instant::now();
-    let stop = stop_signal()?;
+    // The handlers before the socket exists: a stop sent right after start
+    // is never fatal.
+    let stop = stop_signal("finishing requests in flight")
+        .map_err(io_err("installing signal handler", Path::new("-")))?;
     // Lock first: a cloud provider's warm pool starts creating ENIs as soon
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;

@@ -43,6 +43,16 @@ pub struct Device {
     pub healthy: bool,
 }
 
+impl Device {
+    /// A device the kubelet may hand out.
+    pub fn healthy(id: impl Into<String>) -> Device {
+        Device {
+            id: id.into(),
+            healthy: true,
+        }
+    }
+}
+
 /// What the plugin advertises; enimd's engine in the agent, a fake in tests.
 pub trait DeviceSource: Send + Sync + 'static {
     /// e.g. `enim.io/eni` or `enim.io/ip`.

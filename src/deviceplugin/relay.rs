@@ -283,13 +283,7 @@ mod tests {
         DeviceList {
             resource_name: "enim.io/eni".into(),
             in_process_plugin,
-            devices: ids
-                .iter()
-                .map(|id| Device {
-                    id: id.to_string(),
-                    healthy: true,
-                })
-                .collect(),
+            devices: ids.iter().copied().map(Device::healthy).collect(),
         }
     }
 

@@ -216,15 +216,8 @@ mod tests {
     /// the process's own namespace sees it).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_enter_the_namespace_and_the_thread_goes_home() {
-        if !nix::unistd::geteuid().is_root() {
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "CI=true needs root"
-            );
-            eprintln!("SKIPPED: needs root to make a namespace");
-            return;
-        }
+        // Needs root, to make a namespace.
+        enim_testkit::require_kernel!();
         // A namespace of our own, held open by a parked thread.
         let (ns_tx, ns_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();

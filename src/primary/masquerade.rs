@@ -91,34 +91,42 @@ pub fn ruleset(config: &HostPathConfig) -> String {
     let _ = writeln!(s, "table {TABLE} {{}}");
     let _ = writeln!(s, "delete table {TABLE}");
     let _ = writeln!(s, "table {TABLE} {{");
-    let _ = writeln!(s, "\tchain host_path_mark {{");
-    let _ = writeln!(
-        s,
-        "\t\ttype filter hook prerouting priority mangle; policy accept;"
-    );
-    let _ = writeln!(
-        s,
-        "\t\tiifname {veths} ct state new ct mark set ct mark | {bit} comment \"enim: from a host path\""
-    );
-    let _ = writeln!(s, "\t}}");
-    let _ = writeln!(s, "\tchain host_path_masquerade {{");
-    let _ = writeln!(
-        s,
-        "\t\ttype nat hook postrouting priority srcnat; policy accept;"
+    chain(
+        &mut s,
+        "host_path_mark",
+        "filter hook prerouting priority mangle",
+        &[format!(
+            "iifname {veths} ct state new ct mark set ct mark | {bit} comment \"enim: from a host path\""
+        )],
     );
     // fully-random, as kube-proxy's own masquerade: source ports picked at
     // random, so parallel connections do not race for the same one.
-    let _ = writeln!(
-        s,
-        "\t\tct status dnat ct mark & {bit} == {bit} masquerade fully-random comment \"enim: DNATed, from a host path\""
+    chain(
+        &mut s,
+        "host_path_masquerade",
+        "nat hook postrouting priority srcnat",
+        &[
+            format!(
+                "ct status dnat ct mark & {bit} == {bit} masquerade fully-random comment \"enim: DNATed, from a host path\""
+            ),
+            format!(
+                "oifname {veths} ct status dnat masquerade fully-random comment \"enim: DNATed, to a host path\""
+            ),
+        ],
     );
-    let _ = writeln!(
-        s,
-        "\t\toifname {veths} ct status dnat masquerade fully-random comment \"enim: DNATed, to a host path\""
-    );
-    let _ = writeln!(s, "\t}}");
     let _ = writeln!(s, "}}");
     s
+}
+
+/// Writes the base chain `name` on `hook` (`type` and `priority`), which
+/// accepts what its `rules` leave alone.
+fn chain(s: &mut String, name: &str, hook: &str, rules: &[String]) {
+    let _ = writeln!(s, "\tchain {name} {{");
+    let _ = writeln!(s, "\t\ttype {hook}; policy accept;");
+    for rule in rules {
+        let _ = writeln!(s, "\t\t{rule}");
+    }
+    let _ = writeln!(s, "\t}}");
 }
 
 /// The nft script that removes the table, there or not.
@@ -270,15 +278,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_nft_is_told_apart() {
         // Entering a namespace, even the process's own, needs root.
-        if !nix::unistd::geteuid().is_root() {
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "CI=true needs root"
-            );
-            eprintln!("SKIPPED: needs root to enter a namespace");
-            return;
-        }
+        enim_testkit::require_kernel!();
         let ns = Netns::open(Path::new("/proc/self/ns/net")).unwrap();
         let err = run_nft(Path::new("/nonexistent/nft"), &ns, removal())
             .await

@@ -1,8 +1,9 @@
 //! Execs a CNI plugin as a runtime does: a clean environment with the CNI_*
 //! variables, the network configuration on stdin, the result on stdout.
+//! And writes stand-ins for other plugins ([`fake_portmap`]).
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -164,4 +165,50 @@ pub fn exec_plugin(
         conf: &body,
     })
     .expect("exec plugin")
+}
+
+/// Writes an executable script at `path` from a child process, so that no
+/// thread of the test binary ever holds it open for writing: a fork
+/// elsewhere inheriting that fd would make exec fail with ETXTBSY.
+pub fn write_script(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("cat > \"$0\" && chmod 0755 \"$0\"")
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// A stand-in for the reference portmap, `portmap` in `bin_dir`: it
+/// answers install-cni's VERSION probe (CNI_COMMAND=VERSION, the config
+/// `{"cniVersion":"1.0.0"}` on stdin, no other CNI_ variable) with
+/// `versions`, and fails anything else. Returns its path.
+pub fn fake_portmap(bin_dir: &Path, versions: &[&str]) -> PathBuf {
+    let path = bin_dir.join("portmap");
+    let list: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
+    write_script(
+        &path,
+        &format!(
+            r#"#!/bin/sh
+IFS= read -r conf
+if [ "$CNI_COMMAND" != VERSION ] || [ "$conf" != '{{"cniVersion":"1.0.0"}}' ] ||
+   [ -n "$CNI_CONTAINERID$CNI_NETNS$CNI_IFNAME$CNI_ARGS$CNI_PATH" ]; then
+  printf '{{"code":4,"msg":"not a VERSION probe"}}'
+  exit 1
+fi
+printf '{{"cniVersion":"1.0.0","supportedVersions":[{}]}}'
+"#,
+            list.join(",")
+        ),
+    );
+    path
 }

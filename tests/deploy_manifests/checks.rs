@@ -249,60 +249,50 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         )
     });
     let agent_line = command_line(agent);
-    let init_line = command_line(init);
-    p.check(init_line.first() == agent_line.first(), || {
-        format!(
-            "install-cni runs {:?}, the agent {:?}",
-            init_line.first(),
-            agent_line.first()
-        )
-    });
-    p.check(
-        init_line.get(1).map(String::as_str) == Some("install-cni"),
-        || format!("init container command {init_line:?} is not `enimd install-cni`"),
+    let flags = enimd_flags(
+        INSTALLER,
+        init,
+        agent,
+        "install-cni",
+        INSTALL_CNI_FLAGS,
+        &mut p,
     );
-    match flags(init_line.get(2..).unwrap_or_default(), INSTALL_CNI_FLAGS) {
-        Err(e) => p.0.push(format!("install-cni: {e}")),
-        Ok(f) => {
-            let dir = |flag: &str, default: &str| {
-                PathBuf::from(f.get(flag).map(String::as_str).unwrap_or(default))
-            };
-            for (flag, default, host) in [
-                (
-                    "--cni-bin-dir",
-                    install::DEFAULT_CNI_BIN_DIR,
-                    HOST_CNI_BIN_DIR,
-                ),
-                ("--net-d-dir", install::DEFAULT_NET_D_DIR, HOST_NET_D_DIR),
-            ] {
-                let path = dir(flag, default);
-                let what = format!("install-cni {flag}");
-                on_node_at(spec, init, &path, Path::new(host), &what, true, &mut p);
-            }
-            // The conflist's socket must be the agent's.
-            match (f.get("--socket"), f.get("--config")) {
-                (Some(s), _) => p.check(Path::new(s) == config.socket, || {
-                    format!(
-                        "install-cni --socket {s} is not the agent's {}",
-                        config.socket.display()
-                    )
-                }),
-                (None, Some(c)) => {
-                    let theirs = config_map_file(spec, init, Path::new(c));
-                    let ours = config_map_file(spec, agent, Path::new(&config_path));
-                    p.check(theirs.is_some() && theirs == ours, || {
-                        format!("install-cni reads config {theirs:?}, the agent {ours:?}")
-                    });
-                }
-                (None, None) => p.check(
-                    config.socket == Path::new(enim::api::DEFAULT_SOCKET),
-                    || "install-cni writes the default socket, but the agent's is not".into(),
-                ),
-            }
-            p.check(!f.contains_key("--plugin"), || {
-                "install-cni --plugin: the image keeps enim next to enimd, the default".into()
-            });
+    if let Some(f) = flags {
+        for (flag, default, host) in [
+            (
+                "--cni-bin-dir",
+                install::DEFAULT_CNI_BIN_DIR,
+                HOST_CNI_BIN_DIR,
+            ),
+            ("--net-d-dir", install::DEFAULT_NET_D_DIR, HOST_NET_D_DIR),
+        ] {
+            let path = flag_path(&f, flag, default);
+            let what = format!("install-cni {flag}");
+            on_node_at(spec, init, &path, Path::new(host), &what, true, &mut p);
         }
+        // The conflist's socket must be the agent's.
+        match (f.get("--socket"), f.get("--config")) {
+            (Some(s), _) => p.check(Path::new(s) == config.socket, || {
+                format!(
+                    "install-cni --socket {s} is not the agent's {}",
+                    config.socket.display()
+                )
+            }),
+            (None, Some(c)) => {
+                let theirs = config_map_file(spec, init, Path::new(c));
+                let ours = config_map_file(spec, agent, Path::new(&config_path));
+                p.check(theirs.is_some() && theirs == ours, || {
+                    format!("install-cni reads config {theirs:?}, the agent {ours:?}")
+                });
+            }
+            (None, None) => p.check(
+                config.socket == Path::new(enim::api::DEFAULT_SOCKET),
+                || "install-cni writes the default socket, but the agent's is not".into(),
+            ),
+        }
+        p.check(!f.contains_key("--plugin"), || {
+            "install-cni --plugin: the image keeps enim next to enimd, the default".into()
+        });
     }
 
     // Image layout: enim next to the enimd the pod runs, nothing fetched.

@@ -137,64 +137,51 @@ pub(crate) fn check(
             c.image_pull_policy, agent.image_pull_policy
         )
     });
-    let line = command_line(c);
-    p.check(line.first() == command_line(agent).first(), || {
-        format!("{PLUGIN_DS} runs {:?}, not enimd", line.first())
-    });
-    p.check(
-        line.get(1).map(String::as_str) == Some("device-plugin"),
-        || format!("{PLUGIN_DS} command {line:?} is not `enimd device-plugin`"),
-    );
-    match flags(line.get(2..).unwrap_or_default(), DEVICE_PLUGIN_FLAGS) {
-        Err(e) => p.0.push(format!("{PLUGIN_DS}: {e}")),
-        Ok(f) => {
-            let path = |flag: &str, default: &str| {
-                PathBuf::from(f.get(flag).map(String::as_str).unwrap_or(default))
-            };
-            // enimd's socket, reached through the node.
-            let socket = path("--socket", enim::api::DEFAULT_SOCKET);
-            p.check(socket == config.socket, || {
-                format!(
-                    "{PLUGIN_DS} asks the socket {}, enimd serves {}",
-                    socket.display(),
-                    config.socket.display()
-                )
+    let flags = enimd_flags(PLUGIN_DS, c, agent, "device-plugin", DEVICE_PLUGIN_FLAGS, p);
+    if let Some(f) = flags {
+        // enimd's socket, reached through the node.
+        let socket = flag_path(&f, "--socket", enim::api::DEFAULT_SOCKET);
+        p.check(socket == config.socket, || {
+            format!(
+                "{PLUGIN_DS} asks the socket {}, enimd serves {}",
+                socket.display(),
+                config.socket.display()
+            )
+        });
+        let what = format!("{PLUGIN_DS} --socket");
+        same_on_host(spec, c, &socket, &what, false, p);
+        // The kubelet looks for plugins only in its own dir.
+        let dir = flag_path(&f, "--dir", enim::deviceplugin::DEFAULT_DIR);
+        let kubelet = Path::new(enim::deviceplugin::DEFAULT_DIR);
+        let what = format!("{PLUGIN_DS} --dir");
+        on_node_at(spec, c, &dir, kubelet, &what, true, p);
+        if let Some(poll) = f.get("--poll") {
+            let ok = humantime::parse_duration(poll).is_ok_and(|d| !d.is_zero());
+            p.check(ok, || {
+                format!("{PLUGIN_DS} --poll {poll:?} is not a duration above 0")
             });
-            let what = format!("{PLUGIN_DS} --socket");
-            same_on_host(spec, c, &socket, &what, false, p);
-            // The kubelet looks for plugins only in its own dir.
-            let dir = path("--dir", enim::deviceplugin::DEFAULT_DIR);
-            let kubelet = Path::new(enim::deviceplugin::DEFAULT_DIR);
-            let what = format!("{PLUGIN_DS} --dir");
-            on_node_at(spec, c, &dir, kubelet, &what, true, p);
-            if let Some(poll) = f.get("--poll") {
-                let ok = humantime::parse_duration(poll).is_ok_and(|d| !d.is_zero());
-                p.check(ok, || {
-                    format!("{PLUGIN_DS} --poll {poll:?} is not a duration above 0")
-                });
-            }
-            // Nothing of the node but those two dirs.
-            let needed = [config.socket.parent().unwrap_or(Path::new("/")), kubelet];
-            for v in spec.volumes.iter().flatten() {
-                let used = mounts(c).iter().any(|mnt| mnt.name == v.name);
-                p.check(used, || {
-                    format!("{PLUGIN_DS}: volume {} is mounted nowhere", v.name)
-                });
-                if let Some(hp) = &v.host_path {
-                    p.check(needed.contains(&Path::new(&hp.path)), || {
-                        format!(
-                            "{PLUGIN_DS}: hostPath {} (volume {}) is not one it needs; \
+        }
+        // Nothing of the node but those two dirs.
+        let needed = [config.socket.parent().unwrap_or(Path::new("/")), kubelet];
+        for v in spec.volumes.iter().flatten() {
+            let used = mounts(c).iter().any(|mnt| mnt.name == v.name);
+            p.check(used, || {
+                format!("{PLUGIN_DS}: volume {} is mounted nowhere", v.name)
+            });
+            if let Some(hp) = &v.host_path {
+                p.check(needed.contains(&Path::new(&hp.path)), || {
+                    format!(
+                        "{PLUGIN_DS}: hostPath {} (volume {}) is not one it needs; \
                              it uses only {needed:?}",
-                            hp.path, v.name
-                        )
-                    });
-                }
-            }
-            for mnt in mounts(c) {
-                p.check(volume(spec, &mnt.name).is_some(), || {
-                    format!("{PLUGIN_DS}: mount {} has no volume", mnt.name)
+                        hp.path, v.name
+                    )
                 });
             }
+        }
+        for mnt in mounts(c) {
+            p.check(volume(spec, &mnt.name).is_some(), || {
+                format!("{PLUGIN_DS}: mount {} has no volume", mnt.name)
+            });
         }
     }
 

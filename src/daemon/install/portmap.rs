@@ -221,51 +221,9 @@ pub fn check_portmap(path: &Path, timeout: Duration) -> Result<(), PortmapProble
 pub(super) mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    use enim_testkit::cni::{fake_portmap, write_script};
+
     use super::*;
-
-    /// Writes an executable script at `path` from a child process, so that
-    /// no thread of this test binary ever holds it open for writing: a fork
-    /// elsewhere inheriting that fd would make exec fail with ETXTBSY.
-    fn write_script(path: &Path, text: &str) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let mut child = std::process::Command::new("/bin/sh")
-            .arg("-c")
-            .arg("cat > \"$0\" && chmod 0755 \"$0\"")
-            .arg(path)
-            .stdin(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        assert!(child.wait().unwrap().success());
-    }
-
-    /// A stand-in for the reference portmap: it answers the VERSION probe
-    /// (and nothing else) with `versions`.
-    pub(in crate::daemon::install) fn fake_portmap(bin_dir: &Path, versions: &[&str]) -> PathBuf {
-        let path = bin_dir.join("portmap");
-        let list: Vec<String> = versions.iter().map(|v| format!("\"{v}\"")).collect();
-        write_script(
-            &path,
-            &format!(
-                r#"#!/bin/sh
-IFS= read -r conf
-if [ "$CNI_COMMAND" != VERSION ] || [ "$conf" != '{{"cniVersion":"1.0.0"}}' ] ||
-   [ -n "$CNI_CONTAINERID$CNI_NETNS$CNI_IFNAME$CNI_ARGS$CNI_PATH" ]; then
-  printf '{{"code":4,"msg":"not a VERSION probe"}}'
-  exit 1
-fi
-printf '{{"cniVersion":"1.0.0","supportedVersions":[{}]}}'
-"#,
-                list.join(",")
-            ),
-        );
-        path
-    }
 
     pub(in crate::daemon::install) const NEW: &[&str] = &["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
     /// Debian's containernetworking-plugins 1.1.1.
