@@ -258,8 +258,17 @@ s_rollout() {
 
 # --- faults -------------------------------------------------------------
 
-enimd_pid() { on_node pgrep -f '^/usr/local/bin/enimd --config' | head -n 1; }
-kill_enimd() { local p; p=$(enimd_pid); [ -n "$p" ] && kill -9 "$p"; }
+# enimd_pid: the running agent's pid; fails when none runs.
+enimd_pid() {
+  local p
+  p=$(on_node pgrep -f '^/usr/local/bin/enimd --config' | head -n 1)
+  [ -n "$p" ] && echo "$p"
+}
+# kill_enimd: kill -9 the running agent and print its pid; fails when none runs.
+kill_enimd() { local p; p=$(enimd_pid) && kill -9 "$p" && echo "$p"; }
+# enimd_back OLD: an agent other than OLD runs; enimd_serving OLD: and it is ready.
+enimd_back() { local p; p=$(enimd_pid) && [ "$p" != "$1" ]; }
+enimd_serving() { enimd_back "$1" && on_node curl -fsS -o /dev/null http://127.0.0.1:9464/readyz; }
 
 # settled: every test pod Ready, enim holding exactly one attachment per
 # test pod, each for a sandbox containerd runs, and (primary) every other
@@ -359,7 +368,7 @@ s_fault() {
   churn_start
   sleep 4
   case $what in
-    kill9) kill_enimd ;;
+    kill9) kill_enimd >/dev/null ;;
     kubelet) stop kubelet; start_kubelet ;;
     containerd) stop containerd; start_containerd ;;
     reboot) reboot_node ;;
@@ -419,21 +428,21 @@ adm_pod() { pod "$1" cmd="exit 0" probe=none restart=Never; }
 # admission KIND: RESTARTS restarts of enimd of that kind, each with pods
 # created in a tight loop through it; every pod must end Succeeded.
 s_admission() {
-  local kind=$1 r j n=0 p failed
+  local kind=$1 r j n=0 p failed old
   for r in $(seq "$(admission_restarts)"); do
     case $kind in
       kill9)
-        kill_enimd
+        old=$(kill_enimd) || { echo "no enimd to kill"; return 1; }
         for j in 1 2 3; do adm_pod "adm-$kind-$r-$j"; n=$((n + 1)); sleep 0.2; done
-        enimd_ready || return 1 ;;
+        wait_for "enimd serving again" 120 enimd_serving "$old" || return 1 ;;
       crashloop)
         # Killed again as soon as it is back, three times running.
         for j in 1 2 3; do
-          kill_enimd
+          old=$(kill_enimd) || { echo "no enimd to kill"; return 1; }
           adm_pod "adm-$kind-$r-$j"; n=$((n + 1))
-          wait_for "enimd back" 60 enimd_pid || return 1
+          wait_for "enimd back" 120 enimd_back "$old" || return 1
         done
-        enimd_ready || return 1 ;;
+        wait_for "enimd serving again" 120 enimd_serving "$old" || return 1 ;;
       rollout)
         k -n enim-system rollout restart daemonset/enimd >/dev/null
         for j in 1 2 3; do adm_pod "adm-$kind-$r-$j"; n=$((n + 1)); sleep 1; done
