@@ -277,7 +277,7 @@ pub struct DeviceList {
     /// two would replace each other's registration.
     pub in_process_plugin: bool,
     /// Each with its health as enimd judges it.
-    pub devices: Vec<crate::deviceplugin::Device>,
+    pub devices: Vec<crate::model::Device>,
 }
 
 /// Error body of every non-2xx answer.

@@ -36,22 +36,9 @@ pub const API_VERSION: &str = "v1beta1";
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
 
-/// One device as the kubelet sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Device {
-    pub id: String,
-    pub healthy: bool,
-}
-
-impl Device {
-    /// A device the kubelet may hand out.
-    pub fn healthy(id: impl Into<String>) -> Device {
-        Device {
-            id: id.into(),
-            healthy: true,
-        }
-    }
-}
+/// One device as the kubelet sees it (plain data in `model`, which the
+/// agent's API shares without depending on this module).
+pub use crate::model::Device;
 
 /// What the plugin advertises; enimd's engine in the agent, a fake in tests.
 pub trait DeviceSource: Send + Sync + 'static {

@@ -3,6 +3,7 @@
 //! CNI-shaped result of an attachment. Nothing here talks to the kernel,
 //! the provider or the disk.
 
+pub mod device;
 pub mod naming;
 pub mod record;
 pub mod result;
@@ -12,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use device::Device;
 pub use record::{
     HostPath, Mode, Payload, PrimaryPayload, Record, SecondaryPayload, GATEWAY4, GATEWAY6,
 };
