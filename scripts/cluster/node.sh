@@ -26,6 +26,7 @@
 
 # Set by cluster_init.
 tag="" work="" node="" gw="" bin="" cgroot=""
+ENI_COUNT=0
 NODE_IP=10.250.0.2
 GW_IP=10.250.0.1
 SERVICE_CIDR=10.96.0.0/12
@@ -88,6 +89,15 @@ wait_for() {
   return 1
 }
 
+eni_mac() { printf '02:e5:00:00:%02x:01' "$1"; }
+# eni_veth I: ENI I's stand-in, eniI on the node (its MAC as the static
+# provider knows it) and vpcI in the VPC holding the subnet's gateway.
+eni_veth() {
+  ip -n "$node" link add "eni$1" address "$(eni_mac "$1")" type veth peer name "vpc$1" netns "$gw"
+  ip -n "$gw" addr add "10.251.$1.1/24" dev "vpc$1"
+  ip -n "$gw" link set "vpc$1" up
+}
+
 # net_up ENIS ADDRS_PER_ENI: the namespaces, the node's uplink and ENIS veth
 # ENIs; ENI i is in 10.251.i.0/24 with address .10 and gateway .1 (and,
 # with ADDRS_PER_ENI > 0, secondaries .11 on). Writes the static provider's
@@ -107,14 +117,11 @@ net_up() {
   ip -n "$gw" link set uplink up
   ip -n "$node" route add default via "$GW_IP"
   : > "$work/etc/enis.toml"
+  ENI_COUNT=$n
   for i in $(seq 0 $((n - 1))); do
-    local mac
-    mac=$(printf '02:e5:00:00:%02x:01' "$i")
-    ip -n "$node" link add "eni$i" address "$mac" type veth peer name "vpc$i" netns "$gw"
-    ip -n "$gw" addr add "10.251.$i.1/24" dev "vpc$i"
-    ip -n "$gw" link set "vpc$i" up
+    eni_veth "$i"
     printf '\n[[provider.enis]]\nid = "eni-e2e-%d"\nmac = "%s"\nipv4 = "10.251.%d.10/24"\ngateway4 = "10.251.%d.1"\n' \
-      "$i" "$mac" "$i" "$i" >> "$work/etc/enis.toml"
+      "$i" "$(eni_mac "$i")" "$i" "$i" >> "$work/etc/enis.toml"
     if [ "$per" -gt 0 ]; then
       printf 'secondary_ipv4 = [' >> "$work/etc/enis.toml"
       for j in $(seq 1 "$per"); do

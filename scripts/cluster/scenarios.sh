@@ -225,7 +225,7 @@ s_delete() {
   if [ "$mode" = primary ]; then
     # The ENI is back in the node under its host name, with its MAC.
     local i=${ip#10.251.}; i=${i%%.*}
-    on_node ip -o link show | grep -q "02:e5:00:00:0$i:01" || { echo "ENI $i is not home"; return 1; }
+    on_node ip -o link show | grep -q "$(eni_mac "$i")" || { echo "ENI $i is not home"; return 1; }
   fi
   before=$(allocatable)
   [ "$before" = "$(capacity)" ] || { echo "allocatable $before"; return 1; }
@@ -512,7 +512,7 @@ kill_netns_procs() {
 # eni_gone: some ENI's veth has gone with a pod's namespace.
 eni_gone() {
   local i
-  for i in $(seq 0 $(($(eni_count) - 1))); do
+  for i in $(seq 0 $((ENI_COUNT - 1))); do
     ip -n "$gw" link show "vpc$i" >/dev/null 2>&1 || return 0
   done
   return 1
@@ -520,16 +520,11 @@ eni_gone() {
 
 # reattach_enis: any ENI whose veth went with a pod's namespace is put back.
 reattach_enis() {
-  local i mac
-  for i in $(seq 0 $(($(eni_count) - 1))); do
-    mac=$(printf '02:e5:00:00:%02x:01' "$i")
-    ip -n "$gw" link show "vpc$i" >/dev/null 2>&1 && continue
-    ip -n "$node" link add "eni$i" address "$mac" type veth peer name "vpc$i" netns "$gw"
-    ip -n "$gw" addr add "10.251.$i.1/24" dev "vpc$i"
-    ip -n "$gw" link set "vpc$i" up
+  local i
+  for i in $(seq 0 $((ENI_COUNT - 1))); do
+    ip -n "$gw" link show "vpc$i" >/dev/null 2>&1 || eni_veth "$i"
   done
 }
-eni_count() { [ "$mode" = primary ] && echo 4 || echo 2; }
 
 # --- a broken ENI ---------------------------------------------------------
 
