@@ -8,6 +8,7 @@
 pub mod atomic_file;
 pub mod cloud;
 pub mod fault;
+pub mod fleet;
 pub mod ratelimit;
 pub mod retry;
 #[cfg(feature = "testing")]

@@ -1,0 +1,327 @@
+//! enim's custom resources: the only place the operator (`enim-operator`)
+//! and the node agent (`enimd` with the `cluster` provider) meet.
+//!
+//! One [`NetResourceSet`] per node, named after the node and owned by its
+//! Node object (CCE's NetResourceSet, Cilium's CiliumNode):
+//! - **spec** is written by the operator only, under the field manager
+//!   [`OPERATOR_MANAGER`]: the instance, the pool's watermarks and the ENIs
+//!   (in secondary mode, their addresses) this node may hand out;
+//! - **status** is written by the node's agent only, under
+//!   [`AGENT_MANAGER`], through the status subresource: which ENIs or
+//!   addresses are in use and by whom, which are quarantined, and which
+//!   ENIs the agent has let go of when the operator asked for them back.
+//!
+//! Taking an ENI back is a handshake, so that the operator never detaches
+//! an ENI an agent is handing to a pod at that moment: the operator lists
+//! it in `spec.draining`; the agent stops handing it out and, once no pod
+//! holds it, lists it in `status.released`; only then does the operator
+//! detach and delete it.
+//!
+//! Names and fields are serialised in camelCase, as Kubernetes APIs are.
+//! `crdgen` writes the CRD into `deploy/`, and a test fails when the
+//! committed copy differs from these types.
+
+use std::net::IpAddr;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of enim's resources.
+pub const GROUP: &str = "enim.io";
+/// The field manager of everything the operator writes (spec, metadata).
+pub const OPERATOR_MANAGER: &str = "enim-operator";
+/// The field manager of everything an agent writes (status).
+pub const AGENT_MANAGER: &str = "enimd";
+/// The finalizer that keeps a deleted node's NetResourceSet until the
+/// operator has detached and deleted its ENIs.
+pub const FINALIZER: &str = "enim.io/release-enis";
+/// Where the committed CRD lives, relative to the workspace root.
+pub const CRD_PATH: &str = "deploy/05-crd-netresourceset.yaml";
+
+/// The ENIs one node may use, and who uses them.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "enim.io",
+    version = "v1alpha1",
+    kind = "NetResourceSet",
+    plural = "netresourcesets",
+    shortname = "nrs",
+    status = "NetResourceSetStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Instance","type":"string","jsonPath":".spec.instance.id"}"#,
+    printcolumn = r#"{"name":"ENIs","type":"integer","description":"ENIs made available to this node","jsonPath":".status.summary.enis"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","description":"ENIs (secondary mode: addresses) held by pods","jsonPath":".status.summary.used"}"#,
+    printcolumn = r#"{"name":"Available","type":"integer","description":"ENIs (secondary mode: addresses) free to hand out","jsonPath":".status.summary.available"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetResourceSetSpec {
+    /// The cloud instance behind the node, from its `spec.providerID`.
+    pub instance: Instance,
+    /// How pods use the ENIs.
+    pub mode: Mode,
+    /// Subnets new ENIs are created in (the first with room wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<String>,
+    /// Security groups new ENIs get.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+    /// The pool's watermarks, in ENIs (primary mode) or addresses
+    /// (secondary mode).
+    pub watermarks: Watermarks,
+    /// The ENIs attached to the instance for enim, ready to hand out.
+    #[serde(default)]
+    pub enis: Vec<EniSpec>,
+    /// ENIs the operator wants back: the agent hands none of them out and
+    /// lists each in `status.released` once no pod holds it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
+    /// The operator's intents, written before it calls the cloud: a crashed
+    /// or deposed leader's successor finishes them with the same client
+    /// token, so a retried create never makes a second ENI.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intents: Vec<Intent>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    /// "aws", "bce" or "static".
+    pub provider: String,
+    /// The cloud's instance id (`i-…`).
+    pub id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A whole ENI per pod.
+    #[default]
+    Primary,
+    /// Pods get an ENI's secondary addresses.
+    Secondary,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Primary => "primary",
+            Mode::Secondary => "secondary",
+        }
+    }
+}
+
+/// The watermarks of CCE's IPAM (`PreAllocate`, `MinAllocate`,
+/// `MaxAboveWatermark`), in ENIs (primary) or addresses (secondary).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Watermarks {
+    /// Free ones to keep ahead of demand.
+    pub pre_allocate: u32,
+    /// The fewest a node ever has, used or free.
+    pub min_allocate: u32,
+    /// Free ones beyond `preAllocate` tolerated before the surplus goes
+    /// back to the cloud.
+    pub max_above_watermark: u32,
+}
+
+/// One ENI made available to the node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EniSpec {
+    pub id: String,
+    /// Lower-case `aa:bb:cc:dd:ee:ff`: how the agent finds the device.
+    pub mac: String,
+    /// The primary IPv4 address with the subnet's prefix length.
+    pub ipv4: String,
+    pub gateway4: IpAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_index: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub subnet: String,
+    /// Secondary mode: the addresses pods get, one each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secondary_ips: Vec<IpAddr>,
+}
+
+/// A cloud call the operator is about to make for this node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Intent {
+    /// The idempotency token the call carries (and the ENI's tag).
+    pub client_token: String,
+    /// "create-attach", "assign", "detach-delete".
+    pub action: String,
+    /// The ENI it concerns, once known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub eni: String,
+    pub since: Time,
+}
+
+/// What the node's agent does with its ENIs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetResourceSetStatus {
+    /// ENIs (secondary mode: addresses) held by pods.
+    #[serde(default)]
+    pub used: Vec<EniUse>,
+    /// ENIs the agent will not hand out, and why (a device missing or
+    /// broken on the node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<Quarantined>,
+    /// ENIs of `spec.draining` that no pod holds and the agent will not
+    /// hand out again: the operator may take them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<String>,
+    #[serde(default)]
+    pub summary: Summary,
+    /// When the agent last wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<Time>,
+    /// The `metadata.generation` of the spec the agent last applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Counts for `kubectl get`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// ENIs in the spec.
+    pub enis: u32,
+    /// ENIs (secondary: addresses) held by pods.
+    pub used: u32,
+    /// ENIs (secondary: addresses) free to hand out.
+    pub available: u32,
+}
+
+/// One ENI (secondary mode: one address of it) held by a pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EniUse {
+    pub eni: String,
+    /// Secondary mode: the address the pod holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_uid: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Quarantined {
+    pub eni: String,
+    pub reason: String,
+}
+
+/// The condition type an agent sets: True once it serves from this spec.
+pub const CONDITION_READY: &str = "Ready";
+
+/// The CRD as YAML, as `crdgen` writes it and `deploy/` holds it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let header =
+        "# Generated by `cargo run -p enim-crd --bin crdgen` from crd/src/lib.rs: do not edit.\n";
+    let body = serde_yaml::to_string(&NetResourceSet::crd()).expect("a CRD serialises");
+    format!("{header}{body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CI's check that the committed CRD is what these types generate.
+    #[test]
+    fn the_committed_crd_matches_the_types() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(CRD_PATH);
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            committed == crd_yaml(),
+            "{CRD_PATH} is stale: run `cargo run -p enim-crd --bin crdgen > {CRD_PATH}`"
+        );
+    }
+
+    #[test]
+    fn the_crd_is_cluster_scoped_with_a_status_subresource() {
+        use kube::CustomResourceExt;
+        let crd = NetResourceSet::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("netresourcesets.enim.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        let v = &crd.spec.versions[0];
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+        let columns: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            ["Mode", "Instance", "ENIs", "Used", "Available", "Age"]
+        );
+    }
+
+    #[test]
+    fn a_spec_round_trips_in_camel_case() {
+        let spec = NetResourceSetSpec {
+            instance: Instance {
+                provider: "aws".into(),
+                id: "i-1".into(),
+                instance_type: "m5.large".into(),
+                zone: "us-east-1a".into(),
+            },
+            mode: Mode::Secondary,
+            watermarks: Watermarks {
+                pre_allocate: 2,
+                min_allocate: 1,
+                max_above_watermark: 3,
+            },
+            enis: vec![EniSpec {
+                id: "eni-1".into(),
+                mac: "02:00:00:00:00:01".into(),
+                ipv4: "10.0.0.5/24".into(),
+                gateway4: "10.0.0.1".parse().unwrap(),
+                ipv6: None,
+                gateway6: None,
+                mtu: Some(9001),
+                device_index: Some(1),
+                subnet: "subnet-1".into(),
+                secondary_ips: vec!["10.0.0.6".parse().unwrap()],
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["watermarks"]["maxAboveWatermark"], 3);
+        assert_eq!(json["enis"][0]["secondaryIps"][0], "10.0.0.6");
+        assert_eq!(json["instance"]["instanceType"], "m5.large");
+        assert_eq!(json["mode"], "secondary");
+        let back: NetResourceSetSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
+    }
+}
