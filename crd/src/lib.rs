@@ -74,8 +74,9 @@ pub struct NetResourceSetSpec {
     /// The ENIs attached to the instance for enim, ready to hand out.
     #[serde(default)]
     pub enis: Vec<EniSpec>,
-    /// ENIs the operator wants back: the agent hands none of them out and
-    /// lists each in `status.released` once no pod holds it.
+    /// What the operator wants back: ENI ids (secondary mode: also single
+    /// addresses). The agent hands none of them out and lists each in
+    /// `status.released` once no pod holds it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub draining: Vec<String>,
     /// The operator's intents, written before it calls the cloud: a crashed
@@ -181,8 +182,8 @@ pub struct NetResourceSetStatus {
     /// broken on the node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<Quarantined>,
-    /// ENIs of `spec.draining` that no pod holds and the agent will not
-    /// hand out again: the operator may take them.
+    /// Entries of `spec.draining` (ENI ids or addresses) that no pod holds
+    /// and the agent will not hand out again: the operator may take them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub released: Vec<String>,
     #[serde(default)]
