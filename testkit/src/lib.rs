@@ -8,6 +8,8 @@
 //!   those ENIs to a static provider ([`fixtures`]);
 //! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
 //!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does;
+//! - [`apiserver`]: a real etcd and kube-apiserver on loopback, for tests
+//!   that need only the Kubernetes API;
 //! - [`cluster`]: the real one-node Kubernetes of `scripts/e2e-cluster.sh`,
 //!   reached through `nsenter` (kubectl as its admin, commands on its node);
 //! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
@@ -19,6 +21,7 @@
 //! Nothing here touches the machine's own interfaces.
 
 pub mod agent;
+pub mod apiserver;
 pub mod cluster;
 pub mod cni;
 pub mod fixtures;
