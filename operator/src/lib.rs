@@ -22,4 +22,5 @@
 //! backends (through [`enim_provider::fleet::FleetCloud`]); never the
 //! agent.
 
+pub mod runtime;
 pub mod store;

@@ -1,0 +1,415 @@
+//! The operator's process: the Kubernetes client, the watches of Nodes and
+//! NetResourceSets, the leader lease, the resync loop and the health and
+//! metrics endpoint. The only module that talks to the API server.
+//!
+//! Invariants:
+//! - Every replica keeps its caches warm (both watches run always), so a
+//!   follower that becomes leader resyncs at once from a full view.
+//! - Only the leader resyncs, and [`KubeStore::is_leader`] is read again
+//!   before every cloud call and write ([`crate::store::Store`]): leadership
+//!   can move in the middle of a resync. Two leaders for a moment cost
+//!   nothing in the cloud (every create carries its intent's client token)
+//!   and little in the API (a spec is derived from the cloud's listing, so
+//!   the true leader's next resync rewrites whatever a deposed one wrote).
+//! - The operator writes spec and metadata under `enim-operator`; the
+//!   agents' status is never part of what it applies.
+//! - Nodes are cached without their status and managed fields: at 1,000
+//!   nodes a full Node is tens of KiB, most of it images and conditions the
+//!   operator never reads.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use enim_crd::{NetResourceSet, NetResourceSetSpec, FINALIZER, OPERATOR_MANAGER};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, Store as Cache};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::{watch, Notify};
+
+use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+
+/// The label the kubelet sets from the cloud's instance type.
+pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// The label the kubelet (or cloud controller) sets from the zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("leader lease {name} in {namespace}: {source}")]
+    Lease {
+        name: String,
+        namespace: String,
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    #[error("health endpoint {addr}: {source}")]
+    Health {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How the process runs (command line; the policy is the allocator's).
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The namespace of the leader Lease (the operator's own).
+    pub namespace: String,
+    pub lease_name: String,
+    /// This replica's name in the Lease (its pod name).
+    pub identity: String,
+    /// A leader that has not renewed for this long loses the lease; a
+    /// follower takes over within it (plus one renew period).
+    pub lease_duration: Duration,
+    /// The leader renews this long before its lease would expire.
+    pub lease_grace: Duration,
+    /// A resync runs at least this often while leading.
+    pub resync_interval: Duration,
+    /// Changes seen by the watches within this window share one resync.
+    pub debounce: Duration,
+    /// `/healthz`, `/readyz` and `/metrics`.
+    pub health_addr: SocketAddr,
+}
+
+/// One resync of the whole cluster, as the runtime calls it: the
+/// allocator's work, behind a trait so that the runtime neither knows nor
+/// is known by the allocator's internals.
+#[async_trait]
+pub trait Resync: Send + Sync {
+    /// Runs one resync over the cluster's Nodes and NetResourceSets,
+    /// writing through `store`. Returns a one-line summary for the log.
+    async fn resync(
+        &self,
+        store: &dyn Store,
+        nodes: Vec<NodeInfo>,
+        sets: Vec<SetInfo>,
+    ) -> Result<String, String>;
+}
+
+/// What the health endpoint shows.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub synced: AtomicBool,
+    pub leader: AtomicBool,
+    pub resyncs: AtomicU64,
+    pub resync_errors: AtomicU64,
+    /// Microseconds the last resync took.
+    pub last_resync_us: AtomicU64,
+}
+
+/// [`Store`] over the API server.
+pub struct KubeStore {
+    api: Api<NetResourceSet>,
+    leader: watch::Receiver<bool>,
+}
+
+impl KubeStore {
+    pub fn new(client: Client, leader: watch::Receiver<bool>) -> KubeStore {
+        KubeStore {
+            api: Api::all(client),
+            leader,
+        }
+    }
+}
+
+fn api_error(name: &str, e: kube::Error) -> StoreError {
+    match &e {
+        kube::Error::Api(s) if s.code == 409 || s.code == 404 => {
+            StoreError::Conflict(format!("{name}: {e}"))
+        }
+        _ => StoreError::Api(format!("{name}: {e}")),
+    }
+}
+
+/// The object the operator applies for `node`: its spec, owned by the
+/// Node (the garbage collector marks it deleted when the Node goes) and
+/// held by the finalizer until its ENIs are released.
+pub fn applied_set(node: &NodeInfo, spec: &NetResourceSetSpec) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "enim.io/v1alpha1",
+        "kind": "NetResourceSet",
+        "metadata": {
+            "name": node.name,
+            "finalizers": [FINALIZER],
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node.name,
+                "uid": node.uid,
+            }],
+        },
+        "spec": spec,
+    })
+}
+
+#[async_trait]
+impl Store for KubeStore {
+    async fn apply_spec(
+        &self,
+        node: &NodeInfo,
+        spec: &NetResourceSetSpec,
+    ) -> Result<(), StoreError> {
+        if !self.is_leader() {
+            return Err(StoreError::NotLeader);
+        }
+        let params = PatchParams::apply(OPERATOR_MANAGER).force();
+        self.api
+            .patch(&node.name, &params, &Patch::Apply(applied_set(node, spec)))
+            .await
+            .map_err(|e| api_error(&node.name, e))?;
+        Ok(())
+    }
+
+    async fn release_set(&self, name: &str) -> Result<(), StoreError> {
+        if !self.is_leader() {
+            return Err(StoreError::NotLeader);
+        }
+        let set = match self.api.get_opt(name).await {
+            Ok(Some(set)) => set,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(api_error(name, e)),
+        };
+        let finalizers = set.finalizers();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let kept: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        // "test" first: a finalizer added since the read is never dropped.
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            { "op": "test", "path": "/metadata/finalizers", "value": finalizers },
+            { "op": "replace", "path": "/metadata/finalizers", "value": kept },
+        ]))
+        .expect("a well-formed JSON patch");
+        self.api
+            .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .map_err(|e| api_error(name, e))?;
+        Ok(())
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+}
+
+/// A Node as the operator reads it.
+pub fn node_info(node: &Node) -> NodeInfo {
+    let label = |key: &str| node.labels().get(key).cloned().unwrap_or_default();
+    NodeInfo {
+        name: node.name_any(),
+        uid: node.uid().unwrap_or_default(),
+        provider_id: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default(),
+        instance_type: label(LABEL_INSTANCE_TYPE),
+        zone: label(LABEL_ZONE),
+    }
+}
+
+/// A NetResourceSet as the operator reads it.
+pub fn set_info(set: &NetResourceSet) -> SetInfo {
+    SetInfo {
+        name: set.name_any(),
+        spec: set.spec.clone(),
+        status: set.status.clone(),
+        deleting_since: set
+            .meta()
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| SystemTime::from(t.0)),
+    }
+}
+
+/// Drops what the operator never reads from a Node before it is cached.
+fn slim_node(node: &mut Node) {
+    node.status = None;
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+}
+
+/// The watches, kept running on every replica; `changed` fires on every
+/// event.
+struct Caches {
+    nodes: Cache<Node>,
+    sets: Cache<NetResourceSet>,
+}
+
+fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
+    let (nodes, node_writer) = reflector::store();
+    let (sets, set_writer) = reflector::store();
+    let node_stream = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(slim_node),
+    );
+    let set_stream = reflector(
+        set_writer,
+        watcher(
+            Api::<NetResourceSet>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    );
+    for (what, stream) in [
+        ("nodes", node_stream.map_ok(|_| ()).boxed()),
+        ("netresourcesets", set_stream.map_ok(|_| ()).boxed()),
+    ] {
+        let changed = changed.clone();
+        tokio::spawn(async move {
+            let mut stream = stream;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(()) => changed.notify_one(),
+                    Err(e) => tracing::warn!(watch = what, error = %e, "watch failed; retrying"),
+                }
+            }
+        });
+    }
+    Caches { nodes, sets }
+}
+
+use kube::runtime::reflector::reflector;
+
+/// Runs the operator until SIGTERM (or ctrl-c): watches, lease, resyncs.
+pub async fn run(
+    config: RuntimeConfig,
+    client: Client,
+    resync: Arc<dyn Resync>,
+) -> Result<(), RuntimeError> {
+    let health = Arc::new(Health::default());
+    let listener = tokio::net::TcpListener::bind(config.health_addr)
+        .await
+        .map_err(|source| RuntimeError::Health {
+            addr: config.health_addr,
+            source,
+        })?;
+    tokio::spawn(serve_health(listener, health.clone()));
+
+    let changed = Arc::new(Notify::new());
+    let caches = start_watches(&client, changed.clone());
+
+    let lease_err = |source| RuntimeError::Lease {
+        name: config.lease_name.clone(),
+        namespace: config.namespace.clone(),
+        source,
+    };
+    let secs = |d: Duration| d.as_secs().max(1);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(secs(config.lease_duration))
+        .with_grace(secs(config.lease_grace))
+        .with_field_manager(format!("{OPERATOR_MANAGER}-lease"))
+        .build()
+        .await
+        .map_err(lease_err)?;
+    let (mut leader, lease_task) = manager.watch().await;
+    let store = KubeStore::new(client.clone(), leader.clone());
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    let mut was_leader = false;
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        health.leader.store(is_leader, Ordering::Relaxed);
+        if is_leader != was_leader {
+            tracing::info!(identity = %config.identity, leader = is_leader, "leadership changed");
+            was_leader = is_leader;
+        }
+        let synced = caches.nodes.wait_until_ready().await.is_ok()
+            && caches.sets.wait_until_ready().await.is_ok();
+        health.synced.store(synced, Ordering::Relaxed);
+        if is_leader && synced {
+            resync_once(&*resync, &store, &caches, &health).await;
+        }
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            r = leader.changed() => if r.is_err() { break },
+            _ = changed.notified() => tokio::time::sleep(config.debounce).await,
+            _ = tokio::time::sleep(config.resync_interval) => {}
+        }
+    }
+    // Dropping the receivers makes the lease manager release the lease, so
+    // the follower takes over at once instead of after its expiry.
+    drop(store);
+    drop(leader);
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn resync_once(resync: &dyn Resync, store: &KubeStore, caches: &Caches, health: &Health) {
+    let nodes: Vec<NodeInfo> = caches.nodes.state().iter().map(|n| node_info(n)).collect();
+    let sets: Vec<SetInfo> = caches.sets.state().iter().map(|s| set_info(s)).collect();
+    let started = Instant::now();
+    let result = resync.resync(store, nodes, sets).await;
+    let took = started.elapsed();
+    health.resyncs.fetch_add(1, Ordering::Relaxed);
+    health.last_resync_us.store(
+        u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    match result {
+        Ok(summary) => tracing::info!(took = ?took, "resync: {summary}"),
+        Err(e) => {
+            health.resync_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(took = ?took, error = %e, "resync failed");
+        }
+    }
+}
+
+async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
+    use axum::routing::get;
+    let metrics = |h: Arc<Health>| async move {
+        let mut m = BTreeMap::new();
+        let g = |a: &AtomicBool| u64::from(a.load(Ordering::Relaxed));
+        m.insert("enim_operator_leader", g(&h.leader));
+        m.insert("enim_operator_caches_synced", g(&h.synced));
+        m.insert(
+            "enim_operator_resyncs_total",
+            h.resyncs.load(Ordering::Relaxed),
+        );
+        m.insert(
+            "enim_operator_resync_errors_total",
+            h.resync_errors.load(Ordering::Relaxed),
+        );
+        m.insert(
+            "enim_operator_last_resync_microseconds",
+            h.last_resync_us.load(Ordering::Relaxed),
+        );
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}\n"))
+            .collect::<String>()
+    };
+    let ready = |h: Arc<Health>| async move {
+        if h.synced.load(Ordering::Relaxed) {
+            (axum::http::StatusCode::OK, "ok")
+        } else {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "caches not synced",
+            )
+        }
+    };
+    let (h1, h2) = (health.clone(), health);
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(move || ready(h1.clone())))
+        .route("/metrics", get(move || metrics(h2.clone())));
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "health endpoint stopped");
+    }
+}
