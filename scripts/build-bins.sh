@@ -20,6 +20,8 @@ for a in "$@"; do
   case "$a" in --release) profile_flags=(--release) ;; esac
 done
 cargo build --quiet "$@" -p enim --bins
+# The control plane ships in the same image (deploy/50-operator.yaml).
+cargo build --quiet "$@" -p enim-operator --bin enim-operator
 # Only the plugin's final link changes; its dependencies are those of the
 # `enim` package alone, without features other workspace members turn on.
 cargo rustc --quiet "${profile_flags[@]}" -p enim --bin enim -- -C target-feature=+crt-static

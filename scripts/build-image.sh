@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the enim node image (deploy/Containerfile) without pulling
-# anything: the image is FROM scratch and holds the three binaries, this
+# anything: the image is FROM scratch and holds the four binaries, this
 # machine's `nft` (enimd applies the host path's masquerade table with
 # it; Debian's nftables package), plus exactly the shared libraries `ldd`
 # says they load, copied from this machine.
@@ -51,7 +51,7 @@ target=$(realpath -m "${CARGO_TARGET_DIR:-target}")/$profile
 # Only what the image holds goes in the context: target/ is gigabytes.
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-bins=(enimd enim enimctl)
+bins=(enimd enim enimctl enim-operator)
 for b in "${bins[@]}"; do
   [ -x "$target/$b" ] || { echo "build-image.sh: $target/$b is missing" >&2; exit 1; }
   objcopy --strip-debug "$target/$b" "$ctx/$b"
