@@ -4,14 +4,16 @@
 # kube-proxy in iptables mode, containerd 2.x, CoreDNS), built from their Go
 # modules by scripts/cluster/build.sh, in sandbox namespaces
 # (scripts/cluster/node.sh), with enim installed by `kubectl apply` of
-# deploy/. Then named scenarios, each a PASS or FAIL line, in both modes.
+# deploy/. Then named scenarios, each a PASS or FAIL line, in both modes,
+# and a third run with the control plane: enim-operator and the agents'
+# `cluster` provider (primary mode).
 #
 #   scripts/e2e-cluster.sh [--debug] [--no-build] [--mode MODE] [--keep]
 #                          [--restarts N] [--only SCENARIO,...]
 #
 #   --debug       enim's image from dev-profile binaries (CI) instead of release
 #   --no-build    use what target/ holds; do not run cargo
-#   --mode MODE   primary or secondary only (default: both)
+#   --mode MODE   primary, secondary or operator only (default: all three)
 #   --keep        leave the last cluster running and print how to reach it
 #   --restarts N  enimd restarts of each kind in the admission scenario
 #                 (default 20)
@@ -27,7 +29,7 @@ set -euo pipefail
 debug=()
 build=1
 keep=0
-modes=(primary secondary)
+modes=(primary secondary operator)
 restarts=20
 only=""
 while [ $# -gt 0 ]; do
@@ -55,14 +57,14 @@ t_start=$(date +%s)
 elapsed() { echo "$(($(date +%s) - t_start)) s"; }
 failures=0
 results=()
-pass() { results+=("PASS  [$mode] $1"); echo "PASS: [$mode] $1"; }
-fail() { results+=("FAIL  [$mode] $1"); echo "FAIL: [$mode] $1" >&2; failures=$((failures + 1)); }
+pass() { results+=("PASS  [$run] $1"); echo "PASS: [$run] $1"; }
+fail() { results+=("FAIL  [$run] $1"); echo "FAIL: [$run] $1" >&2; failures=$((failures + 1)); }
 wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 # scenario NAME FUNCTION: runs it (when wanted), PASS when it returns 0.
 scenario() {
   local name=$1 f=$2
   wanted "$f" || return 0
-  step "[$mode] $name ($(elapsed))"
+  step "[$run] $name ($(elapsed))"
   if "$f"; then pass "$name"; else fail "$name"; diagnose; fi
   clean
 }
@@ -121,14 +123,22 @@ build_args=("${debug[@]}")
 "$repo/scripts/build-image.sh" "${build_args[@]}" "$ENIM_IMAGE"
 podman save -q -o "$images/enim.tar" "$ENIM_IMAGE"
 
-# enim_install MODE: deploy/ as a user applies it, the ConfigMap's provider
-# replaced by the sandbox's static ENIs.
+# enim_install MODE PROVIDER: deploy/ as a user applies it, the ConfigMap's
+# provider replaced by the sandbox's static ENIs (PROVIDER static), or by
+# the `cluster` provider, with the operator's [cloud] the sandbox's ENIs as
+# a static inventory (PROVIDER cluster). The operator runs one replica: its
+# two are spread over nodes, and this cluster has one.
 enim_install() {
-  python3 "$repo/scripts/cluster/enim-config.py" "$repo/deploy" "$1" "$work/etc/enis.toml" > "$work/etc/configmap.yaml"
+  python3 "$repo/scripts/cluster/enim-config.py" "$repo/deploy" "$1" "$work/etc/enis.toml" "$2" "$NODE_NAME" "$work/etc/operator.yaml" > "$work/etc/configmap.yaml"
   local f
   for f in "$repo"/deploy/*.yaml; do
-    case $f in */20-configmap.yaml) f=$work/etc/configmap.yaml ;; esac
+    case $f in
+      */20-configmap.yaml) f=$work/etc/configmap.yaml ;;
+      */50-operator.yaml) [ "$2" = cluster ] || continue; f=$work/etc/operator.yaml ;;
+    esac
+    # The CRD before anything that names it.
     k apply -f - < "$f" >/dev/null
+    case $f in */05-crd-*) k wait --for=condition=Established crd/netresourcesets.enim.io --timeout=60s >/dev/null ;; esac
   done
   k apply -f - < "$repo/scripts/cluster/coredns.yaml" >/dev/null
 }
@@ -138,19 +148,25 @@ diagnose() {
   echo "--- enim's attachments"; enimctl attachments 2>&1 || true
   echo "--- events"; k get events -A --sort-by=.lastTimestamp 2>&1 | grep -v ' Normal ' | tail -n 15 || true
   echo "--- enimd's log"; k -n enim-system logs ds/enimd -c enimd --tail=15 2>&1 || true
+  if [ "$provider" = cluster ]; then
+    echo "--- netresourcesets"; k get nrs -o wide 2>&1 || true
+    echo "--- enim-operator's log"; k -n enim-system logs deploy/enim-operator --tail=15 2>&1 || true
+  fi
   if [ "$keep" = 1 ]; then echo "(--keep: stopping here for a look)"; exit 1; fi
 }
 
 # One cluster per mode.
-for mode in "${modes[@]}"; do
-  step "[$mode] cluster up ($(elapsed))"
+for run in "${modes[@]}"; do
+  # The operator's run is primary mode, its ENIs through NetResourceSets.
+  case $run in operator) mode=primary provider=cluster ;; *) mode=$run provider=static ;; esac
+  step "[$run] cluster up ($(elapsed))"
   if [ -n "$work" ]; then cluster_down; rm -rf "$work"; fi
   cluster_init "$bin"
   # primary: 4 ENIs, each a pod's. secondary: 2 ENIs with 6 secondary
   # addresses each, 12 pods' worth.
   if [ "$mode" = primary ]; then cluster_up 4 0 ""; else cluster_up 2 6 ""; fi
   echo "cluster up in $CLUSTER_START_MS ms"
-  enim_install "$mode"
+  enim_install "$mode" "$provider"
   . "$repo/scripts/cluster/scenarios.sh"
   run_scenarios
 done

@@ -1,12 +1,17 @@
 #!/usr/bin/python3
 """Writes deploy/'s ConfigMap for the e2e cluster (scripts/e2e-cluster.sh):
 
-    enim-config.py DEPLOY_DIR MODE ENIS_TOML > configmap.yaml
+    enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT > configmap.yaml
 
 What a user edits when installing on their cloud, done for the sandbox:
-[provider] becomes the static provider with the sandbox's veth ENIs
-(ENIS_TOML holds their [[provider.enis]]), and `mode` is set. Every other
-key stays as deploy/20-configmap.yaml has it.
+`mode` is set, and [provider] becomes
+- PROVIDER static: the static provider with the sandbox's veth ENIs
+  (ENIS_TOML holds their [[provider.enis]]);
+- PROVIDER cluster: the `cluster` provider (the agent serves its
+  NetResourceSet), and OPERATOR_OUT gets deploy/50-operator.yaml with the
+  operator's [cloud] a static inventory of those ENIs on node NODE, and one
+  replica (the two of deploy/ are spread over nodes; this cluster has one).
+Every other key stays as deploy/ has it.
 """
 
 import importlib.util
@@ -31,9 +36,9 @@ def e2e_pod():
 
 
 def main():
-    if len(sys.argv) != 4:
-        fail("usage: enim-config.py DEPLOY_DIR MODE ENIS_TOML")
-    deploy_dir, mode, enis_file = sys.argv[1:]
+    if len(sys.argv) != 7:
+        fail("usage: enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT")
+    deploy_dir, mode, enis_file, provider, node, operator_out = sys.argv[1:]
     pod = e2e_pod()
     with open(os.path.join(deploy_dir, "20-configmap.yaml")) as f:
         cm = yaml.safe_load(f)
@@ -43,10 +48,40 @@ def main():
     with open(enis_file, "rb") as f:
         sandbox = tomllib.load(f)
     config["mode"] = mode
-    config["provider"] = {"type": "static", **sandbox["provider"]}
-    cm["data"]["enimd.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
     yaml.add_representer(str, pod.literal_blocks)
+    if provider == "static":
+        config["provider"] = {"type": "static", **sandbox["provider"]}
+    elif provider == "cluster":
+        config["provider"] = {"type": "cluster"}
+        with open(operator_out, "w") as out:
+            operator_manifests(deploy_dir, mode, node, sandbox["provider"]["enis"], out)
+    else:
+        fail(f"PROVIDER {provider!r}: static or cluster")
+    cm["data"]["enimd.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
     yaml.dump(cm, sys.stdout, sort_keys=False)
+
+
+def operator_manifests(deploy_dir, mode, node, enis, out):
+    """deploy/50-operator.yaml for the sandbox: a static inventory, one replica."""
+    pod = e2e_pod()
+    with open(os.path.join(deploy_dir, "50-operator.yaml")) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            config = tomllib.loads(doc["data"]["operator.toml"])
+            config["operator"]["cluster"] = "enim-e2e"
+            config["operator"]["mode"] = mode
+            config["operator"]["resync_interval"] = "5s"
+            config["cloud"] = static_inventory(node, enis)
+            doc["data"]["operator.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
+        elif doc["kind"] == "Deployment":
+            doc["spec"]["replicas"] = 1
+    yaml.dump_all(docs, out, sort_keys=False)
+
+
+def static_inventory(node, enis):
+    """The operator's static cloud: the node's veth ENIs, attached from the start."""
+    return {"type": "static", "nodes": [{"name": node, "enis": enis}]}
 
 
 if __name__ == "__main__":

@@ -456,7 +456,7 @@ s_admission() {
 }
 # The device plugin and the kubelet's admission do not depend on the mode:
 # the full count runs in primary mode, a few rounds in secondary.
-admission_restarts() { if [ "$mode" = primary ]; then echo "$restarts"; else echo $((restarts < 3 ? restarts : 3)); fi; }
+admission_restarts() { if [ "$mode" = primary ] && [ "$provider" != cluster ]; then echo "$restarts"; else echo $((restarts < 3 ? restarts : 3)); fi; }
 all_done() {
   ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}' | grep "^$1" | grep -qv ' Succeeded\| Failed'
 }
@@ -650,7 +650,10 @@ s_rust() {
   return "${PIPESTATUS[0]}"
 }
 
+. "$repo/scripts/cluster/operator-scenarios.sh"
+
 run_scenarios() {
+  if [ "$provider" = cluster ]; then run_operator_scenarios; return; fi
   scenario "enimd and the node Ready; allocatable $(resource) = $(capacity)" s_ready
   scenario "scheduling: $(capacity) pods on enim, one more Pending (Insufficient $(resource)), runs after a delete" s_scheduling
   scenario "Services and DNS, kube-proxy clusterCIDR set (ENI addresses outside it)" s_services_cidr_set
