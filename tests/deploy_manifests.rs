@@ -31,6 +31,9 @@ use serde_json::Value;
 /// The checks on manifests broken on purpose.
 #[path = "deploy_manifests/broken.rs"]
 mod broken;
+/// The same for the control plane's objects.
+#[path = "deploy_manifests/broken_api.rs"]
+mod broken_api;
 /// What the manifests must agree with: the checks, and install-cni run.
 #[path = "deploy_manifests/checks.rs"]
 mod checks;

@@ -25,7 +25,7 @@ fn agent_caps_mut(m: &mut Manifests) -> &mut Capabilities {
 }
 
 /// The item called `name` in a list the manifests must have.
-fn named_mut<'a, T>(
+pub(crate) fn named_mut<'a, T>(
     list: &'a mut Option<Vec<T>>,
     name: &str,
     name_of: fn(&T) -> &str,
@@ -99,14 +99,14 @@ fn toml_mut(m: &mut Manifests) -> &mut String {
         .unwrap()
 }
 
-fn sa_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut ServiceAccount {
+pub(crate) fn sa_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut ServiceAccount {
     m.service_accounts
         .iter_mut()
         .find(|s| s.metadata.name.as_deref() == Some(name))
         .unwrap()
 }
 
-fn expect_problem(name: &str, m: &Manifests, needle: &str) {
+pub(crate) fn expect_problem(name: &str, m: &Manifests, needle: &str) {
     let problems = check(m);
     assert!(
         problems.iter().any(|p| p.contains(needle)),
@@ -559,7 +559,10 @@ fn unknown_fields_and_kinds_are_refused() {
         assert_ne!(typo, text, "{file}: no {from:?}");
         let err = parse_into(&mut Manifests::default(), &typo).unwrap_err();
         let field = to.trim().trim_start_matches("- ").trim_end_matches(':');
-        assert!(err.contains(field), "{file}: {err}");
+        assert!(
+            err.contains(&format!(".{field} (unknown)")),
+            "{file}: {err}"
+        );
     }
 }
 

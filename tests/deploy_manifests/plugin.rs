@@ -91,7 +91,8 @@ pub(crate) fn check(
     );
 
     // Identity: enimd's ServiceAccount, but no token: the plugin uses no
-    // Kubernetes API, so it must not carry the agent's grants.
+    // Kubernetes API, so it must not carry the agent's grants. It says so
+    // itself, as the ServiceAccount mounts the token for the agent.
     p.check(
         spec.service_account_name.is_some()
             && spec.service_account_name == agent_spec.service_account_name,
@@ -102,10 +103,9 @@ pub(crate) fn check(
             )
         },
     );
-    p.check(
-        spec.automount_service_account_token == Some(false) && !mounts_token(m, spec),
-        || format!("{PLUGIN_DS} mounts a service account token: it uses no Kubernetes API"),
-    );
+    p.check(spec.automount_service_account_token == Some(false), || {
+        format!("{PLUGIN_DS} mounts a service account token: it uses no Kubernetes API")
+    });
 
     // The host's network only so that its pod needs no CNI: enim's ADD
     // would otherwise wait for enimd and give the pod an ENI of its own.
