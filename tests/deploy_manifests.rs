@@ -1,6 +1,7 @@
 //! deploy/ as Kubernetes would read it: every manifest parsed into typed
 //! objects, then checked against what enimd really does (its config, its
-//! paths, its privileges, its probes, its install-cni command line).
+//! paths, its privileges, its probes, its install-cni command line), what
+//! the agent and the operator may do in the API, and how the operator runs.
 //!
 //! The checks collect problems instead of panicking, so the tests at the
 //! bottom can break the manifests on purpose and see each check fail.
@@ -13,10 +14,16 @@ use std::process::Command;
 
 use enim::daemon::config::Config;
 use enim::daemon::install;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Probe, ServiceAccount, Volume, VolumeMount,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,12 +31,22 @@ use serde_json::Value;
 /// The checks on manifests broken on purpose.
 #[path = "deploy_manifests/broken.rs"]
 mod broken;
+/// The same for the control plane's objects.
+#[path = "deploy_manifests/broken_api.rs"]
+mod broken_api;
 /// What the manifests must agree with: the checks, and install-cni run.
 #[path = "deploy_manifests/checks.rs"]
 mod checks;
+/// enim-operator's Deployment.
+#[path = "deploy_manifests/operator.rs"]
+mod operator;
 /// The device plugin's DaemonSet, checked against enimd's.
 #[path = "deploy_manifests/plugin.rs"]
 mod plugin;
+/// What each ServiceAccount may do in the API, and the admission policy
+/// that keeps each agent to its own node's NetResourceSet.
+#[path = "deploy_manifests/rbac.rs"]
+mod rbac;
 
 use checks::{check, run_install_cni};
 
@@ -50,6 +67,15 @@ const AGENT_DS: &str = "enimd";
 const PLUGIN_DS: &str = "enim-device-plugin";
 /// The device plugin's container.
 const PLUGIN: &str = "device-plugin";
+/// The agent's ServiceAccount (the `cluster` provider's identity).
+const AGENT_SA: &str = "enimd";
+/// enim-operator's ServiceAccount, Deployment, container and ConfigMap.
+const OPERATOR: &str = "enim-operator";
+/// The NetResourceSet CRD: one object per node, named after it.
+const CRD_GROUP: &str = "enim.io";
+const CRD_PLURAL: &str = "netresourcesets";
+/// The extra the API server puts in a token bound to a pod on a node.
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 #[derive(Debug, Clone, Default)]
 struct Manifests {
@@ -57,6 +83,14 @@ struct Manifests {
     service_accounts: Vec<ServiceAccount>,
     config_maps: Vec<ConfigMap>,
     daemon_sets: Vec<DaemonSet>,
+    deployments: Vec<Deployment>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    crds: Vec<CustomResourceDefinition>,
     containerfile: String,
 }
 
@@ -84,10 +118,10 @@ fn load() -> Manifests {
 }
 
 /// Parses every document of one file into `m`. A kind this test does not
-/// know is an error (a Role would need a reason: the agent uses no
-/// Kubernetes API), and so is any field the typed object does not have: a
-/// typo like `mountPropogation` would otherwise vanish silently, here and
-/// in the API server's lenient decoding.
+/// know is an error (a Secret, a Service or a webhook would need a reason
+/// and checks of its own), and so is any field the typed object does not
+/// have: a typo like `mountPropogation` would otherwise vanish silently,
+/// here and in the API server's lenient decoding.
 fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
     for doc in serde_yaml::Deserializer::from_str(text) {
         let yaml = serde_yaml::Value::deserialize(doc).map_err(|e| e.to_string())?;
@@ -102,10 +136,19 @@ fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
             ("v1", "ServiceAccount") => typed(&raw, &mut m.service_accounts)?,
             ("v1", "ConfigMap") => typed(&raw, &mut m.config_maps)?,
             ("apps/v1", "DaemonSet") => typed(&raw, &mut m.daemon_sets)?,
+            ("apps/v1", "Deployment") => typed(&raw, &mut m.deployments)?,
+            (RBAC, "ClusterRole") => typed(&raw, &mut m.cluster_roles)?,
+            (RBAC, "ClusterRoleBinding") => typed(&raw, &mut m.cluster_role_bindings)?,
+            (RBAC, "Role") => typed(&raw, &mut m.roles)?,
+            (RBAC, "RoleBinding") => typed(&raw, &mut m.role_bindings)?,
+            (ADMISSION, "ValidatingAdmissionPolicy") => typed(&raw, &mut m.policies)?,
+            (ADMISSION, "ValidatingAdmissionPolicyBinding") => typed(&raw, &mut m.policy_bindings)?,
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => typed(&raw, &mut m.crds)?,
             _ => {
                 return Err(format!(
-                    "unexpected object {api}/{kind}: enimd needs no Kubernetes API access, \
-                     so deploy/ holds no RBAC; extend this test with the reason if that changes"
+                    "unexpected object {api}/{kind}: deploy/ holds the agent, its device \
+                     plugin, the operator, their RBAC and admission policy and the CRD; \
+                     extend this test with what this object is for, and check it"
                 ))
             }
         };
@@ -119,6 +162,9 @@ fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+const RBAC: &str = "rbac.authorization.k8s.io/v1";
+const ADMISSION: &str = "admissionregistration.k8s.io/v1";
 
 fn typed<T>(raw: &Value, into: &mut Vec<T>) -> Result<Value, String>
 where
@@ -182,6 +228,39 @@ fn daemon_set<'a>(m: &'a Manifests, name: &str) -> Option<&'a DaemonSet> {
     m.daemon_sets
         .iter()
         .find(|d| d.metadata.name.as_deref() == Some(name))
+}
+
+/// The object of kind `T` called `name`.
+fn by_name<'a, T>(items: &'a [T], name: &str) -> Option<&'a T>
+where
+    T: k8s_openapi::Metadata<Ty = ObjectMeta>,
+{
+    items
+        .iter()
+        .find(|o| o.metadata().name.as_deref() == Some(name))
+}
+
+/// Whether a selector's `matchLabels` pick pods labelled `labels` (an empty
+/// selector counts as none: every selector here names its labels).
+fn selects(selector: Option<&BTreeMap<String, String>>, labels: &BTreeMap<String, String>) -> bool {
+    selector.is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Whether a pod with `spec` gets its service account's token: its own
+/// setting, else its ServiceAccount's (when deploy/ has it), else yes.
+fn mounts_token(m: &Manifests, spec: &PodSpec) -> bool {
+    let sa_name = spec.service_account_name.as_deref().unwrap_or("default");
+    let sa = by_name(&m.service_accounts, sa_name);
+    spec.automount_service_account_token
+        .or_else(|| sa?.automount_service_account_token)
+        .unwrap_or(true)
+}
+
+/// The downward-API field env var `name` of `c` comes from.
+fn env_field<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    let var = c.env.iter().flatten().find(|e| e.name == name)?;
+    let field = var.value_from.as_ref()?.field_ref.as_ref()?;
+    Some(&field.field_path)
 }
 
 fn pod_spec(ds: &DaemonSet) -> Option<&PodSpec> {

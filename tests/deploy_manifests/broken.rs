@@ -25,7 +25,7 @@ fn agent_caps_mut(m: &mut Manifests) -> &mut Capabilities {
 }
 
 /// The item called `name` in a list the manifests must have.
-fn named_mut<'a, T>(
+pub(crate) fn named_mut<'a, T>(
     list: &'a mut Option<Vec<T>>,
     name: &str,
     name_of: fn(&T) -> &str,
@@ -88,7 +88,10 @@ fn plugin_security_mut(m: &mut Manifests) -> &mut SecurityContext {
 }
 
 fn toml_mut(m: &mut Manifests) -> &mut String {
-    m.config_maps[0]
+    m.config_maps
+        .iter_mut()
+        .find(|c| c.metadata.name.as_deref() == Some("enimd-config"))
+        .unwrap()
         .data
         .as_mut()
         .unwrap()
@@ -96,7 +99,14 @@ fn toml_mut(m: &mut Manifests) -> &mut String {
         .unwrap()
 }
 
-fn expect_problem(name: &str, m: &Manifests, needle: &str) {
+pub(crate) fn sa_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut ServiceAccount {
+    m.service_accounts
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some(name))
+        .unwrap()
+}
+
+pub(crate) fn expect_problem(name: &str, m: &Manifests, needle: &str) {
     let problems = check(m);
     assert!(
         problems.iter().any(|p| p.contains(needle)),
@@ -264,9 +274,38 @@ fn each_check_fails_on_a_broken_manifest() {
             "readinessProbe port",
         ),
         (
-            "token mounted",
-            |m| spec_mut(m).automount_service_account_token = None,
-            "token",
+            "agent's pod without a token",
+            |m| spec_mut(m).automount_service_account_token = Some(false),
+            "the agent's pod mounts no service account token",
+        ),
+        (
+            "agent's ServiceAccount without a token",
+            |m| {
+                let sa = sa_mut(m, AGENT_SA);
+                sa.automount_service_account_token = Some(false);
+                spec_mut(m).automount_service_account_token = None;
+            },
+            "ServiceAccount enimd does not mount its token",
+        ),
+        (
+            "agent as another ServiceAccount",
+            |m| spec_mut(m).service_account_name = Some("default".into()),
+            "not ServiceAccount enimd",
+        ),
+        (
+            "no NODE_NAME",
+            |m| agent_mut(m).env = None,
+            "env NODE_NAME comes from None",
+        ),
+        (
+            "NODE_NAME from the pod's name",
+            |m| {
+                let env = agent_mut(m).env.as_mut().unwrap();
+                let var = env.iter_mut().find(|e| e.name == "NODE_NAME").unwrap();
+                let field = var.value_from.as_mut().unwrap().field_ref.as_mut().unwrap();
+                field.field_path = "metadata.name".into();
+            },
+            "env NODE_NAME comes from Some(\"metadata.name\")",
         ),
         (
             "image fetches at build time",
@@ -494,10 +533,37 @@ fn unknown_fields_and_kinds_are_refused() {
     let err = parse_into(&mut Manifests::default(), &typo).unwrap_err();
     assert!(err.contains("mountPropogation"), "{err}");
 
-    let role =
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: x\n";
-    let err = parse_into(&mut Manifests::default(), role).unwrap_err();
-    assert!(err.contains("ClusterRole"), "{err}");
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: x\n";
+    let err = parse_into(&mut Manifests::default(), secret).unwrap_err();
+    assert!(err.contains("unexpected object v1/Secret"), "{err}");
+
+    // The new kinds are read as strictly: a misspelt field of each.
+    for (file, from, to) in [
+        ("11-rbac-agent.yaml", "  - apiGroups:", "  - apiGroup:"),
+        (
+            "11-rbac-agent.yaml",
+            "validationActions:",
+            "validationAction:",
+        ),
+        ("11-rbac-agent.yaml", "matchConditions:", "matchCondition:"),
+        ("50-operator.yaml", "roleRef:", "roleref:"),
+        ("50-operator.yaml", "podAntiAffinity:", "podAntiaffinity:"),
+        (
+            "05-crd-netresourceset.yaml",
+            "subresources:",
+            "subresource:",
+        ),
+    ] {
+        let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
+        let typo = text.replacen(from, to, 1);
+        assert_ne!(typo, text, "{file}: no {from:?}");
+        let err = parse_into(&mut Manifests::default(), &typo).unwrap_err();
+        let field = to.trim().trim_start_matches("- ").trim_end_matches(':');
+        assert!(
+            err.contains(&format!(".{field} (unknown)")),
+            "{file}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -17,37 +17,62 @@ const INSTALL_CNI_FLAGS: &[&str] = &[
 
 /// Everything but running install-cni.
 pub(crate) fn check(m: &Manifests) -> Vec<String> {
-    let mut p = Problems::default();
-    let names: BTreeSet<&str> = m
-        .daemon_sets
-        .iter()
-        .filter_map(|d| d.metadata.name.as_deref())
-        .collect();
-    p.check(
-        m.daemon_sets.len() == 2 && names == BTreeSet::from([AGENT_DS, PLUGIN_DS]),
-        || format!("expected the DaemonSets {AGENT_DS} and {PLUGIN_DS}, found {names:?}"),
-    );
-    let Some(ds) = daemon_set(m, AGENT_DS) else {
-        return p.0;
-    };
-    let Some(spec) = pod_spec(ds) else {
-        p.0.push("DaemonSet has no pod spec".into());
-        return p.0;
-    };
-    let ns = one(&m.namespaces, "Namespace", &mut p).and_then(|n| n.metadata.name.clone());
-    let sa = one(&m.service_accounts, "ServiceAccount", &mut p);
+    let mut p = Problems(check_agent(m));
+    objects_in_place(m, &mut p);
+    rbac::check(m, &mut p);
+    operator::check(m, &mut p);
+    p.0
+}
 
-    // Namespace: all objects in it; Pod Security must let the agent run.
-    let objects = m
+/// Namespaced objects in enim's namespace, cluster-scoped ones in none,
+/// and Pod Security that lets the agent run.
+fn objects_in_place(m: &Manifests, p: &mut Problems) {
+    let ns = one(&m.namespaces, "Namespace", p).and_then(|n| n.metadata.name.clone());
+    let namespaced = m
         .service_accounts
         .iter()
         .map(|o| ("ServiceAccount", &o.metadata))
         .chain(m.config_maps.iter().map(|o| ("ConfigMap", &o.metadata)))
-        .chain(m.daemon_sets.iter().map(|o| ("DaemonSet", &o.metadata)));
-    for (kind, meta) in objects {
+        .chain(m.daemon_sets.iter().map(|o| ("DaemonSet", &o.metadata)))
+        .chain(m.deployments.iter().map(|o| ("Deployment", &o.metadata)))
+        .chain(m.roles.iter().map(|o| ("Role", &o.metadata)))
+        .chain(m.role_bindings.iter().map(|o| ("RoleBinding", &o.metadata)));
+    for (kind, meta) in namespaced {
         p.check(meta.namespace == ns, || {
             format!(
                 "{kind} {:?} is in namespace {:?}, not {ns:?}",
+                meta.name, meta.namespace
+            )
+        });
+    }
+    let cluster_scoped = m
+        .cluster_roles
+        .iter()
+        .map(|o| ("ClusterRole", &o.metadata))
+        .chain(
+            m.cluster_role_bindings
+                .iter()
+                .map(|o| ("ClusterRoleBinding", &o.metadata)),
+        )
+        .chain(
+            m.policies
+                .iter()
+                .map(|o| ("ValidatingAdmissionPolicy", &o.metadata)),
+        )
+        .chain(
+            m.policy_bindings
+                .iter()
+                .map(|o| ("ValidatingAdmissionPolicyBinding", &o.metadata)),
+        )
+        .chain(
+            m.crds
+                .iter()
+                .map(|o| ("CustomResourceDefinition", &o.metadata)),
+        );
+    for (kind, meta) in cluster_scoped {
+        p.check(meta.namespace.is_none(), || {
+            format!(
+                "{kind} {:?} is cluster-scoped but names namespace {:?}",
                 meta.name, meta.namespace
             )
         });
@@ -65,24 +90,52 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
             )
         });
     }
+}
 
-    // Identity: a ServiceAccount with no token, and nothing granted.
-    if let Some(sa) = sa {
-        p.check(
-            spec.service_account_name.is_some() && spec.service_account_name == sa.metadata.name,
-            || {
-                format!(
-                    "pod runs as {:?}, not ServiceAccount {:?}",
-                    spec.service_account_name, sa.metadata.name
-                )
-            },
-        );
-        p.check(sa.automount_service_account_token == Some(false), || {
-            "ServiceAccount mounts a token: the agent uses no Kubernetes API".into()
-        });
+/// The agent's DaemonSet and its ConfigMap.
+fn check_agent(m: &Manifests) -> Vec<String> {
+    let mut p = Problems::default();
+    let names: BTreeSet<&str> = m
+        .daemon_sets
+        .iter()
+        .filter_map(|d| d.metadata.name.as_deref())
+        .collect();
+    p.check(
+        m.daemon_sets.len() == 2 && names == BTreeSet::from([AGENT_DS, PLUGIN_DS]),
+        || format!("expected the DaemonSets {AGENT_DS} and {PLUGIN_DS}, found {names:?}"),
+    );
+    let Some(ds) = daemon_set(m, AGENT_DS) else {
+        return p.0;
+    };
+    let Some(spec) = pod_spec(ds) else {
+        p.0.push("DaemonSet has no pod spec".into());
+        return p.0;
+    };
+    // Identity: the ServiceAccount the agent's RBAC is bound to, with its
+    // token mounted: the `cluster` provider reads the node's NetResourceSet
+    // and writes its status with it (rbac.rs checks what it may do).
+    p.check(
+        spec.service_account_name.as_deref() == Some(AGENT_SA),
+        || {
+            format!(
+                "pod runs as {:?}, not ServiceAccount {AGENT_SA}",
+                spec.service_account_name
+            )
+        },
+    );
+    match by_name(&m.service_accounts, AGENT_SA) {
+        None => p.0.push(format!("no ServiceAccount {AGENT_SA}")),
+        Some(sa) => p.check(sa.automount_service_account_token != Some(false), || {
+            format!(
+                "ServiceAccount {AGENT_SA} does not mount its token: \
+                 the cluster provider needs the Kubernetes API"
+            )
+        }),
     }
-    p.check(spec.automount_service_account_token == Some(false), || {
-        "pod mounts a service account token: the agent uses no Kubernetes API".into()
+    p.check(mounts_token(m, spec), || {
+        "the agent's pod mounts no service account token: \
+         the cluster provider needs the Kubernetes API"
+            .into()
     });
 
     // Selector and scheduling.
@@ -131,6 +184,12 @@ pub(crate) fn check(m: &Manifests) -> Vec<String> {
         p.0.push(format!("no init container {INSTALLER}"));
         return p.0;
     };
+    // The cluster provider's node: the name of its NetResourceSet, and the
+    // node the admission policy lets it write.
+    let node = env_field(agent, "NODE_NAME");
+    p.check(node == Some("spec.nodeName"), || {
+        format!("{AGENT} env NODE_NAME comes from {node:?}, not the downward API's spec.nodeName")
+    });
     let Some((config, config_path)) = agent_config(m, &mut p) else {
         return p.0;
     };

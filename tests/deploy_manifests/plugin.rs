@@ -14,17 +14,16 @@ const DEVICE_PLUGIN_FLAGS: &[&str] = &[
     "--log-format",
 ];
 
-/// Whether `selector` picks pods labelled `labels`.
-fn selects(ds: &DaemonSet, labels: &BTreeMap<String, String>) -> bool {
+/// Whether the DaemonSet's selector picks pods labelled `labels`.
+fn ds_selects(ds: &DaemonSet, labels: &BTreeMap<String, String>) -> bool {
     let selector = ds
         .spec
         .as_ref()
-        .and_then(|s| s.selector.match_labels.clone())
-        .unwrap_or_default();
-    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        .and_then(|s| s.selector.match_labels.as_ref());
+    selects(selector, labels)
 }
 
-fn template_labels(ds: &DaemonSet) -> BTreeMap<String, String> {
+pub(crate) fn template_labels(ds: &DaemonSet) -> BTreeMap<String, String> {
     ds.spec
         .as_ref()
         .and_then(|s| s.template.metadata.as_ref())
@@ -59,11 +58,11 @@ pub(crate) fn check(
 
     // Its own pods only, and not enimd's (each would count the other's).
     let labels = template_labels(ds);
-    p.check(selects(ds, &labels), || {
+    p.check(ds_selects(ds, &labels), || {
         format!("{PLUGIN_DS}: selector does not match its pod template's labels")
     });
     p.check(
-        !selects(ds, &template_labels(agent_ds)) && !selects(agent_ds, &labels),
+        !ds_selects(ds, &template_labels(agent_ds)) && !ds_selects(agent_ds, &labels),
         || format!("{PLUGIN_DS} and {AGENT_DS} each selects the other's pods"),
     );
 
@@ -91,13 +90,15 @@ pub(crate) fn check(
         },
     );
 
-    // Identity: no Kubernetes API, no token.
+    // Identity: enimd's ServiceAccount, but no token: the plugin uses no
+    // Kubernetes API, so it must not carry the agent's grants. It says so
+    // itself, as the ServiceAccount mounts the token for the agent.
     p.check(
         spec.service_account_name.is_some()
             && spec.service_account_name == agent_spec.service_account_name,
         || {
             format!(
-                "{PLUGIN_DS} runs as {:?}, not the ServiceAccount {:?} that grants nothing",
+                "{PLUGIN_DS} runs as {:?}, not enimd's ServiceAccount {:?}",
                 spec.service_account_name, agent_spec.service_account_name
             )
         },
