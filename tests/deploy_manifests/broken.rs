@@ -316,8 +316,8 @@ fn each_check_fails_on_a_broken_manifest() {
             "plugin not next to enimd",
             |m| {
                 m.containerfile = m.containerfile.replace(
-                    "COPY enimd enim enimctl /usr/local/bin/",
-                    "COPY enimd enimctl /usr/local/bin/\nCOPY enim /opt/",
+                    "COPY enimd enim enimctl enim-operator /usr/local/bin/",
+                    "COPY enimd enimctl enim-operator /usr/local/bin/\nCOPY enim /opt/",
                 )
             },
             "puts enim",

@@ -335,7 +335,6 @@ fn image_holds_operator(m: &Manifests) -> Vec<String> {
 /// `COPY` line names only enimd, enim and enimctl): the Deployment would
 /// fail to start its container.
 #[test]
-#[ignore = "deploy/Containerfile does not COPY enim-operator yet"]
 fn the_image_holds_the_operator() {
     let problems = image_holds_operator(&load());
     assert!(problems.is_empty(), "{problems:?}");
