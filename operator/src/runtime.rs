@@ -51,6 +51,8 @@ pub enum RuntimeError {
         #[source]
         source: kube_lease_manager::LeaseManagerError,
     },
+    #[error("{0}")]
+    Setup(String),
     #[error("health endpoint {addr}: {source}")]
     Health {
         addr: SocketAddr,
@@ -85,14 +87,9 @@ pub struct RuntimeConfig {
 /// is known by the allocator's internals.
 #[async_trait]
 pub trait Resync: Send + Sync {
-    /// Runs one resync over the cluster's Nodes and NetResourceSets,
-    /// writing through `store`. Returns a one-line summary for the log.
-    async fn resync(
-        &self,
-        store: &dyn Store,
-        nodes: Vec<NodeInfo>,
-        sets: Vec<SetInfo>,
-    ) -> Result<String, String>;
+    /// Runs one resync over the cluster's Nodes and NetResourceSets.
+    /// Returns a one-line summary for the log.
+    async fn resync(&self, nodes: Vec<NodeInfo>, sets: Vec<SetInfo>) -> Result<String, String>;
 }
 
 /// What the health endpoint shows.
@@ -283,11 +280,11 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
 use kube::runtime::reflector::reflector;
 
 /// Runs the operator until SIGTERM (or ctrl-c): watches, lease, resyncs.
-pub async fn run(
-    config: RuntimeConfig,
-    client: Client,
-    resync: Arc<dyn Resync>,
-) -> Result<(), RuntimeError> {
+/// `make` builds the resync over the store the runtime writes through.
+pub async fn run<F>(config: RuntimeConfig, client: Client, make: F) -> Result<(), RuntimeError>
+where
+    F: FnOnce(Arc<dyn Store>) -> Result<Arc<dyn Resync>, String>,
+{
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(config.health_addr)
         .await
@@ -316,7 +313,8 @@ pub async fn run(
         .await
         .map_err(lease_err)?;
     let (mut leader, lease_task) = manager.watch().await;
-    let store = KubeStore::new(client.clone(), leader.clone());
+    let store: Arc<dyn Store> = Arc::new(KubeStore::new(client.clone(), leader.clone()));
+    let resync = make(store.clone()).map_err(RuntimeError::Setup)?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("a SIGTERM handler");
@@ -332,7 +330,7 @@ pub async fn run(
             && caches.sets.wait_until_ready().await.is_ok();
         health.synced.store(synced, Ordering::Relaxed);
         if is_leader && synced {
-            resync_once(&*resync, &store, &caches, &health).await;
+            resync_once(&*resync, &caches, &health).await;
         }
         tokio::select! {
             _ = term.recv() => break,
@@ -344,6 +342,7 @@ pub async fn run(
     }
     // Dropping the receivers makes the lease manager release the lease, so
     // the follower takes over at once instead of after its expiry.
+    drop(resync);
     drop(store);
     drop(leader);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
@@ -351,11 +350,11 @@ pub async fn run(
     Ok(())
 }
 
-async fn resync_once(resync: &dyn Resync, store: &KubeStore, caches: &Caches, health: &Health) {
+async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {
     let nodes: Vec<NodeInfo> = caches.nodes.state().iter().map(|n| node_info(n)).collect();
     let sets: Vec<SetInfo> = caches.sets.state().iter().map(|s| set_info(s)).collect();
     let started = Instant::now();
-    let result = resync.resync(store, nodes, sets).await;
+    let result = resync.resync(nodes, sets).await;
     let took = started.elapsed();
     health.resyncs.fetch_add(1, Ordering::Relaxed);
     health.last_resync_us.store(
