@@ -23,9 +23,12 @@ pub use error::{classify, Ec2Error};
 pub use query::{default_endpoint, ActionLimits, QueryClient, RetryPolicy};
 use xml::{
     decode, AttachNetworkInterfaceResponse, CreateNetworkInterfaceResponse,
-    DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse,
+    DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse, DescribeSubnetsResponse,
 };
-pub use xml::{Attachment, Ipv6Item, Items, NetworkInterface, PrivateIpItem, Tag};
+pub use xml::{
+    Attachment, GroupItem, Ipv6CidrBlock, Ipv6Item, Items, NetworkInterface, PrivateIpItem, Subnet,
+    Tag,
+};
 
 use crate::credentials::CredentialsProvider;
 
@@ -77,6 +80,8 @@ pub struct CreateEni<'a> {
     pub client_token: &'a str,
     pub tags: &'a [(String, String)],
     pub ipv6_address_count: u32,
+    /// Secondary private IPv4 addresses EC2 picks at creation.
+    pub secondary_ipv4_count: usize,
 }
 
 /// The EC2 operations enim uses.
@@ -190,6 +195,12 @@ impl Ec2Client {
                 req.ipv6_address_count.to_string(),
             ));
         }
+        if req.secondary_ipv4_count > 0 {
+            p.push((
+                "SecondaryPrivateIpAddressCount".into(),
+                req.secondary_ipv4_count.to_string(),
+            ));
+        }
         if !req.tags.is_empty() {
             p.push((
                 "TagSpecification.1.ResourceType".into(),
@@ -280,6 +291,17 @@ impl Ec2Client {
             p.push((format!("{}.{}", v.each, i + 1), ip.clone()));
         }
         self.query.call(v.unassign, &p).await.map(drop)
+    }
+
+    /// DescribeSubnets of `ids` (one call): the subnets that exist.
+    pub async fn describe_subnets(&self, ids: &[&str]) -> Result<Vec<Subnet>, Ec2Error> {
+        let p: Vec<(String, String)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (format!("SubnetId.{}", i + 1), id.to_string()))
+            .collect();
+        let r: DescribeSubnetsResponse = self.call("DescribeSubnets", &p).await?;
+        Ok(r.subnet_set.item)
     }
 
     /// What `instance_type` allows: interfaces on network card 0 (where
