@@ -22,9 +22,7 @@ use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::AwsConfig;
 use crate::credentials::{CredentialsError, CredentialsProvider};
-use crate::ec2::{
-    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, NetworkInterface,
-};
+use crate::ec2::{CreateEni, Ec2Client, Ec2Error, NetworkInterface};
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
 use crate::steps;
 
@@ -202,29 +200,21 @@ impl AwsBackend {
             Some(c) => CredentialsProvider::fixed(c),
             None => CredentialsProvider::default_chain(imds_client.clone()).await?,
         });
-        let endpoint = config
-            .ec2_endpoint
-            .clone()
-            .unwrap_or_else(|| default_endpoint("ec2", &region));
         // One set of buckets for the agent: the backend is its only EC2
         // client.
-        let limits = Arc::new(ActionLimits::new(
-            config.api_mutating_rate,
-            config.api_describe_rate,
-        ));
-        let ec2_client = Ec2Client::new(&endpoint, &region, creds.clone(), config.retry_policy())
-            .map_err(ec2("EC2 client"))?
-            .with_limits(limits);
+        let ec2_client = Ec2Client::configured(
+            config.ec2_endpoint.as_deref(),
+            &region,
+            creds,
+            &config.api(),
+        )
+        .map_err(ec2("EC2 client"))?;
         tracing::info!(
             instance = %instance_id,
             %instance_type,
             %region,
             subnet = %subnet_id,
-            %endpoint,
-            credentials = creds.describe(),
             cluster = config.cluster.as_deref().unwrap_or("-"),
-            mutating_per_s = config.api_mutating_rate.per_second(),
-            describe_per_s = config.api_describe_rate.per_second(),
             "AWS backend discovered the instance",
         );
         Ok(AwsBackend {

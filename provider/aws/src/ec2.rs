@@ -30,6 +30,7 @@ pub use xml::{
     Tag,
 };
 
+use crate::config::Ec2ApiConfig;
 use crate::credentials::CredentialsProvider;
 
 pub const EC2_API_VERSION: &str = "2016-11-15";
@@ -99,6 +100,28 @@ impl Ec2Client {
         Ok(Ec2Client {
             query: QueryClient::new(endpoint, region, "ec2", EC2_API_VERSION, creds, retry)?,
         })
+    }
+
+    /// A client of `endpoint` (default: the region's) that retries and
+    /// paces its calls as `api` says, with token buckets of its own: one
+    /// such client per process (the agent's backend, or the operator's
+    /// whole cluster) keeps that process under its rates.
+    pub fn configured(
+        endpoint: Option<&str>,
+        region: &str,
+        creds: Arc<CredentialsProvider>,
+        api: &Ec2ApiConfig,
+    ) -> Result<Ec2Client, Ec2Error> {
+        let endpoint = endpoint.map_or_else(|| default_endpoint("ec2", region), str::to_string);
+        let limits = ActionLimits::new(api.mutating_rate, api.describe_rate);
+        tracing::info!(
+            %endpoint,
+            credentials = creds.describe(),
+            mutating_per_s = api.mutating_rate.per_second(),
+            describe_per_s = api.describe_rate.per_second(),
+            "EC2 client",
+        );
+        Ok(Self::new(&endpoint, region, creds, api.retry_policy())?.with_limits(Arc::new(limits)))
     }
 
     /// Every call waits for a token of its class in `limits`.

@@ -17,11 +17,10 @@ mod config;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use aws_credential_types::Credentials;
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
@@ -31,32 +30,23 @@ use ipnet::{Ipv4Net, Ipv6Net};
 pub use config::{AwsCredentialsConfig, AwsFleetConfig};
 
 use crate::backend::{ec2, AwsError, TAG_MANAGED, TAG_NODE};
-use crate::credentials::CredentialsProvider;
-use crate::ec2::{default_endpoint, ActionLimits, Ec2Client, NetworkInterface, Subnet};
+use crate::ec2::{Ec2Client, NetworkInterface, Subnet};
 use crate::imds::InterfaceInfo;
 use crate::steps;
 
 /// EC2's limit on a ClientToken: 64 ASCII characters.
 const MAX_CLIENT_TOKEN: usize = 64;
 
-/// The IAM actions the operator's credentials must allow: the node's
-/// (see [`crate::REQUIRED_IAM_ACTIONS`]) and DescribeSubnets, for the
+/// The IAM actions the operator's credentials must allow beyond the
+/// node's ([`crate::REQUIRED_IAM_ACTIONS`]): DescribeSubnets, for the
 /// prefix lengths and gateways instance metadata gives a node.
-pub const FLEET_IAM_ACTIONS: &[&str] = &[
-    "ec2:DescribeInstanceTypes",
-    "ec2:DescribeNetworkInterfaces",
-    "ec2:DescribeSubnets",
-    "ec2:CreateNetworkInterface",
-    "ec2:CreateTags",
-    "ec2:AttachNetworkInterface",
-    "ec2:ModifyNetworkInterfaceAttribute",
-    "ec2:DetachNetworkInterface",
-    "ec2:DeleteNetworkInterface",
-    "ec2:AssignPrivateIpAddresses",
-    "ec2:UnassignPrivateIpAddresses",
-    "ec2:AssignIpv6Addresses",
-    "ec2:UnassignIpv6Addresses",
-];
+pub const FLEET_EXTRA_IAM_ACTIONS: &[&str] = &["ec2:DescribeSubnets"];
+
+/// Every IAM action the operator's credentials must allow.
+pub fn fleet_iam_actions() -> Vec<&'static str> {
+    let node = crate::REQUIRED_IAM_ACTIONS.iter();
+    node.chain(FLEET_EXTRA_IAM_ACTIONS).copied().collect()
+}
 
 /// A subnet's blocks, as ENIs in it are addressed.
 #[derive(Debug, Clone, Copy)]
@@ -109,45 +99,16 @@ impl AwsFleet {
     /// Validates `config` and sets up the EC2 client with the credentials
     /// it names.
     pub async fn connect(config: &AwsFleetConfig) -> Result<AwsFleet, AwsError> {
-        Self::connect_with(config, None).await
-    }
-
-    /// As [`connect`](Self::connect), with fixed credentials when given
-    /// (tests, or an operator that fetched its own).
-    pub async fn connect_with(
-        config: &AwsFleetConfig,
-        credentials: Option<Credentials>,
-    ) -> Result<AwsFleet, AwsError> {
         config.validate().map_err(AwsError::Config)?;
-        let creds = match credentials {
-            Some(c) => Arc::new(CredentialsProvider::fixed(c)),
-            None => config.credentials_provider().await?,
-        };
-        let endpoint = config
-            .ec2_endpoint
-            .clone()
-            .unwrap_or_else(|| default_endpoint("ec2", &config.region));
-        let limits = Arc::new(ActionLimits::new(
-            config.api.mutating_rate,
-            config.api.describe_rate,
-        ));
-        let client = Ec2Client::new(
-            &endpoint,
+        let creds = config.credentials_provider().await?;
+        let client = Ec2Client::configured(
+            config.ec2_endpoint.as_deref(),
             &config.region,
-            creds.clone(),
-            config.api.retry_policy(),
+            creds,
+            &config.api,
         )
-        .map_err(ec2("EC2 client"))?
-        .with_limits(limits);
-        tracing::info!(
-            cluster = %config.cluster,
-            region = %config.region,
-            %endpoint,
-            credentials = creds.describe(),
-            mutating_per_s = config.api.mutating_rate.per_second(),
-            describe_per_s = config.api.describe_rate.per_second(),
-            "AWS fleet backend ready",
-        );
+        .map_err(ec2("EC2 client"))?;
+        tracing::info!(cluster = %config.cluster, region = %config.region, "AWS fleet backend ready");
         Ok(AwsFleet {
             ec2: client,
             cluster: config.cluster.clone(),

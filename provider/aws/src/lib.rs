@@ -27,7 +27,7 @@ use enim_provider_pool::WarmPool;
 pub use backend::{AwsBackend, AwsError, DETACH_BACKOFF, TAG_MANAGED, TAG_NODE};
 pub use config::{AwsConfig, Ec2ApiConfig};
 pub use enim_provider_pool::{PoolConfig, PoolRole};
-pub use fleet::{AwsCredentialsConfig, AwsFleet, AwsFleetConfig, FLEET_IAM_ACTIONS};
+pub use fleet::{fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig};
 pub use imds::SETTLE_BACKOFF;
 
 /// The AWS provider for `enimd`: discovers the instance, then starts a
