@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backend;
 pub mod idcache;
 pub mod metadata;
+mod steps;
 
 use std::path::PathBuf;
 use std::sync::Arc;
