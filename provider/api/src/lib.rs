@@ -323,6 +323,29 @@ pub struct AddressLimits {
     pub enis: usize,
 }
 
+/// [`AddressLimits`] as an operator's config states them: unknown keys
+/// are refused here (the type itself is read leniently where it is data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// ENIs the instance may have attached, its primary interface included.
+    pub enis: usize,
+    /// Addresses per ENI, its own included.
+    pub ipv4_per_eni: usize,
+    #[serde(default)]
+    pub ipv6_per_eni: usize,
+}
+
+impl From<LimitsConfig> for AddressLimits {
+    fn from(c: LimitsConfig) -> Self {
+        AddressLimits {
+            ipv4_per_eni: c.ipv4_per_eni,
+            ipv6_per_eni: c.ipv6_per_eni,
+            enis: c.enis,
+        }
+    }
+}
+
 impl AddressLimits {
     /// Secondary IPv4 addresses one ENI may carry (its primary excluded).
     pub fn secondary_ipv4_per_eni(&self) -> usize {

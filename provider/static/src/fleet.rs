@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use enim_provider::cloud::Reaped;
 use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
-use enim_provider::{AddressLimits, ProviderError};
+use enim_provider::{AddressLimits, LimitsConfig, ProviderError};
 use serde::{Deserialize, Serialize};
 
 use crate::{validated, StaticEniConfig};
@@ -33,19 +33,7 @@ pub struct StaticFleetConfig {
     /// default: what the inventory holds (its largest node's ENIs and its
     /// ENIs' most addresses).
     #[serde(default)]
-    pub limits: Option<StaticLimits>,
-}
-
-/// Limits as the config states them (see [`AddressLimits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StaticLimits {
-    /// ENIs a node may have, its own interface included.
-    pub enis: usize,
-    /// Addresses per ENI, its own included.
-    pub ipv4_per_eni: usize,
-    #[serde(default)]
-    pub ipv6_per_eni: usize,
+    pub limits: Option<LimitsConfig>,
 }
 
 /// The fixed inventory, validated, as the listing shows it.
@@ -104,11 +92,7 @@ impl StaticFleet {
         let limits = match config.limits {
             None => held,
             Some(l) => {
-                let stated = AddressLimits {
-                    enis: l.enis,
-                    ipv4_per_eni: l.ipv4_per_eni,
-                    ipv6_per_eni: l.ipv6_per_eni,
-                };
+                let stated = AddressLimits::from(l);
                 check_covers(&stated, &held)?;
                 stated
             }
@@ -362,7 +346,7 @@ mod tests {
         reject(c, "node \"node-a\": ENI \"eni-a1\": MAC");
         // Limits below the inventory, and above it.
         let with_limits = |enis, ipv4_per_eni, ipv6_per_eni| StaticFleetConfig {
-            limits: Some(StaticLimits {
+            limits: Some(LimitsConfig {
                 enis,
                 ipv4_per_eni,
                 ipv6_per_eni,

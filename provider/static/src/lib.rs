@@ -12,7 +12,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 pub mod fleet;
-pub use fleet::{StaticFleet, StaticFleetConfig, StaticLimits};
+pub use fleet::{StaticFleet, StaticFleetConfig};
 
 /// One ENI as declared in config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
