@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::cloud::{CreatedAt, Reaped};
-use crate::{AddressLimits, MacAddr, ProviderError};
+use crate::{AddressLimits, Eni, MacAddr, ProviderError};
 
 /// The client token of the operator's intent that created an ENI.
 pub const TAG_INTENT: &str = "enim.io/intent";
@@ -57,6 +57,29 @@ pub struct FleetEni {
     /// The [`TAG_INTENT`] tag: the client token of the create that made it.
     pub intent: Option<String>,
     pub created_at: CreatedAt,
+}
+
+impl FleetEni {
+    /// An ENI of `subnet` addressed as `eni` says (its MTU, owner and
+    /// device index aside), neither attached nor marked: each cloud fills
+    /// in the rest from its listing, so the addressing is read one way.
+    pub fn addressed(eni: Eni, subnet: String, security_groups: Vec<String>) -> FleetEni {
+        FleetEni {
+            id: eni.id,
+            mac: eni.mac,
+            ipv4: eni.ipv4,
+            gateway4: eni.gateway4,
+            ipv6: eni.ipv6,
+            gateway6: eni.gateway6,
+            subnet,
+            security_groups,
+            secondary_ips: eni.secondary_ips,
+            attachment: None,
+            node: None,
+            intent: None,
+            created_at: CreatedAt::Missing,
+        }
+    }
 }
 
 /// A create the operator asks for.

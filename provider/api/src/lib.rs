@@ -85,6 +85,36 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
+/// A secret (an API key): (de)serialized as the plain string, shown by
+/// `Debug` as `"<redacted>"`, so a logged config never shows it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_string())
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt("<redacted>", f)
+    }
+}
+
 /// The Kubernetes pod an attachment belongs to, as the runtime told us in
 /// CNI_ARGS. Informational: identity is the [`EniOwner::key`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -291,6 +321,29 @@ pub struct AddressLimits {
     pub ipv6_per_eni: usize,
     /// ENIs the instance may have attached, its primary interface included.
     pub enis: usize,
+}
+
+/// [`AddressLimits`] as an operator's config states them: unknown keys
+/// are refused here (the type itself is read leniently where it is data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// ENIs the instance may have attached, its primary interface included.
+    pub enis: usize,
+    /// Addresses per ENI, its own included.
+    pub ipv4_per_eni: usize,
+    #[serde(default)]
+    pub ipv6_per_eni: usize,
+}
+
+impl From<LimitsConfig> for AddressLimits {
+    fn from(c: LimitsConfig) -> Self {
+        AddressLimits {
+            ipv4_per_eni: c.ipv4_per_eni,
+            ipv6_per_eni: c.ipv6_per_eni,
+            enis: c.enis,
+        }
+    }
 }
 
 impl AddressLimits {

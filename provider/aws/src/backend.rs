@@ -13,20 +13,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_provider::cloud::{
-    assign_new, format_created_at, unassign_present, CloudBackend, Departed, Reaped, TaggedEni,
-    UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
+    format_created_at, CloudBackend, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
-use enim_provider::retry::{Backoff, Poll};
+use enim_provider::retry::Backoff;
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::AwsConfig;
 use crate::credentials::{CredentialsError, CredentialsProvider};
-use crate::ec2::{
-    default_endpoint, ActionLimits, CreateEni, Ec2Client, Ec2Error, NetworkInterface,
-};
+use crate::ec2::{CreateEni, Ec2Client, Ec2Error, NetworkInterface};
 use crate::imds::{Imds, ImdsError, InterfaceInfo};
+use crate::steps;
 
 // The reaper's side of `AwsBackend`.
 mod reaper;
@@ -94,6 +92,12 @@ pub enum AwsError {
     },
     #[error("ENI {eni_id}: EC2 reported MAC address {mac:?}, which is not a MAC address")]
     BadMac { eni_id: String, mac: String },
+    #[error("ENI {eni_id}: EC2 reported primary address {value:?}, which is not an IPv4 address")]
+    BadAddress { eni_id: String, value: String },
+    #[error("subnet {subnet}: {value:?} is not a block enim can read")]
+    BadSubnet { subnet: String, value: String },
+    #[error("ENI {eni_id} does not carry {TAG_MANAGED}=true and enim.io/cluster={cluster}: not this cluster's")]
+    NotInCluster { eni_id: String, cluster: String },
 }
 
 impl From<AwsError> for ProviderError {
@@ -108,7 +112,10 @@ impl From<AwsError> for ProviderError {
             | AwsError::NotOurs { .. }
             | AwsError::ForeignAttachment { .. }
             | AwsError::Primary(_)
-            | AwsError::BadMac { .. } => ProviderError::Config(msg),
+            | AwsError::BadMac { .. }
+            | AwsError::BadAddress { .. }
+            | AwsError::BadSubnet { .. }
+            | AwsError::NotInCluster { .. } => ProviderError::Config(msg),
             // Metadata trouble, slow detaches and a full instance can all
             // clear up: the pool retries with backoff.
             AwsError::Imds { .. }
@@ -119,7 +126,7 @@ impl From<AwsError> for ProviderError {
     }
 }
 
-fn ec2(what: impl Into<String>) -> impl FnOnce(Ec2Error) -> AwsError {
+pub(crate) fn ec2(what: impl Into<String>) -> impl FnOnce(Ec2Error) -> AwsError {
     let what = what.into();
     move |source| AwsError::Ec2 { what, source }
 }
@@ -193,29 +200,21 @@ impl AwsBackend {
             Some(c) => CredentialsProvider::fixed(c),
             None => CredentialsProvider::default_chain(imds_client.clone()).await?,
         });
-        let endpoint = config
-            .ec2_endpoint
-            .clone()
-            .unwrap_or_else(|| default_endpoint("ec2", &region));
         // One set of buckets for the agent: the backend is its only EC2
         // client.
-        let limits = Arc::new(ActionLimits::new(
-            config.api_mutating_rate,
-            config.api_describe_rate,
-        ));
-        let ec2_client = Ec2Client::new(&endpoint, &region, creds.clone(), config.retry_policy())
-            .map_err(ec2("EC2 client"))?
-            .with_limits(limits);
+        let ec2_client = Ec2Client::configured(
+            config.ec2_endpoint.as_deref(),
+            &region,
+            creds,
+            &config.api(),
+        )
+        .map_err(ec2("EC2 client"))?;
         tracing::info!(
             instance = %instance_id,
             %instance_type,
             %region,
             subnet = %subnet_id,
-            %endpoint,
-            credentials = creds.describe(),
             cluster = config.cluster.as_deref().unwrap_or("-"),
-            mutating_per_s = config.api_mutating_rate.per_second(),
-            describe_per_s = config.api_describe_rate.per_second(),
             "AWS backend discovered the instance",
         );
         Ok(AwsBackend {
@@ -273,10 +272,7 @@ impl AwsBackend {
         eni_id: &str,
         what: String,
     ) -> Result<Option<NetworkInterface>, AwsError> {
-        self.ec2
-            .describe_network_interface(eni_id)
-            .await
-            .map_err(ec2(what))
+        steps::describe(&self.ec2, eni_id, what).await
     }
 
     fn is_ours(&self, eni: &NetworkInterface) -> bool {
@@ -342,64 +338,17 @@ impl AwsBackend {
     /// Attaches `eni_id` at the lowest free device index on card 0 and
     /// marks it delete-on-termination.
     async fn attach(&self, eni_id: &str) -> Result<(), AwsError> {
-        let attachment_id = {
-            let _one_at_a_time = self.attach_lock.lock().await;
-            let (attached, index) = self.device_slots().await?;
-            let limit = self.limit().await?;
-            if attached >= limit {
-                return Err(AwsError::NoFreeSlot {
-                    instance: self.instance_id.clone(),
-                    attached,
-                    limit,
-                });
-            }
-            match self
-                .ec2
-                .attach_network_interface(eni_id, &self.instance_id, index, 0)
-                .await
-            {
-                Ok(id) => id,
-                Err(e) => {
-                    // A retried attach whose first try went through fails,
-                    // yet the ENI is ours: check before reporting failure.
-                    let may_have_attached = !matches!(
-                        e,
-                        Ec2Error::AttachmentLimitExceeded { .. } | Ec2Error::Auth { .. }
-                    );
-                    let now = if may_have_attached {
-                        self.ec2
-                            .describe_network_interface(eni_id)
-                            .await
-                            .ok()
-                            .flatten()
-                    } else {
-                        None
-                    };
-                    match now.as_ref().and_then(|n| {
-                        (n.attached_instance() == Some(&self.instance_id))
-                            .then(|| n.attachment.as_ref()?.attachment_id.clone())
-                            .flatten()
-                    }) {
-                        Some(id) => id,
-                        None => {
-                            return Err(ec2(format!(
-                                "attaching ENI {eni_id} at device index {index}"
-                            ))(e))
-                        }
-                    }
-                }
-            }
-        };
-        // Without this a terminated node leaks its ENIs; the pool can still
-        // use the ENI, so a failure here is only logged.
-        if let Err(e) = self
-            .ec2
-            .set_delete_on_termination(eni_id, &attachment_id)
-            .await
-        {
-            tracing::warn!(eni = %eni_id, error = %e, "could not mark ENI delete-on-termination");
+        let _one_at_a_time = self.attach_lock.lock().await;
+        let (attached, index) = self.device_slots().await?;
+        let limit = self.limit().await?;
+        if attached >= limit {
+            return Err(AwsError::NoFreeSlot {
+                instance: self.instance_id.clone(),
+                attached,
+                limit,
+            });
         }
-        Ok(())
+        steps::attach_at(&self.ec2, eni_id, &self.instance_id, index).await
     }
 
     /// Waits until metadata shows `eni_id` under `mac` and returns it.
@@ -418,23 +367,7 @@ impl AwsBackend {
 
     /// Polls EC2 until `eni_id` is `available` (detached) or gone.
     async fn await_detached(&self, eni_id: &str) -> Result<Option<NetworkInterface>, AwsError> {
-        let mut poll = Poll::within(&DETACH_BACKOFF, self.config.detach_timeout);
-        loop {
-            let now = self
-                .describe(eni_id, format!("waiting for ENI {eni_id} to detach"))
-                .await?;
-            let Some(now) = now else { return Ok(None) };
-            if now.status == "available" {
-                return Ok(Some(now));
-            }
-            if !poll.wait().await {
-                return Err(AwsError::StateTimeout {
-                    eni_id: eni_id.into(),
-                    status: now.status,
-                    waited: poll.elapsed(),
-                });
-            }
-        }
+        steps::await_detached(&self.ec2, eni_id, self.config.detach_timeout).await
     }
 
     /// Looks `eni_id` up and checks it is enim's for this node.
@@ -488,6 +421,7 @@ impl AwsBackend {
                 client_token: &token,
                 tags: &tags,
                 ipv6_address_count: u32::from(self.config.assign_ipv6),
+                secondary_ipv4_count: 0,
             })
             .await
             .map_err(ec2(format!("creating an ENI in {}", self.subnet_id)))?;
@@ -546,33 +480,18 @@ impl AwsBackend {
         let Some(eni) = self.ours(eni_id).await? else {
             return Ok(());
         };
-        if let Some(att) = &eni.attachment {
-            if let Some(other) = att
-                .instance_id
-                .as_deref()
-                .filter(|i| *i != self.instance_id)
-            {
-                return Err(AwsError::ForeignAttachment {
-                    eni_id: eni_id.into(),
-                    other: other.into(),
-                    instance: self.instance_id.clone(),
-                });
-            }
-            if att.device_index == Some(0) && att.network_card_index.unwrap_or(0) == 0 {
-                return Err(AwsError::Primary(eni_id.into()));
-            }
-            if let (Some(att_id), "attaching" | "attached" | "") =
-                (att.attachment_id.as_deref(), att.status.as_str())
-            {
-                crash_point("cloud:before-detach");
-                match self.ec2.detach_network_interface(att_id).await {
-                    Ok(()) => tracing::info!(eni = %eni_id, "detaching ENI"),
-                    // Already detached (or detaching) meanwhile.
-                    Err(e) if e.is_not_found() || e.code() == Some("IncorrectState") => {}
-                    Err(e) => return Err(ec2(format!("detaching ENI {eni_id}"))(e)),
-                }
-            }
+        let elsewhere = eni
+            .attachment
+            .as_ref()
+            .and_then(|a| a.instance_id.as_deref());
+        if let Some(other) = elsewhere.filter(|i| *i != self.instance_id) {
+            return Err(AwsError::ForeignAttachment {
+                eni_id: eni_id.into(),
+                other: other.into(),
+                instance: self.instance_id.clone(),
+            });
         }
+        steps::send_detach(&self.ec2, &eni).await?;
         if eni.status != "available" && self.await_detached(eni_id).await?.is_none() {
             return Ok(());
         }
@@ -591,22 +510,19 @@ impl AwsBackend {
     /// `eni_id` as EC2 sees it, checked to be a secondary interface of
     /// this instance: addresses are only ever changed on those.
     async fn attached_here(&self, eni_id: &str) -> Result<NetworkInterface, AwsError> {
-        let eni = self
-            .describe(eni_id, format!("looking up ENI {eni_id}"))
-            .await?
-            .ok_or_else(|| AwsError::Missing(eni_id.into()))?;
-        let att = eni.attachment.as_ref();
+        let eni = steps::existing(&self.ec2, eni_id).await?;
         if eni.attached_instance() != Some(self.instance_id.as_str()) {
             return Err(AwsError::ForeignAttachment {
                 eni_id: eni_id.into(),
-                other: att
+                other: eni
+                    .attachment
+                    .as_ref()
                     .and_then(|a| a.instance_id.clone())
                     .unwrap_or_else(|| "no instance".into()),
                 instance: self.instance_id.clone(),
             });
         }
-        if att.is_some_and(|a| a.device_index == Some(0) && a.network_card_index.unwrap_or(0) == 0)
-        {
+        if steps::is_primary(&eni) {
             return Err(AwsError::Primary(eni_id.into()));
         }
         Ok(eni)
@@ -618,41 +534,15 @@ impl AwsBackend {
         ipv4: usize,
         ipv6: usize,
     ) -> Result<Vec<IpAddr>, AwsError> {
-        let before = self.attached_here(eni_id).await?;
-        // The reply of an assign lists only the new addresses on EC2, but
-        // all of them on some emulators: the ENI's own listing tells.
-        assign_new(
-            eni_id,
-            before.secondary_ips(),
-            (ipv4, ipv6),
-            |family, count| async move {
-                self.ec2
-                    .assign_addresses(family, eni_id, count)
-                    .await
-                    .map_err(ec2(format!(
-                        "assigning {count} {family} addresses to {eni_id}"
-                    )))
-            },
-            || async { Ok(self.attached_here(eni_id).await?.secondary_ips()) },
-        )
+        steps::assign(&self.ec2, eni_id, (ipv4, ipv6), || {
+            self.attached_here(eni_id)
+        })
         .await
     }
 
     async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), AwsError> {
-        let lookup = self.attached_here(eni_id).await.map(|e| e.secondary_ips());
-        let departed = |e: &AwsError| match e {
-            AwsError::Missing(_) => Some(Departed::Gone),
-            AwsError::ForeignAttachment { .. } => Some(Departed::Elsewhere),
-            _ => None,
-        };
-        unassign_present(eni_id, ips, lookup, departed, |family, ips| async move {
-            let strings: Vec<String> = ips.iter().map(ToString::to_string).collect();
-            self.ec2
-                .unassign_addresses(family, eni_id, &strings)
-                .await
-                .map_err(ec2(format!("unassigning {ips:?} from {eni_id}")))
-        })
-        .await
+        let lookup = self.attached_here(eni_id).await;
+        steps::unassign(&self.ec2, eni_id, ips, lookup).await
     }
 }
 

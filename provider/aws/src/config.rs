@@ -93,10 +93,17 @@ impl Default for AwsConfig {
 
 impl AwsConfig {
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
+        self.api().retry_policy()
+    }
+
+    /// Its EC2 API settings, as the operator's config has them too.
+    pub fn api(&self) -> Ec2ApiConfig {
+        Ec2ApiConfig {
             attempts: self.api_attempts,
-            initial: self.api_backoff,
-            max: self.api_max_backoff,
+            backoff: self.api_backoff,
+            max_backoff: self.api_max_backoff,
+            mutating_rate: self.api_mutating_rate,
+            describe_rate: self.api_describe_rate,
         }
     }
 
@@ -104,20 +111,9 @@ impl AwsConfig {
         if let Err(e) = self.pool.validate() {
             return Err(format!("aws: {e}"));
         }
-        if self.api_attempts == 0 {
-            return Err("aws: api_attempts must be at least 1".into());
-        }
-        check_at_least(
-            ("api_max_backoff", self.api_max_backoff),
-            ("api_backoff", self.api_backoff),
-        )
-        .map_err(|e| format!("aws: {e}"))?;
-        for (key, rate) in [
-            ("api_mutating_rate", &self.api_mutating_rate),
-            ("api_describe_rate", &self.api_describe_rate),
-        ] {
-            rate.validate().map_err(|e| format!("aws: {key}: {e}"))?;
-        }
+        self.api()
+            .validate("api_")
+            .map_err(|e| format!("aws: {e}"))?;
         if let Some(c) = &self.cluster {
             validate_cluster_name(c).map_err(|e| format!("aws: {e}"))?;
         }
@@ -134,17 +130,80 @@ impl AwsConfig {
             ("ec2_endpoint", self.ec2_endpoint.as_ref()),
         ] {
             if let Some(url) = url {
-                let ok = url
-                    .parse::<http::Uri>()
-                    .ok()
-                    .is_some_and(|u| u.scheme().is_some() && u.host().is_some());
-                if !ok {
-                    return Err(format!("aws: {key} {url:?} is not an http(s) URL"));
-                }
+                check_url(key, url).map_err(|e| format!("aws: {e}"))?;
             }
         }
         Ok(())
     }
+}
+
+/// How an EC2 client retries and how fast it may call: the `api_*` keys
+/// of [`AwsConfig`], and the `[api]` table of the operator's
+/// [`crate::fleet::AwsFleetConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Ec2ApiConfig {
+    /// Attempts in all for throttled or failed requests.
+    pub attempts: u32,
+    /// First retry delay (doubles, with jitter).
+    #[serde(with = "humantime_serde")]
+    pub backoff: Duration,
+    /// Retry delay bound.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Mutating actions (create, attach, modify, detach, delete): this
+    /// client's own token bucket, well under the account's (which every
+    /// caller in the account shares).
+    pub mutating_rate: RateLimit,
+    /// Describe actions: this client's own token bucket.
+    pub describe_rate: RateLimit,
+}
+
+impl Default for Ec2ApiConfig {
+    fn default() -> Self {
+        AwsConfig::default().api()
+    }
+}
+
+impl Ec2ApiConfig {
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            attempts: self.attempts,
+            initial: self.backoff,
+            max: self.max_backoff,
+        }
+    }
+
+    /// `Err` names the key, as `prefix` + its name (`api_` in enimd's
+    /// config, `api.` in the operator's).
+    pub fn validate(&self, prefix: &str) -> Result<(), String> {
+        if self.attempts == 0 {
+            return Err(format!("{prefix}attempts must be at least 1"));
+        }
+        check_at_least(
+            (&format!("{prefix}max_backoff"), self.max_backoff),
+            (&format!("{prefix}backoff"), self.backoff),
+        )?;
+        for (key, rate) in [
+            ("mutating_rate", &self.mutating_rate),
+            ("describe_rate", &self.describe_rate),
+        ] {
+            rate.validate().map_err(|e| format!("{prefix}{key}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// An `http(s)` URL with a host, or `Err` naming `key`.
+pub(crate) fn check_url(key: &str, url: &str) -> Result<(), String> {
+    let ok = url
+        .parse::<http::Uri>()
+        .ok()
+        .is_some_and(|u| u.scheme().is_some() && u.host().is_some());
+    if !ok {
+        return Err(format!("{key} {url:?} is not an http(s) URL"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -23,10 +23,14 @@ pub use error::{classify, Ec2Error};
 pub use query::{default_endpoint, ActionLimits, QueryClient, RetryPolicy};
 use xml::{
     decode, AttachNetworkInterfaceResponse, CreateNetworkInterfaceResponse,
-    DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse,
+    DescribeInstanceTypesResponse, DescribeNetworkInterfacesResponse, DescribeSubnetsResponse,
 };
-pub use xml::{Attachment, Ipv6Item, Items, NetworkInterface, PrivateIpItem, Tag};
+pub use xml::{
+    Attachment, GroupItem, Ipv6CidrBlock, Ipv6Item, Items, NetworkInterface, PrivateIpItem, Subnet,
+    Tag,
+};
 
+use crate::config::Ec2ApiConfig;
 use crate::credentials::CredentialsProvider;
 
 pub const EC2_API_VERSION: &str = "2016-11-15";
@@ -77,6 +81,8 @@ pub struct CreateEni<'a> {
     pub client_token: &'a str,
     pub tags: &'a [(String, String)],
     pub ipv6_address_count: u32,
+    /// Secondary private IPv4 addresses EC2 picks at creation.
+    pub secondary_ipv4_count: usize,
 }
 
 /// The EC2 operations enim uses.
@@ -94,6 +100,28 @@ impl Ec2Client {
         Ok(Ec2Client {
             query: QueryClient::new(endpoint, region, "ec2", EC2_API_VERSION, creds, retry)?,
         })
+    }
+
+    /// A client of `endpoint` (default: the region's) that retries and
+    /// paces its calls as `api` says, with token buckets of its own: one
+    /// such client per process (the agent's backend, or the operator's
+    /// whole cluster) keeps that process under its rates.
+    pub fn configured(
+        endpoint: Option<&str>,
+        region: &str,
+        creds: Arc<CredentialsProvider>,
+        api: &Ec2ApiConfig,
+    ) -> Result<Ec2Client, Ec2Error> {
+        let endpoint = endpoint.map_or_else(|| default_endpoint("ec2", region), str::to_string);
+        let limits = ActionLimits::new(api.mutating_rate, api.describe_rate);
+        tracing::info!(
+            %endpoint,
+            credentials = creds.describe(),
+            mutating_per_s = api.mutating_rate.per_second(),
+            describe_per_s = api.describe_rate.per_second(),
+            "EC2 client",
+        );
+        Ok(Self::new(&endpoint, region, creds, api.retry_policy())?.with_limits(Arc::new(limits)))
     }
 
     /// Every call waits for a token of its class in `limits`.
@@ -190,6 +218,12 @@ impl Ec2Client {
                 req.ipv6_address_count.to_string(),
             ));
         }
+        if req.secondary_ipv4_count > 0 {
+            p.push((
+                "SecondaryPrivateIpAddressCount".into(),
+                req.secondary_ipv4_count.to_string(),
+            ));
+        }
         if !req.tags.is_empty() {
             p.push((
                 "TagSpecification.1.ResourceType".into(),
@@ -280,6 +314,17 @@ impl Ec2Client {
             p.push((format!("{}.{}", v.each, i + 1), ip.clone()));
         }
         self.query.call(v.unassign, &p).await.map(drop)
+    }
+
+    /// DescribeSubnets of `ids` (one call): the subnets that exist.
+    pub async fn describe_subnets(&self, ids: &[&str]) -> Result<Vec<Subnet>, Ec2Error> {
+        let p: Vec<(String, String)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (format!("SubnetId.{}", i + 1), id.to_string()))
+            .collect();
+        let r: DescribeSubnetsResponse = self.call("DescribeSubnets", &p).await?;
+        Ok(r.subnet_set.item)
     }
 
     /// What `instance_type` allows: interfaces on network card 0 (where

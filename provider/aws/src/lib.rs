@@ -6,12 +6,17 @@
 //! - [`backend`]: [`AwsBackend`], the [`enim_provider::cloud::CloudBackend`]
 //!   the warm pool drives.
 //! - [`build`]: a started [`WarmPool`] over it, as `enimd` uses it.
+//! - [`fleet`]: [`AwsFleet`], the operator's
+//!   [`enim_provider::fleet::FleetCloud`] for the whole cluster, on the
+//!   same EC2 steps (`steps`) as the node's backend.
 
 pub mod backend;
 pub mod config;
 pub mod credentials;
 pub mod ec2;
+pub mod fleet;
 pub mod imds;
+mod steps;
 
 use std::sync::Arc;
 
@@ -20,8 +25,9 @@ use enim_provider::{EniProvider, ProviderError};
 use enim_provider_pool::WarmPool;
 
 pub use backend::{AwsBackend, AwsError, DETACH_BACKOFF, TAG_MANAGED, TAG_NODE};
-pub use config::AwsConfig;
+pub use config::{AwsConfig, Ec2ApiConfig};
 pub use enim_provider_pool::{PoolConfig, PoolRole};
+pub use fleet::{fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig};
 pub use imds::SETTLE_BACKOFF;
 
 /// The AWS provider for `enimd`: discovers the instance, then starts a

@@ -224,6 +224,7 @@ async fn create_sends_token_tags_and_groups() {
             client_token: "enim-i-1-abc",
             tags: &tags,
             ipv6_address_count: 1,
+            secondary_ipv4_count: 0,
         })
         .await
         .unwrap();

@@ -12,12 +12,10 @@
 //! The body is not part of the signature: bce-auth-v1 only covers the
 //! method, path, query and the signed headers.
 
-use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 /// Everything but RFC 3986's unreserved characters gets `%XX` (uppercase hex).
@@ -40,35 +38,8 @@ pub struct Credentials {
     pub secret_access_key: Secret,
 }
 
-/// A secret key: (de)serialized as the plain string, shown by `Debug` as
-/// `"<redacted>"`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for Secret {
-    fn from(s: String) -> Self {
-        Secret(s)
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(s: &str) -> Self {
-        Secret(s.to_string())
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt("<redacted>", f)
-    }
-}
+/// A secret key (shared with the other providers' configs).
+pub use enim_provider::Secret;
 
 /// BCE's encoding of a query key/value or header name/value.
 pub fn uri_encode(s: &str) -> String {

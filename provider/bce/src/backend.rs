@@ -35,19 +35,17 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{
-    assign_new, format_created_at, spared_on_second_look, unassign_present, CloudBackend,
-    CreatedAt, Departed, Family, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
+    format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
+    TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
 use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 
-use crate::api::{
-    client_token, ApiClient, ApiEni, Attachment, CreateEni, EniStatus, PrivateIp,
-    PRIVATE_IP_BATCH_MAX,
-};
+use crate::api::{client_token, ApiClient, ApiEni, CreateEni, EniStatus, PrivateIp};
 use crate::idcache::{lock, IdCache};
 use crate::metadata::{MetadataClient, MetadataError};
+use crate::steps;
 
 impl From<MetadataError> for ProviderError {
     fn from(e: MetadataError) -> Self {
@@ -219,16 +217,8 @@ impl BceBackend {
         Ok(listed)
     }
 
-    /// `eni_id` as the API sees it; an ENI that does not exist is
-    /// [`ProviderError::UnknownEni`].
     async fn get_known(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
-        self.api.get_eni(eni_id).await.map_err(|e| {
-            if e.is_not_found() {
-                ProviderError::UnknownEni(eni_id.to_string())
-            } else {
-                e.into()
-            }
-        })
+        steps::get_known(&self.api, eni_id).await
     }
 
     fn is_ours(&self, eni: &ApiEni) -> bool {
@@ -241,10 +231,6 @@ impl BceBackend {
         cluster.is_some()
             && eni.name.starts_with(ENI_NAME_PREFIX)
             && description_tag(&eni.description, TAG_CLUSTER) == cluster
-    }
-
-    fn is_unattached(eni: &ApiEni) -> bool {
-        eni.status() == EniStatus::Available && eni.attached_to().is_none()
     }
 
     /// The description of a new ENI: what it is for people, and the
@@ -273,47 +259,21 @@ impl BceBackend {
     }
 
     fn timeout(&self, eni_id: &str, what: &str, last: &str) -> ProviderError {
-        ProviderError::Unavailable(format!(
-            "ENI {eni_id}: still {last} after {:?} waiting for it to {what}",
-            self.s.operation_timeout
-        ))
+        steps::timed_out(eni_id, what, last, self.s.operation_timeout)
     }
 
     /// Attaches `eni_id` to this instance if it is not, waits for `inuse`,
     /// then for metadata to show it.
     async fn attach_and_wait(&self, eni_id: &str) -> Result<Eni, ProviderError> {
         let mut poll = self.poll();
-        let token = client_token();
-        let mut attach_sent = false;
-        let attached = loop {
-            let eni = self.get_known(eni_id).await?;
-            let status = eni.status();
-            match (&status, eni.attached_to()) {
-                (EniStatus::InUse, Some(i)) if i == self.s.instance_id => break eni,
-                (EniStatus::InUse | EniStatus::Attaching, Some(other))
-                    if other != self.s.instance_id =>
-                {
-                    return Err(ProviderError::OwnedByOther {
-                        eni_id: eni_id.to_string(),
-                        holder: format!("instance {other}"),
-                        requester: format!("instance {}", self.s.instance_id),
-                    });
-                }
-                (EniStatus::Available, _) if !attach_sent => {
-                    self.api
-                        .set_attachment(Attachment::Attach, eni_id, &self.s.instance_id, &token)
-                        .await?;
-                    attach_sent = true;
-                    tracing::info!(eni = eni_id, instance = %self.s.instance_id, "attach requested");
-                }
-                // attaching, detaching (a crashed agent's detach), or
-                // available right after our attach call: wait.
-                _ => {}
-            }
-            if !poll.wait().await {
-                return Err(self.timeout(eni_id, "be attached", &status.to_string()));
-            }
-        };
+        let attached = steps::attach_polled(
+            &self.api,
+            eni_id,
+            &self.s.instance_id,
+            &mut poll,
+            self.s.operation_timeout,
+        )
+        .await?;
         let mac = &attached.mac_address;
         let mac: MacAddr = mac.parse().map_err(|e| {
             ProviderError::Unavailable(format!("ENI {eni_id}: BCE reports MAC {mac:?}: {e}"))
@@ -573,63 +533,39 @@ impl CloudBackend for BceBackend {
     }
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let instance = self.s.instance_id.as_str();
+        let check = |eni: &ApiEni| {
+            match eni.attached_to() {
+            _ if !self.is_ours(eni) => Err(ProviderError::Config(format!(
+                "refusing to delete ENI {eni_id} ({:?}): not created by enim for instance {instance}",
+                eni.name
+            ))),
+            Some(i) if i != instance && eni.status() == EniStatus::InUse => {
+                Err(ProviderError::OwnedByOther {
+                    eni_id: eni_id.to_string(),
+                    holder: format!("instance {i}"),
+                    requester: format!("instance {instance}"),
+                })
+            }
+            _ => Ok(()),
+        }
+        };
         let mut poll = self.poll();
-        let detach_token = client_token();
-        let delete_token = client_token();
-        let mut detach_sent = false;
-        loop {
-            let eni = match self.api.get_eni(eni_id).await {
-                Ok(e) => e,
-                Err(e) if e.is_not_found() => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            if !self.is_ours(&eni) {
-                return Err(ProviderError::Config(format!(
-                    "refusing to delete ENI {eni_id} ({:?}): not created by enim for instance {}",
-                    eni.name, self.s.instance_id
-                )));
+        let limit = self.s.operation_timeout;
+        if steps::detach_polled(&self.api, eni_id, check, &mut poll, limit)
+            .await?
+            .is_none()
+        {
+            return Ok(());
+        }
+        match self.api.delete_eni(eni_id, &client_token()).await {
+            Ok(()) => {
+                tracing::info!(eni = eni_id, "ENI deleted");
+                crash_point("cloud:after-delete");
+                Ok(())
             }
-            let status = eni.status();
-            match (&status, eni.attached_to()) {
-                (EniStatus::Available, _) => {
-                    if detach_sent {
-                        crash_point("cloud:after-detach");
-                    }
-                    return match self.api.delete_eni(eni_id, &delete_token).await {
-                        Ok(()) => {
-                            tracing::info!(eni = eni_id, "ENI deleted");
-                            crash_point("cloud:after-delete");
-                            Ok(())
-                        }
-                        Err(e) if e.is_not_found() => Ok(()),
-                        Err(e) => Err(e.into()),
-                    };
-                }
-                (EniStatus::InUse, Some(i)) if i != self.s.instance_id => {
-                    return Err(ProviderError::OwnedByOther {
-                        eni_id: eni_id.to_string(),
-                        holder: format!("instance {i}"),
-                        requester: format!("instance {}", self.s.instance_id),
-                    });
-                }
-                (EniStatus::InUse, _) if !detach_sent => {
-                    crash_point("cloud:before-detach");
-                    self.api
-                        .set_attachment(
-                            Attachment::Detach,
-                            eni_id,
-                            &self.s.instance_id,
-                            &detach_token,
-                        )
-                        .await?;
-                    detach_sent = true;
-                    tracing::info!(eni = eni_id, "detach requested");
-                }
-                _ => {}
-            }
-            if !poll.wait().await {
-                return Err(self.timeout(eni_id, "be detached and deleted", &status.to_string()));
-            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -646,7 +582,7 @@ impl CloudBackend for BceBackend {
         let all = self.vpc_enis().await?;
         Ok(all
             .into_iter()
-            .filter(|e| self.in_cluster(e) && Self::is_unattached(e))
+            .filter(|e| self.in_cluster(e) && steps::is_unattached(e))
             .map(|e| UnattachedEni {
                 created_at: CreatedAt::from_tag(description_tag(&e.description, TAG_CREATED_AT)),
                 id: e.eni_id,
@@ -655,29 +591,7 @@ impl CloudBackend for BceBackend {
     }
 
     async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
-        // Looked at again: it may have been attached since it was listed.
-        let eni = match self.api.get_eni(eni_id).await {
-            Ok(e) => e,
-            Err(e) if e.is_not_found() => return Ok(Reaped::Gone),
-            Err(e) => return Err(e.into()),
-        };
-        let in_cluster = self.in_cluster(&eni);
-        if let Some(spared) = spared_on_second_look(
-            in_cluster,
-            "marked",
-            Self::is_unattached(&eni),
-            eni.status(),
-        ) {
-            return Ok(spared);
-        }
-        match self.api.delete_eni(eni_id, &client_token()).await {
-            Ok(()) => Ok(Reaped::Deleted),
-            // Another node's reaper got there first.
-            Err(e) if e.is_not_found() => Ok(Reaped::Gone),
-            // Attached between our look and the delete.
-            Err(e) if e.is_conflict() => Ok(Reaped::Spared(format!("delete refused: {e}"))),
-            Err(e) => Err(e.into()),
-        }
+        steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await
     }
 
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
@@ -710,61 +624,13 @@ impl CloudBackend for BceBackend {
         // Cut to the ENI's quota: before the real figure was known the
         // agent may have planned with a provisional one.
         let per_eni = self.ips_per_eni(eni_id).await?;
-        let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
-        let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
-        if (want4, want6) != (ipv4, ipv6) {
-            tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
-        }
-        // What is there now that was not before: the ENI's own listing,
-        // not the batch answers, so a retried batch is not counted twice.
-        assign_new(
-            eni_id,
-            before.non_primary_ips(),
-            (want4, want6),
-            |family, count| async move {
-                let mut left = count;
-                while left > 0 {
-                    let n = left.min(PRIVATE_IP_BATCH_MAX);
-                    self.api
-                        .batch_add_private_ips(eni_id, n, family == Family::V6, &client_token())
-                        .await?;
-                    left -= n;
-                }
-                Ok(())
-            },
-            || async { Ok(self.attached_here(eni_id).await?.non_primary_ips()) },
-        )
-        .await
+        let lookup = || self.attached_here(eni_id);
+        steps::assign(&self.api, eni_id, before, (ipv4, ipv6), per_eni, lookup).await
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        let lookup = self
-            .attached_here(eni_id)
-            .await
-            .map(|e| e.non_primary_ips());
-        let departed = |e: &ProviderError| match e {
-            ProviderError::UnknownEni(_) => Some(Departed::Gone),
-            ProviderError::OwnedByOther { .. } => Some(Departed::Elsewhere),
-            _ => None,
-        };
-        // One family per call: the API takes either, mixing is not
-        // documented.
-        unassign_present(eni_id, ips, lookup, departed, |_, ips| async move {
-            for chunk in ips.chunks(PRIVATE_IP_BATCH_MAX) {
-                let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
-                match self
-                    .api
-                    .batch_del_private_ips(eni_id, &strings, &client_token())
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Ok(())
-        })
-        .await
+        let lookup = self.attached_here(eni_id).await;
+        steps::unassign(&self.api, eni_id, ips, lookup).await
     }
 }
 

@@ -12,8 +12,10 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod fleet;
 pub mod idcache;
 pub mod metadata;
+mod steps;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,14 +23,17 @@ use std::time::Duration;
 
 use enim_provider::cloud::{validate_cluster_name, CloudBackend};
 use enim_provider::ratelimit::RateLimit;
+use enim_provider::retry::{Backoff, Poll};
 use enim_provider::{EniProvider, ProviderError};
 use enim_provider_pool::WarmPool;
 pub use enim_provider_pool::{PoolConfig, PoolRole};
 use serde::{Deserialize, Serialize};
 
+use api::ApiClient;
 pub use api::{MethodLimits, RetryPolicy};
 pub use auth::{Credentials, Secret};
 pub use backend::{BackendSettings, BceBackend};
+pub use fleet::{BceFleet, BceFleetConfig};
 
 pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
 pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";
@@ -124,6 +129,103 @@ impl Default for BceConfig {
 impl BceConfig {
     fn validate(&self) -> Result<(), ProviderError> {
         let bad = |why: &str| Err(ProviderError::Config(format!("bce: {why}")));
+        if let Err(e) = self.api().validate("") {
+            return bad(&e);
+        }
+        if let Some(c) = &self.cluster {
+            if let Err(e) = validate_cluster_name(c) {
+                return bad(&e);
+            }
+        }
+        self.pool.validate()
+    }
+
+    /// Its API settings, as the operator's config has them too.
+    pub fn api(&self) -> BceApiConfig {
+        BceApiConfig {
+            poll_interval: self.poll_interval,
+            operation_timeout: self.operation_timeout,
+            max_attempts: self.max_attempts,
+            retry_base: self.retry_base,
+            retry_cap: self.retry_cap,
+            list_page_size: self.list_page_size,
+            api_mutating_rate: self.api_mutating_rate,
+            api_read_rate: self.api_read_rate,
+        }
+    }
+
+    /// Credentials from the config, else from the environment.
+    pub fn credentials(&self) -> Result<Credentials, ProviderError> {
+        credentials(
+            self.access_key_id.as_deref(),
+            self.secret_access_key.as_ref(),
+        )
+    }
+}
+
+/// Credentials as configured, else from the environment
+/// (`BCE_ACCESS_KEY_ID`, `BCE_SECRET_ACCESS_KEY`).
+pub fn credentials(
+    access_key_id: Option<&str>,
+    secret_access_key: Option<&Secret>,
+) -> Result<Credentials, ProviderError> {
+    let pick = |configured: Option<&str>, env: &str| {
+        configured
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
+    };
+    match (
+        pick(access_key_id, ENV_ACCESS_KEY_ID),
+        pick(secret_access_key.map(Secret::expose), ENV_SECRET_ACCESS_KEY),
+    ) {
+        (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
+            access_key_id,
+            secret_access_key: secret_access_key.into(),
+        }),
+        _ => Err(ProviderError::Config(format!(
+            "bce: no credentials: set access_key_id and secret_access_key, or \
+             {ENV_ACCESS_KEY_ID} and {ENV_SECRET_ACCESS_KEY}"
+        ))),
+    }
+}
+
+/// How a BCE client polls, retries, pages and paces its calls: keys of
+/// [`BceConfig`], and the `[api]` table of the operator's
+/// [`fleet::BceFleetConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BceApiConfig {
+    /// Longest pause between two ENI status polls (jittered).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Bound on one attach or detach.
+    #[serde(with = "humantime_serde")]
+    pub operation_timeout: Duration,
+    /// Tries per API call on throttling, 5xx and transport errors.
+    pub max_attempts: u32,
+    #[serde(with = "humantime_serde")]
+    pub retry_base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_cap: Duration,
+    /// `maxKeys` of ENI list calls.
+    pub list_page_size: u32,
+    /// Calls that change something: this client's own token bucket.
+    pub api_mutating_rate: RateLimit,
+    /// Reads: this client's own token bucket.
+    pub api_read_rate: RateLimit,
+}
+
+impl Default for BceApiConfig {
+    fn default() -> Self {
+        BceConfig::default().api()
+    }
+}
+
+impl BceApiConfig {
+    /// `Err` names the key, as `prefix` + its name.
+    pub fn validate(&self, prefix: &str) -> Result<(), String> {
+        let bad = |why: &str| Err(format!("{prefix}{why}"));
         if self.poll_interval.is_zero() {
             return bad("poll_interval must be above zero");
         }
@@ -143,42 +245,32 @@ impl BceConfig {
             ("api_mutating_rate", &self.api_mutating_rate),
             ("api_read_rate", &self.api_read_rate),
         ] {
-            if let Err(e) = rate.validate() {
-                return bad(&format!("{key}: {e}"));
-            }
+            rate.validate().map_err(|e| format!("{prefix}{key}: {e}"))?;
         }
-        if let Some(c) = &self.cluster {
-            if let Err(e) = validate_cluster_name(c) {
-                return bad(&e);
-            }
-        }
-        self.pool.validate()
+        Ok(())
     }
 
-    /// Credentials from the config, else from the environment.
-    pub fn credentials(&self) -> Result<Credentials, ProviderError> {
-        let pick = |configured: Option<&str>, env: &str| {
-            configured
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
+    /// A client of `endpoint` that retries and paces its calls as this
+    /// says, with token buckets of its own (one client per process).
+    pub fn client(&self, endpoint: &str, creds: Credentials) -> Result<ApiClient, ProviderError> {
+        let retry = RetryPolicy {
+            attempts: self.max_attempts,
+            initial: self.retry_base,
+            max: self.retry_cap,
         };
-        match (
-            pick(self.access_key_id.as_deref(), ENV_ACCESS_KEY_ID),
-            pick(
-                self.secret_access_key.as_ref().map(Secret::expose),
-                ENV_SECRET_ACCESS_KEY,
-            ),
-        ) {
-            (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
-                access_key_id,
-                secret_access_key: secret_access_key.into(),
-            }),
-            _ => Err(ProviderError::Config(format!(
-                "bce: no credentials: set access_key_id and secret_access_key, or \
-                 {ENV_ACCESS_KEY_ID} and {ENV_SECRET_ACCESS_KEY}"
-            ))),
-        }
+        let limits = Arc::new(MethodLimits::new(
+            self.api_mutating_rate,
+            self.api_read_rate,
+        ));
+        Ok(ApiClient::new(endpoint, creds, retry)
+            .map_err(|e| ProviderError::Config(format!("bce: {e}")))?
+            .with_limits(limits))
+    }
+
+    /// Polls of one attach or detach: every `poll_interval` at most
+    /// (jittered), for `operation_timeout` in all.
+    pub fn poll(&self) -> Poll {
+        Poll::within(&Backoff::steady(self.poll_interval), self.operation_timeout)
     }
 }
 
@@ -218,19 +310,8 @@ impl BceBackend {
         if config.security_group_ids.is_empty() {
             tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
         }
-        let retry = RetryPolicy {
-            attempts: config.max_attempts,
-            initial: config.retry_base,
-            max: config.retry_cap,
-        };
         // One set of buckets for the agent: the backend is its only client.
-        let limits = Arc::new(MethodLimits::new(
-            config.api_mutating_rate,
-            config.api_read_rate,
-        ));
-        let api = api::ApiClient::new(&endpoint, creds, retry)
-            .map_err(|e| ProviderError::Config(format!("bce: {e}")))?
-            .with_limits(limits);
+        let api = config.api().client(&endpoint, creds)?;
         let backend = BceBackend::new(
             api,
             meta,

@@ -11,6 +11,9 @@ use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+pub mod fleet;
+pub use fleet::{StaticFleet, StaticFleetConfig};
+
 /// One ENI as declared in config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -156,95 +159,10 @@ impl Slots {
 }
 
 impl StaticProvider {
-    /// Validates the declared ENIs: unique ids and MACs, gateways inside
-    /// their subnets, IPv6 gateway only with an IPv6 address.
+    /// Validates the declared ENIs (see [`validated`]).
     pub fn new(enis: Vec<StaticEniConfig>) -> Result<Self, ProviderError> {
-        let mut ids = HashSet::new();
-        let mut macs = HashSet::new();
-        let mut slots = Vec::with_capacity(enis.len());
-        let mut indexes = HashSet::new();
-        let mut addresses = HashSet::new();
-        for (position, e) in enis.into_iter().enumerate() {
-            let bad = |why: String| ProviderError::Config(format!("ENI {:?}: {why}", e.id));
-            if e.id.is_empty() {
-                return Err(ProviderError::Config("an ENI has an empty id".into()));
-            }
-            if !ids.insert(e.id.clone()) {
-                return Err(bad("duplicate id".into()));
-            }
-            if !macs.insert(e.mac) {
-                return Err(bad(format!("MAC {} is declared twice", e.mac)));
-            }
-            if !e.ipv4.contains(&e.gateway4) || e.gateway4 == e.ipv4.addr() {
-                return Err(bad(format!(
-                    "gateway4 {} must be another address inside {}",
-                    e.gateway4, e.ipv4
-                )));
-            }
-            match (e.ipv6, e.gateway6) {
-                (None, Some(_)) => return Err(bad("gateway6 given without ipv6".into())),
-                (Some(_), None) => return Err(bad("ipv6 given without gateway6".into())),
-                _ => {}
-            }
-            if let Some(mtu) = e.mtu {
-                if !(68..=65535).contains(&mtu) {
-                    return Err(bad(format!("mtu {mtu} is outside 68..=65535")));
-                }
-            }
-            let device_index = match e.device_index {
-                Some(i) => i,
-                None => u32::try_from(position + 1)
-                    .map_err(|_| bad("too many ENIs to number".into()))?,
-            };
-            if !indexes.insert(device_index) {
-                return Err(bad(format!("device_index {device_index} is used twice")));
-            }
-            for ip in &e.secondary_ipv4 {
-                if !e.ipv4.contains(ip) || *ip == e.ipv4.addr() || *ip == e.gateway4 {
-                    return Err(bad(format!(
-                        "secondary address {ip} must be another address inside {}",
-                        e.ipv4
-                    )));
-                }
-            }
-            if !e.secondary_ipv6.is_empty() {
-                let (Some(net), Some(gw)) = (e.ipv6, e.gateway6) else {
-                    return Err(bad("secondary_ipv6 needs ipv6 and gateway6".into()));
-                };
-                for ip in &e.secondary_ipv6 {
-                    if !net.contains(ip) || *ip == net.addr() || *ip == gw {
-                        return Err(bad(format!(
-                            "secondary address {ip} must be another address inside {net}"
-                        )));
-                    }
-                }
-            }
-            let ips: Vec<IpAddr> = e
-                .secondary_ipv4
-                .iter()
-                .map(|ip| IpAddr::V4(*ip))
-                .chain(e.secondary_ipv6.iter().map(|ip| IpAddr::V6(*ip)))
-                .collect();
-            for ip in &ips {
-                if !addresses.insert(*ip) {
-                    return Err(bad(format!("secondary address {ip} is declared twice")));
-                }
-            }
-            slots.push(Eni {
-                id: e.id,
-                mac: e.mac,
-                ipv4: e.ipv4,
-                gateway4: e.gateway4,
-                ipv6: e.ipv6,
-                gateway6: e.gateway6,
-                mtu: e.mtu,
-                owner: None,
-                device_index: Some(device_index),
-                secondary_ips: ips,
-            });
-        }
         Ok(StaticProvider {
-            slots: Mutex::new(Slots::new(slots)),
+            slots: Mutex::new(Slots::new(validated(enis)?)),
         })
     }
 
@@ -253,6 +171,98 @@ impl StaticProvider {
         // (assignments are single stores), so a poisoned lock is still sound.
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// One node's declared ENIs as [`Eni`]s, validated: unique ids, MACs,
+/// device indexes and secondary addresses, gateways and secondary
+/// addresses inside their subnets, IPv6 gateway only with an IPv6 address.
+pub fn validated(enis: Vec<StaticEniConfig>) -> Result<Vec<Eni>, ProviderError> {
+    let mut ids = HashSet::new();
+    let mut macs = HashSet::new();
+    let mut slots = Vec::with_capacity(enis.len());
+    let mut indexes = HashSet::new();
+    let mut addresses = HashSet::new();
+    for (position, e) in enis.into_iter().enumerate() {
+        let bad = |why: String| ProviderError::Config(format!("ENI {:?}: {why}", e.id));
+        if e.id.is_empty() {
+            return Err(ProviderError::Config("an ENI has an empty id".into()));
+        }
+        if !ids.insert(e.id.clone()) {
+            return Err(bad("duplicate id".into()));
+        }
+        if !macs.insert(e.mac) {
+            return Err(bad(format!("MAC {} is declared twice", e.mac)));
+        }
+        if !e.ipv4.contains(&e.gateway4) || e.gateway4 == e.ipv4.addr() {
+            return Err(bad(format!(
+                "gateway4 {} must be another address inside {}",
+                e.gateway4, e.ipv4
+            )));
+        }
+        match (e.ipv6, e.gateway6) {
+            (None, Some(_)) => return Err(bad("gateway6 given without ipv6".into())),
+            (Some(_), None) => return Err(bad("ipv6 given without gateway6".into())),
+            _ => {}
+        }
+        if let Some(mtu) = e.mtu {
+            if !(68..=65535).contains(&mtu) {
+                return Err(bad(format!("mtu {mtu} is outside 68..=65535")));
+            }
+        }
+        let device_index = match e.device_index {
+            Some(i) => i,
+            None => {
+                u32::try_from(position + 1).map_err(|_| bad("too many ENIs to number".into()))?
+            }
+        };
+        if !indexes.insert(device_index) {
+            return Err(bad(format!("device_index {device_index} is used twice")));
+        }
+        for ip in &e.secondary_ipv4 {
+            if !e.ipv4.contains(ip) || *ip == e.ipv4.addr() || *ip == e.gateway4 {
+                return Err(bad(format!(
+                    "secondary address {ip} must be another address inside {}",
+                    e.ipv4
+                )));
+            }
+        }
+        if !e.secondary_ipv6.is_empty() {
+            let (Some(net), Some(gw)) = (e.ipv6, e.gateway6) else {
+                return Err(bad("secondary_ipv6 needs ipv6 and gateway6".into()));
+            };
+            for ip in &e.secondary_ipv6 {
+                if !net.contains(ip) || *ip == net.addr() || *ip == gw {
+                    return Err(bad(format!(
+                        "secondary address {ip} must be another address inside {net}"
+                    )));
+                }
+            }
+        }
+        let ips: Vec<IpAddr> = e
+            .secondary_ipv4
+            .iter()
+            .map(|ip| IpAddr::V4(*ip))
+            .chain(e.secondary_ipv6.iter().map(|ip| IpAddr::V6(*ip)))
+            .collect();
+        for ip in &ips {
+            if !addresses.insert(*ip) {
+                return Err(bad(format!("secondary address {ip} is declared twice")));
+            }
+        }
+        slots.push(Eni {
+            id: e.id,
+            mac: e.mac,
+            ipv4: e.ipv4,
+            gateway4: e.gateway4,
+            ipv6: e.ipv6,
+            gateway6: e.gateway6,
+            mtu: e.mtu,
+            owner: None,
+            device_index: Some(device_index),
+            secondary_ips: ips,
+        });
+    }
+    Ok(slots)
 }
 
 #[async_trait]

@@ -168,6 +168,18 @@ fn route(w: &mut World, method: &Method, path: &str, query: &str, body: &[u8]) -
         (Method::PUT, ["v1", "eni", id]) if params.contains_key("detach") => {
             detach(w, id, &json_body)
         }
+        (Method::PUT, ["v1", "eni", id]) if params.contains_key("modifyAttribute") => {
+            modify(w, id, &json_body)
+        }
+        (Method::GET, ["v1", "subnet", id]) if *id == SUBNET => {
+            let v6 = if w.ipv6 { "2400:da00::/64" } else { "" };
+            Ok(
+                json!({"subnet": {"subnetId": SUBNET, "name": "test", "cidr": "10.0.1.0/24",
+                                 "ipv6Cidr": v6, "vpcId": VPC, "zoneName": "cn-bj-a"}})
+                .to_string(),
+            )
+        }
+        (Method::GET, ["v1", "subnet", _]) => Err(fail(404, "NoSuchSubnet", "no such subnet")),
         (Method::DELETE, ["v1", "eni", id]) => match w.enis.get(*id) {
             None => Err(fail(404, "EniNotFound", "no such ENI")),
             Some(e) if e.status != "available" => Err(fail(
@@ -376,6 +388,26 @@ fn batch_del(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
         }
     }
     e.secondary_ips.retain(|ip| !parsed.contains(ip));
+    Ok(String::new())
+}
+
+/// A new name and description; the description is checked as on create.
+fn modify(w: &mut World, id: &str, body: &Value) -> Result<String, Fail> {
+    let description = body["description"].as_str().unwrap_or("");
+    if description.chars().count() > 200 {
+        return Err(fail(
+            400,
+            "InvalidDescription",
+            "description must be at most 200 characters",
+        ));
+    }
+    let Some(e) = w.enis.get_mut(id) else {
+        return Err(fail(404, "EniNotFound", "no such ENI"));
+    };
+    if let Some(name) = body["name"].as_str() {
+        e.name = name.to_string();
+    }
+    e.description = description.to_string();
     Ok(String::new())
 }
 

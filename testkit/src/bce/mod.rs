@@ -9,6 +9,9 @@
 //! instance's quota fails. Mutating calls without a clientToken fail, and a
 //! repeated clientToken returns the first answer.
 //!
+//! ENIs can be renamed and redescribed (`modifyAttribute`), and the VPC
+//! API answers for its one subnet (its blocks).
+//!
 //! Secondary addresses: private-IP batch add and delete (at most 10 a
 //! call, up to `ips_per_eni` addresses per family per ENI, the primary
 //! counted), handed out from the subnet's free host addresses (never its

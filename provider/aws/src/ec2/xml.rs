@@ -77,6 +77,14 @@ pub struct NetworkInterface {
     /// Every private IPv4 address, the primary flagged.
     #[serde(default)]
     pub private_ip_addresses_set: Items<PrivateIpItem>,
+    #[serde(default)]
+    pub group_set: Items<GroupItem>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupItem {
+    pub group_id: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -133,6 +141,29 @@ pub(super) struct DescribeNetworkInterfacesResponse {
     pub(super) network_interface_set: Items<NetworkInterface>,
     #[serde(default)]
     pub(super) next_token: Option<String>,
+}
+
+/// A subnet: its IPv4 block and, where it has one, its IPv6 block.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subnet {
+    pub subnet_id: String,
+    pub cidr_block: String,
+    #[serde(default)]
+    pub ipv6_cidr_block_association_set: Items<Ipv6CidrBlock>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ipv6CidrBlock {
+    pub ipv6_cidr_block: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct DescribeSubnetsResponse {
+    #[serde(default)]
+    pub(super) subnet_set: Items<Subnet>,
 }
 
 #[derive(Deserialize)]
@@ -222,9 +253,32 @@ mod tests {
         assert_eq!(att.device_index, Some(2));
         assert_eq!(att.attachment_id.as_deref(), Some("eni-attach-1"));
         assert_eq!(a.ipv6_addresses_set.item[0].ipv6_address, "2600::5");
+        assert_eq!(a.group_set.item[0].group_id, "sg-1");
         assert_eq!(b.attachment, None);
         assert_eq!(b.attached_instance(), None);
         assert!(b.tag_set.item.is_empty());
+    }
+
+    #[test]
+    fn subnets_xml() {
+        let xml = "<DescribeSubnetsResponse><subnetSet><item><subnetId>subnet-1</subnetId>\
+            <cidrBlock>10.0.1.0/24</cidrBlock><ipv6CidrBlockAssociationSet><item>\
+            <ipv6CidrBlock>2600:1f18::/64</ipv6CidrBlock></item></ipv6CidrBlockAssociationSet>\
+            </item><item><subnetId>subnet-2</subnetId><cidrBlock>10.0.2.0/24</cidrBlock>\
+            </item></subnetSet></DescribeSubnetsResponse>";
+        let r: DescribeSubnetsResponse = decode("D", xml).unwrap();
+        let [a, b] = &r.subnet_set.item[..] else {
+            panic!("two subnets expected");
+        };
+        assert_eq!(
+            (a.subnet_id.as_str(), a.cidr_block.as_str()),
+            ("subnet-1", "10.0.1.0/24")
+        );
+        assert_eq!(
+            a.ipv6_cidr_block_association_set.item[0].ipv6_cidr_block,
+            "2600:1f18::/64"
+        );
+        assert!(b.ipv6_cidr_block_association_set.item.is_empty());
     }
 
     #[test]

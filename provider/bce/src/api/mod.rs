@@ -20,8 +20,8 @@ pub mod error;
 pub mod types;
 
 pub use error::ApiError;
-use types::{AddedIps, Created, ErrorBody, ListPage};
-pub use types::{ApiEni, CreateEni, EniQuota, EniStatus, PrivateIp};
+use types::{AddedIps, Created, ErrorBody, ListPage, SubnetAnswer};
+pub use types::{ApiEni, ApiSubnet, CreateEni, EniQuota, EniStatus, PrivateIp};
 
 /// How long a signature stays valid. BCE rejects requests whose
 /// `x-bce-date` is outside this window of its own clock.
@@ -403,6 +403,34 @@ impl ApiClient {
         )
         .await?;
         Ok(())
+    }
+
+    /// Renames and redescribes `eni_id` (BCE's `modifyAttribute`).
+    pub async fn modify_eni(
+        &self,
+        eni_id: &str,
+        name: &str,
+        description: &str,
+        token: &str,
+    ) -> Result<(), ApiError> {
+        let op = format!("modify ENI {eni_id}");
+        let params = [
+            ("modifyAttribute".to_string(), String::new()),
+            ("clientToken".to_string(), token.to_string()),
+        ];
+        let body = serde_json::json!({ "name": name, "description": description }).to_string();
+        let path = format!("/v1/eni/{eni_id}");
+        self.call(&op, Method::PUT, &path, &params, Some(body))
+            .await?;
+        Ok(())
+    }
+
+    /// One subnet of the VPC API (its blocks).
+    pub async fn get_subnet(&self, subnet_id: &str) -> Result<ApiSubnet, ApiError> {
+        let op = format!("get subnet {subnet_id}");
+        let path = format!("/v1/subnet/{subnet_id}");
+        let body = self.call(&op, Method::GET, &path, &[], None).await?;
+        Ok(Self::decode::<SubnetAnswer>(&op, &body)?.subnet)
     }
 
     pub async fn quota(&self, instance_id: &str) -> Result<EniQuota, ApiError> {

@@ -158,6 +158,21 @@ pub(super) struct AddedIps {
     pub(super) private_ip_addresses: Vec<String>,
 }
 
+/// A subnet as the VPC API describes it (only its blocks).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiSubnet {
+    pub subnet_id: String,
+    pub cidr: String,
+    #[serde(default, deserialize_with = "nullable")]
+    pub ipv6_cidr: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct SubnetAnswer {
+    pub(super) subnet: ApiSubnet,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct ErrorBody {

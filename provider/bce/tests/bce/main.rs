@@ -2,6 +2,7 @@
 //! `enim_testkit::bce` (signature-checking ENI OpenAPI plus instance metadata).
 
 mod api;
+mod fleet;
 mod pool;
 mod reaper;
 mod secondary;

@@ -1,0 +1,393 @@
+//! The operator's AWS backend ([`AwsFleet`]) against moto (signatures and
+//! IAM checked) behind the fault proxy, with no instance metadata at all.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use enim_provider::cloud::{CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
+use enim_provider::fleet::{CreateEni, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::ProviderError;
+use enim_provider_aws::{
+    fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, Ec2ApiConfig, TAG_MANAGED,
+    TAG_NODE,
+};
+use enim_testkit::moto::{self as rig, Env, FAST, INSTANCE_ENI_LIMIT, INSTANCE_TYPE, REGION};
+
+const CLUSTER: &str = "prod";
+
+fn config(env: &Env) -> AwsFleetConfig {
+    AwsFleetConfig {
+        region: REGION.into(),
+        cluster: CLUSTER.into(),
+        ec2_endpoint: Some(env.proxy.url.clone()),
+        detach_timeout: Duration::from_secs(10),
+        api: Ec2ApiConfig {
+            attempts: 4,
+            backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+            mutating_rate: FAST,
+            describe_rate: FAST,
+        },
+        ..AwsFleetConfig::default()
+    }
+}
+
+/// The rig and a fleet backend whose credentials (static, in its config)
+/// allow exactly [`fleet_iam_actions`]; `None` (skipped) without moto, a
+/// failure under CI=true.
+async fn rig_with(change: impl FnOnce(&mut AwsFleetConfig)) -> Option<(Env, AwsFleet)> {
+    let env = Env::start().await?;
+    let creds = env.iam_user("enim-operator", &fleet_iam_actions()).await;
+    let mut c = config(&env);
+    c.credentials = AwsCredentialsConfig::Static {
+        access_key_id: creds.access_key_id().into(),
+        secret_access_key: creds.secret_access_key().into(),
+        session_token: None,
+    };
+    change(&mut c);
+    let fleet = AwsFleet::connect(&c).await.expect("connect");
+    Some((env, fleet))
+}
+
+async fn rig() -> Option<(Env, AwsFleet)> {
+    rig_with(|_| {}).await
+}
+
+fn request(env: &Env, token: &str, secondary_ipv4: usize) -> CreateEni {
+    CreateEni {
+        instance: env.instance_id.clone(),
+        subnet: env.subnet_id.clone(),
+        security_groups: vec![],
+        client_token: token.into(),
+        secondary_ipv4,
+    }
+}
+
+async fn listed(fleet: &AwsFleet) -> Vec<FleetEni> {
+    let mut enis = fleet.list_cluster_enis().await.expect("list");
+    enis.sort_by(|a, b| a.id.cmp(&b.id));
+    enis
+}
+
+async fn listed_one(fleet: &AwsFleet, id: &str) -> FleetEni {
+    listed(fleet)
+        .await
+        .into_iter()
+        .find(|e| e.id == id)
+        .unwrap_or_else(|| panic!("{id} not listed"))
+}
+
+#[tokio::test]
+async fn the_listing_is_this_clusters_enis_only_addressed_in_their_subnet() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    assert_eq!(fleet.name(), "aws");
+    assert!(listed(&fleet).await.is_empty());
+
+    let at = "2024-05-01T10:00:00Z";
+    let ours = env
+        .create_eni_with_tags(&[
+            (TAG_MANAGED, "true"),
+            (TAG_CLUSTER, CLUSTER),
+            (TAG_NODE, &env.instance_id),
+            (TAG_CREATED_AT, at),
+            (TAG_INTENT, "intent-a"),
+        ])
+        .await;
+    let untagged_age = env
+        .create_eni_with_tags(&[(TAG_MANAGED, "true"), (TAG_CLUSTER, CLUSTER)])
+        .await;
+    // Another cluster's, a hand-made one with the cluster tag only, and an
+    // untagged one: none of them is this cluster's.
+    env.create_eni_with_tags(&[(TAG_MANAGED, "true"), (TAG_CLUSTER, "staging")])
+        .await;
+    env.create_eni_with_tags(&[(TAG_CLUSTER, CLUSTER)]).await;
+    env.create_eni_with_tags(&[]).await;
+
+    let enis = listed(&fleet).await;
+    let ids: Vec<&str> = enis.iter().map(|e| e.id.as_str()).collect();
+    let mut want = vec![
+        ours.network_interface_id.as_str(),
+        untagged_age.network_interface_id.as_str(),
+    ];
+    want.sort_unstable();
+    assert_eq!(ids, want);
+
+    let e = listed_one(&fleet, &ours.network_interface_id).await;
+    assert_eq!(e.mac.to_string(), ours.mac_address);
+    assert_eq!(
+        Some(e.ipv4.addr().to_string()),
+        ours.private_ip_address.clone()
+    );
+    assert_eq!(e.ipv4.prefix_len(), 24, "the subnet's prefix");
+    assert_eq!(
+        e.gateway4,
+        Ipv4Addr::new(10, 0, 1, 1),
+        "the subnet's first host"
+    );
+    assert_eq!(e.subnet, env.subnet_id);
+    assert_eq!(e.node.as_deref(), Some(env.instance_id.as_str()));
+    assert_eq!(e.intent.as_deref(), Some("intent-a"));
+    assert_eq!(
+        e.created_at,
+        CreatedAt::At(humantime::parse_rfc3339(at).unwrap())
+    );
+    assert_eq!(e.attachment, None);
+    assert!(e.secondary_ips.is_empty());
+    let other = listed_one(&fleet, &untagged_age.network_interface_id).await;
+    assert_eq!((other.node, other.created_at), (None, CreatedAt::Missing));
+
+    // Attached by someone else: the listing shows where.
+    env.attach_as_admin(&ours.network_interface_id, 2).await;
+    let att = listed_one(&fleet, &ours.network_interface_id)
+        .await
+        .attachment
+        .expect("attached");
+    assert_eq!(
+        (att.instance.as_str(), att.device_index, att.state.as_str()),
+        (env.instance_id.as_str(), 2, "attached")
+    );
+    assert!(att.attachment_id.starts_with("eni-attach-"), "{att:?}");
+
+    // The subnet was asked about once, however often the listing ran.
+    assert_eq!(env.proxy.calls("DescribeSubnets"), 1);
+}
+
+#[tokio::test]
+async fn create_is_idempotent_by_client_token_and_tags_the_intent() {
+    let Some((env, fleet)) = rig_with(|c| c.assign_ipv6 = true).await else {
+        return;
+    };
+    let first = fleet.create(&request(&env, "intent-1", 2)).await.unwrap();
+    let again = fleet.create(&request(&env, "intent-1", 2)).await.unwrap();
+    assert_eq!(again.id, first.id, "the same intent, the same ENI");
+    assert_eq!(again, first);
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
+
+    let in_moto: Vec<_> = env
+        .all_enis()
+        .await
+        .into_iter()
+        .filter(|e| e.tag(TAG_INTENT) == Some("intent-1"))
+        .collect();
+    assert_eq!(in_moto.len(), 1, "one ENI for the intent in moto");
+    let m = &in_moto[0];
+    assert_eq!(m.network_interface_id, first.id);
+    for (k, v) in [
+        (TAG_MANAGED, "true"),
+        (TAG_CLUSTER, CLUSTER),
+        (TAG_NODE, env.instance_id.as_str()),
+    ] {
+        assert_eq!(m.tag(k), Some(v), "{k}");
+    }
+    assert!(matches!(
+        CreatedAt::from_tag(m.tag(TAG_CREATED_AT)),
+        CreatedAt::At(_)
+    ));
+
+    // What create returned is what the listing says.
+    assert_eq!(listed_one(&fleet, &first.id).await, first);
+    assert_eq!(first.node.as_deref(), Some(env.instance_id.as_str()));
+    assert_eq!(first.intent.as_deref(), Some("intent-1"));
+    assert_eq!(first.attachment, None);
+    let v4: Vec<IpAddr> = first
+        .secondary_ips
+        .iter()
+        .copied()
+        .filter(IpAddr::is_ipv4)
+        .collect();
+    assert_eq!(v4.len(), 2, "{:?}", first.secondary_ips);
+    assert!(v4.iter().all(|ip| match ip {
+        IpAddr::V4(a) => env.subnet_v4.contains(a) && *a != first.ipv4.addr(),
+        IpAddr::V6(_) => false,
+    }));
+    let v6 = first.ipv6.expect("assign_ipv6 gives an IPv6 address");
+    assert!(env.subnet_v6.contains(&v6.addr()));
+    assert_eq!(v6.prefix_len(), 64);
+    assert_eq!(
+        first.gateway6,
+        Some(std::net::Ipv6Addr::from(
+            u128::from(env.subnet_v6.network()) + 1
+        ))
+    );
+
+    // Another intent makes another ENI.
+    let second = fleet.create(&request(&env, "intent-2", 0)).await.unwrap();
+    assert_ne!(second.id, first.id);
+    assert_eq!(listed(&fleet).await.len(), 2);
+
+    // A token EC2 would refuse is refused before any call.
+    let long = "x".repeat(65);
+    let e = fleet.create(&request(&env, &long, 0)).await.unwrap_err();
+    assert!(matches!(e, ProviderError::Config(_)), "{e}");
+}
+
+#[tokio::test]
+async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    let eni = fleet.create(&request(&env, "intent-rt", 0)).await.unwrap();
+
+    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
+    assert_eq!(env.attached().await.get(&eni.id), Some(&1));
+    assert_eq!(env.proxy.calls("ModifyNetworkInterfaceAttribute"), 1);
+    // Already attached there: nothing to do.
+    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
+    assert_eq!(env.proxy.calls("AttachNetworkInterface"), 1);
+    // Attached elsewhere: refused.
+    let e = fleet.attach(&eni.id, "i-0other", 1).await.unwrap_err();
+    assert!(e.to_string().contains("attached to"), "{e}");
+
+    // Attached, so the delete's second look spares it.
+    assert!(matches!(
+        fleet.delete(&eni.id).await.unwrap(),
+        Reaped::Spared(_)
+    ));
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 0);
+
+    fleet.detach(&eni.id).await.unwrap();
+    assert_eq!(env.eni(&eni.id).await.status, "available");
+    assert_eq!(listed_one(&fleet, &eni.id).await.attachment, None);
+    fleet.detach(&eni.id).await.unwrap(); // attached nowhere: done
+
+    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
+    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Gone);
+    fleet.detach(&eni.id).await.unwrap(); // gone: done
+    assert!(listed(&fleet).await.is_empty());
+    assert!(env
+        .all_enis()
+        .await
+        .iter()
+        .all(|e| e.network_interface_id != eni.id));
+}
+
+#[tokio::test]
+async fn other_clusters_and_primary_interfaces_are_never_touched() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    let staging = env
+        .create_eni_with_tags(&[(TAG_MANAGED, "true"), (TAG_CLUSTER, "staging")])
+        .await;
+    let id = staging.network_interface_id.as_str();
+    for e in [
+        fleet.attach(id, &env.instance_id, 1).await.unwrap_err(),
+        fleet.detach(id).await.unwrap_err(),
+        fleet
+            .assign_addresses(id, 1, 0)
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, ProviderError::Config(ref m) if m.contains("not this cluster's")),
+            "{e}"
+        );
+    }
+    assert!(matches!(fleet.delete(id).await.unwrap(), Reaped::Spared(_)));
+    let e = fleet.detach(&env.primary_eni).await.unwrap_err();
+    assert!(matches!(e, ProviderError::Config(_)), "{e}");
+    let attached: Vec<String> = env.attached().await.into_keys().collect();
+    assert_eq!(
+        attached,
+        std::slice::from_ref(&env.primary_eni),
+        "only the primary"
+    );
+    assert_eq!(env.proxy.calls("DetachNetworkInterface"), 0);
+}
+
+#[tokio::test]
+async fn secondary_addresses_assign_and_unassign() {
+    // Dual-stack: the ENI's own IPv6 address is told apart from those
+    // assigned later (as instance metadata tells them apart on a node).
+    let Some((env, fleet)) = rig_with(|c| c.assign_ipv6 = true).await else {
+        return;
+    };
+    let eni = fleet.create(&request(&env, "intent-ips", 0)).await.unwrap();
+    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
+
+    let v4 = fleet.assign_addresses(&eni.id, 2, 0).await.unwrap();
+    assert_eq!(v4.len(), 2, "{v4:?}");
+    let v6 = fleet.assign_addresses(&eni.id, 0, 1).await.unwrap();
+    assert_eq!(v6.len(), 1, "{v6:?}");
+    assert!(matches!(v6[0], IpAddr::V6(a) if env.subnet_v6.contains(&a)));
+    let now = listed_one(&fleet, &eni.id).await;
+    assert_eq!(now.ipv6, eni.ipv6, "its own IPv6 address stays its own");
+    let mut have = now.secondary_ips;
+    let mut want: Vec<IpAddr> = v4.iter().chain(&v6).copied().collect();
+    have.sort();
+    want.sort();
+    assert_eq!(have, want);
+
+    fleet
+        .unassign_addresses(&eni.id, &[v4[0], v6[0]])
+        .await
+        .unwrap();
+    assert_eq!(listed_one(&fleet, &eni.id).await.secondary_ips, [v4[1]]);
+    // Already given back: done, and no call for it.
+    let before = env.proxy.calls("UnassignPrivateIpAddresses");
+    fleet.unassign_addresses(&eni.id, &[v4[0]]).await.unwrap();
+    assert_eq!(env.proxy.calls("UnassignPrivateIpAddresses"), before);
+
+    fleet.detach(&eni.id).await.unwrap();
+    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
+    // Gone: nothing to give back.
+    fleet.unassign_addresses(&eni.id, &[v4[1]]).await.unwrap();
+}
+
+#[tokio::test]
+async fn limits_are_asked_once_per_instance_type() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    let l = fleet.limits(INSTANCE_TYPE).await.unwrap();
+    assert_eq!(l.enis, INSTANCE_ENI_LIMIT);
+    assert!(l.ipv4_per_eni > 1, "{l:?}");
+    assert_eq!(fleet.limits(INSTANCE_TYPE).await.unwrap(), l);
+    assert_eq!(env.proxy.calls("DescribeInstanceTypes"), 1);
+}
+
+#[tokio::test]
+async fn throttling_is_retried_then_reported_as_throttled() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    fleet.create(&request(&env, "intent-t", 0)).await.unwrap();
+    let action = "DescribeNetworkInterfaces";
+
+    // Fewer throttles than attempts: retried through.
+    let before = env.proxy.calls(action);
+    env.proxy.inject(action, 3, 400, "RequestLimitExceeded");
+    assert_eq!(listed(&fleet).await.len(), 1);
+    assert_eq!(env.proxy.faulted(action), 3);
+    assert_eq!(env.proxy.calls(action), before + 4);
+
+    // As many as the attempts: a transient Throttled the operator backs
+    // off from.
+    env.proxy.inject(action, 4, 400, "RequestLimitExceeded");
+    let e = fleet.list_cluster_enis().await.unwrap_err();
+    assert!(matches!(e, ProviderError::Throttled(_)), "{e}");
+    assert!(e.is_transient());
+
+    // A create is throttled alike, and a later one still makes one ENI.
+    env.proxy
+        .inject("CreateNetworkInterface", 4, 503, "RequestLimitExceeded");
+    let e = fleet
+        .create(&request(&env, "intent-u", 0))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ProviderError::Throttled(_)), "{e}");
+    fleet.create(&request(&env, "intent-u", 0)).await.unwrap();
+    assert_eq!(listed(&fleet).await.len(), 2);
+    rig::eventually(Duration::from_secs(1), "no stray ENI", || async {
+        env.all_enis()
+            .await
+            .iter()
+            .filter(|e| e.tag(TAG_INTENT) == Some("intent-u"))
+            .count()
+            == 1
+    })
+    .await;
+}

@@ -1,0 +1,517 @@
+//! [`BceFleet`]: the operator's [`FleetCloud`] on Baidu BCE, for the whole
+//! cluster from one place.
+//!
+//! BCE ENIs have no tags, so the marks the node backend keeps in an ENI's
+//! name and description are the listing's truth here too: the name
+//! `enim-<instance>-<suffix>` says enim made it and for which node, and
+//! the description's `key=value` words carry the cluster, the creation
+//! time, the intent ([`TAG_INTENT`]) and the device index. BCE chooses no
+//! device index itself, so [`FleetCloud::attach`] writes the one it is
+//! given into the description first (secondary mode numbers route tables
+//! from it, on the node as here).
+//!
+//! BCE's list call has no filter by description: the VPC is listed (paged)
+//! and filtered here, once per listing. The subnets' blocks come from the
+//! VPC API once per subnet and are kept.
+//!
+//! Idempotency of `create`: BCE answers a repeated clientToken with the
+//! first answer, and the name is made from the token, so a retry is the
+//! same request; the intent word lets a successor find the ENI in the
+//! listing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use enim_provider::cloud::{
+    format_created_at, validate_cluster_name, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT,
+};
+use enim_provider::fault::crash_point;
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::{AddressLimits, LimitsConfig, MacAddr, ProviderError, Secret};
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::api::{self, client_token, ApiClient, ApiEni, ApiSubnet, EniStatus, PrivateIp};
+use crate::backend::{
+    description_tag, device_index_of, eni_name_prefix, DEVICE_INDEXES, ENI_NAME_PREFIX,
+    TAG_DEVICE_INDEX,
+};
+use crate::idcache::lock;
+use crate::metadata::MetaInterface;
+use crate::{steps, BceApiConfig};
+
+/// BCE's limits on a description and a clientToken.
+const MAX_DESCRIPTION: usize = 200;
+const MAX_CLIENT_TOKEN: usize = 64;
+
+/// The operator's `bce` section. `vpc_id`, `cluster` and either `endpoint`
+/// or `region` are required; the rest has defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BceFleetConfig {
+    /// BCE region (`bj`, `gz`, ...): the endpoint is then
+    /// `https://bcc.<region>.baidubce.com`.
+    pub region: Option<String>,
+    /// ENI OpenAPI endpoint, instead of the region's.
+    pub endpoint: Option<String>,
+    /// The VPC whose ENIs are listed.
+    pub vpc_id: String,
+    /// The cluster's name, marked in its ENIs' descriptions.
+    pub cluster: String,
+    /// Access key; default: env `BCE_ACCESS_KEY_ID`.
+    pub access_key_id: Option<String>,
+    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
+    /// prints it.
+    pub secret_access_key: Option<Secret>,
+    /// Per instance type, what [`FleetCloud::limits`] answers: BCE's quota
+    /// call asks by instance, not by type.
+    pub limits: BTreeMap<String, LimitsConfig>,
+    /// Polls, retries, paging and the operator's token buckets.
+    pub api: BceApiConfig,
+}
+
+impl BceFleetConfig {
+    pub fn validate(&self) -> Result<(), ProviderError> {
+        let bad = |why: String| Err(ProviderError::Config(format!("bce fleet: {why}")));
+        let given = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
+        if !given(&self.endpoint) && !given(&self.region) {
+            return bad("set region or endpoint (the operator reads no instance metadata)".into());
+        }
+        if self.vpc_id.trim().is_empty() {
+            return bad("vpc_id must be set".into());
+        }
+        if let Err(e) = validate_cluster_name(&self.cluster) {
+            return bad(e);
+        }
+        if let Err(e) = self.api.validate("api.") {
+            return bad(e);
+        }
+        Ok(())
+    }
+
+    fn endpoint(&self) -> String {
+        match (&self.endpoint, &self.region) {
+            (Some(e), _) if !e.trim().is_empty() => e.clone(),
+            (_, region) => format!(
+                "https://bcc.{}.baidubce.com",
+                region.as_deref().unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// A subnet's blocks and its gateways (each block's first host).
+#[derive(Debug, Clone, Copy)]
+struct SubnetNets {
+    v4: Ipv4Net,
+    v6: Option<Ipv6Net>,
+}
+
+impl SubnetNets {
+    fn of(s: &ApiSubnet) -> Result<SubnetNets, ProviderError> {
+        let bad = |v: &str| {
+            ProviderError::Config(format!("subnet {}: {v:?} is not a block", s.subnet_id))
+        };
+        let v4 = s.cidr.parse().map_err(|_| bad(&s.cidr))?;
+        let v6 = match s.ipv6_cidr.trim() {
+            "" => None,
+            b => Some(b.parse().map_err(|_| bad(b))?),
+        };
+        Ok(SubnetNets { v4, v6 })
+    }
+}
+
+/// The operator's BCE backend for one cluster (one per operator: its
+/// token buckets are the whole cluster's).
+pub struct BceFleet {
+    api: ApiClient,
+    config: BceFleetConfig,
+    subnets: Mutex<HashMap<String, SubnetNets>>,
+}
+
+/// The node an ENI was made for, from its name `enim-<instance>-<suffix>`.
+fn node_of(name: &str) -> Option<&str> {
+    let (node, _) = name.strip_prefix(ENI_NAME_PREFIX)?.rsplit_once('-')?;
+    (!node.is_empty()).then_some(node)
+}
+
+/// `description` with `key=value` in place of any `key=` word it had.
+fn with_word(description: &str, key: &str, value: &str) -> String {
+    let mut words: Vec<String> = description
+        .split_whitespace()
+        .filter(|w| w.strip_prefix(key).is_none_or(|r| !r.starts_with('=')))
+        .map(str::to_string)
+        .collect();
+    words.push(format!("{key}={value}"));
+    words.join(" ")
+}
+
+/// A short stable digest of a token (FNV-1a), for the ENI's name: the
+/// same token always names the same ENI, so a retried create is the same
+/// request.
+fn token_digest(token: &str) -> String {
+    let hash = token.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{:012x}", hash & 0xffff_ffff_ffff)
+}
+
+impl BceFleet {
+    /// Validates `config` and sets up the API client (credentials from
+    /// the config, else the environment). Makes no call.
+    pub fn connect(config: &BceFleetConfig) -> Result<BceFleet, ProviderError> {
+        config.validate()?;
+        let creds = crate::credentials(
+            config.access_key_id.as_deref(),
+            config.secret_access_key.as_ref(),
+        )?;
+        let endpoint = config.endpoint();
+        let api = config.api.client(&endpoint, creds)?;
+        tracing::info!(cluster = %config.cluster, vpc = %config.vpc_id, %endpoint, "BCE fleet backend ready");
+        Ok(BceFleet {
+            api,
+            config: config.clone(),
+            subnets: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// enim's (its name) and marked for this cluster.
+    fn in_cluster(&self, eni: &ApiEni) -> bool {
+        eni.name.starts_with(ENI_NAME_PREFIX)
+            && description_tag(&eni.description, TAG_CLUSTER) == Some(self.config.cluster.as_str())
+    }
+
+    /// `eni_id`, checked to be this cluster's.
+    async fn ours(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+        let eni = steps::get_known(&self.api, eni_id).await?;
+        self.check_ours(&eni)?;
+        Ok(eni)
+    }
+
+    fn check_ours(&self, eni: &ApiEni) -> Result<(), ProviderError> {
+        if self.in_cluster(eni) {
+            return Ok(());
+        }
+        Err(ProviderError::Config(format!(
+            "ENI {} ({:?}) is not marked {TAG_CLUSTER}={}: not this cluster's",
+            eni.eni_id, eni.name, self.config.cluster
+        )))
+    }
+
+    /// The blocks of `subnet`, asked once.
+    async fn nets(&self, subnet: &str) -> Result<SubnetNets, ProviderError> {
+        if let Some(n) = lock(&self.subnets).get(subnet) {
+            return Ok(*n);
+        }
+        let nets = SubnetNets::of(&self.api.get_subnet(subnet).await?)?;
+        lock(&self.subnets).insert(subnet.to_string(), nets);
+        Ok(nets)
+    }
+
+    /// `eni` as the listing shows it, addressed as instance metadata
+    /// addresses it on a node.
+    async fn fleet_eni(&self, eni: ApiEni) -> Result<FleetEni, ProviderError> {
+        let nets = self.nets(&eni.subnet_id).await?;
+        let id = &eni.eni_id;
+        let bad = |what: &str| ProviderError::Unavailable(format!("ENI {id}: BCE reports {what}"));
+        let mac: MacAddr = eni
+            .mac_address
+            .parse()
+            .map_err(|_| bad(&format!("MAC {:?}", eni.mac_address)))?;
+        let primary = eni.primary_ipv4().ok_or_else(|| bad("no primary IPv4"))?;
+        let own_v6 = eni
+            .ipv6_private_ip_set
+            .first()
+            .and_then(|p| p.private_ip_address.parse::<Ipv6Addr>().ok());
+        let first_host = |net: Ipv4Net| Ipv4Addr::from(u32::from(net.network()).wrapping_add(1));
+        let v6 = nets.v6.zip(own_v6).and_then(|(net, a)| {
+            let gw = Ipv6Addr::from(u128::from(net.network()).wrapping_add(1));
+            Some((Ipv6Net::new(a, net.prefix_len()).ok()?, gw))
+        });
+        let iface = MetaInterface {
+            mac,
+            ipv4: Ipv4Net::new(primary, nets.v4.prefix_len()).map_err(|_| bad("a bad prefix"))?,
+            gateway4: first_host(nets.v4),
+            ipv6: v6.map(|(n, _)| n),
+            gateway6: v6.map(|(_, gw)| gw),
+            all_ips: std::iter::once(IpAddr::V4(primary))
+                .chain(own_v6.map(IpAddr::V6))
+                .chain(eni.non_primary_ips())
+                .collect(),
+        };
+        let status = eni.status();
+        let attachment = match (&status, eni.attached_to()) {
+            (EniStatus::Available, _) | (_, None) => None,
+            (_, Some(instance)) => Some(FleetAttachment {
+                instance: instance.to_string(),
+                device_index: device_index_of(&eni).unwrap_or_default(),
+                attachment_id: String::new(),
+                state: status.to_string(),
+            }),
+        };
+        let words = &eni.description;
+        Ok(FleetEni {
+            attachment,
+            node: node_of(&eni.name).map(str::to_string),
+            intent: description_tag(words, TAG_INTENT).map(str::to_string),
+            created_at: CreatedAt::from_tag(description_tag(words, TAG_CREATED_AT)),
+            ..FleetEni::addressed(iface.to_eni(id), eni.subnet_id.clone(), Vec::new())
+        })
+    }
+
+    async fn do_list(&self) -> Result<Vec<FleetEni>, ProviderError> {
+        let all = self
+            .api
+            .list_enis(&self.config.vpc_id, None, self.config.api.list_page_size)
+            .await?;
+        let mut out = Vec::new();
+        for eni in all.into_iter().filter(|e| self.in_cluster(e)) {
+            let id = eni.eni_id.clone();
+            match self.fleet_eni(eni).await {
+                Ok(e) => out.push(e),
+                // One odd ENI must not hide the cluster's others.
+                Err(e) if !e.is_transient() => {
+                    tracing::warn!(eni = %id, error = %e, "unreadable ENI left out")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn do_create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
+        let token = req.client_token.as_str();
+        let bad = |why: String| Err(ProviderError::Config(why));
+        if token.is_empty() || token.len() > MAX_CLIENT_TOKEN || !token.is_ascii() {
+            return bad(format!(
+                "client token {token:?} must be 1 to {MAX_CLIENT_TOKEN} ASCII characters"
+            ));
+        }
+        if token.contains(char::is_whitespace) || token.contains(';') {
+            return bad(format!("client token {token:?} must be one word"));
+        }
+        let name = format!("{}{}", eni_name_prefix(&req.instance), token_digest(token));
+        let description = format!(
+            "{TAG_CREATED_AT}={} {TAG_CLUSTER}={} {TAG_INTENT}={token}",
+            format_created_at(SystemTime::now()),
+            self.config.cluster
+        );
+        // Room is left for the device index attach writes.
+        let room = MAX_DESCRIPTION - format!(" {TAG_DEVICE_INDEX}=255").len();
+        if description.len() > room {
+            return bad(format!(
+                "cluster name and client token too long for a BCE description ({} of {room} characters)",
+                description.len()
+            ));
+        }
+        crash_point("cloud:before-create");
+        let eni_id = self
+            .api
+            .create_eni(
+                &api::CreateEni {
+                    name: &name,
+                    subnet_id: &req.subnet,
+                    security_group_ids: &req.security_groups,
+                    private_ip_set: vec![PrivateIp {
+                        primary: true,
+                        private_ip_address: String::new(),
+                    }],
+                    description: &description,
+                },
+                token,
+            )
+            .await?;
+        crash_point("cloud:after-create");
+        tracing::info!(eni = %eni_id, %name, node = %req.instance, intent = token, "ENI created");
+        let mut eni = steps::get_known(&self.api, &eni_id).await?;
+        // Secondary addresses up to the count asked for: by what the ENI
+        // has, so a retried create adds none twice.
+        let have = eni.ipv4_count().saturating_sub(1);
+        if req.secondary_ipv4 > have {
+            let per_eni = usize::try_from(self.api.ip_quota(&eni_id).await?.total_quantity)
+                .unwrap_or(usize::MAX);
+            let lookup = || steps::get_known(&self.api, &eni_id);
+            let counts = (req.secondary_ipv4 - have, 0);
+            steps::assign(&self.api, &eni_id, eni, counts, per_eni, lookup).await?;
+            eni = steps::get_known(&self.api, &eni_id).await?;
+        }
+        self.fleet_eni(eni).await
+    }
+
+    async fn do_attach(
+        &self,
+        eni_id: &str,
+        instance: &str,
+        index: u32,
+    ) -> Result<(), ProviderError> {
+        if !DEVICE_INDEXES.contains(&index) {
+            return Err(ProviderError::Config(format!(
+                "device index {index} is outside {DEVICE_INDEXES:?}"
+            )));
+        }
+        let eni = self.ours(eni_id).await?;
+        let attached_here = eni.attached_to() == Some(instance)
+            && matches!(eni.status(), EniStatus::InUse | EniStatus::Attaching);
+        if !attached_here && device_index_of(&eni) != Some(index) {
+            // Kept with the ENI before it is attached: the node numbers its
+            // route table from it.
+            let described = with_word(&eni.description, TAG_DEVICE_INDEX, &index.to_string());
+            self.api
+                .modify_eni(eni_id, &eni.name, &described, &client_token())
+                .await?;
+        }
+        let mut poll = self.config.api.poll();
+        let limit = self.config.api.operation_timeout;
+        steps::attach_polled(&self.api, eni_id, instance, &mut poll, limit).await?;
+        if !attached_here {
+            crash_point("cloud:after-attach");
+            tracing::info!(eni = eni_id, instance, device_index = index, "ENI attached");
+        }
+        Ok(())
+    }
+
+    async fn do_detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let mut poll = self.config.api.poll();
+        let limit = self.config.api.operation_timeout;
+        let check = |eni: &ApiEni| self.check_ours(eni);
+        steps::detach_polled(&self.api, eni_id, check, &mut poll, limit).await?;
+        Ok(())
+    }
+
+    async fn do_delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        let reaped = steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await?;
+        if reaped == Reaped::Deleted {
+            crash_point("cloud:after-delete");
+        }
+        Ok(reaped)
+    }
+
+    async fn do_assign(
+        &self,
+        eni_id: &str,
+        counts: (usize, usize),
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        let before = self.ours(eni_id).await?;
+        let per_eni =
+            usize::try_from(self.api.ip_quota(eni_id).await?.total_quantity).unwrap_or(usize::MAX);
+        let lookup = || self.ours(eni_id);
+        steps::assign(&self.api, eni_id, before, counts, per_eni, lookup).await
+    }
+}
+
+#[async_trait]
+impl FleetCloud for BceFleet {
+    fn name(&self) -> &str {
+        "bce"
+    }
+
+    async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {
+        self.do_list().await
+    }
+
+    async fn limits(&self, instance_type: &str) -> Result<AddressLimits, ProviderError> {
+        let known = self.config.limits.get(instance_type);
+        known.copied().map(AddressLimits::from).ok_or_else(|| {
+            ProviderError::Config(format!(
+                "bce fleet: no limits for instance type {instance_type:?}: add them to [limits]"
+            ))
+        })
+    }
+
+    async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
+        self.do_create(req).await
+    }
+
+    async fn attach(
+        &self,
+        eni_id: &str,
+        instance: &str,
+        device_index: u32,
+    ) -> Result<(), ProviderError> {
+        self.do_attach(eni_id, instance, device_index).await
+    }
+
+    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+        self.do_detach(eni_id).await
+    }
+
+    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        self.do_delete(eni_id).await
+    }
+
+    async fn assign_addresses(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        self.do_assign(eni_id, (ipv4, ipv6)).await
+    }
+
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        let lookup = self.ours(eni_id).await;
+        steps::unassign(&self.api, eni_id, ips, lookup).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_words_and_digests() {
+        assert_eq!(node_of("enim-i-AbC123-0123456789ab"), Some("i-AbC123"));
+        assert_eq!(node_of("enim--x"), None);
+        assert_eq!(node_of("other-i-1-x"), None);
+        assert_eq!(
+            with_word("a=1 enim.io/device-index=3 b", TAG_DEVICE_INDEX, "4"),
+            "a=1 b enim.io/device-index=4"
+        );
+        assert_eq!(with_word("", "k", "v"), "k=v");
+        assert_eq!(with_word("kk=1", "k", "v"), "kk=1 k=v");
+        let d = token_digest("intent-1");
+        assert_eq!(d.len(), 12);
+        assert_eq!(d, token_digest("intent-1"));
+        assert_ne!(d, token_digest("intent-2"));
+    }
+
+    #[test]
+    fn config_is_checked_and_names_what_is_wrong() {
+        let ok: BceFleetConfig = serde_json::from_str(
+            r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
+                "limits": {"bcc.g4.c2m8": {"enis": 3, "ipv4_per_eni": 8}},
+                "api": {"poll_interval": "1s"}}"#,
+        )
+        .unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.endpoint(), "https://bcc.bj.baidubce.com");
+        assert_eq!(ok.limits["bcc.g4.c2m8"].ipv6_per_eni, 0);
+        for (text, needle) in [
+            (r#"{"regoin": "bj"}"#, "regoin"),
+            (r#"{"api": {"poll": "1s"}}"#, "poll"),
+            (
+                r#"{"limits": {"t": {"enis": 1, "ipv4_per_eni": 1, "v6": 1}}}"#,
+                "v6",
+            ),
+        ] {
+            let e = serde_json::from_str::<BceFleetConfig>(text).unwrap_err();
+            assert!(e.to_string().contains(needle), "{needle}: {e}");
+        }
+        type Change = fn(&mut BceFleetConfig);
+        let cases: [(Change, &str); 4] = [
+            (|c| c.region = None, "region or endpoint"),
+            (|c| c.vpc_id.clear(), "vpc_id"),
+            (|c| c.cluster = "a b".into(), "cluster"),
+            (|c| c.api.max_attempts = 0, "api.max_attempts"),
+        ];
+        for (change, needle) in cases {
+            let mut c = ok.clone();
+            change(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+}

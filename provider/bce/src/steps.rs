@@ -1,0 +1,227 @@
+//! The BCE steps of an ENI's life that the node's backend
+//! ([`crate::BceBackend`]) and the operator's ([`crate::BceFleet`]) take
+//! alike, written once over an [`ApiClient`]: attach and wait, detach and
+//! wait, delete after a second look, and the private-IP verbs. What only
+//! one caller knows (metadata, which instance is "this" one, which ENIs
+//! are its own) comes in as arguments.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use enim_provider::cloud::{
+    assign_new, spared_on_second_look, unassign_present, Departed, Family, Reaped,
+};
+use enim_provider::fault::crash_point;
+use enim_provider::retry::Poll;
+use enim_provider::ProviderError;
+
+use crate::api::{client_token, ApiClient, ApiEni, Attachment, EniStatus, PRIVATE_IP_BATCH_MAX};
+
+/// An attach or detach that did not finish within `limit`.
+pub(crate) fn timed_out(eni_id: &str, what: &str, last: &str, limit: Duration) -> ProviderError {
+    ProviderError::Unavailable(format!(
+        "ENI {eni_id}: still {last} after {limit:?} waiting for it to {what}"
+    ))
+}
+
+/// `eni_id` as the API sees it; an ENI that does not exist is
+/// [`ProviderError::UnknownEni`].
+pub(crate) async fn get_known(api: &ApiClient, eni_id: &str) -> Result<ApiEni, ProviderError> {
+    api.get_eni(eni_id).await.map_err(|e| {
+        if e.is_not_found() {
+            ProviderError::UnknownEni(eni_id.to_string())
+        } else {
+            e.into()
+        }
+    })
+}
+
+pub(crate) fn is_unattached(eni: &ApiEni) -> bool {
+    eni.status() == EniStatus::Available && eni.attached_to().is_none()
+}
+
+/// Attaches `eni_id` to `instance` unless it is, and polls until it is
+/// `inuse` there; returns it as the API then shows it. `limit` is what
+/// `poll` allows, for the message.
+pub(crate) async fn attach_polled(
+    api: &ApiClient,
+    eni_id: &str,
+    instance: &str,
+    poll: &mut Poll,
+    limit: Duration,
+) -> Result<ApiEni, ProviderError> {
+    let token = client_token();
+    let mut attach_sent = false;
+    loop {
+        let eni = get_known(api, eni_id).await?;
+        let status = eni.status();
+        match (&status, eni.attached_to()) {
+            (EniStatus::InUse, Some(i)) if i == instance => return Ok(eni),
+            (EniStatus::InUse | EniStatus::Attaching, Some(other)) if other != instance => {
+                return Err(ProviderError::OwnedByOther {
+                    eni_id: eni_id.to_string(),
+                    holder: format!("instance {other}"),
+                    requester: format!("instance {instance}"),
+                });
+            }
+            (EniStatus::Available, _) if !attach_sent => {
+                api.set_attachment(Attachment::Attach, eni_id, instance, &token)
+                    .await?;
+                attach_sent = true;
+                tracing::info!(eni = eni_id, instance, "attach requested");
+            }
+            // attaching, detaching (a crashed caller's detach), or
+            // available right after our attach call: wait.
+            _ => {}
+        }
+        if !poll.wait().await {
+            return Err(timed_out(eni_id, "be attached", &status.to_string(), limit));
+        }
+    }
+}
+
+/// Detaches `eni_id` from wherever it is attached and polls until it is
+/// `available`; returns it then, or `None` when it is gone. `check` sees
+/// the ENI at every look and may refuse (it is not the caller's).
+pub(crate) async fn detach_polled(
+    api: &ApiClient,
+    eni_id: &str,
+    check: impl Fn(&ApiEni) -> Result<(), ProviderError>,
+    poll: &mut Poll,
+    limit: Duration,
+) -> Result<Option<ApiEni>, ProviderError> {
+    let token = client_token();
+    let mut detach_sent = false;
+    loop {
+        let eni = match api.get_eni(eni_id).await {
+            Ok(e) => e,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        check(&eni)?;
+        let status = eni.status();
+        match (&status, eni.attached_to()) {
+            (EniStatus::Available, _) => {
+                if detach_sent {
+                    crash_point("cloud:after-detach");
+                }
+                return Ok(Some(eni));
+            }
+            (EniStatus::InUse, Some(instance)) if !detach_sent => {
+                crash_point("cloud:before-detach");
+                api.set_attachment(Attachment::Detach, eni_id, instance, &token)
+                    .await?;
+                detach_sent = true;
+                tracing::info!(eni = eni_id, instance, "detach requested");
+            }
+            _ => {}
+        }
+        if !poll.wait().await {
+            return Err(timed_out(eni_id, "be detached", &status.to_string(), limit));
+        }
+    }
+}
+
+/// Deletes `eni_id` if, looked at again now, it is still `ours` and
+/// attached nowhere (it may have been attached since it was listed).
+pub(crate) async fn delete_checked(
+    api: &ApiClient,
+    eni_id: &str,
+    ours: impl Fn(&ApiEni) -> bool,
+) -> Result<Reaped, ProviderError> {
+    let eni = match api.get_eni(eni_id).await {
+        Ok(e) => e,
+        Err(e) if e.is_not_found() => return Ok(Reaped::Gone),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(spared) =
+        spared_on_second_look(ours(&eni), "marked", is_unattached(&eni), eni.status())
+    {
+        return Ok(spared);
+    }
+    match api.delete_eni(eni_id, &client_token()).await {
+        Ok(()) => {
+            tracing::info!(eni = eni_id, "ENI deleted");
+            Ok(Reaped::Deleted)
+        }
+        // Someone else got there first.
+        Err(e) if e.is_not_found() => Ok(Reaped::Gone),
+        // Attached between our look and the delete.
+        Err(e) if e.is_conflict() => Ok(Reaped::Spared(format!("delete refused: {e}"))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Adds `ipv4` and `ipv6` new addresses to `eni_id`, cut to `per_eni`
+/// addresses of each family (its quota), in batches BCE takes; `before`
+/// and `lookup` are the ENI checked the caller's way, before and after: what is
+/// new in its listing is what was added, so a retried batch is not
+/// counted twice.
+pub(crate) async fn assign<F, Fut>(
+    api: &ApiClient,
+    eni_id: &str,
+    before: ApiEni,
+    (ipv4, ipv6): (usize, usize),
+    per_eni: usize,
+    lookup: F,
+) -> Result<Vec<IpAddr>, ProviderError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<ApiEni, ProviderError>>,
+{
+    let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
+    let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
+    if (want4, want6) != (ipv4, ipv6) {
+        tracing::info!(eni = eni_id, asked = ?(ipv4, ipv6), assigning = ?(want4, want6), per_eni, "assign cut to the ENI's private-IP quota");
+    }
+    assign_new(
+        eni_id,
+        before.non_primary_ips(),
+        (want4, want6),
+        |family, count| async move {
+            let mut left = count;
+            while left > 0 {
+                let n = left.min(PRIVATE_IP_BATCH_MAX);
+                api.batch_add_private_ips(eni_id, n, family == Family::V6, &client_token())
+                    .await?;
+                left -= n;
+            }
+            Ok(())
+        },
+        || async { Ok(lookup().await?.non_primary_ips()) },
+    )
+    .await
+}
+
+/// Gives those of `ips` back that `lookup` (the ENI checked the caller's
+/// way) still shows, in batches BCE takes; an ENI gone, or attached
+/// elsewhere, has none of the caller's.
+pub(crate) async fn unassign(
+    api: &ApiClient,
+    eni_id: &str,
+    ips: &[IpAddr],
+    lookup: Result<ApiEni, ProviderError>,
+) -> Result<(), ProviderError> {
+    let departed = |e: &ProviderError| match e {
+        ProviderError::UnknownEni(_) => Some(Departed::Gone),
+        ProviderError::OwnedByOther { .. } => Some(Departed::Elsewhere),
+        _ => None,
+    };
+    let lookup = lookup.map(|e| e.non_primary_ips());
+    // One family per call: the API takes either, mixing is not documented.
+    unassign_present(eni_id, ips, lookup, departed, |_, ips| async move {
+        for chunk in ips.chunks(PRIVATE_IP_BATCH_MAX) {
+            let strings: Vec<String> = chunk.iter().map(ToString::to_string).collect();
+            match api
+                .batch_del_private_ips(eni_id, &strings, &client_token())
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    })
+    .await
+}
