@@ -289,6 +289,18 @@ impl DataStore {
         eni_id: &str,
         shown: &[IpAddr],
     ) -> Result<SyncOutcome, DataStoreError> {
+        self.sync_eni_after(eni_id, shown, MISSING_CHECKS)
+    }
+
+    /// [`sync_eni`](Self::sync_eni) acting after `checks` checks in a row:
+    /// 1 for a provider whose listing is authoritative, not a lagging view
+    /// of the cloud (the cluster provider's spec).
+    pub fn sync_eni_after(
+        &mut self,
+        eni_id: &str,
+        shown: &[IpAddr],
+        checks: u8,
+    ) -> Result<SyncOutcome, DataStoreError> {
         let elsewhere: Vec<IpAddr> = self
             .enis
             .iter()
@@ -318,7 +330,7 @@ impl DataStore {
                 continue;
             }
             state.missing = state.missing.saturating_add(1);
-            if state.missing < MISSING_CHECKS {
+            if state.missing < checks {
                 continue;
             }
             if state.assigned_to.is_some() {
@@ -437,6 +449,14 @@ impl DataStore {
     }
 
     /// Whether any ENI has `ip`.
+    /// Every address in the store, held or free.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.enis
+            .values()
+            .flat_map(|e| e.addresses.keys().copied())
+            .collect()
+    }
+
     pub fn contains(&self, ip: &IpAddr) -> bool {
         self.enis.values().any(|e| e.addresses.contains_key(ip))
     }
@@ -653,6 +673,24 @@ mod tests {
             ds.sync_eni("eni-z", &shown),
             Err(DataStoreError::UnknownEni("eni-z".into()))
         );
+    }
+
+    #[test]
+    fn an_authoritative_listing_acts_on_the_first_check() {
+        let t0 = Instant::now();
+        let mut ds = store();
+        ds.add_address("eni-a", ip("10.0.0.12")).unwrap();
+        let held = ds.assign(&key("p"), false, t0).unwrap().ipv4.unwrap();
+        let out = ds.sync_eni_after("eni-a", &[ip("fd00::11")], 1).unwrap();
+        assert_eq!(out.lost, vec![held]);
+        assert_eq!(out.removed.len(), 1, "{out:?}");
+        let mut left = ds.addresses();
+        left.sort();
+        let mut want = vec![held, ip("fd00::11")];
+        want.sort();
+        assert_eq!(left, want, "the free IPv4 left at once; the held one stays");
+        ds.unassign(&key("p"), t0);
+        assert_eq!(ds.addresses(), vec![ip("fd00::11")], "dropped when freed");
     }
 
     #[test]
