@@ -90,3 +90,7 @@ pub(super) async fn apply(host: &HostEnis) -> Result<bool, EngineError> {
     host.report_stored();
     Ok(pending > 0)
 }
+
+#[cfg(test)]
+#[path = "feed_tests.rs"]
+mod tests;
