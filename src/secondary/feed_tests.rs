@@ -188,3 +188,25 @@ async fn listings_are_followed_and_the_provider_hears_what_is_held() {
     let served = feed.stored.lock().unwrap().clone().unwrap().enis;
     assert_eq!(served, ["eni-1", "eni-2"]);
 }
+
+#[test]
+fn an_authoritative_listing_acts_on_the_first_check() {
+    use crate::model::AttachmentKey;
+    use crate::secondary::datastore::DataStore;
+    let t0 = Instant::now();
+    let mut ds = DataStore::new(Duration::from_secs(30));
+    ds.add_eni("eni-a", 2).unwrap();
+    for a in ["10.0.0.11", "10.0.0.12", "fd00::11"] {
+        ds.add_address("eni-a", ip(a)).unwrap();
+    }
+    let key = AttachmentKey::of(&owner("p"));
+    let held = ds.assign(&key, false, t0).unwrap().ipv4.unwrap();
+    let out = ds.sync_eni_after("eni-a", &[ip("fd00::11")], 1).unwrap();
+    assert_eq!(out.lost, vec![held]);
+    assert_eq!(out.removed.len(), 1, "{out:?}");
+    let mut left = ds.addresses();
+    left.sort();
+    assert_eq!(left, [held, ip("fd00::11")], "the free IPv4 left at once");
+    ds.unassign(&key, t0);
+    assert_eq!(ds.addresses(), [ip("fd00::11")], "dropped when freed");
+}

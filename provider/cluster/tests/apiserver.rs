@@ -398,3 +398,81 @@ async fn the_api_server_going_away_costs_no_add_or_del_and_the_status_catches_up
     assert_eq!(v["node"], "node-c");
     assert_eq!(v["spec"]["enis"].as_array().map(Vec::len), Some(3));
 }
+
+/// Secondary mode: the agent's store reports through the address feed (as
+/// the secondary driver does); `used` names addresses, and a draining
+/// address is released once the store has let it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
+    let Some(cp) = control_plane() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let api = admin(&cp).await;
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let mut secondary = spec(&[1], &[]);
+    secondary.mode = Mode::Secondary;
+    secondary.enis[0].secondary_ips = vec![ip("10.1.1.11"), ip("10.1.1.12")];
+    operator_writes(&api, "node-s", secondary.clone()).await;
+
+    let config = ClusterConfig {
+        kubeconfig: Some(cp.admin_kubeconfig()),
+        cache: Some(dir.path().join("nrs.json")),
+        ..ClusterConfig::for_node("node-s")
+    };
+    let p = ClusterProvider::start(&config, Mode::Secondary)
+        .await
+        .unwrap();
+    wait_for_generation(&p, &api, "node-s").await;
+    let feed = p.address_feed().expect("secondary mode has a feed");
+    let mut changes = feed.changes();
+    let listed = p.list().await.unwrap();
+    assert_eq!(listed[0].secondary_ips, [ip("10.1.1.11"), ip("10.1.1.12")]);
+    feed.stored(enim_provider::StoredAddresses {
+        enis: vec!["eni-1".into()],
+        addresses: vec![ip("10.1.1.11"), ip("10.1.1.12")],
+    });
+    feed.held("eni-1", &[ip("10.1.1.11")], &pod("c1", "web"));
+    eventually(
+        "status.used names the pod's address",
+        Duration::from_secs(10),
+        || async {
+            status(&api, "node-s").await.is_some_and(|s| {
+                s.used.len() == 1
+                    && s.used[0].ip == Some(ip("10.1.1.11"))
+                    && s.used[0].pod_name == "web"
+                    && s.summary.available == 1
+            })
+        },
+    )
+    .await;
+
+    // The operator wants 10.1.1.12 back: it is no longer listed (the feed
+    // moves), and released once the store has dropped it.
+    secondary.draining = vec!["10.1.1.12".into()];
+    operator_writes(&api, "node-s", secondary).await;
+    tokio::time::timeout(Duration::from_secs(20), changes.changed())
+        .await
+        .expect("the feed moves on a new spec")
+        .unwrap();
+    assert_eq!(p.list().await.unwrap()[0].secondary_ips, [ip("10.1.1.11")]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = status(&api, "node-s").await.unwrap();
+    assert!(
+        st.released.is_empty(),
+        "still in the store: {:?}",
+        st.released
+    );
+    feed.stored(enim_provider::StoredAddresses {
+        enis: vec!["eni-1".into()],
+        addresses: vec![ip("10.1.1.11")],
+    });
+    eventually(
+        "the drained address is released",
+        Duration::from_secs(10),
+        || async {
+            status(&api, "node-s")
+                .await
+                .is_some_and(|s| s.released == ["10.1.1.12"])
+        },
+    )
+    .await;
+}
