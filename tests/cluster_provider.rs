@@ -21,6 +21,12 @@ fn spec_enis(sb: &Sandbox) -> Value {
     sb.enis
         .iter()
         .map(|e| {
+            let secondary: Vec<String> = e
+                .secondary_ipv4
+                .iter()
+                .map(|ip| ip.to_string())
+                .chain(e.secondary_ipv6.iter().map(|ip| ip.to_string()))
+                .collect();
             json!({
                 "id": e.id,
                 "mac": e.mac.to_string(),
@@ -29,22 +35,25 @@ fn spec_enis(sb: &Sandbox) -> Value {
                 "ipv6": e.ipv6.map(|n| n.to_string()),
                 "gateway6": e.gateway6.map(|g| g.to_string()),
                 "mtu": e.mtu,
+                "deviceIndex": e.device_index,
+                "secondaryIps": secondary,
             })
         })
         .collect()
 }
 
 /// Writes the node's NetResourceSet under the operator's field manager.
-fn operator_writes(cp: &ControlPlane, dir: &Path, enis: Value) {
+fn operator_writes(cp: &ControlPlane, dir: &Path, mode: &str, enis: Value, draining: &[&str]) {
     let nrs = json!({
         "apiVersion": "enim.io/v1alpha1",
         "kind": "NetResourceSet",
         "metadata": { "name": NODE },
         "spec": {
             "instance": { "provider": "static", "id": "i-e2e" },
-            "mode": "primary",
+            "mode": mode,
             "watermarks": { "preAllocate": 0, "minAllocate": 0, "maxAboveWatermark": 0 },
             "enis": enis,
+            "draining": draining,
         },
     });
     let file = dir.join("nrs.json");
@@ -58,6 +67,58 @@ fn operator_writes(cp: &ControlPlane, dir: &Path, enis: Value) {
         "-f",
         &path,
     ]);
+}
+
+/// A control plane with the committed CRD established, or `None`.
+fn control_plane() -> Option<ControlPlane> {
+    let cp = ControlPlane::start()?;
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/05-crd-netresourceset.yaml");
+    cp.apply(&std::fs::read_to_string(crd).unwrap());
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/netresourcesets.enim.io",
+    ]);
+    Some(cp)
+}
+
+/// A ready enimd with the cluster provider for [`NODE`], in this
+/// namespace (it reaches the API server on loopback) with its ENIs in the
+/// sandbox's host netns; `extra` goes into the top-level table.
+fn start_enimd(cp: &ControlPlane, sb: &Sandbox, dir: &Path, extra: &str) -> Agent {
+    let paths = AgentPaths::in_dir(dir);
+    let config = format!(
+        "socket = {socket:?}\ncheckpoint = {checkpoint:?}\nhost_netns = {netns:?}\n{extra}\n\
+         [provider]\ntype = \"cluster\"\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\n",
+        socket = paths.socket.display().to_string(),
+        checkpoint = paths.checkpoint.display().to_string(),
+        netns = sb.host.path().display().to_string(),
+        kc = cp.admin_kubeconfig().display().to_string(),
+    );
+    std::fs::write(&paths.config, config).unwrap();
+    let mut agent = Agent::new(bins(), paths);
+    agent.ready_timeout = Duration::from_secs(30);
+    agent.restart();
+    agent
+}
+
+/// ADDs `cid` into `pod` until it succeeds (the spec comes over the
+/// watch, GC frees a quarantined ENI: meanwhile "try again later").
+fn add_eventually(pod: &NamedNetns, cid: &str, conf: &Value) -> Value {
+    let mut result = None;
+    eventually(
+        &format!("ADD {cid} succeeds"),
+        Duration::from_secs(20),
+        || {
+            result = enim("ADD", cid, Some(&pod.path()), "eth0", conf)
+                .result("ADD")
+                .ok()
+                .flatten();
+            result.is_some()
+        },
+    );
+    result.unwrap()
 }
 
 fn status(cp: &ControlPlane) -> Value {
@@ -95,54 +156,21 @@ fn used(status: &Value) -> Vec<String> {
 #[test]
 fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
     require_kernel!();
-    let Some(cp) = ControlPlane::start() else {
+    let Some(cp) = control_plane() else {
         return;
     };
-    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/05-crd-netresourceset.yaml");
-    cp.apply(&std::fs::read_to_string(crd).unwrap());
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/netresourcesets.enim.io",
-    ]);
-
     let sb = Sandbox::new(2);
     // ENI 1 is attached (in the spec) but its device is not on the node
     // yet, as right after the operator attached it.
     sb.host.ip(&["link", "del", "eni1"]);
     let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
     let dir = tempfile::tempdir().unwrap();
-    operator_writes(&cp, dir.path(), spec_enis(&sb));
-
-    let paths = AgentPaths::in_dir(dir.path());
-    let config = format!(
-        "socket = {socket:?}\ncheckpoint = {checkpoint:?}\nhost_netns = {netns:?}\n\
-         gc_interval = \"1s\"\ngc_grace = \"0s\"\n\
-         [provider]\ntype = \"cluster\"\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\n",
-        socket = paths.socket.display().to_string(),
-        checkpoint = paths.checkpoint.display().to_string(),
-        netns = sb.host.path().display().to_string(),
-        kc = cp.admin_kubeconfig().display().to_string(),
-    );
-    std::fs::write(&paths.config, config).unwrap();
-    let mut agent = Agent::new(bins(), paths);
-    agent.ready_timeout = Duration::from_secs(30);
-    agent.restart();
+    operator_writes(&cp, dir.path(), "primary", spec_enis(&sb), &[]);
+    let extra = "gc_interval = \"1s\"\ngc_grace = \"0s\"";
+    let mut agent = start_enimd(&cp, &sb, dir.path(), extra);
     let conf = agent.net_conf("1.1.0");
 
-    // The spec arrives over the watch; until then ADD says "try again".
-    let mut first = None;
-    eventually(
-        "an ADD gets an ENI of the spec",
-        Duration::from_secs(20),
-        || {
-            let out = enim("ADD", "c1", Some(&pods[0].path()), "eth0", &conf);
-            first = out.result("ADD").ok().flatten();
-            first.is_some()
-        },
-    );
-    let first = first.unwrap();
+    let first = add_eventually(&pods[0], "c1", &conf);
     assert_eq!(first["interfaces"][0]["mac"], sb.enis[0].mac.to_string());
     assert_eq!(first["ips"][0]["address"], "10.77.0.10/24");
     assert!(pods[0].exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
@@ -166,22 +194,8 @@ fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
 
     // Its device shows up: GC frees it and the next ADD gets it.
     sb.plug_eni(1);
-    let mut second = None;
-    eventually(
-        "the late ENI is handed out",
-        Duration::from_secs(15),
-        || {
-            second = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf)
-                .result("ADD")
-                .ok()
-                .flatten();
-            second.is_some()
-        },
-    );
-    assert_eq!(
-        second.unwrap()["interfaces"][0]["mac"],
-        sb.enis[1].mac.to_string()
-    );
+    let second = add_eventually(&pods[1], "c2", &conf);
+    assert_eq!(second["interfaces"][0]["mac"], sb.enis[1].mac.to_string());
     eventually(
         "both pods in status, nothing quarantined",
         Duration::from_secs(10),
@@ -198,5 +212,61 @@ fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
         used(&status(&cp)).is_empty()
     });
     sb.assert_all_home();
+    agent.stop();
+}
+
+/// Secondary mode: the addresses come from the spec (no cloud verb), the
+/// status names the pod's address, and drained addresses are handed back
+/// once no pod holds them, and never handed out again.
+#[test]
+fn enimd_in_secondary_mode_serves_spec_addresses_and_hands_back_drained_ones() {
+    require_kernel!();
+    let Some(cp) = control_plane() else {
+        return;
+    };
+    let mut sb = Sandbox::new(1);
+    sb.enis = sb.enis_with_secondaries(&[2], false);
+    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+    let dir = tempfile::tempdir().unwrap();
+    operator_writes(&cp, dir.path(), "secondary", spec_enis(&sb), &[]);
+    let extra = "mode = \"secondary\"\n[secondary]\ncooldown = \"0s\"";
+    let mut agent = start_enimd(&cp, &sb, dir.path(), extra);
+    let conf = agent.net_conf("1.1.0");
+
+    let result = add_eventually(&pods[0], "c1", &conf);
+    assert_eq!(result["ips"][0]["address"], "10.77.0.11/32");
+    assert!(pods[0].exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
+    eventually(
+        "status.used names the pod's address",
+        Duration::from_secs(10),
+        || {
+            let st = status(&cp);
+            st["used"][0]["ip"] == "10.77.0.11"
+                && st["used"][0]["podName"] == "pod-c1"
+                && st["summary"]["available"] == 1
+        },
+    );
+
+    // Both addresses drained: the free one is released at once, the held
+    // one once its pod has gone; neither is handed out meanwhile.
+    let both = ["10.77.0.11", "10.77.0.12"];
+    operator_writes(&cp, dir.path(), "secondary", spec_enis(&sb), &both);
+    eventually(
+        "the free drained address is released",
+        Duration::from_secs(10),
+        || status(&cp)["released"] == json!(["10.77.0.12"]),
+    );
+    let msg = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
+    assert!(msg.contains("no free address"), "{msg}");
+    enim("DEL", "c1", Some(&pods[0].path()), "eth0", &conf).ok();
+    eventually(
+        "the held one is released once its pod went",
+        Duration::from_secs(10),
+        || {
+            let st = status(&cp);
+            st["released"] == json!(both) && used(&st).is_empty()
+        },
+    );
+    enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
     agent.stop();
 }
