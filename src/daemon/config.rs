@@ -45,6 +45,9 @@ pub enum ProviderConfig {
     Bce(Box<enim_provider_bce::BceConfig>),
     /// EC2 ENIs kept warm by the pool (README: "AWS provider").
     Aws(Box<enim_provider_aws::AwsConfig>),
+    /// The ENIs (secondary mode: addresses) the node's NetResourceSet
+    /// lists, allocated by enim-operator; no cloud credentials here.
+    Cluster(Box<enim_provider_cluster::ClusterConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +172,9 @@ impl Config {
         })?;
         let invalid = |e: &dyn std::fmt::Display| ConfigError::Invalid(e.to_string());
         config.secondary.validate().map_err(|e| invalid(&e))?;
+        if let ProviderConfig::Cluster(cluster) = &config.provider {
+            cluster.validate().map_err(|e| invalid(&e))?;
+        }
         config.host_path.validate().map_err(|e| invalid(&e))?;
         if config
             .host_path
@@ -289,6 +295,44 @@ mod tests {
         assert_eq!(aws.imds_endpoint, "http://169.254.169.254");
         assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
         assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn cluster_provider_config() {
+        let c = Config::parse("[provider]\ntype = \"cluster\"\n").unwrap();
+        let ProviderConfig::Cluster(cluster) = &c.provider else {
+            panic!("not cluster: {:?}", c.provider);
+        };
+        assert_eq!(cluster.node_name, None, "NODE_NAME at start");
+        assert_eq!(cluster.kubeconfig, None, "in-cluster");
+        assert_eq!(cluster.cache, None, "beside the checkpoint");
+        assert_eq!(cluster.status_debounce, Duration::from_millis(200));
+        let c = Config::parse(
+            "mode = \"secondary\"\n[provider]\ntype = \"cluster\"\nnode_name = \"node-1\"\n\
+             kubeconfig = \"/etc/enim/kubeconfig\"\ncache = \"/var/lib/enim/nrs.json\"\n\
+             status_debounce = \"50ms\"\n",
+        )
+        .unwrap();
+        let ProviderConfig::Cluster(cluster) = &c.provider else {
+            panic!("not cluster: {:?}", c.provider);
+        };
+        assert_eq!(cluster.node_name.as_deref(), Some("node-1"));
+        assert_eq!(
+            cluster.kubeconfig,
+            Some(PathBuf::from("/etc/enim/kubeconfig"))
+        );
+        assert_eq!(cluster.cache, Some(PathBuf::from("/var/lib/enim/nrs.json")));
+        assert_eq!(cluster.status_debounce, Duration::from_millis(50));
+        for (bad, says) in [
+            ("node_name = \"Node_1\"\n", "not a valid Node name"),
+            ("status_debounce = \"1m\"\n", "status_debounce"),
+            ("nodename = \"n\"\n", "unknown field"),
+        ] {
+            let e = Config::parse(&format!("[provider]\ntype = \"cluster\"\n{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

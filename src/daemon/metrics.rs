@@ -324,6 +324,10 @@ impl EniProvider for MeteredProvider {
         Some(self)
     }
 
+    fn address_feed(&self) -> Option<&dyn enim_provider::AddressFeed> {
+        self.inner.address_feed()
+    }
+
     fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
         self.inner.statistics()
     }

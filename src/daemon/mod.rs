@@ -72,18 +72,29 @@ pub async fn build_provider(
         ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
         ProviderConfig::Bce(bce) => enim_provider_bce::build(bce, role).await,
         ProviderConfig::Aws(aws) => enim_provider_aws::build(aws, role).await,
+        ProviderConfig::Cluster(cluster) => {
+            let mode = match mode {
+                config::Mode::Primary => enim_provider_cluster::Mode::Primary,
+                config::Mode::Secondary => enim_provider_cluster::Mode::Secondary,
+            };
+            enim_provider_cluster::build(cluster, mode).await
+        }
     }
 }
 
 /// The provider's config with what enimd fills in: BCE's ENI id cache
-/// beside the checkpoint unless set.
+/// and the cluster provider's spec cache beside the checkpoint unless set.
 fn provider_config(config: &Config) -> ProviderConfig {
     let mut provider = config.provider.clone();
-    if let ProviderConfig::Bce(bce) = &mut provider {
-        if bce.eni_id_cache.is_none() {
-            let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
+    let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
+    match &mut provider {
+        ProviderConfig::Bce(bce) if bce.eni_id_cache.is_none() => {
             bce.eni_id_cache = Some(dir.join("bce-eni-ids.json"));
         }
+        ProviderConfig::Cluster(cluster) if cluster.cache.is_none() => {
+            cluster.cache = Some(dir.join(enim_provider_cluster::CACHE_FILE));
+        }
+        _ => {}
     }
     provider
 }

@@ -41,6 +41,16 @@ impl AttachmentKey {
             ifname: owner.ifname.clone(),
         }
     }
+
+    /// The owner with this identity (no pod metadata).
+    pub fn owner(&self) -> enim_provider::EniOwner {
+        enim_provider::EniOwner {
+            network: self.network.clone(),
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+            pod: enim_provider::PodRef::default(),
+        }
+    }
 }
 
 /// Where an attachment stands. Intent phases are written before the kernel

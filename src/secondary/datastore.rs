@@ -289,6 +289,18 @@ impl DataStore {
         eni_id: &str,
         shown: &[IpAddr],
     ) -> Result<SyncOutcome, DataStoreError> {
+        self.sync_eni_after(eni_id, shown, MISSING_CHECKS)
+    }
+
+    /// [`sync_eni`](Self::sync_eni) acting after `checks` checks in a row:
+    /// 1 for a provider whose listing is authoritative, not a lagging view
+    /// of the cloud (the cluster provider's spec).
+    pub fn sync_eni_after(
+        &mut self,
+        eni_id: &str,
+        shown: &[IpAddr],
+        checks: u8,
+    ) -> Result<SyncOutcome, DataStoreError> {
         let elsewhere: Vec<IpAddr> = self
             .enis
             .iter()
@@ -318,7 +330,7 @@ impl DataStore {
                 continue;
             }
             state.missing = state.missing.saturating_add(1);
-            if state.missing < MISSING_CHECKS {
+            if state.missing < checks {
                 continue;
             }
             if state.assigned_to.is_some() {
@@ -437,6 +449,14 @@ impl DataStore {
     }
 
     /// Whether any ENI has `ip`.
+    /// Every address in the store, held or free.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.enis
+            .values()
+            .flat_map(|e| e.addresses.keys().copied())
+            .collect()
+    }
+
     pub fn contains(&self, ip: &IpAddr) -> bool {
         self.enis.values().any(|e| e.addresses.contains_key(ip))
     }
@@ -734,7 +754,7 @@ mod tests {
     }
 
     fn addr(a: u8) -> IpAddr {
-        if a % 2 == 0 {
+        if a.is_multiple_of(2) {
             IpAddr::from([10, 0, 0, a])
         } else {
             format!("fd00::{a}").parse().unwrap()

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use enim_provider::{EniOwner, EniProvider, ProviderError};
 
 use super::datastore::{DataStore, DataStoreError};
+use super::feed::FollowFeed;
 use super::host::{HostEni, HostEnis, Skipped};
 use super::plumbing::{PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::warm::{self, WarmIps};
@@ -36,6 +37,9 @@ pub struct SecondaryDriver {
     /// The warm address pool's loop, started at restore when the provider
     /// can assign addresses.
     pool: std::sync::OnceLock<WarmIps>,
+    /// The loop following a provider whose addresses are decided outside
+    /// the agent, started at restore.
+    follow: std::sync::OnceLock<FollowFeed>,
 }
 
 /// The driver's own methods and the pool share the host side.
@@ -76,6 +80,7 @@ impl SecondaryDriver {
             host: Arc::new(HostEnis::new(config, provider, plumbing, exclusions)),
             checkpoint,
             pool: std::sync::OnceLock::new(),
+            follow: std::sync::OnceLock::new(),
         })
     }
 
@@ -103,6 +108,11 @@ impl SecondaryDriver {
         self.store().unassign(key, Instant::now());
         if let Some(pool) = self.pool.get() {
             pool.served(key);
+        }
+        if let Some(feed) = self.provider.address_feed() {
+            feed.freed(&key.owner());
+            // A freed address the listing no longer shows left the store.
+            self.report_stored();
         }
     }
 
@@ -248,7 +258,10 @@ impl Driver for SecondaryDriver {
                 }
             }
         }
-        let can_grow = self.provider.secondary_ips().is_some();
+        // Addresses from outside (a feed) may come later: an empty store
+        // is not an error then either.
+        let can_grow =
+            self.provider.secondary_ips().is_some() || self.provider.address_feed().is_some();
         if store.stats(Instant::now()).total == 0 && !can_grow {
             // A secondary-mode node with nothing to hand out is a config
             // error, not an empty pool that fails every pod.
@@ -270,13 +283,20 @@ impl Driver for SecondaryDriver {
             if let Err(e) = store.restore(&record.key, &record.eni_id, &record.ips()) {
                 tracing::warn!(key = %record.key, error = %e, "record's address is not in the store; kept as it is");
             }
+            if let Some(feed) = self.provider.address_feed() {
+                feed.held(&record.eni_id, &record.ips(), &record.owner());
+            }
         }
         self.replace(store, enis);
-        if can_grow {
-            if let Some(ips) = self.provider.secondary_ips() {
-                warm::check_limits(ips, self.provider.name()).await?;
-            }
+        if let Some(ips) = self.provider.secondary_ips() {
+            warm::check_limits(ips, self.provider.name()).await?;
             let _ = self.pool.get_or_init(|| WarmIps::start(self.host.clone()));
+        }
+        if self.follow.get().is_none() {
+            self.report_stored();
+            if let Some(follow) = FollowFeed::start(self.host.clone()) {
+                let _ = self.follow.set(follow);
+            }
         }
         Ok(())
     }
@@ -303,6 +323,15 @@ impl Driver for SecondaryDriver {
             }
         }
         let assignment = assigned?;
+        if let Some(feed) = self.provider.address_feed() {
+            let ips: Vec<IpAddr> = assignment
+                .ipv4
+                .iter()
+                .chain(&assignment.ipv6)
+                .copied()
+                .collect();
+            feed.held(&assignment.eni_id, &ips, owner);
+        }
         let Some(eni) = self.host_eni(&assignment.eni_id) else {
             // Cannot happen: the store only holds host ENIs.
             store.unassign(&key, Instant::now());

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, MutexGuard, RwLock};
 
-use enim_provider::{Eni, EniProvider, MacAddr, ProviderError};
+use enim_provider::{Eni, EniProvider, MacAddr, ProviderError, StoredAddresses};
 use ipnet::Ipv4Net;
 
 use super::datastore::{DataStore, DataStoreError};
@@ -284,6 +284,58 @@ impl HostEnis {
         Self::take_in(&mut store, &mut enis, host, &addresses)?;
         tracing::info!(eni = %eni.id, addresses = addresses.len(), "host ENI joined the address pool");
         Ok(true)
+    }
+
+    /// Takes in every listed ENI not serving yet. Returns how many could
+    /// not be, excluded ones aside: their devices are not in the host yet.
+    pub(super) async fn take_in_listed(&self, listed: &[Eni]) -> Result<usize, EngineError> {
+        let mut pending = 0;
+        for eni in listed {
+            if self.host_eni(&eni.id).is_none() && !self.add(eni).await? {
+                pending += usize::from(!self.exclusions().is_excluded(eni));
+            }
+        }
+        Ok(pending)
+    }
+
+    /// Brings the store in line with the provider's listing: addresses
+    /// assigned or unassigned from outside, ENIs gone (see
+    /// [`DataStore::sync_eni_after`]; `checks`: misses in a row before a
+    /// listing's silence counts).
+    pub(super) fn sync_listed(&self, listed: &[Eni], checks: u8) -> Result<(), EngineError> {
+        let exclusions = self.exclusions();
+        for host in self.host_enis() {
+            let shown = listed
+                .iter()
+                .find(|e| e.id == host.id)
+                .map(|e| self.offered(e, &host, &exclusions))
+                .unwrap_or_default();
+            let out = self.store().sync_eni_after(&host.id, &shown, checks)?;
+            if !out.added.is_empty() {
+                tracing::info!(eni = %host.id, added = ?out.added, "addresses assigned from outside joined the pool");
+            }
+            if !out.removed.is_empty() {
+                tracing::warn!(eni = %host.id, removed = ?out.removed, "free addresses unassigned from outside left the pool");
+            }
+            if !out.lost.is_empty() {
+                tracing::error!(eni = %host.id, lost = ?out.lost, "addresses pods hold were unassigned from outside; kept for the pods, dropped when they go");
+            }
+            if !listed.iter().any(|e| e.id == host.id) && self.remove_if_unused(&host.id) {
+                tracing::warn!(eni = %host.id, "host ENI gone from the provider; no longer used");
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the provider's address feed, if it has one, what the store
+    /// holds now.
+    pub(super) fn report_stored(&self) {
+        let Some(feed) = self.provider.address_feed() else {
+            return;
+        };
+        let enis = self.host_enis().into_iter().map(|e| e.id).collect();
+        let addresses = self.store().addresses();
+        feed.stored(StoredAddresses { enis, addresses });
     }
 
     /// Drops a host ENI the provider no longer lists once none of its

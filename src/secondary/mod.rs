@@ -8,6 +8,8 @@
 //! - [`host`]: the host ENIs and the store, shared by the driver and the
 //!   pool.
 //! - [`warm`]: the warm address pool on a cloud (assign, attach, release).
+//! - [`feed`]: addresses decided outside the agent (the cluster provider),
+//!   followed as they change.
 //!
 //! Kernel layout for a pod holding `P` on an ENI with device index `d`:
 //! - ENI renamed to `<eni_name_prefix><d>`, up, its MTU, rp_filter loose;
@@ -25,6 +27,7 @@ pub mod datastore;
 pub mod driver;
 #[cfg(test)]
 pub mod fake;
+pub mod feed;
 pub mod host;
 pub mod plumbing;
 pub mod warm;

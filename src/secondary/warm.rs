@@ -27,7 +27,7 @@ use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
-use super::datastore::{DataStoreError, EniUsage};
+use super::datastore::{DataStoreError, EniUsage, MISSING_CHECKS};
 use super::host::HostEnis;
 use crate::engine::EngineError;
 use crate::model::AttachmentKey;
@@ -385,14 +385,10 @@ impl Shared {
         self.host.note_listed(&listed);
         // ENIs listed but not serving yet (attached by the pool, or from
         // outside): taken in first, so they are never attached twice.
-        let mut pending = 0;
-        for eni in &listed {
-            if self.host.host_eni(&eni.id).is_none() && !self.host.add(eni).await? {
-                pending += usize::from(!self.host.exclusions().is_excluded(eni));
-            }
-        }
+        let pending = self.host.take_in_listed(&listed).await?;
         if drift {
-            self.check_drift(&listed)?;
+            // Metadata may lag an assign: act on a miss seen twice.
+            self.host.sync_listed(&listed, MISSING_CHECKS)?;
         }
         let limits = ips.address_limits().await?;
         for _ in 0..MAX_STEPS_PER_ROUND {
@@ -489,35 +485,6 @@ impl Shared {
             }
         }
         tracing::info!(eni = %eni_id, added = ?ips, "addresses joined the pool");
-    }
-
-    /// Compares the store with the provider's view: addresses assigned or
-    /// unassigned from outside, and ENIs gone (see [`DataStore::sync_eni`]).
-    ///
-    /// [`DataStore::sync_eni`]: super::datastore::DataStore::sync_eni
-    fn check_drift(&self, listed: &[enim_provider::Eni]) -> Result<(), EngineError> {
-        let exclusions = self.host.exclusions();
-        for host in self.host.host_enis() {
-            let shown = listed
-                .iter()
-                .find(|e| e.id == host.id)
-                .map(|e| self.host.offered(e, &host, &exclusions))
-                .unwrap_or_default();
-            let out = self.host.store().sync_eni(&host.id, &shown)?;
-            if !out.added.is_empty() {
-                tracing::info!(eni = %host.id, added = ?out.added, "addresses assigned from outside joined the pool");
-            }
-            if !out.removed.is_empty() {
-                tracing::warn!(eni = %host.id, removed = ?out.removed, "free addresses unassigned from outside left the pool");
-            }
-            if !out.lost.is_empty() {
-                tracing::error!(eni = %host.id, lost = ?out.lost, "addresses pods hold were unassigned from outside; kept for the pods, dropped when they go");
-            }
-            if !listed.iter().any(|e| e.id == host.id) && self.host.remove_if_unused(&host.id) {
-                tracing::warn!(eni = %host.id, "host ENI gone from the provider; no longer used");
-            }
-        }
-        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use enim_provider::{Eni, EniOwner, MacAddr, PodRef};
 use serde::{Deserialize, Serialize};
 
 /// The network name of the reserved owner that holds excluded ENIs.
-pub const EXCLUDED_NETWORK: &str = "enim.io/excluded";
+pub use enim_provider::reserved::EXCLUDED_NETWORK;
 
 /// What the config excludes (`[exclude]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +82,7 @@ pub enum Reservation {
 }
 
 /// The network name of the reserved owner of quarantined ENIs.
-pub const MISSING_NETWORK: &str = "enim.io/missing";
+pub use enim_provider::reserved::MISSING_NETWORK;
 
 impl Reservation {
     fn network(self) -> &'static str {

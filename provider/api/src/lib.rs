@@ -299,6 +299,17 @@ pub trait EniProvider: Send + Sync {
         None
     }
 
+    /// Secondary mode with addresses decided outside the agent (the
+    /// cluster provider's NetResourceSet): the agent follows what [`list`]
+    /// shows as it changes and reports what it holds. `None` (the
+    /// default): addresses change only through [`secondary_ips`], if at all.
+    ///
+    /// [`list`]: EniProvider::list
+    /// [`secondary_ips`]: EniProvider::secondary_ips
+    fn address_feed(&self) -> Option<&dyn AddressFeed> {
+        None
+    }
+
     /// Warm-pool statistics, for providers that keep a pool.
     fn statistics(&self) -> Option<PoolStatistics> {
         None
@@ -379,6 +390,44 @@ pub trait SecondaryIps: Send + Sync {
     /// addresses are served to pods) and returns it once the instance
     /// shows it, with its device index.
     async fn attach_eni(&self) -> Result<Eni, ProviderError>;
+}
+
+/// Secondary mode's addresses from outside the agent. The agent re-reads
+/// [`EniProvider::list`] whenever [`changes`](AddressFeed::changes) moves
+/// and applies it to its address store: new addresses join free, free ones
+/// no longer listed leave at once, held ones stay with their pods. It tells
+/// the provider who holds what, so the provider can report it and knows
+/// when an address it stopped listing can never be handed out again.
+pub trait AddressFeed: Send + Sync {
+    /// Moves whenever what `list` shows may have changed.
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// `owner` now holds `ips` of ENI `eni_id` (an ADD, or at start a
+    /// record of the agent's checkpoint).
+    fn held(&self, eni_id: &str, ips: &[IpAddr], owner: &EniOwner);
+    /// `owner` holds no address any more.
+    fn freed(&self, owner: &EniOwner);
+    /// The agent's store after it applied a listing, or freed an address:
+    /// an address not in it is handed out only if a later listing shows it
+    /// again.
+    fn stored(&self, store: StoredAddresses);
+}
+
+/// What the agent's secondary-mode address store holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredAddresses {
+    /// The host ENIs it serves from (set up in the kernel).
+    pub enis: Vec<String>,
+    /// Every address it may hand out or has handed out.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// The network names of the owners under which the agent holds ENIs for
+/// itself rather than for a pod (src/support/exclusion.rs: reservations).
+pub mod reserved {
+    /// Excluded by config, or the node's primary interface.
+    pub const EXCLUDED_NETWORK: &str = "enim.io/excluded";
+    /// Quarantined: the ENI's device is not in the host.
+    pub const MISSING_NETWORK: &str = "enim.io/missing";
 }
 
 /// A warm pool's state in cilium's and CCE's IPAM terms: ENIs in use, free, still to
