@@ -22,4 +22,7 @@
 //! backends (through [`enim_provider::fleet::FleetCloud`]); never the
 //! agent.
 
+pub mod allocator;
+pub mod config;
+pub mod index;
 pub mod store;
