@@ -26,3 +26,5 @@ pub mod allocator;
 pub mod config;
 pub mod index;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -31,7 +31,7 @@ use crate::store::{NodeInfo, SetInfo};
 mod plan;
 mod provider_id;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use plan::plan;
 pub use provider_id::instance_of;

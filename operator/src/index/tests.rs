@@ -36,7 +36,7 @@ pub(super) fn policy(mode: Mode) -> Policy {
     }
 }
 
-pub(super) fn node(name: &str) -> NodeInfo {
+pub(crate) fn node(name: &str) -> NodeInfo {
     NodeInfo {
         name: name.into(),
         uid: format!("uid-{name}"),
