@@ -151,7 +151,7 @@ struct Node {
 }
 
 /// A churn pod: its arrival and its task.
-type ChurnPod = (Instant, JoinHandle<PodResult>);
+pub type ChurnPod = (Instant, JoinHandle<PodResult>);
 
 struct Sim {
     account: Arc<Account>,

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cloud::{paused_runtime, Account, Counts, SimFleet};
-use super::fleet::{pod_stats, start_bounds, FleetCfg, PodStats};
+use super::fleet::{pod_stats, start_bounds, ChurnPod, FleetCfg, PodStats};
 use super::pods::{Ledger, PodResult, Retry};
 use super::rng::Rng;
 use crate::stats::{summarize, Summary};
@@ -251,7 +251,7 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
 
     // 3. Churn, running on until the start-up is done.
     let churn_stop = Arc::new(AtomicBool::new(false));
-    let churn_pods: Arc<Mutex<Vec<(Instant, JoinHandle<PodResult>)>>> = Arc::default();
+    let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
     let mut drivers = Vec::new();
     for &i in &first {
         let (store, ledger, stop, out) = (
