@@ -39,7 +39,7 @@ for a in "$@"; do
     sim_only=true
     IFS=, read -ra picked <<<"$a"
     for p in "${picked[@]}"; do
-      case "$p" in burst|fleet) ;; *) sim_only=false ;; esac
+      case "$p" in burst|fleet|operator) ;; *) sim_only=false ;; esac
     done
   fi
   prev=$a

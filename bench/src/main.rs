@@ -17,6 +17,7 @@
 mod agent;
 mod exec;
 mod floor;
+mod heap;
 mod phases;
 mod report;
 mod sandbox;
@@ -25,6 +26,10 @@ mod stats;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Counts the heap, for the operator simulation's memory figure.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
 
 pub type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 

@@ -97,9 +97,10 @@ impl Method {
 /// start-up and idle memory are measured whatever is picked, unless only
 /// the simulations (`burst`, `fleet`: `crate::sim`, no root or sandbox)
 /// are picked; they run first.
-pub const PHASES: [&str; 9] = [
+pub const PHASES: [&str; 10] = [
     "burst",
     "fleet",
+    "operator",
     "api",
     "latency",
     "throughput",

@@ -10,10 +10,12 @@
 //!   [`index`], [`plan`](index::plan) and run the tasks neediest first on
 //!   a bounded number of workers, each cloud call behind its API class's
 //!   token bucket; spec writes go through [`store::Store`].
-//! - [`reaper`]: leaked ENIs (tagged for the cluster, attached nowhere,
-//!   older than the cooldown) and the ENIs of deleted nodes.
 //! - [`index`]: the cluster as the operator sees it, and `plan`, a pure
-//!   function from it to tasks. No I/O: unit tests feed it objects.
+//!   function from it to tasks, reaping included (leaked ENIs: tagged for
+//!   the cluster, attached nowhere, older than the cooldown; the ENIs of
+//!   deleted nodes after their grace). No I/O: unit tests feed it objects.
+//! - [`config`] (the policy) and [`setup`] (the config file and the cloud
+//!   it names).
 //! - [`store`]: the operator's only way to write: the interface the
 //!   allocator writes through, implemented by the runtime (kube) and by
 //!   the bench's fleet simulation (in memory).
@@ -22,5 +24,11 @@
 //! backends (through [`enim_provider::fleet::FleetCloud`]); never the
 //! agent.
 
+pub mod allocator;
+pub mod config;
+pub mod index;
 pub mod runtime;
+pub mod setup;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

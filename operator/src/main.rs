@@ -1,4 +1,100 @@
-fn main() {
-    eprintln!("enim-operator: being built");
-    std::process::exit(2);
+//! `enim-operator`: see the crate's documentation (src/lib.rs) and the
+//! README's "The control plane".
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use std::sync::Arc;
+
+use enim_operator::allocator::Allocator;
+use enim_operator::runtime::{self, RuntimeConfig};
+use enim_operator::setup;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// enim's control plane: one NetResourceSet per node, every cloud call of
+/// the cluster made here.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// The operator's TOML config: `[operator]` (policy) and `[cloud]`.
+    #[arg(long, default_value = "/etc/enim/operator.toml")]
+    config: PathBuf,
+    /// The namespace of the leader Lease (the downward API's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "enim-system")]
+    namespace: String,
+    /// This replica's identity in the Lease (the downward API's pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: String,
+    #[arg(long, default_value = "enim-operator")]
+    lease_name: String,
+    /// A leader that has not renewed for this long loses the lease.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// The leader renews this long before its lease would expire.
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    lease_grace: Duration,
+    /// `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, default_value = "0.0.0.0:9470")]
+    health_addr: SocketAddr,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("enim-operator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let file = setup::load(&args.config).map_err(|e| e.to_string())?;
+    let cloud = setup::connect(&file.cloud)
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("Kubernetes client: {e}"))?;
+    let rt = RuntimeConfig {
+        namespace: args.namespace,
+        lease_name: args.lease_name,
+        identity: args.identity,
+        lease_duration: args.lease_duration,
+        lease_grace: args.lease_grace,
+        resync_interval: file.operator.resync_interval,
+        debounce: Duration::from_millis(500),
+        health_addr: args.health_addr,
+    };
+    let policy = file.operator;
+    runtime::run(rt, client, move |store| {
+        let allocator = Allocator::new(cloud, store, policy).map_err(|e| e.to_string())?;
+        Ok(Arc::new(allocator) as Arc<dyn runtime::Resync>)
+    })
+    .await
+    .map_err(|e| e.to_string())
 }

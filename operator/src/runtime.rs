@@ -412,3 +412,29 @@ async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
         tracing::error!(error = %e, "health endpoint stopped");
     }
 }
+
+#[async_trait]
+impl Resync for crate::allocator::Allocator {
+    async fn resync(&self, nodes: Vec<NodeInfo>, sets: Vec<SetInfo>) -> Result<String, String> {
+        let r = crate::allocator::Allocator::resync(self, &nodes, &sets)
+            .await
+            .map_err(|e| e.to_string())?;
+        let summary = format!(
+            "{} nodes, {} ENIs{}, {} tasks ({} failed) {:?}, {} cloud calls ({} throttled), {} writes",
+            r.nodes,
+            r.enis,
+            if r.listed { " (listed)" } else { "" },
+            r.tasks,
+            r.tasks_failed,
+            r.by_kind,
+            r.cloud_calls,
+            r.throttled,
+            r.writes,
+        );
+        if r.errors.is_empty() {
+            Ok(summary)
+        } else {
+            Err(format!("{summary}; errors: {}", r.errors.join("; ")))
+        }
+    }
+}

@@ -81,7 +81,7 @@ def operator_manifests(deploy_dir, mode, node, enis, out):
 
 def static_inventory(node, enis):
     """The operator's static cloud: the node's veth ENIs, attached from the start."""
-    return {"type": "static", "nodes": [{"name": node, "enis": enis}]}
+    return {"type": "static", "nodes": {node: enis}}
 
 
 if __name__ == "__main__":

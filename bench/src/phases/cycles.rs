@@ -15,7 +15,7 @@ pub struct Lat {
 /// Row 0 is 0, 1, n-1, 2, n-2, ...; row r adds r to each, modulo n.
 pub(super) fn balanced_orders(n: usize) -> Vec<Vec<usize>> {
     assert!(
-        n % 2 == 0,
+        n.is_multiple_of(2),
         "a Williams square needs an even number of items"
     );
     let first: Vec<usize> = (0..n)

@@ -46,10 +46,12 @@ use tokio::time::Instant;
 use super::bucket::{Action, TokenBucket, ACTIONS};
 use super::rng::Rng;
 
+mod fleet_cloud;
 mod node;
 #[cfg(test)]
 mod tests;
 
+pub use fleet_cloud::{instance_id, SimFleet};
 pub use node::SimCloud;
 
 /// How the simulated cloud behaves.
@@ -185,6 +187,9 @@ struct EniRecord {
     mac: MacAddr,
     ipv4: Ipv4Net,
     attachment: Option<Attachment>,
+    /// The operator's client token (`enim.io/intent`), when it made it.
+    intent: Option<String>,
+    created: Instant,
 }
 
 impl EniRecord {
@@ -255,6 +260,68 @@ impl State {
             .collect()
     }
 
+    /// A new ENI tagged for `node` (and the operator's `intent`), not
+    /// attached: ids, MACs and addresses counted up (10.0.0.0/8 from .2;
+    /// the gateway is .1).
+    fn new_eni(
+        &mut self,
+        node: usize,
+        intent: Option<String>,
+        now: Instant,
+    ) -> Result<String, ProviderError> {
+        self.next_eni += 1;
+        let n = self.next_eni;
+        let id = format!("eni-{n:08x}");
+        let [_, a, b, c] = n.to_be_bytes();
+        let mac = MacAddr([0x02, 0x5e, 0x00, a, b, c]);
+        let host = 0x0a00_0000 | (n.wrapping_add(1) & 0x00ff_ffff);
+        let ipv4 = Ipv4Net::new(Ipv4Addr::from(host), 8)
+            .map_err(|e| ProviderError::Config(e.to_string()))?;
+        self.by_node.entry(node).or_default().insert(id.clone());
+        self.enis.insert(
+            id.clone(),
+            EniRecord {
+                node,
+                mac,
+                ipv4,
+                attachment: None,
+                intent,
+                created: now,
+            },
+        );
+        Ok(id)
+    }
+
+    /// An AttachNetworkInterface's effect: `id` attaches to `node` at
+    /// `index`, showing a time drawn from `took` later.
+    fn start_attach(
+        &mut self,
+        id: &str,
+        node: usize,
+        index: u32,
+        now: Instant,
+        took: (Duration, Duration),
+    ) -> Result<(), ProviderError> {
+        let took = self.rng.between(took.0, took.1);
+        let e = self
+            .enis
+            .get_mut(id)
+            .ok_or_else(|| ProviderError::UnknownEni(id.into()))?;
+        e.settle(now);
+        if e.attachment.is_some() {
+            return Err(ProviderError::Unavailable(format!(
+                "ENI {id} is not available"
+            )));
+        }
+        e.attachment = Some(Attachment {
+            node,
+            device_index: index,
+            attached_at: now + took,
+            detached_at: None,
+        });
+        Ok(())
+    }
+
     fn remove(&mut self, id: &str) {
         if let Some(e) = self.enis.remove(id) {
             if let Some(set) = self.by_node.get_mut(&e.node) {
@@ -298,6 +365,12 @@ impl Account {
 
     pub fn counts(&self) -> Counts {
         self.state().counts.clone()
+    }
+
+    /// The wall clock of the simulation at `t`: a fixed epoch plus the
+    /// simulated time since the account's start.
+    pub fn wall(&self, t: Instant) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000) + (t - self.start)
     }
 
     /// The backend of node `node` (its instance id is `i-sim<node>`).

@@ -108,7 +108,7 @@ pub struct PodStats {
     pub other_errors: u64,
 }
 
-fn pod_stats(results: &[PodResult]) -> PodStats {
+pub fn pod_stats(results: &[PodResult]) -> PodStats {
     let ready: Vec<Duration> = results.iter().filter_map(|r| r.ready).collect();
     PodStats {
         started: results.len(),
@@ -151,7 +151,7 @@ struct Node {
 }
 
 /// A churn pod: its arrival and its task.
-type ChurnPod = (Instant, JoinHandle<PodResult>);
+pub type ChurnPod = (Instant, JoinHandle<PodResult>);
 
 struct Sim {
     account: Arc<Account>,
@@ -243,6 +243,32 @@ impl Sim {
             r
         })
     }
+}
+
+/// The start-up's bound: per node, its `min_free` creates, the pool's
+/// parallelism at a time, at the mean attach time; for the account, the
+/// refill of each action's bucket for the new nodes' calls. (The buckets'
+/// bound, the latency bound.)
+pub fn start_bounds(cfg: &FleetCfg) -> (Duration, Duration) {
+    let per_node = cfg.min_free;
+    let creates = cfg.start_nodes * per_node;
+    let bucket = [
+        (Action::DescribeInstanceTypes, cfg.start_nodes),
+        (
+            Action::DescribeNetworkInterfacesFiltered,
+            cfg.start_nodes + 2 * creates,
+        ),
+        (Action::CreateNetworkInterface, creates),
+        (Action::AttachNetworkInterface, creates),
+        (Action::ModifyNetworkInterfaceAttribute, creates),
+    ]
+    .iter()
+    .map(|(a, n)| bucket_time(*a, *n))
+    .max()
+    .unwrap_or_default();
+    let latency = cfg.params.mean_attach()
+        * u32::try_from(per_node.div_ceil(super::burst::pool_parallelism())).unwrap_or(u32::MAX);
+    (bucket, latency)
 }
 
 pub fn run(cfg: &FleetCfg) -> R<Fleet> {
@@ -439,27 +465,7 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         a.await?;
     }
 
-    // The start-up's bound: per node, its `min_free` creates one at a
-    // time; for the account, the refill of each action's bucket for the
-    // new nodes' calls up to then.
-    let per_node = cfg.min_free;
-    let creates = cfg.start_nodes * per_node;
-    let start_bucket_bound = [
-        (Action::DescribeInstanceTypes, cfg.start_nodes),
-        (
-            Action::DescribeNetworkInterfacesFiltered,
-            cfg.start_nodes + 2 * creates,
-        ),
-        (Action::CreateNetworkInterface, creates),
-        (Action::AttachNetworkInterface, creates),
-        (Action::ModifyNetworkInterfaceAttribute, creates),
-    ]
-    .iter()
-    .map(|(a, n)| bucket_time(*a, *n))
-    .max()
-    .unwrap_or_default();
-    let start_latency_bound = cfg.params.mean_attach()
-        * u32::try_from(per_node.div_ceil(super::burst::pool_parallelism())).unwrap_or(u32::MAX);
+    let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
     let per_node_done: Vec<Duration> = done_at.iter().flatten().copied().collect();
     Ok(Fleet {
         warmup,

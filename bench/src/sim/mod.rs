@@ -7,6 +7,7 @@ pub mod bucket;
 pub mod burst;
 pub mod cloud;
 pub mod fleet;
+pub mod operator;
 pub mod pods;
 pub mod rng;
 
@@ -24,7 +25,7 @@ use fleet::{Fleet, FleetCfg, PodStats};
 use pods::Retry;
 
 /// The phases of this module, as `--only` names them.
-pub const PHASES: [&str; 2] = ["burst", "fleet"];
+pub const PHASES: [&str; 3] = ["burst", "fleet", "operator"];
 
 /// Latencies are simulated at their real size: the clock is paused.
 pub const SCALE: u32 = 1;
@@ -39,6 +40,7 @@ pub struct Report {
     /// Under the kubelet's retry, and the fixed 1 s what-if.
     pub burst: Option<(Burst, Burst)>,
     pub fleet: Option<Fleet>,
+    pub operator: Option<operator::OperatorRun>,
     /// Wall time of each phase.
     pub wall: Vec<(&'static str, Duration)>,
 }
@@ -80,11 +82,29 @@ pub fn run(o: &Opts) -> R<Report> {
     } else {
         None
     };
+    let operator = if o.runs("operator") {
+        let (cfg, measure) = if o.smoke {
+            (FleetCfg::smoke(o.seed), 50)
+        } else {
+            (FleetCfg::full(o.seed), 1000)
+        };
+        eprintln!(
+            "enim-bench: operator: {} nodes, then {} starting at once, one operator (simulated cloud); its CPU and heap at {measure} nodes",
+            cfg.nodes, cfg.start_nodes
+        );
+        let t = Instant::now();
+        let r = operator::run(&cfg, measure)?;
+        wall.push(("operator", t.elapsed()));
+        Some(r)
+    } else {
+        None
+    };
     Ok(Report {
         smoke: o.smoke,
         seed: o.seed,
         burst,
         fleet,
+        operator,
         wall,
     })
 }
@@ -97,7 +117,7 @@ fn s_of_ms(ms: f64) -> String {
     format!("{:.1}", ms / 1e3)
 }
 
-fn met(smoke: bool, ok: bool) -> &'static str {
+pub fn met(smoke: bool, ok: bool) -> &'static str {
     match (smoke, ok) {
         (true, _) => "(smoke: not judged)",
         (false, true) => "yes",
@@ -127,7 +147,7 @@ pub fn describe_peak_pct(c: &Counts, window: Duration) -> f64 {
 
 pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
-    if r.burst.is_none() && r.fleet.is_none() {
+    if r.burst.is_none() && r.fleet.is_none() && r.operator.is_none() {
         return s;
     }
     let p = CloudParams::default();
@@ -374,6 +394,9 @@ pub fn markdown(r: &Report) -> String {
             met(r.smoke, errors == 0),
         );
     }
+    if let Some(o) = &r.operator {
+        s.push_str(&operator::report::markdown(o, r.fleet.as_ref(), r.smoke));
+    }
     let walls: Vec<String> = r
         .wall
         .iter()
@@ -537,6 +560,7 @@ pub fn json(r: &Report) -> Value {
         "model": MODEL,
         "burst": burst,
         "fleet": fleet,
+        "operator": r.operator.as_ref().map(operator::report::json),
         "wall_s": r.wall.iter().map(|(n, d)| (n.to_string(), json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
     })
 }

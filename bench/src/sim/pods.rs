@@ -62,7 +62,7 @@ impl Ledger {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn take(&self, eni: &str, pod: &str) {
+    pub fn take(&self, eni: &str, pod: &str) {
         let mut st = self.lock();
         if let Some(other) = st.holders.insert(eni.into(), pod.into()) {
             if other != pod {
@@ -72,7 +72,7 @@ impl Ledger {
         }
     }
 
-    fn give_back(&self, eni: &str) {
+    pub fn give_back(&self, eni: &str) {
         self.lock().holders.remove(eni);
     }
 

@@ -1,17 +1,16 @@
 //! The backend of one node: the AWS backend's calls, in its order, over the
 //! shared [`Account`].
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider::retry::Poll;
-use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, ProviderError};
 use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
-use ipnet::Ipv4Net;
 
-use super::{Account, Attachment, EniRecord};
+use super::Account;
 use crate::sim::bucket::Action;
 
 /// The [`CloudBackend`] of one simulated node.
@@ -34,7 +33,7 @@ impl SimCloud {
         SimCloud {
             account,
             node,
-            instance: format!("i-sim{node:05}"),
+            instance: super::instance_id(node),
             limit: Mutex::new(None),
             attach_lock: tokio::sync::Mutex::new(()),
         }
@@ -102,22 +101,7 @@ impl SimCloud {
             let result = self
                 .account
                 .call(Action::AttachNetworkInterface, |st, now| {
-                    let took = st.rng.between(lo, hi);
-                    let e = st
-                        .enis
-                        .get_mut(id)
-                        .ok_or_else(|| ProviderError::UnknownEni(id.into()))?;
-                    e.settle(now);
-                    if e.attachment.is_some() {
-                        return Err(unavailable(format!("ENI {id} is not available")));
-                    }
-                    e.attachment = Some(Attachment {
-                        node,
-                        device_index: index,
-                        attached_at: now + took,
-                        detached_at: None,
-                    });
-                    Ok(())
+                    st.start_attach(id, node, index, now, (lo, hi))
                 })
                 .await;
             if let Err(e) = result {
@@ -304,27 +288,8 @@ impl CloudBackend for SimCloud {
         let node = self.node;
         let id = self
             .account
-            .call(Action::CreateNetworkInterface, |st, _| {
-                st.next_eni += 1;
-                let n = st.next_eni;
-                let id = format!("eni-{n:08x}");
-                let [_, a, b, c] = n.to_be_bytes();
-                let mac = MacAddr([0x02, 0x5e, 0x00, a, b, c]);
-                // Counted up in 10.0.0.0/8 from .2 (the gateway is .1).
-                let host = 0x0a00_0000 | (n.wrapping_add(1) & 0x00ff_ffff);
-                let ipv4 = Ipv4Net::new(Ipv4Addr::from(host), 8)
-                    .map_err(|e| ProviderError::Config(e.to_string()))?;
-                st.by_node.entry(node).or_default().insert(id.clone());
-                st.enis.insert(
-                    id.clone(),
-                    EniRecord {
-                        node,
-                        mac,
-                        ipv4,
-                        attachment: None,
-                    },
-                );
-                Ok(id)
+            .call(Action::CreateNetworkInterface, |st, now| {
+                st.new_eni(node, None, now)
             })
             .await?;
         if let Err(e) = self.attach(&id).await {

@@ -1,0 +1,399 @@
+//! The fleet with the operator: the same timeline, account, buckets and
+//! seed as the per-node fleet ([`super::fleet`]), but no node calls the
+//! cloud. One `enim-operator` allocator (the real one) serves every node
+//! through its NetResourceSet over [`SimFleet`]; agents ([`SimStore`])
+//! hand spec ENIs to pods and answer the drain handshake.
+//!
+//! The runtime's loop is modelled as: a resync after any Node or status
+//! change (coalesced over [`DEBOUNCE`]) and at least every
+//! `resync_interval`; the allocator lists the cloud at most once per
+//! `resync_interval`. A pod's ADD takes a free ENI whose device shows, or
+//! waits up to [`ALLOCATE_WAIT`] for one, else answers "try again later"
+//! (CNI 11) and the kubelet retries in 10–15 s.
+
+pub mod measure;
+pub mod store;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use enim_operator::allocator::Allocator;
+use enim_operator::config::{OperatorConfig, WatermarkConfig};
+use enim_provider::ratelimit::RateLimit;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::cloud::{paused_runtime, Account, Counts, SimFleet};
+use super::fleet::{pod_stats, start_bounds, ChurnPod, FleetCfg, PodStats};
+use super::pods::{Ledger, PodResult, Retry};
+use super::rng::Rng;
+use crate::stats::{summarize, Summary};
+use crate::R;
+use measure::Measure;
+use store::{node_name, SimStore};
+
+pub mod report;
+
+/// Events within this are served by one resync.
+pub const DEBOUNCE: Duration = Duration::from_secs(1);
+/// As the agent's pool default (`allocate_wait`).
+pub const ALLOCATE_WAIT: Duration = Duration::from_secs(20);
+/// Targets.
+pub const START_TARGET: f64 = 1.2;
+pub const THROTTLED_TARGET_PCT: f64 = 2.0;
+pub const DESCRIBE_TARGET_PCT: f64 = 2.0;
+pub const HEAP_TARGET_MIB: f64 = 100.0;
+pub const CPU_TARGET: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct OperatorRun {
+    pub cfg: FleetCfg,
+    pub op: OperatorConfig,
+    pub warmup: Duration,
+    pub warmup_counts: Counts,
+    pub idle: Counts,
+    pub churn: Counts,
+    pub churn_pods: PodStats,
+    pub start_done: Duration,
+    pub start_per_node: Summary,
+    pub pods_ready: Duration,
+    pub start_counts: Counts,
+    pub start_pods: PodStats,
+    pub start_bucket_bound: Duration,
+    pub start_latency_bound: Duration,
+    pub resyncs: u64,
+    pub listings: u64,
+    pub tasks_failed: u64,
+    pub spec_writes: u64,
+    pub measure: Measure,
+}
+
+impl OperatorRun {
+    pub fn bound(&self) -> Duration {
+        self.start_bucket_bound.max(self.start_latency_bound)
+    }
+    pub fn start_ratio(&self) -> f64 {
+        self.start_done.as_secs_f64() / self.bound().as_secs_f64()
+    }
+    pub fn throttled_pct(&self) -> f64 {
+        let calls = self.start_counts.calls(true) + self.start_counts.calls(false);
+        100.0 * crate::stats::float(self.start_counts.throttled())
+            / crate::stats::float(calls.max(1))
+    }
+}
+
+/// The operator's config in the simulation: the pool of the per-node run
+/// (`min_free`, `max_free`) as watermarks, and a mutating rate sized to
+/// EC2's default buckets (5 a second per action; an ENI is a create and an
+/// attach: 2 tokens).
+pub fn operator_config(cfg: &FleetCfg) -> OperatorConfig {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    OperatorConfig {
+        cluster: "sim".into(),
+        watermarks: WatermarkConfig {
+            pre_allocate: count(cfg.min_free),
+            min_allocate: 0,
+            max_above_watermark: count(cfg.max_free.saturating_sub(cfg.min_free)),
+        },
+        subnets: vec!["subnet-sim".into()],
+        security_groups: vec!["sg-sim".into()],
+        api_mutating_rate: RateLimit::new(Duration::from_millis(100), 80),
+        ..OperatorConfig::default()
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    resyncs: AtomicU64,
+    listings: AtomicU64,
+    tasks_failed: AtomicU64,
+}
+
+pub fn run(cfg: &FleetCfg, measure_nodes: usize) -> R<OperatorRun> {
+    let rt = paused_runtime(cfg.seed)?;
+    let mut r = rt.block_on(simulate(cfg.clone()))?;
+    drop(rt);
+    r.measure = measure::run(measure_nodes)?;
+    Ok(r)
+}
+
+/// One pod on node `node` arriving now (see the module's ADD).
+fn pod(
+    store: Arc<SimStore>,
+    ledger: Arc<Ledger>,
+    node: String,
+    name: String,
+    life: Option<Duration>,
+    mut rng: Rng,
+) -> JoinHandle<PodResult> {
+    tokio::spawn(async move {
+        let arrival = Instant::now();
+        let mut r = PodResult {
+            ready: None,
+            eni: None,
+            tries: 0,
+            try_again: 0,
+            other_errors: 0,
+        };
+        while r.eni.is_none() {
+            r.tries += 1;
+            let deadline = Instant::now() + ALLOCATE_WAIT;
+            loop {
+                if let Some(eni) = store.take(&node, &name) {
+                    ledger.take(&eni, &name);
+                    r.ready = Some(arrival.elapsed());
+                    r.eni = Some(eni);
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            if r.eni.is_none() {
+                r.try_again += 1;
+                if arrival.elapsed() >= Duration::from_secs(3600) {
+                    return r;
+                }
+                tokio::time::sleep(Retry::Kubelet.delay(&mut rng)).await;
+            }
+        }
+        if let (Some(life), Some(eni)) = (life, r.eni.clone()) {
+            tokio::time::sleep(life).await;
+            ledger.give_back(&eni);
+            if !store.give_back(&node, &name, &eni) {
+                r.other_errors += 1;
+            }
+        }
+        r
+    })
+}
+
+fn all_at(store: &SimStore, nodes: &[usize], min_free: usize) -> bool {
+    nodes.iter().all(|i| store.free(&node_name(*i)) >= min_free)
+}
+
+async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
+    let mut rng = Rng::new(cfg.seed);
+    let account = Account::new(cfg.params.clone(), rng.next_u64());
+    let store = Arc::new(SimStore::new(account.clone()));
+    let op = operator_config(&cfg);
+    let wall = account.clone();
+    let alloc = Arc::new(
+        Allocator::new(
+            Arc::new(SimFleet::new(account.clone())),
+            store.clone(),
+            op.clone(),
+        )?
+        .with_clock(Arc::new(move || wall.wall(Instant::now()))),
+    );
+    let stats = Arc::new(Stats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let runtime = {
+        let (alloc, store, stats, stop) =
+            (alloc.clone(), store.clone(), stats.clone(), stop.clone());
+        let interval = op.resync_interval;
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::select! {
+                    _ = store.changed.notified() => {}
+                    _ = tokio::time::sleep(interval) => {}
+                }
+                tokio::time::sleep(DEBOUNCE).await;
+                let (nodes, sets) = store.snapshot();
+                stats.resyncs.fetch_add(1, Ordering::Relaxed);
+                match alloc.resync(&nodes, &sets).await {
+                    Ok(r) => {
+                        stats
+                            .listings
+                            .fetch_add(u64::from(r.listed), Ordering::Relaxed);
+                        let failed = u64::try_from(r.tasks_failed).unwrap_or(u64::MAX);
+                        stats.tasks_failed.fetch_add(failed, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        stats.tasks_failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let ledger = Arc::new(Ledger::default());
+    let tick = Duration::from_secs(1);
+    let limit = Duration::from_secs(6 * 3600);
+
+    // 1. Warm-up: nodes register over the spread.
+    let t0 = Instant::now();
+    let first: Vec<usize> = (0..cfg.nodes).collect();
+    for &i in &first {
+        let delay = rng.between(Duration::ZERO, cfg.warmup_spread);
+        let _ = rng.fork(i as u64); // as the per-node run draws its agents' streams
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            store.add_node(i);
+        });
+    }
+    while !all_at(&store, &first, cfg.min_free) {
+        if t0.elapsed() > limit {
+            return Err(format!("operator: warm-up not done after {limit:?}").into());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    let warmup = t0.elapsed();
+    let warmup_counts = account.counts();
+    tokio::time::sleep(cfg.settle).await;
+
+    // 2. Idle.
+    let c0 = account.counts();
+    tokio::time::sleep(cfg.idle).await;
+    let idle = account.counts().since(&c0);
+
+    // 3. Churn, running on until the start-up is done.
+    let churn_stop = Arc::new(AtomicBool::new(false));
+    let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
+    let mut drivers = Vec::new();
+    for &i in &first {
+        let (store, ledger, stop, out) = (
+            store.clone(),
+            ledger.clone(),
+            churn_stop.clone(),
+            churn_pods.clone(),
+        );
+        let mut rng = rng.fork(1_000_000 + i as u64);
+        let gap = Duration::from_secs_f64(3600.0 / cfg.churn_per_hour);
+        let life = cfg.pod_life;
+        drivers.push(tokio::spawn(async move {
+            let mut k = 0;
+            loop {
+                tokio::time::sleep(rng.exp(gap)).await;
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let hold = rng.exp(life);
+                let name = format!("n{i}-p{k}");
+                let task = pod(
+                    store.clone(),
+                    ledger.clone(),
+                    node_name(i),
+                    name,
+                    Some(hold),
+                    rng.fork(k),
+                );
+                out.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((Instant::now(), task));
+                k += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(cfg.churn_warmup).await;
+    let c1 = account.counts();
+    let churn_start = Instant::now();
+    tokio::time::sleep(cfg.churn).await;
+    let churn_end = Instant::now();
+    let churn = account.counts().since(&c1);
+
+    // 4. New nodes, all at once, with their pods.
+    let c2 = account.counts();
+    let s0 = Instant::now();
+    let new: Vec<usize> = (cfg.nodes..cfg.nodes + cfg.start_nodes).collect();
+    let mut new_pods = Vec::new();
+    for (j, &i) in new.iter().enumerate() {
+        store.add_node(i);
+        for k in 0..cfg.start_pods {
+            let at = rng.between(Duration::ZERO, cfg.start_pod_window);
+            let prng = rng.fork((i * 100 + k) as u64);
+            let (store, ledger) = (store.clone(), ledger.clone());
+            new_pods.push(tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                pod(
+                    store,
+                    ledger,
+                    node_name(i),
+                    format!("new{j}-p{k}"),
+                    None,
+                    prng,
+                )
+                .await
+            }));
+        }
+    }
+    let mut done_at: Vec<Option<Duration>> = vec![None; new.len()];
+    loop {
+        for (j, &i) in new.iter().enumerate() {
+            if done_at[j].is_none() && store.free(&node_name(i)) >= cfg.min_free {
+                done_at[j] = Some(s0.elapsed());
+            }
+        }
+        if done_at.iter().all(Option::is_some) {
+            break;
+        }
+        if s0.elapsed() > limit {
+            return Err(format!("operator: start-up not done after {limit:?}").into());
+        }
+        tokio::time::sleep(tick).await;
+    }
+    let start_done = s0.elapsed();
+    let start_counts = account.counts().since(&c2);
+    let mut start_results = Vec::new();
+    for p in new_pods {
+        start_results.push(p.await??);
+    }
+    let pods_ready = s0.elapsed();
+
+    // Wind down and check.
+    churn_stop.store(true, Ordering::Relaxed);
+    for d in drivers {
+        d.await?;
+    }
+    let tasks = std::mem::take(&mut *churn_pods.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut churn_results = Vec::new();
+    for (at, t) in tasks {
+        let r = t.await?;
+        if at >= churn_start && at < churn_end {
+            churn_results.push(r);
+        } else if r.ready.is_none() || r.other_errors > 0 {
+            return Err(format!("operator: a churn pod failed: {r:?}").into());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    store.changed.notify_one();
+    runtime.await?;
+    let churn_pods = pod_stats(&churn_results);
+    let start_pods = pod_stats(&start_results);
+    if churn_pods.stuck > 0 || start_pods.stuck > 0 {
+        return Err(format!(
+            "operator: pods never got an ENI: {} in the churn, {} on new nodes",
+            churn_pods.stuck, start_pods.stuck
+        )
+        .into());
+    }
+    let doubles = ledger.doubles();
+    if !doubles.is_empty() {
+        return Err(format!("operator: ENIs given to two pods: {doubles:?}").into());
+    }
+    let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
+    let per_node: Vec<Duration> = done_at.iter().flatten().copied().collect();
+    Ok(OperatorRun {
+        op,
+        warmup,
+        warmup_counts,
+        idle,
+        churn,
+        churn_pods,
+        start_done,
+        start_per_node: summarize(&per_node),
+        pods_ready,
+        start_counts,
+        start_pods,
+        start_bucket_bound,
+        start_latency_bound,
+        resyncs: stats.resyncs.load(Ordering::Relaxed),
+        listings: stats.listings.load(Ordering::Relaxed),
+        tasks_failed: stats.tasks_failed.load(Ordering::Relaxed),
+        spec_writes: store.spec_writes.load(Ordering::Relaxed),
+        measure: Measure::default(),
+        cfg,
+    })
+}

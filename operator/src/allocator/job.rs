@@ -1,0 +1,445 @@
+//! One node's tasks, run one after another on one working copy of its
+//! spec (see the allocator's invariants). Spec-only changes (drain,
+//! adopt, policy) are written once at the end of the job; an intent is
+//! written before its create, and a publish right after its attach.
+
+use std::net::IpAddr;
+
+use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
+use enim_provider::cloud::Reaped;
+use enim_provider::fault::crash_point;
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetEni};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Allocator, Class, Counters, TaskError};
+use crate::index::{eni_spec, Task, ACTION_CREATE_ATTACH};
+use crate::store::NodeInfo;
+
+pub(super) struct Job<'a> {
+    pub alloc: &'a Allocator,
+    pub counters: &'a Counters,
+    /// The node's Node; `None` for a set whose Node is gone.
+    pub info: Option<&'a NodeInfo>,
+    /// The working spec: the last written or observed one.
+    pub spec: Option<NetResourceSetSpec>,
+}
+
+impl Job<'_> {
+    /// Runs `tasks` in order; one result per task (and one more if the
+    /// final write fails). Stops at the first sign of lost leadership.
+    pub async fn run(mut self, tasks: Vec<Task>) -> Vec<Result<(), TaskError>> {
+        let mut out = Vec::with_capacity(tasks.len());
+        let mut dirty = false;
+        for t in tasks {
+            let r = self.one(t, &mut dirty).await;
+            let deposed = matches!(r, Err(TaskError::NotLeader));
+            out.push(r);
+            if deposed {
+                return out;
+            }
+        }
+        if dirty {
+            if let Err(e) = self.flush().await {
+                out.push(Err(e));
+            }
+        }
+        out
+    }
+
+    fn spec(&mut self) -> Result<&mut NetResourceSetSpec, TaskError> {
+        self.spec
+            .as_mut()
+            .ok_or_else(|| TaskError::Missing("a task for a node without a spec".into()))
+    }
+
+    /// Writes the working spec unless it is what was last written.
+    async fn flush(&mut self) -> Result<(), TaskError> {
+        let (Some(info), Some(spec)) = (self.info, self.spec.as_ref()) else {
+            return Err(TaskError::Missing(
+                "a spec write for a node that is gone".into(),
+            ));
+        };
+        if self.alloc.cache().written.get(&info.name) == Some(spec) {
+            return Ok(());
+        }
+        self.alloc.lead()?;
+        self.alloc.store.apply_spec(info, spec).await?;
+        self.counters
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.alloc
+            .cache()
+            .written
+            .insert(info.name.clone(), spec.clone());
+        Ok(())
+    }
+
+    async fn one(&mut self, task: Task, dirty: &mut bool) -> Result<(), TaskError> {
+        let policy = &self.alloc.policy;
+        match task {
+            Task::CreateSet { spec, .. } => {
+                self.spec = Some(spec);
+                self.flush().await
+            }
+            Task::RefreshPolicy { .. } => {
+                policy.stamp(self.spec()?);
+                *dirty = true;
+                Ok(())
+            }
+            Task::FinishIntent {
+                token,
+                made,
+                device_index,
+                secondary_ipv4,
+                ..
+            } => {
+                let eni = match made {
+                    Some(eni) => eni,
+                    None => self.create(&token, secondary_ipv4).await?,
+                };
+                let mut published = eni_spec(&eni);
+                if let Some(ix) = device_index {
+                    self.attach(&eni, ix).await?;
+                    published.device_index = Some(ix);
+                }
+                let spec = self.spec()?;
+                if !spec.enis.iter().any(|e| e.id == published.id) {
+                    spec.enis.push(published);
+                }
+                spec.intents.retain(|i| i.client_token != token);
+                self.flush().await?;
+                crash_point("operator-after-publish");
+                Ok(())
+            }
+            Task::DropIntent { token, .. } => {
+                self.spec()?.intents.retain(|i| i.client_token != token);
+                *dirty = true;
+                Ok(())
+            }
+            Task::Adopt {
+                enis, addresses, ..
+            } => {
+                let spec = self.spec()?;
+                for e in enis {
+                    if !spec.enis.iter().any(|s| s.id == e.id) {
+                        spec.enis.push(e);
+                    }
+                }
+                for (id, ips) in addresses {
+                    add_addresses(spec, &id, &ips);
+                }
+                *dirty = true;
+                Ok(())
+            }
+            Task::Reclaim {
+                enis,
+                addresses,
+                stale,
+                ..
+            } => self.reclaim(enis, addresses, stale, dirty).await,
+            Task::CreateEnis {
+                device_indexes,
+                secondary_ipv4,
+                ..
+            } => self.create_enis(&device_indexes, secondary_ipv4).await,
+            Task::AssignAddresses { eni, count, .. } => {
+                let cloud = &self.alloc.cloud;
+                let ips = self
+                    .alloc
+                    .call(
+                        Class::Mutating,
+                        self.counters,
+                        cloud.assign_addresses(&eni, count, 0),
+                    )
+                    .await?;
+                self.alloc.amend(|l| {
+                    if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
+                        for ip in &ips {
+                            if !f.secondary_ips.contains(ip) {
+                                f.secondary_ips.push(*ip);
+                            }
+                        }
+                    }
+                });
+                add_addresses(self.spec()?, &eni, &ips);
+                *dirty = true;
+                Ok(())
+            }
+            Task::Undrain { items, .. } => {
+                self.spec()?.draining.retain(|d| !items.contains(d));
+                *dirty = true;
+                Ok(())
+            }
+            Task::Drain { items, .. } => {
+                let spec = self.spec()?;
+                for it in items {
+                    if !spec.draining.contains(&it) {
+                        spec.draining.push(it);
+                    }
+                }
+                *dirty = true;
+                Ok(())
+            }
+            Task::ReleaseNode {
+                node,
+                enis,
+                release_set,
+            } => self.release_node(&node, enis, release_set, dirty).await,
+            Task::DeleteLeaked { eni } => {
+                let cloud = &self.alloc.cloud;
+                let r = self
+                    .alloc
+                    .call(Class::Mutating, self.counters, cloud.delete(&eni))
+                    .await?;
+                match r {
+                    Reaped::Deleted | Reaped::Gone => {
+                        tracing::info!(eni, "deleted a leaked ENI");
+                        self.alloc.amend(|l| l.retain(|f| f.id != eni));
+                    }
+                    Reaped::Spared(why) => tracing::info!(eni, why, "spared a leak candidate"),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Intents first, then each ENI: create, attach, publish. One ENI's
+    /// failure does not stop the others (unless leadership is lost); its
+    /// intent stays for the next resync to finish with the same token.
+    async fn create_enis(&mut self, device_indexes: &[u32], ips: usize) -> Result<(), TaskError> {
+        let since = Time(
+            k8s_openapi::jiff::Timestamp::try_from((self.alloc.clock)())
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        let tokens: Vec<(String, u32)> = device_indexes
+            .iter()
+            .map(|ix| (self.alloc.new_token(), *ix))
+            .collect();
+        self.spec()?
+            .intents
+            .extend(tokens.iter().map(|(t, _)| Intent {
+                client_token: t.clone(),
+                action: ACTION_CREATE_ATTACH.into(),
+                eni: String::new(),
+                since: since.clone(),
+            }));
+        self.flush().await?;
+        crash_point("operator-after-intent");
+        let mut first_err = None;
+        let mut published = 0;
+        for (token, ix) in tokens {
+            let r = async {
+                let eni = self.create(&token, ips).await?;
+                self.attach(&eni, ix).await?;
+                let mut s = eni_spec(&eni);
+                s.device_index = Some(ix);
+                Ok::<EniSpec, TaskError>(s)
+            }
+            .await;
+            match r {
+                Ok(s) => {
+                    let spec = self.spec()?;
+                    spec.enis.push(s);
+                    spec.intents.retain(|i| i.client_token != token);
+                    published += 1;
+                }
+                Err(e) => {
+                    let deposed = matches!(e, TaskError::NotLeader);
+                    first_err.get_or_insert(e);
+                    if deposed {
+                        break;
+                    }
+                }
+            }
+        }
+        if published > 0 {
+            self.flush().await?;
+            crash_point("operator-after-publish");
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn create(&mut self, token: &str, ips: usize) -> Result<FleetEni, TaskError> {
+        let instance = self.spec()?.instance.id.clone();
+        let policy = &self.alloc.policy;
+        let req = CreateEni {
+            instance,
+            subnet: policy.subnets.first().cloned().unwrap_or_default(),
+            security_groups: policy.security_groups.clone(),
+            client_token: token.to_string(),
+            secondary_ipv4: ips,
+        };
+        let cloud = &self.alloc.cloud;
+        let eni = self
+            .alloc
+            .call(Class::Mutating, self.counters, cloud.create(&req))
+            .await?;
+        crash_point("operator-after-create");
+        self.alloc.amend(|l| {
+            if !l.iter().any(|f| f.id == eni.id) {
+                l.push(eni.clone());
+            }
+        });
+        Ok(eni)
+    }
+
+    async fn attach(&mut self, eni: &FleetEni, device_index: u32) -> Result<(), TaskError> {
+        let instance = self.spec()?.instance.id.clone();
+        let cloud = &self.alloc.cloud;
+        self.alloc
+            .call(
+                Class::Mutating,
+                self.counters,
+                cloud.attach(&eni.id, &instance, device_index),
+            )
+            .await?;
+        crash_point("operator-after-attach");
+        self.alloc.amend(|l| {
+            if let Some(f) = l.iter_mut().find(|f| f.id == eni.id) {
+                f.attachment = Some(FleetAttachment {
+                    instance: instance.clone(),
+                    device_index,
+                    attachment_id: String::new(),
+                    state: "attached".into(),
+                });
+            }
+        });
+        Ok(())
+    }
+
+    /// Detach (idempotent), then delete (an ENI already gone is done).
+    async fn detach_delete(&self, eni: &str) -> Result<(), TaskError> {
+        let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
+        crash_point("operator-before-detach");
+        alloc
+            .call(Class::Mutating, self.counters, cloud.detach(eni))
+            .await?;
+        crash_point("operator-after-detach");
+        alloc.amend(|l| {
+            if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
+                f.attachment = None;
+            }
+        });
+        let r = alloc
+            .call(Class::Mutating, self.counters, cloud.delete(eni))
+            .await?;
+        crash_point("operator-after-delete");
+        match r {
+            Reaped::Deleted | Reaped::Gone => {
+                alloc.amend(|l| l.retain(|f| f.id != eni));
+                Ok(())
+            }
+            Reaped::Spared(why) => Err(TaskError::Missing(format!("{eni} not deleted: {why}"))),
+        }
+    }
+
+    async fn reclaim(
+        &mut self,
+        enis: Vec<String>,
+        addresses: Vec<(String, Vec<IpAddr>)>,
+        stale: Vec<String>,
+        dirty: &mut bool,
+    ) -> Result<(), TaskError> {
+        let mut first_err = None;
+        let mut gone: Vec<String> = stale;
+        let mut removed_enis: Vec<String> = Vec::new();
+        for eni in enis {
+            match self.detach_delete(&eni).await {
+                Ok(()) => removed_enis.push(eni),
+                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let mut removed_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        for (eni, ips) in addresses {
+            let cloud = &self.alloc.cloud;
+            let r = self
+                .alloc
+                .call(
+                    Class::Mutating,
+                    self.counters,
+                    cloud.unassign_addresses(&eni, &ips),
+                )
+                .await;
+            match r {
+                Ok(()) => {
+                    self.alloc.amend(|l| {
+                        if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
+                            f.secondary_ips.retain(|ip| !ips.contains(ip));
+                        }
+                    });
+                    removed_ips.push((eni, ips));
+                }
+                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let spec = self.spec()?;
+        spec.enis.retain(|e| !removed_enis.contains(&e.id));
+        for (eni, ips) in &removed_ips {
+            if let Some(e) = spec.enis.iter_mut().find(|e| e.id == *eni) {
+                e.secondary_ips.retain(|ip| !ips.contains(ip));
+            }
+            gone.extend(ips.iter().map(IpAddr::to_string));
+        }
+        gone.extend(removed_enis);
+        spec.draining.retain(|d| !gone.contains(d));
+        *dirty = true;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn release_node(
+        &mut self,
+        node: &str,
+        enis: Vec<String>,
+        release_set: bool,
+        dirty: &mut bool,
+    ) -> Result<(), TaskError> {
+        let mut first_err = None;
+        let mut removed = Vec::new();
+        for eni in enis {
+            match self.detach_delete(&eni).await {
+                Ok(()) => removed.push(eni),
+                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        if release_set {
+            self.alloc.lead()?;
+            self.alloc.store.release_set(node).await?;
+            self.counters
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut cache = self.alloc.cache();
+            cache.written.remove(node);
+            cache.gone_since.remove(node);
+            return Ok(());
+        }
+        // The set stays for the ENIs its pods hold; the rest leave it.
+        if let Some(spec) = self.spec.as_mut() {
+            spec.enis.retain(|e| !removed.contains(&e.id));
+            spec.draining.retain(|d| !removed.contains(d));
+            *dirty = self.info.is_some();
+        }
+        Ok(())
+    }
+}
+
+fn add_addresses(spec: &mut NetResourceSetSpec, eni: &str, ips: &[IpAddr]) {
+    if let Some(e) = spec.enis.iter_mut().find(|e| e.id == eni) {
+        for ip in ips {
+            if !e.secondary_ips.contains(ip) {
+                e.secondary_ips.push(*ip);
+            }
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! One resync of the whole cluster: list the cloud once, build the
+//! [`Index`], [`plan`], and run the tasks neediest node first on at most
+//! `workers` nodes at once.
+//!
+//! Invariants:
+//! - **one describe per resync at most**: the cluster's ENIs are listed in
+//!   one [`FleetCloud::list_cluster_enis`] when the last listing is older
+//!   than `resync_interval`; resyncs in between (the runtime's, on watch
+//!   events) plan from the last listing amended with this allocator's own
+//!   calls, so a node's pods never wait for a listing;
+//! - **every cloud call takes a token** from its class's bucket (mutating
+//!   or describe), shared by the whole cluster, and is made only while
+//!   [`Store::is_leader`] holds (checked before the wait and after it);
+//!   every write checks it too;
+//! - **an intent is written before its create**: `spec.intents` gets the
+//!   client token, then the ENI is created with that token, attached, and
+//!   published with the intent dropped in one apply; a crash anywhere
+//!   leaves an intent or a tagged ENI that the next leader finishes;
+//! - **a node's tasks run one after another** on one working copy of its
+//!   spec, so two writes of one spec never race; nodes run in parallel;
+//! - resyncs never overlap: they queue on one lock.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use enim_crd::NetResourceSetSpec;
+use enim_provider::fleet::{FleetCloud, FleetEni};
+use enim_provider::ratelimit::TokenBucket;
+use enim_provider::{AddressLimits, ProviderError};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::config::{ConfigError, OperatorConfig};
+use crate::index::{plan, Index, Input, Policy, Task};
+use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+
+mod job;
+#[cfg(test)]
+mod tests;
+
+/// Where a resync stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// This replica no longer leads: nothing more was called or written.
+    #[error("not the leader")]
+    NotLeader,
+    #[error("listing the cluster's ENIs: {0}")]
+    Listing(ProviderError),
+}
+
+/// Why one task failed (counted in the report; the next resync retries).
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("not the leader")]
+    NotLeader,
+    #[error("cloud: {0}")]
+    Cloud(#[from] ProviderError),
+    #[error("store: {0}")]
+    Store(StoreError),
+    #[error("{0}")]
+    Missing(String),
+}
+
+impl From<StoreError> for TaskError {
+    fn from(e: StoreError) -> TaskError {
+        match e {
+            StoreError::NotLeader => TaskError::NotLeader,
+            other => TaskError::Store(other),
+        }
+    }
+}
+
+/// What one resync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResyncReport {
+    /// This resync listed the cloud (else it planned from the last listing).
+    pub listed: bool,
+    /// ENIs in the listing it planned from.
+    pub enis: usize,
+    pub nodes: usize,
+    pub tasks: usize,
+    pub tasks_failed: usize,
+    /// Tasks by [`Task::kind`].
+    pub by_kind: BTreeMap<&'static str, usize>,
+    /// Cloud calls made (the listing and limits included).
+    pub cloud_calls: usize,
+    /// Cloud calls answered "throttled" (after the client's own retries).
+    pub throttled: usize,
+    /// Spec writes and set releases.
+    pub writes: usize,
+    /// Task errors, the first few.
+    pub errors: Vec<String>,
+}
+
+const REPORTED_ERRORS: usize = 10;
+
+/// The wall clock the index plans with (the bench's simulation supplies
+/// one that follows its paused clock).
+pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// The last listing, amended with this allocator's own calls since.
+struct Listing {
+    at: Instant,
+    enis: Vec<FleetEni>,
+}
+
+#[derive(Default)]
+struct Cache {
+    listing: Option<Listing>,
+    limits: HashMap<String, AddressLimits>,
+    /// The spec last written per node: the base of its next plan (the
+    /// runtime's watch may lag the write) and what need not be written
+    /// again.
+    written: HashMap<String, NetResourceSetSpec>,
+    /// Sets seen without their Node, since when.
+    gone_since: HashMap<String, SystemTime>,
+    last_reap: Option<Instant>,
+}
+
+/// Counters shared by the jobs of one resync.
+#[derive(Default)]
+struct Counters {
+    calls: AtomicUsize,
+    throttled: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Class {
+    Mutating,
+    Describe,
+}
+
+pub struct Allocator {
+    cloud: Arc<dyn FleetCloud>,
+    store: Arc<dyn Store>,
+    config: OperatorConfig,
+    policy: Policy,
+    mutating: TokenBucket,
+    describe: TokenBucket,
+    clock: Clock,
+    cache: Mutex<Cache>,
+    one_at_a_time: tokio::sync::Mutex<()>,
+    /// Makes client tokens unique: a per-process salt and a counter.
+    salt: u64,
+    tokens: AtomicU64,
+}
+
+impl Allocator {
+    /// Validates `config`. Must be called within a tokio runtime's context
+    /// only when used: construction does no I/O.
+    pub fn new(
+        cloud: Arc<dyn FleetCloud>,
+        store: Arc<dyn Store>,
+        config: OperatorConfig,
+    ) -> Result<Allocator, Error> {
+        config.validate()?;
+        use std::hash::{BuildHasher, Hasher};
+        let salt = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Ok(Allocator {
+            cloud,
+            store,
+            policy: config.policy(),
+            mutating: TokenBucket::new(config.api_mutating_rate),
+            describe: TokenBucket::new(config.api_describe_rate),
+            config,
+            clock: Arc::new(SystemTime::now),
+            cache: Mutex::default(),
+            one_at_a_time: tokio::sync::Mutex::new(()),
+            salt,
+            tokens: AtomicU64::new(0),
+        })
+    }
+
+    /// Plans with `clock` instead of the system's wall clock.
+    pub fn with_clock(mut self, clock: Clock) -> Allocator {
+        self.clock = clock;
+        self
+    }
+
+    pub fn config(&self) -> &OperatorConfig {
+        &self.config
+    }
+
+    /// The next resync lists the cloud, whatever the last listing's age.
+    pub fn invalidate_listing(&self) {
+        self.cache().listing = None;
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        // Plain maps behind the lock: always consistent.
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One resync: `nodes` and `sets` are the runtime's caches of the
+    /// Node and NetResourceSet objects.
+    pub async fn resync(
+        &self,
+        nodes: &[NodeInfo],
+        sets: &[SetInfo],
+    ) -> Result<ResyncReport, Error> {
+        let _one = self.one_at_a_time.lock().await;
+        let counters = Counters::default();
+        let result = self.resync_locked(nodes, sets, &counters).await;
+        if matches!(result, Err(Error::NotLeader)) {
+            // A successor may have written since: nothing cached holds.
+            *self.cache() = Cache::default();
+        }
+        result
+    }
+
+    async fn resync_locked(
+        &self,
+        nodes: &[NodeInfo],
+        sets: &[SetInfo],
+        counters: &Counters,
+    ) -> Result<ResyncReport, Error> {
+        if !self.store.is_leader() {
+            return Err(Error::NotLeader);
+        }
+        let mut report = ResyncReport {
+            nodes: nodes.len(),
+            ..Default::default()
+        };
+        let stale = self
+            .cache()
+            .listing
+            .as_ref()
+            .is_none_or(|l| l.at.elapsed() >= self.config.resync_interval);
+        if stale {
+            let enis = self
+                .call(Class::Describe, counters, self.cloud.list_cluster_enis())
+                .await
+                .map_err(|e| match e {
+                    TaskError::NotLeader => Error::NotLeader,
+                    TaskError::Cloud(e) => Error::Listing(e),
+                    other => Error::Listing(ProviderError::Unavailable(other.to_string())),
+                })?;
+            self.cache().listing = Some(Listing {
+                at: Instant::now(),
+                enis,
+            });
+            report.listed = true;
+        }
+        self.fetch_limits(nodes, sets, counters, &mut report)
+            .await?;
+
+        let now = (self.clock)();
+        let (tasks, base) = {
+            let mut cache = self.cache();
+            let cache = &mut *cache;
+            track_gone(&mut cache.gone_since, nodes, sets, now);
+            let reap = report.listed
+                && cache
+                    .last_reap
+                    .is_none_or(|t| t.elapsed() >= self.config.reap_interval);
+            if reap {
+                cache.last_reap = Some(Instant::now());
+            }
+            // Our own last writes are newer than what the watch shows.
+            let mut sets: Vec<SetInfo> = sets
+                .iter()
+                .map(|s| match cache.written.get(&s.name) {
+                    Some(w) if *w != s.spec => SetInfo {
+                        spec: w.clone(),
+                        ..s.clone()
+                    },
+                    _ => s.clone(),
+                })
+                .collect();
+            // A set we wrote that the watch has not shown yet.
+            let seen: HashSet<String> = sets.iter().map(|s| s.name.clone()).collect();
+            for (name, spec) in &cache.written {
+                if !seen.contains(name) {
+                    sets.push(SetInfo {
+                        name: name.clone(),
+                        spec: spec.clone(),
+                        status: None,
+                        deleting_since: None,
+                    });
+                }
+            }
+            let listing: &[FleetEni] = cache.listing.as_ref().map_or(&[], |l| &l.enis);
+            report.enis = listing.len();
+            let index = Index::build(Input {
+                policy: &self.policy,
+                nodes,
+                sets: &sets,
+                enis: listing,
+                limits: &cache.limits,
+                gone_since: &cache.gone_since,
+                reap_leaks: reap,
+                now,
+            });
+            let tasks = plan(&index);
+            let base: HashMap<String, NetResourceSetSpec> =
+                sets.into_iter().map(|s| (s.name, s.spec)).collect();
+            (tasks, base)
+        };
+        report.tasks = tasks.len();
+        for t in &tasks {
+            *report.by_kind.entry(t.kind()).or_default() += 1;
+        }
+
+        let node_info: HashMap<&str, &NodeInfo> =
+            nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let jobs = group(tasks);
+        let outcomes: Vec<Vec<Result<(), TaskError>>> = futures::stream::iter(jobs)
+            .map(|tasks| {
+                let node = tasks.first().and_then(Task::node).map(str::to_string);
+                let info = node.as_deref().and_then(|n| node_info.get(n).copied());
+                let spec = node.as_deref().and_then(|n| base.get(n)).cloned();
+                job::Job {
+                    alloc: self,
+                    counters,
+                    info,
+                    spec,
+                }
+                .run(tasks)
+            })
+            .buffer_unordered(self.config.workers)
+            .collect()
+            .await;
+        let mut deposed = false;
+        for r in outcomes.into_iter().flatten() {
+            if let Err(e) = r {
+                report.tasks_failed += 1;
+                deposed |= matches!(e, TaskError::NotLeader);
+                if report.errors.len() < REPORTED_ERRORS {
+                    report.errors.push(e.to_string());
+                }
+            }
+        }
+        report.cloud_calls = counters.calls.load(Ordering::Relaxed);
+        report.throttled = counters.throttled.load(Ordering::Relaxed);
+        report.writes = counters.writes.load(Ordering::Relaxed);
+        if deposed {
+            return Err(Error::NotLeader);
+        }
+        Ok(report)
+    }
+
+    /// Limits of instance types not asked before (each once, cached).
+    async fn fetch_limits(
+        &self,
+        nodes: &[NodeInfo],
+        sets: &[SetInfo],
+        counters: &Counters,
+        report: &mut ResyncReport,
+    ) -> Result<(), Error> {
+        let wanted: HashSet<&str> = nodes
+            .iter()
+            .map(|n| n.instance_type.as_str())
+            .chain(sets.iter().map(|s| s.spec.instance.instance_type.as_str()))
+            .collect();
+        let missing: Vec<&str> = {
+            let cache = self.cache();
+            wanted
+                .into_iter()
+                .filter(|t| !cache.limits.contains_key(*t))
+                .collect()
+        };
+        for t in missing {
+            match self
+                .call(Class::Describe, counters, self.cloud.limits(t))
+                .await
+            {
+                Ok(l) => {
+                    self.cache().limits.insert(t.to_string(), l);
+                }
+                Err(TaskError::NotLeader) => return Err(Error::NotLeader),
+                Err(e) => {
+                    // Its nodes get no new ENIs until it answers.
+                    tracing::warn!(instance_type = t, error = %e, "instance type limits unavailable");
+                    report.tasks_failed += 1;
+                    report.errors.push(format!("limits of {t:?}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lead(&self) -> Result<(), TaskError> {
+        if self.store.is_leader() {
+            Ok(())
+        } else {
+            Err(TaskError::NotLeader)
+        }
+    }
+
+    /// One cloud call: leadership, a token of its class, leadership again
+    /// (the wait may be long), the call.
+    async fn call<T>(
+        &self,
+        class: Class,
+        counters: &Counters,
+        call: impl std::future::Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, TaskError> {
+        self.lead()?;
+        match class {
+            Class::Mutating => self.mutating.acquire().await,
+            Class::Describe => self.describe.acquire().await,
+        };
+        self.lead()?;
+        counters.calls.fetch_add(1, Ordering::Relaxed);
+        let r = call.await;
+        if matches!(r, Err(ProviderError::Throttled(_))) {
+            counters.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(r?)
+    }
+
+    /// A client token no other create of this cluster carries.
+    fn new_token(&self) -> String {
+        let n = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let ms = (self.clock)()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!(
+            "enim-{ms:x}-{:016x}",
+            self.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        )
+    }
+
+    /// Amends the cached listing after one of our own calls.
+    fn amend(&self, f: impl FnOnce(&mut Vec<FleetEni>)) {
+        if let Some(l) = self.cache().listing.as_mut() {
+            f(&mut l.enis);
+        }
+    }
+}
+
+/// Sets whose Node is gone get a first-seen time; others lose theirs.
+fn track_gone(
+    gone: &mut HashMap<String, SystemTime>,
+    nodes: &[NodeInfo],
+    sets: &[SetInfo],
+    now: SystemTime,
+) {
+    let live: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let orphaned: HashSet<&str> = sets
+        .iter()
+        .filter(|s| !live.contains(s.name.as_str()))
+        .map(|s| s.name.as_str())
+        .collect();
+    gone.retain(|name, _| orphaned.contains(name.as_str()));
+    for name in orphaned {
+        gone.entry(name.to_string()).or_insert(now);
+    }
+}
+
+/// Plan order, cut into jobs: a node's tasks (adjacent in a plan) form one
+/// job; each leaked ENI is a job of its own.
+fn group(tasks: Vec<Task>) -> Vec<Vec<Task>> {
+    let mut jobs: Vec<Vec<Task>> = Vec::new();
+    for t in tasks {
+        match jobs.last_mut() {
+            Some(last) if t.node().is_some() && last.first().and_then(Task::node) == t.node() => {
+                last.push(t)
+            }
+            _ => jobs.push(vec![t]),
+        }
+    }
+    jobs
+}

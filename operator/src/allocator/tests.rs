@@ -1,0 +1,333 @@
+//! The allocator over the in-memory cloud and store (`crate::testing`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use enim_crd::{EniUse, NetResourceSetStatus, Watermarks};
+use enim_provider::ratelimit::RateLimit;
+
+use super::*;
+use crate::index::tests::node;
+use crate::testing::{MemCloud, MemStore};
+
+fn config() -> OperatorConfig {
+    OperatorConfig {
+        cluster: "c".into(),
+        watermarks: crate::config::WatermarkConfig {
+            pre_allocate: 2,
+            min_allocate: 0,
+            max_above_watermark: 1,
+        },
+        subnets: vec!["subnet-1".into()],
+        api_mutating_rate: RateLimit::new(Duration::from_millis(1), 1000),
+        api_describe_rate: RateLimit::new(Duration::from_millis(1), 1000),
+        ..OperatorConfig::default()
+    }
+}
+
+struct Rig {
+    cloud: Arc<MemCloud>,
+    store: Arc<MemStore>,
+    alloc: Allocator,
+    nodes: Vec<NodeInfo>,
+}
+
+impl Rig {
+    fn new(nodes: &[&str]) -> Rig {
+        Rig::with(config(), nodes)
+    }
+
+    fn with(config: OperatorConfig, nodes: &[&str]) -> Rig {
+        let cloud = Arc::new(MemCloud::default());
+        let store = Arc::new(MemStore::default());
+        let alloc = Allocator::new(cloud.clone(), store.clone(), config).unwrap();
+        Rig {
+            alloc,
+            cloud,
+            store,
+            nodes: nodes.iter().map(|n| node(n)).collect(),
+        }
+    }
+
+    /// A new leader: same cloud and store, nothing cached.
+    fn successor(&mut self) {
+        self.alloc = Allocator::new(self.cloud.clone(), self.store.clone(), config()).unwrap();
+    }
+
+    async fn resync(&self) -> ResyncReport {
+        self.alloc
+            .resync(&self.nodes, &self.store.sets())
+            .await
+            .unwrap()
+    }
+
+    fn spec_ids(&self, name: &str) -> Vec<String> {
+        let s = self.store.set(name).unwrap();
+        s.spec.enis.iter().map(|e| e.id.clone()).collect()
+    }
+
+    fn attached_to(&self, name: &str) -> usize {
+        let inst = format!("i-{name}");
+        self.cloud
+            .enis()
+            .iter()
+            .filter(|e| e.attachment.as_ref().is_some_and(|a| a.instance == inst))
+            .count()
+    }
+}
+
+fn uses(ids: &[&str]) -> NetResourceSetStatus {
+    NetResourceSetStatus {
+        used: ids
+            .iter()
+            .map(|id| EniUse {
+                eni: id.to_string(),
+                container_id: format!("c-{id}"),
+                ifname: "eth0".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn new_nodes_get_sets_and_enis_and_a_second_resync_does_nothing() {
+    let rig = Rig::new(&["a", "b"]);
+    let r = rig.resync().await;
+    assert!(r.listed);
+    assert_eq!(r.tasks_failed, 0, "{r:?}");
+    for n in ["a", "b"] {
+        let s = rig.store.set(n).unwrap();
+        assert_eq!(s.spec.enis.len(), 2, "{n}");
+        assert!(s.spec.intents.is_empty());
+        assert_eq!(rig.attached_to(n), 2);
+        assert_eq!(s.spec.instance.id, format!("i-{n}"));
+        assert!(s.spec.enis.iter().all(|e| e.device_index.is_some()));
+    }
+    // Set + intents + publish, per node.
+    assert_eq!(rig.store.writes(), 6);
+    assert_eq!(rig.cloud.calls("list"), 1);
+    assert_eq!(rig.cloud.calls("limits"), 1, "cached per instance type");
+
+    let r = rig.resync().await;
+    assert!(!r.listed, "the listing is fresh: no describe");
+    assert_eq!((r.tasks, r.writes, r.cloud_calls), (0, 0, 0), "{r:?}");
+    assert_eq!(rig.cloud.calls("create"), 4);
+}
+
+#[tokio::test]
+async fn a_lagging_watch_does_not_repeat_work() {
+    let rig = Rig::new(&["a"]);
+    rig.resync().await;
+    // The runtime's cache has not seen any write yet.
+    let r = rig.alloc.resync(&rig.nodes, &[]).await.unwrap();
+    assert_eq!((r.tasks, r.writes), (0, 0), "{r:?}");
+    assert_eq!(rig.cloud.calls("create"), 2, "no second round of creates");
+    assert_eq!(rig.store.set("a").unwrap().spec.enis.len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_attach_leaves_an_intent_the_next_leader_finishes_with_its_token() {
+    let mut rig = Rig::new(&["a"]);
+    rig.cloud.fail_next("attach", 1);
+    let r = rig.resync().await;
+    assert_eq!(r.tasks_failed, 1, "{r:?}");
+    let s = rig.store.set("a").unwrap();
+    assert_eq!(s.spec.enis.len(), 1);
+    assert_eq!(s.spec.intents.len(), 1, "the failed one's intent stays");
+    let token = s.spec.intents[0].client_token.clone();
+    let loose: Vec<_> = rig
+        .cloud
+        .enis()
+        .into_iter()
+        .filter(|e| e.attachment.is_none())
+        .collect();
+    assert_eq!(loose.len(), 1);
+    assert_eq!(loose[0].intent.as_deref(), Some(token.as_str()));
+
+    rig.successor();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("finish-intent"), Some(&1), "{r:?}");
+    assert_eq!(r.tasks_failed, 0, "{r:?}");
+    let s = rig.store.set("a").unwrap();
+    assert!(s.spec.intents.is_empty());
+    assert_eq!(s.spec.enis.len(), 2);
+    assert!(s.spec.enis.iter().any(|e| e.id == loose[0].id));
+    assert_eq!(rig.cloud.enis().len(), 2, "no second ENI for the intent");
+    assert_eq!(rig.attached_to("a"), 2);
+}
+
+#[tokio::test]
+async fn an_intent_without_its_eni_is_created_with_the_same_token() {
+    let mut rig = Rig::new(&["a"]);
+    rig.cloud.fail_next("create", 2);
+    rig.resync().await;
+    let tokens: Vec<String> = rig
+        .store
+        .set("a")
+        .unwrap()
+        .spec
+        .intents
+        .iter()
+        .map(|i| i.client_token.clone())
+        .collect();
+    assert_eq!(tokens.len(), 2);
+    assert!(rig.cloud.enis().is_empty());
+    rig.successor();
+    rig.resync().await;
+    let mut made: Vec<String> = rig
+        .cloud
+        .enis()
+        .into_iter()
+        .filter_map(|e| e.intent)
+        .collect();
+    made.sort();
+    let mut want = tokens;
+    want.sort();
+    assert_eq!(made, want);
+    assert!(rig.store.set("a").unwrap().spec.intents.is_empty());
+}
+
+#[tokio::test]
+async fn the_surplus_is_drained_and_only_released_enis_leave() {
+    let mut cfg = config();
+    cfg.watermarks.pre_allocate = 5;
+    let mut rig = Rig::with(cfg, &["a"]);
+    rig.resync().await;
+    assert_eq!(rig.spec_ids("a").len(), 5);
+    // The policy drops to 2 free (+1 above): with one used, one must go.
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config()).unwrap();
+    let ids = rig.spec_ids("a");
+    rig.store.edit("a", |s| s.status = Some(uses(&[&ids[4]])));
+    rig.resync().await;
+    let s = rig.store.set("a").unwrap();
+    assert_eq!(s.spec.draining.len(), 1, "{:?}", s.spec.draining);
+    assert!(
+        !s.spec.draining.contains(&ids[4]),
+        "a used ENI is never drained"
+    );
+    assert_eq!(
+        rig.attached_to("a"),
+        5,
+        "nothing detached before the agent answers"
+    );
+    // The agent releases one of them.
+    let released = s.spec.draining[0].clone();
+    rig.store.edit("a", |s| {
+        s.status.as_mut().unwrap().released = vec![released.clone()];
+    });
+    rig.alloc.invalidate_listing();
+    rig.resync().await;
+    let s = rig.store.set("a").unwrap();
+    assert_eq!(rig.attached_to("a"), 4);
+    assert!(
+        !rig.cloud.enis().iter().any(|e| e.id == released),
+        "deleted"
+    );
+    assert!(!s.spec.enis.iter().any(|e| e.id == released));
+    assert!(s.spec.draining.is_empty());
+}
+
+#[tokio::test]
+async fn a_gone_node_is_released_after_its_grace() {
+    let mut rig = Rig::new(&["a", "b"]);
+    let start = rig.cloud.now.lock().unwrap().to_owned();
+    let clock = Arc::new(std::sync::Mutex::new(start));
+    let c = clock.clone();
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
+        .unwrap()
+        .with_clock(Arc::new(move || *c.lock().unwrap()));
+    rig.resync().await;
+    rig.nodes.retain(|n| n.name != "a");
+    rig.resync().await;
+    assert!(rig.store.set("a").is_some(), "within the grace");
+    assert_eq!(rig.attached_to("a"), 2);
+    *clock.lock().unwrap() = start + Duration::from_secs(301);
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("release-node"), Some(&1), "{r:?}");
+    assert!(rig.store.set("a").is_none(), "the set is let go");
+    assert!(rig
+        .cloud
+        .enis()
+        .iter()
+        .all(|e| e.node.as_deref() == Some("i-b")));
+}
+
+#[tokio::test]
+async fn leaks_are_deleted_on_a_fresh_listing_only_after_the_cooldown() {
+    let rig = Rig::new(&["a"]);
+    rig.resync().await;
+    let mut leak = rig.cloud.enis()[0].clone();
+    leak.id = "eni-leak".into();
+    leak.attachment = None;
+    leak.intent = None;
+    let now = *rig.cloud.now.lock().unwrap();
+    leak.created_at = enim_provider::cloud::CreatedAt::At(now - Duration::from_secs(3600));
+    rig.cloud.insert(leak);
+    let mut cfg = config();
+    cfg.reap_interval = Duration::from_secs(3600);
+    let alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), cfg)
+        .unwrap()
+        .with_clock(Arc::new(move || now));
+    let r = alloc.resync(&rig.nodes, &rig.store.sets()).await.unwrap();
+    assert_eq!(r.by_kind.get("delete-leaked"), Some(&1), "{r:?}");
+    assert!(!rig.cloud.enis().iter().any(|e| e.id == "eni-leak"));
+    assert_eq!(rig.cloud.enis().len(), 2);
+}
+
+#[tokio::test]
+async fn no_call_and_no_write_without_leadership() {
+    let rig = Rig::new(&["a", "b", "c"]);
+    rig.store.set_leader(false);
+    assert!(matches!(rig.resync_err().await, Error::NotLeader));
+    assert_eq!(rig.cloud.calls("list"), 0);
+    // Deposed in the middle: the rest stops.
+    rig.store.set_leader(true);
+    rig.store.lose_leadership_after(2);
+    assert!(matches!(rig.resync_err().await, Error::NotLeader));
+    let creates = rig.cloud.calls("create");
+    assert!(creates <= 2, "{creates} creates");
+    assert_eq!(rig.store.writes(), 2);
+}
+
+impl Rig {
+    async fn resync_err(&self) -> Error {
+        self.alloc
+            .resync(&self.nodes, &self.store.sets())
+            .await
+            .unwrap_err()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_mutating_bucket_paces_the_whole_cluster() {
+    let mut cfg = config();
+    cfg.api_mutating_rate = RateLimit::new(Duration::from_secs(1), 2);
+    cfg.watermarks = crate::config::WatermarkConfig {
+        pre_allocate: 1,
+        min_allocate: 0,
+        max_above_watermark: 0,
+    };
+    let rig = Rig::with(cfg, &["a", "b", "c"]);
+    let t0 = Instant::now();
+    rig.resync().await;
+    // Six mutating calls (create + attach per node), two at once, then
+    // one a second.
+    assert_eq!(rig.cloud.calls("create") + rig.cloud.calls("attach"), 6);
+    assert_eq!(t0.elapsed(), Duration::from_secs(4));
+}
+
+#[test]
+fn tokens_are_unique_and_fit_a_cloud_token() {
+    let rig = Rig::new(&[]);
+    let a: std::collections::HashSet<String> = (0..1000).map(|_| rig.alloc.new_token()).collect();
+    assert_eq!(a.len(), 1000);
+    assert!(a.iter().all(|t| t.len() <= 64 && t.is_ascii()));
+}
+
+#[test]
+fn watermarks_are_the_configs() {
+    let w: Watermarks = config().watermarks.into();
+    assert_eq!(w.pre_allocate, 2);
+}

@@ -1,0 +1,261 @@
+//! The operator's config (`enim-operator.toml`): the cluster it serves, the
+//! pool policy it writes into every NetResourceSet, and the pace of its
+//! cloud calls.
+//!
+//! Invariants once [`OperatorConfig::validate`] passed: the cluster name
+//! fits a cloud tag; every interval is above zero; `workers` is at least
+//! one; both API rates are usable token buckets; `reap_cooldown` is at
+//! least [`MIN_REAP_COOLDOWN`], so a new ENI (unattached between its create
+//! and its attach) is never taken for a leak.
+
+use std::time::Duration;
+
+use enim_crd::{Mode, Watermarks};
+use enim_provider::cloud::validate_cluster_name;
+use enim_provider::ratelimit::RateLimit;
+use serde::{Deserialize, Serialize};
+
+/// The shortest `reap_cooldown` accepted (as the agents' pool).
+pub const MIN_REAP_COOLDOWN: Duration = Duration::from_secs(60);
+/// The most workers accepted: more only queue on the token buckets.
+pub const MAX_WORKERS: usize = 256;
+
+/// Mutating calls of the whole cluster: ten a second, twenty at once.
+pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_millis(100), 20);
+/// Describes of the whole cluster: one a second, five at once. A resync
+/// lists the cluster once, so this is plenty.
+pub const DEFAULT_DESCRIBE_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 5);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("operator config: {0}")]
+    Parse(String),
+    #[error("operator config: {key}: {why}")]
+    Invalid { key: &'static str, why: String },
+}
+
+/// The pool's watermarks as the config file spells them (snake case); the
+/// CRD's [`Watermarks`] is what lands in each spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WatermarkConfig {
+    /// Free ENIs (secondary mode: addresses) to keep ahead of demand.
+    pub pre_allocate: u32,
+    /// The fewest a node ever has, used or free.
+    pub min_allocate: u32,
+    /// Free ones beyond `pre_allocate` tolerated before draining.
+    pub max_above_watermark: u32,
+}
+
+impl Default for WatermarkConfig {
+    /// As the agents' warm pool: one free, at most three.
+    fn default() -> Self {
+        WatermarkConfig {
+            pre_allocate: 1,
+            min_allocate: 0,
+            max_above_watermark: 2,
+        }
+    }
+}
+
+impl From<WatermarkConfig> for Watermarks {
+    fn from(w: WatermarkConfig) -> Watermarks {
+        Watermarks {
+            pre_allocate: w.pre_allocate,
+            min_allocate: w.min_allocate,
+            max_above_watermark: w.max_above_watermark,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// The cluster's name: the tag every ENI of the cluster carries.
+    pub cluster: String,
+    pub mode: Mode,
+    pub watermarks: WatermarkConfig,
+    /// Subnets new ENIs are created in (the first is used).
+    pub subnets: Vec<String>,
+    pub security_groups: Vec<String>,
+    /// Nodes worked on at once in a resync.
+    pub workers: usize,
+    /// Mutating cloud calls (create, attach, detach, delete, assign,
+    /// unassign) of the whole cluster.
+    pub api_mutating_rate: RateLimit,
+    /// Describes (the cluster listing, instance types) of the whole
+    /// cluster.
+    pub api_describe_rate: RateLimit,
+    /// The runtime's resync timer, and the age past which a resync lists
+    /// the cloud again (resyncs in between plan from the last listing,
+    /// amended with the operator's own calls).
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+    /// How long a node's ENIs outlive its Node object.
+    #[serde(with = "humantime_serde")]
+    pub node_grace: Duration,
+    /// Leaked ENIs younger than this (by their creation tag) are spared.
+    #[serde(with = "humantime_serde")]
+    pub reap_cooldown: Duration,
+    /// Between two passes over leaked ENIs.
+    #[serde(with = "humantime_serde")]
+    pub reap_interval: Duration,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            cluster: String::new(),
+            mode: Mode::Primary,
+            watermarks: WatermarkConfig::default(),
+            subnets: Vec::new(),
+            security_groups: Vec::new(),
+            workers: 8,
+            api_mutating_rate: DEFAULT_MUTATING_RATE,
+            api_describe_rate: DEFAULT_DESCRIBE_RATE,
+            resync_interval: Duration::from_secs(30),
+            node_grace: Duration::from_secs(300),
+            reap_cooldown: Duration::from_secs(600),
+            reap_interval: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl OperatorConfig {
+    /// Parses and validates a TOML config.
+    pub fn from_toml(text: &str) -> Result<OperatorConfig, ConfigError> {
+        let c: OperatorConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, why: String| Err(ConfigError::Invalid { key, why });
+        if let Err(why) = validate_cluster_name(&self.cluster) {
+            return bad("cluster", why);
+        }
+        if self.workers == 0 || self.workers > MAX_WORKERS {
+            return bad(
+                "workers",
+                format!("{} is not in 1..={MAX_WORKERS}", self.workers),
+            );
+        }
+        if let Err(why) = self.api_mutating_rate.validate() {
+            return bad("api_mutating_rate", why);
+        }
+        if let Err(why) = self.api_describe_rate.validate() {
+            return bad("api_describe_rate", why);
+        }
+        for (key, d) in [
+            ("resync_interval", self.resync_interval),
+            ("reap_interval", self.reap_interval),
+        ] {
+            if d.is_zero() {
+                return bad(key, "must be above zero".into());
+            }
+        }
+        if self.reap_cooldown < MIN_REAP_COOLDOWN {
+            return bad(
+                "reap_cooldown",
+                format!(
+                    "{:?} is below the minimum {MIN_REAP_COOLDOWN:?}: a new ENI is unattached between its create and its attach",
+                    self.reap_cooldown
+                ),
+            );
+        }
+        if self
+            .subnets
+            .iter()
+            .chain(&self.security_groups)
+            .any(String::is_empty)
+        {
+            return bad("subnets", "an empty subnet or security group id".into());
+        }
+        Ok(())
+    }
+
+    /// The policy [`crate::index`] plans with.
+    pub fn policy(&self) -> crate::index::Policy {
+        crate::index::Policy {
+            cluster: self.cluster.clone(),
+            mode: self.mode,
+            watermarks: self.watermarks.into(),
+            subnets: self.subnets.clone(),
+            security_groups: self.security_groups.clone(),
+            node_grace: self.node_grace,
+            reap_cooldown: self.reap_cooldown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_config_parses_and_the_defaults_fill_the_rest() {
+        let c = OperatorConfig::from_toml(
+            r#"
+            cluster = "prod"
+            mode = "secondary"
+            subnets = ["subnet-1"]
+            security_groups = ["sg-1"]
+            workers = 4
+            node_grace = "2m"
+            api_mutating_rate = { every = "50ms", burst = 100 }
+            [watermarks]
+            pre_allocate = 8
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.mode, Mode::Secondary);
+        assert_eq!(c.workers, 4);
+        assert_eq!(c.node_grace, Duration::from_secs(120));
+        assert_eq!(c.watermarks.pre_allocate, 8);
+        assert_eq!(c.watermarks.max_above_watermark, 2);
+        assert_eq!(
+            c.api_mutating_rate,
+            RateLimit::new(Duration::from_millis(50), 100)
+        );
+        assert_eq!(c.api_describe_rate, DEFAULT_DESCRIBE_RATE);
+        assert_eq!(c.resync_interval, Duration::from_secs(30));
+        let p = c.policy();
+        assert_eq!(p.watermarks.pre_allocate, 8);
+        assert_eq!(p.cluster, "prod");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = OperatorConfig::from_toml("cluster = \"c\"\nworkerz = 3").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Parse(m) if m.contains("workerz")),
+            "{e}"
+        );
+        let cases = [
+            ("cluster = \"\"", "cluster"),
+            ("cluster = \"c\"\nworkers = 0", "workers"),
+            ("cluster = \"c\"\nreap_cooldown = \"10s\"", "reap_cooldown"),
+            (
+                "cluster = \"c\"\nresync_interval = \"0s\"",
+                "resync_interval",
+            ),
+            (
+                "cluster = \"c\"\napi_describe_rate = { every = \"1s\", burst = 0 }",
+                "api_describe_rate",
+            ),
+            ("cluster = \"c\"\nsubnets = [\"\"]", "subnets"),
+        ];
+        for (text, key) in cases {
+            match OperatorConfig::from_toml(text) {
+                Err(ConfigError::Invalid { key: k, why }) => assert_eq!(k, key, "{text}: {why}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let e = OperatorConfig::from_toml("cluster = \"c\"\nworkers = 0").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "operator config: workers: 0 is not in 1..=256"
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! The cluster as the operator sees it, and [`plan`]: what to do about it.
+//! Pure: no I/O, no clock, no tokio. The allocator builds an [`Index`]
+//! from its caches and one cloud listing, plans, and runs the tasks.
+//!
+//! Invariants `plan` keeps (the tests check them on random clusters):
+//! - an ENI (secondary mode: an address) that a pod holds, per the node's
+//!   `status.used`, is never drained, detached, deleted or unassigned, and
+//!   never leaves the spec; only a node gone past `node_grace` loses its
+//!   ENIs, used or not (its pods are gone with it);
+//! - an ENI leaves the cloud only through the handshake: the operator lists
+//!   it in `spec.draining`, the agent lists it in `status.released`, then
+//!   [`Task::Reclaim`] detaches and deletes it;
+//! - a leaked ENI is deleted only when the listing shows it attached
+//!   nowhere, in no spec, made by no live intent, and older than
+//!   `reap_cooldown` by a readable creation tag;
+//! - tasks come neediest node first (deficit descending, surplus last, as
+//!   CCE's `GetNodesByIPWatermark`), a node's tasks next to each other and
+//!   in the order they must run: finish intents, adopt, reclaim, then grow
+//!   or drain.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
+use enim_provider::fleet::FleetEni;
+use enim_provider::AddressLimits;
+
+use crate::store::{NodeInfo, SetInfo};
+
+mod plan;
+mod provider_id;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use plan::plan;
+pub use provider_id::instance_of;
+
+/// `Intent::action` of a create followed by an attach.
+pub const ACTION_CREATE_ATTACH: &str = "create-attach";
+
+/// What the operator wants of every node, from its config.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Policy {
+    pub cluster: String,
+    pub mode: Mode,
+    pub watermarks: Watermarks,
+    pub subnets: Vec<String>,
+    pub security_groups: Vec<String>,
+    pub node_grace: Duration,
+    pub reap_cooldown: Duration,
+}
+
+impl Policy {
+    /// The spec of a node that has none yet: no ENIs.
+    pub fn new_spec(&self, instance: Instance) -> NetResourceSetSpec {
+        let mut spec = NetResourceSetSpec {
+            instance,
+            ..Default::default()
+        };
+        self.stamp(&mut spec);
+        spec
+    }
+
+    /// Whether `spec` carries the policy's current fields.
+    pub fn matches(&self, spec: &NetResourceSetSpec) -> bool {
+        spec.mode == self.mode
+            && spec.watermarks == self.watermarks
+            && spec.subnets == self.subnets
+            && spec.security_groups == self.security_groups
+    }
+
+    /// Writes the policy's fields into `spec`.
+    pub fn stamp(&self, spec: &mut NetResourceSetSpec) {
+        spec.mode = self.mode;
+        spec.watermarks = self.watermarks;
+        spec.subnets.clone_from(&self.subnets);
+        spec.security_groups.clone_from(&self.security_groups);
+    }
+}
+
+/// What one index is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    pub policy: &'a Policy,
+    pub nodes: &'a [NodeInfo],
+    pub sets: &'a [SetInfo],
+    /// One listing of the cluster's ENIs.
+    pub enis: &'a [FleetEni],
+    /// By instance type; a type missing here gets no new ENIs.
+    pub limits: &'a HashMap<String, AddressLimits>,
+    /// Sets whose Node the allocator found gone, and since when (a set
+    /// being deleted counts from its `deleting_since`).
+    pub gone_since: &'a HashMap<String, SystemTime>,
+    /// Look for leaked ENIs in this pass (the listing is fresh and the
+    /// reap interval has passed).
+    pub reap_leaks: bool,
+    pub now: SystemTime,
+}
+
+/// What a node is, as far as planning goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A Node without its NetResourceSet yet.
+    New,
+    Live,
+    /// The set outlives its Node (or is being deleted) since then.
+    Gone(SystemTime),
+}
+
+/// One node (or one set without a node).
+#[derive(Debug, Clone)]
+pub struct NodeEntry<'a> {
+    pub name: &'a str,
+    pub node: Option<&'a NodeInfo>,
+    pub set: Option<&'a SetInfo>,
+    pub phase: Phase,
+    pub instance: Instance,
+    pub limits: Option<AddressLimits>,
+    /// The listing's ENIs attached to this instance or tagged for it.
+    pub listed: Vec<&'a FleetEni>,
+}
+
+/// The cluster at one instant.
+#[derive(Debug, Clone)]
+pub struct Index<'a> {
+    pub policy: &'a Policy,
+    pub now: SystemTime,
+    /// By name.
+    pub nodes: Vec<NodeEntry<'a>>,
+    /// Listed ENIs no live spec or intent accounts for: leak candidates
+    /// (filtered by [`plan`]). Empty unless `reap_leaks`.
+    pub unclaimed: Vec<&'a FleetEni>,
+}
+
+impl<'a> Index<'a> {
+    pub fn build(input: Input<'a>) -> Index<'a> {
+        let mut by_name: HashMap<&str, NodeEntry<'a>> = HashMap::with_capacity(input.nodes.len());
+        for n in input.nodes {
+            let instance = instance_of(n);
+            by_name.insert(
+                &n.name,
+                NodeEntry {
+                    name: &n.name,
+                    node: Some(n),
+                    set: None,
+                    phase: Phase::New,
+                    limits: input.limits.get(&instance.instance_type).copied(),
+                    instance,
+                    listed: Vec::new(),
+                },
+            );
+        }
+        for s in input.sets {
+            let gone = s
+                .deleting_since
+                .or_else(|| input.gone_since.get(&s.name).copied())
+                .unwrap_or(input.now);
+            let entry = by_name.entry(&s.name).or_insert_with(|| NodeEntry {
+                name: &s.name,
+                node: None,
+                set: None,
+                phase: Phase::Gone(gone),
+                instance: Instance::default(),
+                limits: None,
+                listed: Vec::new(),
+            });
+            entry.set = Some(s);
+            // The spec's instance is what the ENIs were made for.
+            entry.instance = s.spec.instance.clone();
+            entry.limits = input.limits.get(&entry.instance.instance_type).copied();
+            entry.phase = match (entry.node, s.deleting_since) {
+                (Some(_), None) => Phase::Live,
+                _ => Phase::Gone(gone),
+            };
+        }
+        let mut nodes: Vec<NodeEntry<'a>> = by_name.into_values().collect();
+        nodes.sort_unstable_by(|a, b| a.name.cmp(b.name));
+
+        let by_instance: HashMap<String, usize> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.instance.id.is_empty())
+            .map(|(i, e)| (e.instance.id.clone(), i))
+            .collect();
+        for eni in input.enis {
+            let attached = eni.attachment.as_ref().map(|a| a.instance.as_str());
+            let tagged = eni.node.as_deref();
+            let mut seen = None;
+            for inst in [attached, tagged].into_iter().flatten() {
+                if let Some(&i) = by_instance.get(inst) {
+                    if seen != Some(i) {
+                        nodes[i].listed.push(eni);
+                        seen = Some(i);
+                    }
+                }
+            }
+        }
+
+        let mut unclaimed = Vec::new();
+        if input.reap_leaks {
+            let mut in_spec: HashSet<&str> = HashSet::new();
+            let mut tokens: HashSet<&str> = HashSet::new();
+            for s in input.sets {
+                in_spec.extend(s.spec.enis.iter().map(|e| e.id.as_str()));
+                tokens.extend(s.spec.intents.iter().map(|i| i.client_token.as_str()));
+            }
+            unclaimed = input
+                .enis
+                .iter()
+                .filter(|e| e.attachment.is_none() && !in_spec.contains(e.id.as_str()))
+                .filter(|e| e.intent.as_deref().is_none_or(|t| !tokens.contains(t)))
+                .collect();
+        }
+        Index {
+            policy: input.policy,
+            now: input.now,
+            nodes,
+            unclaimed,
+        }
+    }
+}
+
+/// The spec entry of a listed ENI.
+pub fn eni_spec(e: &FleetEni) -> EniSpec {
+    EniSpec {
+        id: e.id.clone(),
+        mac: e.mac.to_string(),
+        ipv4: e.ipv4.to_string(),
+        gateway4: IpAddr::V4(e.gateway4),
+        ipv6: e.ipv6.map(|n| n.to_string()),
+        gateway6: e.gateway6.map(IpAddr::V6),
+        mtu: None,
+        device_index: e.attachment.as_ref().map(|a| a.device_index),
+        subnet: e.subnet.clone(),
+        secondary_ips: e.secondary_ips.clone(),
+    }
+}
+
+/// One thing to do. Every task but [`Task::DeleteLeaked`] concerns one
+/// node (its [`Task::node`]); the allocator runs a node's tasks one after
+/// another, in plan order, on one working copy of its spec.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Task {
+    /// Write the first NetResourceSet of a new node.
+    CreateSet {
+        node: String,
+        spec: NetResourceSetSpec,
+    },
+    /// Write the policy's current watermarks, subnets and groups.
+    RefreshPolicy { node: String },
+    /// Finish a create+attach recorded in `spec.intents`: create with the
+    /// same token unless the listing shows the ENI it made (`made`), attach
+    /// it unless attached here, publish it, drop the intent.
+    FinishIntent {
+        node: String,
+        token: String,
+        made: Option<FleetEni>,
+        /// Where to attach it; `None` when `made` is attached here already.
+        device_index: Option<u32>,
+        secondary_ipv4: usize,
+    },
+    /// Drop an intent that cannot be finished (no room on the instance,
+    /// or its ENI is published already). Its ENI, if any, is unattached:
+    /// the leak reaper deletes it after the cooldown.
+    DropIntent { node: String, token: String },
+    /// Publish ENIs (and, in secondary mode, addresses of spec ENIs) the
+    /// listing shows attached here and tagged for this instance but the
+    /// spec lacks: a crashed leader's work, or a restore.
+    Adopt {
+        node: String,
+        enis: Vec<EniSpec>,
+        addresses: Vec<(String, Vec<IpAddr>)>,
+    },
+    /// The released side of the drain handshake: detach and delete `enis`,
+    /// unassign `addresses`, then drop them (and `stale` draining entries
+    /// that name nothing) from the spec.
+    Reclaim {
+        node: String,
+        enis: Vec<String>,
+        addresses: Vec<(String, Vec<IpAddr>)>,
+        stale: Vec<String>,
+    },
+    /// Create and attach `device_indexes.len()` ENIs, each with
+    /// `secondary_ipv4` addresses (secondary mode).
+    CreateEnis {
+        node: String,
+        device_indexes: Vec<u32>,
+        secondary_ipv4: usize,
+    },
+    /// Secondary mode: assign `count` more addresses to `eni`.
+    AssignAddresses {
+        node: String,
+        eni: String,
+        count: usize,
+    },
+    /// Take back drains the agent has not answered yet: the node needs them.
+    Undrain { node: String, items: Vec<String> },
+    /// Ask the agent for these free ENIs (secondary mode: addresses) back.
+    Drain { node: String, items: Vec<String> },
+    /// The node is gone past its grace: detach and delete every ENI it had,
+    /// then let its set go (`release_set`). A set deleted while its Node
+    /// still exists keeps the ENIs pods hold, and the set, until they are
+    /// free.
+    ReleaseNode {
+        node: String,
+        enis: Vec<String>,
+        release_set: bool,
+    },
+    /// An ENI of this cluster attached nowhere and claimed by nothing.
+    DeleteLeaked { eni: String },
+}
+
+impl Task {
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Task::CreateSet { node, .. }
+            | Task::RefreshPolicy { node }
+            | Task::FinishIntent { node, .. }
+            | Task::DropIntent { node, .. }
+            | Task::Adopt { node, .. }
+            | Task::Reclaim { node, .. }
+            | Task::CreateEnis { node, .. }
+            | Task::AssignAddresses { node, .. }
+            | Task::Undrain { node, .. }
+            | Task::Drain { node, .. }
+            | Task::ReleaseNode { node, .. } => Some(node),
+            Task::DeleteLeaked { .. } => None,
+        }
+    }
+
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Task::CreateSet { .. } => "create-set",
+            Task::RefreshPolicy { .. } => "refresh-policy",
+            Task::FinishIntent { .. } => "finish-intent",
+            Task::DropIntent { .. } => "drop-intent",
+            Task::Adopt { .. } => "adopt",
+            Task::Reclaim { .. } => "reclaim",
+            Task::CreateEnis { .. } => "create-enis",
+            Task::AssignAddresses { .. } => "assign-addresses",
+            Task::Undrain { .. } => "undrain",
+            Task::Drain { .. } => "drain",
+            Task::ReleaseNode { .. } => "release-node",
+            Task::DeleteLeaked { .. } => "delete-leaked",
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The operator's config file and what it builds: `[operator]` (the
+//! policy, [`OperatorConfig`]) and `[cloud]` (where ENIs come from, one of
+//! the provider crates' fleet backends).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use enim_provider::fleet::FleetCloud;
+use enim_provider_aws::{AwsFleet, AwsFleetConfig};
+use enim_provider_bce::{BceFleet, BceFleetConfig};
+use enim_provider_static::{StaticFleet, StaticFleetConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::config::OperatorConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("reading {path}: {source}", path = .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}", path = .path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("{path}: {message}", path = .path.display())]
+    Invalid { path: PathBuf, message: String },
+    #[error("[cloud] {0}")]
+    Cloud(String),
+}
+
+/// Where the operator's ENIs come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum FleetProviderConfig {
+    /// EC2 (README: "AWS provider").
+    Aws(Box<AwsFleetConfig>),
+    /// Baidu BCE.
+    Bce(Box<BceFleetConfig>),
+    /// A fixed inventory per node: labs, bare metal, the e2e cluster.
+    Static(StaticFleetConfig),
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorFile {
+    #[serde(default)]
+    pub operator: OperatorConfig,
+    pub cloud: FleetProviderConfig,
+}
+
+impl OperatorFile {
+    /// Parses and validates `text` (`path` names it in errors). The
+    /// cloud's `cluster`, where it has one, defaults to the operator's and
+    /// must equal it: the listing by tag and the leaks the reaper deletes
+    /// are that cluster's.
+    pub fn from_toml(path: &Path, text: &str) -> Result<OperatorFile, SetupError> {
+        let mut file: OperatorFile = toml::from_str(text).map_err(|e| SetupError::Parse {
+            path: path.into(),
+            source: Box::new(e),
+        })?;
+        let invalid = |message: String| SetupError::Invalid {
+            path: path.into(),
+            message,
+        };
+        file.operator
+            .validate()
+            .map_err(|e| invalid(format!("[operator] {e}")))?;
+        let ours = file.operator.cluster.clone();
+        let cloud_cluster = match &mut file.cloud {
+            FleetProviderConfig::Aws(c) => Some(&mut c.cluster),
+            FleetProviderConfig::Bce(c) => Some(&mut c.cluster),
+            FleetProviderConfig::Static(_) => None,
+        };
+        if let Some(cluster) = cloud_cluster {
+            if cluster.is_empty() {
+                cluster.clone_from(&ours);
+            } else if *cluster != ours {
+                return Err(invalid(format!(
+                    "[cloud] cluster {cluster:?} differs from [operator] cluster {ours:?}"
+                )));
+            }
+        }
+        if let FleetProviderConfig::Aws(c) = &file.cloud {
+            c.validate().map_err(|e| invalid(format!("[cloud] {e}")))?;
+        }
+        Ok(file)
+    }
+}
+
+/// Reads and validates the operator's config file.
+pub fn load(path: &Path) -> Result<OperatorFile, SetupError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SetupError::Read {
+        path: path.into(),
+        source,
+    })?;
+    OperatorFile::from_toml(path, &text)
+}
+
+/// Connects the cloud `[cloud]` names.
+pub async fn connect(cloud: &FleetProviderConfig) -> Result<Arc<dyn FleetCloud>, SetupError> {
+    let err = |e: String| SetupError::Cloud(e);
+    Ok(match cloud {
+        FleetProviderConfig::Aws(c) => {
+            Arc::new(AwsFleet::connect(c).await.map_err(|e| err(e.to_string()))?)
+        }
+        FleetProviderConfig::Bce(c) => {
+            Arc::new(BceFleet::connect(c).map_err(|e| err(e.to_string()))?)
+        }
+        FleetProviderConfig::Static(c) => {
+            Arc::new(StaticFleet::new(c).map_err(|e| err(e.to_string()))?)
+        }
+    })
+}

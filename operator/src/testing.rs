@@ -1,0 +1,320 @@
+//! In-memory [`FleetCloud`] and [`Store`] for tests and the bench: an
+//! instant cloud that behaves as the trait says (idempotent create by
+//! token, attach and detach that succeed when already done, delete that
+//! spares attached ENIs), with call counts and injected failures.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use enim_crd::NetResourceSetSpec;
+use enim_provider::cloud::{CreatedAt, Reaped};
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::{AddressLimits, MacAddr, ProviderError};
+
+use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Default)]
+struct CloudState {
+    enis: BTreeMap<String, FleetEni>,
+    next: u32,
+    calls: BTreeMap<&'static str, usize>,
+    /// Verb → calls still to fail.
+    failing: HashMap<&'static str, usize>,
+}
+
+pub struct MemCloud {
+    state: Mutex<CloudState>,
+    pub limits: AddressLimits,
+    /// Creation tags are stamped with this.
+    pub now: Mutex<SystemTime>,
+}
+
+impl Default for MemCloud {
+    fn default() -> Self {
+        MemCloud::new(AddressLimits {
+            ipv4_per_eni: 10,
+            ipv6_per_eni: 0,
+            enis: 8,
+        })
+    }
+}
+
+impl MemCloud {
+    pub fn new(limits: AddressLimits) -> MemCloud {
+        MemCloud {
+            state: Mutex::default(),
+            limits,
+            now: Mutex::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000)),
+        }
+    }
+
+    /// The next `n` calls of `verb` ("create", "attach", ...) fail.
+    pub fn fail_next(&self, verb: &'static str, n: usize) {
+        lock(&self.state).failing.insert(verb, n);
+    }
+
+    pub fn calls(&self, verb: &str) -> usize {
+        lock(&self.state).calls.get(verb).copied().unwrap_or(0)
+    }
+
+    pub fn enis(&self) -> Vec<FleetEni> {
+        lock(&self.state).enis.values().cloned().collect()
+    }
+
+    /// Puts an ENI into the cloud as if someone else made it.
+    pub fn insert(&self, eni: FleetEni) {
+        lock(&self.state).enis.insert(eni.id.clone(), eni);
+    }
+
+    fn enter(&self, verb: &'static str) -> Result<MutexGuard<'_, CloudState>, ProviderError> {
+        let mut st = lock(&self.state);
+        *st.calls.entry(verb).or_default() += 1;
+        if let Some(n) = st.failing.get_mut(verb).filter(|n| **n > 0) {
+            *n -= 1;
+            return Err(ProviderError::Unavailable(format!(
+                "{verb}: injected failure"
+            )));
+        }
+        Ok(st)
+    }
+}
+
+#[async_trait]
+impl FleetCloud for MemCloud {
+    fn name(&self) -> &str {
+        "mem"
+    }
+
+    async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {
+        Ok(self.enter("list")?.enis.values().cloned().collect())
+    }
+
+    async fn limits(&self, _instance_type: &str) -> Result<AddressLimits, ProviderError> {
+        drop(self.enter("limits")?);
+        Ok(self.limits)
+    }
+
+    async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
+        let now = *lock(&self.now);
+        let mut st = self.enter("create")?;
+        if let Some(e) = st
+            .enis
+            .values()
+            .find(|e| e.intent.as_deref() == Some(req.client_token.as_str()))
+        {
+            return Ok(e.clone());
+        }
+        st.next += 1;
+        let n = st.next;
+        let [_, a, b, c] = n.to_be_bytes();
+        let host = |k: u32| Ipv4Addr::from(0x0a00_0000 | ((n * 64 + k) & 0x00ff_ffff));
+        let eni = FleetEni {
+            id: format!("eni-{n:06}"),
+            mac: MacAddr([2, 0, 0, a, b, c]),
+            ipv4: ipnet::Ipv4Net::new(host(0), 8)
+                .map_err(|e| ProviderError::Config(e.to_string()))?,
+            gateway4: Ipv4Addr::new(10, 0, 0, 1),
+            ipv6: None,
+            gateway6: None,
+            subnet: req.subnet.clone(),
+            security_groups: req.security_groups.clone(),
+            secondary_ips: (1..=u32::try_from(req.secondary_ipv4).unwrap_or(0))
+                .map(|k| IpAddr::V4(host(k)))
+                .collect(),
+            attachment: None,
+            node: Some(req.instance.clone()),
+            intent: Some(req.client_token.clone()),
+            created_at: CreatedAt::At(now),
+        };
+        st.enis.insert(eni.id.clone(), eni.clone());
+        Ok(eni)
+    }
+
+    async fn attach(
+        &self,
+        eni_id: &str,
+        instance: &str,
+        device_index: u32,
+    ) -> Result<(), ProviderError> {
+        let mut st = self.enter("attach")?;
+        let e = st
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+        match &e.attachment {
+            Some(a) if a.instance == instance => Ok(()),
+            Some(a) => Err(ProviderError::Unavailable(format!(
+                "{eni_id} is attached to {}",
+                a.instance
+            ))),
+            None => {
+                e.attachment = Some(FleetAttachment {
+                    instance: instance.into(),
+                    device_index,
+                    attachment_id: format!("attach-{eni_id}"),
+                    state: "attached".into(),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let mut st = self.enter("detach")?;
+        if let Some(e) = st.enis.get_mut(eni_id) {
+            e.attachment = None;
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+        let mut st = self.enter("delete")?;
+        Ok(match st.enis.get(eni_id) {
+            None => Reaped::Gone,
+            Some(e) if e.attachment.is_some() => Reaped::Spared("attached".into()),
+            Some(_) => {
+                st.enis.remove(eni_id);
+                Reaped::Deleted
+            }
+        })
+    }
+
+    async fn assign_addresses(
+        &self,
+        eni_id: &str,
+        ipv4: usize,
+        _ipv6: usize,
+    ) -> Result<Vec<IpAddr>, ProviderError> {
+        let mut st = self.enter("assign")?;
+        let e = st
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+        let base = u32::from(e.ipv4.addr());
+        let mut new = Vec::new();
+        let mut k = 1;
+        while new.len() < ipv4 {
+            let ip = IpAddr::V4(Ipv4Addr::from(base + k));
+            if !e.secondary_ips.contains(&ip) {
+                e.secondary_ips.push(ip);
+                new.push(ip);
+            }
+            k += 1;
+        }
+        Ok(new)
+    }
+
+    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+        let mut st = self.enter("unassign")?;
+        if let Some(e) = st.enis.get_mut(eni_id) {
+            e.secondary_ips.retain(|ip| !ips.contains(ip));
+        }
+        Ok(())
+    }
+}
+
+/// NetResourceSets in memory: spec by the operator, status by the test.
+pub struct MemStore {
+    sets: Mutex<BTreeMap<String, SetInfo>>,
+    leader: AtomicBool,
+    writes: AtomicUsize,
+    /// Leadership is lost after this many more writes (`usize::MAX`: never).
+    lose_after: AtomicUsize,
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        MemStore {
+            sets: Mutex::default(),
+            leader: AtomicBool::new(true),
+            writes: AtomicUsize::new(0),
+            lose_after: AtomicUsize::new(usize::MAX),
+        }
+    }
+}
+
+impl MemStore {
+    pub fn sets(&self) -> Vec<SetInfo> {
+        lock(&self.sets).values().cloned().collect()
+    }
+
+    pub fn set(&self, name: &str) -> Option<SetInfo> {
+        lock(&self.sets).get(name).cloned()
+    }
+
+    /// Changes a set as an agent (status) or the API server would.
+    pub fn edit(&self, name: &str, f: impl FnOnce(&mut SetInfo)) {
+        if let Some(s) = lock(&self.sets).get_mut(name) {
+            f(s);
+        }
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    pub fn lose_leadership_after(&self, writes: usize) {
+        self.lose_after.store(writes, Ordering::SeqCst);
+    }
+
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let left = self.lose_after.load(Ordering::SeqCst);
+        if left != usize::MAX {
+            if left <= 1 {
+                self.set_leader(false);
+            }
+            self.lose_after
+                .store(left.saturating_sub(1), Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemStore {
+    async fn apply_spec(
+        &self,
+        node: &NodeInfo,
+        spec: &NetResourceSetSpec,
+    ) -> Result<(), StoreError> {
+        if !self.is_leader() {
+            return Err(StoreError::NotLeader);
+        }
+        lock(&self.sets)
+            .entry(node.name.clone())
+            .and_modify(|s| s.spec = spec.clone())
+            .or_insert_with(|| SetInfo {
+                name: node.name.clone(),
+                spec: spec.clone(),
+                status: None,
+                deleting_since: None,
+            });
+        self.wrote();
+        Ok(())
+    }
+
+    async fn release_set(&self, name: &str) -> Result<(), StoreError> {
+        if !self.is_leader() {
+            return Err(StoreError::NotLeader);
+        }
+        lock(&self.sets).remove(name);
+        self.wrote();
+        Ok(())
+    }
+
+    fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+}
