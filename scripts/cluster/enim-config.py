@@ -72,6 +72,8 @@ def operator_manifests(deploy_dir, mode, node, enis, out):
             config["operator"]["cluster"] = "enim-e2e"
             config["operator"]["mode"] = mode
             config["operator"]["resync_interval"] = "5s"
+            # A static inventory cannot take ENIs back: none is ever surplus.
+            config["operator"]["watermarks"]["max_above_watermark"] = len(enis)
             config["cloud"] = static_inventory(node, enis)
             doc["data"]["operator.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
         elif doc["kind"] == "Deployment":
