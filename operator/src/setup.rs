@@ -117,3 +117,45 @@ pub async fn connect(cloud: &FleetProviderConfig) -> Result<Arc<dyn FleetCloud>,
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<OperatorFile, SetupError> {
+        OperatorFile::from_toml(Path::new("operator.toml"), text)
+    }
+
+    /// deploy/50-operator.yaml's ConfigMap is a config this binary takes.
+    #[test]
+    fn the_deployed_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/50-operator.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let config_map = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "ConfigMap")
+            .expect("a ConfigMap in 50-operator.yaml");
+        let toml = config_map["data"]["operator.toml"].as_str().unwrap();
+        let file = parse(toml).unwrap();
+        let FleetProviderConfig::Aws(aws) = &file.cloud else {
+            panic!("deploy/ configures AWS: {:?}", file.cloud);
+        };
+        assert_eq!(
+            aws.cluster, file.operator.cluster,
+            "the cluster is filled in"
+        );
+    }
+
+    #[test]
+    fn a_cloud_of_another_cluster_and_unknown_keys_are_refused() {
+        let other = "[operator]\ncluster = \"a\"\n[cloud]\ntype = \"aws\"\nregion = \"r\"\ncluster = \"b\"\n";
+        let e = parse(other).unwrap_err().to_string();
+        assert!(e.contains("differs from [operator] cluster"), "{e}");
+        let typo = "[operator]\ncluster = \"a\"\nresync = \"1s\"\n[cloud]\ntype = \"static\"\nnodes = {}\n";
+        let e = parse(typo).unwrap_err().to_string();
+        assert!(e.contains("unknown field") && e.contains("resync"), "{e}");
+        let no_cloud = "[operator]\ncluster = \"a\"\n";
+        let e = parse(no_cloud).unwrap_err().to_string();
+        assert!(e.contains("cloud"), "{e}");
+    }
+}
