@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::cluster::succeeded;
+
 /// Overrides where the upstream binaries are.
 pub const BIN_ENV: &str = "ENIM_K8S_BIN";
 
@@ -261,14 +263,7 @@ impl ControlPlane {
 
     /// `kubectl ARGS` as admin; panics unless it succeeds.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = self.kubectl_output(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("kubectl printed UTF-8")
+        succeeded(args, self.kubectl_output(args))
     }
 
     /// `kubectl apply -f -` of `yaml`, as admin.

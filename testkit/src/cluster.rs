@@ -64,14 +64,7 @@ impl Cluster {
 
     /// `kubectl ARGS` as the cluster's admin; panics unless it succeeds.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = self.kubectl_output(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("kubectl printed UTF-8")
+        succeeded(args, self.kubectl_output(args))
     }
 
     /// `kubectl ARGS`, whatever its outcome.
@@ -92,4 +85,16 @@ impl Cluster {
         all.extend(["-o", "json"]);
         serde_json::from_str(&self.kubectl(&all)).expect("kubectl -o json")
     }
+}
+
+/// The stdout of `kubectl ARGS` that ran as `out`; panics with its stderr
+/// unless it succeeded.
+pub(crate) fn succeeded(args: &[&str], out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("kubectl printed UTF-8")
 }
