@@ -59,7 +59,7 @@ async fn a_node_gets_its_set_and_enis_pods_use_them_and_the_surplus_is_drained()
         (spec.watermarks.pre_allocate, spec.watermarks.min_allocate),
         (1, 2)
     );
-    assert_eq!(spec.subnets, [rig.env.subnet_id.clone()]);
+    assert_eq!(spec.subnets, std::slice::from_ref(&rig.env.subnet_id));
     assert_eq!(rig.env.proxy.calls("CreateNetworkInterface"), 2);
 
     // Pods use both: the agent hands them out and writes the status.
