@@ -116,7 +116,7 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 "--profiling=false",
-                "--controllers=garbage-collector,serviceaccount,serviceaccount-token",
+                "--controllers=garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller",
             ]);
         self.controllers = Some(self.spawn("kube-controller-manager", cmd));
         self

@@ -30,6 +30,8 @@ mod cache;
 pub mod state;
 mod sync;
 
+pub use sync::AFTER_STATUS_WRITE;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

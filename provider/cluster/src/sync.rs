@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use enim_crd::{NetResourceSet, AGENT_MANAGER};
+use enim_provider::fault::crash_point;
 use enim_provider::retry::Backoff;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,6 +19,10 @@ use kube::{Api, Resource};
 
 use crate::state::SeenSpec;
 use crate::{cache, Shared, Source};
+
+/// The crash point (`ENIMD_CRASH_AT`, with the `fault-injection` feature)
+/// reached after every status write the API server took.
+pub const AFTER_STATUS_WRITE: &str = "cluster:after-status-write";
 
 /// Retries of a failed status write: quick at first, then every few
 /// seconds, so the status catches up soon after the API server is back.
@@ -159,6 +164,10 @@ async fn write_once(shared: &Shared, api: &Api<NetResourceSet>) -> Result<(), ku
     {
         Ok(_) => {
             shared.writes.fetch_add(1, Ordering::Relaxed);
+            // Tests kill the agent between two status writes here (with
+            // ENIMD_DELAY_AT the same point first stalls the writer while
+            // the agent goes on): the status in the API is then behind.
+            crash_point(AFTER_STATUS_WRITE);
             shared.reachable();
             Ok(())
         }
