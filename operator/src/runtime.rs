@@ -228,6 +228,32 @@ pub fn set_info(set: &NetResourceSet) -> SetInfo {
     }
 }
 
+/// The watches' retry delays: 500 ms doubling to 5 s, jittered. kube's
+/// default grows to 30 s, so after an API server outage the caches (and
+/// with them new nodes' ENIs) stayed stale for ~25 s after it was back.
+struct WatchBackoff(enim_provider::retry::Delays);
+
+impl WatchBackoff {
+    fn new() -> WatchBackoff {
+        let policy =
+            enim_provider::retry::Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+        WatchBackoff(policy.delays())
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.0.next_delay())
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
 /// Drops what the operator never reads from a Node before it is cached.
 fn slim_node(node: &mut Node) {
     node.status = None;
@@ -248,7 +274,7 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
     let node_stream = reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
+            .backoff(WatchBackoff::new())
             .modify(slim_node),
     );
     let set_stream = reflector(
@@ -257,7 +283,7 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
             Api::<NetResourceSet>::all(client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff(),
+        .backoff(WatchBackoff::new()),
     );
     for (what, stream) in [
         ("nodes", node_stream.map_ok(|_| ()).boxed()),

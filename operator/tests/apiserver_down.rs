@@ -46,7 +46,7 @@ async fn the_operator_outlives_an_api_server_outage_and_resumes() {
 
     let other = rig.run_instance().await;
     rig.node("node-b", &other);
-    wait_for("node-b's set and ENIs", Duration::from_secs(60), || {
+    wait_for("node-b's set and ENIs", Duration::from_secs(15), || {
         rig.converged("node-b", &other, Some(2))
     })
     .await;
