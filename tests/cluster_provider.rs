@@ -173,7 +173,8 @@ fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
     let first = add_eventually(&pods[0], "c1", &conf);
     assert_eq!(first["interfaces"][0]["mac"], sb.enis[0].mac.to_string());
     assert_eq!(first["ips"][0]["address"], "10.77.0.10/24");
-    assert!(pods[0].exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
+    // Up to three echoes: one lost reply on a loaded 2-core runner is not a failure.
+    assert!(pods[0].exec_ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.77.0.1"]));
     eventually("status.used names the pod", Duration::from_secs(10), || {
         used(&status(&cp)) == ["default/pod-c1@eni-0000"]
     });
@@ -235,7 +236,8 @@ fn enimd_in_secondary_mode_serves_spec_addresses_and_hands_back_drained_ones() {
 
     let result = add_eventually(&pods[0], "c1", &conf);
     assert_eq!(result["ips"][0]["address"], "10.77.0.11/32");
-    assert!(pods[0].exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
+    // Up to three echoes: one lost reply on a loaded 2-core runner is not a failure.
+    assert!(pods[0].exec_ok(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.77.0.1"]));
     eventually(
         "status.used names the pod's address",
         Duration::from_secs(10),
