@@ -12,6 +12,13 @@
 //!   polling (the operator's next listing shows it done); without a listed
 //!   attachment id, DescribeNetworkInterfaces by id first, as the backend;
 //! - `delete`: DeleteNetworkInterface (spared while attached).
+//!
+//! Not modelled: three looks `AwsFleet` makes besides: a
+//! DescribeNetworkInterfaces by id before each attach (`ours`) and before
+//! each delete (`delete_checked`'s second look), and a filtered one by the
+//! intent tag before each create. Counted (a trial run of the operator
+//! phase at 1,000 nodes with them added), the steady churn's busiest
+//! describe bucket, the by-id one, goes from 1.0 % to 8.6 % of its refill.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
