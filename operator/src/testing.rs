@@ -1,7 +1,8 @@
 //! In-memory [`FleetCloud`] and [`Store`] for tests and the bench: an
 //! instant cloud that behaves as the trait says (idempotent create by
-//! token, attach and detach that succeed when already done, delete that
-//! spares attached ENIs), with call counts and injected failures.
+//! token, attach and detach that succeed when already done, a detach that
+//! only starts (the next listing, or a later one, shows it done), delete
+//! that spares attached ENIs), with call counts and injected failures.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
@@ -12,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use enim_crd::NetResourceSetSpec;
 use enim_provider::cloud::{CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, DETACHING};
 use enim_provider::{AddressLimits, MacAddr, ProviderError};
 
 use crate::store::{NodeInfo, SetInfo, Store, StoreError};
@@ -28,6 +29,10 @@ struct CloudState {
     calls: BTreeMap<&'static str, usize>,
     /// Verb → calls still to fail.
     failing: HashMap<&'static str, usize>,
+    /// ENIs being detached → listings that still show them "detaching".
+    detaching: HashMap<String, usize>,
+    /// What `detaching` starts at.
+    detach_listings: usize,
 }
 
 pub struct MemCloud {
@@ -59,6 +64,12 @@ impl MemCloud {
     /// The next `n` calls of `verb` ("create", "attach", ...) fail.
     pub fn fail_next(&self, verb: &'static str, n: usize) {
         lock(&self.state).failing.insert(verb, n);
+    }
+
+    /// A detach shows as "detaching" in the next `n` listings, then is
+    /// done (default 0: done by the next listing).
+    pub fn detach_takes_listings(&self, n: usize) {
+        lock(&self.state).detach_listings = n;
     }
 
     pub fn calls(&self, verb: &str) -> usize {
@@ -94,7 +105,19 @@ impl FleetCloud for MemCloud {
     }
 
     async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {
-        Ok(self.enter("list")?.enis.values().cloned().collect())
+        let mut st = self.enter("list")?;
+        let st = &mut *st;
+        st.detaching.retain(|id, left| {
+            let done = *left == 0;
+            *left = left.saturating_sub(1);
+            if done {
+                if let Some(e) = st.enis.get_mut(id) {
+                    e.attachment = None;
+                }
+            }
+            !done
+        });
+        Ok(st.enis.values().cloned().collect())
     }
 
     async fn limits(&self, _instance_type: &str) -> Result<AddressLimits, ProviderError> {
@@ -167,10 +190,15 @@ impl FleetCloud for MemCloud {
         }
     }
 
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
         let mut st = self.enter("detach")?;
-        if let Some(e) = st.enis.get_mut(eni_id) {
-            e.attachment = None;
+        let st = &mut *st;
+        let Some(a) = st.enis.get_mut(&eni.id).and_then(|e| e.attachment.as_mut()) else {
+            return Ok(());
+        };
+        if !a.detaching() {
+            a.state = DETACHING.into();
+            st.detaching.insert(eni.id.clone(), st.detach_listings);
         }
         Ok(())
     }

@@ -1,14 +1,16 @@
 //! One node's tasks, run one after another on one working copy of its
 //! spec (see the allocator's invariants). Spec-only changes (drain,
 //! adopt, policy) are written once at the end of the job; an intent is
-//! written before its create, and a publish right after its attach.
+//! written before its create, and a publish right after its attach. An
+//! ENI leaving is detached in one resync (the call only asks) and deleted
+//! in a later one, when the listing shows it attached nowhere.
 
 use std::net::IpAddr;
 
 use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
 use enim_provider::fault::crash_point;
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetEni};
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetEni, DETACHING};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
@@ -132,11 +134,12 @@ impl Job<'_> {
                 Ok(())
             }
             Task::Reclaim {
-                enis,
+                detach,
+                delete,
                 addresses,
                 stale,
                 ..
-            } => self.reclaim(enis, addresses, stale, dirty).await,
+            } => self.reclaim(detach, delete, addresses, stale, dirty).await,
             Task::CreateEnis {
                 device_indexes,
                 secondary_ipv4,
@@ -182,9 +185,13 @@ impl Job<'_> {
             }
             Task::ReleaseNode {
                 node,
-                enis,
+                detach,
+                delete,
                 release_set,
-            } => self.release_node(&node, enis, release_set, dirty).await,
+            } => {
+                self.release_node(&node, detach, delete, release_set, dirty)
+                    .await
+            }
             Task::DeleteLeaked { eni } => {
                 let cloud = &self.alloc.cloud;
                 let r = self
@@ -307,51 +314,83 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Detach (idempotent), then delete (an ENI already gone is done).
-    async fn detach_delete(&self, eni: &str) -> Result<(), TaskError> {
+    /// Asks the cloud to detach each of `enis` (as the listing shows
+    /// them) and returns: no polling, a later listing shows each detach
+    /// done and the plan deletes then. The first error, once all are asked.
+    async fn start_detaches(&self, enis: Vec<FleetEni>) -> Result<(), TaskError> {
         let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
-        crash_point("operator-before-detach");
-        alloc
-            .call(Class::Mutating, self.counters, cloud.detach(eni))
-            .await?;
-        crash_point("operator-after-detach");
-        alloc.amend(|l| {
-            if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
-                f.attachment = None;
-            }
-        });
-        let r = alloc
-            .call(Class::Mutating, self.counters, cloud.delete(eni))
-            .await?;
-        crash_point("operator-after-delete");
-        match r {
-            Reaped::Deleted | Reaped::Gone => {
-                alloc.amend(|l| l.retain(|f| f.id != eni));
-                Ok(())
-            }
-            Reaped::Spared(why) => Err(TaskError::Missing(format!("{eni} not deleted: {why}"))),
-        }
-    }
-
-    async fn reclaim(
-        &mut self,
-        enis: Vec<String>,
-        addresses: Vec<(String, Vec<IpAddr>)>,
-        stale: Vec<String>,
-        dirty: &mut bool,
-    ) -> Result<(), TaskError> {
         let mut first_err = None;
-        let mut gone: Vec<String> = stale;
-        let mut removed_enis: Vec<String> = Vec::new();
         for eni in enis {
-            match self.detach_delete(&eni).await {
-                Ok(()) => removed_enis.push(eni),
+            crash_point("operator-before-detach");
+            let r = alloc
+                .call(Class::Mutating, self.counters, cloud.start_detach(&eni))
+                .await;
+            match r {
+                Ok(()) => {
+                    crash_point("operator-after-detach");
+                    alloc.amend(|l| {
+                        let listed = l.iter_mut().find(|f| f.id == eni.id);
+                        if let Some(a) = listed.and_then(|f| f.attachment.as_mut()) {
+                            a.state = DETACHING.into();
+                        }
+                    });
+                }
                 Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
             }
         }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// One step of ENIs leaving: the detaches asked for, then the deletes
+    /// of `delete` (the listing shows them attached nowhere). Those deleted
+    /// or already gone, and the first error; lost leadership stops it.
+    async fn leave(
+        &self,
+        detach: Vec<FleetEni>,
+        delete: Vec<String>,
+    ) -> Result<(Vec<String>, Option<TaskError>), TaskError> {
+        let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
+        let mut first_err = match self.start_detaches(detach).await {
+            Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+            r => r.err(),
+        };
+        let mut removed = Vec::new();
+        for eni in delete {
+            let r = alloc
+                .call(Class::Mutating, self.counters, cloud.delete(&eni))
+                .await;
+            match r {
+                Ok(Reaped::Deleted | Reaped::Gone) => {
+                    crash_point("operator-after-delete");
+                    alloc.amend(|l| l.retain(|f| f.id != eni));
+                    removed.push(eni);
+                }
+                Ok(Reaped::Spared(why)) => {
+                    first_err
+                        .get_or_insert(TaskError::Missing(format!("{eni} not deleted: {why}")));
+                }
+                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Ok((removed, first_err))
+    }
+
+    async fn reclaim(
+        &mut self,
+        detach: Vec<FleetEni>,
+        delete: Vec<String>,
+        addresses: Vec<(String, Vec<IpAddr>)>,
+        stale: Vec<String>,
+        dirty: &mut bool,
+    ) -> Result<(), TaskError> {
+        let (removed_enis, mut first_err) = self.leave(detach, delete).await?;
+        let mut gone: Vec<String> = stale;
         let mut removed_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
         for (eni, ips) in addresses {
             let cloud = &self.alloc.cloud;
@@ -395,25 +434,13 @@ impl Job<'_> {
     async fn release_node(
         &mut self,
         node: &str,
-        enis: Vec<String>,
+        detach: Vec<FleetEni>,
+        delete: Vec<String>,
         release_set: bool,
         dirty: &mut bool,
     ) -> Result<(), TaskError> {
-        let mut first_err = None;
-        let mut removed = Vec::new();
-        for eni in enis {
-            match self.detach_delete(&eni).await {
-                Ok(()) => removed.push(eni),
-                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        if release_set {
+        let (removed, first_err) = self.leave(detach, delete).await?;
+        if first_err.is_none() && release_set {
             self.alloc.lead()?;
             self.alloc.store.release_set(node).await?;
             self.counters
@@ -424,13 +451,14 @@ impl Job<'_> {
             cache.gone_since.remove(node);
             return Ok(());
         }
-        // The set stays for the ENIs its pods hold; the rest leave it.
-        if let Some(spec) = self.spec.as_mut() {
+        // The set stays (for the ENIs its pods hold, or those still
+        // detaching); the deleted leave it, if its Node is there to own it.
+        if let Some(spec) = self.spec.as_mut().filter(|_| !removed.is_empty()) {
             spec.enis.retain(|e| !removed.contains(&e.id));
             spec.draining.retain(|d| !removed.contains(d));
             *dirty = self.info.is_some();
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 }
 

@@ -217,16 +217,49 @@ async fn the_surplus_is_drained_and_only_released_enis_leave() {
     rig.store.edit("a", |s| {
         s.status.as_mut().unwrap().released = vec![released.clone()];
     });
+    rig.cloud.detach_takes_listings(1);
     rig.alloc.invalidate_listing();
-    rig.resync().await;
+    // 1. The detach is only asked for: no wait, no delete, still in the spec.
+    let r = rig.resync().await;
+    assert_eq!((r.by_kind.get("reclaim"), r.tasks_failed), (Some(&1), 0));
+    assert_eq!(
+        (rig.cloud.calls("detach"), rig.cloud.calls("delete")),
+        (1, 0)
+    );
+    let state = |rig: &Rig| {
+        let e = rig.cloud.enis().into_iter().find(|e| e.id == released);
+        e.map(|e| e.attachment.map(|a| a.state))
+    };
+    assert_eq!(state(&rig), Some(Some("detaching".into())));
+    let in_spec = |rig: &Rig| rig.spec_ids("a").contains(&released);
+    assert!(in_spec(&rig));
+    // From the cached listing (amended: detaching): nothing to ask again.
+    let r = rig.resync().await;
+    assert!(!r.listed);
+    assert_eq!((r.tasks, r.cloud_calls), (0, 0), "{r:?}");
+    // 2. A listing shows it still detaching: wait.
+    rig.alloc.invalidate_listing();
+    let r = rig.resync().await;
+    assert_eq!((r.tasks, r.cloud_calls), (0, 1), "only the listing: {r:?}");
+    assert!(in_spec(&rig));
+    // 3. A listing shows it attached nowhere: deleted, then out of the spec.
+    rig.alloc.invalidate_listing();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("reclaim"), Some(&1), "{r:?}");
+    assert_eq!(
+        (rig.cloud.calls("detach"), rig.cloud.calls("delete")),
+        (1, 1)
+    );
     let s = rig.store.set("a").unwrap();
     assert_eq!(rig.attached_to("a"), 4);
-    assert!(
-        !rig.cloud.enis().iter().any(|e| e.id == released),
-        "deleted"
-    );
+    assert_eq!(state(&rig), None, "deleted");
     assert!(!s.spec.enis.iter().any(|e| e.id == released));
     assert!(s.spec.draining.is_empty());
+    assert_eq!(
+        rig.cloud.calls("list"),
+        5,
+        "one listing a step, none polled"
+    );
 }
 
 #[tokio::test]
@@ -244,8 +277,24 @@ async fn a_gone_node_is_released_after_its_grace() {
     assert!(rig.store.set("a").is_some(), "within the grace");
     assert_eq!(rig.attached_to("a"), 2);
     *clock.lock().unwrap() = start + Duration::from_secs(301);
+    // 1. Its ENIs' detaches are asked for; the set stays.
     let r = rig.resync().await;
     assert_eq!(r.by_kind.get("release-node"), Some(&1), "{r:?}");
+    assert_eq!(
+        (rig.cloud.calls("detach"), rig.cloud.calls("delete")),
+        (2, 0)
+    );
+    assert!(rig.store.set("a").is_some(), "kept while its ENIs detach");
+    assert_eq!(rig.attached_to("a"), 2, "detaching");
+    // 2. The next listing shows them attached nowhere: deleted, set let go.
+    rig.alloc.invalidate_listing();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("release-node"), Some(&1), "{r:?}");
+    assert_eq!(r.tasks_failed, 0, "{r:?}");
+    assert_eq!(
+        (rig.cloud.calls("detach"), rig.cloud.calls("delete")),
+        (2, 2)
+    );
     assert!(rig.store.set("a").is_none(), "the set is let go");
     assert!(rig
         .cloud

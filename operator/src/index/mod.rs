@@ -9,14 +9,19 @@
 //!   ENIs, used or not (its pods are gone with it);
 //! - an ENI leaves the cloud only through the handshake: the operator lists
 //!   it in `spec.draining`, the agent lists it in `status.released`, then
-//!   [`Task::Reclaim`] detaches and deletes it;
+//!   [`Task::Reclaim`] asks for its detach, and deletes it (and drops it
+//!   from the spec) only once a later listing shows it attached nowhere:
+//!   no describe is spent waiting for a detach;
 //! - a leaked ENI is deleted only when the listing shows it attached
 //!   nowhere, in no spec, made by no live intent, and older than
 //!   `reap_cooldown` by a readable creation tag;
 //! - tasks come neediest node first (deficit descending, surplus last, as
 //!   CCE's `GetNodesByIPWatermark`), a node's tasks next to each other and
 //!   in the order they must run: finish intents, adopt, reclaim, then grow
-//!   or drain.
+//!   or drain;
+//! - a deleted node's set is released only when no pod holds its ENIs
+//!   and the listing shows none of them attached or detaching, after the
+//!   deletes.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -272,12 +277,17 @@ pub enum Task {
         enis: Vec<EniSpec>,
         addresses: Vec<(String, Vec<IpAddr>)>,
     },
-    /// The released side of the drain handshake: detach and delete `enis`,
-    /// unassign `addresses`, then drop them (and `stale` draining entries
-    /// that name nothing) from the spec.
+    /// The released side of the drain handshake, one step a listing: ask
+    /// the cloud to detach `detach` (released ENIs the listing shows
+    /// attached; they stay in the spec), delete `delete` (released ENIs it
+    /// shows attached nowhere, or no longer lists), unassign `addresses`,
+    /// then drop what was deleted or unassigned (and `stale` draining
+    /// entries that name nothing) from the spec. A released ENI the
+    /// listing shows detaching waits for a later listing.
     Reclaim {
         node: String,
-        enis: Vec<String>,
+        detach: Vec<FleetEni>,
+        delete: Vec<String>,
         addresses: Vec<(String, Vec<IpAddr>)>,
         stale: Vec<String>,
     },
@@ -298,13 +308,16 @@ pub enum Task {
     Undrain { node: String, items: Vec<String> },
     /// Ask the agent for these free ENIs (secondary mode: addresses) back.
     Drain { node: String, items: Vec<String> },
-    /// The node is gone past its grace: detach and delete every ENI it had,
-    /// then let its set go (`release_set`). A set deleted while its Node
-    /// still exists keeps the ENIs pods hold, and the set, until they are
-    /// free.
+    /// The node is gone past its grace: every ENI it had leaves, one step
+    /// a listing as in [`Task::Reclaim`] (`detach` those still attached,
+    /// `delete` those attached nowhere or no longer listed), and once none
+    /// is attached or detaching, its set goes (`release_set`, after the
+    /// deletes). A set deleted while its Node still exists keeps the ENIs
+    /// pods hold, and the set, until they are free.
     ReleaseNode {
         node: String,
-        enis: Vec<String>,
+        detach: Vec<FleetEni>,
+        delete: Vec<String>,
         release_set: bool,
     },
     /// An ENI of this cluster attached nowhere and claimed by nothing.

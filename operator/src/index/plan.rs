@@ -72,18 +72,47 @@ fn plan_gone<'a>(
         .iter()
         .map(|s| s.id.as_str())
         .chain(e.listed.iter().map(|f| f.id.as_str()))
+        .filter(|id| !held.contains(id))
         .collect();
-    let enis: Vec<String> = ids
-        .iter()
-        .filter(|id| !held.contains(*id))
-        .map(|id| id.to_string())
-        .collect();
-    releasing.extend(ids.iter().filter(|id| !held.contains(*id)));
-    tasks.push(Task::ReleaseNode {
-        node: e.name.to_string(),
-        enis,
-        release_set: held.is_empty(),
-    });
+    let mut leaving = Leaving::default();
+    for id in &ids {
+        leaving.add(&e.listed, id);
+    }
+    releasing.extend(ids);
+    let release_set = held.is_empty() && leaving.detach.is_empty() && leaving.waiting == 0;
+    if release_set || !leaving.detach.is_empty() || !leaving.delete.is_empty() {
+        tasks.push(Task::ReleaseNode {
+            node: e.name.to_string(),
+            detach: leaving.detach,
+            delete: leaving.delete,
+            release_set,
+        });
+    }
+}
+
+/// ENIs leaving the cloud, sorted by what the listing shows of each: the
+/// next step of a two-phase detach and delete.
+#[derive(Default)]
+struct Leaving {
+    /// Attached (or attaching): ask for the detach.
+    detach: Vec<FleetEni>,
+    /// Attached nowhere, or not listed (gone, or the delete says so).
+    delete: Vec<String>,
+    /// Detaching: a later listing shows it done.
+    waiting: usize,
+}
+
+impl Leaving {
+    fn add(&mut self, listed: &[&FleetEni], id: &str) {
+        match listed.iter().find(|f| f.id == id) {
+            Some(f) => match &f.attachment {
+                Some(a) if a.detaching() => self.waiting += 1,
+                Some(_) => self.detach.push((*f).clone()),
+                None => self.delete.push(id.to_string()),
+            },
+            None => self.delete.push(id.to_string()),
+        }
+    }
 }
 
 /// The device indexes free on an instance, lowest first.
@@ -295,7 +324,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             .iter()
             .flat_map(|s| s.secondary_ips.iter().map(move |ip| (*ip, s.id.as_str())))
             .collect();
-        let (mut reclaim, mut stale) = (Vec::new(), Vec::new());
+        let (mut reclaim, mut stale) = (Leaving::default(), Vec::new());
         let mut reclaim_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
         let mut draining_ids: HashSet<&str> = HashSet::new();
         let mut draining_ips: HashSet<IpAddr> = HashSet::new();
@@ -305,7 +334,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             if in_spec.contains_key(d.as_str()) {
                 draining_ids.insert(d);
                 if released && !held.enis.contains(d.as_str()) {
-                    reclaim.push(d.clone());
+                    reclaim.add(&self.e.listed, d);
                 } else if !released && !held.enis.contains(d.as_str()) {
                     undrainable.push(d);
                 }
@@ -327,10 +356,15 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 stale.push(d.clone());
             }
         }
-        if !reclaim.is_empty() || !reclaim_ips.is_empty() || !stale.is_empty() {
+        if !reclaim.detach.is_empty()
+            || !reclaim.delete.is_empty()
+            || !reclaim_ips.is_empty()
+            || !stale.is_empty()
+        {
             tasks.push(Task::Reclaim {
                 node: name(),
-                enis: reclaim,
+                detach: reclaim.detach,
+                delete: reclaim.delete,
                 addresses: reclaim_ips,
                 stale,
             });

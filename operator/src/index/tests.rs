@@ -301,17 +301,65 @@ fn released_enis_are_reclaimed_and_used_ones_never() {
     st.released = vec!["e2".into(), "e3".into()];
     st.used.push(used("e3", None));
     let tasks = w.plan();
+    let e2 = w.enis[1].clone();
     assert_eq!(
         tasks[0],
         Task::Reclaim {
             node: "a".into(),
-            enis: vec!["e2".into()],
+            detach: vec![e2],
+            delete: vec![],
             addresses: vec![],
             stale: vec!["gone".into()],
         }
     );
     // e1 free only: one short of pre_allocate, and slot 3... is e3's.
     assert_eq!(tasks.len(), 1, "{tasks:?}");
+}
+
+/// Sets `id`'s listed attachment state, or unattaches it (`None`).
+fn listed_as(w: &mut World, id: &str, state: Option<&str>) {
+    let e = w.enis.iter_mut().find(|e| e.id == id).unwrap();
+    match state {
+        Some(st) => e.attachment.as_mut().unwrap().state = st.into(),
+        None => e.attachment = None,
+    }
+}
+
+#[test]
+fn a_released_eni_is_detached_then_deleted_a_listing_later() {
+    let mut w = World::new(Mode::Primary);
+    w.limits.get_mut("m5").unwrap().enis = 10;
+    let s = w.live("a", &["e1", "e2", "e3", "e4"]);
+    s.spec.draining = vec!["e4".into()];
+    status(s).released = vec!["e4".into()];
+    let reclaim = |detach: Vec<FleetEni>, delete: Vec<&str>| Task::Reclaim {
+        node: "a".into(),
+        detach,
+        delete: delete.into_iter().map(String::from).collect(),
+        addresses: vec![],
+        stale: vec![],
+    };
+    // 1. Listed attached: only the detach is asked; it stays in the spec.
+    let e4 = w.enis[3].clone();
+    assert_eq!(w.plan(), [reclaim(vec![e4.clone()], vec![])]);
+    // Attaching counts as attached.
+    listed_as(&mut w, "e4", Some("attaching"));
+    let mut attaching = e4.clone();
+    attaching.attachment.as_mut().unwrap().state = "attaching".into();
+    assert_eq!(w.plan(), [reclaim(vec![attaching], vec![])]);
+    // 2. Listed detaching: nothing to do until a later listing; its slot
+    // stays taken and it is not counted free (no create, no drain).
+    listed_as(&mut w, "e4", Some("detaching"));
+    assert!(w.plan().is_empty(), "{:?}", w.plan());
+    // 3. Listed attached nowhere: deleted (then dropped from the spec).
+    listed_as(&mut w, "e4", None);
+    assert_eq!(w.plan(), [reclaim(vec![], vec!["e4"])]);
+    // Not listed at all: the delete finds it gone (or spares it).
+    w.enis.retain(|e| e.id != "e4");
+    assert_eq!(w.plan(), [reclaim(vec![], vec!["e4"])]);
+    // Never before the agent released it, in any of these states.
+    w.set("a").status = Some(NetResourceSetStatus::default());
+    assert!(w.plan().is_empty(), "{:?}", w.plan());
 }
 
 #[test]
@@ -437,26 +485,46 @@ fn a_gone_node_is_released_after_its_grace() {
     w.gone.insert("a".into(), now() - Duration::from_secs(299));
     assert!(w.plan().is_empty(), "within the grace: {:?}", w.plan());
     w.gone.insert("a".into(), now() - Duration::from_secs(300));
+    let (e1, e2) = (w.enis[0].clone(), w.enis[1].clone());
+    let release = |detach: Vec<FleetEni>, delete: Vec<&str>, release_set| Task::ReleaseNode {
+        node: "a".into(),
+        detach,
+        delete: delete.into_iter().map(String::from).collect(),
+        release_set,
+    };
+    // 1. The attached are detached, the loose one deleted; the set waits.
     assert_eq!(
         w.plan(),
-        [Task::ReleaseNode {
-            node: "a".into(),
-            enis: vec!["e-tagged".into(), "e1".into(), "e2".into()],
-            release_set: true
-        }]
+        [release(
+            vec![e1.clone(), e2.clone()],
+            vec!["e-tagged"],
+            false
+        )]
     );
+    // 2. One still detaching: the other is deleted, the set still waits
+    // (e-tagged, deleted, is no longer listed nor in the spec).
+    listed_as(&mut w, "e1", Some("detaching"));
+    listed_as(&mut w, "e2", None);
+    w.enis.retain(|e| e.id != "e-tagged");
+    assert_eq!(w.plan(), [release(vec![], vec!["e2"], false)]);
+    // 3. None attached or detaching: the rest deleted (e2, gone but still
+    // in the spec nobody may write, finds the delete answer "gone"), then
+    // the set goes.
+    listed_as(&mut w, "e1", None);
+    w.enis.retain(|e| e.id != "e2");
+    assert_eq!(w.plan(), [release(vec![], vec!["e1", "e2"], true)]);
     // A set deleted while its Node is there: pods live on; their ENIs stay.
-    w.nodes.push(node("a"));
-    w.gone.clear();
-    w.set("a").deleting_since = Some(now() - Duration::from_secs(600));
-    assert_eq!(
-        w.plan(),
-        [Task::ReleaseNode {
-            node: "a".into(),
-            enis: vec!["e-tagged".into(), "e2".into()],
-            release_set: false
-        }]
-    );
+    let mut w = World::new(Mode::Primary);
+    let s = w.live("a", &["e1", "e2"]);
+    status(s).used.push(used("e1", None));
+    s.deleting_since = Some(now() - Duration::from_secs(600));
+    w.enis.push(fleet_eni("e-tagged", None, Some("a")));
+    let e2 = w.enis[1].clone();
+    assert_eq!(w.plan(), [release(vec![e2], vec!["e-tagged"], false)]);
+    // Once e2 is gone, only e1 is left, which a pod holds: nothing to do.
+    w.enis.retain(|e| e.id != "e2" && e.id != "e-tagged");
+    w.set("a").spec.enis.retain(|e| e.id != "e2");
+    assert!(w.plan().is_empty(), "{:?}", w.plan());
 }
 
 #[test]
@@ -610,7 +678,8 @@ fn secondary_mode_drains_and_reclaims_free_addresses_only() {
         w.plan(),
         [Task::Reclaim {
             node: "a".into(),
-            enis: vec![],
+            detach: vec![],
+            delete: vec![],
             addresses: vec![("e2".into(), vec![ip("10.0.1.12"), ip("10.0.1.11")])],
             stale: vec![]
         }]

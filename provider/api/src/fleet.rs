@@ -26,6 +26,9 @@ use crate::{AddressLimits, Eni, MacAddr, ProviderError};
 /// The client token of the operator's intent that created an ENI.
 pub const TAG_INTENT: &str = "enim.io/intent";
 
+/// [`FleetAttachment::state`] of an attachment being taken down.
+pub const DETACHING: &str = "detaching";
+
 /// Where an ENI is attached, as the listing shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetAttachment {
@@ -35,6 +38,13 @@ pub struct FleetAttachment {
     pub attachment_id: String,
     /// "attaching", "attached", "detaching" (the cloud's word).
     pub state: String,
+}
+
+impl FleetAttachment {
+    /// Being detached: done at a later listing, nothing to ask again.
+    pub fn detaching(&self) -> bool {
+        self.state == DETACHING
+    }
 }
 
 /// One ENI of this cluster, as one listing shows it.
@@ -122,12 +132,23 @@ pub trait FleetCloud: Send + Sync {
         device_index: u32,
     ) -> Result<(), ProviderError>;
 
-    /// Detaches `eni_id` (waiting until it is detached). Succeeds when it
-    /// is attached nowhere or gone.
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError>;
+    /// Asks the cloud to detach `eni` and returns without waiting for the
+    /// detach to finish: the operator learns that from a later listing
+    /// (the ENI "detaching", then attached nowhere) and deletes it only
+    /// then, so no by-id describe is spent polling. Succeeds when it is
+    /// attached nowhere, already detaching, or gone.
+    ///
+    /// `eni` is the ENI as this cloud's [`Self::list_cluster_enis`] showed
+    /// it (so it carries this cluster's tag); a cloud may detach by the
+    /// listed attachment (EC2: its attachment id, refused by EC2 once that
+    /// attachment is over) instead of looking the ENI up again. An
+    /// instance's primary interface is never detached.
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError>;
 
     /// Deletes `eni_id` if it still carries this cluster's tag and is
-    /// attached nowhere; [`Reaped::Gone`] when it is already gone.
+    /// attached nowhere; [`Reaped::Gone`] when it is already gone. After
+    /// [`Self::start_detach`], call it once a listing shows the ENI
+    /// attached nowhere.
     async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError>;
 
     /// Assigns new secondary addresses to `eni_id` and returns them.

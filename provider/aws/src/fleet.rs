@@ -378,18 +378,28 @@ impl AwsFleet {
         Ok(())
     }
 
-    async fn do_detach(&self, eni_id: &str) -> Result<(), AwsError> {
-        let eni = match self.ours(eni_id).await {
-            Ok(eni) => eni,
-            Err(AwsError::Missing(_)) => return Ok(()),
-            Err(e) => return Err(e),
+    /// Asks EC2 to detach `eni` and returns: no polling (the operator's
+    /// next listing shows the detach). With the listing's attachment id,
+    /// DetachNetworkInterface alone (an attachment that is over is refused
+    /// by EC2 and counts as done); without one, or for device index 0,
+    /// the ENI is looked at first (this cluster's, not a primary).
+    async fn do_start_detach(&self, eni: &FleetEni) -> Result<(), AwsError> {
+        let listed = eni
+            .attachment
+            .as_ref()
+            .filter(|a| a.device_index != 0 && !a.attachment_id.is_empty());
+        let Some(att) = listed else {
+            let eni = match self.ours(&eni.id).await {
+                Ok(eni) => eni,
+                Err(AwsError::Missing(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            return steps::send_detach(&self.ec2, &eni).await;
         };
-        steps::send_detach(&self.ec2, &eni).await?;
-        if eni.status != "available" {
-            steps::await_detached(&self.ec2, eni_id, self.detach_timeout).await?;
-            crash_point("cloud:after-detach");
+        if att.detaching() {
+            return Ok(());
         }
-        Ok(())
+        steps::detach_attachment(&self.ec2, &eni.id, &att.attachment_id).await
     }
 
     async fn do_delete(&self, eni_id: &str) -> Result<Reaped, AwsError> {
@@ -444,8 +454,8 @@ impl FleetCloud for AwsFleet {
         Ok(self.do_attach(eni_id, instance, device_index).await?)
     }
 
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
-        Ok(self.do_detach(eni_id).await?)
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
+        Ok(self.do_start_detach(eni).await?)
     }
 
     async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {

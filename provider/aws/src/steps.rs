@@ -148,13 +148,24 @@ pub(crate) async fn send_detach(
     if let (Some(att_id), "attaching" | "attached" | "") =
         (att.attachment_id.as_deref(), att.status.as_str())
     {
-        crash_point("cloud:before-detach");
-        match client.detach_network_interface(att_id).await {
-            Ok(()) => tracing::info!(eni = %eni_id, "detaching ENI"),
-            // Already detached (or detaching) meanwhile.
-            Err(e) if e.is_not_found() || e.code() == Some("IncorrectState") => {}
-            Err(e) => return Err(ec2(format!("detaching ENI {eni_id}"))(e)),
-        }
+        detach_attachment(client, eni_id, att_id).await?;
+    }
+    Ok(())
+}
+
+/// DetachNetworkInterface of `eni_id`'s attachment `attachment_id`; an
+/// attachment already over (or being detached) counts as done.
+pub(crate) async fn detach_attachment(
+    client: &Ec2Client,
+    eni_id: &str,
+    attachment_id: &str,
+) -> Result<(), AwsError> {
+    crash_point("cloud:before-detach");
+    match client.detach_network_interface(attachment_id).await {
+        Ok(()) => tracing::info!(eni = %eni_id, "detaching ENI"),
+        // Already detached (or detaching) meanwhile.
+        Err(e) if e.is_not_found() || e.code() == Some("IncorrectState") => {}
+        Err(e) => return Err(ec2(format!("detaching ENI {eni_id}"))(e)),
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use enim_provider::cloud::{CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
-use enim_provider::fleet::{CreateEni, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
 use enim_provider::ProviderError;
 use enim_provider_aws::{
     fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, Ec2ApiConfig, TAG_MANAGED,
@@ -247,14 +247,31 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
     ));
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 0);
 
-    fleet.detach(&eni.id).await.unwrap();
+    // The detach is only asked for, by the listed attachment: one
+    // DetachNetworkInterface, no describe (no look, no polling).
+    let attached = listed_one(&fleet, &eni.id).await;
+    assert!(attached
+        .attachment
+        .as_ref()
+        .is_some_and(|a| !a.attachment_id.is_empty()));
+    let describes = env.proxy.calls("DescribeNetworkInterfaces");
+    fleet.start_detach(&attached).await.unwrap();
+    assert_eq!(env.proxy.calls("DetachNetworkInterface"), 1);
+    assert_eq!(env.proxy.calls("DescribeNetworkInterfaces"), describes);
+    // The next listing shows it attached nowhere (moto detaches at once).
     assert_eq!(env.eni(&eni.id).await.status, "available");
-    assert_eq!(listed_one(&fleet, &eni.id).await.attachment, None);
-    fleet.detach(&eni.id).await.unwrap(); // attached nowhere: done
+    let detached = listed_one(&fleet, &eni.id).await;
+    assert_eq!(detached.attachment, None);
+    // Attached nowhere: done, without a detach call.
+    fleet.start_detach(&detached).await.unwrap();
+    // A listing from before the detach: its attachment is over, refused
+    // by EC2, which counts as done.
+    fleet.start_detach(&attached).await.unwrap();
+    assert_eq!(env.eni(&eni.id).await.status, "available");
 
     assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
     assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Gone);
-    fleet.detach(&eni.id).await.unwrap(); // gone: done
+    fleet.start_detach(&detached).await.unwrap(); // gone: done
     assert!(listed(&fleet).await.is_empty());
     assert!(env
         .all_enis()
@@ -272,9 +289,16 @@ async fn other_clusters_and_primary_interfaces_are_never_touched() {
         .create_eni_with_tags(&[(TAG_MANAGED, "true"), (TAG_CLUSTER, "staging")])
         .await;
     let id = staging.network_interface_id.as_str();
+    // As a listing would show them (attachment ids aside): looked at first.
+    let ours = fleet.create(&request(&env, "intent-own", 0)).await.unwrap();
+    let as_listed = |id: &str, attachment| FleetEni {
+        id: id.into(),
+        attachment,
+        ..ours.clone()
+    };
     for e in [
         fleet.attach(id, &env.instance_id, 1).await.unwrap_err(),
-        fleet.detach(id).await.unwrap_err(),
+        fleet.start_detach(&as_listed(id, None)).await.unwrap_err(),
         fleet
             .assign_addresses(id, 1, 0)
             .await
@@ -287,8 +311,22 @@ async fn other_clusters_and_primary_interfaces_are_never_touched() {
         );
     }
     assert!(matches!(fleet.delete(id).await.unwrap(), Reaped::Spared(_)));
-    let e = fleet.detach(&env.primary_eni).await.unwrap_err();
-    assert!(matches!(e, ProviderError::Config(_)), "{e}");
+    // A primary is refused, even listed with an attachment id to go by.
+    let primary = env.eni(&env.primary_eni).await;
+    let att = primary.attachment.as_ref().unwrap();
+    let listed_primary = FleetAttachment {
+        instance: env.instance_id.clone(),
+        device_index: 0,
+        attachment_id: att.attachment_id.clone().unwrap(),
+        state: "attached".into(),
+    };
+    for attachment in [None, Some(listed_primary)] {
+        let e = fleet
+            .start_detach(&as_listed(&env.primary_eni, attachment))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::Config(_)), "{e}");
+    }
     let attached: Vec<String> = env.attached().await.into_keys().collect();
     assert_eq!(
         attached,
@@ -331,7 +369,11 @@ async fn secondary_addresses_assign_and_unassign() {
     fleet.unassign_addresses(&eni.id, &[v4[0]]).await.unwrap();
     assert_eq!(env.proxy.calls("UnassignPrivateIpAddresses"), before);
 
-    fleet.detach(&eni.id).await.unwrap();
+    fleet
+        .start_detach(&listed_one(&fleet, &eni.id).await)
+        .await
+        .unwrap();
+    assert_eq!(listed_one(&fleet, &eni.id).await.attachment, None);
     assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
     // Gone: nothing to give back.
     fleet.unassign_addresses(&eni.id, &[v4[1]]).await.unwrap();

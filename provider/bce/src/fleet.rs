@@ -373,11 +373,21 @@ impl BceFleet {
         Ok(())
     }
 
-    async fn do_detach(&self, eni_id: &str) -> Result<(), ProviderError> {
-        let mut poll = self.config.api.poll();
-        let limit = self.config.api.operation_timeout;
-        let check = |eni: &ApiEni| self.check_ours(eni);
-        steps::detach_polled(&self.api, eni_id, check, &mut poll, limit).await?;
+    /// One look (BCE's detach names the instance; it has no attachment
+    /// id), then the detach asked for an ENI in use: no polling, the
+    /// operator's next listing shows it detaching or available.
+    async fn do_start_detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let eni = match self.api.get_eni(eni_id).await {
+            Ok(e) => e,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        self.check_ours(&eni)?;
+        // Attaching: BCE detaches only an ENI in use; the next listing
+        // shows it in use and the operator asks again.
+        if let (EniStatus::InUse, Some(instance)) = (eni.status(), eni.attached_to()) {
+            steps::request_detach(&self.api, eni_id, instance, &client_token()).await?;
+        }
         Ok(())
     }
 
@@ -434,8 +444,8 @@ impl FleetCloud for BceFleet {
         self.do_attach(eni_id, instance, device_index).await
     }
 
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
-        self.do_detach(eni_id).await
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
+        self.do_start_detach(&eni.id).await
     }
 
     async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {

@@ -1,7 +1,7 @@
 //! The BCE steps of an ENI's life that the node's backend
 //! ([`crate::BceBackend`]) and the operator's ([`crate::BceFleet`]) take
 //! alike, written once over an [`ApiClient`]: attach and wait, detach and
-//! wait, delete after a second look, and the private-IP verbs. What only
+//! wait (or only ask, for the operator), delete after a second look, and the private-IP verbs. What only
 //! one caller knows (metadata, which instance is "this" one, which ENIs
 //! are its own) comes in as arguments.
 
@@ -108,11 +108,8 @@ pub(crate) async fn detach_polled(
                 return Ok(Some(eni));
             }
             (EniStatus::InUse, Some(instance)) if !detach_sent => {
-                crash_point("cloud:before-detach");
-                api.set_attachment(Attachment::Detach, eni_id, instance, &token)
-                    .await?;
+                request_detach(api, eni_id, instance, &token).await?;
                 detach_sent = true;
-                tracing::info!(eni = eni_id, instance, "detach requested");
             }
             _ => {}
         }
@@ -120,6 +117,20 @@ pub(crate) async fn detach_polled(
             return Err(timed_out(eni_id, "be detached", &status.to_string(), limit));
         }
     }
+}
+
+/// Asks BCE to detach `eni_id` from `instance`, without waiting.
+pub(crate) async fn request_detach(
+    api: &ApiClient,
+    eni_id: &str,
+    instance: &str,
+    token: &str,
+) -> Result<(), ProviderError> {
+    crash_point("cloud:before-detach");
+    api.set_attachment(Attachment::Detach, eni_id, instance, token)
+        .await?;
+    tracing::info!(eni = eni_id, instance, "detach requested");
+    Ok(())
 }
 
 /// Deletes `eni_id` if, looked at again now, it is still `ours` and

@@ -177,8 +177,8 @@ impl FleetCloud for StaticFleet {
         }
     }
 
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
-        Err(refused(&format!("detach ENI {eni_id}")))
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
+        Err(refused(&format!("detach ENI {}", eni.id)))
     }
 
     async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
@@ -283,6 +283,7 @@ mod tests {
     #[tokio::test]
     async fn every_change_is_refused_but_an_attach_where_it_is() {
         let fleet = StaticFleet::new(&config(TEXT)).unwrap();
+        let listed = fleet.list_cluster_enis().await.unwrap();
         fleet.attach("eni-a1", "node-a", 5).await.unwrap();
         let req = CreateEni {
             instance: "node-a".into(),
@@ -296,7 +297,7 @@ mod tests {
             fleet.create(&req).await.map(drop).unwrap_err(),
             fleet.attach("eni-a1", "node-b", 5).await.unwrap_err(),
             fleet.attach("eni-a1", "node-a", 2).await.unwrap_err(),
-            fleet.detach("eni-a0").await.unwrap_err(),
+            fleet.start_detach(&listed[0]).await.unwrap_err(),
             fleet.delete("eni-a0").await.map(drop).unwrap_err(),
             fleet
                 .assign_addresses("eni-a0", 1, 0)

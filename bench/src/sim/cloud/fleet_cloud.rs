@@ -8,9 +8,17 @@
 //! - `attach`: AttachNetworkInterface, then ModifyNetworkInterfaceAttribute
 //!   (DeleteOnTermination); the device shows on the node a time drawn from
 //!   `attach` later (the listing says "attaching" until then);
-//! - `detach`: DetachNetworkInterface, then DescribeNetworkInterfaces by id
-//!   polled (the AWS backend's `DETACH_BACKOFF`) until available;
+//! - `start_detach`: DetachNetworkInterface by the listed attachment, no
+//!   polling (the operator's next listing shows it done); without a listed
+//!   attachment id, DescribeNetworkInterfaces by id first, as the backend;
 //! - `delete`: DeleteNetworkInterface (spared while attached).
+//!
+//! Not modelled: three looks `AwsFleet` makes besides: a
+//! DescribeNetworkInterfaces by id before each attach (`ours`) and before
+//! each delete (`delete_checked`'s second look), and a filtered one by the
+//! intent tag before each create. Counted (a trial run of the operator
+//! phase at 1,000 nodes with them added), the steady churn's busiest
+//! describe bucket, the by-id one, goes from 1.0 % to 8.6 % of its refill.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,9 +27,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use enim_provider::cloud::{CreatedAt, Reaped};
 use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
-use enim_provider::retry::Poll;
 use enim_provider::{AddressLimits, ProviderError};
-use enim_provider_aws::DETACH_BACKOFF;
 use tokio::time::Instant;
 
 use super::{Account, EniRecord, State};
@@ -238,41 +244,34 @@ impl FleetCloud for SimFleet {
         Ok(())
     }
 
-    async fn detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+    async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
+        let listed = eni
+            .attachment
+            .as_ref()
+            .filter(|a| a.device_index != 0 && !a.attachment_id.is_empty());
+        match listed {
+            Some(a) if a.detaching() => return Ok(()),
+            Some(_) => {}
+            // No attachment id to detach by: the backend looks first.
+            None => {
+                if self.describe(&eni.id).await? != Some(false) {
+                    return Ok(());
+                }
+            }
+        }
         let (lo, hi) = self.account.params.detach;
-        let attached = self
-            .account
+        self.account
             .call(Action::DetachNetworkInterface, |st, now| {
                 let took = st.rng.between(lo, hi);
-                let Some(e) = st.enis.get_mut(eni_id) else {
-                    return Ok(false);
-                };
-                e.settle(now);
-                Ok(match e.attachment.as_mut() {
-                    Some(a) => {
+                if let Some(e) = st.enis.get_mut(&eni.id) {
+                    e.settle(now);
+                    if let Some(a) = e.attachment.as_mut() {
                         a.detached_at.get_or_insert(now + took);
-                        true
                     }
-                    None => false,
-                })
+                }
+                Ok(())
             })
-            .await?;
-        if !attached {
-            return Ok(());
-        }
-        let mut poll = Poll::within(&DETACH_BACKOFF, self.account.params.detach_timeout);
-        loop {
-            match self.describe(eni_id).await? {
-                None | Some(true) => return Ok(()),
-                Some(false) => {}
-            }
-            if !poll.wait().await {
-                return Err(ProviderError::Unavailable(format!(
-                    "ENI {eni_id} still in-use after {:?}",
-                    poll.elapsed()
-                )));
-            }
-        }
+            .await
     }
 
     async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {

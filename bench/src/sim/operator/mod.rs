@@ -24,6 +24,8 @@ use enim_provider::ratelimit::RateLimit;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::bucket::Action;
+use super::burst::bucket_time;
 use super::cloud::{paused_runtime, Account, Counts, SimFleet};
 use super::fleet::{pod_stats, start_bounds, ChurnPod, FleetCfg, PodStats};
 use super::pods::{Ledger, PodResult, Retry};
@@ -62,6 +64,10 @@ pub struct OperatorRun {
     pub start_pods: PodStats,
     pub start_bucket_bound: Duration,
     pub start_latency_bound: Duration,
+    /// The attach bucket's floor for every attach the start-up window made
+    /// (the new pools', their pods' and the churn's): its refill for them
+    /// after its capacity, or the attach latency bound if longer.
+    pub start_attach_floor: Duration,
     pub resyncs: u64,
     pub listings: u64,
     pub tasks_failed: u64,
@@ -75,6 +81,14 @@ impl OperatorRun {
     }
     pub fn start_ratio(&self) -> f64 {
         self.start_done.as_secs_f64() / self.bound().as_secs_f64()
+    }
+    /// The start-up over [`Self::start_attach_floor`].
+    pub fn start_floor_ratio(&self) -> f64 {
+        self.start_done.as_secs_f64() / self.start_attach_floor.as_secs_f64()
+    }
+    /// AttachNetworkInterface calls answered in the start-up window.
+    pub fn start_attaches(&self) -> u64 {
+        self.start_counts.get(Action::AttachNetworkInterface).ok
     }
     pub fn throttled_pct(&self) -> f64 {
         let calls = self.start_counts.calls(true) + self.start_counts.calls(false);
@@ -374,6 +388,12 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         return Err(format!("operator: ENIs given to two pods: {doubles:?}").into());
     }
     let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
+    let attaches = start_counts.get(Action::AttachNetworkInterface).ok;
+    let start_attach_floor = bucket_time(
+        Action::AttachNetworkInterface,
+        usize::try_from(attaches).unwrap_or(usize::MAX),
+    )
+    .max(start_latency_bound);
     let per_node: Vec<Duration> = done_at.iter().flatten().copied().collect();
     Ok(OperatorRun {
         op,
@@ -389,6 +409,7 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         start_pods,
         start_bucket_bound,
         start_latency_bound,
+        start_attach_floor,
         resyncs: stats.resyncs.load(Ordering::Relaxed),
         listings: stats.listings.load(Ordering::Relaxed),
         tasks_failed: stats.tasks_failed.load(Ordering::Relaxed),
@@ -396,4 +417,51 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         measure: Measure::default(),
         cfg,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small fleet through every phase: `simulate` itself fails on a
+    /// pool that never reaches min_free, a stuck pod or an ENI two pods
+    /// hold; what it returns is checked here too.
+    #[test]
+    fn a_small_operator_fleet_reaches_min_free_and_never_shares_an_eni() {
+        let cfg = FleetCfg {
+            nodes: 6,
+            start_nodes: 3,
+            ..FleetCfg::smoke(5)
+        };
+        let rt = paused_runtime(cfg.seed).unwrap();
+        let r = rt.block_on(simulate(cfg.clone())).unwrap();
+        assert_eq!(r.start_per_node.n, 3, "every new pool at min_free");
+        assert!(r.start_done > Duration::ZERO);
+        assert_eq!(r.start_pods.started, 6);
+        assert_eq!((r.start_pods.stuck, r.churn_pods.stuck), (0, 0));
+        assert_eq!(r.start_pods.other_errors + r.churn_pods.other_errors, 0);
+        assert!(r.churn_pods.started > 0);
+        // Idle: no mutating call, and no describe but the listing, at
+        // most one a resync interval.
+        let idle = |a: Action| r.idle.get(a).calls();
+        assert_eq!(r.idle.calls(true), 0, "{:?}", r.idle);
+        let listings = r.idle.calls(false);
+        assert_eq!(idle(Action::DescribeNetworkInterfacesFiltered), listings);
+        let most = cfg.idle.as_secs() / r.op.resync_interval.as_secs() + 1;
+        assert!(listings <= most, "{listings} listings: {:?}", r.idle);
+        // The churn drains ENIs: each is detached once and deleted once,
+        // and a detach is never polled (at most the backend's one look,
+        // when the listing has no attachment id for it).
+        let n = |a: Action| r.churn.get(a).calls();
+        let detaches = n(Action::DetachNetworkInterface);
+        assert!(detaches > 0, "{:?}", r.churn);
+        assert!(n(Action::DeleteNetworkInterface) > 0, "{:?}", r.churn);
+        assert!(
+            n(Action::DescribeNetworkInterfacesById) <= detaches,
+            "{:?}",
+            r.churn
+        );
+        assert!(r.start_attaches() >= 3 * u64::try_from(cfg.min_free).unwrap());
+        assert!(r.start_floor_ratio() > 0.0);
+    }
 }

@@ -112,6 +112,13 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     );
     let _ = writeln!(
         s,
+        "| … ÷ attach floor for all ENIs actually attached ({:.0} s: the attach bucket's refill for the window's {} attaches, the new nodes' pods' and the churn's included) | — | {:.2} × | | |",
+        o.start_attach_floor.as_secs_f64(),
+        o.start_attaches(),
+        o.start_floor_ratio(),
+    );
+    let _ = writeln!(
+        s,
         "| throttled replies during the start-up, % of calls | {f_thr} | {:.2} % | ≤ {THROTTLED_TARGET_PCT} % | {} |",
         o.throttled_pct(),
         met(smoke, o.throttled_pct() <= THROTTLED_TARGET_PCT)
@@ -195,6 +202,9 @@ pub fn json(o: &OperatorRun) -> Value {
             "bucket_bound_s": o.start_bucket_bound.as_secs_f64(),
             "latency_bound_s": o.start_latency_bound.as_secs_f64(),
             "over_bound": o.start_ratio(),
+            "attach_floor_s": o.start_attach_floor.as_secs_f64(),
+            "attaches": o.start_attaches(),
+            "over_attach_floor": o.start_floor_ratio(),
             "per_node_p50_s": o.start_per_node.p50 / 1e3,
             "per_node_max_s": o.start_per_node.max / 1e3,
             "all_pods_ready_s": o.pods_ready.as_secs_f64(),

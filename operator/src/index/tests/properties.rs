@@ -56,6 +56,18 @@ fn random_world(g: &mut Gen) -> World {
             }
         }
         let enis: Vec<EniSpec> = s.spec.enis.clone();
+        // The listing at any step of a detach: attached, detaching,
+        // attached nowhere, or gone.
+        let prefix = format!("{name}-");
+        for l in w.enis.iter_mut().filter(|l| l.id.starts_with(&prefix)) {
+            match g.below(8) {
+                0 => l.attachment.as_mut().unwrap().state = "detaching".into(),
+                1 => l.attachment = None,
+                2 => l.id = format!("{}-deleted", l.id),
+                _ => {}
+            }
+        }
+        let s = w.set(&name);
         let mut st = NetResourceSetStatus::default();
         for e in &enis {
             if mode == Mode::Primary && g.chance(40) {
@@ -123,17 +135,25 @@ fn touched(t: &Task) -> Vec<String> {
     match t {
         Task::Drain { items, .. } => items.clone(),
         Task::Reclaim {
-            enis, addresses, ..
-        } => enis
+            detach,
+            delete,
+            addresses,
+            ..
+        } => detach
             .iter()
-            .cloned()
+            .map(|e| e.id.clone())
+            .chain(delete.iter().cloned())
             .chain(
                 addresses
                     .iter()
                     .flat_map(|(_, ips)| ips.iter().map(IpAddr::to_string)),
             )
             .collect(),
-        Task::ReleaseNode { enis, .. } => enis.clone(),
+        Task::ReleaseNode { detach, delete, .. } => detach
+            .iter()
+            .map(|e| e.id.clone())
+            .chain(delete.iter().cloned())
+            .collect(),
         Task::DeleteLeaked { eni } => vec![eni.clone()],
         _ => Vec::new(),
     }
@@ -208,6 +228,22 @@ fn leaks_are_unattached_unclaimed_and_device_indexes_fit() {
                         listed[eni.as_str()].attachment.is_none(),
                         "case {case}: {eni}"
                     );
+                }
+                Task::Reclaim { detach, delete, .. } | Task::ReleaseNode { detach, delete, .. } => {
+                    // Two phases: a detach for what the listing shows
+                    // attached (not detaching), a delete only for what it
+                    // shows attached nowhere or does not list.
+                    for e in detach {
+                        let a = listed[e.id.as_str()].attachment.as_ref();
+                        assert!(a.is_some_and(|a| !a.detaching()), "case {case}: {t:?}");
+                    }
+                    for id in delete {
+                        let l = listed.get(id.as_str());
+                        assert!(
+                            l.is_none_or(|l| l.attachment.is_none()),
+                            "case {case}: {t:?}"
+                        );
+                    }
                 }
                 Task::CreateEnis {
                     node,

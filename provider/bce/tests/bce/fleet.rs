@@ -181,6 +181,12 @@ async fn create_is_idempotent_by_client_token_and_marks_the_intent() {
     assert!(matches!(e, ProviderError::Config(_)), "{e}");
 }
 
+/// Calls of `verb` (`attach`, `detach`) the fake has answered.
+fn puts(cloud: &FakeCloud, verb: &str) -> usize {
+    let w = cloud.world();
+    w.log.iter().filter(|l| l.query.starts_with(verb)).count()
+}
+
 #[tokio::test]
 async fn attach_records_the_device_index_then_detach_and_delete() {
     let (cloud, fleet) = start().await;
@@ -207,13 +213,7 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
     let att = listed_one(&fleet, &eni.id).await.attachment.unwrap();
     assert_eq!((att.instance.as_str(), att.device_index), (INSTANCE, 3));
     // Already attached there: no second attach.
-    let attaches = |c: &FakeCloud| {
-        let w = c.world();
-        w.log
-            .iter()
-            .filter(|l| l.query.starts_with("attach"))
-            .count()
-    };
+    let attaches = |c: &FakeCloud| puts(c, "attach");
     let before = attaches(&cloud);
     fleet.attach(&eni.id, INSTANCE, 3).await.unwrap();
     assert_eq!(attaches(&cloud), before);
@@ -225,13 +225,37 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
         fleet.delete(&eni.id).await.unwrap(),
         Reaped::Spared(_)
     ));
-    fleet.detach(&eni.id).await.unwrap();
+    // The detach is only asked for: one detach call, then no polling.
+    let detaches = |c: &FakeCloud| puts(c, "detach");
+    let attached = listed_one(&fleet, &eni.id).await;
+    fleet.start_detach(&attached).await.unwrap();
+    assert_eq!(detaches(&cloud), 1);
+    assert_eq!(cloud.world().enis[&eni.id].status, "detaching");
+    // Later listings show it detaching, then attached nowhere (the fake
+    // finishes a detach after reads of the ENI: each look of a detach
+    // asked again is one, and asks nothing more).
+    let mut states = Vec::new();
+    for _ in 0..10 {
+        let now = listed_one(&fleet, &eni.id).await.attachment;
+        states.push(now.as_ref().map(|a| a.state.clone()));
+        if now.is_none() {
+            break;
+        }
+        fleet.start_detach(&attached).await.unwrap();
+    }
+    assert_eq!(detaches(&cloud), 1, "asked once");
+    assert_eq!(
+        states.first(),
+        Some(&Some("detaching".to_string())),
+        "{states:?}"
+    );
+    assert_eq!(states.last(), Some(&None), "{states:?}");
     assert_eq!(cloud.world().enis[&eni.id].status, "available");
-    assert_eq!(listed_one(&fleet, &eni.id).await.attachment, None);
-    fleet.detach(&eni.id).await.unwrap();
+    fleet.start_detach(&attached).await.unwrap();
+    assert_eq!(detaches(&cloud), 1, "attached nowhere: no call");
     assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
     assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Gone);
-    fleet.detach(&eni.id).await.unwrap();
+    fleet.start_detach(&attached).await.unwrap();
     assert!(listed(&fleet).await.is_empty());
 }
 
@@ -242,9 +266,20 @@ async fn other_clusters_enis_are_never_touched() {
         cloud
             .world()
             .add_eni_described("enim-i-x-bbbbbbbbbbbb", "enim.io/cluster=staging", None);
+    // As a listing would show it: looked at first.
+    let ours = fleet
+        .create(&request(INSTANCE, "intent-own", 0))
+        .await
+        .unwrap();
     for e in [
         fleet.attach(&staging, INSTANCE, 1).await.unwrap_err(),
-        fleet.detach(&staging).await.unwrap_err(),
+        fleet
+            .start_detach(&FleetEni {
+                id: staging.clone(),
+                ..ours.clone()
+            })
+            .await
+            .unwrap_err(),
         fleet
             .assign_addresses(&staging, 1, 0)
             .await
