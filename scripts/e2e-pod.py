@@ -33,6 +33,8 @@ Reads the manifests as they are and changes only what a sandbox must:
     containers too, so under the DaemonSet's Always it restarts the
     finished install-cni forever; OnFailure is what Kubernetes does for
     init containers;
+  - an env var from the downward API's `spec.nodeName` (NODE_NAME) gets the
+    value "e2e-node": podman resolves no nodeName;
   - the annotation io.podman.annotations.init.container.type=always: podman
     removes a finished init container of the default type ("once"), and the
     test inspects the privileges it ran with.
@@ -70,9 +72,15 @@ def load(deploy_dir, daemonset):
     agents = [d for d in by_kind.get("DaemonSet", []) if d["metadata"]["name"] == daemonset]
     if len(agents) != 1:
         fail(f"expected one DaemonSet {daemonset} in {deploy_dir}")
-    if len(by_kind.get("ConfigMap", [])) != 1:
-        fail(f"expected one ConfigMap in {deploy_dir}")
-    return agents[0], by_kind["ConfigMap"][0]
+    # enimd's ConfigMap: the one enimd's pod mounts (deploy/ also holds the
+    # operator's); the device plugin follows its socket.
+    enimd = [d for d in by_kind["DaemonSet"] if d["metadata"]["name"] == AGENT_DS]
+    volumes = enimd[0]["spec"]["template"]["spec"].get("volumes", []) if enimd else []
+    mounted = {v["configMap"]["name"] for v in volumes if "configMap" in v}
+    maps = [d for d in by_kind.get("ConfigMap", []) if d["metadata"]["name"] in mounted]
+    if len(maps) != 1:
+        fail(f"expected one ConfigMap that DaemonSet {AGENT_DS} mounts in {deploy_dir}")
+    return agents[0], maps[0]
 
 
 def toml_value(v):
@@ -176,6 +184,12 @@ def main():
     for c in containers:
         c["image"] = image
         c.pop("ports", None)
+        # podman resolves no spec.nodeName (there is no scheduler): the
+        # node's name is given as a value. The static provider ignores it.
+        for e in c.get("env", []):
+            if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+                del e["valueFrom"]
+                e["value"] = "e2e-node"
     if spec.get("restartPolicy", "Always") != "Always":
         fail(f"a DaemonSet's pods restart Always, not {spec['restartPolicy']}")
     spec["restartPolicy"] = "OnFailure"
