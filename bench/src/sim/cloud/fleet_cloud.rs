@@ -154,48 +154,41 @@ impl SimFleet {
             .await;
     }
 
-    /// AttachNetworkInterface, EC2's refusals as EC2 makes them.
-    async fn send_attach(
-        &self,
-        eni_id: &str,
-        node: usize,
-        device_index: u32,
-    ) -> Result<Attached, ProviderError> {
+    /// AttachNetworkInterface, EC2's refusals as EC2 makes them (each
+    /// counted a failed call).
+    async fn send_attach(&self, eni_id: &str, node: usize, device_index: u32) -> Attached {
         let (limit, took) = (self.account.params.eni_limit, self.account.params.attach);
+        let mut full = false;
         let sent = self
             .account
             .call(Action::AttachNetworkInterface, |st, now| {
-                let Some(e) = st.enis.get_mut(eni_id) else {
-                    let error = ProviderError::UnknownEni(eni_id.into());
-                    return Ok(Attached::Refused { error, look: true });
-                };
+                let e = st
+                    .enis
+                    .get_mut(eni_id)
+                    .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
                 e.settle(now);
                 if e.attachment.is_some() {
-                    let error = ProviderError::Unavailable(format!("{eni_id} in use"));
-                    return Ok(Attached::Refused { error, look: true });
+                    return Err(ProviderError::Unavailable(format!("{eni_id} in use")));
                 }
                 let (used, taken) = Self::slots(st, node, device_index, now);
                 if used >= limit {
-                    let error = ProviderError::Unavailable(format!(
+                    full = true;
+                    return Err(ProviderError::Unavailable(format!(
                         "AttachmentLimitExceeded: {used} of {limit} interfaces"
-                    ));
-                    return Ok(Attached::Refused { error, look: false });
+                    )));
                 }
                 if taken {
-                    let error = ProviderError::Unavailable(format!(
+                    return Err(ProviderError::Unavailable(format!(
                         "device index {device_index} of node {node} is taken"
-                    ));
-                    return Ok(Attached::Refused { error, look: true });
+                    )));
                 }
-                st.start_attach(eni_id, node, device_index, now, took)?;
-                Ok(Attached::Done)
+                st.start_attach(eni_id, node, device_index, now, took)
             })
             .await;
         match sent {
-            Ok(a) => Ok(a),
-            // Throttled through the client's retries: looked at, as any
-            // refusal that may hide an attach.
-            Err(error) => Ok(Attached::Refused { error, look: true }),
+            Ok(()) => Attached::Done,
+            // A throttled attach too is looked at: it may hide one.
+            Err(error) => Attached::Refused { error, look: !full },
         }
     }
 }
@@ -345,7 +338,7 @@ impl FleetCloud for SimFleet {
                 Some(_) => {}
             }
         }
-        match self.send_attach(&eni.id, node, device_index).await? {
+        match self.send_attach(&eni.id, node, device_index).await {
             Attached::Done => {}
             Attached::Refused { error, look } => {
                 let settled = look
