@@ -162,14 +162,7 @@ impl SimFleet {
         let sent = self
             .account
             .call(Action::AttachNetworkInterface, |st, now| {
-                let e = st
-                    .enis
-                    .get_mut(eni_id)
-                    .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
-                e.settle(now);
-                if e.attachment.is_some() {
-                    return Err(ProviderError::Unavailable(format!("{eni_id} in use")));
-                }
+                // An ENI in use (or gone) `start_attach` refuses.
                 let (used, taken) = Self::slots(st, node, device_index, now);
                 if used >= limit {
                     full = true;
