@@ -3,6 +3,12 @@
 //! token, attach and detach that succeed when already done, a detach that
 //! only starts (the next listing, or a later one, shows it done), delete
 //! that spares attached ENIs), with call counts and injected failures.
+//!
+//! The looks a cloud makes besides its verbs are counted as "look" (and
+//! by kind: "look-intent" before a create that is not
+//! [`CreateEni::fresh`], "look-delete" for a [`DeleteCheck::SecondLook`]),
+//! and a fresh create whose token an ENI already carries panics: the
+//! allocator promised the token was never sent.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
@@ -13,7 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use enim_crd::NetResourceSetSpec;
 use enim_provider::cloud::{CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, DETACHING};
+use enim_provider::fleet::{
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
+};
 use enim_provider::{AddressLimits, MacAddr, ProviderError};
 
 use crate::store::{NodeInfo, SetInfo, Store, StoreError};
@@ -96,6 +104,12 @@ impl MemCloud {
         }
         Ok(st)
     }
+
+    /// Counts a look of `kind` besides the verb's own call.
+    fn look(st: &mut CloudState, kind: &'static str) {
+        *st.calls.entry("look").or_default() += 1;
+        *st.calls.entry(kind).or_default() += 1;
+    }
 }
 
 #[async_trait]
@@ -128,11 +142,19 @@ impl FleetCloud for MemCloud {
     async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
         let now = *lock(&self.now);
         let mut st = self.enter("create")?;
+        if !req.fresh {
+            Self::look(&mut st, "look-intent");
+        }
         if let Some(e) = st
             .enis
             .values()
             .find(|e| e.intent.as_deref() == Some(req.client_token.as_str()))
         {
+            assert!(
+                !req.fresh,
+                "a fresh create with token {} that {} carries already",
+                req.client_token, e.id
+            );
             return Ok(e.clone());
         }
         st.next += 1;
@@ -155,6 +177,7 @@ impl FleetCloud for MemCloud {
             attachment: None,
             node: Some(req.instance.clone()),
             intent: Some(req.client_token.clone()),
+            cluster: Some("mem".into()),
             created_at: CreatedAt::At(now),
         };
         st.enis.insert(eni.id.clone(), eni.clone());
@@ -163,10 +186,11 @@ impl FleetCloud for MemCloud {
 
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
+        let eni_id = eni.id.as_str();
         let mut st = self.enter("attach")?;
         let e = st
             .enis
@@ -203,8 +227,11 @@ impl FleetCloud for MemCloud {
         Ok(())
     }
 
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+    async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
         let mut st = self.enter("delete")?;
+        if check == DeleteCheck::SecondLook {
+            Self::look(&mut st, "look-delete");
+        }
         Ok(match st.enis.get(eni_id) {
             None => Reaped::Gone,
             Some(e) if e.attachment.is_some() => Reaped::Spared("attached".into()),

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
 use enim_provider::fault::crash_point;
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetEni, DETACHING};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetEni, DETACHING};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
@@ -95,9 +95,10 @@ impl Job<'_> {
                 secondary_ipv4,
                 ..
             } => {
+                // Found in the spec: an earlier create may have made it.
                 let eni = match made {
                     Some(eni) => eni,
-                    None => self.create(&token, secondary_ipv4).await?,
+                    None => self.create(&token, secondary_ipv4, false).await?,
                 };
                 let mut published = eni_spec(&eni);
                 if let Some(ix) = device_index {
@@ -196,7 +197,11 @@ impl Job<'_> {
                 let cloud = &self.alloc.cloud;
                 let r = self
                     .alloc
-                    .call(Class::Mutating, self.counters, cloud.delete(&eni))
+                    .call(
+                        Class::Mutating,
+                        self.counters,
+                        cloud.delete(&eni, DeleteCheck::SecondLook),
+                    )
                     .await?;
                 match r {
                     Reaped::Deleted | Reaped::Gone => {
@@ -213,6 +218,8 @@ impl Job<'_> {
     /// Intents first, then each ENI: create, attach, publish. One ENI's
     /// failure does not stop the others (unless leadership is lost); its
     /// intent stays for the next resync to finish with the same token.
+    /// Each token is new and sent once here (`fresh`): a retry is the next
+    /// resync's [`Task::FinishIntent`], which is not.
     async fn create_enis(&mut self, device_indexes: &[u32], ips: usize) -> Result<(), TaskError> {
         let since = Time(
             k8s_openapi::jiff::Timestamp::try_from((self.alloc.clock)())
@@ -236,7 +243,7 @@ impl Job<'_> {
         let mut published = 0;
         for (token, ix) in tokens {
             let r = async {
-                let eni = self.create(&token, ips).await?;
+                let eni = self.create(&token, ips, true).await?;
                 self.attach(&eni, ix).await?;
                 let mut s = eni_spec(&eni);
                 s.device_index = Some(ix);
@@ -266,7 +273,13 @@ impl Job<'_> {
         first_err.map_or(Ok(()), Err)
     }
 
-    async fn create(&mut self, token: &str, ips: usize) -> Result<FleetEni, TaskError> {
+    /// `fresh`: `token` was made by this process and never sent.
+    async fn create(
+        &mut self,
+        token: &str,
+        ips: usize,
+        fresh: bool,
+    ) -> Result<FleetEni, TaskError> {
         let instance = self.spec()?.instance.id.clone();
         let policy = &self.alloc.policy;
         let req = CreateEni {
@@ -275,6 +288,7 @@ impl Job<'_> {
             security_groups: policy.security_groups.clone(),
             client_token: token.to_string(),
             secondary_ipv4: ips,
+            fresh,
         };
         let cloud = &self.alloc.cloud;
         let eni = self
@@ -297,7 +311,7 @@ impl Job<'_> {
             .call(
                 Class::Mutating,
                 self.counters,
-                cloud.attach(&eni.id, &instance, device_index),
+                cloud.attach(eni, &instance, device_index),
             )
             .await?;
         crash_point("operator-after-attach");
@@ -345,12 +359,13 @@ impl Job<'_> {
     }
 
     /// One step of ENIs leaving: the detaches asked for, then the deletes
-    /// of `delete` (the listing shows them attached nowhere). Those deleted
-    /// or already gone, and the first error; lost leadership stops it.
+    /// of `delete` (the listing shows them attached nowhere, or no longer
+    /// lists them), each checked as the plan says. Those deleted or
+    /// already gone, and the first error; lost leadership stops it.
     async fn leave(
         &self,
         detach: Vec<FleetEni>,
-        delete: Vec<String>,
+        delete: Vec<(String, DeleteCheck)>,
     ) -> Result<(Vec<String>, Option<TaskError>), TaskError> {
         let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
         let mut first_err = match self.start_detaches(detach).await {
@@ -358,9 +373,9 @@ impl Job<'_> {
             r => r.err(),
         };
         let mut removed = Vec::new();
-        for eni in delete {
+        for (eni, check) in delete {
             let r = alloc
-                .call(Class::Mutating, self.counters, cloud.delete(&eni))
+                .call(Class::Mutating, self.counters, cloud.delete(&eni, check))
                 .await;
             match r {
                 Ok(Reaped::Deleted | Reaped::Gone) => {
@@ -384,7 +399,7 @@ impl Job<'_> {
     async fn reclaim(
         &mut self,
         detach: Vec<FleetEni>,
-        delete: Vec<String>,
+        delete: Vec<(String, DeleteCheck)>,
         addresses: Vec<(String, Vec<IpAddr>)>,
         stale: Vec<String>,
         dirty: &mut bool,
@@ -435,7 +450,7 @@ impl Job<'_> {
         &mut self,
         node: &str,
         detach: Vec<FleetEni>,
-        delete: Vec<String>,
+        delete: Vec<(String, DeleteCheck)>,
         release_set: bool,
         dirty: &mut bool,
     ) -> Result<(), TaskError> {

@@ -109,6 +109,8 @@ async fn new_nodes_get_sets_and_enis_and_a_second_resync_does_nothing() {
     assert_eq!(rig.store.writes(), 6);
     assert_eq!(rig.cloud.calls("list"), 1);
     assert_eq!(rig.cloud.calls("limits"), 1, "cached per instance type");
+    // New intents' tokens were never sent: no look for their ENIs.
+    assert_eq!(rig.cloud.calls("look"), 0);
 
     let r = rig.resync().await;
     assert!(!r.listed, "the listing is fresh: no describe");
@@ -187,6 +189,24 @@ async fn an_intent_without_its_eni_is_created_with_the_same_token() {
     want.sort();
     assert_eq!(made, want);
     assert!(rig.store.set("a").unwrap().spec.intents.is_empty());
+    // Tokens found in the spec may have been sent: looked for first.
+    assert_eq!(rig.cloud.calls("look-intent"), 2);
+    assert_eq!(rig.cloud.calls("create"), 4);
+}
+
+#[tokio::test]
+async fn a_retry_in_the_same_process_looks_for_the_intents_eni() {
+    let rig = Rig::new(&["a"]);
+    rig.cloud.fail_next("create", 1);
+    let r = rig.resync().await;
+    assert_eq!(r.tasks_failed, 1, "{r:?}");
+    assert_eq!(rig.cloud.calls("look-intent"), 0, "the first try was fresh");
+    rig.alloc.invalidate_listing();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("finish-intent"), Some(&1), "{r:?}");
+    assert_eq!(rig.cloud.calls("look-intent"), 1, "the retry is not");
+    assert_eq!(rig.spec_ids("a").len(), 2);
+    assert_eq!(rig.cloud.enis().len(), 2);
 }
 
 #[tokio::test]
@@ -260,6 +280,7 @@ async fn the_surplus_is_drained_and_only_released_enis_leave() {
         5,
         "one listing a step, none polled"
     );
+    assert_eq!(rig.cloud.calls("look"), 0, "ours, detached by us: no look");
 }
 
 #[tokio::test]
@@ -296,6 +317,7 @@ async fn a_gone_node_is_released_after_its_grace() {
         (2, 2)
     );
     assert!(rig.store.set("a").is_none(), "the set is let go");
+    assert_eq!(rig.cloud.calls("look-delete"), 0);
     assert!(rig
         .cloud
         .enis()
@@ -322,6 +344,8 @@ async fn leaks_are_deleted_on_a_fresh_listing_only_after_the_cooldown() {
     let r = alloc.resync(&rig.nodes, &rig.store.sets()).await.unwrap();
     assert_eq!(r.by_kind.get("delete-leaked"), Some(&1), "{r:?}");
     assert!(!rig.cloud.enis().iter().any(|e| e.id == "eni-leak"));
+    // Found, not made leaving by us: looked at again before the delete.
+    assert_eq!(rig.cloud.calls("look-delete"), 1);
     assert_eq!(rig.cloud.enis().len(), 2);
 }
 

@@ -28,7 +28,7 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
-use enim_provider::fleet::FleetEni;
+use enim_provider::fleet::{DeleteCheck, FleetEni};
 use enim_provider::AddressLimits;
 
 use crate::store::{NodeInfo, SetInfo};
@@ -280,14 +280,15 @@ pub enum Task {
     /// The released side of the drain handshake, one step a listing: ask
     /// the cloud to detach `detach` (released ENIs the listing shows
     /// attached; they stay in the spec), delete `delete` (released ENIs it
-    /// shows attached nowhere, or no longer lists), unassign `addresses`,
+    /// shows attached nowhere, [`DeleteCheck::Listed`], or no longer lists,
+    /// [`DeleteCheck::SecondLook`]), unassign `addresses`,
     /// then drop what was deleted or unassigned (and `stale` draining
     /// entries that name nothing) from the spec. A released ENI the
     /// listing shows detaching waits for a later listing.
     Reclaim {
         node: String,
         detach: Vec<FleetEni>,
-        delete: Vec<String>,
+        delete: Vec<(String, DeleteCheck)>,
         addresses: Vec<(String, Vec<IpAddr>)>,
         stale: Vec<String>,
     },
@@ -310,17 +311,20 @@ pub enum Task {
     Drain { node: String, items: Vec<String> },
     /// The node is gone past its grace: every ENI it had leaves, one step
     /// a listing as in [`Task::Reclaim`] (`detach` those still attached,
-    /// `delete` those attached nowhere or no longer listed), and once none
+    /// `delete` those attached nowhere or no longer listed, checked as
+    /// there), and once none
     /// is attached or detaching, its set goes (`release_set`, after the
     /// deletes). A set deleted while its Node still exists keeps the ENIs
     /// pods hold, and the set, until they are free.
     ReleaseNode {
         node: String,
         detach: Vec<FleetEni>,
-        delete: Vec<String>,
+        delete: Vec<(String, DeleteCheck)>,
         release_set: bool,
     },
-    /// An ENI of this cluster attached nowhere and claimed by nothing.
+    /// An ENI of this cluster attached nowhere and claimed by nothing:
+    /// deleted after a second look ([`DeleteCheck::SecondLook`]), as not
+    /// this operator's doing.
     DeleteLeaked { eni: String },
 }
 

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use enim_crd::{EniSpec, Mode, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
-use enim_provider::fleet::FleetEni;
+use enim_provider::fleet::{DeleteCheck, FleetEni};
 
 use super::{eni_spec, Index, NodeEntry, Phase, Task, ACTION_CREATE_ATTACH};
 
@@ -96,8 +96,9 @@ fn plan_gone<'a>(
 struct Leaving {
     /// Attached (or attaching): ask for the detach.
     detach: Vec<FleetEni>,
-    /// Attached nowhere, or not listed (gone, or the delete says so).
-    delete: Vec<String>,
+    /// Attached nowhere ([`DeleteCheck::Listed`]: the cloud refuses it if
+    /// attached since), or not listed (gone, or retagged: looked at again).
+    delete: Vec<(String, DeleteCheck)>,
     /// Detaching: a later listing shows it done.
     waiting: usize,
 }
@@ -108,9 +109,9 @@ impl Leaving {
             Some(f) => match &f.attachment {
                 Some(a) if a.detaching() => self.waiting += 1,
                 Some(_) => self.detach.push((*f).clone()),
-                None => self.delete.push(id.to_string()),
+                None => self.delete.push((id.to_string(), DeleteCheck::Listed)),
             },
-            None => self.delete.push(id.to_string()),
+            None => self.delete.push((id.to_string(), DeleteCheck::SecondLook)),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use enim_crd::{EniSpec, EniUse, Intent, Mode, NetResourceSetStatus, Quarantined, Watermarks};
 use enim_provider::cloud::CreatedAt;
+use enim_provider::fleet::DeleteCheck::{Listed, SecondLook};
 use enim_provider::fleet::{FleetAttachment, FleetEni};
 use enim_provider::{AddressLimits, MacAddr};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -72,6 +73,7 @@ pub(super) fn fleet_eni(id: &str, attached: Option<(&str, u32)>, tagged: Option<
         }),
         node: tagged.map(inst),
         intent: None,
+        cluster: Some("c".into()),
         created_at: CreatedAt::At(now() - Duration::from_secs(3600)),
     }
 }
@@ -332,10 +334,10 @@ fn a_released_eni_is_detached_then_deleted_a_listing_later() {
     let s = w.live("a", &["e1", "e2", "e3", "e4"]);
     s.spec.draining = vec!["e4".into()];
     status(s).released = vec!["e4".into()];
-    let reclaim = |detach: Vec<FleetEni>, delete: Vec<&str>| Task::Reclaim {
+    let reclaim = |detach: Vec<FleetEni>, delete: Vec<(&str, DeleteCheck)>| Task::Reclaim {
         node: "a".into(),
         detach,
-        delete: delete.into_iter().map(String::from).collect(),
+        delete: delete.into_iter().map(|(d, c)| (d.into(), c)).collect(),
         addresses: vec![],
         stale: vec![],
     };
@@ -351,12 +353,15 @@ fn a_released_eni_is_detached_then_deleted_a_listing_later() {
     // stays taken and it is not counted free (no create, no drain).
     listed_as(&mut w, "e4", Some("detaching"));
     assert!(w.plan().is_empty(), "{:?}", w.plan());
-    // 3. Listed attached nowhere: deleted (then dropped from the spec).
+    // 3. Listed attached nowhere: deleted (then dropped from the spec),
+    // with no second look: ours, detached by us, and the cloud refuses
+    // an ENI in use.
     listed_as(&mut w, "e4", None);
-    assert_eq!(w.plan(), [reclaim(vec![], vec!["e4"])]);
-    // Not listed at all: the delete finds it gone (or spares it).
+    assert_eq!(w.plan(), [reclaim(vec![], vec![("e4", Listed)])]);
+    // Not listed at all: the delete looks again (gone, or retagged by
+    // someone: spared).
     w.enis.retain(|e| e.id != "e4");
-    assert_eq!(w.plan(), [reclaim(vec![], vec!["e4"])]);
+    assert_eq!(w.plan(), [reclaim(vec![], vec![("e4", SecondLook)])]);
     // Never before the agent released it, in any of these states.
     w.set("a").status = Some(NetResourceSetStatus::default());
     assert!(w.plan().is_empty(), "{:?}", w.plan());
@@ -486,18 +491,19 @@ fn a_gone_node_is_released_after_its_grace() {
     assert!(w.plan().is_empty(), "within the grace: {:?}", w.plan());
     w.gone.insert("a".into(), now() - Duration::from_secs(300));
     let (e1, e2) = (w.enis[0].clone(), w.enis[1].clone());
-    let release = |detach: Vec<FleetEni>, delete: Vec<&str>, release_set| Task::ReleaseNode {
-        node: "a".into(),
-        detach,
-        delete: delete.into_iter().map(String::from).collect(),
-        release_set,
-    };
+    let release =
+        |detach: Vec<FleetEni>, delete: Vec<(&str, DeleteCheck)>, release_set| Task::ReleaseNode {
+            node: "a".into(),
+            detach,
+            delete: delete.into_iter().map(|(d, c)| (d.into(), c)).collect(),
+            release_set,
+        };
     // 1. The attached are detached, the loose one deleted; the set waits.
     assert_eq!(
         w.plan(),
         [release(
             vec![e1.clone(), e2.clone()],
-            vec!["e-tagged"],
+            vec![("e-tagged", Listed)],
             false
         )]
     );
@@ -506,13 +512,20 @@ fn a_gone_node_is_released_after_its_grace() {
     listed_as(&mut w, "e1", Some("detaching"));
     listed_as(&mut w, "e2", None);
     w.enis.retain(|e| e.id != "e-tagged");
-    assert_eq!(w.plan(), [release(vec![], vec!["e2"], false)]);
+    assert_eq!(w.plan(), [release(vec![], vec![("e2", Listed)], false)]);
     // 3. None attached or detaching: the rest deleted (e2, gone but still
     // in the spec nobody may write, finds the delete answer "gone"), then
     // the set goes.
     listed_as(&mut w, "e1", None);
     w.enis.retain(|e| e.id != "e2");
-    assert_eq!(w.plan(), [release(vec![], vec!["e1", "e2"], true)]);
+    assert_eq!(
+        w.plan(),
+        [release(
+            vec![],
+            vec![("e1", Listed), ("e2", SecondLook)],
+            true
+        )]
+    );
     // A set deleted while its Node is there: pods live on; their ENIs stay.
     let mut w = World::new(Mode::Primary);
     let s = w.live("a", &["e1", "e2"]);
@@ -520,7 +533,10 @@ fn a_gone_node_is_released_after_its_grace() {
     s.deleting_since = Some(now() - Duration::from_secs(600));
     w.enis.push(fleet_eni("e-tagged", None, Some("a")));
     let e2 = w.enis[1].clone();
-    assert_eq!(w.plan(), [release(vec![e2], vec!["e-tagged"], false)]);
+    assert_eq!(
+        w.plan(),
+        [release(vec![e2], vec![("e-tagged", Listed)], false)]
+    );
     // Once e2 is gone, only e1 is left, which a pod holds: nothing to do.
     w.enis.retain(|e| e.id != "e2" && e.id != "e-tagged");
     w.set("a").spec.enis.retain(|e| e.id != "e2");

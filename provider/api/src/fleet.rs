@@ -14,6 +14,12 @@
 //! one, and as the ENI's [`TAG_INTENT`] tag everywhere, so the listing
 //! shows which intent made which ENI and a successor finishes the intent
 //! instead of creating a second ENI.
+//!
+//! Lookups: the operator hands each verb what it already knows (the ENI as
+//! its listing or its create showed it, whether a token was ever sent,
+//! whether it detached the ENI itself), so a cloud spends a by-id describe
+//! only where the cloud's own refusal cannot stand in for it: see
+//! [`CreateEni::fresh`], [`FleetCloud::attach`] and [`DeleteCheck`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -66,6 +72,10 @@ pub struct FleetEni {
     pub node: Option<String>,
     /// The [`TAG_INTENT`] tag: the client token of the create that made it.
     pub intent: Option<String>,
+    /// The cluster it is marked for ([`crate::cloud::TAG_CLUSTER`]), as the
+    /// listing or the create saw it: [`FleetCloud::attach`] refuses an ENI
+    /// not marked for its cluster without asking the cloud again.
+    pub cluster: Option<String>,
     pub created_at: CreatedAt,
 }
 
@@ -87,6 +97,7 @@ impl FleetEni {
             attachment: None,
             node: None,
             intent: None,
+            cluster: None,
             created_at: CreatedAt::Missing,
         }
     }
@@ -103,6 +114,34 @@ pub struct CreateEni {
     pub client_token: String,
     /// Secondary IPv4 addresses to create it with (secondary mode).
     pub secondary_ipv4: usize,
+    /// This process generated `client_token` and has never sent it (a
+    /// new intent, created right after it was written): no ENI can carry
+    /// it yet, so a cloud need not look for one first. `false` for an
+    /// intent found in a spec (after a restart or a change of leader) and
+    /// for every retry (after an error or a timeout, the first send may
+    /// have made one): the cloud looks for the intent's ENI before it
+    /// creates. The idempotency token is sent either way.
+    pub fresh: bool,
+}
+
+/// How [`FleetCloud::delete`] makes sure it deletes only what it should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteCheck {
+    /// The operator's own leaving ENI (drained by it, released by the
+    /// agent, detached by it: the operator's `Reclaim` and `ReleaseNode`
+    /// tasks) that the latest listing showed this cluster's and attached
+    /// nowhere. Deleted without another look: nobody else had a reason to
+    /// touch it since, and the one change that matters, an attach
+    /// meanwhile, the cloud refuses to delete over (EC2
+    /// `InvalidNetworkInterface.InUse`, BCE a conflict), which is
+    /// [`Reaped::Spared`]; gone is [`Reaped::Gone`].
+    Listed,
+    /// A leak (an ENI of this cluster claimed by no node) or an ENI the
+    /// latest listing no longer shows: another party may have retagged or
+    /// reused it, and the cloud's delete checks no tags. Looked at again
+    /// first ("the second look"): deleted only if still this cluster's and
+    /// attached nowhere.
+    SecondLook,
 }
 
 #[async_trait]
@@ -123,11 +162,19 @@ pub trait FleetCloud: Send + Sync {
     /// same token returns the ENI the first made.
     async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError>;
 
-    /// Attaches `eni_id` to `instance` at `device_index`. Succeeds when it
-    /// is already attached there.
+    /// Attaches `eni` to `instance` at `device_index`. Succeeds when it is
+    /// already attached there.
+    ///
+    /// `eni` is the ENI as this cloud's [`Self::create`] returned it or its
+    /// [`Self::list_cluster_enis`] showed it. One not marked for this
+    /// cluster ([`FleetEni::cluster`]) is refused without a call. One shown
+    /// attached nowhere is attached at once, with no look first: the cloud
+    /// refuses to attach an ENI in use, and only on a refusal is it looked
+    /// at (once) to tell "attached there already" (a retry whose first try
+    /// went through: success) from a real error.
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError>;
@@ -145,11 +192,17 @@ pub trait FleetCloud: Send + Sync {
     /// instance's primary interface is never detached.
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError>;
 
-    /// Deletes `eni_id` if it still carries this cluster's tag and is
-    /// attached nowhere; [`Reaped::Gone`] when it is already gone. After
+    /// Deletes `eni_id` if it is attached nowhere and, with
+    /// [`DeleteCheck::SecondLook`], still carries this cluster's tag;
+    /// [`Reaped::Gone`] when it is already gone, [`Reaped::Spared`] when it
+    /// is in use (or, looked at, not this cluster's). After
     /// [`Self::start_detach`], call it once a listing shows the ENI
     /// attached nowhere.
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError>;
+    ///
+    /// The caller says which check: the operator knows which ENIs it
+    /// detached itself ([`DeleteCheck::Listed`], the churn's every delete,
+    /// no describe) and which it only found ([`DeleteCheck::SecondLook`]).
+    async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError>;
 
     /// Assigns new secondary addresses to `eni_id` and returns them.
     async fn assign_addresses(

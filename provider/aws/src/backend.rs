@@ -348,7 +348,9 @@ impl AwsBackend {
                 limit,
             });
         }
-        steps::attach_at(&self.ec2, eni_id, &self.instance_id, index).await
+        let me = self.instance_id.as_str();
+        let settle = |now: &NetworkInterface| Ok(steps::attachment_on(now, me, None));
+        steps::attach_at(&self.ec2, eni_id, me, index, settle).await
     }
 
     /// Waits until metadata shows `eni_id` under `mac` and returns it.

@@ -9,9 +9,16 @@
 //! its instance and that it only ever touches this cluster's ENIs.
 //!
 //! Idempotency of `create`: EC2 returns the first ENI for a repeated
-//! ClientToken, and every ENI carries the token as its
-//! [`TAG_INTENT`] tag too, which is looked up first, so a successor (or a
-//! cloud that ignores ClientToken) finds the ENI instead of making another.
+//! ClientToken, and every ENI carries the token as its [`TAG_INTENT`] tag
+//! too, which is looked up first unless the intent is
+//! [`CreateEni::fresh`] (its token never sent, so no ENI can carry it): a
+//! successor, or a retry (or a cloud that ignores ClientToken), finds the
+//! ENI instead of making another.
+//!
+//! Lookups by id: none before an attach of an ENI shown attached nowhere
+//! (EC2 refuses one in use; only a refusal is looked at) nor before a
+//! [`DeleteCheck::Listed`] delete (EC2 refuses one in use); a
+//! [`DeleteCheck::SecondLook`] delete, and the address verbs, look first.
 
 mod config;
 
@@ -23,7 +30,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::fleet::{
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+};
 use enim_provider::{AddressLimits, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -207,6 +216,7 @@ impl AwsFleet {
             attachment,
             node: eni.tag(TAG_NODE).map(str::to_string),
             intent: eni.tag(TAG_INTENT).map(str::to_string),
+            cluster: eni.tag(TAG_CLUSTER).map(str::to_string),
             created_at: CreatedAt::from_tag(eni.tag(TAG_CREATED_AT)),
             ..FleetEni::addressed(info.to_eni(None), eni.subnet_id.clone(), groups.collect())
         })
@@ -290,9 +300,13 @@ impl AwsFleet {
                 "client token {token:?} must be 1 to {MAX_CLIENT_TOKEN} ASCII characters"
             )));
         }
-        if let Some(made) = self.by_intent(token).await? {
-            tracing::info!(eni = %made.network_interface_id, intent = token, "the intent's ENI exists already");
-            return self.one(made).await;
+        // A fresh token was never sent: no ENI carries it, and EC2's
+        // ClientToken covers the client's own retries of this one call.
+        if !req.fresh {
+            if let Some(made) = self.by_intent(token).await? {
+                tracing::info!(eni = %made.network_interface_id, intent = token, "the intent's ENI exists already");
+                return self.one(made).await;
+            }
         }
         let tags = [
             (TAG_MANAGED, "true"),
@@ -334,13 +348,67 @@ impl AwsFleet {
         // The create's reply may leave the tags out; they are these.
         eni.node = Some(req.instance.clone());
         eni.intent = Some(token.to_string());
+        eni.cluster = Some(self.cluster.clone());
         if eni.created_at == CreatedAt::Missing {
             eni.created_at = CreatedAt::from_tag(Some(&tags[4].1));
         }
         Ok(eni)
     }
 
-    async fn do_attach(&self, eni_id: &str, instance: &str, index: u32) -> Result<(), AwsError> {
+    /// Attaches `eni` as listed or created: this cluster's (by what was
+    /// seen, no call), and attached nowhere then, so AttachNetworkInterface
+    /// straight away; EC2 refuses an ENI in use, and only then is it looked
+    /// at. One shown attached somewhere is looked at first.
+    async fn do_attach(&self, eni: &FleetEni, instance: &str, index: u32) -> Result<(), AwsError> {
+        let eni_id = eni.id.as_str();
+        if eni.cluster.as_deref() != Some(self.cluster.as_str()) {
+            return Err(AwsError::NotInCluster {
+                eni_id: eni_id.into(),
+                cluster: self.cluster.clone(),
+            });
+        }
+        if eni.attachment.is_some() {
+            return self.attach_looked(eni_id, instance, index).await;
+        }
+        let settle = |now: &NetworkInterface| {
+            if !steps::in_cluster(now, &self.cluster) {
+                return Err(AwsError::NotInCluster {
+                    eni_id: eni_id.into(),
+                    cluster: self.cluster.clone(),
+                });
+            }
+            if let Some(id) = steps::attachment_on(now, instance, Some(index)) {
+                tracing::info!(
+                    eni = eni_id,
+                    instance,
+                    device_index = index,
+                    "ENI attached there already"
+                );
+                return Ok(Some(id));
+            }
+            match now.attached_instance() {
+                Some(other) if other != instance => Err(AwsError::ForeignAttachment {
+                    eni_id: eni_id.into(),
+                    other: other.into(),
+                    instance: instance.into(),
+                }),
+                _ => Ok(None),
+            }
+        };
+        steps::attach_at(&self.ec2, eni_id, instance, index, settle).await?;
+        crash_point("cloud:after-attach");
+        tracing::info!(eni = eni_id, instance, device_index = index, "attached ENI");
+        Ok(())
+    }
+
+    /// Attaches `eni_id` after a look: attached here already is done,
+    /// elsewhere refused, mid-detach waited for.
+    async fn attach_looked(
+        &self,
+        eni_id: &str,
+        instance: &str,
+        index: u32,
+    ) -> Result<(), AwsError> {
         let eni = self.ours(eni_id).await?;
         match eni.attached_instance() {
             Some(i) if i == instance => {
@@ -372,7 +440,8 @@ impl AwsFleet {
         {
             return Err(AwsError::Missing(eni_id.into()));
         }
-        steps::attach_at(&self.ec2, eni_id, instance, index).await?;
+        let settle = |now: &NetworkInterface| Ok(steps::attachment_on(now, instance, Some(index)));
+        steps::attach_at(&self.ec2, eni_id, instance, index, settle).await?;
         crash_point("cloud:after-attach");
         tracing::info!(eni = eni_id, instance, device_index = index, "attached ENI");
         Ok(())
@@ -402,10 +471,14 @@ impl AwsFleet {
         steps::detach_attachment(&self.ec2, &eni.id, &att.attachment_id).await
     }
 
-    async fn do_delete(&self, eni_id: &str) -> Result<Reaped, AwsError> {
+    async fn do_delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, AwsError> {
         let cluster = self.cluster.as_str();
-        let reaped =
-            steps::delete_checked(&self.ec2, eni_id, |e| steps::in_cluster(e, cluster)).await?;
+        let reaped = match check {
+            DeleteCheck::Listed => steps::delete_unlooked(&self.ec2, eni_id).await?,
+            DeleteCheck::SecondLook => {
+                steps::delete_checked(&self.ec2, eni_id, |e| steps::in_cluster(e, cluster)).await?
+            }
+        };
         if reaped == Reaped::Deleted {
             crash_point("cloud:after-delete");
         }
@@ -447,19 +520,19 @@ impl FleetCloud for AwsFleet {
 
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
-        Ok(self.do_attach(eni_id, instance, device_index).await?)
+        Ok(self.do_attach(eni, instance, device_index).await?)
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
         Ok(self.do_start_detach(eni).await?)
     }
 
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
-        Ok(self.do_delete(eni_id).await?)
+    async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
+        Ok(self.do_delete(eni_id, check).await?)
     }
 
     async fn assign_addresses(

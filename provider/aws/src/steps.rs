@@ -1,7 +1,8 @@
 //! The EC2 steps of an ENI's life that the node's backend
 //! ([`crate::AwsBackend`]) and the operator's ([`crate::AwsFleet`]) take
 //! alike, written once over an [`Ec2Client`]: attach at an index, detach
-//! and wait, delete after a second look, and the address verbs. Each
+//! and wait, delete (after a second look, or on EC2's refusal alone),
+//! and the address verbs. Each
 //! checks here what both callers must check; what only one of them knows
 //! (metadata, which instance is "this" one) stays with it.
 
@@ -79,12 +80,18 @@ pub(crate) fn is_primary(eni: &NetworkInterface) -> bool {
 }
 
 /// Attaches `eni_id` to `instance` at `index` on card 0 and marks it
-/// delete-on-termination, so a terminated node does not leak it.
+/// delete-on-termination, so a terminated node does not leak it. EC2
+/// refuses an ENI in use; a refused attach (other than for a full instance
+/// or credentials) is looked at once and `settle` says what the ENI as it
+/// is now means: `Ok(Some(attachment id))` attached as asked already (a
+/// retry whose first try went through), `Ok(None)` the refusal stands, or
+/// an error of its own.
 pub(crate) async fn attach_at(
     client: &Ec2Client,
     eni_id: &str,
     instance: &str,
     index: u32,
+    settle: impl Fn(&NetworkInterface) -> Result<Option<String>, AwsError>,
 ) -> Result<(), AwsError> {
     let attachment_id = match client
         .attach_network_interface(eni_id, instance, index, 0)
@@ -92,8 +99,6 @@ pub(crate) async fn attach_at(
     {
         Ok(id) => id,
         Err(e) => {
-            // A retried attach whose first try went through fails, yet the
-            // ENI is attached where asked: check before reporting failure.
             let may_have_attached = !matches!(
                 e,
                 Ec2Error::AttachmentLimitExceeded { .. } | Ec2Error::Auth { .. }
@@ -107,12 +112,11 @@ pub(crate) async fn attach_at(
             } else {
                 None
             };
-            let attached_here = now.as_ref().and_then(|n| {
-                (n.attached_instance() == Some(instance))
-                    .then(|| n.attachment.as_ref()?.attachment_id.clone())
-                    .flatten()
-            });
-            match attached_here {
+            let settled = match &now {
+                Some(n) => settle(n)?,
+                None => None,
+            };
+            match settled {
                 Some(id) => id,
                 None => {
                     return Err(ec2(format!(
@@ -130,6 +134,19 @@ pub(crate) async fn attach_at(
         tracing::warn!(eni = %eni_id, error = %e, "could not mark ENI delete-on-termination");
     }
     Ok(())
+}
+
+/// The attachment id of `eni` if it is attached to `instance` (at
+/// `index`, when given).
+pub(crate) fn attachment_on(
+    eni: &NetworkInterface,
+    instance: &str,
+    index: Option<u32>,
+) -> Option<String> {
+    let att = eni.attachment.as_ref()?;
+    let here = eni.attached_instance() == Some(instance)
+        && index.is_none_or(|i| att.device_index == Some(i));
+    here.then(|| att.attachment_id.clone()).flatten()
 }
 
 /// Asks EC2 to detach `eni` from wherever it is attached (or attaching);
@@ -213,6 +230,20 @@ pub(crate) async fn delete_checked(
     {
         return Ok(spared);
     }
+    delete_unlooked(client, eni_id).await
+}
+
+/// EC2's codes for a delete refused because the ENI is attached (the
+/// documented one and the one EC2 has been seen to answer).
+const IN_USE: &[&str] = &[
+    "InvalidNetworkInterface.InUse",
+    "InvalidNetworkInterfaceID.InUse",
+];
+
+/// DeleteNetworkInterface of `eni_id` with no look first: EC2 refuses an
+/// ENI in use ([`Reaped::Spared`]); one already gone is [`Reaped::Gone`].
+/// Only for an ENI the caller knows is its own (it checks no tags).
+pub(crate) async fn delete_unlooked(client: &Ec2Client, eni_id: &str) -> Result<Reaped, AwsError> {
     match client.delete_network_interface(eni_id).await {
         Ok(()) => {
             tracing::info!(eni = %eni_id, "deleted ENI");
@@ -220,9 +251,9 @@ pub(crate) async fn delete_checked(
         }
         // Someone else got there first.
         Err(e) if e.is_not_found() => Ok(Reaped::Gone),
-        // Attached between our look and the delete.
-        Err(e) if e.code() == Some("InvalidNetworkInterface.InUse") => {
-            Ok(Reaped::Spared("attached meanwhile".into()))
+        // Attached since the caller saw it attached nowhere.
+        Err(e) if e.code().is_some_and(|c| IN_USE.contains(&c)) => {
+            Ok(Reaped::Spared(format!("in use: {e}")))
         }
         Err(e) => Err(ec2(format!("deleting ENI {eni_id}"))(e)),
     }

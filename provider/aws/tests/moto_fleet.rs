@@ -5,7 +5,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use enim_provider::cloud::{CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::fleet::{
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+};
 use enim_provider::ProviderError;
 use enim_provider_aws::{
     fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, Ec2ApiConfig, TAG_MANAGED,
@@ -53,6 +55,7 @@ async fn rig() -> Option<(Env, AwsFleet)> {
     rig_with(|_| {}).await
 }
 
+/// A create whose token may have been sent before (looked up first).
 fn request(env: &Env, token: &str, secondary_ipv4: usize) -> CreateEni {
     CreateEni {
         instance: env.instance_id.clone(),
@@ -60,8 +63,19 @@ fn request(env: &Env, token: &str, secondary_ipv4: usize) -> CreateEni {
         security_groups: vec![],
         client_token: token.into(),
         secondary_ipv4,
+        fresh: false,
     }
 }
+
+/// A create whose token was never sent.
+fn fresh(env: &Env, token: &str, secondary_ipv4: usize) -> CreateEni {
+    CreateEni {
+        fresh: true,
+        ..request(env, token, secondary_ipv4)
+    }
+}
+
+const DESCRIBE: &str = "DescribeNetworkInterfaces";
 
 async fn listed(fleet: &AwsFleet) -> Vec<FleetEni> {
     let mut enis = fleet.list_cluster_enis().await.expect("list");
@@ -159,10 +173,19 @@ async fn create_is_idempotent_by_client_token_and_tags_the_intent() {
     let Some((env, fleet)) = rig_with(|c| c.assign_ipv6 = true).await else {
         return;
     };
-    let first = fleet.create(&request(&env, "intent-1", 2)).await.unwrap();
+    // A fresh intent: created with no look-up by its tag first.
+    let first = fleet.create(&fresh(&env, "intent-1", 2)).await.unwrap();
+    assert_eq!(
+        env.proxy.calls(DESCRIBE),
+        0,
+        "no look before a fresh create"
+    );
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
+    // The same intent again (a retry, a successor): looked up, found.
     let again = fleet.create(&request(&env, "intent-1", 2)).await.unwrap();
     assert_eq!(again.id, first.id, "the same intent, the same ENI");
     assert_eq!(again, first);
+    assert_eq!(env.proxy.calls(DESCRIBE), 1, "the look-up by intent");
     assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
 
     let in_moto: Vec<_> = env
@@ -190,6 +213,7 @@ async fn create_is_idempotent_by_client_token_and_tags_the_intent() {
     assert_eq!(listed_one(&fleet, &first.id).await, first);
     assert_eq!(first.node.as_deref(), Some(env.instance_id.as_str()));
     assert_eq!(first.intent.as_deref(), Some("intent-1"));
+    assert_eq!(first.cluster.as_deref(), Some(CLUSTER));
     assert_eq!(first.attachment, None);
     let v4: Vec<IpAddr> = first
         .secondary_ips
@@ -228,24 +252,79 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
     let Some((env, fleet)) = rig().await else {
         return;
     };
-    let eni = fleet.create(&request(&env, "intent-rt", 0)).await.unwrap();
+    let eni = fleet.create(&fresh(&env, "intent-rt", 0)).await.unwrap();
 
-    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
+    // The create's reply shows it attached nowhere: attached with no look.
+    let describes = env.proxy.calls(DESCRIBE);
+    fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
     assert_eq!(env.attached().await.get(&eni.id), Some(&1));
-    assert_eq!(env.proxy.calls("ModifyNetworkInterfaceAttribute"), 1);
-    // Already attached there: nothing to do.
-    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
     assert_eq!(env.proxy.calls("AttachNetworkInterface"), 1);
-    // Attached elsewhere: refused.
-    let e = fleet.attach(&eni.id, "i-0other", 1).await.unwrap_err();
+    assert_eq!(env.proxy.calls("ModifyNetworkInterfaceAttribute"), 1);
+    assert_eq!(env.proxy.calls(DESCRIBE), describes, "no describe");
+    // Listed attached there already: one look, nothing to do.
+    let shown = listed_one(&fleet, &eni.id).await;
+    let describes = env.proxy.calls(DESCRIBE);
+    fleet.attach(&shown, &env.instance_id, 1).await.unwrap();
+    assert_eq!(env.proxy.calls("AttachNetworkInterface"), 1);
+    assert_eq!(env.proxy.calls(DESCRIBE), describes + 1);
+    // A retry with the create's (stale) reply: EC2 refuses an ENI in use
+    // (the proxy answers as EC2 does; moto would attach it again), and
+    // the one look after the refusal finds it attached there: done.
+    for code in ["InvalidNetworkInterface.InUse", "InvalidParameterValue"] {
+        env.proxy.inject("AttachNetworkInterface", 1, 400, code);
+        let describes = env.proxy.calls(DESCRIBE);
+        fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
+        assert_eq!(env.proxy.calls(DESCRIBE), describes + 1, "{code}");
+        assert_eq!(env.attached().await.get(&eni.id), Some(&1), "{code}");
+    }
+    // At another index, the refusal stands.
+    env.proxy.inject(
+        "AttachNetworkInterface",
+        1,
+        400,
+        "InvalidNetworkInterface.InUse",
+    );
+    let e = fleet.attach(&eni, &env.instance_id, 2).await.unwrap_err();
+    assert!(e.to_string().contains("InUse"), "{e}");
+    // Attached elsewhere: refused, by the listing's look.
+    let e = fleet.attach(&shown, "i-0other", 1).await.unwrap_err();
     assert!(e.to_string().contains("attached to"), "{e}");
+    // ... and by the look after EC2's refusal.
+    env.proxy.inject(
+        "AttachNetworkInterface",
+        1,
+        400,
+        "InvalidNetworkInterface.InUse",
+    );
+    let e = fleet.attach(&eni, "i-0other", 1).await.unwrap_err();
+    assert!(e.to_string().contains("attached to"), "{e}");
+    assert_eq!(env.attached().await.get(&eni.id), Some(&1));
 
     // Attached, so the delete's second look spares it.
     assert!(matches!(
-        fleet.delete(&eni.id).await.unwrap(),
+        fleet
+            .delete(&eni.id, DeleteCheck::SecondLook)
+            .await
+            .unwrap(),
         Reaped::Spared(_)
     ));
     assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 0);
+    // Without the look, EC2's refusal spares it (the proxy answers as EC2
+    // does: moto deletes an ENI in use), under either code EC2 uses.
+    for code in [
+        "InvalidNetworkInterface.InUse",
+        "InvalidNetworkInterfaceID.InUse",
+    ] {
+        env.proxy.inject("DeleteNetworkInterface", 1, 400, code);
+        let describes = env.proxy.calls(DESCRIBE);
+        let r = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
+        assert!(
+            matches!(r, Reaped::Spared(ref why) if why.contains(code)),
+            "{r:?}"
+        );
+        assert_eq!(env.proxy.calls(DESCRIBE), describes, "no look: {code}");
+    }
+    assert_eq!(env.attached().await.get(&eni.id), Some(&1), "still there");
 
     // The detach is only asked for, by the listed attachment: one
     // DetachNetworkInterface, no describe (no look, no polling).
@@ -269,8 +348,15 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
     fleet.start_detach(&attached).await.unwrap();
     assert_eq!(env.eni(&eni.id).await.status, "available");
 
-    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
-    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Gone);
+    // Listed attached nowhere: deleted with no look; then gone.
+    let describes = env.proxy.calls(DESCRIBE);
+    let deleted = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
+    assert_eq!(deleted, Reaped::Deleted);
+    assert_eq!(env.proxy.calls(DESCRIBE), describes, "no second look");
+    let again = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
+    assert_eq!(again, Reaped::Gone);
+    let looked = fleet.delete(&eni.id, DeleteCheck::SecondLook).await;
+    assert_eq!(looked.unwrap(), Reaped::Gone);
     fleet.start_detach(&detached).await.unwrap(); // gone: done
     assert!(listed(&fleet).await.is_empty());
     assert!(env
@@ -296,8 +382,20 @@ async fn other_clusters_and_primary_interfaces_are_never_touched() {
         attachment,
         ..ours.clone()
     };
+    // Seen marked for another cluster (or not at all): refused, no call.
+    let staging_seen = |cluster: Option<&str>| FleetEni {
+        cluster: cluster.map(String::from),
+        ..as_listed(id, None)
+    };
     for e in [
-        fleet.attach(id, &env.instance_id, 1).await.unwrap_err(),
+        fleet
+            .attach(&staging_seen(Some("staging")), &env.instance_id, 1)
+            .await
+            .unwrap_err(),
+        fleet
+            .attach(&staging_seen(None), &env.instance_id, 1)
+            .await
+            .unwrap_err(),
         fleet.start_detach(&as_listed(id, None)).await.unwrap_err(),
         fleet
             .assign_addresses(id, 1, 0)
@@ -310,7 +408,11 @@ async fn other_clusters_and_primary_interfaces_are_never_touched() {
             "{e}"
         );
     }
-    assert!(matches!(fleet.delete(id).await.unwrap(), Reaped::Spared(_)));
+    assert_eq!(env.proxy.calls("AttachNetworkInterface"), 0);
+    // A leak candidate's delete looks again: not this cluster's, spared.
+    let r = fleet.delete(id, DeleteCheck::SecondLook).await.unwrap();
+    assert!(matches!(r, Reaped::Spared(_)), "{r:?}");
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 0);
     // A primary is refused, even listed with an attachment id to go by.
     let primary = env.eni(&env.primary_eni).await;
     let att = primary.attachment.as_ref().unwrap();
@@ -343,8 +445,8 @@ async fn secondary_addresses_assign_and_unassign() {
     let Some((env, fleet)) = rig_with(|c| c.assign_ipv6 = true).await else {
         return;
     };
-    let eni = fleet.create(&request(&env, "intent-ips", 0)).await.unwrap();
-    fleet.attach(&eni.id, &env.instance_id, 1).await.unwrap();
+    let eni = fleet.create(&fresh(&env, "intent-ips", 0)).await.unwrap();
+    fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
 
     let v4 = fleet.assign_addresses(&eni.id, 2, 0).await.unwrap();
     assert_eq!(v4.len(), 2, "{v4:?}");
@@ -374,7 +476,8 @@ async fn secondary_addresses_assign_and_unassign() {
         .await
         .unwrap();
     assert_eq!(listed_one(&fleet, &eni.id).await.attachment, None);
-    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
+    let deleted = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
+    assert_eq!(deleted, Reaped::Deleted);
     // Gone: nothing to give back.
     fleet.unassign_addresses(&eni.id, &[v4[1]]).await.unwrap();
 }

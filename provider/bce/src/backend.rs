@@ -270,6 +270,7 @@ impl BceBackend {
             &self.api,
             eni_id,
             &self.s.instance_id,
+            None,
             &mut poll,
             self.s.operation_timeout,
         )

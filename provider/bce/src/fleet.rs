@@ -17,7 +17,15 @@
 //! Idempotency of `create`: BCE answers a repeated clientToken with the
 //! first answer, and the name is made from the token, so a retry is the
 //! same request; the intent word lets a successor find the ENI in the
-//! listing.
+//! listing. No look-up by intent is made before a create, so
+//! [`CreateEni::fresh`] changes nothing here.
+//!
+//! Lookups by id: an attach refuses an ENI the listing (or the create)
+//! did not see marked for this cluster without a call; its one GET (for
+//! the name and description the device index is written into) is the
+//! attach's first poll too. A [`DeleteCheck::Listed`] delete is sent with
+//! no look (BCE refuses an ENI in use); a [`DeleteCheck::SecondLook`] one
+//! looks first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -29,7 +37,9 @@ use enim_provider::cloud::{
     format_created_at, validate_cluster_name, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT};
+use enim_provider::fleet::{
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+};
 use enim_provider::{AddressLimits, LimitsConfig, MacAddr, ProviderError, Secret};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
@@ -257,6 +267,7 @@ impl BceFleet {
             attachment,
             node: node_of(&eni.name).map(str::to_string),
             intent: description_tag(words, TAG_INTENT).map(str::to_string),
+            cluster: description_tag(words, TAG_CLUSTER).map(str::to_string),
             created_at: CreatedAt::from_tag(description_tag(words, TAG_CREATED_AT)),
             ..FleetEni::addressed(iface.to_eni(id), eni.subnet_id.clone(), Vec::new())
         })
@@ -343,13 +354,20 @@ impl BceFleet {
 
     async fn do_attach(
         &self,
-        eni_id: &str,
+        listed: &FleetEni,
         instance: &str,
         index: u32,
     ) -> Result<(), ProviderError> {
+        let eni_id = listed.id.as_str();
         if !DEVICE_INDEXES.contains(&index) {
             return Err(ProviderError::Config(format!(
                 "device index {index} is outside {DEVICE_INDEXES:?}"
+            )));
+        }
+        if listed.cluster.as_deref() != Some(self.config.cluster.as_str()) {
+            return Err(ProviderError::Config(format!(
+                "ENI {eni_id} was not seen marked {TAG_CLUSTER}={}: not this cluster's",
+                self.config.cluster
             )));
         }
         let eni = self.ours(eni_id).await?;
@@ -365,7 +383,9 @@ impl BceFleet {
         }
         let mut poll = self.config.api.poll();
         let limit = self.config.api.operation_timeout;
-        steps::attach_polled(&self.api, eni_id, instance, &mut poll, limit).await?;
+        // The look above is the first poll: status and attachment are all
+        // it reads, and the description change left them as they were.
+        steps::attach_polled(&self.api, eni_id, instance, Some(eni), &mut poll, limit).await?;
         if !attached_here {
             crash_point("cloud:after-attach");
             tracing::info!(eni = eni_id, instance, device_index = index, "ENI attached");
@@ -391,8 +411,13 @@ impl BceFleet {
         Ok(())
     }
 
-    async fn do_delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
-        let reaped = steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await?;
+    async fn do_delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
+        let reaped = match check {
+            DeleteCheck::Listed => steps::delete_unlooked(&self.api, eni_id).await?,
+            DeleteCheck::SecondLook => {
+                steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await?
+            }
+        };
         if reaped == Reaped::Deleted {
             crash_point("cloud:after-delete");
         }
@@ -437,19 +462,19 @@ impl FleetCloud for BceFleet {
 
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
-        self.do_attach(eni_id, instance, device_index).await
+        self.do_attach(eni, instance, device_index).await
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
         self.do_start_detach(&eni.id).await
     }
 
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
-        self.do_delete(eni_id).await
+    async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
+        self.do_delete(eni_id, check).await
     }
 
     async fn assign_addresses(

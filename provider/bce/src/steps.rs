@@ -1,7 +1,8 @@
 //! The BCE steps of an ENI's life that the node's backend
 //! ([`crate::BceBackend`]) and the operator's ([`crate::BceFleet`]) take
 //! alike, written once over an [`ApiClient`]: attach and wait, detach and
-//! wait (or only ask, for the operator), delete after a second look, and the private-IP verbs. What only
+//! wait (or only ask, for the operator), delete (after a second look, or
+//! on BCE's refusal alone), and the private-IP verbs. What only
 //! one caller knows (metadata, which instance is "this" one, which ENIs
 //! are its own) comes in as arguments.
 
@@ -41,19 +42,24 @@ pub(crate) fn is_unattached(eni: &ApiEni) -> bool {
 }
 
 /// Attaches `eni_id` to `instance` unless it is, and polls until it is
-/// `inuse` there; returns it as the API then shows it. `limit` is what
-/// `poll` allows, for the message.
+/// `inuse` there; returns it as the API then shows it. `looked` is the ENI
+/// as the caller has just got it, taken as the first look (no GET for
+/// it). `limit` is what `poll` allows, for the message.
 pub(crate) async fn attach_polled(
     api: &ApiClient,
     eni_id: &str,
     instance: &str,
+    mut looked: Option<ApiEni>,
     poll: &mut Poll,
     limit: Duration,
 ) -> Result<ApiEni, ProviderError> {
     let token = client_token();
     let mut attach_sent = false;
     loop {
-        let eni = get_known(api, eni_id).await?;
+        let eni = match looked.take() {
+            Some(e) => e,
+            None => get_known(api, eni_id).await?,
+        };
         let status = eni.status();
         match (&status, eni.attached_to()) {
             (EniStatus::InUse, Some(i)) if i == instance => return Ok(eni),
@@ -150,6 +156,16 @@ pub(crate) async fn delete_checked(
     {
         return Ok(spared);
     }
+    delete_unlooked(api, eni_id).await
+}
+
+/// Deletes `eni_id` with no look first: BCE refuses an ENI that is not
+/// available (a conflict: [`Reaped::Spared`]); one already gone is
+/// [`Reaped::Gone`]. Only for an ENI the caller knows is its own.
+pub(crate) async fn delete_unlooked(
+    api: &ApiClient,
+    eni_id: &str,
+) -> Result<Reaped, ProviderError> {
     match api.delete_eni(eni_id, &client_token()).await {
         Ok(()) => {
             tracing::info!(eni = eni_id, "ENI deleted");
@@ -157,7 +173,7 @@ pub(crate) async fn delete_checked(
         }
         // Someone else got there first.
         Err(e) if e.is_not_found() => Ok(Reaped::Gone),
-        // Attached between our look and the delete.
+        // Attached since the caller saw it attached nowhere.
         Err(e) if e.is_conflict() => Ok(Reaped::Spared(format!("delete refused: {e}"))),
         Err(e) => Err(e.into()),
     }

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 use enim_provider::cloud::Reaped;
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
 use enim_provider::{AddressLimits, LimitsConfig, ProviderError};
 use serde::{Deserialize, Serialize};
 
@@ -158,12 +158,14 @@ impl FleetCloud for StaticFleet {
         )))
     }
 
+    /// By the inventory, not by what `eni` says: nothing moves here.
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
+        let eni_id = eni.id.as_str();
         let eni = self
             .enis
             .iter()
@@ -181,7 +183,7 @@ impl FleetCloud for StaticFleet {
         Err(refused(&format!("detach ENI {}", eni.id)))
     }
 
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+    async fn delete(&self, eni_id: &str, _: DeleteCheck) -> Result<Reaped, ProviderError> {
         Err(refused(&format!("delete ENI {eni_id}")))
     }
 
@@ -284,21 +286,33 @@ mod tests {
     async fn every_change_is_refused_but_an_attach_where_it_is() {
         let fleet = StaticFleet::new(&config(TEXT)).unwrap();
         let listed = fleet.list_cluster_enis().await.unwrap();
-        fleet.attach("eni-a1", "node-a", 5).await.unwrap();
+        let a1 = &listed[1];
+        assert_eq!(a1.id, "eni-a1");
+        fleet.attach(a1, "node-a", 5).await.unwrap();
         let req = CreateEni {
             instance: "node-a".into(),
             subnet: "s".into(),
             security_groups: vec![],
             client_token: "t".into(),
             secondary_ipv4: 0,
+            fresh: true,
         };
         let ip: IpAddr = "10.251.0.11".parse().unwrap();
         let refusals = [
             fleet.create(&req).await.map(drop).unwrap_err(),
-            fleet.attach("eni-a1", "node-b", 5).await.unwrap_err(),
-            fleet.attach("eni-a1", "node-a", 2).await.unwrap_err(),
+            fleet.attach(a1, "node-b", 5).await.unwrap_err(),
+            fleet.attach(a1, "node-a", 2).await.unwrap_err(),
             fleet.start_detach(&listed[0]).await.unwrap_err(),
-            fleet.delete("eni-a0").await.map(drop).unwrap_err(),
+            fleet
+                .delete("eni-a0", DeleteCheck::Listed)
+                .await
+                .map(drop)
+                .unwrap_err(),
+            fleet
+                .delete("eni-a0", DeleteCheck::SecondLook)
+                .await
+                .map(drop)
+                .unwrap_err(),
             fleet
                 .assign_addresses("eni-a0", 1, 0)
                 .await
@@ -315,8 +329,12 @@ mod tests {
         }
         let e = fleet.create(&req).await.unwrap_err();
         assert!(e.to_string().contains("add them to the config"), "{e}");
+        let unknown = FleetEni {
+            id: "eni-zz".into(),
+            ..a1.clone()
+        };
         assert_eq!(
-            fleet.attach("eni-zz", "node-a", 1).await.unwrap_err(),
+            fleet.attach(&unknown, "node-a", 1).await.unwrap_err(),
             ProviderError::UnknownEni("eni-zz".into())
         );
     }

@@ -1,24 +1,32 @@
 //! [`SimFleet`]: the operator's [`FleetCloud`] over the same simulated
-//! [`Account`] (its buckets, latencies and seed), making the EC2 calls an
-//! AWS fleet backend makes:
+//! [`Account`] (its buckets, latencies and seed), making exactly the EC2
+//! calls `AwsFleet` makes:
 //! - `list_cluster_enis`: DescribeNetworkInterfaces with the cluster's tag
 //!   filter, paged at EC2's `MaxResults` of 1,000 (a call per page);
 //! - `limits`: DescribeInstanceTypes, once per type;
-//! - `create`: CreateNetworkInterface with the client token (idempotent);
-//! - `attach`: AttachNetworkInterface, then ModifyNetworkInterfaceAttribute
-//!   (DeleteOnTermination); the device shows on the node a time drawn from
-//!   `attach` later (the listing says "attaching" until then);
+//! - `create`: for an intent that is not [`CreateEni::fresh`], first
+//!   DescribeNetworkInterfaces filtered by the intent tag (its ENI, if
+//!   found, is the answer); then CreateNetworkInterface with the client
+//!   token (idempotent);
+//! - `attach`: an ENI not seen marked for the cluster is refused with no
+//!   call; one shown attached nowhere, AttachNetworkInterface at once (EC2
+//!   refuses an ENI in use, a taken device index, a full instance); a
+//!   refusal other than the full instance's (or a throttled attach) is
+//!   looked at once (DescribeNetworkInterfaces by id): attached there at
+//!   that index is done. One shown attached somewhere is looked at first
+//!   (the operator never asks that). Then ModifyNetworkInterfaceAttribute
+//!   (DeleteOnTermination); the device shows on the node a time drawn
+//!   from `attach` later (the listing says "attaching" until then);
 //! - `start_detach`: DetachNetworkInterface by the listed attachment, no
 //!   polling (the operator's next listing shows it done); without a listed
 //!   attachment id, DescribeNetworkInterfaces by id first, as the backend;
-//! - `delete`: DeleteNetworkInterface (spared while attached).
+//! - `delete`: [`DeleteCheck::Listed`], DeleteNetworkInterface alone
+//!   (refused while attached: spared); [`DeleteCheck::SecondLook`],
+//!   DescribeNetworkInterfaces by id first, deleting only if available.
 //!
-//! Not modelled: three looks `AwsFleet` makes besides: a
-//! DescribeNetworkInterfaces by id before each attach (`ours`) and before
-//! each delete (`delete_checked`'s second look), and a filtered one by the
-//! intent tag before each create. Counted (a trial run of the operator
-//! phase at 1,000 nodes with them added), the steady churn's busiest
-//! describe bucket, the by-id one, goes from 1.0 % to 8.6 % of its refill.
+//! Not modelled: `AwsFleet`'s polling of an ENI still detaching before it
+//! attaches one shown attached (a path the operator does not take), and
+//! its DescribeSubnets (one per subnet, ever).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -26,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use enim_provider::cloud::{CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
 use enim_provider::{AddressLimits, ProviderError};
 use tokio::time::Instant;
 
@@ -35,6 +43,20 @@ use crate::sim::bucket::Action;
 
 /// EC2's largest page of DescribeNetworkInterfaces.
 pub const PAGE: usize = 1000;
+
+/// The cluster every simulated ENI is tagged for.
+const CLUSTER: &str = "sim";
+
+/// How EC2 answered an AttachNetworkInterface.
+enum Attached {
+    Done,
+    /// Refused; `look`: the backend looks at the ENI before it reports it
+    /// (all but a full instance's refusal).
+    Refused {
+        error: ProviderError,
+        look: bool,
+    },
+}
 
 /// Node `node`'s instance id.
 pub fn instance_id(node: usize) -> String {
@@ -88,6 +110,7 @@ impl SimFleet {
             }),
             node: Some(instance_id(e.node)),
             intent: e.intent.clone(),
+            cluster: Some(CLUSTER.into()),
             created_at: CreatedAt::At(self.account.wall(e.created)),
         }
     }
@@ -106,17 +129,67 @@ impl SimFleet {
         (used, taken)
     }
 
-    /// `Some(available)` when `id` exists (DescribeNetworkInterfaces by id).
-    async fn describe(&self, id: &str) -> Result<Option<bool>, ProviderError> {
+    /// `id` as DescribeNetworkInterfaces by id shows it, `None` when it
+    /// does not exist: whether it is available, and where it is attached.
+    async fn describe(&self, id: &str) -> Result<Option<Look>, ProviderError> {
         self.account
             .call(Action::DescribeNetworkInterfacesById, |st, now| {
                 Ok(st.enis.get_mut(id).map(|e| {
                     e.settle(now);
-                    e.available()
+                    Look {
+                        available: e.available(),
+                        at: e.attachment.as_ref().map(|a| (a.node, a.device_index)),
+                    }
                 }))
             })
             .await
     }
+
+    /// ModifyNetworkInterfaceAttribute (DeleteOnTermination) after an
+    /// attach; a failure is only logged by the backend.
+    async fn delete_on_termination(&self) {
+        let _ = self
+            .account
+            .call(Action::ModifyNetworkInterfaceAttribute, |_, _| Ok(()))
+            .await;
+    }
+
+    /// AttachNetworkInterface, EC2's refusals as EC2 makes them (each
+    /// counted a failed call).
+    async fn send_attach(&self, eni_id: &str, node: usize, device_index: u32) -> Attached {
+        let (limit, took) = (self.account.params.eni_limit, self.account.params.attach);
+        let mut full = false;
+        let sent = self
+            .account
+            .call(Action::AttachNetworkInterface, |st, now| {
+                // An ENI in use (or gone) `start_attach` refuses.
+                let (used, taken) = Self::slots(st, node, device_index, now);
+                if used >= limit {
+                    full = true;
+                    return Err(ProviderError::Unavailable(format!(
+                        "AttachmentLimitExceeded: {used} of {limit} interfaces"
+                    )));
+                }
+                if taken {
+                    return Err(ProviderError::Unavailable(format!(
+                        "device index {device_index} of node {node} is taken"
+                    )));
+                }
+                st.start_attach(eni_id, node, device_index, now, took)
+            })
+            .await;
+        match sent {
+            Ok(()) => Attached::Done,
+            // A throttled attach too is looked at: it may hide one.
+            Err(error) => Attached::Refused { error, look: !full },
+        }
+    }
+}
+
+/// What a by-id describe tells the backend.
+struct Look {
+    available: bool,
+    at: Option<(usize, u32)>,
 }
 
 #[async_trait]
@@ -188,15 +261,32 @@ impl FleetCloud for SimFleet {
     async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
         let node = node_of(&req.instance)?;
         let token = req.client_token.clone();
+        let carrying = |st: &State| {
+            st.enis
+                .iter()
+                .find(|(_, e)| e.intent.as_deref() == Some(token.as_str()))
+                .map(|(id, _)| id.clone())
+        };
+        if !req.fresh {
+            // The backend's look-up by the intent tag.
+            let found = self
+                .account
+                .call(Action::DescribeNetworkInterfacesFiltered, |st, now| {
+                    Ok(carrying(st).and_then(|id| {
+                        let e = st.enis.get_mut(&id)?;
+                        e.settle(now);
+                        Some(self.fleet_eni(&id, e, now))
+                    }))
+                })
+                .await?;
+            if let Some(made) = found {
+                return Ok(made);
+            }
+        }
         self.account
             .call(Action::CreateNetworkInterface, |st, now| {
                 // EC2's ClientToken: the same token returns the same ENI.
-                let known = st
-                    .enis
-                    .iter()
-                    .find(|(_, e)| e.intent.as_deref() == Some(token.as_str()))
-                    .map(|(id, _)| id.clone());
-                let id = match known {
+                let id = match carrying(st) {
                     Some(id) => id,
                     None => st.new_eni(node, Some(token.clone()), now)?,
                 };
@@ -211,36 +301,52 @@ impl FleetCloud for SimFleet {
 
     async fn attach(
         &self,
-        eni_id: &str,
+        eni: &FleetEni,
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
         let node = node_of(instance)?;
-        let (limit, took) = (self.account.params.eni_limit, self.account.params.attach);
-        self.account
-            .call(Action::AttachNetworkInterface, |st, now| {
-                let e = st
-                    .enis
-                    .get_mut(eni_id)
-                    .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
-                e.settle(now);
-                if e.attachment.as_ref().is_some_and(|a| a.node == node) {
-                    return Ok(());
+        if eni.cluster.as_deref() != Some(CLUSTER) {
+            return Err(ProviderError::Config(format!(
+                "{} is not this cluster's",
+                eni.id
+            )));
+        }
+        if eni.attachment.is_some() {
+            // The backend's look before an attach of an ENI shown attached.
+            match self.describe(&eni.id).await? {
+                None => return Err(ProviderError::UnknownEni(eni.id.clone())),
+                Some(Look {
+                    at: Some((n, _)), ..
+                }) if n == node => return Ok(()),
+                Some(Look {
+                    at: Some((n, _)), ..
+                }) => {
+                    return Err(ProviderError::Config(format!(
+                        "{} is attached to {}",
+                        eni.id,
+                        instance_id(n)
+                    )))
                 }
-                let (used, taken) = Self::slots(st, node, device_index, now);
-                if used >= limit || taken {
-                    return Err(ProviderError::Unavailable(format!(
-                        "{instance}: device index {device_index} taken or {used} of {limit} interfaces"
-                    )));
+                Some(_) => {}
+            }
+        }
+        match self.send_attach(&eni.id, node, device_index).await {
+            Attached::Done => {}
+            Attached::Refused { error, look } => {
+                let settled = look
+                    && self
+                        .describe(&eni.id)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|l| l.at == Some((node, device_index)));
+                if !settled {
+                    return Err(error);
                 }
-                st.start_attach(eni_id, node, device_index, now, took)
-            })
-            .await?;
-        // DeleteOnTermination; a failure is only logged by the backend.
-        let _ = self
-            .account
-            .call(Action::ModifyNetworkInterfaceAttribute, |_, _| Ok(()))
-            .await;
+            }
+        }
+        self.delete_on_termination().await;
         Ok(())
     }
 
@@ -254,7 +360,7 @@ impl FleetCloud for SimFleet {
             Some(_) => {}
             // No attachment id to detach by: the backend looks first.
             None => {
-                if self.describe(&eni.id).await? != Some(false) {
+                if self.describe(&eni.id).await?.is_none_or(|l| l.available) {
                     return Ok(());
                 }
             }
@@ -274,7 +380,14 @@ impl FleetCloud for SimFleet {
             .await
     }
 
-    async fn delete(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
+    async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
+        if check == DeleteCheck::SecondLook {
+            match self.describe(eni_id).await? {
+                None => return Ok(Reaped::Gone),
+                Some(l) if !l.available => return Ok(Reaped::Spared("attached".into())),
+                Some(_) => {}
+            }
+        }
         self.account
             .call(Action::DeleteNetworkInterface, |st, now| {
                 Ok(match st.enis.get_mut(eni_id) {
@@ -285,7 +398,8 @@ impl FleetCloud for SimFleet {
                             st.remove(eni_id);
                             Reaped::Deleted
                         } else {
-                            Reaped::Spared("attached".into())
+                            // EC2's InvalidNetworkInterface.InUse.
+                            Reaped::Spared("in use".into())
                         }
                     }
                 })

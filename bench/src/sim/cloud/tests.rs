@@ -138,3 +138,70 @@ fn same_seed_same_run() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn the_fleet_backend_makes_aws_fleets_calls_and_no_more() {
+    use enim_provider::cloud::Reaped;
+    use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud};
+    rt().block_on(async {
+        let account = Account::new(CloudParams::default(), 5);
+        let fleet = SimFleet::new(account.clone());
+        let req = |token: &str, fresh| CreateEni {
+            instance: instance_id(0),
+            subnet: "subnet-sim".into(),
+            security_groups: vec![],
+            client_token: token.into(),
+            secondary_ipv4: 0,
+            fresh,
+        };
+        let n = |a| account.counts().get(a).ok;
+        let failed = |a| account.counts().get(a).failed;
+        // A fresh create: no look-up by intent; create and attach: no look.
+        let eni = fleet.create(&req("t-1", true)).await.unwrap();
+        fleet.attach(&eni, &instance_id(0), 1).await.unwrap();
+        assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 0);
+        assert_eq!(n(Action::DescribeNetworkInterfacesById), 0);
+        assert_eq!(n(Action::CreateNetworkInterface), 1);
+        assert_eq!(n(Action::AttachNetworkInterface), 1);
+        assert_eq!(n(Action::ModifyNetworkInterfaceAttribute), 1);
+        // A retried intent: looked up by its tag, found, not created again.
+        let again = fleet.create(&req("t-1", false)).await.unwrap();
+        assert_eq!(again.id, eni.id);
+        assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 1);
+        assert_eq!(n(Action::CreateNetworkInterface), 1);
+        // The stale reply attached again: refused (in use), one look finds
+        // it there; at another index the refusal stands.
+        fleet.attach(&eni, &instance_id(0), 1).await.unwrap();
+        assert_eq!(failed(Action::AttachNetworkInterface), 1);
+        assert_eq!(n(Action::DescribeNetworkInterfacesById), 1);
+        fleet.attach(&eni, &instance_id(0), 2).await.unwrap_err();
+        assert_eq!(n(Action::DescribeNetworkInterfacesById), 2);
+        // Another cluster's, as seen: refused with no call.
+        let foreign = enim_provider::fleet::FleetEni {
+            cluster: Some("other".into()),
+            ..eni.clone()
+        };
+        fleet
+            .attach(&foreign, &instance_id(0), 3)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            account.counts().get(Action::AttachNetworkInterface).failed,
+            2
+        );
+        // Deletes: a second look spares it with no delete; without one,
+        // EC2's refusal spares it.
+        let r = fleet
+            .delete(&eni.id, DeleteCheck::SecondLook)
+            .await
+            .unwrap();
+        assert!(matches!(r, Reaped::Spared(_)), "{r:?}");
+        assert_eq!(n(Action::DescribeNetworkInterfacesById), 3);
+        assert_eq!(n(Action::DeleteNetworkInterface), 0);
+        let r = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
+        assert!(matches!(r, Reaped::Spared(_)), "{r:?}");
+        assert_eq!(n(Action::DescribeNetworkInterfacesById), 3);
+        assert_eq!(n(Action::DeleteNetworkInterface), 1);
+        assert_eq!(account.eni_count(), 1);
+    });
+}

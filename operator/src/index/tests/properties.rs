@@ -142,7 +142,7 @@ fn touched(t: &Task) -> Vec<String> {
         } => detach
             .iter()
             .map(|e| e.id.clone())
-            .chain(delete.iter().cloned())
+            .chain(delete.iter().map(|(id, _)| id.clone()))
             .chain(
                 addresses
                     .iter()
@@ -152,7 +152,7 @@ fn touched(t: &Task) -> Vec<String> {
         Task::ReleaseNode { detach, delete, .. } => detach
             .iter()
             .map(|e| e.id.clone())
-            .chain(delete.iter().cloned())
+            .chain(delete.iter().map(|(id, _)| id.clone()))
             .collect(),
         Task::DeleteLeaked { eni } => vec![eni.clone()],
         _ => Vec::new(),
@@ -232,17 +232,21 @@ fn leaks_are_unattached_unclaimed_and_device_indexes_fit() {
                 Task::Reclaim { detach, delete, .. } | Task::ReleaseNode { detach, delete, .. } => {
                     // Two phases: a detach for what the listing shows
                     // attached (not detaching), a delete only for what it
-                    // shows attached nowhere or does not list.
+                    // shows attached nowhere (no second look) or does not
+                    // list (a second look).
                     for e in detach {
                         let a = listed[e.id.as_str()].attachment.as_ref();
                         assert!(a.is_some_and(|a| !a.detaching()), "case {case}: {t:?}");
                     }
-                    for id in delete {
-                        let l = listed.get(id.as_str());
-                        assert!(
-                            l.is_none_or(|l| l.attachment.is_none()),
-                            "case {case}: {t:?}"
-                        );
+                    for (id, check) in delete {
+                        let want = match listed.get(id.as_str()) {
+                            Some(l) => {
+                                assert!(l.attachment.is_none(), "case {case}: {t:?}");
+                                DeleteCheck::Listed
+                            }
+                            None => DeleteCheck::SecondLook,
+                        };
+                        assert_eq!(*check, want, "case {case}: {t:?}");
                     }
                 }
                 Task::CreateEnis {

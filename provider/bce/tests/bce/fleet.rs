@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use enim_provider::cloud::{parse_created_at, CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, FleetEni};
 use enim_provider::{LimitsConfig, ProviderError};
 use enim_provider_bce::{BceApiConfig, BceFleet, BceFleetConfig};
 use rig::{FakeCloud, AK, GATEWAY, INSTANCE, SK, SUBNET, VPC};
@@ -59,6 +59,7 @@ fn request(instance: &str, token: &str, secondary_ipv4: usize) -> CreateEni {
         security_groups: vec!["g-enim".into()],
         client_token: token.into(),
         secondary_ipv4,
+        fresh: false,
     }
 }
 
@@ -195,7 +196,13 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
         .await
         .unwrap();
 
-    fleet.attach(&eni.id, INSTANCE, 3).await.unwrap();
+    // One look (for the name and description the index goes into, and the
+    // first poll), then the reads the attach takes to finish.
+    let reads = |c: &FakeCloud| c.world().count("GET", &format!("/v1/eni/{}", eni.id));
+    let polls = cloud.world().transition_polls as usize;
+    let before = reads(&cloud);
+    fleet.attach(&eni, INSTANCE, 3).await.unwrap();
+    assert_eq!(reads(&cloud) - before, 1 + polls + 1);
     {
         let w = cloud.world();
         let e = &w.enis[&eni.id];
@@ -215,16 +222,21 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
     // Already attached there: no second attach.
     let attaches = |c: &FakeCloud| puts(c, "attach");
     let before = attaches(&cloud);
-    fleet.attach(&eni.id, INSTANCE, 3).await.unwrap();
+    fleet.attach(&eni, INSTANCE, 3).await.unwrap();
     assert_eq!(attaches(&cloud), before);
-    let e = fleet.attach(&eni.id, OTHER_NODE, 3).await.unwrap_err();
+    let e = fleet.attach(&eni, OTHER_NODE, 3).await.unwrap_err();
     assert!(matches!(e, ProviderError::OwnedByOther { .. }), "{e}");
 
-    // Attached, so spared.
-    assert!(matches!(
-        fleet.delete(&eni.id).await.unwrap(),
-        Reaped::Spared(_)
-    ));
+    // Attached, so spared: by the second look, or by BCE's refusal.
+    let deletes = |c: &FakeCloud| c.world().count("DELETE", "/v1/eni/");
+    let r = fleet.delete(&eni.id, DeleteCheck::SecondLook).await;
+    assert!(matches!(r.unwrap(), Reaped::Spared(_)));
+    assert_eq!(deletes(&cloud), 0, "the look spared it");
+    let before = reads(&cloud);
+    let r = fleet.delete(&eni.id, DeleteCheck::Listed).await;
+    assert!(matches!(r.unwrap(), Reaped::Spared(_)));
+    assert_eq!((deletes(&cloud), reads(&cloud)), (1, before), "no look");
+    assert_eq!(cloud.world().enis[&eni.id].status, "inuse");
     // The detach is only asked for: one detach call, then no polling.
     let detaches = |c: &FakeCloud| puts(c, "detach");
     let attached = listed_one(&fleet, &eni.id).await;
@@ -253,8 +265,14 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
     assert_eq!(cloud.world().enis[&eni.id].status, "available");
     fleet.start_detach(&attached).await.unwrap();
     assert_eq!(detaches(&cloud), 1, "attached nowhere: no call");
-    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Deleted);
-    assert_eq!(fleet.delete(&eni.id).await.unwrap(), Reaped::Gone);
+    let before = reads(&cloud);
+    let r = fleet.delete(&eni.id, DeleteCheck::Listed).await;
+    assert_eq!(r.unwrap(), Reaped::Deleted);
+    assert_eq!(reads(&cloud), before, "deleted with no look");
+    let r = fleet.delete(&eni.id, DeleteCheck::Listed).await;
+    assert_eq!(r.unwrap(), Reaped::Gone);
+    let r = fleet.delete(&eni.id, DeleteCheck::SecondLook).await;
+    assert_eq!(r.unwrap(), Reaped::Gone);
     fleet.start_detach(&attached).await.unwrap();
     assert!(listed(&fleet).await.is_empty());
 }
@@ -271,15 +289,28 @@ async fn other_clusters_enis_are_never_touched() {
         .create(&request(INSTANCE, "intent-own", 0))
         .await
         .unwrap();
+    let seen = FleetEni {
+        id: staging.clone(),
+        ..ours.clone()
+    };
+    // Attach goes by what the listing saw: marked for staging, or not
+    // marked, is refused with no call.
+    let seen_as = |cluster: Option<&str>| FleetEni {
+        cluster: cluster.map(String::from),
+        ..seen.clone()
+    };
+    let calls_before = cloud.world().log.len();
+    for cluster in [Some("staging"), None] {
+        let e = fleet.attach(&seen_as(cluster), INSTANCE, 1).await;
+        let e = e.unwrap_err();
+        assert!(
+            matches!(&e, ProviderError::Config(m) if m.contains("not this cluster's")),
+            "{e}"
+        );
+    }
+    assert_eq!(cloud.world().log.len(), calls_before, "no call");
     for e in [
-        fleet.attach(&staging, INSTANCE, 1).await.unwrap_err(),
-        fleet
-            .start_detach(&FleetEni {
-                id: staging.clone(),
-                ..ours.clone()
-            })
-            .await
-            .unwrap_err(),
+        fleet.start_detach(&seen).await.unwrap_err(),
         fleet
             .assign_addresses(&staging, 1, 0)
             .await
@@ -291,10 +322,9 @@ async fn other_clusters_enis_are_never_touched() {
             "{e}"
         );
     }
-    assert!(matches!(
-        fleet.delete(&staging).await.unwrap(),
-        Reaped::Spared(_)
-    ));
+    // A leak candidate's delete looks again: not this cluster's, spared.
+    let r = fleet.delete(&staging, DeleteCheck::SecondLook).await;
+    assert!(matches!(r.unwrap(), Reaped::Spared(_)));
     assert_eq!(cloud.world().enis[&staging].status, "available");
 }
 
@@ -305,7 +335,7 @@ async fn secondary_addresses_assign_and_unassign() {
         .create(&request(INSTANCE, "intent-ips", 0))
         .await
         .unwrap();
-    fleet.attach(&eni.id, INSTANCE, 1).await.unwrap();
+    fleet.attach(&eni, INSTANCE, 1).await.unwrap();
     let got = fleet.assign_addresses(&eni.id, 3, 0).await.unwrap();
     assert_eq!(got.len(), 3);
     assert!(got
