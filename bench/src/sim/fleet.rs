@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use enim_provider::EniProvider;
 use enim_provider_pool::{PoolConfig, WarmPool};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use super::bucket::Action;
@@ -223,11 +223,9 @@ impl Sim {
                 unreachable += 1;
                 if arrival.elapsed() >= give_up {
                     return PodResult {
-                        ready: None,
-                        eni: None,
                         tries: unreachable,
                         try_again: unreachable,
-                        other_errors: 0,
+                        ..PodResult::default()
                     };
                 }
                 tokio::time::sleep(retry.delay(&mut rng)).await;
@@ -269,6 +267,152 @@ pub fn start_bounds(cfg: &FleetCfg) -> (Duration, Duration) {
     let latency = cfg.params.mean_attach()
         * u32::try_from(per_node.div_ceil(super::burst::pool_parallelism())).unwrap_or(u32::MAX);
     (bucket, latency)
+}
+
+/// After the warm-up: `settle`, then the idle window; its calls.
+pub async fn settle_and_idle(cfg: &FleetCfg, account: &Account) -> Counts {
+    tokio::time::sleep(cfg.settle).await;
+    let c0 = account.counts();
+    tokio::time::sleep(cfg.idle).await;
+    account.counts().since(&c0)
+}
+
+/// Every node's churn driver (nodes `0..nodes`): pods arrive as a Poisson
+/// process (`churn_per_hour`), each to hold its ENI for an exponential
+/// time (mean `pod_life`), until `stop`. `pod(i, name, hold, rng)` starts
+/// one on node `i`; each goes into `out` with its arrival.
+pub fn churn_drivers<P>(
+    cfg: &FleetCfg,
+    rng: &mut Rng,
+    stop: &Arc<AtomicBool>,
+    out: &Arc<Mutex<Vec<ChurnPod>>>,
+    pod: P,
+) -> Vec<JoinHandle<()>>
+where
+    P: Fn(usize, String, Duration, Rng) -> JoinHandle<PodResult> + Send + Sync + 'static,
+{
+    let pod = Arc::new(pod);
+    let mut drivers = Vec::new();
+    for i in 0..cfg.nodes {
+        let (pod, stop, out) = (pod.clone(), stop.clone(), out.clone());
+        let mut rng = rng.fork(1_000_000 + i as u64);
+        let gap = Duration::from_secs_f64(3600.0 / cfg.churn_per_hour);
+        let life = cfg.pod_life;
+        drivers.push(tokio::spawn(async move {
+            let mut k = 0;
+            loop {
+                tokio::time::sleep(rng.exp(gap)).await;
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let hold = rng.exp(life);
+                let task = pod(i, format!("n{i}-p{k}"), hold, rng.fork(k));
+                out.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((Instant::now(), task));
+                k += 1;
+            }
+        }));
+    }
+    drivers
+}
+
+/// The churn's counted window, after `churn_warmup`: its calls, its start
+/// and its end.
+pub async fn churn_window(cfg: &FleetCfg, account: &Account) -> (Counts, Instant, Instant) {
+    tokio::time::sleep(cfg.churn_warmup).await;
+    let c1 = account.counts();
+    let start = Instant::now();
+    tokio::time::sleep(cfg.churn).await;
+    let end = Instant::now();
+    (account.counts().since(&c1), start, end)
+}
+
+/// Waits a `tick` at a time until `done(j)` has held for each of the `n`
+/// new nodes: when each first did, after `s0`; `None` past `limit`.
+pub async fn each_done(
+    n: usize,
+    done: impl Fn(usize) -> bool,
+    s0: Instant,
+    limit: Duration,
+    tick: Duration,
+) -> Option<Vec<Duration>> {
+    let mut done_at: Vec<Option<Duration>> = vec![None; n];
+    loop {
+        for (j, at) in done_at.iter_mut().enumerate() {
+            if at.is_none() && done(j) {
+                *at = Some(s0.elapsed());
+            }
+        }
+        if done_at.iter().all(Option::is_some) {
+            return Some(done_at.into_iter().flatten().collect());
+        }
+        if s0.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(tick).await;
+    }
+}
+
+/// The new nodes' pods' results, each once it has one.
+pub async fn results(pods: Vec<JoinHandle<Result<PodResult, JoinError>>>) -> R<Vec<PodResult>> {
+    let mut results = Vec::new();
+    for p in pods {
+        results.push(p.await??);
+    }
+    Ok(results)
+}
+
+/// Wind-down: `stop` the drivers, then every churn pod ends (or gives
+/// up). The results of those that arrived in the window (`start..end`);
+/// any other must have succeeded (`who`'s error otherwise).
+pub async fn churn_results(
+    who: &str,
+    stop: &AtomicBool,
+    drivers: Vec<JoinHandle<()>>,
+    churn_pods: &Mutex<Vec<ChurnPod>>,
+    (start, end): (Instant, Instant),
+) -> R<Vec<PodResult>> {
+    stop.store(true, Ordering::Relaxed);
+    for d in drivers {
+        d.await?;
+    }
+    let tasks = std::mem::take(&mut *churn_pods.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut churn_results = Vec::new();
+    for (at, t) in tasks {
+        let r = t.await?;
+        if at >= start && at < end {
+            churn_results.push(r);
+        } else if r.ready.is_none() || r.other_errors > 0 {
+            // Outside the window, still checked.
+            return Err(format!("{who}: a churn pod failed: {r:?}").into());
+        }
+    }
+    Ok(churn_results)
+}
+
+/// The churn's and the new nodes' pod stats; `who`'s error if a pod
+/// never got an ENI or an ENI went to two pods.
+pub fn checked_pods(
+    who: &str,
+    churn: &[PodResult],
+    start: &[PodResult],
+    ledger: &Ledger,
+) -> R<(PodStats, PodStats)> {
+    let churn_pods = pod_stats(churn);
+    let start_pods = pod_stats(start);
+    if churn_pods.stuck > 0 || start_pods.stuck > 0 {
+        return Err(format!(
+            "{who}: pods never got an ENI: {} in the churn, {} on new nodes",
+            churn_pods.stuck, start_pods.stuck
+        )
+        .into());
+    }
+    let doubles = ledger.doubles();
+    if !doubles.is_empty() {
+        return Err(format!("{who}: ENIs given to two pods: {doubles:?}").into());
+    }
+    Ok((churn_pods, start_pods))
 }
 
 pub fn run(cfg: &FleetCfg) -> R<Fleet> {
@@ -317,45 +461,25 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
     }
     let warmup = t0.elapsed();
     let warmup_counts = sim.account.counts();
-    tokio::time::sleep(cfg.settle).await;
 
     // 2. Idle.
-    let c0 = sim.account.counts();
-    tokio::time::sleep(cfg.idle).await;
-    let idle = sim.account.counts().since(&c0);
+    let idle = settle_and_idle(&cfg, &sim.account).await;
 
     // 3. Churn, running on until the start-up is done.
     let stop = Arc::new(AtomicBool::new(false));
     let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
     let sim = Arc::new(sim);
-    let mut drivers = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
-        let (sim, node, stop, out) = (sim.clone(), node.clone(), stop.clone(), churn_pods.clone());
-        let mut rng = rng.fork(1_000_000 + i as u64);
-        let gap = Duration::from_secs_f64(3600.0 / cfg.churn_per_hour);
-        let life = cfg.pod_life;
-        drivers.push(tokio::spawn(async move {
-            let mut k = 0;
-            loop {
-                tokio::time::sleep(rng.exp(gap)).await;
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let hold = rng.exp(life);
-                let task = sim.pod(node.clone(), format!("n{i}-p{k}"), Some(hold), rng.fork(k));
-                out.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((Instant::now(), task));
-                k += 1;
-            }
-        }));
-    }
-    tokio::time::sleep(cfg.churn_warmup).await;
-    let c1 = sim.account.counts();
-    let churn_start = Instant::now();
-    tokio::time::sleep(cfg.churn).await;
-    let churn_end = Instant::now();
-    let churn = sim.account.counts().since(&c1);
+    let drivers = {
+        let (sim, nodes) = (sim.clone(), nodes.clone());
+        churn_drivers(
+            &cfg,
+            &mut rng,
+            &stop,
+            &churn_pods,
+            move |i, name, hold, rng| sim.pod(nodes[i].clone(), name, Some(hold), rng),
+        )
+    };
+    let (churn, churn_start, churn_end) = churn_window(&cfg, &sim.account).await;
 
     // 4. Start-up of new nodes, all at once.
     let c2 = sim.account.counts();
@@ -377,67 +501,30 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         }
         new_nodes.push(node);
     }
-    let mut done_at: Vec<Option<Duration>> = vec![None; cfg.start_nodes];
-    loop {
-        for (j, n) in new_nodes.iter().enumerate() {
-            let free = n
-                .pool
-                .get()
-                .is_some_and(|p| p.stats().available >= cfg.min_free);
-            if done_at[j].is_none() && free {
-                done_at[j] = Some(s0.elapsed());
-            }
-        }
-        if done_at.iter().all(Option::is_some) {
-            break;
-        }
-        if s0.elapsed() > limit {
-            return Err(format!(
-                "fleet: start-up of {} nodes not done after {limit:?}",
-                cfg.start_nodes
-            )
-            .into());
-        }
-        tokio::time::sleep(tick).await;
-    }
+    let free = |j: usize| {
+        new_nodes[j]
+            .pool
+            .get()
+            .is_some_and(|p| p.stats().available >= cfg.min_free)
+    };
+    let Some(per_node_done) = each_done(cfg.start_nodes, free, s0, limit, tick).await else {
+        return Err(format!(
+            "fleet: start-up of {} nodes not done after {limit:?}",
+            cfg.start_nodes
+        )
+        .into());
+    };
     let start_done = s0.elapsed();
     let start_counts = sim.account.counts().since(&c2);
     let agent_restarts = sim.restarts.load(Ordering::Relaxed) - restarts_before;
-    let mut start_results = Vec::new();
-    for p in new_pods {
-        start_results.push(p.await??);
-    }
+    let start_results = results(new_pods).await?;
     let pods_ready = s0.elapsed();
 
     // Wind down: no more arrivals; every churn pod ends (or gives up).
-    stop.store(true, Ordering::Relaxed);
-    for d in drivers {
-        d.await?;
-    }
-    let tasks = std::mem::take(&mut *churn_pods.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut churn_results = Vec::new();
-    for (at, t) in tasks {
-        let r = t.await?;
-        if at >= churn_start && at < churn_end {
-            churn_results.push(r);
-        } else if r.ready.is_none() || r.other_errors > 0 {
-            // Outside the window, still checked.
-            return Err(format!("fleet: a churn pod failed: {r:?}").into());
-        }
-    }
-    let churn_pods = pod_stats(&churn_results);
-    let start_pods = pod_stats(&start_results);
-    if churn_pods.stuck > 0 || start_pods.stuck > 0 {
-        return Err(format!(
-            "fleet: pods never got an ENI: {} in the churn, {} on new nodes",
-            churn_pods.stuck, start_pods.stuck
-        )
-        .into());
-    }
-    let doubles = sim.ledger.doubles();
-    if !doubles.is_empty() {
-        return Err(format!("fleet: ENIs given to two pods: {doubles:?}").into());
-    }
+    let window = (churn_start, churn_end);
+    let churn_results = churn_results("fleet", &stop, drivers, &churn_pods, window).await?;
+    let (churn_pods, start_pods) =
+        checked_pods("fleet", &churn_results, &start_results, &sim.ledger)?;
     // The churn's pods have all left; the new nodes' pods stay.
     if sim.ledger.held() != start_results.len() {
         return Err(format!(
@@ -466,7 +553,6 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
     }
 
     let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
-    let per_node_done: Vec<Duration> = done_at.iter().flatten().copied().collect();
     Ok(Fleet {
         warmup,
         warmup_counts,

@@ -87,7 +87,7 @@ impl Ledger {
 }
 
 /// How one pod's ADD went.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PodResult {
     /// Arrival → successful allocation; `None` if it gave up.
     pub ready: Option<Duration>,
@@ -126,13 +126,7 @@ pub async fn add(
 ) -> PodResult {
     let start = Instant::now();
     let who = owner(pod);
-    let mut r = PodResult {
-        ready: None,
-        eni: None,
-        tries: 0,
-        try_again: 0,
-        other_errors: 0,
-    };
+    let mut r = PodResult::default();
     loop {
         r.tries += 1;
         // As enimd's ADD does before it allocates (src/engine/mod.rs).

@@ -27,7 +27,10 @@ use tokio::time::Instant;
 use super::bucket::Action;
 use super::burst::bucket_time;
 use super::cloud::{paused_runtime, Account, Counts, SimFleet};
-use super::fleet::{pod_stats, start_bounds, ChurnPod, FleetCfg, PodStats};
+use super::fleet::{
+    checked_pods, churn_drivers, churn_results, churn_window, each_done, results, settle_and_idle,
+    start_bounds, ChurnPod, FleetCfg, PodStats,
+};
 use super::pods::{Ledger, PodResult, Retry};
 use super::rng::Rng;
 use crate::stats::{summarize, Summary};
@@ -143,13 +146,7 @@ fn pod(
 ) -> JoinHandle<PodResult> {
     tokio::spawn(async move {
         let arrival = Instant::now();
-        let mut r = PodResult {
-            ready: None,
-            eni: None,
-            tries: 0,
-            try_again: 0,
-            other_errors: 0,
-        };
+        let mut r = PodResult::default();
         while r.eni.is_none() {
             r.tries += 1;
             let deadline = Instant::now() + ALLOCATE_WAIT;
@@ -256,57 +253,33 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
     }
     let warmup = t0.elapsed();
     let warmup_counts = account.counts();
-    tokio::time::sleep(cfg.settle).await;
 
     // 2. Idle.
-    let c0 = account.counts();
-    tokio::time::sleep(cfg.idle).await;
-    let idle = account.counts().since(&c0);
+    let idle = settle_and_idle(&cfg, &account).await;
 
     // 3. Churn, running on until the start-up is done.
     let churn_stop = Arc::new(AtomicBool::new(false));
     let churn_pods: Arc<Mutex<Vec<ChurnPod>>> = Arc::default();
-    let mut drivers = Vec::new();
-    for &i in &first {
-        let (store, ledger, stop, out) = (
-            store.clone(),
-            ledger.clone(),
-            churn_stop.clone(),
-            churn_pods.clone(),
-        );
-        let mut rng = rng.fork(1_000_000 + i as u64);
-        let gap = Duration::from_secs_f64(3600.0 / cfg.churn_per_hour);
-        let life = cfg.pod_life;
-        drivers.push(tokio::spawn(async move {
-            let mut k = 0;
-            loop {
-                tokio::time::sleep(rng.exp(gap)).await;
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let hold = rng.exp(life);
-                let name = format!("n{i}-p{k}");
-                let task = pod(
+    let drivers = {
+        let (store, ledger) = (store.clone(), ledger.clone());
+        churn_drivers(
+            &cfg,
+            &mut rng,
+            &churn_stop,
+            &churn_pods,
+            move |i, name, hold, rng| {
+                pod(
                     store.clone(),
                     ledger.clone(),
                     node_name(i),
                     name,
                     Some(hold),
-                    rng.fork(k),
-                );
-                out.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((Instant::now(), task));
-                k += 1;
-            }
-        }));
-    }
-    tokio::time::sleep(cfg.churn_warmup).await;
-    let c1 = account.counts();
-    let churn_start = Instant::now();
-    tokio::time::sleep(cfg.churn).await;
-    let churn_end = Instant::now();
-    let churn = account.counts().since(&c1);
+                    rng,
+                )
+            },
+        )
+    };
+    let (churn, churn_start, churn_end) = churn_window(&cfg, &account).await;
 
     // 4. New nodes, all at once, with their pods.
     let c2 = account.counts();
@@ -333,60 +306,24 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
             }));
         }
     }
-    let mut done_at: Vec<Option<Duration>> = vec![None; new.len()];
-    loop {
-        for (j, &i) in new.iter().enumerate() {
-            if done_at[j].is_none() && store.free(&node_name(i)) >= cfg.min_free {
-                done_at[j] = Some(s0.elapsed());
-            }
-        }
-        if done_at.iter().all(Option::is_some) {
-            break;
-        }
-        if s0.elapsed() > limit {
-            return Err(format!("operator: start-up not done after {limit:?}").into());
-        }
-        tokio::time::sleep(tick).await;
-    }
+    let free = |j: usize| store.free(&node_name(new[j])) >= cfg.min_free;
+    let Some(per_node) = each_done(new.len(), free, s0, limit, tick).await else {
+        return Err(format!("operator: start-up not done after {limit:?}").into());
+    };
     let start_done = s0.elapsed();
     let start_counts = account.counts().since(&c2);
-    let mut start_results = Vec::new();
-    for p in new_pods {
-        start_results.push(p.await??);
-    }
+    let start_results = results(new_pods).await?;
     let pods_ready = s0.elapsed();
 
     // Wind down and check.
-    churn_stop.store(true, Ordering::Relaxed);
-    for d in drivers {
-        d.await?;
-    }
-    let tasks = std::mem::take(&mut *churn_pods.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut churn_results = Vec::new();
-    for (at, t) in tasks {
-        let r = t.await?;
-        if at >= churn_start && at < churn_end {
-            churn_results.push(r);
-        } else if r.ready.is_none() || r.other_errors > 0 {
-            return Err(format!("operator: a churn pod failed: {r:?}").into());
-        }
-    }
+    let window = (churn_start, churn_end);
+    let churn_results =
+        churn_results("operator", &churn_stop, drivers, &churn_pods, window).await?;
     stop.store(true, Ordering::Relaxed);
     store.changed.notify_one();
     runtime.await?;
-    let churn_pods = pod_stats(&churn_results);
-    let start_pods = pod_stats(&start_results);
-    if churn_pods.stuck > 0 || start_pods.stuck > 0 {
-        return Err(format!(
-            "operator: pods never got an ENI: {} in the churn, {} on new nodes",
-            churn_pods.stuck, start_pods.stuck
-        )
-        .into());
-    }
-    let doubles = ledger.doubles();
-    if !doubles.is_empty() {
-        return Err(format!("operator: ENIs given to two pods: {doubles:?}").into());
-    }
+    let (churn_pods, start_pods) =
+        checked_pods("operator", &churn_results, &start_results, &ledger)?;
     let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
     let attaches = start_counts.get(Action::AttachNetworkInterface).ok;
     let start_attach_floor = bucket_time(
@@ -394,7 +331,6 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         usize::try_from(attaches).unwrap_or(usize::MAX),
     )
     .max(start_latency_bound);
-    let per_node: Vec<Duration> = done_at.iter().flatten().copied().collect();
     Ok(OperatorRun {
         op,
         warmup,
