@@ -11,6 +11,7 @@ use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetEni, DETACHING};
+use enim_provider::ProviderError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
@@ -46,6 +47,15 @@ impl Job<'_> {
             }
         }
         out
+    }
+
+    /// A mutating call to the cloud: the allocator's bucket and
+    /// leadership checks, counted in this job's counters.
+    async fn mutate<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, TaskError> {
+        self.alloc.call(Class::Mutating, self.counters, call).await
     }
 
     fn spec(&mut self) -> Result<&mut NetResourceSetSpec, TaskError> {
@@ -147,14 +157,8 @@ impl Job<'_> {
                 ..
             } => self.create_enis(&device_indexes, secondary_ipv4).await,
             Task::AssignAddresses { eni, count, .. } => {
-                let cloud = &self.alloc.cloud;
                 let ips = self
-                    .alloc
-                    .call(
-                        Class::Mutating,
-                        self.counters,
-                        cloud.assign_addresses(&eni, count, 0),
-                    )
+                    .mutate(self.alloc.cloud.assign_addresses(&eni, count, 0))
                     .await?;
                 self.alloc.amend(|l| {
                     if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
@@ -194,14 +198,8 @@ impl Job<'_> {
                     .await
             }
             Task::DeleteLeaked { eni } => {
-                let cloud = &self.alloc.cloud;
                 let r = self
-                    .alloc
-                    .call(
-                        Class::Mutating,
-                        self.counters,
-                        cloud.delete(&eni, DeleteCheck::SecondLook),
-                    )
+                    .mutate(self.alloc.cloud.delete(&eni, DeleteCheck::SecondLook))
                     .await?;
                 match r {
                     Reaped::Deleted | Reaped::Gone => {
@@ -290,11 +288,7 @@ impl Job<'_> {
             secondary_ipv4: ips,
             fresh,
         };
-        let cloud = &self.alloc.cloud;
-        let eni = self
-            .alloc
-            .call(Class::Mutating, self.counters, cloud.create(&req))
-            .await?;
+        let eni = self.mutate(self.alloc.cloud.create(&req)).await?;
         crash_point("operator-after-create");
         self.alloc.amend(|l| {
             if !l.iter().any(|f| f.id == eni.id) {
@@ -306,13 +300,7 @@ impl Job<'_> {
 
     async fn attach(&mut self, eni: &FleetEni, device_index: u32) -> Result<(), TaskError> {
         let instance = self.spec()?.instance.id.clone();
-        let cloud = &self.alloc.cloud;
-        self.alloc
-            .call(
-                Class::Mutating,
-                self.counters,
-                cloud.attach(eni, &instance, device_index),
-            )
+        self.mutate(self.alloc.cloud.attach(eni, &instance, device_index))
             .await?;
         crash_point("operator-after-attach");
         self.alloc.amend(|l| {
@@ -336,9 +324,7 @@ impl Job<'_> {
         let mut first_err = None;
         for eni in enis {
             crash_point("operator-before-detach");
-            let r = alloc
-                .call(Class::Mutating, self.counters, cloud.start_detach(&eni))
-                .await;
+            let r = self.mutate(cloud.start_detach(&eni)).await;
             match r {
                 Ok(()) => {
                     crash_point("operator-after-detach");
@@ -374,9 +360,7 @@ impl Job<'_> {
         };
         let mut removed = Vec::new();
         for (eni, check) in delete {
-            let r = alloc
-                .call(Class::Mutating, self.counters, cloud.delete(&eni, check))
-                .await;
+            let r = self.mutate(cloud.delete(&eni, check)).await;
             match r {
                 Ok(Reaped::Deleted | Reaped::Gone) => {
                     crash_point("operator-after-delete");
@@ -408,14 +392,8 @@ impl Job<'_> {
         let mut gone: Vec<String> = stale;
         let mut removed_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
         for (eni, ips) in addresses {
-            let cloud = &self.alloc.cloud;
             let r = self
-                .alloc
-                .call(
-                    Class::Mutating,
-                    self.counters,
-                    cloud.unassign_addresses(&eni, &ips),
-                )
+                .mutate(self.alloc.cloud.unassign_addresses(&eni, &ips))
                 .await;
             match r {
                 Ok(()) => {
