@@ -73,13 +73,10 @@ fn operator_writes(cp: &ControlPlane, dir: &Path, mode: &str, enis: Value, drain
 fn control_plane() -> Option<ControlPlane> {
     let cp = ControlPlane::start()?;
     let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/05-crd-netresourceset.yaml");
-    cp.apply(&std::fs::read_to_string(crd).unwrap());
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
+    cp.apply_crd(
+        &std::fs::read_to_string(crd).unwrap(),
         "crd/netresourcesets.enim.io",
-    ]);
+    );
     Some(cp)
 }
 

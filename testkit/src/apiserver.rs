@@ -294,6 +294,14 @@ impl ControlPlane {
         );
     }
 
+    /// `kubectl apply` of a CustomResourceDefinition's `yaml`, then waits
+    /// (60 s at most) until `crd` (`crd/PLURAL.GROUP`) is Established;
+    /// panics unless both succeed.
+    pub fn apply_crd(&self, yaml: &str, crd: &str) {
+        self.apply(yaml);
+        self.kubectl(&["wait", "--for=condition=established", "--timeout=60s", crd]);
+    }
+
     /// A kubeconfig that authenticates with `token` (a service account's).
     pub fn token_kubeconfig(&self, name: &str, token: &str) -> PathBuf {
         let path = self.dir.join(format!("{name}.kubeconfig"));

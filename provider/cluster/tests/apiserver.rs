@@ -25,15 +25,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 /// A control plane with the CRD established, or `None` (skipped).
 fn control_plane() -> Option<ControlPlane> {
     let cp = blocking(ControlPlane::start)?;
-    blocking(|| {
-        cp.apply(&enim_crd::crd_yaml());
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/netresourcesets.enim.io",
-        ]);
-    });
+    blocking(|| cp.apply_crd(&enim_crd::crd_yaml(), "crd/netresourcesets.enim.io"));
     Some(cp)
 }
 

@@ -148,13 +148,7 @@ async fn an_agent_killed_between_status_writes_restarts_to_its_checkpoints_truth
         return;
     };
     tokio::task::block_in_place(|| {
-        cp.apply(&enim_crd::crd_yaml());
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            "crd/netresourcesets.enim.io",
-        ]);
+        cp.apply_crd(&enim_crd::crd_yaml(), "crd/netresourcesets.enim.io");
     });
     let config = ClusterConfig {
         kubeconfig: Some(cp.admin_kubeconfig()),
