@@ -10,17 +10,11 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_outlives_an_api_server_outage_and_resumes() {
-    let _one = one_rig_at_a_time().await;
-    let Some(mut rig) = Rig::start(false).await else {
+    let Some((_one, mut rig)) = lone_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
-    let marks = Marks {
-        pre: 1,
-        min: 2,
-        above: 0,
-    };
-    let config = rig.config("op", marks, "5m");
+    let config = rig.config("op", TWO, "5m");
     let mut op = rig.operator(OperatorOpts::new("op-1", &config));
     rig.node("node-a", &instance);
     wait_for("node-a's ENIs", Duration::from_secs(30), || {

@@ -21,14 +21,6 @@ const NODE: &str = "node-a";
 const CRASH: Duration = Duration::from_secs(40);
 const CONVERGE: Duration = Duration::from_secs(40);
 
-/// Two ENIs wanted at once: a crash in the first leaves the second's intent
-/// unstarted too.
-const TWO: Marks = Marks {
-    pre: 1,
-    min: 2,
-    above: 0,
-};
-
 /// What the crashed operator left, as the point says it must be.
 #[derive(Debug)]
 struct Left {
@@ -55,8 +47,7 @@ async fn left(rig: &Rig) -> Left {
 
 /// A new node's first ENIs, with a crash at `point`.
 async fn create_point(point: &str) {
-    let _one = one_rig_at_a_time().await;
-    let Some(rig) = Rig::start(false).await else {
+    let Some((_one, rig)) = lone_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
@@ -106,8 +97,7 @@ async fn create_point(point: &str) {
 /// A drain of two of three ENIs, with a crash at `point` in the first
 /// reclaim.
 async fn drain_point(point: &str) {
-    let _one = one_rig_at_a_time().await;
-    let Some(rig) = Rig::start(false).await else {
+    let Some((_one, rig)) = lone_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -16,19 +16,11 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gets_its_set_and_enis_pods_use_them_and_the_surplus_is_drained() {
-    let _one = one_rig_at_a_time().await;
-    let Some(rig) = Rig::start(false).await else {
+    let Some((_one, rig)) = lone_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
-    // Two at least, one free ahead of demand, no free one tolerated above
-    // that: m5.xlarge has room for three besides the primary.
-    let marks = Marks {
-        pre: 1,
-        min: 2,
-        above: 0,
-    };
-    let config = rig.config("op", marks, "5m");
+    let config = rig.config("op", TWO, "5m");
     let op = rig.operator(OperatorOpts::new("op-1", &config));
 
     let started = Instant::now();
@@ -184,18 +176,12 @@ async fn a_node_gets_its_set_and_enis_pods_use_them_and_the_surplus_is_drained()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_loses_its_enis_after_the_grace_and_its_set_goes() {
-    let _one = one_rig_at_a_time().await;
-    let Some(rig) = Rig::start(true).await else {
+    let Some((_one, rig)) = lone_rig(true).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
     let grace = Duration::from_secs(4);
-    let marks = Marks {
-        pre: 1,
-        min: 2,
-        above: 0,
-    };
-    let config = rig.config("op", marks, "4s");
+    let config = rig.config("op", TWO, "4s");
     let _op = rig.operator(OperatorOpts::new("op-1", &config));
     rig.node(NODE, &instance);
     let enis = wait_for("the node's 2 ENIs", Duration::from_secs(30), || {

@@ -16,17 +16,11 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_follower_finishes_what_the_leader_died_creating_without_a_duplicate() {
-    let _one = one_rig_at_a_time().await;
-    let Some(rig) = Rig::start(false).await else {
+    let Some((_one, rig)) = lone_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
-    let marks = Marks {
-        pre: 1,
-        min: 2,
-        above: 0,
-    };
-    let config = rig.config("op", marks, "5m");
+    let config = rig.config("op", TWO, "5m");
     // The deployment's lease (10 s, renewed 4 s before it ends): the
     // takeover measured is the one production gets.
     let lease = (10, 4);

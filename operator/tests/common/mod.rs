@@ -68,6 +68,15 @@ fn operator_rbac() -> String {
     docs.join("\n---\n")
 }
 
+/// Two ENIs at least, one free ahead of demand, no free one tolerated
+/// above that: m5.xlarge has room for three besides the primary. (A crash
+/// in the first create leaves the second's intent unstarted too.)
+pub const TWO: Marks = Marks {
+    pre: 1,
+    min: 2,
+    above: 0,
+};
+
 /// The pool's watermarks in the operator's config.
 #[derive(Debug, Clone, Copy)]
 pub struct Marks {
@@ -99,21 +108,15 @@ impl Rig {
         let cp = blocking(ControlPlane::start)?;
         let env = Env::start().await?;
         let cp = blocking(|| {
-            for file in [
-                "00-namespace.yaml",
-                "05-crd-netresourceset.yaml",
-                "10-serviceaccount.yaml",
-                "11-rbac-agent.yaml",
-            ] {
+            cp.apply(&deploy("00-namespace.yaml"));
+            cp.apply_crd(
+                &deploy("05-crd-netresourceset.yaml"),
+                "crd/netresourcesets.enim.io",
+            );
+            for file in ["10-serviceaccount.yaml", "11-rbac-agent.yaml"] {
                 cp.apply(&deploy(file));
             }
             cp.apply(&operator_rbac());
-            cp.kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                "crd/netresourcesets.enim.io",
-                "--timeout=60s",
-            ]);
             if controllers {
                 cp.with_controllers()
             } else {
@@ -416,12 +419,13 @@ describe_rate = {{ every = "1ms", burst = 1000 }}
     }
 }
 
+/// A client as `kubeconfig` says (the agent's own way of building one).
 pub async fn client(kubeconfig: &Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    kube::Client::try_from(config).unwrap()
+    let config = enim_provider_cluster::ClusterConfig {
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        ..enim_provider_cluster::ClusterConfig::for_node("unused")
+    };
+    enim_provider_cluster::client(&config).await.unwrap()
 }
 
 /// How to start one operator.
@@ -621,4 +625,13 @@ pub fn pod(name: &str) -> EniOwner {
 pub async fn one_rig_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
+}
+
+/// A test's rig, started once [`one_rig_at_a_time`] lets it: the lock's
+/// guard (hold it for the whole test; the rig is dropped before it) and
+/// the rig, or `None` where the rig cannot start (the test skips).
+pub async fn lone_rig(controllers: bool) -> Option<(tokio::sync::MutexGuard<'static, ()>, Rig)> {
+    let one = one_rig_at_a_time().await;
+    let rig = Rig::start(controllers).await?;
+    Some((one, rig))
 }
