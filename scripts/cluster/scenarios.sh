@@ -60,8 +60,9 @@ clean() {
   wait_for "enim to hold nothing" 120 holds 0
 }
 enimctl() { k -n enim-system exec ds/enimd -c enimd -- /usr/local/bin/enimctl "$@"; }
-# holds N: enim's checkpoint has exactly N attachments.
-holds() { [ "$(attachments | wc -l)" = "$1" ]; }
+# holds N: enim's checkpoint has exactly N attachments. A failed look (the
+# exec refused while the API server or enimd is busy) is not "none".
+holds() { local a; a=$(attachments) || return 1; [ "$(printf '%s' "$a" | grep -c .)" = "$1" ]; }
 # attachments: the container id of each attachment enim records, a line each.
 attachments() {
   enimctl --json attachments | python3 -c '
