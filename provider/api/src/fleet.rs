@@ -80,6 +80,15 @@ pub struct FleetEni {
 }
 
 impl FleetEni {
+    /// The listed attachment a detach can name directly: one with the
+    /// cloud's attachment id, never the instance's primary (index 0).
+    /// `None`: the ENI must be looked at before any detach.
+    pub fn detachable_attachment(&self) -> Option<&FleetAttachment> {
+        self.attachment
+            .as_ref()
+            .filter(|a| a.device_index != 0 && !a.attachment_id.is_empty())
+    }
+
     /// An ENI of `subnet` addressed as `eni` says (its MTU, owner and
     /// device index aside), neither attached nor marked: each cloud fills
     /// in the rest from its listing, so the addressing is read one way.

@@ -453,10 +453,7 @@ impl AwsFleet {
     /// by EC2 and counts as done); without one, or for device index 0,
     /// the ENI is looked at first (this cluster's, not a primary).
     async fn do_start_detach(&self, eni: &FleetEni) -> Result<(), AwsError> {
-        let listed = eni
-            .attachment
-            .as_ref()
-            .filter(|a| a.device_index != 0 && !a.attachment_id.is_empty());
+        let listed = eni.detachable_attachment();
         let Some(att) = listed else {
             let eni = match self.ours(&eni.id).await {
                 Ok(eni) => eni,

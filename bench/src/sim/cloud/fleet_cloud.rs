@@ -351,10 +351,7 @@ impl FleetCloud for SimFleet {
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
-        let listed = eni
-            .attachment
-            .as_ref()
-            .filter(|a| a.device_index != 0 && !a.attachment_id.is_empty());
+        let listed = eni.detachable_attachment();
         match listed {
             Some(a) if a.detaching() => return Ok(()),
             Some(_) => {}
