@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use enim_provider::EniProvider;
+use enim_testkit::fixtures::pod_owner as pod;
 
 const NODE: &str = "node-a";
 

@@ -143,3 +143,19 @@ pub fn owner(cid: &str, ifname: &str) -> EniOwner {
         },
     }
 }
+
+/// A Kubernetes pod's attachment as the kubelet makes it: pod default/`name`
+/// (uid `uid-<name>`), container `cid-<name>`, eth0, on the conflist's
+/// network `k8s-pod-network`.
+pub fn pod_owner(name: &str) -> EniOwner {
+    EniOwner {
+        network: "k8s-pod-network".into(),
+        container_id: format!("cid-{name}"),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: Some(format!("uid-{name}")),
+        },
+    }
+}

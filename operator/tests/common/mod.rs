@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use enim_crd::{NetResourceSet, FINALIZER};
 use enim_provider::cloud::{TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::TAG_INTENT;
-use enim_provider::{EniOwner, PodRef};
 use enim_provider_aws::ec2::NetworkInterface;
 use enim_provider_aws::{fleet_iam_actions, TAG_MANAGED, TAG_NODE};
 use enim_provider_cluster::{ClusterProvider, Mode};
@@ -601,20 +600,6 @@ where
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-    }
-}
-
-/// A pod's attachment, as the agent's engine names its owner.
-pub fn pod(name: &str) -> EniOwner {
-    EniOwner {
-        network: "k8s-pod-network".into(),
-        container_id: format!("cid-{name}"),
-        ifname: "eth0".into(),
-        pod: PodRef {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: Some(format!("uid-{name}")),
-        },
     }
 }
 

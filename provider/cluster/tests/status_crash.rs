@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use enim_crd::{EniSpec, Instance, Mode, NetResourceSet, NetResourceSetSpec, OPERATOR_MANAGER};
-use enim_provider::{EniOwner, EniProvider, PodRef};
+use enim_provider::{EniOwner, EniProvider};
 use enim_provider_cluster::{ClusterConfig, ClusterProvider, AFTER_STATUS_WRITE};
 use enim_testkit::apiserver::ControlPlane;
 use kube::api::{Patch, PatchParams};
@@ -43,18 +43,7 @@ fn eni(i: u8) -> EniSpec {
     }
 }
 
-fn pod(name: &str) -> EniOwner {
-    EniOwner {
-        network: "k8s-pod-network".into(),
-        container_id: format!("cid-{name}"),
-        ifname: "eth0".into(),
-        pod: PodRef {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: Some(format!("uid-{name}")),
-        },
-    }
-}
+use enim_testkit::fixtures::pod_owner as pod;
 
 /// The agent's checkpoint as the engine keeps it: ENI id and owner,
 /// written whole (temp file, rename) after every change.
