@@ -28,7 +28,7 @@ use enim_crd::{NetResourceSet, NetResourceSetSpec, FINALIZER, OPERATOR_MANAGER};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{self, Store as Cache};
+use kube::runtime::reflector::{self, reflector, Store as Cache};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{watch, Notify};
@@ -302,8 +302,6 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
     }
     Caches { nodes, sets }
 }
-
-use kube::runtime::reflector::reflector;
 
 /// Runs the operator until SIGTERM (or ctrl-c): watches, lease, resyncs.
 /// `make` builds the resync over the store the runtime writes through.
