@@ -176,7 +176,28 @@ kube_proxy_with() {
   wait_for "kube-proxy's rules" 60 kube_proxy_synced
 }
 
-kube_proxy_synced() { on_node iptables -t nat -S KUBE-SERVICES | grep -q default/remote; }
+# Synced: the restarted kube-proxy itself has finished a sync (its own
+# metrics; the rules of the one before it stay in place across the restart
+# and would pass any check of iptables alone), and both test Services have a
+# DNAT to their endpoints.
+kube_proxy_synced() {
+  local web remote rules
+  on_node curl -sf http://127.0.0.1:10249/metrics |
+    grep -Eq '^kubeproxy_sync_proxy_rules_duration_seconds_count(\{[^}]*\})? [1-9]' || return 1
+  web=$(k get svc web -o jsonpath='{.spec.clusterIP}')
+  remote=$(k get svc remote -o jsonpath='{.spec.clusterIP}')
+  rules=$(on_node iptables -t nat -S KUBE-SERVICES)
+  grep -q -- "-d $web/32 .*-j KUBE-SVC-" <<<"$rules" &&
+    grep -q -- "-d $remote/32 .*-j KUBE-SVC-" <<<"$rules"
+}
+
+# What the node did with a Service connection that failed.
+services_diagnose() {
+  echo "--- node: nat KUBE-SERVICES"
+  on_node iptables -t nat -S KUBE-SERVICES 2>&1 | grep -v '^-N'
+  echo "--- node: ip rule"; on_node ip rule 2>&1
+  echo "--- client: routes"; in_pod client "ip route; ip addr" 2>&1
+}
 
 # services_with CIDR: the Services checked with kube-proxy's clusterCIDR
 # CIDR (empty: unset).
@@ -184,7 +205,7 @@ services_with() {
   local rc=0
   services_up || rc=1
   [ $rc = 0 ] && kube_proxy_with "$1" || rc=1
-  [ $rc = 0 ] && services_check || rc=1
+  [ $rc = 0 ] && { services_check || { services_diagnose; false; }; } || rc=1
   pkill -f "busybox httpd -p $GW_IP:8080" || true
   return $rc
 }
