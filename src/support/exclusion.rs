@@ -135,6 +135,7 @@ mod tests {
             owner: None,
             device_index: None,
             secondary_ips: Vec::new(),
+            placement: Default::default(),
         }
     }
 

@@ -228,6 +228,7 @@ impl EniRecord {
             owner: None,
             device_index: None,
             secondary_ips: Vec::new(),
+            placement: Default::default(),
         }
     }
 }

@@ -195,6 +195,31 @@ pub struct Eni {
     /// IPv6), handed to pods one each. Never the ENI's own addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secondary_ips: Vec<IpAddr>,
+    /// Where the ENI lives and which groups guard it, as far as the
+    /// provider knows; the DRA driver publishes it as device attributes.
+    #[serde(default, skip_serializing_if = "Placement::is_empty")]
+    pub placement: Placement,
+}
+
+/// An ENI's subnet, zone, security groups and network card. Every field is
+/// optional: a static inventory may say nothing, a cloud listing says all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+    /// The network card the ENI is attached through (EC2's NetworkCardIndex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_card: Option<u32>,
+}
+
+impl Placement {
+    pub fn is_empty(&self) -> bool {
+        *self == Placement::default()
+    }
 }
 
 /// Provider failures. `is_transient` tells the caller whether a retry may

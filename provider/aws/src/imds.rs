@@ -128,6 +128,7 @@ impl InterfaceInfo {
                         .map(|ip| IpAddr::V6(*ip)),
                 )
                 .collect(),
+            placement: Default::default(),
         }
     }
 }

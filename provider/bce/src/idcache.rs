@@ -117,6 +117,7 @@ mod tests {
             owner: None,
             device_index: Some(device_index),
             secondary_ips: Vec::new(),
+            placement: Default::default(),
         }
     }
 

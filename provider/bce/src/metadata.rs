@@ -109,6 +109,7 @@ impl MetaInterface {
                 })
                 .copied()
                 .collect(),
+            placement: Default::default(),
         }
     }
 }

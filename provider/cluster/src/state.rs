@@ -97,6 +97,7 @@ pub fn parse_eni(e: &EniSpec) -> Result<Eni, String> {
         owner: None,
         device_index: e.device_index,
         secondary_ips: e.secondary_ips.clone(),
+        placement: Default::default(),
     })
 }
 

@@ -260,6 +260,7 @@ pub fn validated(enis: Vec<StaticEniConfig>) -> Result<Vec<Eni>, ProviderError> 
             owner: None,
             device_index: Some(device_index),
             secondary_ips: ips,
+            placement: Default::default(),
         });
     }
     Ok(slots)

@@ -81,6 +81,7 @@ fn eni(n: u32) -> Eni {
         owner: None,
         device_index: Some(n),
         secondary_ips: Vec::new(),
+        placement: Default::default(),
     }
 }
 
