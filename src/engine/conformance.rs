@@ -80,6 +80,7 @@ pub(crate) fn static_eni(i: u8) -> enim_provider_static::StaticEniConfig {
         secondary_ipv6: (11..=12)
             .map(|h| format!("fd00:{i}::{h}").parse().unwrap())
             .collect(),
+        placement: Default::default(),
     }
 }
 

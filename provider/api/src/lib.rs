@@ -204,6 +204,7 @@ pub struct Eni {
 /// An ENI's subnet, zone, security groups and network card. Every field is
 /// optional: a static inventory may say nothing, a cloud listing says all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Placement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, ProviderError};
+use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, Placement, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,10 @@ pub struct StaticEniConfig {
     /// Secondary mode: secondary IPv6 addresses inside `ipv6`'s subnet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secondary_ipv6: Vec<Ipv6Addr>,
+    /// What the DRA driver publishes about the ENI (`placement = { subnet,
+    /// zone, security_groups, network_card }`), all optional.
+    #[serde(default, skip_serializing_if = "Placement::is_empty")]
+    pub placement: Placement,
 }
 
 impl StaticEniConfig {
@@ -56,6 +60,7 @@ impl StaticEniConfig {
             device_index: None,
             secondary_ipv4: vec![],
             secondary_ipv6: vec![],
+            placement: Placement::default(),
         }
     }
 }
@@ -260,7 +265,7 @@ pub fn validated(enis: Vec<StaticEniConfig>) -> Result<Vec<Eni>, ProviderError> 
             owner: None,
             device_index: Some(device_index),
             secondary_ips: ips,
-            placement: Default::default(),
+            placement: e.placement,
         });
     }
     Ok(slots)
