@@ -1,12 +1,26 @@
-//! Generates the kubelet device plugin API (proto/deviceplugin/v1beta1)
-//! with tonic-build; needs `protoc` (Debian: protobuf-compiler).
+//! Generates the kubelet's gRPC APIs with tonic-build (needs `protoc`,
+//! Debian: protobuf-compiler): the device plugin API
+//! (proto/deviceplugin/v1beta1), and the plugin registration and DRA APIs
+//! the DRA driver speaks (proto/pluginregistration/v1, proto/dra/v1).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/deviceplugin/v1beta1/api.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    tonic_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_protos(&[proto], &["proto/deviceplugin/v1beta1"])?;
+    let protos = [
+        (
+            "proto/deviceplugin/v1beta1/api.proto",
+            "proto/deviceplugin/v1beta1",
+        ),
+        (
+            "proto/pluginregistration/v1/api.proto",
+            "proto/pluginregistration/v1",
+        ),
+        ("proto/dra/v1/api.proto", "proto/dra/v1"),
+    ];
+    for (proto, dir) in protos {
+        println!("cargo:rerun-if-changed={proto}");
+        tonic_build::configure()
+            .build_server(true)
+            .build_client(true)
+            .compile_protos(&[proto], &[dir])?;
+    }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod api;
 pub mod cni;
 pub mod daemon;
 pub mod deviceplugin;
+pub mod dra;
 pub mod engine;
 pub mod model;
 pub mod netlink;

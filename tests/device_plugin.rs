@@ -437,6 +437,7 @@ fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
     enim::api::DeviceList {
         resource_name: "enim.io/eni".into(),
         in_process_plugin,
+        dra: false,
         devices: ids.iter().copied().map(Device::healthy).collect(),
     }
 }

@@ -276,6 +276,11 @@ pub struct DeviceList {
     /// enabled = true`): `enimd device-plugin` then refuses to run, as the
     /// two would replace each other's registration.
     pub in_process_plugin: bool,
+    /// True when enimd hands its ENIs out through DRA (`[dra] enabled =
+    /// true`): `enimd device-plugin` then refuses to run, or the scheduler
+    /// would count every ENI twice.
+    #[serde(default)]
+    pub dra: bool,
     /// Each with its health as enimd judges it.
     pub devices: Vec<crate::model::Device>,
 }

@@ -114,6 +114,10 @@ pub struct Config {
     /// The kubelet device plugin (README "Scheduling"); off by default.
     #[serde(default)]
     pub device_plugin: crate::deviceplugin::DevicePluginConfig,
+    /// The DRA driver (README "Claiming an ENI (DRA)"); off by default,
+    /// and never on together with the device plugin.
+    #[serde(default)]
+    pub dra: crate::dra::DraConfig,
     pub provider: ProviderConfig,
 }
 
@@ -176,6 +180,10 @@ impl Config {
             cluster.validate().map_err(|e| invalid(&e))?;
         }
         config.host_path.validate().map_err(|e| invalid(&e))?;
+        config
+            .dra
+            .check(config.device_plugin.enabled, config.mode == Mode::Secondary)
+            .map_err(|e| invalid(&e))?;
         if config
             .host_path
             .veth_prefix

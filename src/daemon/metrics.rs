@@ -301,6 +301,13 @@ impl EniProvider for MeteredProvider {
         r
     }
 
+    async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let t = Instant::now();
+        let r = self.inner.allocate_named(eni_id, owner).await;
+        self.record("allocate", t, &r);
+        r
+    }
+
     async fn wait_for_free(&self, owner: &EniOwner) {
         self.inner.wait_for_free(owner).await
     }

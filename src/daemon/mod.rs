@@ -52,6 +52,8 @@ pub enum DaemonError {
     Io(#[from] FileError),
     #[error("{0}")]
     Masquerade(#[from] MasqueradeError),
+    #[error("DRA driver: {0}")]
+    Dra(#[from] crate::dra::DraError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
@@ -163,10 +165,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let provider: Arc<dyn EniProvider> = Arc::new(metrics::MeteredProvider::new(
-        build_provider(&provider_config(&config), config.mode).await?,
-        metrics.clone(),
-    ));
+    // Before the provider: a DRA node that cannot reach the API server or
+    // read its claims record must not start handing out ENIs.
+    let dra = match config.dra.enabled {
+        true => {
+            let default_claims = config
+                .checkpoint
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(crate::dra::CLAIMS_FILE);
+            Some(crate::dra::DraNode::start(&config.dra, &default_claims).await?)
+        }
+        false => None,
+    };
+    let mut provider = build_provider(&provider_config(&config), config.mode).await?;
+    if let Some(dra) = &dra {
+        provider = dra.bind(provider);
+    }
+    let provider: Arc<dyn EniProvider> =
+        Arc::new(metrics::MeteredProvider::new(provider, metrics.clone()));
     let checkpoint = Arc::new(Checkpoint::open(
         &config.checkpoint,
         config.checkpoint_fsync,
@@ -186,6 +203,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         checkpoint: checkpoint.clone(),
         metrics,
         started,
+        dra,
     };
     match mode {
         config::Mode::Primary => {
@@ -221,6 +239,7 @@ struct Node {
     checkpoint: Arc<Checkpoint>,
     metrics: Arc<metrics::Metrics>,
     started: Instant,
+    dra: Option<crate::dra::DraNode>,
 }
 
 impl Node {
@@ -235,6 +254,7 @@ impl Node {
             checkpoint,
             metrics,
             started,
+            dra,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
 
@@ -253,6 +273,7 @@ impl Node {
             engine: engine.clone(),
             devices: devices.clone(),
             in_process_plugin: config.device_plugin.enabled,
+            dra: config.dra.enabled,
             ready: ready_rx,
             allowed_uids: config.allowed_uids.clone(),
             startup_wait: config.startup_wait,
@@ -312,6 +333,10 @@ impl Node {
         // Listed, and advertised, only once recovery is done: before, the
         // list is not known.
         tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
+        if let Some(dra) = dra {
+            use crate::deviceplugin::DeviceSource;
+            dra.spawn(engine.clone(), devices.subscribe(), stop_rx.clone());
+        }
         if config.device_plugin.enabled {
             let plugin =
                 crate::deviceplugin::serve(config.device_plugin.clone(), devices, stop_rx.clone());

@@ -40,6 +40,8 @@ pub struct AppState<D: Driver> {
     pub devices: Arc<crate::daemon::devices::EngineDevices>,
     /// Whether enimd serves the kubelet itself (`[device_plugin] enabled`).
     pub in_process_plugin: bool,
+    /// Whether enimd hands its ENIs out through DRA (`[dra] enabled`).
+    pub dra: bool,
     pub ready: watch::Receiver<bool>,
     pub allowed_uids: Vec<u32>,
     pub startup_wait: Duration,
@@ -310,6 +312,7 @@ async fn devices<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Devi
     Ok(Json(api::DeviceList {
         resource_name: s.devices.resource_name(),
         in_process_plugin: s.in_process_plugin,
+        dra: s.dra,
         devices,
     }))
 }

@@ -45,6 +45,14 @@ pub enum RelayError {
         socket.display()
     )]
     InProcessPlugin { socket: PathBuf },
+    #[error(
+        "the enimd at {} hands its ENIs out through DRA ([dra] enabled = true); a node \
+         uses DRA or the device plugin, never both (the scheduler would count every ENI \
+         twice): do not run enimd device-plugin on this node (remove it from the \
+         device plugin DaemonSet's nodes), or set [dra] enabled = false",
+        socket.display()
+    )]
+    DraNode { socket: PathBuf },
     #[error("the poll interval must be more than zero")]
     ZeroPoll,
     #[error("{0}")]
@@ -224,12 +232,14 @@ pub async fn run(
                 );
             }
         }
-        if list.in_process_plugin {
+        if list.in_process_plugin || list.dra {
             if let Some(s) = serving.take() {
                 s.stop().await?;
             }
-            return Err(RelayError::InProcessPlugin {
-                socket: config.socket.clone(),
+            let socket = config.socket.clone();
+            return Err(match list.dra {
+                true => RelayError::DraNode { socket },
+                false => RelayError::InProcessPlugin { socket },
             });
         }
         match serving.take() {
@@ -283,6 +293,7 @@ mod tests {
         DeviceList {
             resource_name: "enim.io/eni".into(),
             in_process_plugin,
+            dra: false,
             devices: ids.iter().copied().map(Device::healthy).collect(),
         }
     }
@@ -360,6 +371,23 @@ mod tests {
         let err = run(config(dir.path()), enimd, stop).await.unwrap_err();
         assert!(matches!(err, RelayError::InProcessPlugin { .. }), "{err}");
         assert!(err.to_string().contains("enabled = false"), "{err}");
+        assert!(!dir.path().join("enim.sock").exists());
+    }
+
+    /// An enimd that hands its ENIs out through DRA: the relay refuses at
+    /// once, registers nothing, and says what to change.
+    #[tokio::test]
+    async fn refuses_to_relay_for_a_dra_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let dra = DeviceList {
+            dra: true,
+            ..list(&["eni-1"], false)
+        };
+        let enimd = Arc::new(Script(Mutex::new([Some(dra)].into())));
+        let (_stop_tx, stop) = watch::channel(false);
+        let err = run(config(dir.path()), enimd, stop).await.unwrap_err();
+        assert!(matches!(err, RelayError::DraNode { .. }), "{err}");
+        assert!(err.to_string().contains("[dra] enabled = true"), "{err}");
         assert!(!dir.path().join("enim.sock").exists());
     }
 

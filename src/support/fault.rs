@@ -25,6 +25,10 @@ pub const POOL_CRASH_POINTS: &[&str] = &[
     "pool:before-unassign",
 ];
 
+/// The DRA driver's points: a prepared claim on disk, not yet answered to
+/// the kubelet (src/dra/claims.rs).
+pub const DRA_CRASH_POINTS: &[&str] = &["dra:after-claim-write"];
+
 /// Every crash point the agent has, for tests that iterate over them.
 pub const CRASH_POINTS: &[&str] = &[
     "add:after-allocate",
@@ -63,7 +67,8 @@ pub fn crash_point(point: &'static str) {
             CRASH_POINTS,
             HOST_PATH_CRASH_POINTS,
             SECONDARY_CRASH_POINTS,
-            POOL_CRASH_POINTS
+            POOL_CRASH_POINTS,
+            DRA_CRASH_POINTS
         ]
         .iter()
         .any(|list| list.contains(&point)),

@@ -298,6 +298,19 @@ pub trait EniProvider: Send + Sync {
     /// an ENI gets the same one back.
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError>;
 
+    /// Hands `owner` exactly the ENI `eni_id` (the DRA driver's claim named
+    /// it): the held ENI again when `owner` holds it already,
+    /// `OwnedByOther` when another attachment does, `UnknownEni` when this
+    /// node has no such ENI to hand out. Providers that cannot say so
+    /// refuse.
+    async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let _ = owner;
+        Err(ProviderError::Config(format!(
+            "the {} provider cannot hand out a named ENI ({eni_id})",
+            self.name()
+        )))
+    }
+
     /// Called by ADD before it takes any lock: when no ENI is free now but
     /// one is on its way, waits (a bounded time) until one is, so that
     /// [`allocate_next`] finds it rather than answering "try again later".

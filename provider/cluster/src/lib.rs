@@ -259,10 +259,16 @@ impl Drop for ClusterProvider {
 
 /// A kube client from `config`'s kubeconfig, else in-cluster.
 pub async fn client(config: &ClusterConfig) -> Result<kube::Client, ClusterError> {
-    let kube_config = match &config.kubeconfig {
+    kube_client(config.kubeconfig.as_deref()).await
+}
+
+/// A kube client from `kubeconfig`, else in-cluster (the pod's
+/// ServiceAccount token); enimd's DRA driver builds its client here too.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClusterError> {
+    let kube_config = match kubeconfig {
         Some(path) => {
             let bad = |source| ClusterError::Kubeconfig {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 source,
             };
             let kc = kube::config::Kubeconfig::read_from(path).map_err(bad)?;
@@ -394,6 +400,21 @@ impl EniProvider for ClusterProvider {
 
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
         let got = self.shared.state().allocate(&self.shared.node, owner);
+        match got {
+            Ok(eni) => {
+                self.shared.changed(true);
+                Ok(eni)
+            }
+            Err(ProviderError::Unavailable(why)) => Err(self.unavailable(why)),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let got = self
+            .shared
+            .state()
+            .allocate_named(&self.shared.node, eni_id, owner);
         match got {
             Ok(eni) => {
                 self.shared.changed(true);

@@ -279,6 +279,41 @@ impl State {
         Ok(eni)
     }
 
+    /// Hands `owner` exactly `eni_id` (a DRA claim named it), in primary
+    /// mode; see [`EniProvider::allocate_named`].
+    pub fn allocate_named(
+        &mut self,
+        node: &str,
+        eni_id: &str,
+        owner: &EniOwner,
+    ) -> Result<Eni, ProviderError> {
+        if let Some(why) = self.unavailable(node) {
+            return Err(ProviderError::Unavailable(why));
+        }
+        let slot = self
+            .slots
+            .iter()
+            .find(|s| s.in_spec && s.eni.id == eni_id)
+            .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+        match self.owners.get(eni_id) {
+            Some(o) if o.same_attachment(owner) => {}
+            Some(o) => {
+                return Err(ProviderError::OwnedByOther {
+                    eni_id: eni_id.into(),
+                    holder: o.to_string(),
+                    requester: owner.to_string(),
+                })
+            }
+            // Draining: the operator takes it back; a claim may not have it.
+            None if slot.draining => return Err(ProviderError::UnknownEni(eni_id.into())),
+            None => {}
+        }
+        let mut eni = slot.eni.clone();
+        self.owners.insert(eni.id.clone(), owner.clone());
+        eni.owner = Some(owner.clone());
+        Ok(eni)
+    }
+
     /// Frees whatever `owner` holds, in either mode.
     pub fn release(&mut self, owner: &EniOwner) {
         self.owners.retain(|_, o| !o.same_attachment(owner));

@@ -738,6 +738,38 @@ impl EniProvider for WarmPool {
         result
     }
 
+    async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let result = {
+            let mut st = self.inner.state();
+            let m = st
+                .members
+                .iter_mut()
+                .find(|m| m.eni.id == eni_id)
+                .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+            if m.held_by(owner) {
+                return Ok(m.eni.clone());
+            }
+            if !m.is_free() {
+                return Err(ProviderError::OwnedByOther {
+                    eni_id: eni_id.into(),
+                    holder: m
+                        .eni
+                        .owner
+                        .as_ref()
+                        .map_or("the pool".into(), |o| o.to_string()),
+                    requester: owner.to_string(),
+                });
+            }
+            m.eni.owner = Some(owner.clone());
+            let eni = m.eni.clone();
+            self.inner.publish(&st);
+            Ok(eni)
+        };
+        // The free count fell: let the loop refill.
+        self.inner.wake.notify_one();
+        result
+    }
+
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
         {
             let mut st = self.inner.state();

@@ -295,6 +295,27 @@ impl EniProvider for StaticProvider {
         Ok(slots.enis[free].clone())
     }
 
+    async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
+        let mut slots = self.slots();
+        let at = *slots
+            .by_id
+            .get(eni_id)
+            .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
+        match &slots.enis[at].owner {
+            Some(o) if o.same_attachment(owner) => return Ok(slots.enis[at].clone()),
+            Some(o) => {
+                return Err(ProviderError::OwnedByOther {
+                    eni_id: eni_id.into(),
+                    holder: o.to_string(),
+                    requester: owner.to_string(),
+                })
+            }
+            None => {}
+        }
+        slots.assign(at, owner.clone());
+        Ok(slots.enis[at].clone())
+    }
+
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
         let mut slots = self.slots();
         let held = slots

@@ -1,0 +1,327 @@
+//! The kubelet plugin: `pluginregistration/v1` on a socket in the kubelet's
+//! `plugins_registry/` (the kubelet finds it there by itself, at its own
+//! start and whenever the socket appears), and `DRAPlugin` v1 on
+//! `plugins/<driver>/dra.sock`, which the registration names.
+//!
+//! Prepare resolves the claim's allocation (this driver's results in this
+//! node's pool) to ENIs, records them ([`Claims`]) and only then answers.
+//! A claim recorded already is answered from the record without asking the
+//! API server, so a repeated prepare (after a restart of the kubelet or of
+//! enimd) is cheap and gives the same answer. Unprepare drops the record;
+//! the ENI itself is released by the pod's DEL, which comes first.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use tokio::net::UnixListener;
+use tokio::sync::{oneshot, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::claims::{Claims, PreparedClaim, PreparedDevice};
+use super::registration::registration_server::{Registration, RegistrationServer};
+use super::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use super::slices::DeviceIndex;
+use super::v1::dra_plugin_server::{DraPlugin, DraPluginServer};
+use super::v1::{
+    Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
+    NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
+    NodeUnprepareResourcesResponse,
+};
+use super::{DraConfig, DraError, DRA_SERVICE_V1, PLUGIN_TYPE};
+
+/// How long prepare waits for enimd's first ENI list after a start.
+const LIST_WAIT: Duration = Duration::from_secs(10);
+/// How often the sockets are checked (someone may remove them).
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// Claim → ENI, for the DRA service.
+pub struct Preparer {
+    pub client: kube::Client,
+    pub driver: String,
+    pub node: String,
+    pub claims: Arc<Claims>,
+    pub index: DeviceIndex,
+}
+
+impl Preparer {
+    /// The devices of `claim`, recorded before they are returned.
+    pub async fn prepare(&self, claim: &Claim) -> Result<Vec<Device>, DraError> {
+        if let Some(done) = self.claims.get(&claim.uid) {
+            return Ok(wire_devices(&self.node, &done));
+        }
+        let bad = |reason: String| DraError::Claim {
+            claim: format!("{}/{}", claim.namespace, claim.name),
+            reason,
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let rc = api.get(&claim.name).await?;
+        if rc.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Err(bad(format!(
+                "its uid is {:?}, the kubelet asked for {}: the claim was replaced",
+                rc.metadata.uid, claim.uid
+            )));
+        }
+        let status = rc.status.unwrap_or_default();
+        let allocation = status
+            .allocation
+            .ok_or_else(|| bad("not allocated".into()))?;
+        let results: Vec<_> = allocation
+            .devices
+            .map(|d| d.results.unwrap_or_default())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.driver == self.driver && r.pool == self.node)
+            .collect();
+        if results.is_empty() {
+            return Err(bad(format!(
+                "its allocation has no device of driver {} in this node's pool {}",
+                self.driver, self.node
+            )));
+        }
+        let mut devices = Vec::new();
+        for r in results {
+            let eni_id = self
+                .index
+                .eni_of(&r.device, LIST_WAIT)
+                .await
+                .map_err(&bad)?
+                .ok_or_else(|| {
+                    bad(format!(
+                        "device {} is not an ENI this node can hand out (gone, excluded or quarantined)",
+                        r.device
+                    ))
+                })?;
+            devices.push(PreparedDevice {
+                request: r.request,
+                device: r.device,
+                eni_id,
+            });
+        }
+        let pods = status
+            .reserved_for
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+            .map(|c| c.uid)
+            .collect();
+        let prepared = PreparedClaim {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices,
+            pods,
+        };
+        self.claims.record(prepared.clone())?;
+        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), enis = ?prepared.devices.iter().map(|d| &d.eni_id).collect::<Vec<_>>(), pods = ?prepared.pods, "prepared claim");
+        Ok(wire_devices(&self.node, &prepared))
+    }
+
+    pub fn unprepare(&self, claim: &Claim) -> Result<(), DraError> {
+        if let Some(gone) = self.claims.forget(&claim.uid)? {
+            tracing::info!(claim = %format!("{}/{}", gone.namespace, gone.name), "unprepared claim");
+        }
+        Ok(())
+    }
+}
+
+fn wire_devices(pool: &str, claim: &PreparedClaim) -> Vec<Device> {
+    claim
+        .devices
+        .iter()
+        .map(|d| Device {
+            request_names: vec![d.request.clone()],
+            pool_name: pool.to_string(),
+            device_name: d.device.clone(),
+            // Nothing for the container runtime: the ENI moves at CNI ADD.
+            cdi_device_ids: vec![],
+        })
+        .collect()
+}
+
+struct DraService {
+    preparer: Arc<Preparer>,
+}
+
+#[tonic::async_trait]
+impl DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut out = NodePrepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let answer = match self.preparer.prepare(&claim).await {
+                Ok(devices) => NodePrepareResourceResponse {
+                    devices,
+                    error: String::new(),
+                },
+                Err(e) => {
+                    tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %e, "prepare failed");
+                    NodePrepareResourceResponse {
+                        devices: vec![],
+                        error: e.to_string(),
+                    }
+                }
+            };
+            out.claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let mut out = NodeUnprepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let error = match self.preparer.unprepare(&claim) {
+                Ok(()) => String::new(),
+                Err(e) => e.to_string(),
+            };
+            out.claims
+                .insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(out))
+    }
+}
+
+struct RegistrationService {
+    driver: String,
+    endpoint: PathBuf,
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.into(),
+            name: self.driver.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: vec![DRA_SERVICE_V1.into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(driver = %self.driver, "registered with the kubelet as a DRA plugin");
+        } else {
+            tracing::error!(driver = %self.driver, error = %status.error, "the kubelet refused the DRA plugin's registration");
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// One served socket and the way to stop it.
+struct Served {
+    path: PathBuf,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Served {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn bind(path: &Path) -> Result<UnixListener, DraError> {
+    let err = |source| DraError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    // A socket left by a crash answers nobody; the kubelet would keep
+    // dialling it.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    UnixListener::bind(path).map_err(err)
+}
+
+fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
+    let incoming = UnixListenerStream::new(bind(path)?);
+    let (stop, stopped) = oneshot::channel();
+    let service = DraPluginServer::new(DraService { preparer });
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            }),
+    );
+    Ok(Served {
+        path: path.to_path_buf(),
+        stop,
+        task,
+    })
+}
+
+fn serve_registration(path: &Path, driver: &str, endpoint: &Path) -> Result<Served, DraError> {
+    let incoming = UnixListenerStream::new(bind(path)?);
+    let (stop, stopped) = oneshot::channel();
+    let service = RegistrationServer::new(RegistrationService {
+        driver: driver.to_string(),
+        endpoint: endpoint.to_path_buf(),
+    });
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            }),
+    );
+    Ok(Served {
+        path: path.to_path_buf(),
+        stop,
+        task,
+    })
+}
+
+/// Serves both sockets until `stop` turns true; serves them again when one
+/// disappears. The DRA socket is up before the registration socket, so the
+/// kubelet never dials an endpoint that is not there yet. On stop both are
+/// removed: the kubelet then unregisters the plugin and, 30 s later unless
+/// a new enimd registers, deletes this driver's ResourceSlices.
+pub async fn serve(
+    config: &DraConfig,
+    preparer: Arc<Preparer>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DraError> {
+    let dra_path = config.dra_socket();
+    let reg_path = config.registration_socket();
+    while !*stop.borrow() {
+        let dra = serve_dra(&dra_path, preparer.clone())?;
+        let reg = serve_registration(&reg_path, &config.driver, &dra_path)?;
+        tracing::info!(registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA plugin serving");
+        let mut ticker = tokio::time::interval(WATCH_EVERY);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => break,
+            }
+            if !dra_path.exists() || !reg_path.exists() {
+                tracing::warn!("a DRA plugin socket was removed; serving both again");
+                break;
+            }
+        }
+        reg.stop().await;
+        dra.stop().await;
+    }
+    Ok(())
+}
