@@ -2,6 +2,8 @@
 //! objects, then checked against what enimd really does (its config, its
 //! paths, its privileges, its probes, its install-cni command line), what
 //! the agent and the operator may do in the API, and how the operator runs.
+//! That includes the DRA kubelet plugin's side: its DeviceClass, the
+//! kubelet dirs it needs and what it may write in the API.
 //!
 //! The checks collect problems instead of panicking, so the tests at the
 //! bottom can break the manifests on purpose and see each check fail.
@@ -22,6 +24,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, Probe, ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -37,6 +40,9 @@ mod broken_api;
 /// What the manifests must agree with: the checks, and install-cni run.
 #[path = "deploy_manifests/checks.rs"]
 mod checks;
+/// The DRA kubelet plugin: its DeviceClass and the kubelet dirs enimd mounts.
+#[path = "deploy_manifests/dra.rs"]
+mod dra;
 /// enim-operator's Deployment.
 #[path = "deploy_manifests/operator.rs"]
 mod operator;
@@ -74,6 +80,11 @@ const OPERATOR: &str = "enim-operator";
 /// The NetResourceSet CRD: one object per node, named after it.
 const CRD_GROUP: &str = "enim.io";
 const CRD_PLURAL: &str = "netresourcesets";
+/// DRA: the driver enimd publishes its ENIs as, the DeviceClass that
+/// selects them, and the API group of slices and claims.
+const DRA_DRIVER: &str = "enim.io";
+const DEVICE_CLASS: &str = "eni.enim.io";
+const DRA_GROUP: &str = "resource.k8s.io";
 /// The extra the API server puts in a token bound to a pod on a node.
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
@@ -91,6 +102,7 @@ struct Manifests {
     policies: Vec<ValidatingAdmissionPolicy>,
     policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     crds: Vec<CustomResourceDefinition>,
+    device_classes: Vec<DeviceClass>,
     containerfile: String,
 }
 
@@ -144,11 +156,13 @@ fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
             (ADMISSION, "ValidatingAdmissionPolicy") => typed(&raw, &mut m.policies)?,
             (ADMISSION, "ValidatingAdmissionPolicyBinding") => typed(&raw, &mut m.policy_bindings)?,
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => typed(&raw, &mut m.crds)?,
+            ("resource.k8s.io/v1", "DeviceClass") => typed(&raw, &mut m.device_classes)?,
             _ => {
                 return Err(format!(
                     "unexpected object {api}/{kind}: deploy/ holds the agent, its device \
-                     plugin, the operator, their RBAC and admission policy and the CRD; \
-                     extend this test with what this object is for, and check it"
+                     plugin, the operator, their RBAC and admission policies, the CRD and \
+                     the DRA DeviceClass; extend this test with what this object is for, \
+                     and check it"
                 ))
             }
         };

@@ -1,6 +1,7 @@
-//! deploy/'s RBAC and admission policy on a real API server: an agent writes
-//! only its own node's NetResourceSet status, and the operator's and the
-//! agent's service accounts are refused everything they were not given.
+//! deploy/'s RBAC and admission policies on a real API server: an agent
+//! writes only its own node's NetResourceSet status, ResourceSlice and
+//! claims' status, and the operator's and the agent's service accounts are
+//! refused everything they were not given.
 //!
 //! Tokens are made as the kubelet's are: bound to a pod on a node, so the
 //! API server puts the node's name in the token's
@@ -89,6 +90,76 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// Policies are loaded asynchronously after they are created: `args` as
+/// `kubeconfig` until refused (30 s at most; a write that lands meanwhile
+/// is a failure only at the end); the refusal's message.
+fn refused_eventually(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match as_user(cp, kubeconfig, args) {
+            Err(e) => return e,
+            Ok(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(250))
+            }
+            Ok(out) => panic!("{args:?} was never refused: {out}"),
+        }
+    }
+}
+
+/// A ResourceSlice of `driver` for `node`, as enimd publishes one, written
+/// to a file for `kubectl create -f`.
+fn slice_file(cp: &ControlPlane, node: &str, driver: &str) -> String {
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: {node}-{driver}\nspec:\n  driver: {driver}\n  nodeName: {node}\n  pool: {{name: {node}, generation: 1, resourceSliceCount: 1}}\n  devices:\n  - name: eni-e2e-0\n    attributes:\n      subnet: {{string: subnet-a}}\n"
+    );
+    let path = cp.dir().join(format!("slice-{node}-{driver}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+/// A claim for one ENI, allocated (by the admin, as the scheduler would)
+/// `eni-e2e-0` of `pool` by `driver`.
+fn allocated_claim(cp: &ControlPlane, name: &str, driver: &str, pool: &str) {
+    cp.apply(&format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  devices:\n    requests:\n    - name: eni\n      exactly: {{deviceClassName: eni.enim.io}}\n"
+    ));
+    let allocation = format!(
+        r#"{{"status":{{"allocation":{{"devices":{{"results":[{{"request":"eni","driver":"{driver}","pool":"{pool}","device":"eni-e2e-0"}}]}}}}}}}}"#
+    );
+    cp.kubectl(&[
+        "patch",
+        "resourceclaim",
+        name,
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &allocation,
+    ]);
+}
+
+/// The agent's write after ADD, as enimd makes it (server-side apply of
+/// the status, which needs no read of it first): the device's networkData.
+fn network_data_apply(cp: &ControlPlane, claim: &str, driver: &str, pool: &str) -> Vec<String> {
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {claim}\n  namespace: default\nstatus:\n  devices:\n  - driver: {driver}\n    pool: {pool}\n    device: eni-e2e-0\n    networkData:\n      interfaceName: eth0\n      ips: [10.251.0.10/24]\n"
+    );
+    let path = cp.dir().join(format!("status-{claim}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    [
+        "apply",
+        "--server-side",
+        "--field-manager=enimd",
+        "--subresource=status",
+        "-f",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([path.display().to_string()])
+    .collect()
+}
+
 #[test]
 fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_given() {
     let Some(cp) = ControlPlane::start() else {
@@ -99,6 +170,7 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         "05-crd-netresourceset.yaml",
         "10-serviceaccount.yaml",
         "11-rbac-agent.yaml",
+        "06-deviceclass.yaml",
         "50-operator.yaml",
     ] {
         cp.apply(&deploy(file));
@@ -177,6 +249,99 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         e.contains("only with a token bound to a pod on a node"),
         "{e}"
     );
+
+    // DRA: node-a's agent creates and patches its own node's ResourceSlice;
+    // one for node-b, one of another driver, and a write to node-b's slice
+    // (made here by the admin) are refused, and it deletes none (the
+    // kubelet's job once the plugin is gone).
+    let b_slice = slice_file(&cp, "node-b", "enim.io");
+    let e = refused_eventually(&cp, &agent_a, &["create", "-f", &b_slice]);
+    assert!(
+        e.contains("enimd on node node-a may not write a ResourceSlice of node node-b"),
+        "{e}"
+    );
+    as_user(
+        &cp,
+        &agent_a,
+        &["create", "-f", &slice_file(&cp, "node-a", "enim.io")],
+    )
+    .expect("own node's slice");
+    let gpu = slice_file(&cp, "node-a", "gpu.example.com");
+    let e = as_user(&cp, &agent_a, &["create", "-f", &gpu]).expect_err("another driver");
+    assert!(
+        e.contains("enimd may write only ResourceSlices of the driver enim.io"),
+        "{e}"
+    );
+    cp.kubectl(&["create", "-f", &b_slice]);
+    let bump = r#"{"spec":{"pool":{"generation":2}}}"#;
+    let patch = |name: &str| {
+        as_user(
+            &cp,
+            &agent_a,
+            &["patch", "resourceslice", name, "--type=merge", "-p", bump],
+        )
+    };
+    let e = patch("node-b-enim.io").expect_err("node-b's slice");
+    assert!(
+        e.contains("enimd on node node-a may not write a ResourceSlice of node node-b"),
+        "{e}"
+    );
+    patch("node-a-enim.io").expect("own slice");
+    let e = as_user(
+        &cp,
+        &agent_a,
+        &["delete", "resourceslice", "node-a-enim.io"],
+    )
+    .expect_err("delete");
+    assert!(e.contains("forbidden"), "{e}");
+
+    // And the status of a claim allocated an ENI of its own node only: not
+    // node-b's, nor a claim of another driver's devices alone.
+    allocated_claim(&cp, "claim-a", "enim.io", "node-a");
+    allocated_claim(&cp, "claim-b", "enim.io", "node-b");
+    allocated_claim(&cp, "claim-gpu", "gpu.example.com", "node-a");
+    let e = refused_eventually(
+        &cp,
+        &agent_a,
+        &strs(&network_data_apply(&cp, "claim-b", "enim.io", "node-b")),
+    );
+    assert!(
+        e.contains(
+            "enimd on node node-a may not write the status of ResourceClaim default/claim-b"
+        ),
+        "{e}"
+    );
+    let e = as_user(
+        &cp,
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "claim-gpu",
+            "gpu.example.com",
+            "node-a",
+        )),
+    )
+    .expect_err("a claim of another driver");
+    assert!(
+        e.contains("may not write the status of ResourceClaim default/claim-gpu"),
+        "{e}"
+    );
+    as_user(
+        &cp,
+        &agent_a,
+        &strs(&network_data_apply(&cp, "claim-a", "enim.io", "node-a")),
+    )
+    .expect("own claim's status");
+    let ifname = cp.kubectl(&[
+        "get",
+        "resourceclaim",
+        "claim-a",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.devices[0].networkData.interfaceName}",
+    ]);
+    assert_eq!(ifname.trim(), "eth0");
 
     // The operator: Nodes to read, NetResourceSets to create and patch,
     // its Lease; nothing else.

@@ -516,6 +516,40 @@ fn each_check_fails_on_a_broken_manifest() {
             },
             "each selects the other's pods",
         ),
+        // The kubelet's DRA dirs.
+        (
+            "DRA registration dir not mounted",
+            |m| agent_mounts_mut(m).retain(|v| v.name != "plugins-registry"),
+            "the DRA registration socket /var/lib/kubelet/plugins_registry/enim.io-reg.sock is \
+             not on a hostPath mount of enimd",
+        ),
+        (
+            "DRA registration dir elsewhere on the node",
+            |m| {
+                let hp = volume_mut(m, "plugins-registry")
+                    .host_path
+                    .as_mut()
+                    .unwrap();
+                hp.path = "/var/lib/enim/plugins_registry".into();
+            },
+            "the DRA registration socket /var/lib/kubelet/plugins_registry/enim.io-reg.sock is \
+             /var/lib/enim/plugins_registry/enim.io-reg.sock on the node",
+        ),
+        (
+            "DRA socket dir read-only",
+            |m| mount_mut(agent_mut(m), "dra-plugin").read_only = Some(true),
+            "the DRA socket /var/lib/kubelet/plugins/enim.io/dra.sock is mounted read-only",
+        ),
+        (
+            "every driver's sockets mounted",
+            |m| {
+                mount_mut(agent_mut(m), "dra-plugin").mount_path =
+                    "/var/lib/kubelet/plugins".into();
+                let hp = volume_mut(m, "dra-plugin").host_path.as_mut().unwrap();
+                hp.path = "/var/lib/kubelet/plugins".into();
+            },
+            "hostPath /var/lib/kubelet/plugins (volume dra-plugin) is not one enimd needs",
+        ),
     ];
     assert!(check(&good).is_empty(), "the unbroken manifests must pass");
     for (name, break_it, needle) in cases {
@@ -553,6 +587,7 @@ fn unknown_fields_and_kinds_are_refused() {
             "subresources:",
             "subresource:",
         ),
+        ("06-deviceclass.yaml", "selectors:", "selector:"),
     ] {
         let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
         let typo = text.replacen(from, to, 1);

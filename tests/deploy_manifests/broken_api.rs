@@ -10,7 +10,11 @@ use k8s_openapi::api::core::v1::{
     Capabilities, EnvVar, HTTPGetAction, HostPathVolumeSource, PodSecurityContext, SecurityContext,
 };
 use k8s_openapi::api::rbac::v1::{AggregationRule, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, DeviceClassConfiguration, DeviceSelector, OpaqueDeviceConfiguration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::broken::{expect_problem, named_mut};
 use super::*;
@@ -33,6 +37,14 @@ fn rules_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut Vec<PolicyRule> {
         .unwrap()
 }
 
+/// The rule of ClusterRole `name` for `resource`.
+fn rule_mut<'a>(m: &'a mut Manifests, name: &str, resource: &str) -> &'a mut PolicyRule {
+    rules_mut(m, name)
+        .iter_mut()
+        .find(|r| r.resources.iter().flatten().any(|x| x == resource))
+        .unwrap()
+}
+
 fn subjects_mut<'a>(m: &'a mut Manifests, binding: &str) -> &'a mut Vec<Subject> {
     by_name_mut(&mut m.cluster_role_bindings, binding)
         .subjects
@@ -47,6 +59,33 @@ fn policy_mut(m: &mut Manifests) -> &mut ValidatingAdmissionPolicySpec {
 fn match_rule_mut(m: &mut Manifests) -> &mut NamedRuleWithOperations {
     let c = policy_mut(m).match_constraints.as_mut().unwrap();
     &mut c.resource_rules.as_mut().unwrap()[0]
+}
+
+/// The DRA policies: ResourceSlices, ResourceClaims' status.
+const SLICES: &str = "enim-agent-own-slices";
+const CLAIMS: &str = "enim-agent-own-claims";
+
+fn named_policy_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut ValidatingAdmissionPolicySpec {
+    by_name_mut(&mut m.policies, name).spec.as_mut().unwrap()
+}
+
+fn named_rule_mut<'a>(m: &'a mut Manifests, name: &str) -> &'a mut NamedRuleWithOperations {
+    let c = named_policy_mut(m, name)
+        .match_constraints
+        .as_mut()
+        .unwrap();
+    &mut c.resource_rules.as_mut().unwrap()[0]
+}
+
+/// Variable `var` of policy `name`, with `from` replaced by `to`.
+fn edit_variable(m: &mut Manifests, name: &str, var: &str, from: &str, to: &str) {
+    let v = named_mut(&mut named_policy_mut(m, name).variables, var, |v| &v.name);
+    assert!(v.expression.contains(from), "{name} {var}: no {from:?}");
+    v.expression = v.expression.replace(from, to);
+}
+
+fn class_selectors_mut(m: &mut Manifests) -> &mut Vec<DeviceSelector> {
+    m.device_classes[0].spec.selectors.as_mut().unwrap()
 }
 
 fn policy_binding_mut(m: &mut Manifests) -> &mut ValidatingAdmissionPolicyBindingSpec {
@@ -134,7 +173,8 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         (
             "agent's role bound to enimd of another namespace",
             |m| subjects_mut(m, "enim:agent")[0].namespace = Some("default".into()),
-            "ServiceAccount enimd (the agent) lacks get enim.io/netresourcesets",
+            "ServiceAccount enimd (the agent) lacks get core/nodes in all namespaces, \
+             get enim.io/netresourcesets",
         ),
         (
             "agent's role bound to every service account",
@@ -166,6 +206,63 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                     Some(AggregationRule::default())
             },
             "ClusterRole Some(\"enim:agent\") aggregates other roles",
+        ),
+        // The agent's DRA grants.
+        (
+            "agent may delete ResourceSlices",
+            |m| {
+                rule_mut(m, "enim:agent", "resourceslices")
+                    .verbs
+                    .push("delete".into())
+            },
+            "ServiceAccount enimd (the agent) is granted more than it uses: \
+             delete resource.k8s.io/resourceslices in all namespaces",
+        ),
+        (
+            "agent may list claims",
+            |m| {
+                rule_mut(m, "enim:agent", "resourceclaims")
+                    .verbs
+                    .push("list".into())
+            },
+            "ServiceAccount enimd (the agent) is granted more than it uses: \
+             list resource.k8s.io/resourceclaims in all namespaces",
+        ),
+        (
+            "agent may update claims, not only their status",
+            |m| {
+                rule_mut(m, "enim:agent", "resourceclaims/status")
+                    .resources
+                    .as_mut()
+                    .unwrap()
+                    .push("resourceclaims".into())
+            },
+            "ServiceAccount enimd (the agent) is granted more than it uses: \
+             patch resource.k8s.io/resourceclaims in all namespaces",
+        ),
+        (
+            "agent cannot patch a claim's status",
+            |m| rule_mut(m, "enim:agent", "resourceclaims/status").verbs = vec!["update".into()],
+            "ServiceAccount enimd (the agent) lacks patch resource.k8s.io/resourceclaims/status",
+        ),
+        (
+            "agent cannot create its slice",
+            |m| {
+                rule_mut(m, "enim:agent", "resourceslices")
+                    .verbs
+                    .retain(|v| v != "create")
+            },
+            "ServiceAccount enimd (the agent) lacks create resource.k8s.io/resourceslices",
+        ),
+        (
+            "agent may patch Nodes",
+            |m| {
+                rule_mut(m, "enim:agent", "nodes")
+                    .verbs
+                    .push("patch".into())
+            },
+            "ServiceAccount enimd (the agent) is granted more than it uses: \
+             patch core/nodes in all namespaces",
         ),
         // The operator's grants.
         (
@@ -248,6 +345,18 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                 policy_mut(m).match_conditions.as_mut().unwrap()[0].expression =
                     "request.userInfo.username == 'system:serviceaccount:enim-system:x'".into()
             },
+            "no ValidatingAdmissionPolicy of the agent's matches CREATE of \
+             enim.io/netresourcesets (every served version): nothing keeps an agent to its \
+             own node's NetResourceSet",
+        ),
+        (
+            "no policy for the agent",
+            |m| {
+                for v in &mut m.policies {
+                    let c = &mut v.spec.as_mut().unwrap().match_conditions.as_mut().unwrap()[0];
+                    c.expression = c.expression.replace("enimd", "x");
+                }
+            },
             "no ValidatingAdmissionPolicy has the matchCondition",
         ),
         (
@@ -256,7 +365,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                 let c = &mut policy_mut(m).match_conditions.as_mut().unwrap()[0];
                 c.expression = c.expression.replace("==", "!=");
             },
-            "no ValidatingAdmissionPolicy has the matchCondition",
+            "no ValidatingAdmissionPolicy of the agent's matches UPDATE of enim.io/netresourcesets",
         ),
         (
             "policy narrowed to creates",
@@ -283,7 +392,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                 let ops = match_rule_mut(m).operations.as_mut().unwrap();
                 ops.retain(|o| o != "DELETE");
             },
-            "does not match DELETE of enim.io/netresourcesets",
+            "no ValidatingAdmissionPolicy of the agent's matches DELETE of enim.io/netresourcesets",
         ),
         (
             "policy misses the status",
@@ -291,12 +400,12 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                 let r = match_rule_mut(m).resources.as_mut().unwrap();
                 r.retain(|r| r != "netresourcesets/status");
             },
-            "does not match UPDATE of enim.io/netresourcesets/status",
+            "matches UPDATE of enim.io/netresourcesets/status",
         ),
         (
             "policy for a version the CRD does not serve",
             |m| match_rule_mut(m).api_versions = Some(vec!["v1".into()]),
-            "does not match CREATE of enim.io/netresourcesets (every served version)",
+            "matches CREATE of enim.io/netresourcesets (every served version)",
         ),
         (
             "policy limited to labelled sets",
@@ -326,6 +435,97 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
             },
             "no validation compares the token's authentication.kubernetes.io/node-name",
         ),
+        // The DRA policies.
+        (
+            "slice policy misses DELETE",
+            |m| {
+                let ops = named_rule_mut(m, SLICES).operations.as_mut().unwrap();
+                ops.retain(|o| o != "DELETE");
+            },
+            "no ValidatingAdmissionPolicy of the agent's matches DELETE of \
+             resource.k8s.io/resourceslices (every served version): nothing keeps an agent \
+             to its own node's ResourceSlice",
+        ),
+        (
+            "slice policy for v1 only",
+            |m| named_rule_mut(m, SLICES).api_versions = Some(vec!["v1".into()]),
+            "matches CREATE of resource.k8s.io/resourceslices (every served version)",
+        ),
+        (
+            "slice policy for namespaced objects",
+            |m| named_rule_mut(m, SLICES).scope = Some("Namespaced".into()),
+            "matches UPDATE of resource.k8s.io/resourceslices",
+        ),
+        (
+            "slice policy ignores the slice before the update",
+            |m| edit_variable(m, SLICES, "oldNode", "oldObject.spec", "object.spec"),
+            "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
+             token's authentication.kubernetes.io/node-name with object.spec.nodeName and \
+             oldObject.spec.nodeName",
+        ),
+        (
+            "slice policy compares the slice's name",
+            |m| {
+                edit_variable(
+                    m,
+                    SLICES,
+                    "newNode",
+                    "object.spec.?nodeName.orValue('')",
+                    "object.metadata.name",
+                )
+            },
+            "enim-agent-own-slices: no validation compares the token's \
+             authentication.kubernetes.io/node-name with object.spec.nodeName",
+        ),
+        (
+            "slice policy only warns",
+            |m| {
+                let b = by_name_mut(&mut m.policy_bindings, SLICES);
+                b.spec.as_mut().unwrap().validation_actions = Some(vec!["Audit".into()]);
+            },
+            "ValidatingAdmissionPolicyBinding enim-agent-own-slices: validationActions \
+             [\"Audit\"] lack Deny",
+        ),
+        (
+            "claim policy on the claim, not its status",
+            |m| named_rule_mut(m, CLAIMS).resources = Some(vec!["resourceclaims".into()]),
+            "no ValidatingAdmissionPolicy of the agent's matches UPDATE of \
+             resource.k8s.io/resourceclaims/status (every served version): nothing keeps an \
+             agent to its own node's ResourceClaims",
+        ),
+        (
+            "claim policy for cluster-scoped objects",
+            |m| named_rule_mut(m, CLAIMS).scope = Some("Cluster".into()),
+            "matches UPDATE of resource.k8s.io/resourceclaims/status",
+        ),
+        (
+            "claim policy ignores the claim before the update",
+            |m| edit_variable(m, CLAIMS, "oldPools", "oldObject.?status", "object.?status"),
+            "ValidatingAdmissionPolicy enim-agent-own-claims: no validation compares the \
+             token's authentication.kubernetes.io/node-name with \
+             object.status.allocation.devices.results and \
+             oldObject.status.allocation.devices.results",
+        ),
+        (
+            "claim policy counts every driver's devices",
+            |m| {
+                for var in ["pools", "oldPools"] {
+                    let f = ".filter(r, r.driver == 'enim.io')";
+                    edit_variable(m, CLAIMS, var, f, "");
+                }
+            },
+            "enim-agent-own-claims: no validation compares the token's \
+             authentication.kubernetes.io/node-name",
+        ),
+        (
+            "claim policy unbound",
+            |m| {
+                m.policy_bindings
+                    .retain(|b| b.metadata.name.as_deref() != Some(CLAIMS))
+            },
+            "no ValidatingAdmissionPolicyBinding names ValidatingAdmissionPolicy \
+             enim-agent-own-claims",
+        ),
         (
             "policy unbound",
             |m| m.policy_bindings.clear(),
@@ -354,6 +554,63 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
                 })
             },
             "ValidatingAdmissionPolicyBinding enim-agent-own-node: matchResources narrows",
+        ),
+        // The DRA DeviceClass.
+        (
+            "DeviceClass gone",
+            |m| m.device_classes.clear(),
+            "expected exactly one DeviceClass, found 0",
+        ),
+        (
+            "DeviceClass renamed",
+            |m| m.device_classes[0].metadata.name = Some("eni.example.com".into()),
+            "DeviceClass \"eni.example.com\" is not eni.enim.io",
+        ),
+        (
+            "DeviceClass of another driver",
+            |m| {
+                let cel = class_selectors_mut(m)[0].cel.as_mut().unwrap();
+                cel.expression = "device.driver == \"gpu.example.com\"".into();
+            },
+            "DeviceClass eni.enim.io has no selector `device.driver == \"enim.io\"`",
+        ),
+        (
+            "DeviceClass of every driver",
+            |m| m.device_classes[0].spec.selectors = None,
+            "DeviceClass eni.enim.io has no selector `device.driver == \"enim.io\"`",
+        ),
+        (
+            "DeviceClass narrowed to a subnet",
+            |m| {
+                class_selectors_mut(m).push(DeviceSelector {
+                    cel: Some(CELDeviceSelector {
+                        expression: "device.attributes[\"enim.io\"].subnet == \"subnet-a\"".into(),
+                    }),
+                })
+            },
+            "DeviceClass eni.enim.io has 2 selectors",
+        ),
+        (
+            "DeviceClass with opaque config",
+            |m| {
+                m.device_classes[0].spec.config = Some(vec![DeviceClassConfiguration {
+                    opaque: Some(OpaqueDeviceConfiguration {
+                        driver: "enim.io".into(),
+                        parameters: RawExtension(serde_json::json!({"mtu": 9001})),
+                    }),
+                }])
+            },
+            "DeviceClass eni.enim.io passes opaque config",
+        ),
+        (
+            "DeviceClass as the device plugin's resource",
+            |m| m.device_classes[0].spec.extended_resource_name = Some("enim.io/eni".into()),
+            "DeviceClass eni.enim.io sets extendedResourceName Some(\"enim.io/eni\")",
+        ),
+        (
+            "DeviceClass with a namespace",
+            |m| m.device_classes[0].metadata.namespace = Some("enim-system".into()),
+            "DeviceClass Some(\"eni.enim.io\") is cluster-scoped but names namespace",
         ),
         // The CRD.
         (

@@ -68,6 +68,11 @@ fn objects_in_place(m: &Manifests, p: &mut Problems) {
             m.crds
                 .iter()
                 .map(|o| ("CustomResourceDefinition", &o.metadata)),
+        )
+        .chain(
+            m.device_classes
+                .iter()
+                .map(|o| ("DeviceClass", &o.metadata)),
         );
     for (kind, meta) in cluster_scoped {
         p.check(meta.namespace.is_none(), || {
@@ -272,6 +277,9 @@ fn check_agent(m: &Manifests) -> Vec<String> {
     if config.device_plugin.enabled {
         needed.insert(config.device_plugin.dir.clone(), "the device plugin");
     }
+    let dra = super::dra::settings(&config);
+    needed.extend(super::dra::check_mounts(spec, agent, &dra, &mut p));
+    super::dra::check_class(m, &dra, &mut p);
     for v in spec.volumes.iter().flatten() {
         if let Some(hp) = &v.host_path {
             p.check(needed.contains_key(Path::new(&hp.path)), || {

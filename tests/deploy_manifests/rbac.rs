@@ -1,8 +1,9 @@
 //! What each ServiceAccount may do in the API: exactly what the agent's
-//! `cluster` provider and the operator use, nothing granted to anyone
-//! else, the NetResourceSet CRD those grants name, and the admission policy
-//! that keeps each agent's writes to its own node's NetResourceSet (RBAC
-//! cannot say "the caller's node").
+//! `cluster` provider and DRA plugin and the operator use, nothing granted
+//! to anyone else, the NetResourceSet CRD those grants name, and the
+//! admission policies that keep each agent's writes to its own node's
+//! NetResourceSet, ResourceSlice and ResourceClaims (RBAC cannot say "the
+//! caller's node").
 //!
 //! These are checks of the objects as written; operator/tests/rbac.rs
 //! applies the same files to a real API server and tries the requests.
@@ -10,7 +11,7 @@
 use std::fmt;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -254,11 +255,24 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
     // The agent's `cluster` provider reads NetResourceSets (its own, with a
     // field selector; RBAC cannot narrow list/watch to it) and writes
     // their status. Everything else about a set is the operator's.
+    // Its DRA plugin reads its Node (the slice's owner), applies its
+    // node's ResourceSlice (no delete: the kubelet's, once the plugin is
+    // gone), reads the claims it prepares (by name, never a list) and
+    // patches their status with the ENI's networkData.
     let nrs = CRD_PLURAL;
     let status = format!("{CRD_PLURAL}/status");
     let agent: BTreeSet<Grant> = [
         grants(None, CRD_GROUP, nrs, &["get", "list", "watch"]),
         grants(None, CRD_GROUP, &status, &["get", "patch", "update"]),
+        grants(None, "", "nodes", &["get"]),
+        grants(
+            None,
+            DRA_GROUP,
+            "resourceslices",
+            &["get", "create", "patch"],
+        ),
+        grants(None, DRA_GROUP, "resourceclaims", &["get"]),
+        grants(None, DRA_GROUP, "resourceclaims/status", &["patch"]),
     ]
     .concat()
     .into_iter()
@@ -339,7 +353,7 @@ fn check_crd(m: &Manifests, p: &mut Problems) -> Vec<String> {
 }
 
 /// `text` without whitespace, with single quotes as double ones.
-fn squeeze(text: &str) -> String {
+pub(crate) fn squeeze(text: &str) -> String {
     text.chars()
         .filter(|c| !c.is_whitespace())
         .map(|c| if c == '\'' { '"' } else { c })
@@ -377,15 +391,23 @@ fn substitute(text: &str, ident: &str, with: &str) -> String {
 }
 
 /// Whether `rule` matches `op` on `resource` (maybe `resource/sub`) of
-/// `group` in every one of `versions`.
-fn covers(rule: &NamedRuleWithOperations, versions: &[String], resource: &str, op: &str) -> bool {
+/// `group` in every one of `versions`, at the resource's scope.
+fn covers(
+    rule: &NamedRuleWithOperations,
+    group: &str,
+    versions: &[String],
+    resource: &str,
+    namespaced: bool,
+    op: &str,
+) -> bool {
     let any =
         |list: &Option<Vec<String>>, f: &dyn Fn(&str) -> bool| list.iter().flatten().any(|x| f(x));
     let (main, sub) = match resource.split_once('/') {
         Some((r, s)) => (r, Some(s)),
         None => (resource, None),
     };
-    any(&rule.api_groups, &|g| g == "*" || g == CRD_GROUP)
+    let scope = if namespaced { "Namespaced" } else { "Cluster" };
+    any(&rule.api_groups, &|g| g == "*" || g == group)
         && versions
             .iter()
             .all(|v| any(&rule.api_versions, &|x| x == "*" || x == v))
@@ -397,10 +419,7 @@ fn covers(rule: &NamedRuleWithOperations, versions: &[String], resource: &str, o
             }
         })
         && rule.resource_names.as_ref().is_none_or(Vec::is_empty)
-        && rule
-            .scope
-            .as_deref()
-            .is_none_or(|s| s == "*" || s == "Cluster")
+        && rule.scope.as_deref().is_none_or(|s| s == "*" || s == scope)
 }
 
 /// Whether `r` narrows matching beyond its rules (selectors, exclusions).
@@ -418,7 +437,98 @@ fn narrows(r: &MatchResources) -> bool {
             .is_some_and(|e| !e.is_empty())
 }
 
-/// The admission policy on the agent's writes, and its binding.
+/// The versions of resource.k8s.io a 1.34 API server may serve: a policy
+/// must hold the agent's writes through any of them.
+const DRA_VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1beta2"];
+
+/// One kind of write by the agent that an admission policy must keep to
+/// its own node: which operations on which resources, and what a
+/// validation compares the token's node with.
+struct Guarded {
+    /// The object, for messages.
+    what: &'static str,
+    group: &'static str,
+    versions: Vec<String>,
+    resources: Vec<String>,
+    namespaced: bool,
+    ops: &'static [&'static str],
+    /// Whole names a comparing validation uses (`.?` read as `.`)...
+    names: Vec<&'static str>,
+    /// ...and strings it holds.
+    holds: Vec<String>,
+}
+
+/// The agent's writes, each to be kept to its node.
+fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
+    let versions = || DRA_VERSIONS.map(String::from).to_vec();
+    let cud: &[&str] = &["CREATE", "UPDATE", "DELETE"];
+    vec![
+        // Named after its node.
+        Guarded {
+            what: "NetResourceSet",
+            group: CRD_GROUP,
+            versions: crd_versions.to_vec(),
+            resources: vec![CRD_PLURAL.into(), format!("{CRD_PLURAL}/status")],
+            namespaced: false,
+            ops: cud,
+            names: vec!["request.name"],
+            holds: vec![],
+        },
+        // spec.nodeName, before and after: an update must not move a slice
+        // between nodes either way.
+        Guarded {
+            what: "ResourceSlice",
+            group: DRA_GROUP,
+            versions: versions(),
+            resources: vec!["resourceslices".into()],
+            namespaced: false,
+            ops: cud,
+            names: vec!["object.spec.nodeName", "oldObject.spec.nodeName"],
+            holds: vec![],
+        },
+        // The pool of each of its driver's allocated devices, the node's.
+        Guarded {
+            what: "ResourceClaims",
+            group: DRA_GROUP,
+            versions: versions(),
+            resources: vec!["resourceclaims/status".into()],
+            namespaced: true,
+            ops: &["UPDATE"],
+            names: vec![
+                "object.status.allocation.devices.results",
+                "oldObject.status.allocation.devices.results",
+            ],
+            holds: vec![".pool".into(), format!("\"{DRA_DRIVER}\"")],
+        },
+    ]
+}
+
+/// A validation of `spec`, its variables expanded, that compares the
+/// token's node with what `g` names.
+fn compares(spec: &ValidatingAdmissionPolicySpec, g: &Guarded) -> bool {
+    let mut vars: Vec<(String, String)> = vec![];
+    for v in spec.variables.iter().flatten() {
+        let mut e = v.expression.clone();
+        for (ident, with) in &vars {
+            e = substitute(&e, ident, with);
+        }
+        vars.push((format!("variables.{}", v.name), e));
+    }
+    let extra = format!("request.userInfo.extra[\"{NODE_NAME_EXTRA}\"]");
+    spec.validations.iter().flatten().any(|v| {
+        let mut e = v.expression.clone();
+        for (ident, with) in vars.iter().rev() {
+            e = substitute(&e, ident, with);
+        }
+        let e = squeeze(&e).replace(".?", ".");
+        e.contains(&extra)
+            && e.contains("==")
+            && g.names.iter().all(|n| !ident_at(&e, n).is_empty())
+            && g.holds.iter().all(|h| e.contains(h.as_str()))
+    })
+}
+
+/// The admission policies on the agent's writes, and their bindings.
 fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) {
     let user = format!("system:serviceaccount:{ns}:{AGENT_SA}");
     let is_agent = |c: &MatchCondition| {
@@ -438,11 +548,11 @@ fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) 
         p.0.push(format!(
             "no ValidatingAdmissionPolicy has the matchCondition \
              `request.userInfo.username == \"{user}\"`: nothing keeps an agent to its own \
-             node's NetResourceSet"
+             node's objects"
         ));
         return;
     }
-    for policy in policies {
+    for policy in &policies {
         let name = policy.metadata.name.as_deref().unwrap_or_default();
         let spec = policy.spec.as_ref().unwrap();
         let what = format!("ValidatingAdmissionPolicy {name}");
@@ -464,50 +574,11 @@ fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) 
         p.check(spec.param_kind.is_none(), || {
             format!("{what} takes parameters: the node's name comes from the request alone")
         });
-        let rules = spec
-            .match_constraints
-            .as_ref()
-            .and_then(|c| c.resource_rules.as_deref())
-            .unwrap_or_default();
-        let resources = [CRD_PLURAL.to_owned(), format!("{CRD_PLURAL}/status")];
-        for resource in &resources {
-            for op in ["CREATE", "UPDATE", "DELETE"] {
-                let matched = rules.iter().any(|r| covers(r, versions, resource, op));
-                p.check(matched, || {
-                    format!("{what} does not match {op} of {CRD_GROUP}/{resource} (every served version)")
-                });
-            }
-        }
         if let Some(c) = &spec.match_constraints {
             p.check(!narrows(c), || {
                 format!("{what}: matchConstraints has selectors or exclusions: every write of the agent's must be checked")
             });
         }
-        // The token's node against the object's name. Variables are
-        // expanded in the validations; the semantics are tried on a real
-        // API server in operator/tests/rbac.rs.
-        let mut vars: Vec<(String, String)> = vec![];
-        for v in spec.variables.iter().flatten() {
-            let mut e = v.expression.clone();
-            for (ident, with) in &vars {
-                e = substitute(&e, ident, with);
-            }
-            vars.push((format!("variables.{}", v.name), e));
-        }
-        let extra = format!("request.userInfo.extra[\"{NODE_NAME_EXTRA}\"]");
-        let compares = spec.validations.iter().flatten().any(|v| {
-            let mut e = v.expression.clone();
-            for (ident, with) in vars.iter().rev() {
-                e = substitute(&e, ident, with);
-            }
-            let e = squeeze(&e);
-            e.contains(&extra) && !ident_at(&e, "request.name").is_empty() && e.contains("==")
-        });
-        p.check(compares, || {
-            format!(
-                "{what}: no validation compares the token's {NODE_NAME_EXTRA} with request.name"
-            )
-        });
 
         // Bound, and denying: an unbound policy checks nothing, a Warn or
         // Audit one lets the write through.
@@ -524,11 +595,59 @@ fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) 
             let spec = b.spec.as_ref().unwrap();
             let actions = spec.validation_actions.as_deref().unwrap_or_default();
             p.check(actions.iter().any(|a| a == "Deny"), || {
-                format!("ValidatingAdmissionPolicyBinding {bname}: validationActions {actions:?} lack Deny, so a write to another node's set goes through")
+                format!("ValidatingAdmissionPolicyBinding {bname}: validationActions {actions:?} lack Deny, so a write to another node's object goes through")
             });
             p.check(spec.match_resources.as_ref().is_none_or(|r| !narrows(r) && r.resource_rules.is_none()), || {
                 format!("ValidatingAdmissionPolicyBinding {bname}: matchResources narrows the policy")
             });
         }
     }
+
+    // Each of the agent's writes is matched by a policy of the agent's
+    // whose validations compare the token's node with the object's. The
+    // variables are expanded in the validations; the semantics are tried
+    // on a real API server in operator/tests/rbac.rs.
+    let mut found = BTreeSet::new();
+    for g in guarded(versions) {
+        for resource in &g.resources {
+            for op in g.ops {
+                let matching: Vec<&&ValidatingAdmissionPolicy> = policies
+                    .iter()
+                    .filter(|v| {
+                        let rules = v
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.match_constraints.as_ref())
+                            .and_then(|c| c.resource_rules.as_deref())
+                            .unwrap_or_default();
+                        rules
+                            .iter()
+                            .any(|r| covers(r, g.group, &g.versions, resource, g.namespaced, op))
+                    })
+                    .collect();
+                if matching.is_empty() {
+                    found.insert(format!(
+                        "no ValidatingAdmissionPolicy of the agent's matches {op} of {}/{resource} \
+                         (every served version): nothing keeps an agent to its own node's {}",
+                        g.group, g.what
+                    ));
+                } else if !matching
+                    .iter()
+                    .any(|v| compares(v.spec.as_ref().unwrap(), &g))
+                {
+                    let names: Vec<&str> = matching
+                        .iter()
+                        .map(|v| v.metadata.name.as_deref().unwrap_or_default())
+                        .collect();
+                    found.insert(format!(
+                        "ValidatingAdmissionPolicy {}: no validation compares the token's \
+                         {NODE_NAME_EXTRA} with {}",
+                        names.join(", "),
+                        g.names.join(" and ")
+                    ));
+                }
+            }
+        }
+    }
+    p.0.extend(found);
 }
