@@ -1,0 +1,260 @@
+//! The real `enimd` as a DRA driver against a real kube-apiserver: its
+//! ResourceSlice, its kubelet plugin sockets (dialled here over gRPC as the
+//! kubelet dials them), a claim allocated as the scheduler allocates it,
+//! prepare recorded before the answer (enimd killed right after the
+//! record), ADD through the CNI plugin bound to exactly the claimed ENI,
+//! and networkData written on the claim.
+//!
+//! The kubelet and the scheduler themselves drive the same driver in
+//! scripts/e2e-cluster.sh's `dra` run.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use enim::dra::registration::registration_client::RegistrationClient;
+use enim::dra::registration::InfoRequest;
+use enim::dra::v1::dra_plugin_client::DraPluginClient;
+use enim::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use enim_provider::Placement;
+use enim_testkit::apiserver::ControlPlane;
+use enim_testkit::fixtures::write_config;
+use serde_json::{json, Value};
+
+const NODE: &str = "node-dra";
+
+fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn get(cp: &ControlPlane, args: &[&str]) -> Value {
+    let mut all = vec!["get"];
+    all.extend(args);
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&cp.kubectl(&all)).unwrap()
+}
+
+/// A claim for one ENI device, allocated to `device` in this node's pool
+/// and reserved for pod uid `pod_uid`, as the scheduler leaves it.
+fn allocated_claim(cp: &ControlPlane, name: &str, device: &str, pod_uid: &str) -> String {
+    cp.apply(
+        &json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": { "devices": { "requests": [
+                { "name": "eni", "exactly": { "deviceClassName": "eni.enim.io" } }
+            ] } },
+        })
+        .to_string(),
+    );
+    let status = json!({ "status": {
+        "allocation": { "devices": { "results": [
+            { "request": "eni", "driver": "enim.io", "pool": NODE, "device": device }
+        ] } },
+        "reservedFor": [ { "resource": "pods", "name": format!("pod-{pod_uid}"), "uid": pod_uid } ],
+    } });
+    cp.kubectl(&[
+        "patch",
+        "resourceclaim",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    get(cp, &["resourceclaim", name])["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn claim(name: &str, uid: &str) -> Claim {
+    Claim {
+        namespace: "default".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
+    require_kernel!();
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let class = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/06-deviceclass.yaml");
+    cp.apply(&std::fs::read_to_string(class).unwrap());
+    cp.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}).to_string());
+
+    let sb = Sandbox::new(3);
+    let mut enis = sb.enis.clone();
+    for (i, e) in enis.iter_mut().enumerate() {
+        e.placement = Placement {
+            subnet: Some(if i == 2 { "subnet-b" } else { "subnet-a" }.into()),
+            zone: Some("zone-1".into()),
+            security_groups: vec!["sg-web".into()],
+            network_card: Some(0),
+        };
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let registry = dir.path().join("plugins_registry");
+    let extra = format!(
+        "[dra]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nregistry_dir = {reg:?}\nplugin_dir = {plug:?}\n",
+        kc = cp.admin_kubeconfig().display().to_string(),
+        reg = registry.display().to_string(),
+        plug = plugins.display().to_string(),
+    );
+    // The [dra] table last: write_config puts `extra` before [provider].
+    let paths = write_config(dir.path(), Some(&sb.host.path()), &enis, &extra);
+    let mut agent = Agent::new(bins(), paths);
+    agent.ready_timeout = Duration::from_secs(30);
+    agent.restart();
+    let conf = agent.net_conf("1.1.0");
+
+    // The slice: every ENI, with its placement.
+    let slice_name = format!("{NODE}-enim.io");
+    let mut slice = Value::Null;
+    eventually(
+        "the ResourceSlice lists 3 devices",
+        Duration::from_secs(20),
+        || {
+            let out = cp.kubectl_output(&["get", "resourceslice", &slice_name, "-o", "json"]);
+            slice = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            slice["spec"]["devices"]
+                .as_array()
+                .is_some_and(|d| d.len() == 3)
+        },
+    );
+    assert_eq!(slice["spec"]["driver"], "enim.io");
+    assert_eq!(slice["spec"]["nodeName"], NODE);
+    assert_eq!(slice["spec"]["pool"]["name"], NODE);
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
+    let third = &slice["spec"]["devices"][2];
+    let device = sb.enis[2].id.to_ascii_lowercase();
+    assert_eq!(third["name"], device.as_str());
+    assert_eq!(third["attributes"]["subnet"]["string"], "subnet-b");
+    assert_eq!(third["attributes"]["sg.enim.io/sg_web"]["bool"], true);
+    assert_eq!(
+        third["attributes"]["mac"]["string"],
+        sb.enis[2].mac.to_string()
+    );
+
+    // Registration, as the kubelet's plugin watcher asks for it.
+    let reg_socket = registry.join("enim.io-reg.sock");
+    let dra_socket = plugins.join("enim.io/dra.sock");
+    let info = rt().block_on(async {
+        let ch = enim::deviceplugin::unix_channel(reg_socket.clone())
+            .await
+            .unwrap();
+        RegistrationClient::new(ch)
+            .get_info(InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "enim.io");
+    assert_eq!(info.endpoint, dra_socket.display().to_string());
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+
+    // The scheduler gives pod uid-c1 the third ENI (not the first free).
+    let uid = allocated_claim(&cp, "c1", &device, "uid-c1");
+    let prepare = |socket: &Path| {
+        let socket = socket.to_path_buf();
+        let uid = uid.clone();
+        rt().block_on(async move {
+            let ch = enim::deviceplugin::unix_channel(socket).await?;
+            let answer = DraPluginClient::new(ch)
+                .node_prepare_resources(NodePrepareResourcesRequest {
+                    claims: vec![claim("c1", &uid)],
+                })
+                .await
+                .map_err(|s| format!("{s}"))?;
+            Ok::<_, Box<dyn std::error::Error>>(answer.into_inner())
+        })
+    };
+
+    // enimd dies right after the record, before it answers: the kubelet
+    // sees a failed prepare and asks again of the next enimd.
+    agent.arm_crash("dra:after-claim-write");
+    assert!(
+        prepare(&dra_socket).is_err(),
+        "prepare answered though enimd died"
+    );
+    agent.wait_crashed();
+    agent.env.clear();
+    agent.restart();
+    eventually("the DRA socket is back", Duration::from_secs(10), || {
+        dra_socket.exists()
+    });
+    let answer = prepare(&dra_socket).unwrap();
+    let got = &answer.claims[&uid];
+    assert_eq!(got.error, "");
+    assert_eq!(got.devices.len(), 1);
+    assert_eq!(got.devices[0].device_name, device);
+    assert_eq!(got.devices[0].pool_name, NODE);
+    assert_eq!(got.devices[0].request_names, ["eni"]);
+
+    // ADD for the claimed pod: exactly that ENI.
+    let pod = NamedNetns::new("pod");
+    let result = enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    assert_eq!(result["interfaces"][0]["mac"], sb.enis[2].mac.to_string());
+    // A pod with no claim is refused, for good.
+    let other = NamedNetns::new("pod");
+    let out = enim("ADD", "c2", Some(&other.path()), "eth0", &conf);
+    let msg = out.err(out.json()["code"].as_u64().unwrap());
+    assert_ne!(out.json()["code"], 11, "{msg}");
+    assert!(msg.contains("no ResourceClaim of driver enim.io"), "{msg}");
+
+    // networkData on the claim.
+    eventually("the claim's networkData", Duration::from_secs(10), || {
+        let c = get(&cp, &["resourceclaim", "c1"]);
+        let d = &c["status"]["devices"][0];
+        d["device"] == device.as_str()
+            && d["networkData"]["interfaceName"] == "eth0"
+            && d["networkData"]["hardwareAddress"] == sb.enis[2].mac.to_string()
+            && d["networkData"]["ips"][0] == sb.enis[2].ipv4.to_string()
+    });
+
+    // DEL, then unprepare: the ENI is home and its networkData gone.
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    eventually(
+        "networkData removed after DEL",
+        Duration::from_secs(10),
+        || get(&cp, &["resourceclaim", "c1"])["status"]["devices"].is_null(),
+    );
+    let unprepared = rt().block_on(async {
+        let ch = enim::deviceplugin::unix_channel(dra_socket.clone())
+            .await
+            .unwrap();
+        DraPluginClient::new(ch)
+            .node_unprepare_resources(NodeUnprepareResourcesRequest {
+                claims: vec![claim("c1", &uid)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    assert_eq!(unprepared.claims[&uid].error, "");
+    sb.assert_all_home();
+    agent.stop();
+    assert!(
+        !dra_socket.exists() && !reg_socket.exists(),
+        "sockets left behind"
+    );
+}
