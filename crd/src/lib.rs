@@ -155,6 +155,23 @@ pub struct EniSpec {
     /// Secondary mode: the addresses pods get, one each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secondary_ips: Vec<IpAddr>,
+    /// The ENI's own security groups, when they are not the node's
+    /// (`spec.securityGroups`): an ENI made for a claim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+    /// The DRA claim this ENI was made for: kept while the claim exists,
+    /// never counted in the watermarks, drained once the claim is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimRef>,
+}
+
+/// A ResourceClaim, by namespace, name and uid.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
 }
 
 /// A cloud call the operator is about to make for this node.
@@ -314,6 +331,8 @@ mod tests {
                 device_index: Some(1),
                 subnet: "subnet-1".into(),
                 secondary_ips: vec!["10.0.0.6".parse().unwrap()],
+                security_groups: Vec::new(),
+                claim: None,
             }],
             ..Default::default()
         };

@@ -239,6 +239,8 @@ pub fn eni_spec(e: &FleetEni) -> EniSpec {
         device_index: e.attachment.as_ref().map(|a| a.device_index),
         subnet: e.subnet.clone(),
         secondary_ips: e.secondary_ips.clone(),
+        security_groups: Vec::new(),
+        claim: None,
     }
 }
 

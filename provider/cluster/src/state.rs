@@ -51,6 +51,23 @@ struct Slot {
     in_spec: bool,
 }
 
+/// [`parse_eni`], with the placement the node's spec gives: the zone, and
+/// the node's security groups unless the ENI has its own.
+pub fn parse_eni_in(e: &EniSpec, spec: &NetResourceSetSpec) -> Result<Eni, String> {
+    let mut eni = parse_eni(e)?;
+    let groups = match e.security_groups.is_empty() {
+        true => &spec.security_groups,
+        false => &e.security_groups,
+    };
+    eni.placement = enim_provider::Placement {
+        subnet: (!e.subnet.is_empty()).then(|| e.subnet.clone()),
+        zone: (!spec.instance.zone.is_empty()).then(|| spec.instance.zone.clone()),
+        security_groups: groups.clone(),
+        network_card: None,
+    };
+    Ok(eni)
+}
+
 /// Turns one ENI of the spec into the provider's [`Eni`]; `Err` says why
 /// the agent cannot use it.
 pub fn parse_eni(e: &EniSpec) -> Result<Eni, String> {
@@ -181,7 +198,7 @@ impl State {
                 invalid.push((e.id.clone(), "listed twice in the spec".to_string()));
                 continue;
             }
-            match parse_eni(e) {
+            match parse_eni_in(e, &seen.spec) {
                 Ok(mut eni) => {
                     // A draining address is never offered (secondary mode).
                     eni.secondary_ips.retain(|ip| !draining_ips.contains(ip));

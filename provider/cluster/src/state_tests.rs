@@ -18,6 +18,8 @@ fn eni(i: u8) -> EniSpec {
             format!("10.0.{i}.11").parse().unwrap(),
             format!("10.0.{i}.12").parse().unwrap(),
         ],
+        security_groups: Vec::new(),
+        claim: None,
     }
 }
 
@@ -312,4 +314,22 @@ fn secondary_mode_lists_addresses_and_hands_back_draining_ones_once_the_store_le
     s.apply(seen(Mode::Secondary, 2, vec![eni(1), eni(3)], &[]));
     let q = s.status("n1", now()).quarantined;
     assert!(q.len() == 1 && q[0].eni == "eni-3", "{q:?}");
+}
+
+/// What the DRA driver publishes: the subnet, the node's zone, and the
+/// node's groups unless the ENI (made for a claim) has its own.
+#[test]
+fn a_spec_eni_carries_its_placement() {
+    let mut spec = seen(Mode::Primary, 1, vec![], &[]).spec;
+    spec.instance.zone = "zone-a".into();
+    spec.security_groups = vec!["sg-node".into()];
+    let mut e = eni(1);
+    e.subnet = "subnet-1".into();
+    let got = parse_eni_in(&e, &spec).unwrap().placement;
+    assert_eq!(got.subnet.as_deref(), Some("subnet-1"));
+    assert_eq!(got.zone.as_deref(), Some("zone-a"));
+    assert_eq!(got.security_groups, ["sg-node"]);
+    e.security_groups = vec!["sg-claim".into()];
+    let got = parse_eni_in(&e, &spec).unwrap().placement;
+    assert_eq!(got.security_groups, ["sg-claim"]);
 }

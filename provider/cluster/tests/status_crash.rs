@@ -40,6 +40,8 @@ fn eni(i: u8) -> EniSpec {
         device_index: Some(u32::from(i)),
         subnet: "subnet-1".into(),
         secondary_ips: Vec::new(),
+        security_groups: Vec::new(),
+        claim: None,
     }
 }
 
