@@ -186,6 +186,34 @@ pub struct Intent {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub eni: String,
     pub since: Time,
+    /// A create for a DRA claim: the claim, and the subnet and security
+    /// groups it asked for (a retried create sends the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimRef>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub subnet: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+}
+
+/// What a ResourceClaim asks of an ENI the cluster may not have yet: the
+/// `parameters` of its opaque device config for driver `enim.io`. The
+/// operator makes an ENI like this when no node has a free one.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EniParameters {
+    /// `enim.io/v1alpha1`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `EniParameters`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The subnet; default: the operator's first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+    /// Exactly these groups; default: the operator's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
 }
 
 /// What the node's agent does with its ENIs.

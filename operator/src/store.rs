@@ -33,6 +33,19 @@ pub struct SetInfo {
     pub deleting_since: Option<SystemTime>,
 }
 
+/// A ResourceClaim of the DRA driver's DeviceClass, as the operator needs
+/// it: whether it waits for a device, and what it asks of a new ENI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimInfo {
+    pub claim: enim_crd::ClaimRef,
+    /// Not allocated yet: the scheduler found no device for it (or has not
+    /// tried yet).
+    pub pending: bool,
+    /// Its opaque `enim.io` parameters; `None`: it asks for nothing the
+    /// operator could make.
+    pub want: Option<enim_crd::EniParameters>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// This replica is no longer the leader: it must not write.

@@ -105,12 +105,26 @@ impl Job<'_> {
                 secondary_ipv4,
                 ..
             } => {
+                // A claim's intent: the same subnet and groups again.
+                let for_claim = self
+                    .spec()?
+                    .intents
+                    .iter()
+                    .find(|i| i.client_token == token && i.claim.is_some())
+                    .cloned();
+                let params = for_claim
+                    .as_ref()
+                    .map(|i| (i.subnet.clone(), i.security_groups.clone()));
                 // Found in the spec: an earlier create may have made it.
                 let eni = match made {
                     Some(eni) => eni,
-                    None => self.create(&token, secondary_ipv4, false).await?,
+                    None => self.create(&token, secondary_ipv4, false, params).await?,
                 };
                 let mut published = eni_spec(&eni);
+                if let Some(i) = for_claim {
+                    published.claim = i.claim;
+                    published.security_groups = i.security_groups;
+                }
                 if let Some(ix) = device_index {
                     self.attach(&eni, ix).await?;
                     published.device_index = Some(ix);
@@ -156,6 +170,16 @@ impl Job<'_> {
                 secondary_ipv4,
                 ..
             } => self.create_enis(&device_indexes, secondary_ipv4).await,
+            Task::CreateForClaim {
+                claim,
+                subnet,
+                security_groups,
+                device_index,
+                ..
+            } => {
+                self.create_for_claim(claim, subnet, security_groups, device_index)
+                    .await
+            }
             Task::AssignAddresses { eni, count, .. } => {
                 let ips = self
                     .mutate(self.alloc.cloud.assign_addresses(&eni, count, 0))
@@ -234,6 +258,9 @@ impl Job<'_> {
                 action: ACTION_CREATE_ATTACH.into(),
                 eni: String::new(),
                 since: since.clone(),
+                claim: None,
+                subnet: String::new(),
+                security_groups: Vec::new(),
             }));
         self.flush().await?;
         crash_point("operator-after-intent");
@@ -241,7 +268,7 @@ impl Job<'_> {
         let mut published = 0;
         for (token, ix) in tokens {
             let r = async {
-                let eni = self.create(&token, ips, true).await?;
+                let eni = self.create(&token, ips, true, None).await?;
                 self.attach(&eni, ix).await?;
                 let mut s = eni_spec(&eni);
                 s.device_index = Some(ix);
@@ -271,19 +298,70 @@ impl Job<'_> {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// One ENI for a DRA claim, as [`Self::create_enis`] makes one for the
+    /// pool: its intent (with the claim, subnet and groups, so that a
+    /// successor finishing it makes the same ENI) before the create, the
+    /// publish (marked with the claim) after the attach.
+    async fn create_for_claim(
+        &mut self,
+        claim: enim_crd::ClaimRef,
+        subnet: String,
+        security_groups: Vec<String>,
+        device_index: u32,
+    ) -> Result<(), TaskError> {
+        let since = Time(
+            k8s_openapi::jiff::Timestamp::try_from((self.alloc.clock)())
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        let token = self.alloc.new_token();
+        self.spec()?.intents.push(Intent {
+            client_token: token.clone(),
+            action: ACTION_CREATE_ATTACH.into(),
+            eni: String::new(),
+            since,
+            claim: Some(claim.clone()),
+            subnet: subnet.clone(),
+            security_groups: security_groups.clone(),
+        });
+        self.flush().await?;
+        crash_point("operator-after-intent");
+        let params = Some((subnet, security_groups.clone()));
+        let eni = self.create(&token, 0, true, params).await?;
+        self.attach(&eni, device_index).await?;
+        let mut published = eni_spec(&eni);
+        published.device_index = Some(device_index);
+        published.claim = Some(claim.clone());
+        published.security_groups = security_groups;
+        let spec = self.spec()?;
+        spec.enis.push(published);
+        spec.intents.retain(|i| i.client_token != token);
+        self.flush().await?;
+        crash_point("operator-after-publish");
+        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), eni = %eni.id, "made an ENI for a claim");
+        Ok(())
+    }
+
     /// `fresh`: `token` was made by this process and never sent.
+    /// `params`: the subnet and groups (a claim's); else the policy's.
     async fn create(
         &mut self,
         token: &str,
         ips: usize,
         fresh: bool,
+        params: Option<(String, Vec<String>)>,
     ) -> Result<FleetEni, TaskError> {
         let instance = self.spec()?.instance.id.clone();
         let policy = &self.alloc.policy;
+        let (subnet, security_groups) = params.unwrap_or_else(|| {
+            (
+                policy.subnets.first().cloned().unwrap_or_default(),
+                policy.security_groups.clone(),
+            )
+        });
         let req = CreateEni {
             instance,
-            subnet: policy.subnets.first().cloned().unwrap_or_default(),
-            security_groups: policy.security_groups.clone(),
+            subnet,
+            security_groups,
             client_token: token.to_string(),
             secondary_ipv4: ips,
             fresh,

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{plan, Index, Input, Policy, Task};
-use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
 
 mod job;
 #[cfg(test)]
@@ -205,9 +205,20 @@ impl Allocator {
         nodes: &[NodeInfo],
         sets: &[SetInfo],
     ) -> Result<ResyncReport, Error> {
+        self.resync_with_claims(nodes, sets, None).await
+    }
+
+    /// [`Allocator::resync`], also serving the DRA claims `claims` (every
+    /// claim of the driver's class; `None` when they are not known).
+    pub async fn resync_with_claims(
+        &self,
+        nodes: &[NodeInfo],
+        sets: &[SetInfo],
+        claims: Option<&[ClaimInfo]>,
+    ) -> Result<ResyncReport, Error> {
         let _one = self.one_at_a_time.lock().await;
         let counters = Counters::default();
-        let result = self.resync_locked(nodes, sets, &counters).await;
+        let result = self.resync_locked(nodes, sets, claims, &counters).await;
         if matches!(result, Err(Error::NotLeader)) {
             // A successor may have written since: nothing cached holds.
             *self.cache() = Cache::default();
@@ -219,6 +230,7 @@ impl Allocator {
         &self,
         nodes: &[NodeInfo],
         sets: &[SetInfo],
+        claims: Option<&[ClaimInfo]>,
         counters: &Counters,
     ) -> Result<ResyncReport, Error> {
         if !self.store.is_leader() {
@@ -297,6 +309,7 @@ impl Allocator {
                 gone_since: &cache.gone_since,
                 reap_leaks: reap,
                 now,
+                claims,
             });
             let tasks = plan(&index);
             let base: HashMap<String, NetResourceSetSpec> =

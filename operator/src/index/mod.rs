@@ -31,7 +31,7 @@ use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 use enim_provider::AddressLimits;
 
-use crate::store::{NodeInfo, SetInfo};
+use crate::store::{ClaimInfo, NodeInfo, SetInfo};
 
 mod plan;
 mod provider_id;
@@ -101,6 +101,10 @@ pub struct Input<'a> {
     /// reap interval has passed).
     pub reap_leaks: bool,
     pub now: SystemTime,
+    /// Every ResourceClaim of the DRA driver's class; `None` while the
+    /// operator does not know them (its watch is not synced): then no ENI
+    /// is made for a claim, and none made for one is taken back.
+    pub claims: Option<&'a [ClaimInfo]>,
 }
 
 /// What a node is, as far as planning goes.
@@ -136,6 +140,8 @@ pub struct Index<'a> {
     /// Listed ENIs no live spec or intent accounts for: leak candidates
     /// (filtered by [`plan`]). Empty unless `reap_leaks`.
     pub unclaimed: Vec<&'a FleetEni>,
+    /// See [`Input::claims`].
+    pub claims: Option<&'a [ClaimInfo]>,
 }
 
 impl<'a> Index<'a> {
@@ -222,6 +228,7 @@ impl<'a> Index<'a> {
             now: input.now,
             nodes,
             unclaimed,
+            claims: input.claims,
         }
     }
 }
@@ -301,6 +308,16 @@ pub enum Task {
         device_indexes: Vec<u32>,
         secondary_ipv4: usize,
     },
+    /// Create and attach one ENI for a DRA claim no node has a free ENI
+    /// for, in `subnet` with exactly `security_groups`, at `device_index`,
+    /// and publish it marked with the claim.
+    CreateForClaim {
+        node: String,
+        claim: enim_crd::ClaimRef,
+        subnet: String,
+        security_groups: Vec<String>,
+        device_index: u32,
+    },
     /// Secondary mode: assign `count` more addresses to `eni`.
     AssignAddresses {
         node: String,
@@ -340,6 +357,7 @@ impl Task {
             | Task::Adopt { node, .. }
             | Task::Reclaim { node, .. }
             | Task::CreateEnis { node, .. }
+            | Task::CreateForClaim { node, .. }
             | Task::AssignAddresses { node, .. }
             | Task::Undrain { node, .. }
             | Task::Drain { node, .. }
@@ -358,6 +376,7 @@ impl Task {
             Task::Adopt { .. } => "adopt",
             Task::Reclaim { .. } => "reclaim",
             Task::CreateEnis { .. } => "create-enis",
+            Task::CreateForClaim { .. } => "create-for-claim",
             Task::AssignAddresses { .. } => "assign-addresses",
             Task::Undrain { .. } => "undrain",
             Task::Drain { .. } => "drain",

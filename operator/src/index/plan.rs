@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use enim_crd::{EniSpec, Mode, NetResourceSetSpec, NetResourceSetStatus};
+use enim_crd::{ClaimRef, EniParameters, EniSpec, Mode, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
@@ -15,6 +15,7 @@ use super::{eni_spec, Index, NodeEntry, Phase, Task, ACTION_CREATE_ATTACH};
 pub fn plan(index: &Index) -> Vec<Task> {
     let mut groups: Vec<(i64, &str, Vec<Task>)> = Vec::new();
     let mut releasing: HashSet<&str> = HashSet::new();
+    let mut placed = place_claims(index);
     for e in &index.nodes {
         let mut tasks = Vec::new();
         let need = match e.phase {
@@ -22,7 +23,10 @@ pub fn plan(index: &Index) -> Vec<Task> {
                 plan_gone(index, e, since, &mut tasks, &mut releasing);
                 0
             }
-            Phase::New | Phase::Live => NodePlan::new(index, e).run(&mut tasks),
+            Phase::New | Phase::Live => {
+                let claims = placed.remove(e.name).unwrap_or_default();
+                NodePlan::new(index, e).run(&mut tasks, claims)
+            }
         };
         if !tasks.is_empty() {
             groups.push((need, e.name, tasks));
@@ -45,6 +49,114 @@ pub fn plan(index: &Index) -> Vec<Task> {
         }
     }
     out
+}
+
+/// A claim's ENI to make on a node: the claim, subnet, groups.
+type Placed = (ClaimRef, String, Vec<String>);
+
+/// The subnet and groups a claim's ENI gets: what it asks, else the
+/// operator's.
+fn wanted(index: &Index, want: &EniParameters) -> (String, Vec<String>) {
+    let policy = index.policy;
+    let subnet = want
+        .subnet
+        .clone()
+        .unwrap_or_else(|| policy.subnets.first().cloned().unwrap_or_default());
+    let groups = match want.security_groups.is_empty() {
+        true => policy.security_groups.clone(),
+        false => want.security_groups.clone(),
+    };
+    (subnet, groups)
+}
+
+/// The groups of a spec ENI: its own, else its node's.
+fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String] {
+    match eni.security_groups.is_empty() {
+        true => &spec.security_groups,
+        false => &eni.security_groups,
+    }
+}
+
+/// Pending claims no node has a free ENI for, each given to the live node
+/// with the most free device slots. A claim with an ENI or an intent
+/// already (anywhere) gets nothing more: one ENI per claim, whoever made it.
+fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
+    let mut placed: HashMap<String, Vec<Placed>> = HashMap::new();
+    let Some(claims) = index.claims else {
+        return placed;
+    };
+    let mut served: HashSet<&str> = HashSet::new();
+    for e in &index.nodes {
+        if let Some(set) = e.set {
+            served.extend(
+                set.spec
+                    .enis
+                    .iter()
+                    .filter_map(|s| s.claim.as_ref())
+                    .map(|c| c.uid.as_str()),
+            );
+            served.extend(
+                set.spec
+                    .intents
+                    .iter()
+                    .filter_map(|i| i.claim.as_ref())
+                    .map(|c| c.uid.as_str()),
+            );
+        }
+    }
+    let mut room: Vec<(usize, &str)> = index
+        .nodes
+        .iter()
+        .filter(|e| e.phase == Phase::Live && e.set.is_some())
+        .map(|e| (NodePlan::new(index, e).slots().left(), e.name))
+        .collect();
+    for c in claims.iter().filter(|c| c.pending) {
+        let Some(want) = &c.want else { continue };
+        if served.contains(c.claim.uid.as_str()) {
+            continue;
+        }
+        let (subnet, groups) = wanted(index, want);
+        if free_match_exists(index, &subnet, &groups) {
+            continue;
+        }
+        // Most room first, then by name: the same choice every resync.
+        room.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let Some(best) = room.first_mut().filter(|r| r.0 > 0) else {
+            continue;
+        };
+        best.0 -= 1;
+        placed
+            .entry(best.1.to_string())
+            .or_default()
+            .push((c.claim.clone(), subnet, groups));
+    }
+    placed
+}
+
+/// Whether a live node has a free ENI, made for no claim, in `subnet`
+/// with exactly `groups`: the scheduler can give the claim that one.
+fn free_match_exists(index: &Index, subnet: &str, groups: &[String]) -> bool {
+    let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
+    index
+        .nodes
+        .iter()
+        .filter(|e| e.phase == Phase::Live)
+        .filter_map(|e| e.set)
+        .any(|set| {
+            let st = set.status.as_ref();
+            let held = |id: &str| st.is_some_and(|st| st.used.iter().any(|u| u.eni == id));
+            set.spec.enis.iter().any(|s| {
+                s.claim.is_none()
+                    && s.subnet == subnet
+                    && groups_of(s, &set.spec)
+                        .iter()
+                        .map(String::as_str)
+                        .collect::<BTreeSet<_>>()
+                        == want
+                    && !held(&s.id)
+                    && !set.spec.draining.contains(&s.id)
+            })
+        })
 }
 
 fn plan_gone<'a>(
@@ -203,8 +315,9 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         h
     }
 
-    /// Pushes the node's tasks; returns its need (deficit > 0, surplus < 0).
-    fn run(&self, tasks: &mut Vec<Task>) -> i64 {
+    /// Pushes the node's tasks (with an ENI for each of `claims`); returns
+    /// its need (deficit > 0, surplus < 0).
+    fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> i64 {
         let name = || self.name.clone();
         let spec = self.spec.as_ref();
         match self.e.set {
@@ -334,9 +447,11 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             let released = held.released.contains(d.as_str());
             if in_spec.contains_key(d.as_str()) {
                 draining_ids.insert(d);
+                // A claim's ENI is never taken back for the pool.
+                let claimed = in_spec.get(d.as_str()).is_some_and(|s| s.claim.is_some());
                 if released && !held.enis.contains(d.as_str()) {
                     reclaim.add(&self.e.listed, d);
-                } else if !released && !held.enis.contains(d.as_str()) {
+                } else if !released && !held.enis.contains(d.as_str()) && !claimed {
                     undrainable.push(d);
                 }
             } else if let Some((ip, owner)) = d
@@ -371,9 +486,51 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             });
         }
 
-        // 4. The watermarks.
+        // 4. DRA claims: an ENI for each placed here, and back to the
+        // cloud those whose claim is gone (free ones; a held one waits for
+        // its pod).
+        let claimed = claims.len();
+        for (claim, subnet, security_groups) in claims {
+            let Some(device_index) = slots.next() else {
+                break;
+            };
+            tasks.push(Task::CreateForClaim {
+                node: name(),
+                claim,
+                subnet,
+                security_groups,
+                device_index,
+            });
+        }
+        if let Some(all) = self.index.claims {
+            let exists: HashSet<&str> = all.iter().map(|c| c.claim.uid.as_str()).collect();
+            let orphans: Vec<String> = spec
+                .enis
+                .iter()
+                .filter(|s| {
+                    s.claim
+                        .as_ref()
+                        .is_some_and(|c| !exists.contains(c.uid.as_str()))
+                })
+                .filter(|s| {
+                    !held.enis.contains(s.id.as_str()) && !draining_ids.contains(s.id.as_str())
+                })
+                .map(|s| s.id.clone())
+                .collect();
+            if !orphans.is_empty() {
+                tasks.push(Task::Drain {
+                    node: name(),
+                    items: orphans,
+                });
+            }
+        }
+
+        // 5. The watermarks. An ENI made for a claim is that claim's: it is
+        // neither pool nor surplus.
         let live = |s: &&EniSpec| {
-            !draining_ids.contains(s.id.as_str()) && !held.quarantined.contains(s.id.as_str())
+            !draining_ids.contains(s.id.as_str())
+                && !held.quarantined.contains(s.id.as_str())
+                && s.claim.is_none()
         };
         let (free, total) = if secondary {
             let live_ips = spec
@@ -424,7 +581,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 rem = self.assign(tasks, rem, per_eni, &draining_ids, &held);
             }
             self.create(tasks, rem, per_eni, secondary, &mut slots);
-            return i64::try_from(want).unwrap_or(i64::MAX);
+            return i64::try_from(want + claimed).unwrap_or(i64::MAX);
         }
         if free > high {
             let surplus = (free - high).min(total.saturating_sub(min));
@@ -465,7 +622,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 return -i64::try_from(n).unwrap_or(i64::MAX);
             }
         }
-        0
+        i64::try_from(claimed).unwrap_or(i64::MAX)
     }
 
     /// Secondary mode: addresses onto spec ENIs with room; what is left.

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
 
+mod claims;
 mod properties;
 
 pub(super) const T0: u64 = 1_800_000_000;
@@ -116,6 +117,9 @@ pub(super) fn intent(token: &str) -> Intent {
         action: ACTION_CREATE_ATTACH.into(),
         eni: String::new(),
         since: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        claim: None,
+        subnet: String::new(),
+        security_groups: Vec::new(),
     }
 }
 
@@ -128,6 +132,7 @@ pub(super) struct World {
     pub gone: HashMap<String, SystemTime>,
     pub reap: bool,
     pub now: SystemTime,
+    pub claims: Option<Vec<ClaimInfo>>,
 }
 
 impl World {
@@ -148,6 +153,7 @@ impl World {
             gone: HashMap::new(),
             reap: false,
             now: now(),
+            claims: None,
         }
     }
 
@@ -180,6 +186,7 @@ impl World {
             gone_since: &self.gone,
             reap_leaks: self.reap,
             now: self.now,
+            claims: self.claims.as_deref(),
         }))
     }
 }

@@ -1,0 +1,150 @@
+//! DRA claims in the plan: an ENI made for a pending claim that no node
+//! can serve, never twice, kept out of the pool, and taken back once its
+//! claim is gone.
+
+use super::*;
+use enim_crd::{ClaimRef, EniParameters};
+
+fn claim(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+fn pending(uid: &str, groups: &[&str]) -> ClaimInfo {
+    ClaimInfo {
+        claim: claim(uid),
+        pending: true,
+        want: Some(EniParameters {
+            security_groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..EniParameters::default()
+        }),
+    }
+}
+
+fn for_claim(tasks: &[Task]) -> Vec<(&str, &str, &[String], u32)> {
+    tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::CreateForClaim {
+                node,
+                claim,
+                security_groups,
+                device_index,
+                subnet,
+            } => {
+                assert_eq!(subnet, "subnet-1", "the policy's subnet by default");
+                Some((
+                    node.as_str(),
+                    claim.uid.as_str(),
+                    security_groups.as_slice(),
+                    *device_index,
+                ))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_claim_for_groups_no_node_has_gets_an_eni_on_the_roomiest_node() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["a1", "a2"]);
+    w.live("b", &["b1", "b2"]);
+    // a has one slot fewer.
+    w.set("a").spec.enis.push(spec_eni("a3", 3));
+    status(w.set("a")).used.push(used("a3", None));
+    w.claims = Some(vec![pending("u1", &["sg-db"])]);
+    let tasks = w.plan();
+    let groups = ["sg-db".to_string()];
+    assert_eq!(for_claim(&tasks), [("b", "u1", &groups[..], 3)]);
+}
+
+#[test]
+fn nothing_is_made_while_claims_are_unknown_or_a_free_eni_matches() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["a1", "a2"]);
+    w.claims = None;
+    assert!(for_claim(&w.plan()).is_empty());
+    // The node's own groups: its free ENIs already match.
+    w.claims = Some(vec![pending("u1", &["sg-1"])]);
+    assert!(for_claim(&w.plan()).is_empty());
+    // Both held: now one is made.
+    status(w.set("a"))
+        .used
+        .extend([used("a1", None), used("a2", None)]);
+    assert_eq!(for_claim(&w.plan()).len(), 1);
+    // Allocated claims ask for nothing.
+    w.claims.as_mut().unwrap()[0].pending = false;
+    assert!(for_claim(&w.plan()).is_empty());
+}
+
+#[test]
+fn one_eni_per_claim_whoever_made_it() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["a1", "a2"]);
+    w.claims = Some(vec![pending("u1", &["sg-db"]), pending("u2", &["sg-db"])]);
+    // u1's create is recorded as an intent; u2's ENI is published.
+    let mut i = intent("t1");
+    i.claim = Some(claim("u1"));
+    w.set("a").spec.intents.push(i);
+    let mut e = spec_eni("c2", 3);
+    e.claim = Some(claim("u2"));
+    e.security_groups = vec!["sg-db".into()];
+    w.set("a").spec.enis.push(e);
+    assert!(for_claim(&w.plan()).is_empty(), "{:?}", w.plan());
+}
+
+#[test]
+fn a_claims_eni_is_not_pool_and_goes_back_once_the_claim_is_gone() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["a1", "a2"]);
+    let mut e = spec_eni("c1", 3);
+    e.claim = Some(claim("u1"));
+    e.security_groups = vec!["sg-db".into()];
+    w.set("a").spec.enis.push(e);
+    // Two free pool ENIs and the claim's: no surplus to drain (pre 2 +
+    // 1 above), and the claim's is never drained for the pool.
+    w.claims = Some(vec![ClaimInfo {
+        claim: claim("u1"),
+        pending: false,
+        want: None,
+    }]);
+    assert!(w.plan().is_empty(), "{:?}", w.plan());
+    // The pool ENIs are taken: two more are made for the pool (room for
+    // them on a bigger instance); the claim's ENI does not count as free.
+    w.limits.get_mut("m5").unwrap().enis = 6;
+    status(w.set("a"))
+        .used
+        .extend([used("a1", None), used("a2", None)]);
+    let tasks = w.plan();
+    assert_eq!(
+        tasks,
+        [Task::CreateEnis {
+            node: "a".into(),
+            device_indexes: vec![4, 5],
+            secondary_ipv4: 0
+        }]
+    );
+    status(w.set("a")).used.clear();
+    // The claim is gone: its ENI is drained, unless a pod still holds it.
+    w.claims = Some(vec![]);
+    status(w.set("a")).used.push(used("c1", None));
+    assert!(!w.plan().iter().any(|t| matches!(t, Task::Drain { .. })));
+    status(w.set("a")).used.clear();
+    assert!(w.plan().contains(&Task::Drain {
+        node: "a".into(),
+        items: vec!["c1".into()],
+    }));
+    // Drained and not yet released: a pool deficit does not take it back.
+    w.set("a").spec.draining.push("c1".into());
+    status(w.set("a"))
+        .used
+        .extend([used("a1", None), used("a2", None)]);
+    assert!(!w
+        .plan()
+        .iter()
+        .any(|t| matches!(t, Task::Undrain { items, .. } if items.contains(&"c1".to_string()))));
+}
