@@ -27,13 +27,14 @@ use async_trait::async_trait;
 use enim_crd::{NetResourceSet, NetResourceSetSpec, FINALIZER, OPERATOR_MANAGER};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, reflector, Store as Cache};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{watch, Notify};
 
-use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
 
 /// The label the kubelet sets from the cloud's instance type.
 pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
@@ -87,9 +88,15 @@ pub struct RuntimeConfig {
 /// is known by the allocator's internals.
 #[async_trait]
 pub trait Resync: Send + Sync {
-    /// Runs one resync over the cluster's Nodes and NetResourceSets.
-    /// Returns a one-line summary for the log.
-    async fn resync(&self, nodes: Vec<NodeInfo>, sets: Vec<SetInfo>) -> Result<String, String>;
+    /// Runs one resync over the cluster's Nodes and NetResourceSets, and
+    /// the DRA driver's claims when they are known. Returns a one-line
+    /// summary for the log.
+    async fn resync(
+        &self,
+        nodes: Vec<NodeInfo>,
+        sets: Vec<SetInfo>,
+        claims: Option<Vec<ClaimInfo>>,
+    ) -> Result<String, String>;
 }
 
 /// What the health endpoint shows.
@@ -261,16 +268,87 @@ fn slim_node(node: &mut Node) {
     node.metadata.annotations = None;
 }
 
+/// The DeviceClass of the DRA driver's ENIs (deploy/06-deviceclass.yaml).
+pub const DEVICE_CLASS: &str = "eni.enim.io";
+/// The DRA driver, whose opaque config carries [`enim_crd::EniParameters`].
+pub const DRA_DRIVER: &str = "enim.io";
+
+/// A ResourceClaim as the operator sees it: `None` unless one of its
+/// requests is for [`DEVICE_CLASS`]. Parameters that do not parse ask for
+/// nothing (and say why in the log): a stranger's object never stops a
+/// resync.
+pub fn claim_info(rc: &ResourceClaim) -> Option<ClaimInfo> {
+    let devices = rc.spec.devices.as_ref()?;
+    let ours = devices.requests.iter().flatten().any(|r| {
+        let exact = r
+            .exactly
+            .as_ref()
+            .is_some_and(|e| e.device_class_name == DEVICE_CLASS);
+        let any_of = r
+            .first_available
+            .iter()
+            .flatten()
+            .any(|s| s.device_class_name == DEVICE_CLASS);
+        exact || any_of
+    });
+    if !ours {
+        return None;
+    }
+    let name = || format!("{}/{}", rc.namespace().unwrap_or_default(), rc.name_any());
+    let want = devices
+        .config
+        .iter()
+        .flatten()
+        .filter_map(|c| c.opaque.as_ref())
+        .find(|o| o.driver == DRA_DRIVER)
+        .and_then(|o| {
+            match serde_json::from_value::<enim_crd::EniParameters>(o.parameters.0.clone()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(claim = %name(), error = %e, "claim's enim.io parameters ignored");
+                    None
+                }
+            }
+        });
+    Some(ClaimInfo {
+        claim: enim_crd::ClaimRef {
+            namespace: rc.namespace().unwrap_or_default(),
+            name: rc.name_any(),
+            uid: rc.uid().unwrap_or_default(),
+        },
+        pending: rc
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_none(),
+        want,
+    })
+}
+
 /// The watches, kept running on every replica; `changed` fires on every
 /// event.
 struct Caches {
     nodes: Cache<Node>,
     sets: Cache<NetResourceSet>,
+    /// ResourceClaims (DRA): known once listed; a cluster without
+    /// resource.k8s.io/v1, or an operator not allowed to list them, runs
+    /// without claims.
+    claims: Cache<ResourceClaim>,
 }
 
 fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
     let (nodes, node_writer) = reflector::store();
     let (sets, set_writer) = reflector::store();
+    let (claims, claim_writer) = reflector::store();
+    let claim_stream = reflector(
+        claim_writer,
+        watcher(
+            Api::<ResourceClaim>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .backoff(WatchBackoff::new())
+        .modify(|c: &mut ResourceClaim| c.metadata.managed_fields = None),
+    );
     let node_stream = reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -288,6 +366,7 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
     for (what, stream) in [
         ("nodes", node_stream.map_ok(|_| ()).boxed()),
         ("netresourcesets", set_stream.map_ok(|_| ()).boxed()),
+        ("resourceclaims", claim_stream.map_ok(|_| ()).boxed()),
     ] {
         let changed = changed.clone();
         tokio::spawn(async move {
@@ -300,7 +379,11 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
             }
         });
     }
-    Caches { nodes, sets }
+    Caches {
+        nodes,
+        sets,
+        claims,
+    }
 }
 
 /// Runs the operator until SIGTERM (or ctrl-c): watches, lease, resyncs.
@@ -377,8 +460,19 @@ where
 async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {
     let nodes: Vec<NodeInfo> = caches.nodes.state().iter().map(|n| node_info(n)).collect();
     let sets: Vec<SetInfo> = caches.sets.state().iter().map(|s| set_info(s)).collect();
+    // Known only once listed: before, every claim would look gone.
+    let claims = futures::FutureExt::now_or_never(caches.claims.wait_until_ready())
+        .is_some_and(|r| r.is_ok())
+        .then(|| {
+            caches
+                .claims
+                .state()
+                .iter()
+                .filter_map(|c| claim_info(c))
+                .collect::<Vec<_>>()
+        });
     let started = Instant::now();
-    let result = resync.resync(nodes, sets).await;
+    let result = resync.resync(nodes, sets, claims).await;
     let took = started.elapsed();
     health.resyncs.fetch_add(1, Ordering::Relaxed);
     health.last_resync_us.store(
@@ -439,8 +533,14 @@ async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
 
 #[async_trait]
 impl Resync for crate::allocator::Allocator {
-    async fn resync(&self, nodes: Vec<NodeInfo>, sets: Vec<SetInfo>) -> Result<String, String> {
-        let r = crate::allocator::Allocator::resync(self, &nodes, &sets)
+    async fn resync(
+        &self,
+        nodes: Vec<NodeInfo>,
+        sets: Vec<SetInfo>,
+        claims: Option<Vec<ClaimInfo>>,
+    ) -> Result<String, String> {
+        let r = self
+            .resync_with_claims(&nodes, &sets, claims.as_deref())
             .await
             .map_err(|e| e.to_string())?;
         let summary = format!(

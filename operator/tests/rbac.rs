@@ -359,6 +359,7 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         ("create", "netresourcesets.enim.io", None),
         ("patch", "netresourcesets.enim.io", None),
         ("patch", "leases.coordination.k8s.io", Some(NS)),
+        ("watch", "resourceclaims.resource.k8s.io", None),
     ] {
         assert!(can(verb, what, ns), "operator cannot {verb} {what}");
     }
@@ -368,6 +369,7 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         ("get", "secrets", Some(NS)),
         ("list", "pods", None),
         ("patch", "leases.coordination.k8s.io", Some("kube-system")),
+        ("patch", "resourceclaims.resource.k8s.io", None),
     ] {
         assert!(!can(verb, what, ns), "operator may {verb} {what} in {ns:?}");
     }

@@ -282,10 +282,17 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
 
     // The operator reads Nodes, creates NetResourceSets and patches them
     // (server-side apply; the finalizer's removal), never their status
-    // and never a delete (the garbage collector's), and holds its leader
-    // Lease in its own namespace.
+    // and never a delete (the garbage collector's), reads ResourceClaims
+    // (ENIs made on demand for DRA claims), and holds its leader Lease in
+    // its own namespace.
     let operator: BTreeSet<Grant> = [
         grants(None, "", "nodes", &["get", "list", "watch"]),
+        grants(
+            None,
+            "resource.k8s.io",
+            "resourceclaims",
+            &["get", "list", "watch"],
+        ),
         grants(
             None,
             CRD_GROUP,
