@@ -429,6 +429,29 @@ impl Env {
             .collect()
     }
 
+    /// A new security group in the rig's VPC; its id.
+    pub async fn create_security_group(&self, name: &str) -> String {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct R {
+            group_id: String,
+        }
+        let r: R = xml(&self
+            .admin_ec2
+            .query()
+            .call(
+                "CreateSecurityGroup",
+                &p(&[
+                    ("GroupName", name),
+                    ("GroupDescription", "enim test"),
+                    ("VpcId", &self.vpc_id),
+                ]),
+            )
+            .await
+            .unwrap());
+        r.group_id
+    }
+
     /// Creates an ENI as enim would (tagged for this node) without attaching
     /// it: what a crash between create and attach leaves behind.
     pub async fn create_tagged_eni(&self) -> NetworkInterface {
