@@ -96,7 +96,7 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
         asked.elapsed()
     );
     assert!(!pool.contains(&made.id));
-    assert_eq!(made.security_groups, [group.clone()]);
+    assert_eq!(made.security_groups, std::slice::from_ref(&group));
     let claim = made.claim.as_ref().unwrap();
     assert_eq!(
         (claim.namespace.as_str(), claim.name.as_str()),
