@@ -55,7 +55,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// etcd + kube-apiserver (+ kube-controller-manager), killed on drop.
+/// etcd + kube-apiserver (+ kube-controller-manager, kube-scheduler),
+/// killed on drop.
 pub struct ControlPlane {
     dir: PathBuf,
     bin: PathBuf,
@@ -64,6 +65,7 @@ pub struct ControlPlane {
     etcd: Option<Child>,
     apiserver: Option<Child>,
     controllers: Option<Child>,
+    scheduler: Option<Child>,
 }
 
 impl ControlPlane {
@@ -87,6 +89,7 @@ impl ControlPlane {
             etcd: None,
             apiserver: None,
             controllers: None,
+            scheduler: None,
         };
         cp.make_pki();
         cp.start_etcd();
@@ -119,6 +122,25 @@ impl ControlPlane {
                 "--controllers=garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller",
             ]);
         self.controllers = Some(self.spawn("kube-controller-manager", cmd));
+        self
+    }
+
+    /// Also runs kube-scheduler (as `system:masters`, no leader
+    /// election): pods get nodes and DRA claims get devices from the
+    /// ResourceSlices, as in a cluster.
+    pub fn with_scheduler(mut self) -> ControlPlane {
+        let kc = self.admin_kubeconfig();
+        let mut cmd = Command::new(self.bin.join("kube-scheduler"));
+        cmd.arg(format!("--kubeconfig={}", kc.display()))
+            .arg(format!("--authentication-kubeconfig={}", kc.display()))
+            .arg(format!("--authorization-kubeconfig={}", kc.display()))
+            .args([
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--profiling=false",
+            ]);
+        self.scheduler = Some(self.spawn("kube-scheduler", cmd));
         self
     }
 
@@ -317,7 +339,12 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for child in [&mut self.controllers, &mut self.apiserver, &mut self.etcd] {
+        for child in [
+            &mut self.scheduler,
+            &mut self.controllers,
+            &mut self.apiserver,
+            &mut self.etcd,
+        ] {
             if let Some(mut c) = child.take() {
                 let _ = c.kill();
                 let _ = c.wait();
