@@ -6,7 +6,8 @@
 //! spec's, all attached to the node's instance, none made twice, none
 //! leaked, no intent left. Needs the `fault-injection` build.
 //!
-//! The create points are reached by a new node's first ENIs; the detach
+//! The create points are reached by a new node's first ENIs, and again by
+//! an ENI made for a DRA claim (`claim_*`); the detach
 //! points by a drain: the node first gets three ENIs, then an operator
 //! whose watermarks want one drains two, the agent releases them, and the
 //! reclaim detaches and deletes them.
@@ -91,6 +92,115 @@ async fn create_point(point: &str) {
     assert_eq!(rig.env.proxy.calls("CreateNetworkInterface"), 2, "{point}");
     assert_eq!(rig.env.proxy.calls("AttachNetworkInterface"), 2, "{point}");
     assert_eq!(rig.env.proxy.calls("DeleteNetworkInterface"), 0, "{point}");
+    clean.stop().await;
+}
+
+/// The DeviceClass and a pending claim `db` asking for `group`.
+fn apply_claim(rig: &Rig, group: &str) -> String {
+    let class =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/06-deviceclass.yaml");
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"devices": {
+            "requests": [{"name": "eni", "exactly": {"deviceClassName": "eni.enim.io"}}],
+            "config": [{"requests": ["eni"], "opaque": {"driver": "enim.io",
+                "parameters": {"securityGroups": [group]}}}],
+        }},
+    });
+    blocking(|| {
+        rig.cp.apply(&std::fs::read_to_string(&class).unwrap());
+        rig.cp.apply(&claim.to_string());
+        rig.cp.kubectl(&[
+            "get",
+            "resourceclaim",
+            "db",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+    })
+}
+
+/// An ENI made for a DRA claim (no pool: watermarks all zero), with a
+/// crash at `point`: the clean operator finishes the claim's intent with
+/// the same group, and the claim has exactly one ENI.
+async fn claim_point(point: &str) {
+    let Some((_one, rig)) = lone_rig(false).await else {
+        return;
+    };
+    let instance = rig.env.instance_id.clone();
+    let group = rig.env.create_security_group("crash-claim").await;
+    let none = Marks {
+        pre: 0,
+        min: 0,
+        above: 0,
+    };
+    let config = rig.config("op", none, "5m");
+    let mut crashing = rig.operator(OperatorOpts {
+        crash_at: Some(point),
+        ..OperatorOpts::new("op-crash", &config)
+    });
+    rig.node(NODE, &instance);
+    let uid = apply_claim(&rig, &group);
+    crashing.assert_crashed_at(point, CRASH).await;
+
+    let l = left(&rig).await;
+    let want = match point {
+        "operator-after-intent" => (1, 0, 0, 0),
+        "operator-after-create" => (1, 0, 1, 0),
+        "operator-after-attach" => (1, 0, 1, 1),
+        "operator-after-publish" => (0, 1, 1, 1),
+        other => panic!("not a create point: {other}"),
+    };
+    assert_eq!(
+        (l.intents, l.published, l.in_moto, l.attached),
+        want,
+        "left at {point}: {l:?}"
+    );
+    if l.intents == 1 {
+        let spec = rig.set(NODE).await.unwrap().spec;
+        let intent = &spec.intents[0];
+        assert_eq!(
+            intent.claim.as_ref().map(|c| c.uid.as_str()),
+            Some(uid.as_str())
+        );
+        assert_eq!(intent.security_groups, std::slice::from_ref(&group));
+    }
+
+    let mut clean = rig.operator(OperatorOpts::new("op-clean", &config));
+    wait_for(&format!("convergence after {point}"), CONVERGE, || {
+        rig.converged(NODE, &instance, Some(1))
+    })
+    .await;
+    let spec = rig.set(NODE).await.unwrap().spec;
+    let eni = &spec.enis[0];
+    assert_eq!(
+        eni.claim.as_ref().map(|c| c.uid.as_str()),
+        Some(uid.as_str()),
+        "{point}"
+    );
+    assert_eq!(eni.security_groups, std::slice::from_ref(&group), "{point}");
+    let in_moto = rig.env.eni(&eni.id).await;
+    let groups: Vec<&str> = in_moto
+        .group_set
+        .item
+        .iter()
+        .map(|g| g.group_id.as_str())
+        .collect();
+    assert_eq!(
+        groups,
+        [group.as_str()],
+        "{point}: the finished create kept the claim's group"
+    );
+    assert_eq!(
+        rig.cluster_enis().await.len(),
+        1,
+        "leaked ENIs after {point}"
+    );
+    assert_eq!(rig.env.proxy.calls("CreateNetworkInterface"), 1, "{point}");
+    assert_eq!(rig.env.proxy.calls("AttachNetworkInterface"), 1, "{point}");
     clean.stop().await;
 }
 
@@ -250,4 +360,24 @@ async fn after_detach() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_delete() {
     drain_point("operator-after-delete").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_after_intent() {
+    claim_point("operator-after-intent").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_after_create() {
+    claim_point("operator-after-create").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_after_attach() {
+    claim_point("operator-after-attach").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_after_publish() {
+    claim_point("operator-after-publish").await;
 }
