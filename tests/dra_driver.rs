@@ -114,7 +114,7 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     let plugins = dir.path().join("plugins");
     let registry = dir.path().join("plugins_registry");
     let extra = format!(
-        "[dra]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nregistry_dir = {reg:?}\nplugin_dir = {plug:?}\n",
+        "[dra]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nregistry_dir = {reg:?}\nplugin_dir = {plug:?}\nsweep_interval = \"1s\"\n",
         kc = cp.admin_kubeconfig().display().to_string(),
         reg = registry.display().to_string(),
         plug = plugins.display().to_string(),
@@ -251,6 +251,39 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
             .into_inner()
     });
     assert_eq!(unprepared.claims[&uid].error, "");
+    assert!(
+        !std::fs::read_to_string(dir.path().join("state/dra-claims.json"))
+            .unwrap()
+            .contains(&uid),
+        "unprepare dropped the record"
+    );
+
+    // A claim prepared, then deleted from the API without an unprepare (a
+    // kubelet that lost its own record): the sweep drops its record.
+    let uid2 = allocated_claim(&cp, "c3", &sb.enis[0].id.to_ascii_lowercase(), "uid-c3");
+    let claims_of = |name: &str, uid: &str| {
+        rt().block_on(async {
+            let ch = enim::deviceplugin::unix_channel(dra_socket.clone())
+                .await
+                .unwrap();
+            DraPluginClient::new(ch)
+                .node_prepare_resources(NodePrepareResourcesRequest {
+                    claims: vec![claim(name, uid)],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    };
+    assert_eq!(claims_of("c3", &uid2).claims[&uid2].error, "");
+    let record = dir.path().join("state/dra-claims.json");
+    assert!(std::fs::read_to_string(&record).unwrap().contains(&uid2));
+    cp.kubectl(&["delete", "resourceclaim", "c3"]);
+    eventually(
+        "the sweep drops the gone claim's record",
+        Duration::from_secs(10),
+        || !std::fs::read_to_string(&record).unwrap().contains(&uid2),
+    );
     sb.assert_all_home();
     agent.stop();
     assert!(

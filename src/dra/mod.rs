@@ -87,11 +87,16 @@ pub struct DraConfig {
     /// Where prepared claims are recorded; default: `dra-claims.json`
     /// beside the checkpoint.
     pub claims: Option<PathBuf>,
+    /// How often records of claims gone from the API are dropped.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: std::time::Duration,
 }
 
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/plugins";
 pub const CLAIMS_FILE: &str = "dra-claims.json";
+/// How often records of claims gone from the API are dropped, by default.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Default for DraConfig {
     fn default() -> Self {
@@ -103,6 +108,7 @@ impl Default for DraConfig {
             node_name: None,
             kubeconfig: None,
             claims: None,
+            sweep_interval: SWEEP_EVERY,
         }
     }
 }
@@ -255,6 +261,21 @@ impl DraNode {
             index,
         });
         let config = self.config;
+        let sweeper = preparer.clone();
+        let mut sweep_stop = stop.clone();
+        let interval = config.sweep_interval.max(std::time::Duration::from_secs(1));
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = sweep_stop.changed() => return,
+                }
+                if let Err(e) = sweeper.sweep().await {
+                    tracing::warn!(error = %e, "sweeping the claims record; next time");
+                }
+            }
+        });
         tokio::spawn(async move {
             if let Err(e) = plugin::serve(&config, preparer, stop).await {
                 tracing::error!(error = %e, "DRA plugin stopped");

@@ -122,6 +122,27 @@ impl Preparer {
         Ok(wire_devices(&self.node, &prepared))
     }
 
+    /// Drops the records of claims the API server no longer has (or has
+    /// under another uid): a kubelet that lost its own record never
+    /// unprepares them. A claim is kept while allocated (the API's delete
+    /// protection), so its pods are gone when it is. An unreachable API
+    /// server drops nothing.
+    pub async fn sweep(&self) -> Result<usize, DraError> {
+        let mut dropped = 0;
+        for c in self.claims.all() {
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+            let live = api.get_opt(&c.name).await?;
+            if live.is_some_and(|rc| rc.metadata.uid.as_deref() == Some(c.uid.as_str())) {
+                continue;
+            }
+            if self.claims.forget(&c.uid)?.is_some() {
+                tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), "claim gone from the API: its record dropped");
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
     pub fn unprepare(&self, claim: &Claim) -> Result<(), DraError> {
         if let Some(gone) = self.claims.forget(&claim.uid)? {
             tracing::info!(claim = %format!("{}/{}", gone.namespace, gone.name), "unprepared claim");
