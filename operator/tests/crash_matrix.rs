@@ -95,34 +95,6 @@ async fn create_point(point: &str) {
     clean.stop().await;
 }
 
-/// The DeviceClass and a pending claim `db` asking for `group`.
-fn apply_claim(rig: &Rig, group: &str) -> String {
-    let class =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/06-deviceclass.yaml");
-    let claim = serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "db", "namespace": "default"},
-        "spec": {"devices": {
-            "requests": [{"name": "eni", "exactly": {"deviceClassName": "eni.enim.io"}}],
-            "config": [{"requests": ["eni"], "opaque": {"driver": "enim.io",
-                "parameters": {"securityGroups": [group]}}}],
-        }},
-    });
-    blocking(|| {
-        rig.cp.apply(&std::fs::read_to_string(&class).unwrap());
-        rig.cp.apply(&claim.to_string());
-        rig.cp.kubectl(&[
-            "get",
-            "resourceclaim",
-            "db",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ])
-    })
-}
-
 /// An ENI made for a DRA claim (no pool: watermarks all zero), with a
 /// crash at `point`: the clean operator finishes the claim's intent with
 /// the same group, and the claim has exactly one ENI.
@@ -143,7 +115,7 @@ async fn claim_point(point: &str) {
         ..OperatorOpts::new("op-crash", &config)
     });
     rig.node(NODE, &instance);
-    let uid = apply_claim(&rig, &group);
+    let uid = apply_claim(&rig, "db", &group);
     crashing.assert_crashed_at(point, CRASH).await;
 
     let l = left(&rig).await;

@@ -16,30 +16,6 @@ use enim_provider::EniProvider;
 
 const NODE: &str = "node-a";
 
-fn claim_yaml(name: &str, group: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "devices": {
-            "requests": [{ "name": "eni", "exactly": {
-                "deviceClassName": "eni.enim.io",
-                "selectors": [{ "cel": { "expression":
-                    format!("device.attributes[\"sg.enim.io\"].?{}.orValue(false)", group.replace('-', "_")) } }],
-            } }],
-            "config": [{ "requests": ["eni"], "opaque": {
-                "driver": "enim.io",
-                "parameters": {
-                    "apiVersion": "enim.io/v1alpha1",
-                    "kind": "EniParameters",
-                    "securityGroups": [group],
-                },
-            } }],
-        } },
-    })
-    .to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
     let Some((_one, rig)) = lone_rig(false).await else {
@@ -59,23 +35,7 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
         .collect();
     let creates = rig.env.proxy.calls("CreateNetworkInterface");
 
-    let class =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/06-deviceclass.yaml");
-    blocking(|| {
-        rig.cp.apply(&std::fs::read_to_string(&class).unwrap());
-        rig.cp.apply(&claim_yaml("db", &group));
-    });
-    let claim_uid = blocking(|| {
-        rig.cp.kubectl(&[
-            "get",
-            "resourceclaim",
-            "db",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ])
-    });
+    let claim_uid = apply_claim(&rig, "db", &group);
     let asked = Instant::now();
     let made = wait_for(
         "an ENI published for the claim",

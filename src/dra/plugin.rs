@@ -275,17 +275,13 @@ fn bind(path: &Path) -> Result<UnixListener, DraError> {
     UnixListener::bind(path).map_err(err)
 }
 
-fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
+/// Serves `router` on a fresh socket at `path`.
+fn serve_on(path: &Path, router: tonic::transport::server::Router) -> Result<Served, DraError> {
     let incoming = UnixListenerStream::new(bind(path)?);
     let (stop, stopped) = oneshot::channel();
-    let service = DraPluginServer::new(DraService { preparer });
-    let task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            }),
-    );
+    let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stopped.await;
+    }));
     Ok(Served {
         path: path.to_path_buf(),
         stop,
@@ -293,25 +289,23 @@ fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
     })
 }
 
+fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
+    let service = DraPluginServer::new(DraService { preparer });
+    serve_on(
+        path,
+        tonic::transport::Server::builder().add_service(service),
+    )
+}
+
 fn serve_registration(path: &Path, driver: &str, endpoint: &Path) -> Result<Served, DraError> {
-    let incoming = UnixListenerStream::new(bind(path)?);
-    let (stop, stopped) = oneshot::channel();
     let service = RegistrationServer::new(RegistrationService {
         driver: driver.to_string(),
         endpoint: endpoint.to_path_buf(),
     });
-    let task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            }),
-    );
-    Ok(Served {
-        path: path.to_path_buf(),
-        stop,
-        task,
-    })
+    serve_on(
+        path,
+        tonic::transport::Server::builder().add_service(service),
+    )
 }
 
 /// Serves both sockets until `stop` turns true; serves them again when one

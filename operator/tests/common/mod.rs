@@ -620,3 +620,47 @@ pub async fn lone_rig(controllers: bool) -> Option<(tokio::sync::MutexGuard<'sta
     let rig = Rig::start(controllers).await?;
     Some((one, rig))
 }
+
+/// DRA: the DeviceClass (deploy/06-deviceclass.yaml) and a pending claim
+/// `name` in `default` for an ENI with security group `group`: selected by
+/// its attribute, and asked of the operator in the opaque `enim.io`
+/// parameters. Returns the claim's uid.
+pub fn apply_claim(rig: &Rig, name: &str, group: &str) -> String {
+    let class = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/06-deviceclass.yaml");
+    let selector = format!(
+        "device.attributes[\"sg.enim.io\"].?{}.orValue(false)",
+        group.replace('-', "_")
+    );
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": { "devices": {
+            "requests": [{ "name": "eni", "exactly": {
+                "deviceClassName": "eni.enim.io",
+                "selectors": [{ "cel": { "expression": selector } }],
+            } }],
+            "config": [{ "requests": ["eni"], "opaque": {
+                "driver": "enim.io",
+                "parameters": {
+                    "apiVersion": "enim.io/v1alpha1",
+                    "kind": "EniParameters",
+                    "securityGroups": [group],
+                },
+            } }],
+        } },
+    });
+    blocking(|| {
+        rig.cp.apply(&std::fs::read_to_string(&class).unwrap());
+        rig.cp.apply(&claim.to_string());
+        rig.cp.kubectl(&[
+            "get",
+            "resourceclaim",
+            name,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+    })
+}

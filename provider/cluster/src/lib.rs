@@ -282,6 +282,19 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, Clus
 }
 
 impl ClusterProvider {
+    /// An allocation's outcome: the status is told of a taken ENI, and an
+    /// unavailable state says since when.
+    fn allocated(&self, got: Result<Eni, ProviderError>) -> Result<Eni, ProviderError> {
+        match got {
+            Ok(eni) => {
+                self.shared.changed(true);
+                Ok(eni)
+            }
+            Err(ProviderError::Unavailable(why)) => Err(self.unavailable(why)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Validates `config`, builds the client, loads the cache and starts
     /// the watch and the status writer. `mode` is the agent's.
     pub async fn start(
@@ -400,14 +413,7 @@ impl EniProvider for ClusterProvider {
 
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
         let got = self.shared.state().allocate(&self.shared.node, owner);
-        match got {
-            Ok(eni) => {
-                self.shared.changed(true);
-                Ok(eni)
-            }
-            Err(ProviderError::Unavailable(why)) => Err(self.unavailable(why)),
-            Err(e) => Err(e),
-        }
+        self.allocated(got)
     }
 
     async fn allocate_named(&self, eni_id: &str, owner: &EniOwner) -> Result<Eni, ProviderError> {
@@ -415,14 +421,7 @@ impl EniProvider for ClusterProvider {
             .shared
             .state()
             .allocate_named(&self.shared.node, eni_id, owner);
-        match got {
-            Ok(eni) => {
-                self.shared.changed(true);
-                Ok(eni)
-            }
-            Err(ProviderError::Unavailable(why)) => Err(self.unavailable(why)),
-            Err(e) => Err(e),
-        }
+        self.allocated(got)
     }
 
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
