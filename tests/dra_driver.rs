@@ -83,6 +83,16 @@ fn claim(name: &str, uid: &str) -> Claim {
     }
 }
 
+/// GET `path` on enimd's metrics listener.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -113,8 +123,13 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
     let registry = dir.path().join("plugins_registry");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let extra = format!(
-        "[dra]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nregistry_dir = {reg:?}\nplugin_dir = {plug:?}\nsweep_interval = \"1s\"\n",
+        "metrics_address = \"127.0.0.1:{metrics_port}\"\n[dra]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nregistry_dir = {reg:?}\nplugin_dir = {plug:?}\nsweep_interval = \"1s\"\n",
         kc = cp.admin_kubeconfig().display().to_string(),
         reg = registry.display().to_string(),
         plug = plugins.display().to_string(),
@@ -192,6 +207,10 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     // enimd dies right after the record, before it answers: the kubelet
     // sees a failed prepare and asks again of the next enimd.
     agent.arm_crash("dra:after-claim-write");
+    // The plugin serves once recovery is done, a moment after "ready".
+    eventually("the DRA socket is served", Duration::from_secs(10), || {
+        dra_socket.exists()
+    });
     assert!(
         prepare(&dra_socket).is_err(),
         "prepare answered though enimd died"
@@ -209,6 +228,14 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     assert_eq!(got.devices[0].device_name, device);
     assert_eq!(got.devices[0].pool_name, NODE);
     assert_eq!(got.devices[0].request_names, ["eni"]);
+
+    // Counted with enimd's requests: one failed (the crash), one served.
+    let metrics = http_get(metrics_port, "/metrics");
+    let served = enim_testkit::agent::metric(
+        &metrics,
+        "enim_requests_total{verb=\"dra_prepare\",result=\"ok\"}",
+    );
+    assert_eq!(served, 1.0, "{metrics}");
 
     // ADD for the claimed pod: exactly that ENI.
     let pod = NamedNetns::new("pod");

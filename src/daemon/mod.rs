@@ -335,7 +335,15 @@ impl Node {
         tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
         if let Some(dra) = dra {
             use crate::deviceplugin::DeviceSource;
-            dra.spawn(engine.clone(), devices.subscribe(), stop_rx.clone());
+            let m = metrics.clone();
+            let observe: crate::dra::plugin::Observer =
+                Arc::new(move |verb, started, ok| m.observe_request(verb, started, ok));
+            dra.spawn(
+                engine.clone(),
+                devices.subscribe(),
+                Some(observe),
+                stop_rx.clone(),
+            );
         }
         if config.device_plugin.enabled {
             let plugin =

@@ -243,6 +243,7 @@ impl DraNode {
         self,
         engine: Arc<Engine<D>>,
         changes: watch::Receiver<u64>,
+        observe: Option<plugin::Observer>,
         stop: watch::Receiver<bool>,
     ) {
         let (index_tx, index) = slices::DeviceIndex::new();
@@ -259,6 +260,7 @@ impl DraNode {
             node: self.node,
             claims: self.claims,
             index,
+            observe,
         });
         let config = self.config;
         let sweeper = preparer.clone();

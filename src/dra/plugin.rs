@@ -40,6 +40,10 @@ const LIST_WAIT: Duration = Duration::from_secs(10);
 /// How often the sockets are checked (someone may remove them).
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 
+/// Told of every claim prepared or unprepared: the verb, when it started,
+/// whether it succeeded (enimd's request metrics).
+pub type Observer = Arc<dyn Fn(&str, std::time::Instant, bool) + Send + Sync>;
+
 /// Claim → ENI, for the DRA service.
 pub struct Preparer {
     pub client: kube::Client,
@@ -47,6 +51,7 @@ pub struct Preparer {
     pub node: String,
     pub claims: Arc<Claims>,
     pub index: DeviceIndex,
+    pub observe: Option<Observer>,
 }
 
 impl Preparer {
@@ -177,7 +182,12 @@ impl DraPlugin for DraService {
     ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
         let mut out = NodePrepareResourcesResponse::default();
         for claim in request.into_inner().claims {
-            let answer = match self.preparer.prepare(&claim).await {
+            let started = std::time::Instant::now();
+            let result = self.preparer.prepare(&claim).await;
+            if let Some(observe) = &self.preparer.observe {
+                observe("dra_prepare", started, result.is_ok());
+            }
+            let answer = match result {
                 Ok(devices) => NodePrepareResourceResponse {
                     devices,
                     error: String::new(),
@@ -201,7 +211,12 @@ impl DraPlugin for DraService {
     ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
         let mut out = NodeUnprepareResourcesResponse::default();
         for claim in request.into_inner().claims {
-            let error = match self.preparer.unprepare(&claim) {
+            let started = std::time::Instant::now();
+            let result = self.preparer.unprepare(&claim);
+            if let Some(observe) = &self.preparer.observe {
+                observe("dra_unprepare", started, result.is_ok());
+            }
+            let error = match result {
                 Ok(()) => String::new(),
                 Err(e) => e.to_string(),
             };
