@@ -5,15 +5,18 @@
 # modules by scripts/cluster/build.sh, in sandbox namespaces
 # (scripts/cluster/node.sh), with enim installed by `kubectl apply` of
 # deploy/. Then named scenarios, each a PASS or FAIL line, in both modes,
-# and a third run with the control plane: enim-operator and the agents'
-# `cluster` provider (primary mode).
+# a third run with the control plane: enim-operator and the agents'
+# `cluster` provider (primary mode), and a fourth with DRA: pods claim ENIs
+# by their attributes through ResourceClaims (primary mode, [dra] on, the
+# device plugin's DaemonSet deleted; scripts/cluster/dra-scenarios.sh).
 #
-#   scripts/e2e-cluster.sh [--debug] [--no-build] [--mode MODE] [--keep]
+#   scripts/e2e-cluster.sh [--debug] [--no-build] [--mode LIST] [--keep]
 #                          [--restarts N] [--only SCENARIO,...]
 #
 #   --debug       enim's image from dev-profile binaries (CI) instead of release
 #   --no-build    use what target/ holds; do not run cargo
-#   --mode MODE   primary, secondary or operator only (default: all three)
+#   --mode LIST   primary, secondary, operator, dra: these runs only, in this
+#                 order (comma-separated; default: all four)
 #   --keep        leave the last cluster running and print how to reach it
 #   --restarts N  enimd restarts of each kind in the admission scenario
 #                 (default 20)
@@ -29,7 +32,7 @@ set -euo pipefail
 debug=()
 build=1
 keep=0
-modes=(primary secondary operator)
+modes=(primary secondary operator dra)
 restarts=20
 only=""
 while [ $# -gt 0 ]; do
@@ -37,10 +40,10 @@ while [ $# -gt 0 ]; do
     --debug) debug=(--debug); shift ;;
     --no-build) build=0; shift ;;
     --keep) keep=1; shift ;;
-    --mode) modes=("${2:?}"); shift 2 ;;
+    --mode) IFS=, read -ra modes <<<"${2:?}"; shift 2 ;;
     --restarts) restarts=${2:?}; shift 2 ;;
     --only) only=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "e2e-cluster.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -123,13 +126,17 @@ build_args=("${debug[@]}")
 "$repo/scripts/build-image.sh" "${build_args[@]}" "$ENIM_IMAGE"
 podman save -q -o "$images/enim.tar" "$ENIM_IMAGE"
 
-# enim_install MODE PROVIDER: deploy/ as a user applies it, the ConfigMap's
-# provider replaced by the sandbox's static ENIs (PROVIDER static), or by
-# the `cluster` provider, with the operator's [cloud] the sandbox's ENIs as
-# a static inventory (PROVIDER cluster). The operator runs one replica: its
-# two are spread over nodes, and this cluster has one.
+# enim_install MODE PROVIDER [dra]: deploy/ as a user applies it, the
+# ConfigMap's provider replaced by the sandbox's static ENIs (PROVIDER
+# static), or by the `cluster` provider, with the operator's [cloud] the
+# sandbox's ENIs as a static inventory (PROVIDER cluster). The operator runs
+# one replica: its two are spread over nodes, and this cluster has one.
+# With dra: [dra] on, and the device plugin's DaemonSet deleted after the
+# apply, as a user of DRA does (it would exit there anyway).
 enim_install() {
-  python3 "$repo/scripts/cluster/enim-config.py" "$repo/deploy" "$1" "$work/etc/enis.toml" "$2" "$NODE_NAME" "$work/etc/operator.yaml" > "$work/etc/configmap.yaml"
+  local dra=()
+  [ "${3:-}" = dra ] && dra=(--dra)
+  python3 "$repo/scripts/cluster/enim-config.py" "$repo/deploy" "$1" "$work/etc/enis.toml" "$2" "$NODE_NAME" "$work/etc/operator.yaml" "${dra[@]}" > "$work/etc/configmap.yaml"
   local f
   for f in "$repo"/deploy/*.yaml; do
     case $f in
@@ -141,6 +148,9 @@ enim_install() {
     case $f in */05-crd-*) k wait --for=condition=Established crd/netresourcesets.enim.io --timeout=60s >/dev/null ;; esac
   done
   k apply -f - < "$repo/scripts/cluster/coredns.yaml" >/dev/null
+  if [ ${#dra[@]} -gt 0 ]; then
+    k -n enim-system delete daemonset enim-device-plugin --wait=true >/dev/null
+  fi
 }
 
 diagnose() {
@@ -148,6 +158,11 @@ diagnose() {
   echo "--- enim's attachments"; enimctl attachments 2>&1 || true
   echo "--- events"; k get events -A --sort-by=.lastTimestamp 2>&1 | grep -v ' Normal ' | tail -n 15 || true
   echo "--- enimd's log"; k -n enim-system logs ds/enimd -c enimd --tail=15 2>&1 || true
+  if [ "$run" = dra ]; then
+    echo "--- resourceclaims"; k get resourceclaims -A -o wide 2>&1 || true
+    echo "--- resourceslices"; k get resourceslices 2>&1 || true
+    echo "--- the kubelet on DRA"; grep -i 'dra\|resourceclaim\|prepare' "$work/logs/kubelet.log" 2>/dev/null | tail -n 10 || true
+  fi
   if [ "$provider" = cluster ]; then
     echo "--- netresourcesets"; k get nrs -o wide 2>&1 || true
     echo "--- enim-operator's log"; k -n enim-system logs deploy/enim-operator --tail=15 2>&1 || true
@@ -157,17 +172,24 @@ diagnose() {
 
 # One cluster per mode.
 for run in "${modes[@]}"; do
-  # The operator's run is primary mode, its ENIs through NetResourceSets.
-  case $run in operator) mode=primary provider=cluster ;; *) mode=$run provider=static ;; esac
+  # The operator's run is primary mode, its ENIs through NetResourceSets;
+  # DRA's is primary mode with ENIs that say where they are (placement).
+  case $run in
+    operator) mode=primary provider=cluster ;;
+    dra) mode=primary provider=static ;;
+    *) mode=$run provider=static ;;
+  esac
   step "[$run] cluster up ($(elapsed))"
   if [ -n "$work" ]; then cluster_down; rm -rf "$work"; fi
   cluster_init "$bin"
   # primary: 4 ENIs, each a pod's. secondary: 2 ENIs with 6 secondary
   # addresses each, 12 pods' worth.
-  if [ "$mode" = primary ]; then cluster_up 4 0 ""; else cluster_up 2 6 ""; fi
-  echo "cluster up in $CLUSTER_START_MS ms"
-  enim_install "$mode" "$provider"
   . "$repo/scripts/cluster/scenarios.sh"
+  if [ "$run" = dra ]; then cluster_up 4 0 "" dra_eni_placement
+  elif [ "$mode" = primary ]; then cluster_up 4 0 ""
+  else cluster_up 2 6 ""; fi
+  echo "cluster up in $CLUSTER_START_MS ms"
+  if [ "$run" = dra ]; then enim_install "$mode" "$provider" dra; else enim_install "$mode" "$provider"; fi
   run_scenarios
 done
 

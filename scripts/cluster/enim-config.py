@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes deploy/'s ConfigMap for the e2e cluster (scripts/e2e-cluster.sh):
 
-    enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT > configmap.yaml
+    enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT [--dra] > configmap.yaml
 
 What a user edits when installing on their cloud, done for the sandbox:
 `mode` is set, and [provider] becomes
@@ -11,6 +11,8 @@ What a user edits when installing on their cloud, done for the sandbox:
   NetResourceSet), and OPERATOR_OUT gets deploy/50-operator.yaml with the
   operator's [cloud] a static inventory of those ENIs on node NODE, and one
   replica (the two of deploy/ are spread over nodes; this cluster has one).
+With --dra, [dra] enabled = true and [device_plugin] off: pods claim ENIs
+through DRA (README "Claiming an ENI (DRA)").
 Every other key stays as deploy/ has it.
 """
 
@@ -36,9 +38,11 @@ def e2e_pod():
 
 
 def main():
-    if len(sys.argv) != 7:
-        fail("usage: enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT")
-    deploy_dir, mode, enis_file, provider, node, operator_out = sys.argv[1:]
+    args = sys.argv[1:]
+    dra = args[6:] == ["--dra"]
+    if len(args) != 6 and not dra:
+        fail("usage: enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT [--dra]")
+    deploy_dir, mode, enis_file, provider, node, operator_out = args[:6]
     pod = e2e_pod()
     with open(os.path.join(deploy_dir, "20-configmap.yaml")) as f:
         cm = yaml.safe_load(f)
@@ -57,6 +61,10 @@ def main():
             operator_manifests(deploy_dir, mode, node, sandbox["provider"]["enis"], out)
     else:
         fail(f"PROVIDER {provider!r}: static or cluster")
+    if dra:
+        # One or the other: enimd refuses to start with both.
+        config["device_plugin"] = {**config.get("device_plugin", {}), "enabled": False}
+        config["dra"] = {"enabled": True}
     cm["data"]["enimd.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
     yaml.dump(cm, sys.stdout, sort_keys=False)
 

@@ -98,12 +98,13 @@ eni_veth() {
   ip -n "$gw" link set "vpc$1" up
 }
 
-# net_up ENIS ADDRS_PER_ENI: the namespaces, the node's uplink and ENIS veth
-# ENIs; ENI i is in 10.251.i.0/24 with address .10 and gateway .1 (and,
-# with ADDRS_PER_ENI > 0, secondaries .11 on). Writes the static provider's
-# entries to $work/etc/enis.toml.
+# net_up ENIS ADDRS_PER_ENI [EXTRA]: the namespaces, the node's uplink and
+# ENIS veth ENIs; ENI i is in 10.251.i.0/24 with address .10 and gateway .1
+# (and, with ADDRS_PER_ENI > 0, secondaries .11 on). Writes the static
+# provider's entries to $work/etc/enis.toml; EXTRA, a function, prints more
+# keys of ENI i's entry (`EXTRA i`), e.g. its placement.
 net_up() {
-  local n=$1 per=$2 i j
+  local n=$1 per=$2 extra=${3:-} i j
   ip netns add "$gw"
   ip netns add "$node"
   ip -n "$gw" link set lo up
@@ -129,6 +130,7 @@ net_up() {
       done
       printf ']\n' >> "$work/etc/enis.toml"
     fi
+    if [ -n "$extra" ]; then "$extra" "$i" >> "$work/etc/enis.toml"; fi
   done
 }
 
@@ -302,11 +304,11 @@ images_import() {
   done
 }
 
-# cluster_up ENIS ADDRS_PER_ENI CLUSTER_CIDR
+# cluster_up ENIS ADDRS_PER_ENI CLUSTER_CIDR [EXTRA] (EXTRA: see net_up)
 cluster_up() {
   local t0
   t0=$(date +%s%N)
-  net_up "$1" "$2"
+  net_up "$1" "$2" "${4:-}"
   mnt_up
   cgroups_up
   configs

@@ -13,11 +13,12 @@ allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # pod NAME [KEY=VALUE...]: a busybox pod on an enim ENI (or address) that
 # serves its own name over HTTP on 8080, with an HTTP readiness probe.
 # Keys: cmd (replaces the server), probe (path; "none" for no probe),
-# hostport, restart (restartPolicy), res (0: no enim resource).
+# hostport, restart (restartPolicy), res (0: no enim resource), claim (a
+# ResourceClaimTemplate: the pod's ENI claimed through DRA instead).
 pod() {
   local name=$1; shift
   local cmd="mkdir -p /www && echo $name > /www/index.html && exec httpd -f -p 8080 -h /www"
-  local probe=/ hostport="" restart=Always res=1 kv
+  local probe=/ hostport="" restart=Always res=1 claim="" kv
   for kv in "$@"; do
     case $kv in
       cmd=*) cmd=${kv#cmd=} ;;
@@ -25,6 +26,7 @@ pod() {
       hostport=*) hostport=${kv#hostport=} ;;
       restart=*) restart=${kv#restart=} ;;
       res=*) res=${kv#res=} ;;
+      claim=*) claim=${kv#claim=} res=0 ;;
     esac
   done
   {
@@ -46,14 +48,18 @@ spec:
 EOF
     [ "$probe" = none ] || echo "      readinessProbe: {httpGet: {path: $probe, port: 8080}, periodSeconds: 1}"
     [ "$res" = 0 ] || echo "      resources: {limits: {$(resource): 1}}"
+    if [ -n "$claim" ]; then
+      echo "      resources: {claims: [{name: eni}]}"
+      echo "  resourceClaims: [{name: eni, resourceClaimTemplateName: $claim}]"
+    fi
   } | k apply -f - >/dev/null
 }
 
 pod_ip() { k get pod "$1" -o jsonpath='{.status.podIP}'; }
 ready() { k wait --for=condition=Ready "pod/$1" --timeout="${2:-90}s" >/dev/null; }
-# clean: every test pod and service gone, and enim holding nothing.
+# clean: every test pod, service and claim gone, and enim holding nothing.
 clean() {
-  k delete deployment,pod,svc,endpointslice -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
+  k delete deployment,pod,svc,endpointslice,resourceclaimtemplate,resourceclaim -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
   # Any ENI a scenario took from the node (on purpose or by failing midway)
   # is put back, so the next scenario starts from a whole node.
   reattach_enis
@@ -588,16 +594,17 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 # p50/p95 of numbers on stdin.
 pcts() { sort -n | awk '{ v[NR] = $1 } END { i50 = int(0.5 * (NR - 1) + 0.5) + 1; i95 = int(0.95 * (NR - 1) + 0.5) + 1; printf "%d %d", v[i50], v[i95] }'; }
 
-# one_at_a_time PREFIX RES: 20 pods, each created, Ready, deleted in turn;
-# prints apply->Ready p50 p95 (ms).
+# one_at_a_time PREFIX N KEY=VALUE...: N pods (pod's keys), each created,
+# Ready, deleted in turn; prints apply->Ready p50 p95 (ms).
 one_at_a_time() {
-  local i t0 ready=()
-  for i in $(seq 1 20); do
+  local prefix=$1 n=$2 i t0 ready=()
+  shift 2
+  for i in $(seq 1 "$n"); do
     t0=$(now_ms)
-    pod "$1$i" probe=none res="$2"
-    ready "$1$i" 60 || return 1
+    pod "$prefix$i" probe=none "$@"
+    ready "$prefix$i" 60 || return 1
     ready+=($(($(now_ms) - t0)))
-    k delete pod "$1$i" --wait=true >/dev/null
+    k delete pod "$prefix$i" --wait=true >/dev/null
   done
   printf '%s\n' "${ready[@]}" | pcts
 }
@@ -627,11 +634,11 @@ print(v.get("count", 0), v.get("sum", 0))'
 s_perf() {
   local log=$work/logs/containerd.log e b a0 a1
   a0=$(add_seconds)
-  e=$(one_at_a_time "perf-enim-" 1) || return 1
+  e=$(one_at_a_time "perf-enim-" 20 res=1) || return 1
   a1=$(add_seconds)
   wait_for "enim to hold nothing" 60 holds 0
   bridge_on
-  b=$(one_at_a_time "perf-bridge-" 0) || { bridge_off; return 1; }
+  b=$(one_at_a_time "perf-bridge-" 20 res=0) || { bridge_off; return 1; }
   if [ "$mode" = secondary ]; then
     at_once "perfx-bridge-" 0 || { bridge_off; return 1; }
   fi
@@ -641,7 +648,9 @@ s_perf() {
   se=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perf-enim-) || return 1
   sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perf-bridge-) || return 1
   perf_line "one at a time" "$se" "$sb"
+  # The DRA run compares its claims' figure with this one (device plugin).
   echo "apply->Ready ms p50/p95: enim $e, bridge $b (one at a time)"
+  echo "[$mode] apply->Ready one at a time (20 pods), ms p50/p95: enim (device plugin) $e, bridge $b" >> "$PERF_OUT"
   python3 -c "
 import sys
 c0, s0 = map(float, sys.argv[1].split()); c1, s1 = map(float, sys.argv[2].split())
@@ -673,9 +682,11 @@ s_rust() {
 }
 
 . "$repo/scripts/cluster/operator-scenarios.sh"
+. "$repo/scripts/cluster/dra-scenarios.sh"
 
 run_scenarios() {
   if [ "$provider" = cluster ]; then run_operator_scenarios; return; fi
+  if [ "$run" = dra ]; then run_dra_scenarios; return; fi
   scenario "enimd and the node Ready; allocatable $(resource) = $(capacity)" s_ready
   scenario "scheduling: $(capacity) pods on enim, one more Pending (Insufficient $(resource)), runs after a delete" s_scheduling
   scenario "Services and DNS, kube-proxy clusterCIDR set (ENI addresses outside it)" s_services_cidr_set
