@@ -170,6 +170,28 @@ fn each_check_fails_on_a_broken_manifest() {
             |m| toml_mut(m).insert_str(0, "sokcet = \"/x\"\n"),
             "not a config enimd accepts",
         ),
+        // A node hands its ENIs out through DRA or the device plugin.
+        (
+            "DRA and the device plugin both on",
+            |m| {
+                let on = toml_mut(m).replace(
+                    "[device_plugin]\nenabled = false",
+                    "[device_plugin]\nenabled = true",
+                );
+                assert_ne!(&on, toml_mut(m));
+                *toml_mut(m) = format!("{on}\n[dra]\nenabled = true\n");
+            },
+            "[dra] enabled = true and [device_plugin] enabled = true",
+        ),
+        (
+            "DRA in secondary mode",
+            |m| {
+                let secondary = toml_mut(m).replace("mode = \"primary\"", "mode = \"secondary\"");
+                assert_ne!(&secondary, toml_mut(m));
+                *toml_mut(m) = format!("{secondary}\n[dra]\nenabled = true\n");
+            },
+            "[dra] enabled = true needs mode = \"primary\"",
+        ),
         (
             "privileged",
             |m| agent_security_mut(m).privileged = Some(true),
