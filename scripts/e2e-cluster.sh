@@ -161,7 +161,9 @@ diagnose() {
   if [ "$run" = dra ]; then
     echo "--- resourceclaims"; k get resourceclaims -A -o wide 2>&1 || true
     echo "--- resourceslices"; k get resourceslices 2>&1 || true
-    echo "--- the kubelet on DRA"; grep -i 'dra\|resourceclaim\|prepare' "$work/logs/kubelet.log" 2>/dev/null | tail -n 10 || true
+    echo "--- the kubelet on DRA"
+    grep 'RegisterPlugin' "$work/logs/kubelet.log" 2>/dev/null | tail -n 2 || true
+    grep -i 'dra\|resourceclaim\|prepare' "$work/logs/kubelet.log" 2>/dev/null | tail -n 8 || true
   fi
   if [ "$provider" = cluster ]; then
     echo "--- netresourcesets"; k get nrs -o wide 2>&1 || true
