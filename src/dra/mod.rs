@@ -8,7 +8,8 @@
 //!   follows the engine's ENI list; the kubelet deletes it 30 s after this
 //!   plugin's socket is gone (uninstall).
 //! - [`plugin`]: the kubelet plugin, registered over `pluginregistration/v1`
-//!   and serving `DRAPlugin` v1. `NodePrepareResources` reads the claim's
+//!   (through [`authority`], which mends the kubelet's `:authority`) and
+//!   serving `DRAPlugin` v1. `NodePrepareResources` reads the claim's
 //!   allocation and records claim → ENI in [`claims`] before it answers;
 //!   `NodeUnprepareResources` drops the record.
 //! - [`bound`]: the provider enimd's engine sees on a DRA node. CNI ADD for
@@ -27,6 +28,7 @@
 //! - Prepare touches neither the kernel nor the cloud: the ENI moves at ADD,
 //!   through the engine, with its usual intent and outcome records.
 
+pub mod authority;
 pub mod bound;
 pub mod claims;
 pub mod devices;

@@ -262,10 +262,15 @@ struct Served {
     path: PathBuf,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The registration socket's acceptor, in front of the server.
+    acceptor: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Served {
     async fn stop(self) {
+        if let Some(a) = self.acceptor {
+            a.abort();
+        }
         let _ = self.stop.send(());
         let _ = self.task.await;
         let _ = std::fs::remove_file(&self.path);
@@ -301,6 +306,7 @@ fn serve_on(path: &Path, router: tonic::transport::server::Router) -> Result<Ser
         path: path.to_path_buf(),
         stop,
         task,
+        acceptor: None,
     })
 }
 
@@ -312,15 +318,51 @@ fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
     )
 }
 
+/// The registration service, each connection relayed through
+/// [`super::authority::relay`] (the kubelet's `:authority` is a path, which
+/// the gRPC server would refuse).
 fn serve_registration(path: &Path, driver: &str, endpoint: &Path) -> Result<Served, DraError> {
+    let listener = bind(path)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<tokio::io::DuplexStream>>(16);
+    let acceptor = tokio::spawn(async move {
+        loop {
+            let conn = match listener.accept().await {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "registration socket: accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            if tx.send(Ok(theirs)).await.is_err() {
+                return;
+            }
+            tokio::spawn(async move {
+                if let Err(e) = super::authority::relay(conn, ours).await {
+                    tracing::debug!(error = %e, "registration connection ended");
+                }
+            });
+        }
+    });
     let service = RegistrationServer::new(RegistrationService {
         driver: driver.to_string(),
         endpoint: endpoint.to_path_buf(),
     });
-    serve_on(
-        path,
-        tonic::transport::Server::builder().add_service(service),
-    )
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), async {
+                let _ = stopped.await;
+            }),
+    );
+    Ok(Served {
+        path: path.to_path_buf(),
+        stop,
+        task,
+        acceptor: Some(acceptor),
+    })
 }
 
 /// Serves both sockets until `stop` turns true; serves them again when one
