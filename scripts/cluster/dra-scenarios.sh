@@ -397,6 +397,28 @@ s_dra_perf() {
   fi
 }
 
+# --- i ---------------------------------------------------------------------
+
+# Uninstall: enimd's DaemonSet deleted. enimd removes its plugin sockets on
+# SIGTERM; the kubelet unregisters the plugin and deletes the driver's
+# ResourceSlices 30 s later (its wipe delay). Then enim is installed again
+# and the slice comes back.
+slice_gone() { ! k get resourceslice "$(dra_slice_name)" >/dev/null 2>&1; }
+s_dra_uninstall() {
+  local t0 took
+  k -n enim-system delete daemonset enimd --wait=true >/dev/null || return 1
+  t0=$(now_ms)
+  wait_for "the kubelet to delete the ResourceSlice" 120 slice_gone ||
+    { echo "still there: $(slice_devices)"; return 1; }
+  took=$(($(now_ms) - t0))
+  echo "the DaemonSet deleted: the ResourceSlice gone $took ms later (the kubelet's wipe delay is 30 s)"
+  k apply -f - < "$repo/deploy/30-daemonset.yaml" >/dev/null || return 1
+  enimd_ready || return 1
+  wait_for "the ResourceSlice back with every ENI" 90 slice_devices_are "$ALL_DEVICES" ||
+    { echo "devices: $(slice_devices)"; return 1; }
+  echo "installed again: the ResourceSlice lists $(slice_devices)"
+}
+
 run_dra_scenarios() {
   scenario "enimd Ready; the node's ResourceSlice lists every ENI with its attributes (no device plugin)" s_dra_ready
   scenario "a claim by subnet: the pod runs on the allocated ENI; networkData names eth0, its address and MAC" s_dra_subnet
@@ -407,4 +429,5 @@ run_dra_scenarios() {
   scenario "performance: apply->Ready of pods with a claim, one at a time" s_dra_perf
   # Last: it takes enimd away for a while.
   scenario "[dra] and [device_plugin] both on: the agent's pod stops at start naming both; restored" s_dra_both_on
+  scenario "uninstall: enimd's DaemonSet deleted, the kubelet deletes the ResourceSlice; installed again, it is back" s_dra_uninstall
 }
