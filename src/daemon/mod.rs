@@ -333,17 +333,18 @@ impl Node {
         // Listed, and advertised, only once recovery is done: before, the
         // list is not known.
         tokio::spawn(devices.clone().run(engine.clone(), stop_rx.clone()));
+        let mut dra_plugin = None;
         if let Some(dra) = dra {
             use crate::deviceplugin::DeviceSource;
             let m = metrics.clone();
             let observe: crate::dra::plugin::Observer =
                 Arc::new(move |verb, started, ok| m.observe_request(verb, started, ok));
-            dra.spawn(
+            dra_plugin = Some(dra.spawn(
                 engine.clone(),
                 devices.subscribe(),
                 Some(observe),
                 stop_rx.clone(),
-            );
+            ));
         }
         if config.device_plugin.enabled {
             let plugin =
@@ -384,6 +385,11 @@ impl Node {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "server error"),
             Err(e) => tracing::error!(error = %e, "server task failed"),
+        }
+        // The DRA plugin's sockets go before enimd does: the kubelet sees
+        // the plugin leave, and a stale socket never answers it.
+        if let Some(plugin) = dra_plugin {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), plugin).await;
         }
         // Requests are finished: land the outcomes still written behind.
         if let Err(e) = engine.checkpoint().flush().await {

@@ -240,14 +240,15 @@ impl DraNode {
     }
 
     /// Publishes the ResourceSlice and serves the kubelet until `stop`.
-    /// `changes` ticks when the ENI list may have changed.
+    /// `changes` ticks when the ENI list may have changed. The handle ends
+    /// once the plugin's sockets are gone: enimd waits for it at exit.
     pub fn spawn<D: Driver>(
         self,
         engine: Arc<Engine<D>>,
         changes: watch::Receiver<u64>,
         observe: Option<plugin::Observer>,
         stop: watch::Receiver<bool>,
-    ) {
+    ) -> tokio::task::JoinHandle<()> {
         let (index_tx, index) = slices::DeviceIndex::new();
         let publisher = slices::SlicePublisher {
             client: self.client.clone(),
@@ -284,7 +285,7 @@ impl DraNode {
             if let Err(e) = plugin::serve(&config, preparer, stop).await {
                 tracing::error!(error = %e, "DRA plugin stopped");
             }
-        });
+        })
     }
 }
 

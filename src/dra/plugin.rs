@@ -266,14 +266,23 @@ struct Served {
     acceptor: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// How long a stopping server may take to finish its connections.
+const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Served {
+    /// The socket first (the kubelet sees the plugin go at once, and no
+    /// one dials a server that is stopping), then the server, bounded: a
+    /// kubelet holding its connection open must not hold enimd's exit.
     async fn stop(self) {
+        let _ = std::fs::remove_file(&self.path);
         if let Some(a) = self.acceptor {
             a.abort();
         }
         let _ = self.stop.send(());
-        let _ = self.task.await;
-        let _ = std::fs::remove_file(&self.path);
+        let mut task = self.task;
+        if tokio::time::timeout(STOP_WITHIN, &mut task).await.is_err() {
+            task.abort();
+        }
     }
 }
 

@@ -56,10 +56,16 @@ pub fn slice_name(node: &str, driver: &str) -> String {
     format!("{node}-{driver}")
 }
 
+/// Where each ENI's device sat when it was last in the host: an ENI in a
+/// pod's netns has no host device to read, and its attributes must not
+/// change while a claim holds it.
+pub type Topologies = std::collections::HashMap<String, topology::Topology>;
+
 /// The devices for `enis` (those the node may hand out), and their index.
 pub fn devices_of(
     enis: &[EniStatus],
     sysfs: &std::path::Path,
+    known: &mut Topologies,
 ) -> (Vec<Device>, BTreeMap<String, String>) {
     let mut list = Vec::new();
     let mut index = BTreeMap::new();
@@ -72,11 +78,14 @@ pub fn devices_of(
         if !offered {
             continue;
         }
-        let topo = e
-            .host_device
-            .as_deref()
-            .map(|dev| topology::read(sysfs, dev))
-            .unwrap_or_default();
+        let topo = match e.host_device.as_deref() {
+            Some(dev) => {
+                let t = topology::read(sysfs, dev);
+                known.insert(e.eni.id.clone(), t.clone());
+                t
+            }
+            None => known.get(&e.eni.id).cloned().unwrap_or_default(),
+        };
         let Some(device) = devices::device(&e.eni, &topo) else {
             tracing::warn!(eni = %e.eni.id, "ENI id is not a DNS label: not published as a DRA device");
             continue;
@@ -152,11 +161,12 @@ impl SlicePublisher {
         let mut node_uid: Option<String> = None;
         let mut generation: Option<i64> = None;
         let mut written: Option<Vec<Device>> = None;
+        let mut topologies = Topologies::new();
         loop {
             let mut ok = true;
             match engine.enis().await {
                 Ok(enis) => {
-                    let (list, map) = devices_of(&enis, &self.sysfs);
+                    let (list, map) = devices_of(&enis, &self.sysfs, &mut topologies);
                     index.send_replace(Some(map));
                     if written.as_ref() != Some(&list) {
                         match self
@@ -274,11 +284,52 @@ mod tests {
             status("eni-e", EniState::Missing, None),
             status("ENI_bad", EniState::Free, Some("ens8")),
         ];
-        let (list, index) = devices_of(&enis, std::path::Path::new("/nonexistent"));
+        let (list, index) = devices_of(
+            &enis,
+            std::path::Path::new("/nonexistent"),
+            &mut Topologies::new(),
+        );
         let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["eni-a", "eni-b"]);
         assert_eq!(index.get("eni-b").map(String::as_str), Some("eni-b"));
         assert_eq!(index.len(), 2);
+    }
+
+    #[test]
+    fn an_eni_in_a_pod_keeps_the_topology_it_had_in_the_host() {
+        // A fake sysfs with ens6 on NUMA node 1.
+        let root = tempfile::tempdir().unwrap();
+        let function = root.path().join("devices/pci0000:80/0000:80:01.0");
+        std::fs::create_dir_all(&function).unwrap();
+        std::fs::write(function.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(root.path().join("class/net/ens6")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:80/0000:80:01.0",
+            root.path().join("class/net/ens6/device"),
+        )
+        .unwrap();
+        let mut known = Topologies::new();
+        let numa = |list: &[Device]| {
+            list[0]
+                .attributes
+                .as_ref()
+                .unwrap()
+                .get("numaNode")
+                .and_then(|a| a.int)
+        };
+        let (free, _) = devices_of(
+            &[status("eni-b", EniState::Free, Some("ens6"))],
+            root.path(),
+            &mut known,
+        );
+        assert_eq!(numa(&free), Some(1));
+        // In a pod: no host device, the same attributes.
+        let (held, _) = devices_of(
+            &[status("eni-b", EniState::InUse, None)],
+            root.path(),
+            &mut known,
+        );
+        assert_eq!(held, free);
     }
 
     #[test]
