@@ -250,12 +250,7 @@ async fn a_pod_whose_claim_no_node_can_serve_runs_on_an_eni_made_for_it() {
     .await;
     let made = applied.elapsed();
     let in_moto = env.eni(&eni_id).await;
-    let groups: Vec<&str> = in_moto
-        .group_set
-        .item
-        .iter()
-        .map(|g| g.group_id.as_str())
-        .collect();
+    let groups = in_moto.group_ids();
     assert_eq!(
         groups,
         [group.as_str()],

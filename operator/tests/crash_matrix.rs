@@ -155,12 +155,7 @@ async fn claim_point(point: &str) {
     );
     assert_eq!(eni.security_groups, std::slice::from_ref(&group), "{point}");
     let in_moto = rig.env.eni(&eni.id).await;
-    let groups: Vec<&str> = in_moto
-        .group_set
-        .item
-        .iter()
-        .map(|g| g.group_id.as_str())
-        .collect();
+    let groups = in_moto.group_ids();
     assert_eq!(
         groups,
         [group.as_str()],

@@ -64,12 +64,7 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
     );
     // In moto: exactly the claim's group, attached to the node's instance.
     let in_moto = rig.env.eni(&made.id).await;
-    let groups: Vec<&str> = in_moto
-        .group_set
-        .item
-        .iter()
-        .map(|g| g.group_id.as_str())
-        .collect();
+    let groups = in_moto.group_ids();
     assert_eq!(groups, [group.as_str()]);
     assert_eq!(in_moto.attached_instance(), Some(instance.as_str()));
 

@@ -124,6 +124,15 @@ impl NetworkInterface {
         v4.chain(v6).filter_map(|s| s.parse().ok()).collect()
     }
 
+    /// The ids of its security groups, in the listing's order.
+    pub fn group_ids(&self) -> Vec<&str> {
+        self.group_set
+            .item
+            .iter()
+            .map(|g| g.group_id.as_str())
+            .collect()
+    }
+
     /// The instance it is attached (or attaching) to.
     pub fn attached_instance(&self) -> Option<&str> {
         let a = self.attachment.as_ref()?;
