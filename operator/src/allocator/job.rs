@@ -106,25 +106,19 @@ impl Job<'_> {
                 ..
             } => {
                 // A claim's intent: the same subnet and groups again.
-                let for_claim = self
+                let intent = self
                     .spec()?
                     .intents
                     .iter()
-                    .find(|i| i.client_token == token && i.claim.is_some())
+                    .find(|i| i.client_token == token)
                     .cloned();
-                let params = for_claim
-                    .as_ref()
-                    .map(|i| (i.subnet.clone(), i.security_groups.clone()));
+                let params = intent.as_ref().and_then(claim_params);
                 // Found in the spec: an earlier create may have made it.
                 let eni = match made {
                     Some(eni) => eni,
                     None => self.create(&token, secondary_ipv4, false, params).await?,
                 };
-                let mut published = eni_spec(&eni);
-                if let Some(i) = for_claim {
-                    published.claim = i.claim;
-                    published.security_groups = i.security_groups;
-                }
+                let mut published = entry_for(&eni, intent.as_ref());
                 if let Some(ix) = device_index {
                     self.attach(&eni, ix).await?;
                     published.device_index = Some(ix);
@@ -169,7 +163,10 @@ impl Job<'_> {
                 device_indexes,
                 secondary_ipv4,
                 ..
-            } => self.create_enis(&device_indexes, secondary_ipv4).await,
+            } => {
+                let new = device_indexes.into_iter().map(|ix| (ix, None)).collect();
+                self.create_enis(new, secondary_ipv4).await
+            }
             Task::CreateForClaim {
                 claim,
                 subnet,
@@ -177,8 +174,8 @@ impl Job<'_> {
                 device_index,
                 ..
             } => {
-                self.create_for_claim(claim, subnet, security_groups, device_index)
-                    .await
+                let new = vec![(device_index, Some((claim, subnet, security_groups)))];
+                self.create_enis(new, 0).await
             }
             Task::AssignAddresses { eni, count, .. } => {
                 let ips = self
@@ -241,45 +238,63 @@ impl Job<'_> {
     /// failure does not stop the others (unless leadership is lost); its
     /// intent stays for the next resync to finish with the same token.
     /// Each token is new and sent once here (`fresh`): a retry is the next
-    /// resync's [`Task::FinishIntent`], which is not.
-    async fn create_enis(&mut self, device_indexes: &[u32], ips: usize) -> Result<(), TaskError> {
+    /// resync's [`Task::FinishIntent`], which is not. An ENI for a DRA
+    /// claim carries the claim, subnet and groups in its intent (so that a
+    /// successor finishing it makes the same ENI) and is published marked
+    /// with the claim.
+    async fn create_enis(
+        &mut self,
+        new: Vec<(u32, Option<ForClaim>)>,
+        ips: usize,
+    ) -> Result<(), TaskError> {
         let since = Time(
             k8s_openapi::jiff::Timestamp::try_from((self.alloc.clock)())
                 .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         );
-        let tokens: Vec<(String, u32)> = device_indexes
-            .iter()
-            .map(|ix| (self.alloc.new_token(), *ix))
+        let intents: Vec<(Intent, u32)> = new
+            .into_iter()
+            .map(|(ix, for_claim)| {
+                let (claim, subnet, security_groups) = match for_claim {
+                    Some((c, subnet, groups)) => (Some(c), subnet, groups),
+                    None => (None, String::new(), Vec::new()),
+                };
+                let intent = Intent {
+                    client_token: self.alloc.new_token(),
+                    action: ACTION_CREATE_ATTACH.into(),
+                    eni: String::new(),
+                    since: since.clone(),
+                    claim,
+                    subnet,
+                    security_groups,
+                };
+                (intent, ix)
+            })
             .collect();
         self.spec()?
             .intents
-            .extend(tokens.iter().map(|(t, _)| Intent {
-                client_token: t.clone(),
-                action: ACTION_CREATE_ATTACH.into(),
-                eni: String::new(),
-                since: since.clone(),
-                claim: None,
-                subnet: String::new(),
-                security_groups: Vec::new(),
-            }));
+            .extend(intents.iter().map(|(i, _)| i.clone()));
         self.flush().await?;
         crash_point("operator-after-intent");
         let mut first_err = None;
         let mut published = 0;
-        for (token, ix) in tokens {
+        for (intent, ix) in intents {
+            let token = &intent.client_token;
             let r = async {
-                let eni = self.create(&token, ips, true, None).await?;
+                let eni = self.create(token, ips, true, claim_params(&intent)).await?;
                 self.attach(&eni, ix).await?;
-                let mut s = eni_spec(&eni);
+                let mut s = entry_for(&eni, Some(&intent));
                 s.device_index = Some(ix);
                 Ok::<EniSpec, TaskError>(s)
             }
             .await;
             match r {
                 Ok(s) => {
+                    if let Some(c) = &intent.claim {
+                        tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), eni = %s.id, "made an ENI for a claim");
+                    }
                     let spec = self.spec()?;
                     spec.enis.push(s);
-                    spec.intents.retain(|i| i.client_token != token);
+                    spec.intents.retain(|i| &i.client_token != token);
                     published += 1;
                 }
                 Err(e) => {
@@ -296,49 +311,6 @@ impl Job<'_> {
             crash_point("operator-after-publish");
         }
         first_err.map_or(Ok(()), Err)
-    }
-
-    /// One ENI for a DRA claim, as [`Self::create_enis`] makes one for the
-    /// pool: its intent (with the claim, subnet and groups, so that a
-    /// successor finishing it makes the same ENI) before the create, the
-    /// publish (marked with the claim) after the attach.
-    async fn create_for_claim(
-        &mut self,
-        claim: enim_crd::ClaimRef,
-        subnet: String,
-        security_groups: Vec<String>,
-        device_index: u32,
-    ) -> Result<(), TaskError> {
-        let since = Time(
-            k8s_openapi::jiff::Timestamp::try_from((self.alloc.clock)())
-                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-        );
-        let token = self.alloc.new_token();
-        self.spec()?.intents.push(Intent {
-            client_token: token.clone(),
-            action: ACTION_CREATE_ATTACH.into(),
-            eni: String::new(),
-            since,
-            claim: Some(claim.clone()),
-            subnet: subnet.clone(),
-            security_groups: security_groups.clone(),
-        });
-        self.flush().await?;
-        crash_point("operator-after-intent");
-        let params = Some((subnet, security_groups.clone()));
-        let eni = self.create(&token, 0, true, params).await?;
-        self.attach(&eni, device_index).await?;
-        let mut published = eni_spec(&eni);
-        published.device_index = Some(device_index);
-        published.claim = Some(claim.clone());
-        published.security_groups = security_groups;
-        let spec = self.spec()?;
-        spec.enis.push(published);
-        spec.intents.retain(|i| i.client_token != token);
-        self.flush().await?;
-        crash_point("operator-after-publish");
-        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), eni = %eni.id, "made an ENI for a claim");
-        Ok(())
     }
 
     /// `fresh`: `token` was made by this process and never sent.
@@ -531,6 +503,29 @@ impl Job<'_> {
         }
         first_err.map_or(Ok(()), Err)
     }
+}
+
+/// A DRA claim's ENI to make: the claim, its subnet and its groups.
+type ForClaim = (enim_crd::ClaimRef, String, Vec<String>);
+
+/// What a create for `intent` asks of the cloud: a claim's subnet and
+/// groups; `None` (the policy's) for the pool.
+fn claim_params(intent: &Intent) -> Option<(String, Vec<String>)> {
+    intent
+        .claim
+        .as_ref()
+        .map(|_| (intent.subnet.clone(), intent.security_groups.clone()))
+}
+
+/// The spec entry of `eni`, made for `intent`: marked with its claim and
+/// groups when it was made for one.
+fn entry_for(eni: &FleetEni, intent: Option<&Intent>) -> EniSpec {
+    let mut s = eni_spec(eni);
+    if let Some(i) = intent.filter(|i| i.claim.is_some()) {
+        s.claim.clone_from(&i.claim);
+        s.security_groups.clone_from(&i.security_groups);
+    }
+    s
 }
 
 fn add_addresses(spec: &mut NetResourceSetSpec, eni: &str, ips: &[IpAddr]) {

@@ -142,6 +142,8 @@ pub struct Index<'a> {
     pub unclaimed: Vec<&'a FleetEni>,
     /// See [`Input::claims`].
     pub claims: Option<&'a [ClaimInfo]>,
+    /// The uids of `claims`, once for every node's plan.
+    pub claim_uids: Option<HashSet<&'a str>>,
 }
 
 impl<'a> Index<'a> {
@@ -229,6 +231,9 @@ impl<'a> Index<'a> {
             nodes,
             unclaimed,
             claims: input.claims,
+            claim_uids: input
+                .claims
+                .map(|all| all.iter().map(|c| c.claim.uid.as_str()).collect()),
         }
     }
 }

@@ -85,6 +85,14 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     let Some(claims) = index.claims else {
         return placed;
     };
+    // Most resyncs have none: then nothing below is worth computing.
+    let asking: Vec<_> = claims
+        .iter()
+        .filter(|c| c.pending && c.want.is_some())
+        .collect();
+    if asking.is_empty() {
+        return placed;
+    }
     let mut served: HashSet<&str> = HashSet::new();
     for e in &index.nodes {
         if let Some(set) = e.set {
@@ -110,7 +118,7 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         .filter(|e| e.phase == Phase::Live && e.set.is_some())
         .map(|e| (NodePlan::new(index, e).slots().left(), e.name))
         .collect();
-    for c in claims.iter().filter(|c| c.pending) {
+    for c in asking {
         let Some(want) = &c.want else { continue };
         if served.contains(c.claim.uid.as_str()) {
             continue;
@@ -502,8 +510,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 device_index,
             });
         }
-        if let Some(all) = self.index.claims {
-            let exists: HashSet<&str> = all.iter().map(|c| c.claim.uid.as_str()).collect();
+        if let Some(exists) = &self.index.claim_uids {
             let orphans: Vec<String> = spec
                 .enis
                 .iter()
