@@ -278,11 +278,13 @@ pub fn replace_file_with(
     mode: u32,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), InstallError> {
-    let durability = atomic::Durability {
-        data: true,
-        rename: true,
-    };
-    Ok(atomic::replace_with(dir, name, mode, durability, write)?)
+    Ok(atomic::replace_with(
+        dir,
+        name,
+        mode,
+        atomic::Durability::FULL,
+        write,
+    )?)
 }
 
 #[cfg(test)]

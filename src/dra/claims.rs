@@ -128,15 +128,7 @@ impl Claims {
             claims: table.clone(),
         };
         let bytes = serde_json::to_vec_pretty(&file).expect("plain data serializes");
-        atomic_file::replace(
-            &self.path,
-            0o600,
-            Durability {
-                data: true,
-                rename: true,
-            },
-            &bytes,
-        )?;
+        atomic_file::replace(&self.path, 0o600, Durability::FULL, &bytes)?;
         crate::support::fault::crash_point("dra:after-claim-write");
         Ok(())
     }

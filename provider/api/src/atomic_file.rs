@@ -49,6 +49,14 @@ pub struct Durability {
     pub rename: bool,
 }
 
+impl Durability {
+    /// Both fsyncs: the file and its name survive a power cut.
+    pub const FULL: Durability = Durability {
+        data: true,
+        rename: true,
+    };
+}
+
 /// Makes `dir/name` hold what `write` writes, with exactly `mode` (whatever
 /// the umask), atomically. `dir` is created if missing.
 pub fn replace_with(
@@ -148,10 +156,7 @@ mod tests {
     fn replaces_whole_and_leaves_no_temp_file_behind() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/f.json");
-        let all = Durability {
-            data: true,
-            rename: true,
-        };
+        let all = Durability::FULL;
         replace(&path, 0o640, all, b"one").unwrap();
         replace(&path, 0o640, all, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");

@@ -83,15 +83,7 @@ impl IdCache {
         })?;
         // Durable: the cache is read at a start when the API is down, which
         // may be the boot after a power cut.
-        atomic_file::replace(
-            &self.path,
-            0o600,
-            Durability {
-                data: true,
-                rename: true,
-            },
-            &bytes,
-        )
+        atomic_file::replace(&self.path, 0o600, Durability::FULL, &bytes)
     }
 }
 

@@ -65,11 +65,7 @@ pub fn save(path: &Path, node: &str, seen: &SeenSpec) -> Result<(), ClusterError
     })?;
     // fsync both: after a power cut the agent must not come back to an
     // empty file (it would then wait for the API server to serve at all).
-    let durable = Durability {
-        data: true,
-        rename: true,
-    };
-    atomic_file::replace(path, 0o600, durable, &bytes).map_err(|e| ClusterError::Cache {
+    atomic_file::replace(path, 0o600, Durability::FULL, &bytes).map_err(|e| ClusterError::Cache {
         path: path.to_path_buf(),
         why: e.to_string(),
     })
