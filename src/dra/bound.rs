@@ -112,31 +112,26 @@ impl EniProvider for BoundProvider {
 
     async fn release(&self, owner: &EniOwner) -> Result<(), ProviderError> {
         // Which claimed ENI it held, before the release forgets it.
-        let held = match (&self.status, owner.pod.uid.as_deref()) {
+        let held: Vec<_> = match (&self.status, owner.pod.uid.as_deref()) {
             (Some(_), Some(pod)) => {
                 let enis = self.inner.list().await.unwrap_or_default();
+                let holds = |id: &str| {
+                    enis.iter().any(|e| {
+                        e.id == id && e.owner.as_ref().is_some_and(|o| o.same_attachment(owner))
+                    })
+                };
                 self.claims
                     .enis_for_pod(pod)
                     .into_iter()
-                    .filter_map(|(claim, device)| {
-                        enis.iter()
-                            .find(|e| {
-                                e.id == device.eni_id
-                                    && e.owner.as_ref().is_some_and(|o| o.same_attachment(owner))
-                            })
-                            .map(|e| (claim, device, e.clone()))
-                    })
+                    .filter(|(_, device)| holds(&device.eni_id))
                     .collect()
             }
             _ => Vec::new(),
         };
         self.inner.release(owner).await?;
         if let Some(status) = &self.status {
-            for (claim, device, eni) in held {
-                status.detached(
-                    (claim.namespace, claim.name),
-                    Self::network(&eni, owner, &device.device),
-                );
+            for (claim, device) in held {
+                status.detached((claim.namespace, claim.name), device.device);
             }
         }
         Ok(())

@@ -32,10 +32,19 @@ pub struct DeviceNetwork {
 /// A claim, by namespace and name.
 pub type ClaimKey = (String, String);
 
+/// What enimd now says of one device of a claim.
+#[derive(Debug)]
+enum Wish {
+    /// It is this network in its pod.
+    Attached(DeviceNetwork),
+    /// This device left its pod: nothing to say of it.
+    Detached(String),
+}
+
 /// The writer's handle: cheap to clone; sends never block.
 #[derive(Clone)]
 pub struct StatusWriter {
-    tx: mpsc::UnboundedSender<(ClaimKey, DeviceNetwork, bool)>,
+    tx: mpsc::UnboundedSender<(ClaimKey, Wish)>,
 }
 
 /// How long a failed write waits before the next try.
@@ -51,12 +60,12 @@ impl StatusWriter {
 
     /// `claim`'s device is now `net` in its pod.
     pub fn attached(&self, claim: ClaimKey, net: DeviceNetwork) {
-        let _ = self.tx.send((claim, net, true));
+        let _ = self.tx.send((claim, Wish::Attached(net)));
     }
 
-    /// `claim`'s device left its pod.
-    pub fn detached(&self, claim: ClaimKey, net: DeviceNetwork) {
-        let _ = self.tx.send((claim, net, false));
+    /// `claim`'s device `device` left its pod.
+    pub fn detached(&self, claim: ClaimKey, device: String) {
+        let _ = self.tx.send((claim, Wish::Detached(device)));
     }
 }
 
@@ -64,7 +73,7 @@ async fn run(
     client: kube::Client,
     driver: String,
     pool: String,
-    mut rx: mpsc::UnboundedReceiver<(ClaimKey, DeviceNetwork, bool)>,
+    mut rx: mpsc::UnboundedReceiver<(ClaimKey, Wish)>,
 ) {
     // Claim → device → its network (the whole of what enimd says).
     let mut wanted = Wanted::new();
@@ -119,16 +128,15 @@ async fn run(
 
 type Wanted = BTreeMap<ClaimKey, BTreeMap<String, DeviceNetwork>>;
 
-fn take(
-    wanted: &mut Wanted,
-    dirty: &mut Vec<ClaimKey>,
-    (claim, net, on): (ClaimKey, DeviceNetwork, bool),
-) {
+fn take(wanted: &mut Wanted, dirty: &mut Vec<ClaimKey>, (claim, wish): (ClaimKey, Wish)) {
     let devices = wanted.entry(claim.clone()).or_default();
-    if on {
-        devices.insert(net.device.clone(), net);
-    } else {
-        devices.remove(&net.device);
+    match wish {
+        Wish::Attached(net) => {
+            devices.insert(net.device.clone(), net);
+        }
+        Wish::Detached(device) => {
+            devices.remove(&device);
+        }
     }
     if !dirty.contains(&claim) {
         dirty.push(claim);
