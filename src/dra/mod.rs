@@ -192,8 +192,6 @@ pub enum DraError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("gRPC server: {0}")]
-    Serve(#[from] tonic::transport::Error),
 }
 
 /// The driver on a node: what enimd builds before its engine ([`start`])
