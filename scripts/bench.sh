@@ -70,7 +70,7 @@ cleanup() {
   # ours by their config path in case a pid was reused).
   if [ -f "$work/enimd.pids" ]; then
     while read -r pid; do
-      if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$work/"; then
+      if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -- "$work/" >/dev/null; then
         kill "$pid" 2>/dev/null || true
       fi
     done <"$work/enimd.pids"

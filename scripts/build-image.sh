@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
 done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | sed -n 1p)
 image=${image:-enim:$version}
 if [ -z "${CONTAINER_TOOL:-}" ]; then
   if command -v podman >/dev/null; then CONTAINER_TOOL=podman; else CONTAINER_TOOL=docker; fi
@@ -71,7 +71,7 @@ linked=("${bins[@]/#/$ctx/}" "$ctx/rootfs/usr/sbin/nft")
 libs=$(for b in "${linked[@]}"; do ldd "$b"; done |
   awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
 [ -n "$libs" ] || { echo "build-image.sh: ldd found no libraries" >&2; exit 1; }
-if for b in "${linked[@]}"; do ldd "$b"; done | grep -q 'not found'; then
+if for b in "${linked[@]}"; do ldd "$b"; done | grep 'not found' >/dev/null; then
   echo "build-image.sh: a library is missing on this machine" >&2; exit 1
 fi
 for lib in $libs; do

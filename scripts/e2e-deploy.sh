@@ -110,7 +110,7 @@ trap cleanup EXIT
 
 on_node() { nsenter --net="/run/netns/$node" "$@"; }
 # masquerade_table: enimd's nftables table is in the node, with its rules.
-masquerade_table() { on_node nft list table inet enim | grep -q 'ct status dnat'; }
+masquerade_table() { on_node nft list table inet enim | grep 'ct status dnat' >/dev/null; }
 # podman as the node's container runtime, on the enim network.
 runtime() { CONTAINERS_CONF="$work/$mode/runtime.conf" on_node podman "$@"; }
 # The enimd container's own enimctl, as `kubectl exec POD -- enimctl`.
@@ -284,12 +284,12 @@ home() {
   for i in "${!enis[@]}"; do
     name=${enis[$i]}
     [ "$mode" = secondary ] && name="enis$((i + 1))"
-    ip -n "$node" -o link show "$name" | grep -q "${macs[$i]}" || {
+    ip -n "$node" -o link show "$name" | grep "${macs[$i]}" >/dev/null || {
       echo "ENI ${macs[$i]} is not home as $name:"; ip -n "$node" -o link show; return 1; }
   done
   agent_holds 0 || { echo "attachments left:"; enimctl attachments; return 1; }
   # No pod veth of either kind left (secondary mode's, the host path's).
-  ! ip -n "$node" -o link show | grep -q ': eni[mh]' || { echo "pod veths left:"; ip -n "$node" -o link show; return 1; }
+  ! ip -n "$node" -o link show | grep ': eni[mh]' >/dev/null || { echo "pod veths left:"; ip -n "$node" -o link show; return 1; }
 }
 
 # run_and_ping: a container on the enim network pings its gateway(s) and
@@ -308,9 +308,9 @@ holder_has_eni() {
   out=$(eth0_of "$tag-holder") || return 1
   echo "$out"
   if [ "$mode" = primary ]; then
-    printf '%s\n' "$out" | grep -q "link/ether ${macs[0]}\|link/ether ${macs[1]}" || return 1
+    printf '%s\n' "$out" | grep "link/ether ${macs[0]}\|link/ether ${macs[1]}" >/dev/null || return 1
   else
-    podman exec "$tag-holder" ip -o addr show eth0 | grep -q 'inet 10\.79\.0\.1[12]/32' || return 1
+    podman exec "$tag-holder" ip -o addr show eth0 | grep 'inet 10\.79\.0\.1[12]/32' >/dev/null || return 1
   fi
   podman exec "$tag-holder" ping -c 1 -W 2 10.79.0.1 >/dev/null 2>&1 ||
     podman exec "$tag-holder" ping -c 1 -W 2 10.79.1.1 >/dev/null 2>&1
@@ -403,7 +403,7 @@ for mode in "${modes[@]}"; do
   if [ "$mode" = primary ]; then
     # The ConfigMap's [host_path]: a veth from the pod to the node.
     check "$mode: the holder's host-path veth is in the node" \
-      sh -c "ip -n '$node' -o link show | grep -q ': enih'"
+      sh -c "ip -n '$node' -o link show | grep ': enih' >/dev/null"
   fi
   before=$(eth0_id "$tag-holder")
   # The old agent gets SIGTERM (as from the kubelet) and must exit cleanly.

@@ -96,7 +96,7 @@ done
 gobin "github.com/containernetworking/cni/cnitool@$CNITOOL_VERSION" ""
 
 phase "done"
-for b in "$tmp"/kubelet "$tmp"/etcd "$tmp"/containerd; do "$b" --version | head -n1; done
+for b in "$tmp"/kubelet "$tmp"/etcd "$tmp"/containerd; do "$b" --version | sed -n 1p; done
 touch "$tmp/.complete"
 rm -rf "$out"
 mv "$tmp" "$out"

@@ -142,7 +142,7 @@ network_data_is() { [ "$(network_data "$1")" = "$2" ]; }
 
 # dra_unschedulable POD: the scheduler says it cannot allocate POD's claim.
 dra_unschedulable() {
-  k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | grep -q "cannot allocate all claims"
+  k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | grep "cannot allocate all claims" >/dev/null
 }
 is_ready() { [ "$(k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 

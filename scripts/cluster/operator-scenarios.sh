@@ -33,7 +33,7 @@ s_operator_status() {
 
 # The operator killed (-9) during pod churn: pods keep their ENIs, new pods
 # run, and its restart changes nothing in the spec.
-operator_pid() { on_node pgrep -f '^/usr/local/bin/enim-operator' | head -n 1; }
+operator_pid() { on_node pgrep -f '^/usr/local/bin/enim-operator' | sed -n 1p; }
 operator_back() { local p; p=$(operator_pid) && [ -n "$p" ] && [ "$p" != "$1" ]; }
 s_operator_kill9() {
   local old enis
@@ -64,7 +64,7 @@ s_operator_apiserver_down() {
   stop kube-apiserver
   ! apiserver_ready 2>/dev/null || { echo "the API server still answers"; rc=1; }
   if [ $rc = 0 ]; then
-    cni_on_node add "$ns_a" | grep -q '"ips"' || { echo "ADD with the API server down failed"; rc=1; }
+    cni_on_node add "$ns_a" | grep '"ips"' >/dev/null || { echo "ADD with the API server down failed"; rc=1; }
   fi
   if [ $rc = 0 ]; then
     old=$(kill_enimd) || rc=1
@@ -72,14 +72,14 @@ s_operator_apiserver_down() {
   fi
   if [ $rc = 0 ]; then
     cni_on_node del "$ns_a" || { echo "DEL after the restart failed"; rc=1; }
-    cni_on_node add "$ns_b" | grep -q '"ips"' || { echo "ADD after the restart failed"; rc=1; }
+    cni_on_node add "$ns_b" | grep '"ips"' >/dev/null || { echo "ADD after the restart failed"; rc=1; }
   fi
   start_apiserver
   wait_for kube-apiserver 240 apiserver_ready || rc=1
   if [ $rc = 0 ]; then
     wait_for "the status to show the one attachment made while the API was down" 60 \
       nrs_is '{.status.summary.used}' 1 || rc=1
-    nrs_users | grep -q '^cnitool-' || { echo "status.used: $(nrs_users)"; rc=1; }
+    nrs_users | grep '^cnitool-' >/dev/null || { echo "status.used: $(nrs_users)"; rc=1; }
   fi
   cni_on_node del "$ns_b" || true
   on_node ip netns del "$ns_a" 2>/dev/null || true

@@ -95,7 +95,7 @@ enim_address() {
 }
 
 unschedulable() {
-  k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | grep -q "Insufficient $(resource)"
+  k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}' | grep "Insufficient $(resource)" >/dev/null
 }
 
 s_scheduling() {
@@ -253,7 +253,7 @@ s_delete() {
   if [ "$mode" = primary ]; then
     # The ENI is back in the node under its host name, with its MAC.
     local i=${ip#10.251.}; i=${i%%.*}
-    on_node ip -o link show | grep -q "$(eni_mac "$i")" || { echo "ENI $i is not home"; return 1; }
+    on_node ip -o link show | grep "$(eni_mac "$i")" >/dev/null || { echo "ENI $i is not home"; return 1; }
   fi
   before=$(allocatable)
   [ "$before" = "$(capacity)" ] || { echo "allocatable $before"; return 1; }
@@ -261,7 +261,7 @@ s_delete() {
 }
 
 # The pod's interface still has its address (the ENI or the secondary).
-has_address() { in_pod "$1" "ip -o addr show eth0" | grep -q " $2/"; }
+has_address() { in_pod "$1" "ip -o addr show eth0" | grep " $2/" >/dev/null; }
 
 enimd_ready() { k -n enim-system rollout status daemonset/enimd --timeout=120s >/dev/null; }
 
@@ -289,7 +289,7 @@ s_rollout() {
 # enimd_pid: the running agent's pid; fails when none runs.
 enimd_pid() {
   local p
-  p=$(on_node pgrep -f '^/usr/local/bin/enimd --config' | head -n 1)
+  p=$(on_node pgrep -f '^/usr/local/bin/enimd --config' | sed -n 1p)
   [ -n "$p" ] && echo "$p"
 }
 # kill_enimd: kill -9 the running agent and print its pid; fails when none runs.
@@ -305,7 +305,7 @@ running_sandboxes() {
   ctr_node -n k8s.io tasks ls 2>/dev/null | awk '$3 == "RUNNING" { print $1 }'
 }
 terminating_gone() {
-  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"\n"}{end}' | grep -q .
+  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"\n"}{end}' | grep . >/dev/null
 }
 # live_pods: test pods that are not finished (Failed or Succeeded).
 live_pods() { k get pods -l e2e=1 --field-selector=status.phase!=Failed,status.phase!=Succeeded -o name; }
@@ -486,7 +486,7 @@ s_admission() {
 # the full count runs in primary mode, a few rounds in secondary.
 admission_restarts() { if [ "$mode" = primary ] && [ "$provider" != cluster ]; then echo "$restarts"; else echo $((restarts < 3 ? restarts : 3)); fi; }
 all_done() {
-  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}' | grep "^$1" | grep -qv ' Succeeded\| Failed'
+  ! k get pods -l e2e=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}' | grep "^$1" | grep -v ' Succeeded\| Failed' >/dev/null
 }
 s_admission_kill9() { s_admission kill9; }
 s_admission_crashloop() { s_admission crashloop; }
@@ -512,7 +512,7 @@ s_netns_gone() {
   local cid ns
   pod gone
   ready gone || return 1
-  cid=$(attachments | head -n 1)
+  cid=$(attachments | sed -n 1p)
   ns=$(enimctl --json attachments | python3 -c 'import json,sys; print(json.load(sys.stdin)["attachments"][0]["netns"])')
   # Every process in it dies and it is unmounted and removed, so the
   # namespace is destroyed at once (with it the veth standing in for the ENI,
@@ -527,7 +527,7 @@ s_netns_gone() {
   ready gone 120 || return 1
   echo "sandbox ${cid:0:12}: netns destroyed without DEL; record collected; pod Running again on $(pod_ip gone)"
 }
-not_recorded() { ! attachments | grep -q "$1"; }
+not_recorded() { ! attachments | grep "$1" >/dev/null; }
 # kill_netns_procs NETNS: kill -9 every process in that network namespace.
 kill_netns_procs() {
   local ino p
@@ -562,7 +562,7 @@ s_broken_eni() {
   # is freed by enimd's GC once its device is back.
   wait_for "allocatable $(capacity) first" 60 allocatable_is "$(capacity)" || return 1
   # Delete a free ENI's device from the node.
-  free=$(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1 | head -n 1)
+  free=$(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1 | sed -n 1p)
   on_node ip link del "$free"
   want=$(($(capacity) - 1))
   wait_for "allocatable $want" 60 allocatable_is "$want" || { echo "allocatable $(allocatable)"; return 1; }
