@@ -392,6 +392,10 @@ pub async fn run<F>(config: RuntimeConfig, client: Client, make: F) -> Result<()
 where
     F: FnOnce(Arc<dyn Store>) -> Result<Arc<dyn Resync>, String>,
 {
+    // First, so that a SIGTERM during start-up is a clean stop, not the
+    // default action's death.
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(config.health_addr)
         .await
@@ -423,8 +427,6 @@ where
     let store: Arc<dyn Store> = Arc::new(KubeStore::new(client.clone(), leader.clone()));
     let resync = make(store.clone()).map_err(RuntimeError::Setup)?;
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("a SIGTERM handler");
     let mut was_leader = false;
     loop {
         let is_leader = *leader.borrow_and_update();
@@ -433,15 +435,27 @@ where
             tracing::info!(identity = %config.identity, leader = is_leader, "leadership changed");
             was_leader = is_leader;
         }
-        let synced = caches.nodes.wait_until_ready().await.is_ok()
-            && caches.sets.wait_until_ready().await.is_ok();
-        health.synced.store(synced, Ordering::Relaxed);
-        if is_leader && synced {
-            resync_once(&*resync, &caches, &health).await;
+        let pass = async {
+            let synced = caches.nodes.wait_until_ready().await.is_ok()
+                && caches.sets.wait_until_ready().await.is_ok();
+            health.synced.store(synced, Ordering::Relaxed);
+            if is_leader && synced {
+                resync_once(&*resync, &caches, &health).await;
+            }
+        };
+        // A stop does not wait for the caches (the API server may be down)
+        // or for a resync (its cloud calls may wait on the buckets): what a
+        // resync leaves half done is what a crash leaves, and its intents
+        // let the next leader finish it.
+        tokio::select! {
+            () = &mut shutdown => {
+                tracing::info!("stopping mid-pass: the next leader finishes from the intents");
+                break;
+            }
+            () = pass => {}
         }
         tokio::select! {
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            () = &mut shutdown => break,
             r = leader.changed() => if r.is_err() { break },
             _ = changed.notified() => tokio::time::sleep(config.debounce).await,
             _ = tokio::time::sleep(config.resync_interval) => {}
@@ -455,6 +469,28 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves at SIGTERM or ctrl-c. The handlers are installed when this is
+/// called, not when it is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "no signal handler: the operator stops only when killed");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {

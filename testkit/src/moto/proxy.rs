@@ -26,6 +26,8 @@ pub struct ProxyState {
     http: reqwest::Client,
     faults: Mutex<Vec<Fault>>,
     calls: Mutex<Vec<(String, bool)>>,
+    /// Actions whose calls wait, unanswered, until released.
+    held: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 /// Forwards to moto byte for byte (the Host header included, so
@@ -40,6 +42,7 @@ impl Fake<ProxyState> {
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             faults: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            held: tokio::sync::watch::Sender::new(Default::default()),
         };
         Fake::serve(state, proxy_handler).await
     }
@@ -61,6 +64,18 @@ impl Fake<ProxyState> {
         self.state
             .down
             .store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Holds (`true`) or releases calls of `action`: while held, each call
+    /// is counted and then waits unanswered, as a cloud that hangs would.
+    pub fn hold(&self, action: &str, held: bool) {
+        self.state.held.send_modify(|h| {
+            if held {
+                h.insert(action.into());
+            } else {
+                h.remove(action);
+            }
+        });
     }
 
     /// Calls of `action` so far (faulted ones included).
@@ -118,6 +133,9 @@ async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Respo
         .lock()
         .unwrap()
         .push((action.clone(), fault.is_some()));
+    let mut held = st.held.subscribe();
+    // Err only if the sender is gone, which the state outlives.
+    let _ = held.wait_for(|h| !h.contains(&action)).await;
     if let Some(f) = fault {
         let status = StatusCode::from_u16(f.status).unwrap();
         if f.code.is_empty() {
