@@ -88,7 +88,8 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     // Most resyncs have none: then nothing below is worth computing.
     let asking: Vec<_> = claims
         .iter()
-        .filter(|c| c.pending && c.want.is_some())
+        .filter(|c| c.pending)
+        .filter_map(|c| Some((c, c.want.as_ref()?)))
         .collect();
     if asking.is_empty() {
         return placed;
@@ -118,8 +119,7 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         .filter(|e| e.phase == Phase::Live && e.set.is_some())
         .map(|e| (NodePlan::new(index, e).slots().left(), e.name))
         .collect();
-    for c in asking {
-        let Some(want) = &c.want else { continue };
+    for (c, want) in asking {
         if served.contains(c.claim.uid.as_str()) {
             continue;
         }
