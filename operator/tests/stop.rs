@@ -24,11 +24,7 @@ async fn a_stop_does_not_wait_for_a_hung_cloud_call() {
         lease,
         ..OperatorOpts::new("op-a", &config)
     });
-    wait_for("op-a leads", Duration::from_secs(30), || async {
-        let l = rig.leader();
-        (l == "op-a").then_some(()).ok_or(format!("holder {l:?}"))
-    })
-    .await;
+    rig.wait_leader("op-a").await;
 
     rig.env.proxy.hold(CREATE, true);
     rig.node(NODE, &instance);

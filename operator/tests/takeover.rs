@@ -29,11 +29,7 @@ async fn the_follower_finishes_what_the_leader_died_creating_without_a_duplicate
         lease,
         ..OperatorOpts::new("op-a", &config)
     });
-    wait_for("op-a leads", Duration::from_secs(30), || async {
-        let l = rig.leader();
-        (l == "op-a").then_some(()).ok_or(format!("holder {l:?}"))
-    })
-    .await;
+    rig.wait_leader("op-a").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut b = rig.operator(OperatorOpts {
         lease,

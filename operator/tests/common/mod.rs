@@ -237,6 +237,19 @@ describe_rate = {{ every = "1ms", burst = 1000 }}
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// Waits (30 s at most) until `identity` holds the lease.
+    pub async fn wait_leader(&self, identity: &str) {
+        wait_for(
+            &format!("{identity} leads"),
+            Duration::from_secs(30),
+            || async {
+                let l = self.leader();
+                (l == identity).then_some(()).ok_or(format!("holder {l:?}"))
+            },
+        )
+        .await;
+    }
+
     /// Every ENI in moto tagged for this cluster.
     pub async fn cluster_enis(&self) -> Vec<NetworkInterface> {
         self.env
