@@ -61,6 +61,9 @@ def main():
             operator_manifests(deploy_dir, mode, node, sandbox["provider"]["enis"], out)
     else:
         fail(f"PROVIDER {provider!r}: static or cluster")
+    # The metadata scenario's opted-in namespace (scenarios.sh s_metadata);
+    # the refused addresses stay enimd's defaults.
+    config["pod_metadata"] = {"allowed_namespaces": ["enim-e2e-imds"]}
     if dra:
         # One or the other: enimd refuses to start with both.
         config["device_plugin"] = {**config.get("device_plugin", {}), "enabled": False}

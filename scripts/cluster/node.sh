@@ -134,6 +134,19 @@ net_up() {
   done
 }
 
+# METADATA_IP in the VPC: the instance metadata stand-in, an HTTP server
+# answering "instance-id: <node>" (the node reaches it through its default
+# route, a pod through its ENI unless enim refuses it; README "Security").
+METADATA_IP=169.254.169.254
+metadata_up() {
+  mkdir -p "$work/imds/latest/meta-data"
+  echo "$NODE_NAME" > "$work/imds/latest/meta-data/instance-id"
+  ip -n "$gw" addr add "$METADATA_IP/32" dev lo
+  (exec ip netns exec "$gw" /usr/bin/python3 -m http.server --bind "$METADATA_IP" \
+    --directory "$work/imds" 80) >> "$work/logs/metadata.log" 2>&1 &
+  echo $! > "$work/pids/metadata"
+}
+
 # mnt_up: the node's mount namespace, with per-run dirs over NODE_DIRS.
 mnt_up() {
   local d
@@ -309,6 +322,7 @@ cluster_up() {
   local t0
   t0=$(date +%s%N)
   net_up "$1" "$2" "${4:-}"
+  metadata_up
   mnt_up
   cgroups_up
   configs
@@ -345,7 +359,7 @@ sandbox_pids() {
 
 cluster_down() {
   local p d h i
-  for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
+  for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd metadata; do
     stop "$p"
   done
   for i in 1 2 3; do

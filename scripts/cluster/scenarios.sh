@@ -14,13 +14,15 @@ allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # serves its own name over HTTP on 8080, with an HTTP readiness probe.
 # Keys: cmd (replaces the server), probe (path; "none" for no probe),
 # hostport, restart (restartPolicy), res (0: no enim resource), claim (a
-# ResourceClaimTemplate: the pod's ENI claimed through DRA instead).
+# ResourceClaimTemplate: the pod's ENI claimed through DRA instead), ns
+# (its namespace; default: default).
 pod() {
   local name=$1; shift
   local cmd="mkdir -p /www && echo $name > /www/index.html && exec httpd -f -p 8080 -h /www"
-  local probe=/ hostport="" restart=Always res=1 claim="" kv
+  local probe=/ hostport="" restart=Always res=1 claim="" ns=default kv
   for kv in "$@"; do
     case $kv in
+      ns=*) ns=${kv#ns=} ;;
       cmd=*) cmd=${kv#cmd=} ;;
       probe=*) probe=${kv#probe=} ;;
       hostport=*) hostport=${kv#hostport=} ;;
@@ -35,6 +37,7 @@ apiVersion: v1
 kind: Pod
 metadata:
   name: $name
+  namespace: $ns
   labels: {app: $name, e2e: "1"}
 spec:
   restartPolicy: $restart
@@ -238,6 +241,37 @@ s_hostport() {
   out=$(http_get ip netns exec "$gw" busybox nc -w 5 "$NODE_IP" 30080)
   [ "$out" = hp ] || { echo "hostPort from another machine: got '$out'"; rc=1; }
   [ "$rc" = 0 ] && echo "hostPort 30080 from another machine: '$out'"
+  return $rc
+}
+
+# The instance metadata stand-in in the VPC (node.sh's metadata_up): the
+# node reaches it; a pod on enim is refused it at once by default; a pod of
+# the namespace enim-config.py's [pod_metadata] opts in reaches it.
+IMDS_NS=enim-e2e-imds
+metadata_url() { echo "http://$METADATA_IP/latest/meta-data/instance-id"; }
+metadata_check() {
+  local out
+  out=$(on_node curl -fsS -m 3 "$(metadata_url)") && [ "$out" = "$NODE_NAME" ] ||
+    { echo "the node does not reach the metadata stand-in: $out"; return 1; }
+  pod imds-refused && ready imds-refused || return 1
+  if out=$(in_pod imds-refused "wget -q -O- -T 3 $(metadata_url) 2>&1"); then
+    echo "a pod in namespace default reached the metadata service: $out"; return 1
+  fi
+  case $out in
+    *"Permission denied"*) echo "namespace default: refused ($out)" ;;
+    *) echo "namespace default: refused, but not by enim's route: $out"; return 1 ;;
+  esac
+  k create namespace "$IMDS_NS" >/dev/null || return 1
+  pod imds-allowed ns="$IMDS_NS" &&
+    k -n "$IMDS_NS" wait --for=condition=Ready pod/imds-allowed --timeout=90s >/dev/null || return 1
+  out=$(k -n "$IMDS_NS" exec imds-allowed -- sh -c "wget -q -O- -T 3 $(metadata_url) 2>&1") &&
+    [ "$out" = "$NODE_NAME" ] || { echo "the opted-in namespace did not reach it: $out"; return 1; }
+  echo "namespace $IMDS_NS (opted in): reached, instance-id $out"
+}
+s_metadata() {
+  local rc=0
+  metadata_check || rc=1
+  k delete namespace "$IMDS_NS" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   return $rc
 }
 
@@ -693,6 +727,7 @@ run_scenarios() {
   scenario "Services and DNS, kube-proxy clusterCIDR unset" s_services_cidr_unset
   scenario "the kubelet's HTTP readiness probe reaches a pod" s_probe
   scenario "hostPort through portmap" s_hostport
+  scenario "instance metadata: refused to pods by default, reached by an opted-in namespace" s_metadata
   scenario "DEL from the kubelet releases the ENI" s_delete
   scenario "rollout restart of enimd: pods keep their ENIs, new pods work" s_rollout
   scenario "fault during pod churn: kill -9 enimd" s_fault_kill9

@@ -111,6 +111,10 @@ pub struct Config {
     /// empty.
     #[serde(default)]
     pub host_path: crate::primary::HostPathConfig,
+    /// The instance metadata service, refused to pods by default (README
+    /// "Security"); namespaces listed here opt in.
+    #[serde(default)]
+    pub pod_metadata: crate::support::metadata::MetadataConfig,
     /// The kubelet device plugin (README "Scheduling"); off by default.
     #[serde(default)]
     pub device_plugin: crate::deviceplugin::DevicePluginConfig,
@@ -180,6 +184,22 @@ impl Config {
             cluster.validate().map_err(|e| invalid(&e))?;
         }
         config.host_path.validate().map_err(|e| invalid(&e))?;
+        config.pod_metadata.validate().map_err(|e| invalid(&e))?;
+        // A prohibit route and a host path route to one prefix: the second
+        // ADD step would fail with EEXIST on every pod.
+        let hp = &config.host_path;
+        if let Some(clash) = config.pod_metadata.blocked.iter().find(|b| {
+            hp.enabled()
+                && hp
+                    .service_cidrs
+                    .iter()
+                    .chain(&hp.host_stack_cidrs)
+                    .any(|c| c == *b)
+        }) {
+            return Err(invalid(&format!(
+                "[pod_metadata] blocked {clash} is also a [host_path] prefix: a pod cannot both reach it through the host and be refused it"
+            )));
+        }
         config
             .dra
             .check(config.device_plugin.enabled, config.mode == Mode::Secondary)
@@ -411,6 +431,22 @@ service_cidrs = [\"10.96.0.0/12\"]
             "[secondary]\nrule_priority_to_pod = 2000\n",
             "[secondary]\ntable_offset = 200\n",
             "[secondary]\nveth_prefix = \"much-too-long\"\n",
+        ]);
+    }
+
+    #[test]
+    fn pod_metadata_is_refused_by_default_and_its_opt_in_is_checked() {
+        let c = parse_static("").unwrap();
+        assert_eq!(c.pod_metadata, Default::default());
+        assert_eq!(c.pod_metadata.blocked.len(), 2);
+        let c = parse_static("[pod_metadata]\nallowed_namespaces = [\"agents\"]\n").unwrap();
+        assert_eq!(c.pod_metadata.allowed_namespaces, ["agents"]);
+        assert_refused(&[
+            "[pod_metadata]\nallowed_namespaces = [\"Not A Namespace\"]\n",
+            "[pod_metadata]\nblocked = [\"0.0.0.0/0\"]\n",
+            "[pod_metadata]\nunknown = 1\n",
+            // Refused and routed to the host at once: every ADD would fail.
+            "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nhost_stack_cidrs = [\"169.254.169.254/32\"]\n",
         ]);
     }
 }

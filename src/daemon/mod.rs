@@ -197,6 +197,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let host_netns = config.host_netns.clone();
     let secondary = config.secondary.clone();
     let host_path = config.host_path.clone();
+    let pod_metadata = config.pod_metadata.clone();
     let mode = config.mode;
     let node = Node {
         config,
@@ -213,7 +214,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             // so no ADD step and no crash point (see primary::masquerade).
             masquerade::apply(&host_path, plumbing.host_netns()).await?;
             let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
-                .with_host_path(host_path);
+                .with_host_path(host_path)
+                .with_pod_metadata(pod_metadata);
             node.serve(driver, stop).await
         }
         config::Mode::Secondary => {
@@ -227,7 +229,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             let host_netns = host_netns.as_deref();
             let driver =
                 SecondaryDriver::over_host(secondary, host_netns, provider, checkpoint, exclusions)
-                    .await?;
+                    .await?
+                    .with_pod_metadata(pod_metadata);
             node.serve(driver, stop).await
         }
     }

@@ -67,6 +67,9 @@ pub struct PodLinkConfig {
     pub gateway4: Ipv4Addr,
     pub ipv6: Option<Ipv6Net>,
     pub gateway6: Option<Ipv6Addr>,
+    /// Destinations refused in the pod (the metadata service,
+    /// [`crate::support::metadata`]).
+    pub blocked: Vec<IpNet>,
 }
 
 /// What a pod interface has now (for CHECK and reconcile).

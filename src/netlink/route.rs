@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use enim_provider::MacAddr;
 use ipnet::IpNet;
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType,
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
@@ -178,6 +178,35 @@ pub fn via(dst: IpNet, gw: IpAddr, index: u32, table: u32, src: Option<IpAddr>) 
         // A caller bug; the kernel refuses the empty message with EINVAL.
         false => RouteMessage::default(),
     })
+}
+
+/// A `prohibit` route to `dst` in the main table: a packet to it is
+/// refused at once in the sender's own namespace (connect gets EACCES,
+/// ICMP "administratively prohibited" for forwarded ones).
+pub fn prohibit(dst: IpNet) -> NewRoute {
+    let build = || {
+        let b = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.addr(), dst.prefix_len())
+            .ok()?
+            .table_id(MAIN_TABLE)
+            .kind(RouteType::Prohibit);
+        Some(b.build())
+    };
+    // The builder refuses only a prefix longer than its family allows,
+    // which an IpNet cannot be; the kernel refuses the empty message.
+    NewRoute(build().unwrap_or_default())
+}
+
+/// Adds a `prohibit` route for each of `blocked` (see [`prohibit`]); one
+/// already there is left as it is (a retried ADD).
+pub async fn prohibit_all(handle: &Handle, blocked: &[IpNet]) -> Result<(), PlumbingError> {
+    for dst in blocked {
+        let req = handle.route().add(prohibit(*dst).0).replace();
+        req.execute()
+            .await
+            .map_err(nl("add metadata prohibit route"))?;
+    }
+    Ok(())
 }
 
 /// Makes `gw`, the host end of a veth at `mac`, the pod's reachable gateway

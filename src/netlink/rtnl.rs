@@ -163,6 +163,7 @@ impl Plumbing for RtnlPlumbing {
         if let Some(gw6) = config.gateway6 {
             route::add(&pod, default(IpAddr::V6(gw6)), "add IPv6 default route").await?;
         }
+        route::prohibit_all(&pod, &config.blocked).await?;
         Ok(link)
     }
 

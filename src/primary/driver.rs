@@ -17,6 +17,7 @@ use crate::netlink::{
 use crate::store::checkpoint::{Checkpoint, HostHome};
 use crate::support::exclusion::{excluded_owner, Exclusions, Reservation};
 use crate::support::fault::crash_point;
+use crate::support::metadata::MetadataConfig;
 
 use super::hostpath::HostPathConfig;
 
@@ -27,6 +28,7 @@ pub struct PrimaryDriver {
     // Configured exclusions; the primary interface joins them at restore.
     pub(super) exclusions: std::sync::RwLock<Exclusions>,
     pub(super) host_path: HostPathConfig,
+    pub(super) pod_metadata: MetadataConfig,
 }
 
 /// The kernel's view of `record`'s host path, if it has one.
@@ -89,6 +91,16 @@ impl PrimaryDriver {
             checkpoint,
             exclusions: std::sync::RwLock::new(exclusions),
             host_path: HostPathConfig::default(),
+            pod_metadata: MetadataConfig::default(),
+        }
+    }
+
+    /// Refuses pods the metadata service as `config` says (README
+    /// "Security").
+    pub fn with_pod_metadata(self, config: MetadataConfig) -> Self {
+        PrimaryDriver {
+            pod_metadata: config,
+            ..self
         }
     }
 
@@ -306,6 +318,9 @@ impl Driver for PrimaryDriver {
             gateway4: p.gateway4,
             ipv6: p.ipv6,
             gateway6: p.gateway6,
+            blocked: self
+                .pod_metadata
+                .blocked_for(&record.pod, true, p.ipv6.is_some()),
         };
         self.plumbing
             .configure_pod_link(&record.netns, p.mac, &config)

@@ -28,6 +28,7 @@ use crate::netlink::PlumbingError;
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::Exclusions;
 use crate::support::fault::crash_point;
+use crate::support::metadata::MetadataConfig;
 
 pub struct SecondaryDriver {
     host: Arc<HostEnis>,
@@ -40,6 +41,7 @@ pub struct SecondaryDriver {
     /// The loop following a provider whose addresses are decided outside
     /// the agent, started at restore.
     follow: std::sync::OnceLock<FollowFeed>,
+    pod_metadata: MetadataConfig,
 }
 
 /// The driver's own methods and the pool share the host side.
@@ -81,7 +83,17 @@ impl SecondaryDriver {
             checkpoint,
             pool: std::sync::OnceLock::new(),
             follow: std::sync::OnceLock::new(),
+            pod_metadata: MetadataConfig::default(),
         })
+    }
+
+    /// Refuses pods the metadata service as `config` says (README
+    /// "Security").
+    pub fn with_pod_metadata(self, config: MetadataConfig) -> Self {
+        SecondaryDriver {
+            pod_metadata: config,
+            ..self
+        }
     }
 
     /// The driver over the real plumbing of the host namespace at
@@ -128,6 +140,9 @@ impl SecondaryDriver {
             table: p.table,
             priority_to_pod: p.rule_priority_to_pod,
             priority_from_pod: p.rule_priority_from_pod,
+            blocked: self
+                .pod_metadata
+                .blocked_for(&record.pod, p.ipv4.is_some(), p.ipv6.is_some()),
         }
     }
 

@@ -58,6 +58,9 @@ pub struct PodSpec {
     pub table: u32,
     pub priority_to_pod: u32,
     pub priority_from_pod: u32,
+    /// Destinations refused in the pod (the metadata service,
+    /// [`crate::support::metadata`]).
+    pub blocked: Vec<IpNet>,
 }
 
 impl PodSpec {
@@ -222,6 +225,7 @@ impl RtnlSecondary {
             let op = "add pod default route";
             route::replace(&pod, route::default_via(gw, link.index, MAIN_TABLE), op).await?;
         }
+        route::prohibit_all(&pod, &spec.blocked).await?;
         Ok(link.mac)
     }
 }
