@@ -14,6 +14,9 @@
 //!   function from it to tasks, reaping included (leaked ENIs: tagged for
 //!   the cluster, attached nowhere, older than the cooldown; the ENIs of
 //!   deleted nodes after their grace). No I/O: unit tests feed it objects.
+//! - [`leader`]: the leader deadline, from the Lease as the API server
+//!   stores it: past it a replica neither writes nor calls the cloud,
+//!   whatever the lease manager's flag says.
 //! - [`config`] (the policy) and [`setup`] (the config file and the cloud
 //!   it names).
 //! - [`store`]: the operator's only way to write: the interface the
@@ -27,6 +30,7 @@
 pub mod allocator;
 pub mod config;
 pub mod index;
+pub mod leader;
 pub mod runtime;
 pub mod setup;
 pub mod store;

@@ -38,7 +38,9 @@ struct Args {
     /// A leader that has not renewed for this long loses the lease.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
-    /// The leader renews this long before its lease would expire.
+    /// The leader renews this long before its lease would expire. Half of
+    /// it is the leader deadline's margin: a leader whose Lease was not
+    /// renewed for the lease duration minus that stops calling the cloud.
     #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     lease_grace: Duration,
     /// `/healthz`, `/readyz` and `/metrics`.

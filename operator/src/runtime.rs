@@ -5,12 +5,16 @@
 //! Invariants:
 //! - Every replica keeps its caches warm (both watches run always), so a
 //!   follower that becomes leader resyncs at once from a full view.
-//! - Only the leader resyncs, and [`KubeStore::is_leader`] is read again
-//!   before every cloud call and write ([`crate::store::Store`]): leadership
-//!   can move in the middle of a resync. Two leaders for a moment cost
-//!   nothing in the cloud (every create carries its intent's client token)
-//!   and little in the API (a spec is derived from the cloud's listing, so
-//!   the true leader's next resync rewrites whatever a deposed one wrote).
+//! - Only the leader resyncs, and its [`Leadership`] (the lease manager's
+//!   flag and the leader deadline read from the Lease, see
+//!   [`crate::leader`]) is checked again before every cloud call and write
+//!   ([`crate::store::Store::leadership`]): leadership can move in the
+//!   middle of a resync. A pass still running when leadership is lost
+//!   (its deadline passed) is abandoned, as at SIGTERM, so no further call
+//!   of it is sent; its intents are left for the next leader. A deposed
+//!   leader cut off from the API server therefore stops calling the cloud
+//!   before a follower can take over, whatever the lease manager's flag
+//!   (which it cannot lower without the API server) says.
 //! - The operator writes spec and metadata under `enim-operator`; the
 //!   agents' status is never part of what it applies.
 //! - Nodes are cached without their status and managed fields: at 1,000
@@ -21,11 +25,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use enim_crd::{NetResourceSet, NetResourceSetSpec, FINALIZER, OPERATOR_MANAGER};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Patch, PatchParams};
@@ -34,6 +41,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{watch, Notify};
 
+use crate::leader::{self, Leadership};
 use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
 
 /// The label the kubelet sets from the cloud's instance type.
@@ -73,7 +81,8 @@ pub struct RuntimeConfig {
     /// A leader that has not renewed for this long loses the lease; a
     /// follower takes over within it (plus one renew period).
     pub lease_duration: Duration,
-    /// The leader renews this long before its lease would expire.
+    /// The leader renews this long before its lease would expire; half of
+    /// it is the leader deadline's margin ([`crate::leader::margin`]).
     pub lease_grace: Duration,
     /// A resync runs at least this often while leading.
     pub resync_interval: Duration,
@@ -97,13 +106,21 @@ pub trait Resync: Send + Sync {
         sets: Vec<SetInfo>,
         claims: Option<Vec<ClaimInfo>>,
     ) -> Result<String, String>;
+
+    /// This replica stopped leading (perhaps mid-pass): whatever it cached
+    /// of the cluster may be stale by the time it leads again.
+    fn deposed(&self);
 }
 
 /// What the health endpoint shows.
 #[derive(Debug, Default)]
 pub struct Health {
     pub synced: AtomicBool,
+    /// Leading: the lease manager's flag and the deadline not passed.
     pub leader: AtomicBool,
+    /// Times leadership was lost to the deadline (the Lease not renewed
+    /// in time), not to another holder.
+    pub deadline_misses: AtomicU64,
     pub resyncs: AtomicU64,
     pub resync_errors: AtomicU64,
     /// Microseconds the last resync took.
@@ -113,14 +130,14 @@ pub struct Health {
 /// [`Store`] over the API server.
 pub struct KubeStore {
     api: Api<NetResourceSet>,
-    leader: watch::Receiver<bool>,
+    leadership: Leadership,
 }
 
 impl KubeStore {
-    pub fn new(client: Client, leader: watch::Receiver<bool>) -> KubeStore {
+    pub fn new(client: Client, leadership: Leadership) -> KubeStore {
         KubeStore {
             api: Api::all(client),
-            leader,
+            leadership,
         }
     }
 }
@@ -162,9 +179,7 @@ impl Store for KubeStore {
         node: &NodeInfo,
         spec: &NetResourceSetSpec,
     ) -> Result<(), StoreError> {
-        if !self.is_leader() {
-            return Err(StoreError::NotLeader);
-        }
+        self.leadership()?;
         let params = PatchParams::apply(OPERATOR_MANAGER).force();
         self.api
             .patch(&node.name, &params, &Patch::Apply(applied_set(node, spec)))
@@ -174,9 +189,7 @@ impl Store for KubeStore {
     }
 
     async fn release_set(&self, name: &str) -> Result<(), StoreError> {
-        if !self.is_leader() {
-            return Err(StoreError::NotLeader);
-        }
+        self.leadership()?;
         let set = match self.api.get_opt(name).await {
             Ok(Some(set)) => set,
             Ok(None) => return Ok(()),
@@ -201,7 +214,11 @@ impl Store for KubeStore {
     }
 
     fn is_leader(&self) -> bool {
-        *self.leader.borrow()
+        self.leadership.check().is_ok()
+    }
+
+    fn leadership(&self) -> Result<(), StoreError> {
+        self.leadership.check().map(|_deadline| ())
     }
 }
 
@@ -386,6 +403,59 @@ fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
     }
 }
 
+/// Follows the leader Lease (a watch of that one object) and publishes
+/// the deadline it gives `identity` ([`leader::deadline_of`]): `None`
+/// while another replica or nobody holds it. A failed watch keeps the last
+/// deadline, which then runs out: a replica cut off from the API server
+/// stops leading by itself.
+fn follow_lease(
+    client: &Client,
+    config: &RuntimeConfig,
+    margin: Duration,
+) -> watch::Receiver<Option<Instant>> {
+    let (deadline, rx) = watch::channel(None);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    // A consistent read on (re)list: a cache's older renewal would only
+    // give an earlier deadline, but for nothing.
+    let watch = watcher::Config::default()
+        .fields(&format!("metadata.name={}", config.lease_name))
+        .list_semantic(watcher::ListSemantic::MostRecent);
+    let stream = watcher(api, watch).backoff(WatchBackoff::new());
+    let identity = config.identity.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        // A relist that shows no Lease: it is gone.
+        let mut listed = false;
+        while let Some(event) = stream.next().await {
+            let seen = match event {
+                Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                    listed = true;
+                    leader::deadline_of(
+                        &lease,
+                        &identity,
+                        margin,
+                        SystemTime::now(),
+                        Instant::now(),
+                    )
+                }
+                Ok(watcher::Event::Delete(_)) => None,
+                Ok(watcher::Event::Init) => {
+                    listed = false;
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) if !listed => None,
+                Ok(watcher::Event::InitDone) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease watch failed; retrying (the leader deadline runs on)");
+                    continue;
+                }
+            };
+            deadline.send_replace(seen);
+        }
+    });
+    rx
+}
+
 /// Runs the operator until SIGTERM (or ctrl-c): watches, lease, resyncs.
 /// `make` builds the resync over the store the runtime writes through.
 pub async fn run<F>(config: RuntimeConfig, client: Client, make: F) -> Result<(), RuntimeError>
@@ -403,7 +473,17 @@ where
             addr: config.health_addr,
             source,
         })?;
-    tokio::spawn(serve_health(listener, health.clone()));
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
+
+    let secs = |d: Duration| d.as_secs().max(1);
+    let grace = Duration::from_secs(secs(config.lease_grace));
+    let deadline = follow_lease(&client, &config, leader::margin(grace));
+    // The health endpoint reads the deadline only: a clone of the lease
+    // manager's flag held there would keep the lease from being released
+    // at the stop.
+    tokio::spawn(serve_health(listener, health.clone(), deadline.clone()));
 
     let changed = Arc::new(Notify::new());
     let caches = start_watches(&client, changed.clone());
@@ -413,26 +493,38 @@ where
         namespace: config.namespace.clone(),
         source,
     };
-    let secs = |d: Duration| d.as_secs().max(1);
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
         .with_namespace(&config.namespace)
         .with_identity(&config.identity)
         .with_duration(secs(config.lease_duration))
-        .with_grace(secs(config.lease_grace))
+        .with_grace(grace.as_secs())
         .with_field_manager(format!("{OPERATOR_MANAGER}-lease"))
         .build()
         .await
         .map_err(lease_err)?;
-    let (mut leader, lease_task) = manager.watch().await;
-    let store: Arc<dyn Store> = Arc::new(KubeStore::new(client.clone(), leader.clone()));
+    let (flag, lease_task) = manager.watch().await;
+    let leadership = Leadership::new(flag, deadline);
+    let store: Arc<dyn Store> = Arc::new(KubeStore::new(client.clone(), leadership.clone()));
     let resync = make(store.clone()).map_err(RuntimeError::Setup)?;
 
     let mut was_leader = false;
     loop {
-        let is_leader = *leader.borrow_and_update();
+        let lead = leadership.check();
+        let is_leader = lead.is_ok();
         health.leader.store(is_leader, Ordering::Relaxed);
         if is_leader != was_leader {
-            tracing::info!(identity = %config.identity, leader = is_leader, "leadership changed");
+            match &lead {
+                Ok(_) => {
+                    tracing::info!(identity = %config.identity, leader = true, "leadership changed")
+                }
+                Err(e) => {
+                    tracing::warn!(identity = %config.identity, leader = false, reason = %e, "leadership changed");
+                    if matches!(e, StoreError::PastDeadline(_)) {
+                        health.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    resync.deposed();
+                }
+            }
             was_leader = is_leader;
         }
         let pass = async {
@@ -446,17 +538,26 @@ where
         // A stop does not wait for the caches (the API server may be down)
         // or for a resync (its cloud calls may wait on the buckets): what a
         // resync leaves half done is what a crash leaves, and its intents
-        // let the next leader finish it.
+        // let the next leader finish it. Nor does a lost leadership: past
+        // the deadline a follower may lead, and the pass's next call (a
+        // retry or the second step of a create or delete included) must
+        // not be sent. Biased: at the deadline, no further poll of the pass.
         tokio::select! {
+            biased;
             () = &mut shutdown => {
                 tracing::info!("stopping mid-pass: the next leader finishes from the intents");
                 break;
             }
+            () = leadership.lost(), if is_leader => {
+                tracing::warn!("leadership lost mid-pass: the pass is abandoned, its intents left for the next leader");
+                continue;
+            }
             () = pass => {}
         }
         tokio::select! {
+            biased;
             () = &mut shutdown => break,
-            r = leader.changed() => if r.is_err() { break },
+            r = leadership.flipped(is_leader) => if r.is_err() { break },
             _ = changed.notified() => tokio::time::sleep(config.debounce).await,
             _ = tokio::time::sleep(config.resync_interval) => {}
         }
@@ -465,7 +566,7 @@ where
     // the follower takes over at once instead of after its expiry.
     drop(resync);
     drop(store);
-    drop(leader);
+    drop(leadership);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     tracing::info!("stopped");
     Ok(())
@@ -524,44 +625,85 @@ async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {
     }
 }
 
-async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
+/// The time left before the leader deadline, while leading.
+fn deadline_left(h: &Health, deadline: &watch::Receiver<Option<Instant>>) -> Option<Duration> {
+    let d = (*deadline.borrow())?;
+    h.leader
+        .load(Ordering::Relaxed)
+        .then(|| d.saturating_duration_since(Instant::now()))
+}
+
+/// One line on leadership for `/readyz`.
+fn leadership_line(h: &Health, deadline: &watch::Receiver<Option<Instant>>) -> String {
+    let now = Instant::now();
+    match (h.leader.load(Ordering::Relaxed), *deadline.borrow()) {
+        (true, Some(d)) => format!(
+            "leader: deadline in {:.1}s",
+            d.saturating_duration_since(now).as_secs_f64()
+        ),
+        (false, Some(d)) if d <= now => format!(
+            "not leading: leader deadline passed {:.1}s ago (lease not renewed), no cloud calls",
+            (now - d).as_secs_f64()
+        ),
+        _ => "follower".into(),
+    }
+}
+
+async fn serve_health(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    deadline: watch::Receiver<Option<Instant>>,
+) {
     use axum::routing::get;
-    let metrics = |h: Arc<Health>| async move {
+    let metrics = |h: Arc<Health>, deadline: watch::Receiver<Option<Instant>>| async move {
         let mut m = BTreeMap::new();
-        let g = |a: &AtomicBool| u64::from(a.load(Ordering::Relaxed));
+        let g = |a: &AtomicBool| u64::from(a.load(Ordering::Relaxed)).to_string();
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
         m.insert("enim_operator_leader", g(&h.leader));
+        // Seconds before this leader stops calling the cloud unless the
+        // Lease is renewed; 0 when not leading.
+        let left = deadline_left(&h, &deadline).unwrap_or_default();
+        m.insert(
+            "enim_operator_leader_deadline_seconds",
+            format!("{:.3}", left.as_secs_f64()),
+        );
+        m.insert(
+            "enim_operator_leader_deadline_misses_total",
+            n(&h.deadline_misses),
+        );
         m.insert("enim_operator_caches_synced", g(&h.synced));
-        m.insert(
-            "enim_operator_resyncs_total",
-            h.resyncs.load(Ordering::Relaxed),
-        );
-        m.insert(
-            "enim_operator_resync_errors_total",
-            h.resync_errors.load(Ordering::Relaxed),
-        );
+        m.insert("enim_operator_resyncs_total", n(&h.resyncs));
+        m.insert("enim_operator_resync_errors_total", n(&h.resync_errors));
         m.insert(
             "enim_operator_last_resync_microseconds",
-            h.last_resync_us.load(Ordering::Relaxed),
+            n(&h.last_resync_us),
         );
         m.iter()
             .map(|(k, v)| format!("{k} {v}\n"))
             .collect::<String>()
     };
-    let ready = |h: Arc<Health>| async move {
+    // Readiness is the caches' (a follower is ready too); the body also
+    // says where leadership stands.
+    let ready = |h: Arc<Health>, deadline: watch::Receiver<Option<Instant>>| async move {
+        let lead = leadership_line(&h, &deadline);
         if h.synced.load(Ordering::Relaxed) {
-            (axum::http::StatusCode::OK, "ok")
+            (axum::http::StatusCode::OK, format!("ok\n{lead}\n"))
         } else {
             (
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "caches not synced",
+                format!("caches not synced\n{lead}\n"),
             )
         }
     };
     let (h1, h2) = (health.clone(), health);
+    let d1 = deadline.clone();
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(move || ready(h1.clone())))
-        .route("/metrics", get(move || metrics(h2.clone())));
+        .route("/readyz", get(move || ready(h1.clone(), d1.clone())))
+        .route(
+            "/metrics",
+            get(move || metrics(h2.clone(), deadline.clone())),
+        );
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "health endpoint stopped");
     }
@@ -596,5 +738,9 @@ impl Resync for crate::allocator::Allocator {
         } else {
             Err(format!("{summary}; errors: {}", r.errors.join("; ")))
         }
+    }
+
+    fn deposed(&self) {
+        self.forget();
     }
 }

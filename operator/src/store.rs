@@ -2,7 +2,7 @@
 //! over a real API server ([`crate::runtime`]) and over the bench's
 //! in-memory fleet simulation.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use enim_crd::NetResourceSetSpec;
@@ -51,6 +51,11 @@ pub enum StoreError {
     /// This replica is no longer the leader: it must not write.
     #[error("not the leader")]
     NotLeader,
+    /// The lease manager still says leader, but the Lease was not renewed
+    /// in time (the leader deadline, `crate::leader`): a follower may hold
+    /// it by now, so this replica must neither write nor call the cloud.
+    #[error("leader deadline passed {0:?} ago: the lease may be another replica's")]
+    PastDeadline(Duration),
     /// The object changed under the write (a conflict) or is gone.
     #[error("conflict writing {0}")]
     Conflict(String),
@@ -73,7 +78,18 @@ pub trait Store: Send + Sync {
     /// once its ENIs are released.
     async fn release_set(&self, name: &str) -> Result<(), StoreError>;
 
-    /// Whether this replica still leads; checked before every cloud call
-    /// and every write, since leadership can move during a resync.
+    /// Whether this replica still leads.
     fn is_leader(&self) -> bool;
+
+    /// `Ok` while this replica may call the cloud and write, else why not
+    /// ([`StoreError::NotLeader`] or [`StoreError::PastDeadline`]). The
+    /// allocator asks it before every cloud call and every write, since
+    /// leadership can move during a resync.
+    fn leadership(&self) -> Result<(), StoreError> {
+        if self.is_leader() {
+            Ok(())
+        } else {
+            Err(StoreError::NotLeader)
+        }
+    }
 }

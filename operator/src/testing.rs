@@ -84,6 +84,11 @@ impl MemCloud {
         lock(&self.state).calls.get(verb).copied().unwrap_or(0)
     }
 
+    /// Calls of every verb.
+    pub fn total_calls(&self) -> usize {
+        lock(&self.state).calls.values().sum()
+    }
+
     pub fn enis(&self) -> Vec<FleetEni> {
         lock(&self.state).enis.values().cloned().collect()
     }
@@ -280,6 +285,8 @@ impl FleetCloud for MemCloud {
 pub struct MemStore {
     sets: Mutex<BTreeMap<String, SetInfo>>,
     leader: AtomicBool,
+    /// Leading by the flag, but this long past the leader deadline.
+    past_deadline: Mutex<Option<std::time::Duration>>,
     writes: AtomicUsize,
     /// Leadership is lost after this many more writes (`usize::MAX`: never).
     lose_after: AtomicUsize,
@@ -290,6 +297,7 @@ impl Default for MemStore {
         MemStore {
             sets: Mutex::default(),
             leader: AtomicBool::new(true),
+            past_deadline: Mutex::new(None),
             writes: AtomicUsize::new(0),
             lose_after: AtomicUsize::new(usize::MAX),
         }
@@ -314,6 +322,11 @@ impl MemStore {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    /// `Some`: the flag still up, the leader deadline passed that long ago.
+    pub fn set_past_deadline(&self, late: Option<std::time::Duration>) {
+        *lock(&self.past_deadline) = late;
     }
 
     pub fn lose_leadership_after(&self, writes: usize) {
@@ -344,9 +357,7 @@ impl Store for MemStore {
         node: &NodeInfo,
         spec: &NetResourceSetSpec,
     ) -> Result<(), StoreError> {
-        if !self.is_leader() {
-            return Err(StoreError::NotLeader);
-        }
+        self.leadership()?;
         lock(&self.sets)
             .entry(node.name.clone())
             .and_modify(|s| s.spec = spec.clone())
@@ -361,15 +372,23 @@ impl Store for MemStore {
     }
 
     async fn release_set(&self, name: &str) -> Result<(), StoreError> {
-        if !self.is_leader() {
-            return Err(StoreError::NotLeader);
-        }
+        self.leadership()?;
         lock(&self.sets).remove(name);
         self.wrote();
         Ok(())
     }
 
     fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::SeqCst)
+        self.leadership().is_ok()
+    }
+
+    fn leadership(&self) -> Result<(), StoreError> {
+        if !self.leader.load(Ordering::SeqCst) {
+            return Err(StoreError::NotLeader);
+        }
+        match *lock(&self.past_deadline) {
+            Some(late) => Err(StoreError::PastDeadline(late)),
+            None => Ok(()),
+        }
     }
 }

@@ -284,7 +284,7 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
     // (server-side apply; the finalizer's removal), never their status
     // and never a delete (the garbage collector's), reads ResourceClaims
     // (ENIs made on demand for DRA claims), and holds its leader Lease in
-    // its own namespace.
+    // its own namespace (and watches it, for its leader deadline).
     let operator: BTreeSet<Grant> = [
         grants(None, "", "nodes", &["get", "list", "watch"]),
         grants(
@@ -303,7 +303,7 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
             Some(ns),
             "coordination.k8s.io",
             "leases",
-            &["get", "create", "patch"],
+            &["get", "list", "watch", "create", "patch"],
         ),
     ]
     .concat()

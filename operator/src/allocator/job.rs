@@ -10,7 +10,9 @@ use std::net::IpAddr;
 use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
 use enim_provider::fault::crash_point;
-use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetEni, DETACHING};
+use enim_provider::fleet::{
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
+};
 use enim_provider::ProviderError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -27,7 +29,7 @@ pub(super) struct Job<'a> {
     pub spec: Option<NetResourceSetSpec>,
 }
 
-impl Job<'_> {
+impl<'a> Job<'a> {
     /// Runs `tasks` in order; one result per task (and one more if the
     /// final write fails). Stops at the first sign of lost leadership.
     pub async fn run(mut self, tasks: Vec<Task>) -> Vec<Result<(), TaskError>> {
@@ -35,7 +37,7 @@ impl Job<'_> {
         let mut dirty = false;
         for t in tasks {
             let r = self.one(t, &mut dirty).await;
-            let deposed = matches!(r, Err(TaskError::NotLeader));
+            let deposed = r.as_ref().is_err_and(TaskError::is_deposed);
             out.push(r);
             if deposed {
                 return out;
@@ -49,13 +51,18 @@ impl Job<'_> {
         out
     }
 
-    /// A mutating call to the cloud: the allocator's bucket and
-    /// leadership checks, counted in this job's counters.
-    async fn mutate<T>(
+    /// A mutating call to the cloud (`call` is handed the cloud): the
+    /// allocator's leadership checks and bucket, counted in this job's
+    /// counters.
+    async fn mutate<T, Fut>(
         &self,
-        call: impl std::future::Future<Output = Result<T, ProviderError>>,
-    ) -> Result<T, TaskError> {
-        self.alloc.call(Class::Mutating, self.counters, call).await
+        call: impl FnOnce(&'a dyn FleetCloud) -> Fut,
+    ) -> Result<T, TaskError>
+    where
+        Fut: std::future::Future<Output = Result<T, ProviderError>>,
+    {
+        let alloc: &'a Allocator = self.alloc;
+        alloc.gate.call(Class::Mutating, self.counters, call).await
     }
 
     fn spec(&mut self) -> Result<&mut NetResourceSetSpec, TaskError> {
@@ -178,9 +185,7 @@ impl Job<'_> {
                 self.create_enis(new, 0).await
             }
             Task::AssignAddresses { eni, count, .. } => {
-                let ips = self
-                    .mutate(self.alloc.cloud.assign_addresses(&eni, count, 0))
-                    .await?;
+                let ips = self.mutate(|c| c.assign_addresses(&eni, count, 0)).await?;
                 self.alloc.amend(|l| {
                     if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
                         for ip in &ips {
@@ -220,7 +225,7 @@ impl Job<'_> {
             }
             Task::DeleteLeaked { eni } => {
                 let r = self
-                    .mutate(self.alloc.cloud.delete(&eni, DeleteCheck::SecondLook))
+                    .mutate(|c| c.delete(&eni, DeleteCheck::SecondLook))
                     .await?;
                 match r {
                     Reaped::Deleted | Reaped::Gone => {
@@ -298,7 +303,7 @@ impl Job<'_> {
                     published += 1;
                 }
                 Err(e) => {
-                    let deposed = matches!(e, TaskError::NotLeader);
+                    let deposed = e.is_deposed();
                     first_err.get_or_insert(e);
                     if deposed {
                         break;
@@ -338,7 +343,7 @@ impl Job<'_> {
             secondary_ipv4: ips,
             fresh,
         };
-        let eni = self.mutate(self.alloc.cloud.create(&req)).await?;
+        let eni = self.mutate(|c| c.create(&req)).await?;
         crash_point("operator-after-create");
         self.alloc.amend(|l| {
             if !l.iter().any(|f| f.id == eni.id) {
@@ -350,7 +355,7 @@ impl Job<'_> {
 
     async fn attach(&mut self, eni: &FleetEni, device_index: u32) -> Result<(), TaskError> {
         let instance = self.spec()?.instance.id.clone();
-        self.mutate(self.alloc.cloud.attach(eni, &instance, device_index))
+        self.mutate(|c| c.attach(eni, &instance, device_index))
             .await?;
         crash_point("operator-after-attach");
         self.alloc.amend(|l| {
@@ -370,11 +375,11 @@ impl Job<'_> {
     /// them) and returns: no polling, a later listing shows each detach
     /// done and the plan deletes then. The first error, once all are asked.
     async fn start_detaches(&self, enis: Vec<FleetEni>) -> Result<(), TaskError> {
-        let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
+        let alloc = self.alloc;
         let mut first_err = None;
         for eni in enis {
             crash_point("operator-before-detach");
-            let r = self.mutate(cloud.start_detach(&eni)).await;
+            let r = self.mutate(|c| c.start_detach(&eni)).await;
             match r {
                 Ok(()) => {
                     crash_point("operator-after-detach");
@@ -385,7 +390,7 @@ impl Job<'_> {
                         }
                     });
                 }
-                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) if e.is_deposed() => return Err(e),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -403,14 +408,14 @@ impl Job<'_> {
         detach: Vec<FleetEni>,
         delete: Vec<(String, DeleteCheck)>,
     ) -> Result<(Vec<String>, Option<TaskError>), TaskError> {
-        let (alloc, cloud) = (self.alloc, &self.alloc.cloud);
+        let alloc = self.alloc;
         let mut first_err = match self.start_detaches(detach).await {
-            Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+            Err(e) if e.is_deposed() => return Err(e),
             r => r.err(),
         };
         let mut removed = Vec::new();
         for (eni, check) in delete {
-            let r = self.mutate(cloud.delete(&eni, check)).await;
+            let r = self.mutate(|c| c.delete(&eni, check)).await;
             match r {
                 Ok(Reaped::Deleted | Reaped::Gone) => {
                     crash_point("operator-after-delete");
@@ -421,7 +426,7 @@ impl Job<'_> {
                     first_err
                         .get_or_insert(TaskError::Missing(format!("{eni} not deleted: {why}")));
                 }
-                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) if e.is_deposed() => return Err(e),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -442,9 +447,7 @@ impl Job<'_> {
         let mut gone: Vec<String> = stale;
         let mut removed_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
         for (eni, ips) in addresses {
-            let r = self
-                .mutate(self.alloc.cloud.unassign_addresses(&eni, &ips))
-                .await;
+            let r = self.mutate(|c| c.unassign_addresses(&eni, &ips)).await;
             match r {
                 Ok(()) => {
                     self.alloc.amend(|l| {
@@ -454,7 +457,7 @@ impl Job<'_> {
                     });
                     removed_ips.push((eni, ips));
                 }
-                Err(TaskError::NotLeader) => return Err(TaskError::NotLeader),
+                Err(e) if e.is_deposed() => return Err(e),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }

@@ -10,8 +10,10 @@
 //!   calls, so a node's pods never wait for a listing;
 //! - **every cloud call takes a token** from its class's bucket (mutating
 //!   or describe), shared by the whole cluster, and is made only while
-//!   [`Store::is_leader`] holds (checked before the wait and after it);
-//!   every write checks it too;
+//!   [`Store::leadership`] holds (the lease manager's flag and the leader
+//!   deadline, checked before the wait and after it): the cloud is
+//!   reachable only through the `gate` module, which does both; every
+//!   write checks leadership too;
 //! - **an intent is written before its create**: `spec.intents` gets the
 //!   client token, then the ENI is created with that token, attached, and
 //!   published with the intent dropped in one apply; a crash anywhere
@@ -23,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use enim_crd::NetResourceSetSpec;
 use enim_provider::fleet::{FleetCloud, FleetEni};
@@ -36,6 +38,7 @@ use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{plan, Index, Input, Policy, Task};
 use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
 
+mod gate;
 mod job;
 #[cfg(test)]
 mod tests;
@@ -48,6 +51,10 @@ pub enum Error {
     /// This replica no longer leads: nothing more was called or written.
     #[error("not the leader")]
     NotLeader,
+    /// Its leader deadline passed (the Lease not renewed in time): nothing
+    /// more was called or written.
+    #[error("leader deadline passed {0:?} ago")]
+    PastDeadline(Duration),
     #[error("listing the cluster's ENIs: {0}")]
     Listing(ProviderError),
 }
@@ -57,6 +64,8 @@ pub enum Error {
 pub enum TaskError {
     #[error("not the leader")]
     NotLeader,
+    #[error("leader deadline passed {0:?} ago: no cloud call or write")]
+    PastDeadline(Duration),
     #[error("cloud: {0}")]
     Cloud(#[from] ProviderError),
     #[error("store: {0}")]
@@ -69,7 +78,24 @@ impl From<StoreError> for TaskError {
     fn from(e: StoreError) -> TaskError {
         match e {
             StoreError::NotLeader => TaskError::NotLeader,
+            StoreError::PastDeadline(late) => TaskError::PastDeadline(late),
             other => TaskError::Store(other),
+        }
+    }
+}
+
+impl TaskError {
+    /// Leadership is lost (or its deadline passed): the resync stops.
+    pub fn is_deposed(&self) -> bool {
+        self.deposed().is_some()
+    }
+
+    /// What the resync returns for a lost leadership.
+    fn deposed(&self) -> Option<Error> {
+        match self {
+            TaskError::NotLeader => Some(Error::NotLeader),
+            TaskError::PastDeadline(late) => Some(Error::PastDeadline(*late)),
+            _ => None,
         }
     }
 }
@@ -136,12 +162,11 @@ enum Class {
 }
 
 pub struct Allocator {
-    cloud: Arc<dyn FleetCloud>,
+    /// The cloud, behind the leadership checks and the buckets.
+    gate: gate::CloudGate,
     store: Arc<dyn Store>,
     config: OperatorConfig,
     policy: Policy,
-    mutating: TokenBucket,
-    describe: TokenBucket,
     clock: Clock,
     cache: Mutex<Cache>,
     one_at_a_time: tokio::sync::Mutex<()>,
@@ -164,11 +189,14 @@ impl Allocator {
             .build_hasher()
             .finish();
         Ok(Allocator {
-            cloud,
+            gate: gate::CloudGate::new(
+                cloud,
+                store.clone(),
+                TokenBucket::new(config.api_mutating_rate),
+                TokenBucket::new(config.api_describe_rate),
+            ),
             store,
             policy: config.policy(),
-            mutating: TokenBucket::new(config.api_mutating_rate),
-            describe: TokenBucket::new(config.api_describe_rate),
             config,
             clock: Arc::new(SystemTime::now),
             cache: Mutex::default(),
@@ -191,6 +219,12 @@ impl Allocator {
     /// The next resync lists the cloud, whatever the last listing's age.
     pub fn invalidate_listing(&self) {
         self.cache().listing = None;
+    }
+
+    /// Forgets everything cached of the cluster: leadership was lost, and a
+    /// successor may have called and written since.
+    pub fn forget(&self) {
+        *self.cache() = Cache::default();
     }
 
     fn cache(&self) -> MutexGuard<'_, Cache> {
@@ -219,9 +253,8 @@ impl Allocator {
         let _one = self.one_at_a_time.lock().await;
         let counters = Counters::default();
         let result = self.resync_locked(nodes, sets, claims, &counters).await;
-        if matches!(result, Err(Error::NotLeader)) {
-            // A successor may have written since: nothing cached holds.
-            *self.cache() = Cache::default();
+        if matches!(result, Err(Error::NotLeader | Error::PastDeadline(_))) {
+            self.forget();
         }
         result
     }
@@ -233,8 +266,8 @@ impl Allocator {
         claims: Option<&[ClaimInfo]>,
         counters: &Counters,
     ) -> Result<ResyncReport, Error> {
-        if !self.store.is_leader() {
-            return Err(Error::NotLeader);
+        if let Err(e) = self.lead() {
+            return Err(e.deposed().unwrap_or(Error::NotLeader));
         }
         let mut report = ResyncReport {
             nodes: nodes.len(),
@@ -247,12 +280,15 @@ impl Allocator {
             .is_none_or(|l| l.at.elapsed() >= self.config.resync_interval);
         if stale {
             let enis = self
-                .call(Class::Describe, counters, self.cloud.list_cluster_enis())
+                .gate
+                .call(Class::Describe, counters, |c| c.list_cluster_enis())
                 .await
-                .map_err(|e| match e {
-                    TaskError::NotLeader => Error::NotLeader,
-                    TaskError::Cloud(e) => Error::Listing(e),
-                    other => Error::Listing(ProviderError::Unavailable(other.to_string())),
+                .map_err(|e| match e.deposed() {
+                    Some(deposed) => deposed,
+                    None => match e {
+                        TaskError::Cloud(e) => Error::Listing(e),
+                        other => Error::Listing(ProviderError::Unavailable(other.to_string())),
+                    },
                 })?;
             self.cache().listing = Some(Listing {
                 at: Instant::now(),
@@ -340,11 +376,13 @@ impl Allocator {
             .buffer_unordered(self.config.workers)
             .collect()
             .await;
-        let mut deposed = false;
+        let mut deposed = None;
         for r in outcomes.into_iter().flatten() {
             if let Err(e) = r {
                 report.tasks_failed += 1;
-                deposed |= matches!(e, TaskError::NotLeader);
+                if deposed.is_none() {
+                    deposed = e.deposed();
+                }
                 if report.errors.len() < REPORTED_ERRORS {
                     report.errors.push(e.to_string());
                 }
@@ -353,8 +391,8 @@ impl Allocator {
         report.cloud_calls = counters.calls.load(Ordering::Relaxed);
         report.throttled = counters.throttled.load(Ordering::Relaxed);
         report.writes = counters.writes.load(Ordering::Relaxed);
-        if deposed {
-            return Err(Error::NotLeader);
+        if let Some(e) = deposed {
+            return Err(e);
         }
         Ok(report)
     }
@@ -381,13 +419,14 @@ impl Allocator {
         };
         for t in missing {
             match self
-                .call(Class::Describe, counters, self.cloud.limits(t))
+                .gate
+                .call(Class::Describe, counters, |c| c.limits(t))
                 .await
             {
                 Ok(l) => {
                     self.cache().limits.insert(t.to_string(), l);
                 }
-                Err(TaskError::NotLeader) => return Err(Error::NotLeader),
+                Err(e) if e.is_deposed() => return Err(e.deposed().unwrap_or(Error::NotLeader)),
                 Err(e) => {
                     // Its nodes get no new ENIs until it answers.
                     tracing::warn!(instance_type = t, error = %e, "instance type limits unavailable");
@@ -399,34 +438,9 @@ impl Allocator {
         Ok(())
     }
 
+    /// `Ok` while this replica may call the cloud and write.
     fn lead(&self) -> Result<(), TaskError> {
-        if self.store.is_leader() {
-            Ok(())
-        } else {
-            Err(TaskError::NotLeader)
-        }
-    }
-
-    /// One cloud call: leadership, a token of its class, leadership again
-    /// (the wait may be long), the call.
-    async fn call<T>(
-        &self,
-        class: Class,
-        counters: &Counters,
-        call: impl std::future::Future<Output = Result<T, ProviderError>>,
-    ) -> Result<T, TaskError> {
-        self.lead()?;
-        match class {
-            Class::Mutating => self.mutating.acquire().await,
-            Class::Describe => self.describe.acquire().await,
-        };
-        self.lead()?;
-        counters.calls.fetch_add(1, Ordering::Relaxed);
-        let r = call.await;
-        if matches!(r, Err(ProviderError::Throttled(_))) {
-            counters.throttled.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(r?)
+        self.gate.lead()
     }
 
     /// A client token no other create of this cluster carries.

@@ -364,6 +364,26 @@ async fn no_call_and_no_write_without_leadership() {
     assert_eq!(rig.store.writes(), 2);
 }
 
+#[tokio::test]
+async fn past_the_leader_deadline_nothing_is_called_or_written() {
+    // The lease manager's flag is up, but the Lease was not renewed in
+    // time: the refusal is typed, and nothing reaches the cloud or the API.
+    let rig = Rig::new(&["a", "b"]);
+    let late = Duration::from_millis(300);
+    rig.store.set_past_deadline(Some(late));
+    match rig.resync_err().await {
+        Error::PastDeadline(d) => assert_eq!(d, late),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.cloud.total_calls(), 0, "a cloud call past the deadline");
+    assert_eq!(rig.store.writes(), 0, "a write past the deadline");
+    // Renewed in time again: the work is done.
+    rig.store.set_past_deadline(None);
+    let r = rig.resync().await;
+    assert_eq!(r.tasks_failed, 0, "{r:?}");
+    assert_eq!(rig.attached_to("a") + rig.attached_to("b"), 4);
+}
+
 impl Rig {
     async fn resync_err(&self) -> Error {
         self.alloc

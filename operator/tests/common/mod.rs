@@ -151,6 +151,20 @@ impl Rig {
     /// Writes an operator config file named `name` and returns its path.
     /// Short intervals; the cloud rates out of the way.
     pub fn config(&self, name: &str, marks: Marks, node_grace: &str) -> PathBuf {
+        self.config_at(name, marks, node_grace, &self.env.proxy.url, "")
+    }
+
+    /// [`Rig::config`] with EC2 at `ec2_endpoint` (another proxy in front
+    /// of the rig's moto, to tell one replica's calls from another's) and
+    /// `extra` lines in `[operator]`.
+    pub fn config_at(
+        &self,
+        name: &str,
+        marks: Marks,
+        node_grace: &str,
+        ec2_endpoint: &str,
+        extra: &str,
+    ) -> PathBuf {
         let text = format!(
             r#"[operator]
 cluster = "{CLUSTER}"
@@ -158,6 +172,7 @@ mode = "primary"
 subnets = ["{subnet}"]
 resync_interval = "1s"
 node_grace = "{node_grace}"
+{extra}
 api_mutating_rate = {{ every = "5ms", burst = 100 }}
 api_describe_rate = {{ every = "5ms", burst = 100 }}
 
@@ -184,7 +199,7 @@ describe_rate = {{ every = "1ms", burst = 1000 }}
             pre = marks.pre,
             min = marks.min,
             above = marks.above,
-            endpoint = self.env.proxy.url,
+            endpoint = ec2_endpoint,
             key = self.access_key_id,
             secret = self.secret_access_key,
         );
@@ -449,6 +464,8 @@ pub struct OperatorOpts<'a> {
     pub crash_at: Option<&'a str>,
     /// `--lease-duration`, `--lease-grace` (whole seconds).
     pub lease: (u32, u32),
+    /// Its kubeconfig; `None`: the rig's `operator_kubeconfig`.
+    pub kubeconfig: Option<&'a Path>,
 }
 
 impl<'a> OperatorOpts<'a> {
@@ -458,6 +475,7 @@ impl<'a> OperatorOpts<'a> {
             config,
             crash_at: None,
             lease: (3, 1),
+            kubeconfig: None,
         }
     }
 }
@@ -481,7 +499,10 @@ impl Operator {
             .args(["--namespace", NS, "--health-addr", "127.0.0.1:0"])
             .arg(format!("--lease-duration={}s", opts.lease.0))
             .arg(format!("--lease-grace={}s", opts.lease.1))
-            .env("KUBECONFIG", &rig.operator_kubeconfig)
+            .env(
+                "KUBECONFIG",
+                opts.kubeconfig.unwrap_or(&rig.operator_kubeconfig),
+            )
             .env("POD_NAME", opts.identity)
             .env("RUST_LOG", "info")
             .env_remove("ENIMD_CRASH_AT")

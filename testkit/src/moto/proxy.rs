@@ -25,7 +25,8 @@ pub struct ProxyState {
     upstream: String,
     http: reqwest::Client,
     faults: Mutex<Vec<Fault>>,
-    calls: Mutex<Vec<(String, bool)>>,
+    /// Each call's action, whether it was faulted, and when it came.
+    calls: Mutex<Vec<(String, bool, std::time::Instant)>>,
     /// Actions whose calls wait, unanswered, until released.
     held: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
 }
@@ -85,8 +86,20 @@ impl Fake<ProxyState> {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(a, _)| a == action)
+            .filter(|(a, _, _)| a == action)
             .count()
+    }
+
+    /// The actions of the calls that came after `since`, in order.
+    pub fn calls_since(&self, since: std::time::Instant) -> Vec<String> {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, at)| *at > since)
+            .map(|(a, _, _)| a.clone())
+            .collect()
     }
 
     /// Calls of `action` answered with an injected fault.
@@ -96,7 +109,7 @@ impl Fake<ProxyState> {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(a, f)| a == action && *f)
+            .filter(|(a, f, _)| a == action && *f)
             .count()
     }
 }
@@ -132,7 +145,7 @@ async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Respo
     st.calls
         .lock()
         .unwrap()
-        .push((action.clone(), fault.is_some()));
+        .push((action.clone(), fault.is_some(), std::time::Instant::now()));
     let mut held = st.held.subscribe();
     // Err only if the sender is gone, which the state outlives.
     let _ = held.wait_for(|h| !h.contains(&action)).await;

@@ -1,0 +1,70 @@
+//! The allocator's only way to the cloud. The cloud is a private field of
+//! [`CloudGate`], so every call, those added later included, passes the
+//! same steps: leadership ([`Store::leadership`]: the lease manager's flag
+//! and the leader deadline), a token of its class's bucket, leadership
+//! again (the wait may be long), and only then the call itself, built
+//! after the checks.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use enim_provider::fleet::FleetCloud;
+use enim_provider::ratelimit::TokenBucket;
+use enim_provider::ProviderError;
+
+use super::{Class, Counters, TaskError};
+use crate::store::Store;
+
+pub(super) struct CloudGate {
+    cloud: Arc<dyn FleetCloud>,
+    store: Arc<dyn Store>,
+    mutating: TokenBucket,
+    describe: TokenBucket,
+}
+
+impl CloudGate {
+    pub(super) fn new(
+        cloud: Arc<dyn FleetCloud>,
+        store: Arc<dyn Store>,
+        mutating: TokenBucket,
+        describe: TokenBucket,
+    ) -> CloudGate {
+        CloudGate {
+            cloud,
+            store,
+            mutating,
+            describe,
+        }
+    }
+
+    /// `Ok` while this replica may call the cloud and write.
+    pub(super) fn lead(&self) -> Result<(), TaskError> {
+        Ok(self.store.leadership()?)
+    }
+
+    /// One cloud call: `call` is handed the cloud once leadership held
+    /// before and after the token wait.
+    pub(super) async fn call<'c, T, Fut>(
+        &'c self,
+        class: Class,
+        counters: &Counters,
+        call: impl FnOnce(&'c dyn FleetCloud) -> Fut,
+    ) -> Result<T, TaskError>
+    where
+        Fut: Future<Output = Result<T, ProviderError>>,
+    {
+        self.lead()?;
+        match class {
+            Class::Mutating => self.mutating.acquire().await,
+            Class::Describe => self.describe.acquire().await,
+        };
+        self.lead()?;
+        counters.calls.fetch_add(1, Ordering::Relaxed);
+        let r = call(&*self.cloud).await;
+        if matches!(r, Err(ProviderError::Throttled(_))) {
+            counters.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(r?)
+    }
+}
