@@ -1,7 +1,9 @@
 //! deploy/'s RBAC and admission policies on a real API server: an agent
-//! writes only its own node's NetResourceSet status, ResourceSlice and
-//! claims' status, and the operator's and the agent's service accounts are
-//! refused everything they were not given.
+//! writes only its own node's NetResourceSet status, its node's
+//! ResourceSlice (by name, nodeName and pool) and, in the status of claims
+//! already allocated its node's devices, those devices' entries; and the
+//! operator's and the agent's service accounts are refused everything they
+//! were not given.
 //!
 //! Tokens are made as the kubelet's are: bound to a pod on a node, so the
 //! API server puts the node's name in the token's
@@ -10,6 +12,10 @@
 use std::path::{Path, PathBuf};
 
 use enim_testkit::apiserver::ControlPlane;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Patch, PatchParams};
+use kube::config::Kubeconfig;
+use serde::Deserialize;
 
 const NS: &str = "enim-system";
 
@@ -106,60 +112,6 @@ fn refused_eventually(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> St
     }
 }
 
-/// A ResourceSlice of `driver` for `node`, as enimd publishes one, written
-/// to a file for `kubectl create -f`.
-fn slice_file(cp: &ControlPlane, node: &str, driver: &str) -> String {
-    let yaml = format!(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: {node}-{driver}\nspec:\n  driver: {driver}\n  nodeName: {node}\n  pool: {{name: {node}, generation: 1, resourceSliceCount: 1}}\n  devices:\n  - name: eni-e2e-0\n    attributes:\n      subnet: {{string: subnet-a}}\n"
-    );
-    let path = cp.dir().join(format!("slice-{node}-{driver}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path.display().to_string()
-}
-
-/// A claim for one ENI, allocated (by the admin, as the scheduler would)
-/// `eni-e2e-0` of `pool` by `driver`.
-fn allocated_claim(cp: &ControlPlane, name: &str, driver: &str, pool: &str) {
-    cp.apply(&format!(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  devices:\n    requests:\n    - name: eni\n      exactly: {{deviceClassName: eni.enim.io}}\n"
-    ));
-    let allocation = format!(
-        r#"{{"status":{{"allocation":{{"devices":{{"results":[{{"request":"eni","driver":"{driver}","pool":"{pool}","device":"eni-e2e-0"}}]}}}}}}}}"#
-    );
-    cp.kubectl(&[
-        "patch",
-        "resourceclaim",
-        name,
-        "-n",
-        "default",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &allocation,
-    ]);
-}
-
-/// The agent's write after ADD, as enimd makes it (server-side apply of
-/// the status, which needs no read of it first): the device's networkData.
-fn network_data_apply(cp: &ControlPlane, claim: &str, driver: &str, pool: &str) -> Vec<String> {
-    let yaml = format!(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {claim}\n  namespace: default\nstatus:\n  devices:\n  - driver: {driver}\n    pool: {pool}\n    device: eni-e2e-0\n    networkData:\n      interfaceName: eth0\n      ips: [10.251.0.10/24]\n"
-    );
-    let path = cp.dir().join(format!("status-{claim}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    [
-        "apply",
-        "--server-side",
-        "--field-manager=enimd",
-        "--subresource=status",
-        "-f",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([path.display().to_string()])
-    .collect()
-}
-
 #[test]
 fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_given() {
     let Some(cp) = ControlPlane::start() else {
@@ -250,99 +202,6 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         "{e}"
     );
 
-    // DRA: node-a's agent creates and patches its own node's ResourceSlice;
-    // one for node-b, one of another driver, and a write to node-b's slice
-    // (made here by the admin) are refused, and it deletes none (the
-    // kubelet's job once the plugin is gone).
-    let b_slice = slice_file(&cp, "node-b", "enim.io");
-    let e = refused_eventually(&cp, &agent_a, &["create", "-f", &b_slice]);
-    assert!(
-        e.contains("enimd on node node-a may not write a ResourceSlice of node node-b"),
-        "{e}"
-    );
-    as_user(
-        &cp,
-        &agent_a,
-        &["create", "-f", &slice_file(&cp, "node-a", "enim.io")],
-    )
-    .expect("own node's slice");
-    let gpu = slice_file(&cp, "node-a", "gpu.example.com");
-    let e = as_user(&cp, &agent_a, &["create", "-f", &gpu]).expect_err("another driver");
-    assert!(
-        e.contains("enimd may write only ResourceSlices of the driver enim.io"),
-        "{e}"
-    );
-    cp.kubectl(&["create", "-f", &b_slice]);
-    let bump = r#"{"spec":{"pool":{"generation":2}}}"#;
-    let patch = |name: &str| {
-        as_user(
-            &cp,
-            &agent_a,
-            &["patch", "resourceslice", name, "--type=merge", "-p", bump],
-        )
-    };
-    let e = patch("node-b-enim.io").expect_err("node-b's slice");
-    assert!(
-        e.contains("enimd on node node-a may not write a ResourceSlice of node node-b"),
-        "{e}"
-    );
-    patch("node-a-enim.io").expect("own slice");
-    let e = as_user(
-        &cp,
-        &agent_a,
-        &["delete", "resourceslice", "node-a-enim.io"],
-    )
-    .expect_err("delete");
-    assert!(e.contains("forbidden"), "{e}");
-
-    // And the status of a claim allocated an ENI of its own node only: not
-    // node-b's, nor a claim of another driver's devices alone.
-    allocated_claim(&cp, "claim-a", "enim.io", "node-a");
-    allocated_claim(&cp, "claim-b", "enim.io", "node-b");
-    allocated_claim(&cp, "claim-gpu", "gpu.example.com", "node-a");
-    let e = refused_eventually(
-        &cp,
-        &agent_a,
-        &strs(&network_data_apply(&cp, "claim-b", "enim.io", "node-b")),
-    );
-    assert!(
-        e.contains(
-            "enimd on node node-a may not write the status of ResourceClaim default/claim-b"
-        ),
-        "{e}"
-    );
-    let e = as_user(
-        &cp,
-        &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "claim-gpu",
-            "gpu.example.com",
-            "node-a",
-        )),
-    )
-    .expect_err("a claim of another driver");
-    assert!(
-        e.contains("may not write the status of ResourceClaim default/claim-gpu"),
-        "{e}"
-    );
-    as_user(
-        &cp,
-        &agent_a,
-        &strs(&network_data_apply(&cp, "claim-a", "enim.io", "node-a")),
-    )
-    .expect("own claim's status");
-    let ifname = cp.kubectl(&[
-        "get",
-        "resourceclaim",
-        "claim-a",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={.status.devices[0].networkData.interfaceName}",
-    ]);
-    assert_eq!(ifname.trim(), "eth0");
-
     // The operator: Nodes to read, NetResourceSets to create and patch,
     // its Lease; nothing else.
     let operator = token(&cp, "enim-operator", None);
@@ -379,4 +238,721 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
     assert!(e.contains("forbidden"), "{e}");
     let e = as_user(&cp, &operator, &strs(&status_patch("node-a", 4))).expect_err("status");
     assert!(e.contains("forbidden"), "{e}");
+}
+
+// DRA: the agent's ResourceSlice and its claims' status.
+
+/// Every case is tried, and the test fails at the end with each one that
+/// went wrong: a run shows all of the policy's holes at once.
+struct Findings<'a> {
+    cp: &'a ControlPlane,
+    wrong: Vec<String>,
+}
+
+impl Findings<'_> {
+    /// `args` as `kubeconfig` must be refused with a message holding `want`.
+    fn refused(&mut self, case: &str, kubeconfig: &Path, args: &[&str], want: &str) {
+        let outcome = as_user(self.cp, kubeconfig, args);
+        self.refusal(case, outcome, want);
+    }
+
+    /// `outcome` must be a refusal with a message holding `want`.
+    fn refusal(&mut self, case: &str, outcome: Result<String, String>, want: &str) {
+        match outcome {
+            Ok(out) => self.wrong.push(format!("{case}: allowed ({})", out.trim())),
+            Err(e) if !e.contains(want) => self.wrong.push(format!(
+                "{case}: refused, but not with {want:?}: {}",
+                e.trim()
+            )),
+            Err(_) => {}
+        }
+    }
+
+    /// `args` as `kubeconfig` must succeed.
+    fn allowed(&mut self, case: &str, kubeconfig: &Path, args: &[&str]) {
+        if let Err(e) = as_user(self.cp, kubeconfig, args) {
+            self.wrong.push(format!("{case}: refused: {}", e.trim()));
+        }
+    }
+
+    /// The admin's `kubectl get ... -o jsonpath` must print `want`.
+    fn holds(&mut self, case: &str, get: &[&str], want: &str) {
+        let out = self.cp.kubectl_output(get);
+        let got = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let e = String::from_utf8_lossy(&out.stderr);
+            self.wrong.push(format!("{case}: {get:?}: {}", e.trim()));
+        } else if got.trim() != want {
+            self.wrong
+                .push(format!("{case}: {get:?} is {:?}, not {want:?}", got.trim()));
+        }
+    }
+}
+
+/// `yaml` in a file of the control plane's directory, for `kubectl -f`.
+fn manifest_file(cp: &ControlPlane, tag: &str, yaml: &str) -> String {
+    let path = cp.dir().join(format!("{tag}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+/// A ResourceSlice named `name` of `driver` for `node_name` in `pool`.
+#[derive(Clone, Copy)]
+struct Slice<'a> {
+    name: &'a str,
+    driver: &'a str,
+    node_name: &'a str,
+    pool: &'a str,
+    generation: u32,
+}
+
+impl Slice<'_> {
+    /// The manifest, owned by the Node of uid `owner_uid` if given.
+    fn yaml(&self, owner_uid: Option<&str>) -> String {
+        let owner = owner_uid.map_or(String::new(), |uid| {
+            format!(
+                "  ownerReferences:\n  - {{apiVersion: v1, kind: Node, name: {}, uid: {uid}}}\n",
+                self.node_name
+            )
+        });
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata:\n  name: {name}\n{owner}spec:\n  driver: {driver}\n  nodeName: {node}\n  pool: {{name: {pool}, generation: {generation}, resourceSliceCount: 1}}\n  devices:\n  - name: eni-e2e-0\n    attributes:\n      subnet: {{string: subnet-a}}\n",
+            name = self.name,
+            driver = self.driver,
+            node = self.node_name,
+            pool = self.pool,
+            generation = self.generation,
+        )
+    }
+
+    /// `kubectl create -f` of it.
+    fn create(&self, cp: &ControlPlane) -> Vec<String> {
+        let tag = format!("create-{}-{}-{}", self.name, self.node_name, self.pool);
+        let file = manifest_file(cp, &tag, &self.yaml(None));
+        vec!["create".into(), "-f".into(), file]
+    }
+
+    /// enimd's write: server-side apply under its field manager, forced,
+    /// owned by the Node.
+    fn apply(&self, cp: &ControlPlane, owner_uid: &str) -> Vec<String> {
+        let tag = format!("apply-{}-{}", self.name, self.generation);
+        let file = manifest_file(cp, &tag, &self.yaml(Some(owner_uid)));
+        [
+            "apply",
+            "--server-side",
+            "--field-manager=enimd",
+            "--force-conflicts",
+            "-f",
+            &file,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+/// A slice of enim.io for `node` in its pool, at `generation`; enimd
+/// names it `<node>-enim.io` (src/dra/slices.rs), the cases name it.
+fn own_slice(node: &str, generation: u32) -> Slice<'_> {
+    Slice {
+        name: "",
+        driver: "enim.io",
+        node_name: node,
+        pool: node,
+        generation,
+    }
+}
+
+/// Claim `namespace/name`, one request per result, allocated (by the
+/// admin, as the scheduler would) `results`: (driver, pool, device).
+fn allocated_claim(cp: &ControlPlane, namespace: &str, name: &str, results: &[(&str, &str, &str)]) {
+    let requests: String = (0..results.len().max(1))
+        .map(|i| format!("    - name: r{i}\n      exactly: {{deviceClassName: eni.enim.io}}\n"))
+        .collect();
+    cp.apply(&format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  devices:\n    requests:\n{requests}"
+    ));
+    if results.is_empty() {
+        return;
+    }
+    let results: Vec<String> = results
+        .iter()
+        .enumerate()
+        .map(|(i, (driver, pool, device))| {
+            format!(
+                r#"{{"request":"r{i}","driver":"{driver}","pool":"{pool}","device":"{device}"}}"#
+            )
+        })
+        .collect();
+    let allocation = format!(
+        r#"{{"status":{{"allocation":{{"devices":{{"results":[{}]}}}}}}}}"#,
+        results.join(",")
+    );
+    cp.kubectl(&[
+        "patch",
+        "resourceclaim",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &allocation,
+    ]);
+}
+
+/// A merge patch of claim `namespace/claim`'s status with `patch`, as
+/// `kubeconfig`'s user: one PATCH, as any client may send it (kubectl
+/// patch would first get the status subresource, which the agent may not).
+/// Ok, or Err(the API server's refusal).
+fn claim_status_merge(
+    kubeconfig: &Path,
+    namespace: &str,
+    claim: &str,
+    patch: &str,
+) -> Result<String, String> {
+    let patch: serde_json::Value = serde_json::from_str(patch).expect("a JSON patch");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("the token's kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("a client config");
+        let client = kube::Client::try_from(config).expect("a client");
+        let claims: kube::Api<ResourceClaim> = kube::Api::namespaced(client, namespace);
+        claims
+            .patch_status(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| format!("{namespace}/{claim} patched"))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// A write of claim `default/claim`'s status as enimd makes it after ADD
+/// (src/dra/status.rs), by field manager `manager`: server-side apply,
+/// forced, of `entries` (driver, pool, device): each device's networkData
+/// with `interface`, and nothing else. No entries: the manager's own
+/// entries go (enimd's detach).
+fn network_data_apply(
+    cp: &ControlPlane,
+    manager: &str,
+    claim: &str,
+    interface: &str,
+    entries: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let devices: String = entries
+        .iter()
+        .map(|(driver, pool, device)| {
+            format!("  - driver: {driver}\n    pool: {pool}\n    device: {device}\n    networkData:\n      interfaceName: {interface}\n      ips: [10.251.0.10/24]\n")
+        })
+        .collect();
+    let devices = if devices.is_empty() {
+        " []\n".to_string()
+    } else {
+        format!("\n{devices}")
+    };
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {claim}\n  namespace: default\nstatus:\n  devices:{devices}"
+    );
+    let tag = format!("status-{manager}-{claim}-{}", entries.len());
+    let file = manifest_file(cp, &tag, &yaml);
+    [
+        "apply",
+        "--server-side",
+        &format!("--field-manager={manager}"),
+        "--force-conflicts",
+        "--subresource=status",
+        "-f",
+        &file,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `cel` with each `variables.NAME` written out as `(its expression)`.
+fn expand_variables(cel: &str, variables: &[(String, String)]) -> String {
+    const PREFIX: &str = "variables.";
+    let mut out = String::new();
+    let mut rest = cel;
+    while let Some(at) = rest.find(PREFIX) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + PREFIX.len()..];
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        let (_, expression) = variables
+            .iter()
+            .find(|(name, _)| name == &after[..end])
+            .unwrap_or_else(|| panic!("no variable {:?} before {cel:?}", &after[..end]));
+        out.push_str(&format!("({expression})"));
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Policy `name` of 11-rbac-agent.yaml as an unbound copy the type checker
+/// reads in full: for resource.k8s.io/v1 alone, of the resource rather
+/// than its subresource, its variables written out in its validations.
+/// Its name, and its manifest.
+fn type_checkable_copy(name: &str) -> (String, String) {
+    let manifests = deploy("11-rbac-agent.yaml");
+    for doc in serde_yaml::Deserializer::from_str(&manifests) {
+        let mut v = serde_yaml::Value::deserialize(doc).expect("a YAML document");
+        if v["kind"] != "ValidatingAdmissionPolicy" || v["metadata"]["name"] != name {
+            continue;
+        }
+        let copy = format!("{name}-typed");
+        v["metadata"]["name"] = copy.clone().into();
+        let rules = v["spec"]["matchConstraints"]["resourceRules"]
+            .as_sequence_mut()
+            .expect("resourceRules");
+        for rule in rules {
+            rule["apiVersions"] = vec!["v1"].into();
+            let resources: Vec<String> = rule["resources"]
+                .as_sequence()
+                .expect("resources")
+                .iter()
+                .map(|r| r.as_str().unwrap().split('/').next().unwrap().to_owned())
+                .collect();
+            rule["resources"] = resources.into();
+        }
+        let spec = v["spec"].as_mapping_mut().expect("spec");
+        let mut variables: Vec<(String, String)> = vec![];
+        let declared = spec.remove("variables").unwrap_or_default();
+        for var in declared.as_sequence().into_iter().flatten() {
+            let expression = expand_variables(var["expression"].as_str().unwrap(), &variables);
+            variables.push((var["name"].as_str().unwrap().to_owned(), expression));
+        }
+        let validations = spec["validations"].as_sequence_mut().expect("validations");
+        for validation in validations {
+            for key in ["expression", "messageExpression"] {
+                if let Some(cel) = validation.get(key).and_then(|e| e.as_str()) {
+                    validation[key] = expand_variables(cel, &variables).into();
+                }
+            }
+        }
+        return (copy, serde_yaml::to_string(&v).unwrap());
+    }
+    panic!("11-rbac-agent.yaml has no ValidatingAdmissionPolicy {name}");
+}
+
+/// kube-controller-manager running only the controller that type-checks
+/// each ValidatingAdmissionPolicy into its status; killed on drop.
+struct PolicyTypeChecker(std::process::Child);
+
+impl PolicyTypeChecker {
+    fn start(cp: &ControlPlane) -> PolicyTypeChecker {
+        let bin = enim_testkit::apiserver::bin_dir().expect("the binaries the control plane runs");
+        let kubeconfig = format!("{}", cp.admin_kubeconfig().display());
+        let log = std::fs::File::create(cp.dir().join("policy-type-checker.log")).unwrap();
+        let child = std::process::Command::new(bin.join("kube-controller-manager"))
+            .args(
+                [
+                    "--kubeconfig",
+                    "--authentication-kubeconfig",
+                    "--authorization-kubeconfig",
+                ]
+                .map(|flag| format!("{flag}={kubeconfig}")),
+            )
+            .args([
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--controllers=validatingadmissionpolicy-status-controller",
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-controller-manager");
+        PolicyTypeChecker(child)
+    }
+}
+
+impl Drop for PolicyTypeChecker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const ENI_A: (&str, &str, &str) = ("enim.io", "node-a", "eni-e2e-0");
+const ENI_B: (&str, &str, &str) = ("enim.io", "node-b", "eni-e2e-0");
+const GPU_A: (&str, &str, &str) = ("gpu.example.com", "node-a", "gpu-0");
+
+#[test]
+fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_devices() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    for file in [
+        "00-namespace.yaml",
+        "10-serviceaccount.yaml",
+        "11-rbac-agent.yaml",
+        "06-deviceclass.yaml",
+    ] {
+        cp.apply(&deploy(file));
+    }
+    cp.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: victim\n");
+    for n in ["node-a", "node-b"] {
+        cp.apply(&node(n));
+        cp.apply(&agent_pod(&format!("enimd-{n}"), n));
+    }
+    let agent_a = token(&cp, "enimd", Some("enimd-node-a"));
+    let agent_b = token(&cp, "enimd", Some("enimd-node-b"));
+    let unbound = token(&cp, "enimd", None);
+    let uid = |n: &str| cp.kubectl(&["get", "node", n, "-o", "jsonpath={.metadata.uid}"]);
+    let (uid_a, uid_b) = (uid("node-a"), uid("node-b"));
+    let mut f = Findings {
+        cp: &cp,
+        wrong: vec![],
+    };
+
+    // Each policy type-checked against the resources' schemas (a misspelt
+    // field, `==` of mismatched types, a function on the wrong type): no
+    // warning. The server checks no policy of every version (`*`) or of a
+    // subresource, as these are, nor variables: it checks an unbound copy
+    // for v1, of the claim for the claim's status (the same object), with
+    // the variables written out.
+    let _checker = PolicyTypeChecker::start(&cp);
+    for policy in ["enim-agent-own-slices", "enim-agent-own-claims"] {
+        let (copy, yaml) = type_checkable_copy(policy);
+        cp.apply(&yaml);
+        let status = |path: &str| {
+            let path = format!("jsonpath={{.status{path}}}");
+            cp.kubectl(&["get", "validatingadmissionpolicy", &copy, "-o", &path])
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while status(".observedGeneration").trim().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{copy} never type-checked"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+        let warnings = status(".typeChecking.expressionWarnings");
+        assert!(warnings.trim().is_empty(), "{policy}: {warnings}");
+    }
+
+    // Slices. Wait until the policy refuses node-a's agent node-b's slice
+    // (and fail if it never does), then try each case once.
+    let b_slice = Slice {
+        name: "node-b-enim.io",
+        ..own_slice("node-b", 1)
+    };
+    let e = refused_eventually(&cp, &agent_a, &strs(&b_slice.create(&cp)));
+    assert!(
+        e.contains("enimd on node node-a may not write a ResourceSlice of node node-b"),
+        "{e}"
+    );
+    for (case, slice, want) in [
+        (
+            "node-b's slice name and pool, nodeName node-a",
+            Slice {
+                name: "node-b-enim.io",
+                pool: "node-b",
+                ..own_slice("node-a", 1)
+            },
+            "enimd on node node-a may write only the ResourceSlice named node-a-enim.io, \
+             not node-b-enim.io",
+        ),
+        (
+            "node-b's slice name, nodeName and pool node-a",
+            Slice {
+                name: "node-b-enim.io",
+                ..own_slice("node-a", 1)
+            },
+            "may write only the ResourceSlice named node-a-enim.io, not node-b-enim.io",
+        ),
+        (
+            "its own slice name, in pool node-b",
+            Slice {
+                name: "node-a-enim.io",
+                pool: "node-b",
+                ..own_slice("node-a", 1)
+            },
+            "enimd on node node-a may not write ResourceSlice node-a-enim.io in pool node-b",
+        ),
+        (
+            "a slice of its node under another name",
+            Slice {
+                name: "spare-enim.io",
+                ..own_slice("node-a", 1)
+            },
+            "may write only the ResourceSlice named node-a-enim.io, not spare-enim.io",
+        ),
+        (
+            "its own slice name, of another driver",
+            Slice {
+                name: "node-a-enim.io",
+                driver: "gpu.example.com",
+                ..own_slice("node-a", 1)
+            },
+            "enimd may write only ResourceSlices of the driver enim.io",
+        ),
+    ] {
+        f.refused(case, &agent_a, &strs(&slice.create(&cp)), want);
+    }
+    f.refused(
+        "a slice with an unbound token",
+        &unbound,
+        &strs(&b_slice.create(&cp)),
+        "enimd may write a ResourceSlice only with a token bound to a pod on a node",
+    );
+
+    // Its own slice as enimd writes it: created, then a new generation.
+    let a_slice = |generation| Slice {
+        name: "node-a-enim.io",
+        ..own_slice("node-a", generation)
+    };
+    f.allowed(
+        "node-a's slice, created",
+        &agent_a,
+        &strs(&a_slice(1).apply(&cp, &uid_a)),
+    );
+    f.allowed(
+        "node-a's slice, patched",
+        &agent_a,
+        &strs(&a_slice(2).apply(&cp, &uid_a)),
+    );
+    f.holds(
+        "node-a's slice, patched",
+        &[
+            "get",
+            "resourceslice",
+            "node-a-enim.io",
+            "-o",
+            "jsonpath={.spec.pool.generation}",
+        ],
+        "2",
+    );
+    // Nothing of node-a's squatting landed: node-b's agent publishes.
+    f.allowed(
+        "node-b's slice, by node-b's agent",
+        &agent_b,
+        &strs(&b_slice.apply(&cp, &uid_b)),
+    );
+    let b_later = Slice {
+        generation: 2,
+        ..b_slice
+    };
+    f.refused(
+        "node-b's slice, patched by node-a's agent",
+        &agent_a,
+        &strs(&b_later.apply(&cp, &uid_b)),
+        "enimd on node node-a may not write a ResourceSlice of node node-b",
+    );
+    // And none is deleted by an agent (the kubelet's job once the plugin
+    // is gone): RBAC.
+    f.refused(
+        "its own slice, deleted",
+        &agent_a,
+        &["delete", "resourceslice", "node-a-enim.io"],
+        "forbidden",
+    );
+
+    // Claims, each allocated by the admin as the scheduler would, and the
+    // GPU driver's entry in the mixed claim's status.
+    allocated_claim(&cp, "victim", "pending", &[]);
+    allocated_claim(&cp, "default", "claim-a", &[ENI_A]);
+    allocated_claim(&cp, "default", "claim-b", &[ENI_B]);
+    allocated_claim(&cp, "default", "claim-gpu", &[GPU_A]);
+    allocated_claim(&cp, "default", "claim-mixed", &[ENI_A, GPU_A]);
+    cp.kubectl(&strs(&network_data_apply(
+        &cp,
+        "gpu-driver",
+        "claim-mixed",
+        "ib0",
+        &[GPU_A],
+    )));
+
+    let e = refused_eventually(
+        &cp,
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-b",
+            "eth0",
+            &[ENI_B],
+        )),
+    );
+    assert!(
+        e.contains(
+            "enimd on node node-a may not write the status of ResourceClaim default/claim-b"
+        ),
+        "{e}"
+    );
+    // The write reproduced in issue #29: an allocation of node-a's device
+    // to a claim the scheduler has not allocated yet.
+    let steal = r#"{"status":{"allocation":{"devices":{"results":[{"request":"r0","driver":"enim.io","pool":"node-a","device":"eni-e2e-0"}]},"nodeSelector":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"In","values":["node-a"]}]}]}}}}"#;
+    f.refusal(
+        "an allocation of a pending claim",
+        claim_status_merge(&agent_a, "victim", "pending", steal),
+        "enimd on node node-a may not write the status of ResourceClaim victim/pending: \
+         not allocated an enim.io device",
+    );
+    let allocation = |ns: &str, claim: &str| {
+        ["get", "resourceclaim", claim, "-n", ns, "-o"]
+            .into_iter()
+            .chain(["jsonpath={.status.allocation.devices.results[*].device}"])
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    f.holds(
+        "an allocation of a pending claim",
+        &strs(&allocation("victim", "pending")),
+        "",
+    );
+    // The API server itself refuses a changed allocation; clearing one is
+    // the change it lets through.
+    f.refusal(
+        "its own claim's allocation, cleared",
+        claim_status_merge(
+            &agent_a,
+            "default",
+            "claim-a",
+            r#"{"status":{"allocation":null}}"#,
+        ),
+        "enimd on node node-a may not change the allocation of ResourceClaim default/claim-a",
+    );
+    f.holds(
+        "its own claim's allocation, cleared",
+        &strs(&allocation("default", "claim-a")),
+        "eni-e2e-0",
+    );
+    let reserve = r#"{"status":{"reservedFor":[{"resource":"pods","name":"thief","uid":"4f1c2d3e-0000-4000-8000-000000000001"}]}}"#;
+    f.refusal(
+        "its own claim's reservedFor",
+        claim_status_merge(&agent_a, "default", "claim-a", reserve),
+        "enimd on node node-a may not change reservedFor of ResourceClaim default/claim-a",
+    );
+    let other_entries = "enimd on node node-a may write in ResourceClaim default/claim-mixed \
+                         only the status of enim.io devices of pool node-a";
+    f.refused(
+        "networkData of another driver's device, in a claim of its own device",
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-mixed",
+            "eth0",
+            &[ENI_A, GPU_A],
+        )),
+        other_entries,
+    );
+    f.refusal(
+        "another driver's entry, removed",
+        claim_status_merge(
+            &agent_a,
+            "default",
+            "claim-mixed",
+            r#"{"status":{"devices":[]}}"#,
+        ),
+        other_entries,
+    );
+    f.refused(
+        "a claim of another driver's device alone",
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-gpu",
+            "eth0",
+            &[GPU_A],
+        )),
+        "enimd on node node-a may not write the status of ResourceClaim default/claim-gpu: \
+         not allocated an enim.io device",
+    );
+    f.refused(
+        "node-a's claim, by node-b's agent",
+        &agent_b,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-a",
+            "eth0",
+            &[ENI_A],
+        )),
+        "enimd on node node-b may not write the status of ResourceClaim default/claim-a: \
+         allocated enim.io devices of another node",
+    );
+    f.refused(
+        "a claim's status with an unbound token",
+        &unbound,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-a",
+            "eth0",
+            &[ENI_A],
+        )),
+        "enimd may write a ResourceClaim status only with a token bound to a pod on a node",
+    );
+
+    // What enimd does: its devices' networkData, added and taken back.
+    let interface = |claim: &str, driver: &str| {
+        let path = format!(
+            "jsonpath={{.status.devices[?(@.driver==\"{driver}\")].networkData.interfaceName}}"
+        );
+        ["get", "resourceclaim", claim, "-n", "default", "-o", &path]
+            .map(String::from)
+            .to_vec()
+    };
+    f.allowed(
+        "its own claim's networkData",
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-a",
+            "eth0",
+            &[ENI_A],
+        )),
+    );
+    f.holds(
+        "its own claim's networkData",
+        &strs(&interface("claim-a", "enim.io")),
+        "eth0",
+    );
+    f.allowed(
+        "its own entry in a claim of a GPU too",
+        &agent_a,
+        &strs(&network_data_apply(
+            &cp,
+            "enimd",
+            "claim-mixed",
+            "eth0",
+            &[ENI_A],
+        )),
+    );
+    f.holds(
+        "its own entry in a claim of a GPU too",
+        &strs(&interface("claim-mixed", "enim.io")),
+        "eth0",
+    );
+    f.holds(
+        "the GPU's entry, kept",
+        &strs(&interface("claim-mixed", "gpu.example.com")),
+        "ib0",
+    );
+    f.allowed(
+        "its own claim's networkData, taken back",
+        &agent_a,
+        &strs(&network_data_apply(&cp, "enimd", "claim-a", "eth0", &[])),
+    );
+    f.holds(
+        "its own claim's networkData, taken back",
+        &strs(&interface("claim-a", "enim.io")),
+        "",
+    );
+
+    assert!(
+        f.wrong.is_empty(),
+        "{} case(s) went wrong:\n{}",
+        f.wrong.len(),
+        f.wrong.join("\n")
+    );
 }

@@ -84,6 +84,29 @@ fn edit_variable(m: &mut Manifests, name: &str, var: &str, from: &str, to: &str)
     v.expression = v.expression.replace(from, to);
 }
 
+/// The validation of policy `name` whose expression holds `from`, with
+/// `from` replaced by `to`.
+fn edit_validation(m: &mut Manifests, name: &str, from: &str, to: &str) {
+    let validations = named_policy_mut(m, name).validations.as_mut().unwrap();
+    let v = validations
+        .iter_mut()
+        .find(|v| v.expression.contains(from))
+        .unwrap_or_else(|| panic!("{name}: no validation holds {from:?}"));
+    v.expression = v.expression.replace(from, to);
+}
+
+/// Policy `name` without the validation whose expression holds `text`.
+fn drop_validation(m: &mut Manifests, name: &str, text: &str) {
+    let validations = named_policy_mut(m, name).validations.as_mut().unwrap();
+    let before = validations.len();
+    validations.retain(|v| !v.expression.contains(text));
+    assert_eq!(
+        validations.len() + 1,
+        before,
+        "{name}: one validation holds {text:?}"
+    );
+}
+
 fn class_selectors_mut(m: &mut Manifests) -> &mut Vec<DeviceSelector> {
     m.device_classes[0].spec.selectors.as_mut().unwrap()
 }
@@ -478,6 +501,42 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
              authentication.kubernetes.io/node-name with object.spec.nodeName",
         ),
         (
+            "slice policy ignores the old slice's name",
+            |m| {
+                edit_variable(
+                    m,
+                    SLICES,
+                    "oldName",
+                    "oldObject.metadata",
+                    "object.metadata",
+                )
+            },
+            "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
+             token's authentication.kubernetes.io/node-name with object.metadata.name and \
+             oldObject.metadata.name",
+        ),
+        (
+            "slice policy takes the node's name for the slice's",
+            |m| edit_variable(m, SLICES, "ownSlice", " + '-enim.io'", ""),
+            "enim-agent-own-slices: no validation compares the token's \
+             authentication.kubernetes.io/node-name with object.metadata.name",
+        ),
+        (
+            "slice policy ignores the pool",
+            |m| {
+                edit_variable(
+                    m,
+                    SLICES,
+                    "newPool",
+                    "object.spec.pool.name",
+                    "variables.node",
+                )
+            },
+            "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
+             token's authentication.kubernetes.io/node-name with object.spec.pool.name and \
+             oldObject.spec.pool.name",
+        ),
+        (
             "slice policy only warns",
             |m| {
                 let b = by_name_mut(&mut m.policy_bindings, SLICES);
@@ -503,19 +562,58 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
             |m| edit_variable(m, CLAIMS, "oldPools", "oldObject.?status", "object.?status"),
             "ValidatingAdmissionPolicy enim-agent-own-claims: no validation compares the \
              token's authentication.kubernetes.io/node-name with \
-             object.status.allocation.devices.results and \
              oldObject.status.allocation.devices.results",
         ),
         (
             "claim policy counts every driver's devices",
             |m| {
-                for var in ["pools", "oldPools"] {
-                    let f = ".filter(r, r.driver == 'enim.io')";
-                    edit_variable(m, CLAIMS, var, f, "");
-                }
+                let f = ".filter(r, r.driver == 'enim.io')";
+                edit_variable(m, CLAIMS, "oldPools", f, "");
             },
             "enim-agent-own-claims: no validation compares the token's \
-             authentication.kubernetes.io/node-name",
+             authentication.kubernetes.io/node-name with \
+             oldObject.status.allocation.devices.results",
+        ),
+        (
+            "claim policy lets the allocation change",
+            |m| drop_validation(m, CLAIMS, "status.?allocation =="),
+            "ValidatingAdmissionPolicy enim-agent-own-claims: no validation keeps a \
+             ResourceClaim's status.allocation unchanged",
+        ),
+        (
+            "claim policy checks the allocation against itself",
+            |m| {
+                let new = "object.?status.?allocation ==";
+                edit_validation(m, CLAIMS, new, "oldObject.?status.?allocation ==");
+            },
+            "no validation keeps a ResourceClaim's status.allocation unchanged",
+        ),
+        (
+            "claim policy lets reservedFor change",
+            |m| drop_validation(m, CLAIMS, "status.?reservedFor =="),
+            "ValidatingAdmissionPolicy enim-agent-own-claims: no validation keeps a \
+             ResourceClaim's status.reservedFor unchanged",
+        ),
+        (
+            "claim policy compares the old entries with themselves",
+            |m| {
+                edit_variable(
+                    m,
+                    CLAIMS,
+                    "newDevices",
+                    "object.?status",
+                    "oldObject.?status",
+                )
+            },
+            "ValidatingAdmissionPolicy enim-agent-own-claims: no validation compares the \
+             token's authentication.kubernetes.io/node-name with object.status.devices and \
+             oldObject.status.devices",
+        ),
+        (
+            "claim policy lets the agent write any pool's entries",
+            |m| edit_validation(m, CLAIMS, "d.pool == variables.node", "true"),
+            "enim-agent-own-claims: no validation compares the token's \
+             authentication.kubernetes.io/node-name with object.status.devices",
         ),
         (
             "claim policy unbound",

@@ -481,8 +481,10 @@ fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
             names: vec!["request.name"],
             holds: vec![],
         },
-        // spec.nodeName, before and after: an update must not move a slice
-        // between nodes either way.
+        // spec.nodeName, the name `<node>-<driver>` and the pool, before
+        // and after: an update must not move a slice between nodes either
+        // way, and no agent may take another node's slice name (nodeName is
+        // immutable: that node could never publish) or pool.
         Guarded {
             what: "ResourceSlice",
             group: DRA_GROUP,
@@ -493,7 +495,29 @@ fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
             names: vec!["object.spec.nodeName", "oldObject.spec.nodeName"],
             holds: vec![],
         },
-        // The pool of each of its driver's allocated devices, the node's.
+        Guarded {
+            what: "ResourceSlice",
+            group: DRA_GROUP,
+            versions: versions(),
+            resources: vec!["resourceslices".into()],
+            namespaced: false,
+            ops: cud,
+            names: vec!["object.metadata.name", "oldObject.metadata.name"],
+            holds: vec![format!("\"-{DRA_DRIVER}\"")],
+        },
+        Guarded {
+            what: "ResourceSlice",
+            group: DRA_GROUP,
+            versions: versions(),
+            resources: vec!["resourceslices".into()],
+            namespaced: false,
+            ops: cud,
+            names: vec!["object.spec.pool.name", "oldObject.spec.pool.name"],
+            holds: vec![],
+        },
+        // The pool of each of its driver's devices allocated before the
+        // write, the node's (the allocation may not change: see
+        // UNCHANGED_CLAIM_STATUS)...
         Guarded {
             what: "ResourceClaims",
             group: DRA_GROUP,
@@ -501,18 +525,31 @@ fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
             resources: vec!["resourceclaims/status".into()],
             namespaced: true,
             ops: &["UPDATE"],
-            names: vec![
-                "object.status.allocation.devices.results",
-                "oldObject.status.allocation.devices.results",
-            ],
+            names: vec!["oldObject.status.allocation.devices.results"],
+            holds: vec![".pool".into(), format!("\"{DRA_DRIVER}\"")],
+        },
+        // ...and each entry of status.devices it writes, its driver's and
+        // the node's pool.
+        Guarded {
+            what: "ResourceClaims",
+            group: DRA_GROUP,
+            versions: versions(),
+            resources: vec!["resourceclaims/status".into()],
+            namespaced: true,
+            ops: &["UPDATE"],
+            names: vec!["object.status.devices", "oldObject.status.devices"],
             holds: vec![".pool".into(), format!("\"{DRA_DRIVER}\"")],
         },
     ]
 }
 
-/// A validation of `spec`, its variables expanded, that compares the
-/// token's node with what `g` names.
-fn compares(spec: &ValidatingAdmissionPolicySpec, g: &Guarded) -> bool {
+/// The fields of a claim's status an agent may not change at all: the
+/// scheduler allocates and reserves, the agent only reports.
+const UNCHANGED_CLAIM_STATUS: [&str; 2] = ["status.allocation", "status.reservedFor"];
+
+/// `spec`'s validations, each with its variables expanded, squeezed, and
+/// with `.?` read as `.`.
+fn expanded_validations(spec: &ValidatingAdmissionPolicySpec) -> Vec<String> {
     let mut vars: Vec<(String, String)> = vec![];
     for v in spec.variables.iter().flatten() {
         let mut e = v.expression.clone();
@@ -521,16 +558,44 @@ fn compares(spec: &ValidatingAdmissionPolicySpec, g: &Guarded) -> bool {
         }
         vars.push((format!("variables.{}", v.name), e));
     }
+    spec.validations
+        .iter()
+        .flatten()
+        .map(|v| {
+            let mut e = v.expression.clone();
+            for (ident, with) in vars.iter().rev() {
+                e = substitute(&e, ident, with);
+            }
+            squeeze(&e).replace(".?", ".")
+        })
+        .collect()
+}
+
+/// Whether a validation of `spec` holds `object.FIELD == oldObject.FIELD`
+/// (either way round), each side whole.
+fn keeps_unchanged(spec: &ValidatingAdmissionPolicySpec, field: &str) -> bool {
+    let (new, old) = (format!("object.{field}"), format!("oldObject.{field}"));
+    let equals = |e: &str, left: &str, right: &str| {
+        ident_at(e, left).into_iter().any(|i| {
+            e[i + left.len()..]
+                .strip_prefix("==")
+                .and_then(|r| r.strip_prefix(right))
+                .is_some_and(|r| !r.starts_with(|c: char| ident_char(c) || c == '.'))
+        })
+    };
+    expanded_validations(spec)
+        .iter()
+        .any(|e| equals(e, &new, &old) || equals(e, &old, &new))
+}
+
+/// A validation of `spec`, its variables expanded, that compares the
+/// token's node with what `g` names.
+fn compares(spec: &ValidatingAdmissionPolicySpec, g: &Guarded) -> bool {
     let extra = format!("request.userInfo.extra[\"{NODE_NAME_EXTRA}\"]");
-    spec.validations.iter().flatten().any(|v| {
-        let mut e = v.expression.clone();
-        for (ident, with) in vars.iter().rev() {
-            e = substitute(&e, ident, with);
-        }
-        let e = squeeze(&e).replace(".?", ".");
+    expanded_validations(spec).iter().any(|e| {
         e.contains(&extra)
             && e.contains("==")
-            && g.names.iter().all(|n| !ident_at(&e, n).is_empty())
+            && g.names.iter().all(|n| !ident_at(e, n).is_empty())
             && g.holds.iter().all(|h| e.contains(h.as_str()))
     })
 }
@@ -618,20 +683,7 @@ fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) 
     for g in guarded(versions) {
         for resource in &g.resources {
             for op in g.ops {
-                let matching: Vec<&&ValidatingAdmissionPolicy> = policies
-                    .iter()
-                    .filter(|v| {
-                        let rules = v
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.match_constraints.as_ref())
-                            .and_then(|c| c.resource_rules.as_deref())
-                            .unwrap_or_default();
-                        rules
-                            .iter()
-                            .any(|r| covers(r, g.group, &g.versions, resource, g.namespaced, op))
-                    })
-                    .collect();
+                let matching = matching(&policies, &g, resource, op);
                 if matching.is_empty() {
                     found.insert(format!(
                         "no ValidatingAdmissionPolicy of the agent's matches {op} of {}/{resource} \
@@ -642,19 +694,66 @@ fn check_policy(m: &Manifests, ns: &str, versions: &[String], p: &mut Problems) 
                     .iter()
                     .any(|v| compares(v.spec.as_ref().unwrap(), &g))
                 {
-                    let names: Vec<&str> = matching
-                        .iter()
-                        .map(|v| v.metadata.name.as_deref().unwrap_or_default())
-                        .collect();
                     found.insert(format!(
                         "ValidatingAdmissionPolicy {}: no validation compares the token's \
                          {NODE_NAME_EXTRA} with {}",
-                        names.join(", "),
+                        names_of(&matching),
                         g.names.join(" and ")
+                    ));
+                }
+            }
+        }
+        // The claim's allocation and reservedFor are not the agent's to
+        // write at all (a missing policy is reported above).
+        if g.resources.iter().any(|r| r == "resourceclaims/status") {
+            let matching = matching(&policies, &g, "resourceclaims/status", "UPDATE");
+            for field in UNCHANGED_CLAIM_STATUS {
+                let kept = matching
+                    .iter()
+                    .any(|v| keeps_unchanged(v.spec.as_ref().unwrap(), field));
+                if !matching.is_empty() && !kept {
+                    found.insert(format!(
+                        "ValidatingAdmissionPolicy {}: no validation keeps a ResourceClaim's \
+                         {field} unchanged (object.{field} == oldObject.{field}): an agent \
+                         could allocate or reserve any claim",
+                        names_of(&matching)
                     ));
                 }
             }
         }
     }
     p.0.extend(found);
+}
+
+/// The policies among `policies` that match `op` on `resource` of `g`'s
+/// group in each of its versions.
+fn matching<'a>(
+    policies: &[&'a ValidatingAdmissionPolicy],
+    g: &Guarded,
+    resource: &str,
+    op: &str,
+) -> Vec<&'a ValidatingAdmissionPolicy> {
+    policies
+        .iter()
+        .copied()
+        .filter(|v| {
+            let rules = v
+                .spec
+                .as_ref()
+                .and_then(|s| s.match_constraints.as_ref())
+                .and_then(|c| c.resource_rules.as_deref())
+                .unwrap_or_default();
+            rules
+                .iter()
+                .any(|r| covers(r, g.group, &g.versions, resource, g.namespaced, op))
+        })
+        .collect()
+}
+
+fn names_of(policies: &[&ValidatingAdmissionPolicy]) -> String {
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|v| v.metadata.name.as_deref().unwrap_or_default())
+        .collect();
+    names.join(", ")
 }
