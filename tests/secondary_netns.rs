@@ -718,3 +718,94 @@ async fn concurrent_adds_and_dels_share_nothing() {
     }
     assert_eq!(sb.host_state(), before);
 }
+
+/// The sandbox's static ENIs as listed, plus secondary addresses no pod
+/// may have, as a spec written by hand or a cloud emulator may list them
+/// (the static provider's own config check would refuse them).
+struct ListsMore {
+    inner: enim_provider_static::StaticProvider,
+    extra: Vec<IpAddr>,
+}
+
+#[async_trait::async_trait]
+impl enim_provider::EniProvider for ListsMore {
+    fn name(&self) -> &str {
+        "lists-more"
+    }
+    async fn list(&self) -> Result<Vec<enim_provider::Eni>, enim_provider::ProviderError> {
+        let mut enis = self.inner.list().await?;
+        enis[0].secondary_ips.extend(&self.extra);
+        Ok(enis)
+    }
+    async fn allocate_next(
+        &self,
+        owner: &enim_provider::EniOwner,
+    ) -> Result<enim_provider::Eni, enim_provider::ProviderError> {
+        self.inner.allocate_next(owner).await
+    }
+    async fn release(
+        &self,
+        owner: &enim_provider::EniOwner,
+    ) -> Result<(), enim_provider::ProviderError> {
+        self.inner.release(owner).await
+    }
+    async fn restore(
+        &self,
+        assignments: &[(String, enim_provider::EniOwner)],
+    ) -> Result<(), enim_provider::ProviderError> {
+        self.inner.restore(assignments).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_addresses_no_pod_may_have_never_reach_the_kernel() {
+    require_kernel!();
+    let (sb, mut enis, dir) = sandbox(&[2], true);
+    // One IPv6 address a pod may have: fd00:e1::11 (the ENI is
+    // fd00:e1::10/64 via fd00:e1::1).
+    enis[0].secondary_ipv6.truncate(1);
+    let refused = [
+        "fe80::1234",
+        "fd00:ec2::254",
+        "fd00:e1::1",
+        "fd00:e2::11",
+        "ff02::1",
+    ];
+    let provider = Arc::new(ListsMore {
+        inner: enim_provider_static::StaticProvider::new(enis.clone()).unwrap(),
+        extra: refused.iter().map(|a| a.parse().unwrap()).collect(),
+    });
+    let checkpoint = Arc::new(
+        enim::store::checkpoint::Checkpoint::open(&dir.path().join("cp.json"), false).unwrap(),
+    );
+    let driver = enim::secondary::SecondaryDriver::over_host(
+        test_config(),
+        Some(&sb.host.path()),
+        provider,
+        checkpoint.clone(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let mgr = enim::engine::Engine::new(driver, checkpoint);
+    mgr.recover().await.unwrap();
+
+    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+    let first = mgr.add(&owner("a", "eth0"), &pods[0].path()).await.unwrap();
+    let ips: Vec<String> = first.ips.iter().map(|i| i.address.to_string()).collect();
+    assert_eq!(ips, ["10.77.0.11/32", "fd00:e1::11/128"]);
+    // An IPv4 address is left, no IPv6 one a pod may have: try again later.
+    let e = add_err(&mgr, &owner("b", "eth0"), &pods[1].path()).await;
+    assert!(e.is_transient(), "{e}");
+    // No host route towards a pod (the main table's) and no proxy entry
+    // for any of them.
+    let routes = sb.host.ip(&["-6", "route", "show"]);
+    let proxies = sb.host.ip(&["-6", "neigh", "show", "proxy"]);
+    for addr in refused {
+        for line in routes.lines().chain(proxies.lines()) {
+            assert_ne!(line.split_whitespace().next(), Some(addr), "{line}");
+        }
+    }
+    assert_eq!(mgr.address_stats().unwrap().total, 3, "2 IPv4 and 1 IPv6");
+    mgr.del(&owner("a", "eth0")).await.unwrap();
+}

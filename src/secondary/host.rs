@@ -3,17 +3,17 @@
 //! kernel, and the [`DataStore`] of their addresses.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard, RwLock};
 
 use enim_provider::{Eni, EniProvider, MacAddr, ProviderError, StoredAddresses};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::datastore::{DataStore, DataStoreError};
 use super::plumbing::{HostEniSpec, SecondaryPlumbing};
 use super::{SecondaryConfig, MAX_DEVICE_INDEX};
 use crate::engine::EngineError;
-use crate::netlink::PlumbingError;
+use crate::netlink::{PlumbingError, Refusal};
 use crate::support::exclusion::Exclusions;
 
 /// A host ENI in use by this node.
@@ -31,24 +31,117 @@ pub struct HostEni {
     /// IPv4 addresses must be other host addresses of that subnet.
     pub ipv4: Ipv4Net,
     pub gateway4: Ipv4Addr,
+    /// The same for IPv6, when it serves IPv6 pods.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv6_subnet: Option<Ipv6Net>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
+}
+
+/// Why a pod may not have an address on a host ENI. The address becomes a
+/// /32 or /128 route towards the pod in the host, so one that is not a
+/// plain host address of the ENI's subnet would capture the traffic of
+/// whatever really has it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnusableAddress {
+    #[error(
+        "{0} is not a unicast address a pod can hold (unspecified, loopback, link-local, \
+         multicast, broadcast or IPv4-mapped)"
+    )]
+    NotUnicast(IpAddr),
+    #[error("{0} is a cloud service address (instance metadata, DNS, time)")]
+    CloudService(IpAddr),
+    #[error("{0} is IPv6 and the ENI has no IPv6 subnet and gateway")]
+    NoIpv6(IpAddr),
+    #[error("{ip} is outside the ENI's subnet {subnet}")]
+    OutsideSubnet { ip: IpAddr, subnet: IpNet },
+    #[error("{ip} is the subnet {subnet}'s own network or broadcast address")]
+    SubnetAddress { ip: IpAddr, subnet: IpNet },
+    #[error("{0} is the ENI's own address")]
+    EniOwn(IpAddr),
+    #[error("{0} is the subnet's gateway")]
+    Gateway(IpAddr),
+}
+
+/// Whether `ip` is in fd00:ec2::/32, the range AWS keeps for the instance
+/// metadata service, its DNS resolver and its time service over IPv6
+/// (fd00:ec2::254, ::253, ::123). Over IPv4 they are link-local, refused
+/// as such.
+fn is_cloud_service(ip: &Ipv6Addr) -> bool {
+    ip.segments()[..2] == [0xfd00, 0x0ec2]
 }
 
 impl HostEni {
-    /// Whether a pod may have `ip` on this ENI: for IPv4, a host address
-    /// of its subnet other than its own and the router's (a cloud, or an
-    /// emulator of one, could hand out the network or broadcast address).
+    /// Whether a pod may have `ip` on this ENI (see [`HostEni::check_address`]).
     pub fn usable(&self, ip: &IpAddr) -> bool {
+        self.check_address(ip).is_ok()
+    }
+
+    /// A pod may have `ip` on this ENI when it is a host address of the
+    /// ENI's subnet (IPv4, or IPv6 when the ENI serves it) other than the
+    /// subnet's own, the ENI's own and the router's, and no special-purpose
+    /// or cloud service address (a cloud, an emulator of one, or a spec
+    /// written by hand could name any of them).
+    pub fn check_address(&self, ip: &IpAddr) -> Result<(), UnusableAddress> {
         match ip {
             IpAddr::V4(v4) => {
+                if v4.is_unspecified()
+                    || v4.is_loopback()
+                    || v4.is_link_local()
+                    || v4.is_multicast()
+                    || v4.is_broadcast()
+                {
+                    return Err(UnusableAddress::NotUnicast(*ip));
+                }
                 let net = self.ipv4.trunc();
-                net.contains(v4)
-                    && *v4 != net.network()
-                    && *v4 != net.broadcast()
-                    && *v4 != self.ipv4.addr()
-                    && *v4 != self.gateway4
+                let subnet = IpNet::V4(net);
+                if !net.contains(v4) {
+                    return Err(UnusableAddress::OutsideSubnet { ip: *ip, subnet });
+                }
+                if *v4 == net.network() || *v4 == net.broadcast() {
+                    return Err(UnusableAddress::SubnetAddress { ip: *ip, subnet });
+                }
+                if *v4 == self.ipv4.addr() {
+                    return Err(UnusableAddress::EniOwn(*ip));
+                }
+                if *v4 == self.gateway4 {
+                    return Err(UnusableAddress::Gateway(*ip));
+                }
             }
-            IpAddr::V6(_) => self.ipv6,
+            IpAddr::V6(v6) => {
+                if v6.is_unspecified()
+                    || v6.is_loopback()
+                    || v6.is_unicast_link_local()
+                    || v6.is_multicast()
+                    || v6.to_ipv4_mapped().is_some()
+                {
+                    return Err(UnusableAddress::NotUnicast(*ip));
+                }
+                if is_cloud_service(v6) {
+                    return Err(UnusableAddress::CloudService(*ip));
+                }
+                let (Some(own), Some(gateway), true) = (self.ipv6_subnet, self.gateway6, self.ipv6)
+                else {
+                    return Err(UnusableAddress::NoIpv6(*ip));
+                };
+                let net = own.trunc();
+                let subnet = IpNet::V6(net);
+                if !net.contains(v6) {
+                    return Err(UnusableAddress::OutsideSubnet { ip: *ip, subnet });
+                }
+                // The subnet-router anycast address (RFC 4291, 2.6.1).
+                if *v6 == net.network() {
+                    return Err(UnusableAddress::SubnetAddress { ip: *ip, subnet });
+                }
+                if *v6 == own.addr() {
+                    return Err(UnusableAddress::EniOwn(*ip));
+                }
+                if *v6 == gateway {
+                    return Err(UnusableAddress::Gateway(*ip));
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -121,6 +214,19 @@ impl HostEnis {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Excludes `eni` from now on: its device is the node's own
+    /// ([`crate::netlink::handout`]'s rule refused it). Logs the first time.
+    pub(super) fn refuse(&self, eni: &Eni, device: &str, why: &Refusal) {
+        let new = self
+            .exclusions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .refuse(eni.mac);
+        if new {
+            tracing::error!(eni = %eni.id, mac = %eni.mac, device, reason = %why, "the provider lists a device of the node's own as an ENI: never used as a host ENI; excluded");
+        }
     }
 
     /// Adds the primary interface to the exclusions (renaming the node's
@@ -202,6 +308,12 @@ impl HostEnis {
         let link = match self.plumbing.setup_eni(&spec).await {
             Ok(link) => link,
             Err(e @ PlumbingError::LinkNotFound { .. }) => return Ok(Err(Skipped::NotPlugged(e))),
+            // The node's own device, whatever the list says: left as it
+            // is, and excluded from now on.
+            Err(PlumbingError::Refused { device, why, .. }) => {
+                self.refuse(eni, &device, &why);
+                return Ok(Err(Skipped::Excluded));
+            }
             Err(e) => return Err(EngineError::plumbing("set up host ENI")(e)),
         };
         tracing::info!(eni = %eni.id, name = %spec.name, table = spec.table, "host ENI ready");
@@ -215,6 +327,8 @@ impl HostEnis {
             ipv6: spec.ipv6.is_some(),
             ipv4: eni.ipv4,
             gateway4: eni.gateway4,
+            ipv6_subnet: spec.ipv6,
+            gateway6: spec.gateway6.filter(|_| spec.ipv6.is_some()),
         };
         let addresses = self.offered(eni, &host, exclusions);
         Ok(Ok((host, addresses)))
@@ -232,11 +346,16 @@ impl HostEnis {
             .iter()
             .filter(|ip| !exclusions.is_excluded_address(ip))
             .filter(|ip| {
-                let ok = host.usable(ip) && !self.is_own_address(ip);
-                if !ok {
-                    tracing::warn!(eni = %eni.id, %ip, "secondary address no pod can use on this ENI (IPv6 without an IPv6 gateway, not a host address of its subnet, or an ENI's own address); not used");
+                let refused = match host.check_address(ip) {
+                    Err(why) => Some(why),
+                    // Another listed ENI's own address.
+                    Ok(()) if self.is_own_address(ip) => Some(UnusableAddress::EniOwn(**ip)),
+                    Ok(()) => None,
+                };
+                if let Some(why) = &refused {
+                    tracing::warn!(eni = %eni.id, %ip, reason = %why, "secondary address no pod can use on this ENI; not handed out");
                 }
-                ok
+                refused.is_none()
             })
             .copied()
             .collect()
@@ -352,5 +471,144 @@ impl HostEnis {
             }
             Err(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::conformance::{mac, static_eni};
+    use crate::secondary::fake::FakeSecondary;
+    use enim_provider_static::StaticProvider;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Static ENI 1 of the fixtures as a provider lists it: 10.0.1.10/24
+    /// via 10.0.1.1, fd00:1::10/64 via fd00:1::1.
+    fn listed_eni() -> Eni {
+        let p = StaticProvider::new(vec![static_eni(1)]).unwrap();
+        futures::executor::block_on(p.list()).unwrap().remove(0)
+    }
+
+    fn host_enis() -> HostEnis {
+        let provider = Arc::new(StaticProvider::new(vec![static_eni(1)]).unwrap());
+        let plumbing = Arc::new(FakeSecondary::with_enis(&[(mac(1), "eth1")]));
+        HostEnis::new(
+            SecondaryConfig::default(),
+            provider,
+            plumbing,
+            Exclusions::default(),
+        )
+    }
+
+    /// What a provider (the cluster provider's spec, a cloud, an emulator)
+    /// may list as secondary addresses that no pod can have.
+    const REFUSED_V6: [&str; 11] = [
+        "fe80::1234",       // link-local
+        "fd00:ec2::254",    // instance metadata
+        "fd00:ec2::253",    // the cloud's DNS
+        "fd00:1::1",        // the gateway
+        "fd00:1::10",       // the ENI's own
+        "fd00:1::",         // the subnet-router anycast
+        "fd00:2::11",       // another subnet
+        "ff02::1",          // multicast
+        "::",               // unspecified
+        "::1",              // loopback
+        "::ffff:10.0.1.13", // IPv4-mapped
+    ];
+
+    #[tokio::test]
+    async fn ipv6_addresses_no_pod_may_have_are_not_handed_out() {
+        let mut eni = listed_eni();
+        let good: Vec<IpAddr> = eni.secondary_ips.clone();
+        eni.secondary_ips.extend(REFUSED_V6.iter().map(|s| ip(s)));
+        eni.secondary_ips
+            .extend(["169.254.169.254", "10.0.1.1", "10.0.1.255", "10.0.2.11"].map(ip));
+        let hosts = host_enis();
+        let (_host, offered) = match hosts.prepare(&eni, &Exclusions::default()).await {
+            Ok(Ok(ready)) => ready,
+            _ => panic!("the ENI was not prepared"),
+        };
+        assert_eq!(offered, good, "only the fixtures' own secondaries");
+    }
+
+    #[tokio::test]
+    async fn each_refusal_says_why() {
+        let hosts = host_enis();
+        let (host, _) = match hosts.prepare(&listed_eni(), &Exclusions::default()).await {
+            Ok(Ok(ready)) => ready,
+            _ => panic!("the ENI was not prepared"),
+        };
+        let subnet4: IpNet = "10.0.1.0/24".parse().unwrap();
+        let subnet6: IpNet = "fd00:1::/64".parse().unwrap();
+        let cases = [
+            ("fe80::1234", UnusableAddress::NotUnicast(ip("fe80::1234"))),
+            ("ff02::1", UnusableAddress::NotUnicast(ip("ff02::1"))),
+            (
+                "::ffff:10.0.1.13",
+                UnusableAddress::NotUnicast(ip("::ffff:10.0.1.13")),
+            ),
+            (
+                "fd00:ec2::254",
+                UnusableAddress::CloudService(ip("fd00:ec2::254")),
+            ),
+            ("fd00:1::1", UnusableAddress::Gateway(ip("fd00:1::1"))),
+            ("fd00:1::10", UnusableAddress::EniOwn(ip("fd00:1::10"))),
+            (
+                "fd00:1::",
+                UnusableAddress::SubnetAddress {
+                    ip: ip("fd00:1::"),
+                    subnet: subnet6,
+                },
+            ),
+            (
+                "fd00:2::11",
+                UnusableAddress::OutsideSubnet {
+                    ip: ip("fd00:2::11"),
+                    subnet: subnet6,
+                },
+            ),
+            (
+                "169.254.169.254",
+                UnusableAddress::NotUnicast(ip("169.254.169.254")),
+            ),
+            ("10.0.1.1", UnusableAddress::Gateway(ip("10.0.1.1"))),
+            (
+                "10.0.1.255",
+                UnusableAddress::SubnetAddress {
+                    ip: ip("10.0.1.255"),
+                    subnet: subnet4,
+                },
+            ),
+            (
+                "10.0.2.11",
+                UnusableAddress::OutsideSubnet {
+                    ip: ip("10.0.2.11"),
+                    subnet: subnet4,
+                },
+            ),
+        ];
+        for (addr, why) in cases {
+            assert_eq!(host.check_address(&ip(addr)), Err(why), "{addr}");
+        }
+        for addr in ["fd00:1::11", "fd00:1::ffff", "10.0.1.11"] {
+            assert_eq!(host.check_address(&ip(addr)), Ok(()), "{addr}");
+        }
+        // An ENI without IPv6 takes none.
+        let v4_only = HostEni {
+            ipv6: false,
+            ipv6_subnet: None,
+            gateway6: None,
+            ..host
+        };
+        assert_eq!(
+            v4_only.check_address(&ip("fd00:1::11")),
+            Err(UnusableAddress::NoIpv6(ip("fd00:1::11")))
+        );
+        assert!(UnusableAddress::CloudService(ip("fd00:ec2::254"))
+            .to_string()
+            .contains("instance metadata"));
     }
 }
