@@ -21,6 +21,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+use super::authority;
 use super::claims::{Claims, PreparedClaim, PreparedDevice};
 use super::registration::registration_server::{Registration, RegistrationServer};
 use super::registration::{
@@ -328,32 +329,16 @@ fn serve_dra(path: &Path, preparer: Arc<Preparer>) -> Result<Served, DraError> {
 }
 
 /// The registration service, each connection relayed through
-/// [`super::authority::relay`] (the kubelet's `:authority` is a path, which
-/// the gRPC server would refuse).
+/// [`super::authority`] (the kubelet's `:authority` is a path, which the
+/// gRPC server would refuse), a bounded number at once.
 fn serve_registration(path: &Path, driver: &str, endpoint: &Path) -> Result<Served, DraError> {
     let listener = bind(path)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<tokio::io::DuplexStream>>(16);
-    let acceptor = tokio::spawn(async move {
-        loop {
-            let conn = match listener.accept().await {
-                Ok((conn, _)) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "registration socket: accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let (ours, theirs) = tokio::io::duplex(64 * 1024);
-            if tx.send(Ok(theirs)).await.is_err() {
-                return;
-            }
-            tokio::spawn(async move {
-                if let Err(e) = super::authority::relay(conn, ours).await {
-                    tracing::debug!(error = %e, "registration connection ended");
-                }
-            });
-        }
-    });
+    let acceptor = tokio::spawn(authority::accept(
+        listener,
+        tx,
+        authority::Limits::default(),
+    ));
     let service = RegistrationServer::new(RegistrationService {
         driver: driver.to_string(),
         endpoint: endpoint.to_path_buf(),
@@ -361,6 +346,11 @@ fn serve_registration(path: &Path, driver: &str, endpoint: &Path) -> Result<Serv
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(
         tonic::transport::Server::builder()
+            // What the relay enforces, announced in the server's SETTINGS
+            // (which reach the kubelet as they are).
+            .max_frame_size(u32::try_from(authority::MAX_FRAME).expect("16 KiB"))
+            .http2_max_header_list_size(u32::try_from(authority::MAX_HEADER_LIST).expect("64 KiB"))
+            .max_concurrent_streams(authority::MAX_STREAMS)
             .add_service(service)
             .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), async {
                 let _ = stopped.await;
@@ -405,4 +395,53 @@ pub async fn serve(
         dra.stop().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dra::registration::registration_client::RegistrationClient;
+
+    async fn get_info(path: PathBuf) -> Result<PluginInfo, String> {
+        let channel = crate::deviceplugin::unix_channel(path)
+            .await
+            .map_err(|e| e.to_string())?;
+        RegistrationClient::new(channel)
+            .get_info(InfoRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| s.to_string())
+    }
+
+    #[tokio::test]
+    async fn registration_connections_beyond_the_limit_wait_for_one_to_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("enim.io-reg.sock");
+        let served = serve_registration(&path, "enim.io", Path::new("/x/dra.sock")).unwrap();
+        // Connections that say nothing hold every place.
+        let mut held = Vec::new();
+        for _ in 0..authority::MAX_CONNECTIONS {
+            held.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+        }
+        let waiting = tokio::spawn(get_info(path.clone()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiting.is_finished(),
+            "a connection beyond the limit was served: {:?}",
+            waiting.await
+        );
+        // One ends: the waiting one is relayed and answered as usual.
+        drop(held.pop());
+        let info = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("served once a place was free")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (info.name.as_str(), info.r#type.as_str()),
+            ("enim.io", PLUGIN_TYPE)
+        );
+        drop(held);
+        served.stop().await;
+    }
 }
