@@ -258,10 +258,47 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
             && d["networkData"]["ips"][0] == sb.enis[2].ipv4.to_string()
     });
 
+    // A second pod joins the claim (shared) after its prepare: the kubelet
+    // prepares a claim once per node and tells the driver nothing of it.
+    // While the first pod holds the ENI, its ADD is "try again later".
+    let shared = json!({ "status": { "reservedFor": [
+        { "resource": "pods", "name": "pod-uid-c1", "uid": "uid-c1" },
+        { "resource": "pods", "name": "pod-c4", "uid": "uid-c4" },
+    ] } });
+    cp.kubectl(&[
+        "patch",
+        "resourceclaim",
+        "c1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &shared.to_string(),
+    ]);
+    let pod4 = NamedNetns::new("pod");
+    let out = enim("ADD", "c4", Some(&pod4.path()), "eth0", &conf);
+    let msg = out.err(out.json()["code"].as_u64().unwrap());
+    assert_eq!(out.json()["code"], 11, "{msg}");
+    assert!(msg.contains("held by another attachment"), "{msg}");
+
     // DEL, then unprepare: the ENI is home and its networkData gone.
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     eventually(
         "networkData removed after DEL",
+        Duration::from_secs(10),
+        || get(&cp, &["resourceclaim", "c1"])["status"]["devices"].is_null(),
+    );
+    // Now the second pod of the shared claim gets the same ENI.
+    let result = enim("ADD", "c4", Some(&pod4.path()), "eth0", &conf).ok();
+    assert_eq!(result["interfaces"][0]["mac"], sb.enis[2].mac.to_string());
+    assert!(
+        std::fs::read_to_string(dir.path().join("state/dra-claims.json"))
+            .unwrap()
+            .contains("uid-c4"),
+        "the pod joined the claim's record"
+    );
+    enim("DEL", "c4", Some(&pod4.path()), "eth0", &conf).ok();
+    eventually(
+        "networkData removed after the second DEL",
         Duration::from_secs(10),
         || get(&cp, &["resourceclaim", "c1"])["status"]["devices"].is_null(),
     );

@@ -7,34 +7,149 @@
 //! - A claimed ENI still held by another attachment (the last pod's DEL
 //!   not yet done) is "try again later": the runtime retries the ADD.
 //! - Once the ENI is the pod's, the claim's networkData is written behind.
+//! - A claim's pods are recorded at prepare, but the kubelet prepares a
+//!   claim once per node: a pod added to a shared claim later never reaches
+//!   this driver. So a pod in no recorded list has the claims prepared in
+//!   its namespace read again ([`Reservations`], bounded by
+//!   [`LOOKUP_WITHIN`]) before it is refused, and joins the record of the
+//!   one that is now reserved for it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_provider::{
     AddressFeed, Eni, EniOwner, EniProvider, PoolStatistics, ProviderError, SecondaryIps,
 };
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
 
-use super::claims::Claims;
+use super::claims::{Claims, PreparedClaim, PreparedDevice};
 use super::status::{DeviceNetwork, StatusWriter};
+use super::DraError;
+
+/// How long an ADD waits for the API server when it has to read claims.
+pub const LOOKUP_WITHIN: Duration = Duration::from_secs(5);
+
+/// The uids of the pods `rc` is reserved for.
+pub fn reserved_pod_uids(rc: &ResourceClaim) -> Vec<String> {
+    rc.status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|c| c.uid.clone())
+        .collect()
+}
+
+/// Where ADD reads a claim's `reservedFor` as it is now.
+#[async_trait]
+pub trait Reservations: Send + Sync {
+    /// The pods claim `namespace/name` is reserved for, while it exists
+    /// under `uid`; `None` once it is gone or replaced.
+    async fn reserved_for(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<Vec<String>>, DraError>;
+}
+
+/// [`Reservations`] from the API server.
+pub struct ApiReservations(pub kube::Client);
+
+#[async_trait]
+impl Reservations for ApiReservations {
+    async fn reserved_for(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<Vec<String>>, DraError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.0.clone(), namespace);
+        Ok(api
+            .get_opt(name)
+            .await?
+            .filter(|rc| rc.metadata.uid.as_deref() == Some(uid))
+            .map(|rc| reserved_pod_uids(&rc)))
+    }
+}
 
 pub struct BoundProvider {
     inner: Arc<dyn EniProvider>,
     claims: Arc<Claims>,
     status: Option<StatusWriter>,
+    reservations: Option<Arc<dyn Reservations>>,
 }
 
 impl BoundProvider {
-    /// `status`: where networkData goes; `None` writes none (tests).
+    /// `status`: where networkData goes; `reservations`: where a pod no
+    /// record lists is looked up. `None` for either: none (tests).
     pub fn new(
         inner: Arc<dyn EniProvider>,
         claims: Arc<Claims>,
         status: Option<StatusWriter>,
+        reservations: Option<Arc<dyn Reservations>>,
     ) -> BoundProvider {
         BoundProvider {
             inner,
             claims,
             status,
+            reservations,
+        }
+    }
+
+    /// The ENIs of prepared claims that were reserved for `owner`'s pod
+    /// after their prepare: each prepared claim in the pod's namespace is
+    /// read again, and one now reserved for the pod records it. Empty when
+    /// none is; an error when the API server does not answer in time.
+    async fn reserved_since_prepare(
+        &self,
+        owner: &EniOwner,
+        pod: &str,
+    ) -> Result<Vec<(PreparedClaim, PreparedDevice)>, ProviderError> {
+        let Some(source) = &self.reservations else {
+            return Ok(Vec::new());
+        };
+        // A pod's claims are in its own namespace.
+        let candidates: Vec<PreparedClaim> = self
+            .claims
+            .all()
+            .into_iter()
+            .filter(|c| c.namespace == owner.pod.namespace)
+            .collect();
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let lookup = async {
+            for claim in &candidates {
+                let name = format!("{}/{}", claim.namespace, claim.name);
+                let pods = source
+                    .reserved_for(&claim.namespace, &claim.name, &claim.uid)
+                    .await
+                    .map_err(|e| (name.clone(), e.to_string()))?;
+                if pods.is_some_and(|pods| pods.iter().any(|p| p == pod)) {
+                    self.claims
+                        .add_pod(&claim.uid, pod)
+                        .map_err(|e| (name.clone(), e.to_string()))?;
+                    tracing::info!(pod = %owner.pod, claim = %name, "pod reserved on a prepared claim since its prepare: recorded");
+                }
+            }
+            Ok::<_, (String, String)>(())
+        };
+        match tokio::time::timeout(LOOKUP_WITHIN, lookup).await {
+            Ok(Ok(())) => Ok(self.claims.enis_for_pod(pod)),
+            Ok(Err((claim, e))) => Err(ProviderError::Unavailable(format!(
+                "pod {} is in no prepared claim's reservedFor as recorded at prepare, and \
+                 claim {claim} could not be read again to see whether it is now: {e}",
+                owner.pod
+            ))),
+            Err(_) => Err(ProviderError::Unavailable(format!(
+                "pod {} is in no prepared claim's reservedFor as recorded at prepare, and the \
+                 API server did not answer within {LOOKUP_WITHIN:?} to see whether it is now",
+                owner.pod
+            ))),
         }
     }
 
@@ -62,11 +177,14 @@ impl EniProvider for BoundProvider {
 
     async fn allocate_next(&self, owner: &EniOwner) -> Result<Eni, ProviderError> {
         let pod = owner.pod.uid.as_deref().unwrap_or_default();
-        let claimed = if pod.is_empty() {
+        let mut claimed = if pod.is_empty() {
             Vec::new()
         } else {
             self.claims.enis_for_pod(pod)
         };
+        if claimed.is_empty() && !pod.is_empty() {
+            claimed = self.reserved_since_prepare(owner, pod).await?;
+        }
         if claimed.is_empty() {
             return Err(ProviderError::Config(format!(
                 "pod {} has no ResourceClaim of driver {} prepared on this node: on a DRA node \
@@ -185,7 +303,7 @@ mod tests {
             .map(crate::engine::conformance::static_eni)
             .collect();
         let inner: Arc<dyn EniProvider> = Arc::new(StaticProvider::new(enis).unwrap());
-        let p = BoundProvider::new(inner, claims.clone(), None);
+        let p = BoundProvider::new(inner, claims.clone(), None, None);
         (dir, claims, p)
     }
 
@@ -254,5 +372,136 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e, ProviderError::UnknownEni("eni-9".into()));
+    }
+
+    /// The API server as the tests want it: each claim (by uid) reserved
+    /// for some pods, gone, failing, or not answering; every read counted.
+    #[derive(Default)]
+    struct FakeApi {
+        reserved: std::collections::HashMap<String, Vec<String>>,
+        failing: bool,
+        silent: bool,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Reservations for FakeApi {
+        async fn reserved_for(
+            &self,
+            _namespace: &str,
+            _name: &str,
+            uid: &str,
+        ) -> Result<Option<Vec<String>>, DraError> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.silent {
+                std::future::pending::<()>().await;
+            }
+            if self.failing {
+                return Err(DraError::Config("connection refused".into()));
+            }
+            Ok(self.reserved.get(uid).cloned())
+        }
+    }
+
+    fn with_api(api: Arc<FakeApi>) -> (tempfile::TempDir, Arc<Claims>, BoundProvider) {
+        let (dir, claims, p) = setup();
+        let p = BoundProvider::new(p.inner, claims.clone(), None, Some(api));
+        (dir, claims, p)
+    }
+
+    #[tokio::test]
+    async fn a_pod_reserved_on_a_shared_claim_after_its_prepare_gets_its_eni() {
+        let api = Arc::new(FakeApi {
+            reserved: [(
+                "c1".to_string(),
+                vec!["pod-1".to_string(), "pod-2".to_string()],
+            )]
+            .into(),
+            ..FakeApi::default()
+        });
+        let (_d, claims, p) = with_api(api.clone());
+        // Prepared while reserved for pod-1 alone.
+        claims.record(prepared("c1", "pod-1", "eni-3")).unwrap();
+        // pod-1 is recorded: no read.
+        assert_eq!(
+            p.allocate_next(&owner("a", Some("pod-1")))
+                .await
+                .unwrap()
+                .id,
+            "eni-3"
+        );
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 0);
+        p.release(&owner("a", Some("pod-1"))).await.unwrap();
+        // pod-2 joined the claim later: read once, recorded, served.
+        let eni = p.allocate_next(&owner("b", Some("pod-2"))).await.unwrap();
+        assert_eq!(eni.id, "eni-3");
+        assert_eq!(claims.get("c1").unwrap().pods, ["pod-1", "pod-2"]);
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Its retried ADD: from the record.
+        p.allocate_next(&owner("b", Some("pod-2"))).await.unwrap();
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_pod_no_claim_is_reserved_for_is_still_refused_for_good() {
+        let api = Arc::new(FakeApi {
+            reserved: [("c1".to_string(), vec!["pod-1".to_string()])].into(),
+            ..FakeApi::default()
+        });
+        let (_d, claims, p) = with_api(api.clone());
+        claims.record(prepared("c1", "pod-1", "eni-3")).unwrap();
+        // Neither in the list nor (c2) still under its uid on the server.
+        claims.record(prepared("c2", "pod-9", "eni-2")).unwrap();
+        let e = p
+            .allocate_next(&owner("x", Some("pod-x")))
+            .await
+            .unwrap_err();
+        assert!(!e.is_transient(), "{e}");
+        assert!(
+            e.to_string().contains("no ResourceClaim of driver enim.io"),
+            "{e}"
+        );
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(claims.get("c1").unwrap().pods, ["pod-1"]);
+        // A pod of another namespace: its claims cannot be these, no read.
+        let mut elsewhere = owner("y", Some("pod-y"));
+        elsewhere.pod.namespace = "other".into();
+        assert!(p.allocate_next(&elsewhere).await.is_err());
+        assert_eq!(api.reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_api_server_that_fails_or_does_not_answer_is_try_again_later() {
+        for (api, says) in [
+            (
+                FakeApi {
+                    failing: true,
+                    ..FakeApi::default()
+                },
+                "connection refused",
+            ),
+            (
+                FakeApi {
+                    silent: true,
+                    ..FakeApi::default()
+                },
+                "did not answer within 5s",
+            ),
+        ] {
+            let (_d, claims, p) = with_api(Arc::new(api));
+            claims.record(prepared("c1", "pod-1", "eni-3")).unwrap();
+            let e = p
+                .allocate_next(&owner("b", Some("pod-2")))
+                .await
+                .unwrap_err();
+            assert!(e.is_transient(), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+            assert!(e.to_string().contains("reservedFor"), "{e}");
+            assert_eq!(
+                claims.get("c1").unwrap().pods,
+                ["pod-1"],
+                "nothing recorded"
+            );
+        }
     }
 }

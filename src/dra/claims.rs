@@ -114,6 +114,28 @@ impl Claims {
         Ok(Some(old))
     }
 
+    /// Adds `pod_uid` to the pods of claim `claim_uid` (reserved for it
+    /// since the prepare), on disk before this returns. Nothing changes
+    /// when the claim is not recorded or already lists the pod, or when the
+    /// write fails.
+    pub fn add_pod(&self, claim_uid: &str, pod_uid: &str) -> Result<(), DraError> {
+        let mut table = self.table();
+        let Some(claim) = table.get_mut(claim_uid) else {
+            return Ok(());
+        };
+        if claim.pods.iter().any(|p| p == pod_uid) {
+            return Ok(());
+        }
+        claim.pods.push(pod_uid.to_string());
+        if let Err(e) = self.write(&table) {
+            if let Some(claim) = table.get_mut(claim_uid) {
+                claim.pods.retain(|p| p != pod_uid);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// The ENIs the pod `pod_uid` claimed, in claim and allocation order.
     pub fn enis_for_pod(&self, pod_uid: &str) -> Vec<(PreparedClaim, PreparedDevice)> {
         self.table()

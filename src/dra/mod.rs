@@ -234,6 +234,7 @@ impl DraNode {
             inner,
             self.claims.clone(),
             Some(self.status.clone()),
+            Some(Arc::new(bound::ApiReservations(self.client.clone()))),
         ))
     }
 

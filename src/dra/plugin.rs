@@ -73,6 +73,9 @@ impl Preparer {
                 rc.metadata.uid, claim.uid
             )));
         }
+        // As reserved now; pods reserved later are found at their ADD
+        // (super::bound).
+        let pods = super::bound::reserved_pod_uids(&rc);
         let status = rc.status.unwrap_or_default();
         let allocation = status
             .allocation
@@ -109,13 +112,6 @@ impl Preparer {
                 eni_id,
             });
         }
-        let pods = status
-            .reserved_for
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
-            .map(|c| c.uid)
-            .collect();
         let prepared = PreparedClaim {
             uid: claim.uid.clone(),
             namespace: claim.namespace.clone(),
