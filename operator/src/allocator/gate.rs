@@ -4,6 +4,12 @@
 //! and the leader deadline), a token of its class's bucket, leadership
 //! again (the wait may be long), and only then the call itself, built
 //! after the checks.
+//!
+//! One call may be several requests to the cloud (a look before a create
+//! or a delete, the client's retries and their back-off): it is checked at
+//! its start, and what follows is stopped by the runtime, which drops the
+//! whole pass at the leader deadline (`crate::runtime::run`), so no
+//! request of it is sent after that.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
