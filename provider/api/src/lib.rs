@@ -60,7 +60,8 @@ impl std::str::FromStr for MacAddr {
         let mut parts = s.split([':', '-']);
         for octet in out.iter_mut() {
             let part = parts.next().ok_or_else(err)?;
-            if part.len() != 2 {
+            // Two hex digits: from_str_radix alone would take "+a".
+            if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(err());
             }
             *octet = u8::from_str_radix(part, 16).map_err(|_| err())?;

@@ -193,12 +193,19 @@ impl State {
         let mut slots = Vec::with_capacity(seen.spec.enis.len());
         let mut invalid = Vec::new();
         let mut ids = HashSet::new();
+        // One MAC is one device: a second ENI with it would be handed to a
+        // second pod, whose ADD finds the device gone.
+        let mut macs = HashSet::new();
         for e in &seen.spec.enis {
             if !ids.insert(e.id.clone()) {
                 invalid.push((e.id.clone(), "listed twice in the spec".to_string()));
                 continue;
             }
             match parse_eni_in(e, &seen.spec) {
+                Ok(eni) if !macs.insert(eni.mac) => invalid.push((
+                    e.id.clone(),
+                    format!("MAC {} is listed twice in the spec", eni.mac),
+                )),
                 Ok(mut eni) => {
                     // A draining address is never offered (secondary mode).
                     eni.secondary_ips.retain(|ip| !draining_ips.contains(ip));

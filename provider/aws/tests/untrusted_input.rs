@@ -1,0 +1,262 @@
+//! Issue #29, "Trust boundaries": the instance metadata (IMDSv2) answers
+//! as the AWS provider parses them. A loopback server answers each path
+//! with any text (or 404); the client returns the interface, or an error
+//! naming the path and the value, and never panics, also when the
+//! interface becomes an ENI.
+//!
+//! Each property runs at most 128 small cases, over plain HTTP on
+//! loopback.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use enim_provider::MacAddr;
+use enim_provider_aws::imds::{Imds, ImdsError};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+fn cases(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A loopback metadata service: `PUT /latest/api/token` gives a token,
+/// every GET the answer set for its path, or 404.
+struct Metadata {
+    url: String,
+    answers: Arc<Mutex<HashMap<String, String>>>,
+}
+
+/// One server for the whole file (its thread lives as long as the test
+/// process); each case sets its answers, the cases run one at a time.
+fn metadata() -> &'static Metadata {
+    static SERVER: OnceLock<Metadata> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let answers = Arc::new(Mutex::new(HashMap::new()));
+        let served = answers.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                answer(stream, &served);
+            }
+        });
+        Metadata { url, answers }
+    })
+}
+
+/// Reads one request's head and answers it; the connection then closes.
+fn answer(mut stream: TcpStream, answers: &Mutex<HashMap<String, String>>) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let mut words = head.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, body) = match (method, path) {
+        ("PUT", "/latest/api/token") => ("200 OK", "token-1".to_string()),
+        _ => match answers.lock().unwrap().get(path) {
+            Some(body) => ("200 OK", body.clone()),
+            None => ("404 Not Found", String::new()),
+        },
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn wild_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "\\PC{0,24}",
+        "(?s:.{0,24})",
+        "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
+    ]
+}
+
+/// A listing: lines of plausible entries and junk, with the blank lines,
+/// trailing '/' and CRLFs real listings have.
+fn listing(entry: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+    let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
+    (
+        vec(line, 0..5),
+        prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
+    )
+        .prop_map(|(lines, end)| lines.join(end))
+}
+
+/// MAC-like text: five to seven octets of two hex digits, or of a sign,
+/// a space or one digit, joined by ':' or '-'.
+fn mac_text() -> impl Strategy<Value = String> {
+    let octet = prop_oneof![
+        4 => "[0-9a-fA-F]{2}",
+        1 => "[+\\- ][0-9a-f]",
+        1 => "[0-9a-f]{1,3}",
+    ];
+    (vec(octet, 5..8), prop_oneof![Just(":"), Just("-")]).prop_map(|(o, sep)| o.join(sep))
+}
+
+/// One answer: plausible, any text, or none (404).
+fn field(plausible: impl Strategy<Value = String>) -> impl Strategy<Value = Option<String>> {
+    prop_oneof![4 => plausible.prop_map(Some), 1 => wild_string().prop_map(Some), 1 => Just(None)]
+}
+
+const MAC: MacAddr = MacAddr([2, 0, 0, 0xaa, 0xbb, 0xcc]);
+
+fn interface_answers() -> impl Strategy<Value = Vec<(&'static str, Option<String>)>> {
+    let v4 = || any::<[u8; 4]>().prop_map(|a| Ipv4Addr::from(a).to_string());
+    let v6 = || any::<[u8; 16]>().prop_map(|a| Ipv6Addr::from(a).to_string());
+    (
+        (
+            field("eni-[0-9a-f]{1,17}"),
+            field(any::<u32>().prop_map(|n| n.to_string())),
+            field(prop_oneof![
+                Just("0".to_string()),
+                any::<u64>().prop_map(|n| n.to_string())
+            ]),
+            field(any::<u32>().prop_map(|n| n.to_string())),
+            field(listing(v4())),
+        ),
+        (
+            field(
+                (any::<[u8; 4]>(), 0u8..=40)
+                    .prop_map(|(a, p)| format!("{}/{p}", Ipv4Addr::from(a))),
+            ),
+            field(listing(v6())),
+            field(listing(
+                (any::<[u8; 16]>(), 0u8..=130)
+                    .prop_map(|(a, p)| format!("{}/{p}", Ipv6Addr::from(a))),
+            )),
+            field("subnet-[0-9a-f]{1,17}"),
+        ),
+    )
+        .prop_map(
+            |((id, device, card, card_index, ipv4s), (subnet4, ipv6s, subnet6, subnet_id))| {
+                vec![
+                    ("interface-id", id),
+                    ("device-number", device),
+                    ("network-card", card),
+                    ("network-card-index", card_index),
+                    ("local-ipv4s", ipv4s),
+                    ("subnet-ipv4-cidr-block", subnet4),
+                    ("ipv6s", ipv6s),
+                    ("subnet-ipv6-cidr-blocks", subnet6),
+                    ("subnet-id", subnet_id),
+                ]
+            },
+        )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Sets the server's answers: `listing` for the MAC list, `fields` under
+/// [`MAC`]. They stay until the returned guard is dropped: the tests run
+/// in parallel, over one server.
+fn set_answers(
+    listing: Option<&str>,
+    fields: &[(&str, Option<String>)],
+) -> MutexGuard<'static, ()> {
+    let serial = one_case_at_a_time();
+    let mut answers = metadata().answers.lock().unwrap();
+    answers.clear();
+    let base = "/latest/meta-data/network/interfaces/macs/";
+    if let Some(listing) = listing {
+        answers.insert(base.to_string(), listing.to_string());
+    }
+    for (leaf, value) in fields {
+        if let Some(v) = value {
+            answers.insert(format!("{base}{MAC}/{leaf}"), v.clone());
+        }
+    }
+    serial
+}
+
+fn one_case_at_a_time() -> MutexGuard<'static, ()> {
+    static CASE: Mutex<()> = Mutex::new(());
+    // A failed case poisons it; the next one sets its own answers anyway.
+    CASE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error the parsers may give: the path (under `under`) and why, or a
+/// 404. Never a transport failure: the server always answers.
+fn assert_parse_error(e: &ImdsError, under: &str) -> Result<(), TestCaseError> {
+    match e {
+        ImdsError::Invalid { path, .. } | ImdsError::NotFound { path } => {
+            prop_assert!(path.starts_with(under), "{}", e)
+        }
+        other => prop_assert!(false, "not a parse error: {}", other),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases(128))]
+
+    /// The MAC listing of any text: one MAC a non-blank line, or an
+    /// error naming the line.
+    #[test]
+    fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text())) {
+        let _serial = set_answers(Some(&text), &[]);
+        let imds = Imds::new(&metadata().url).unwrap();
+        match runtime().block_on(imds.macs()) {
+            Ok(macs) => {
+                let lines: Vec<&str> = text
+                    .lines()
+                    .map(|l| l.trim().trim_end_matches('/'))
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                prop_assert_eq!(macs.len(), lines.len());
+                for (mac, line) in macs.iter().zip(&lines) {
+                    prop_assert_eq!(mac.to_string(), line.to_ascii_lowercase().replace('-', ":"));
+                }
+            }
+            Err(e) => {
+                assert_parse_error(&e, "meta-data/network/interfaces/macs/")?;
+                prop_assert!(matches!(e, ImdsError::Invalid { .. }), "{}", e);
+            }
+        }
+    }
+
+    /// An interface's fields of any text, or missing: the interface (and
+    /// an ENI made of it), or an error naming the field.
+    #[test]
+    fn interface_of_any_answers_is_an_eni_or_an_error(fields in interface_answers(), mtu in proptest::option::of(any::<u32>())) {
+        let _serial = set_answers(None, &fields);
+        let imds = Imds::new(&metadata().url).unwrap();
+        match runtime().block_on(imds.interface(MAC)) {
+            Ok(info) => {
+                prop_assert!(!info.ipv4s.is_empty());
+                let eni = info.to_eni(mtu);
+                prop_assert_eq!(eni.ipv4.addr(), info.ipv4s[0]);
+                prop_assert_eq!(eni.ipv4.prefix_len(), info.subnet_v4.prefix_len());
+                prop_assert_eq!(eni.mac, MAC);
+                prop_assert!(!eni.secondary_ips.contains(&eni.ipv4.addr().into()));
+                if let Some(v6) = eni.ipv6 {
+                    prop_assert!(info.subnet_v6.is_some_and(|n| n.contains(&v6.addr())));
+                    prop_assert!(!eni.secondary_ips.contains(&v6.addr().into()));
+                }
+            }
+            Err(e) => assert_parse_error(&e, &format!("meta-data/network/interfaces/macs/{MAC}/"))?,
+        }
+    }
+}
