@@ -80,6 +80,11 @@ fn classify(e: &EngineError) -> (StatusCode, u32) {
             (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
         }
         EngineError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::PROVIDER),
+        // Another ENI may be freed, or the device's use may end.
+        EngineError::DeviceRefused { .. } if e.is_transient() => {
+            (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
+        }
+        EngineError::DeviceRefused { .. } => (StatusCode::INTERNAL_SERVER_ERROR, code::PROVIDER),
         EngineError::DeviceMissing { .. } => {
             (StatusCode::INTERNAL_SERVER_ERROR, code::DEVICE_MISSING)
         }

@@ -50,6 +50,15 @@ pub enum EngineError {
     Provider(#[from] ProviderError),
     #[error("ENI {eni_id} (MAC {mac}) was allocated but no such device is in the host namespace")]
     DeviceMissing { eni_id: String, mac: String },
+    /// An ADD's ENI was never to be handed out (excluded, or its device
+    /// is the node's own: [`crate::netlink::handout`]), it is reserved now,
+    /// and the provider had no other.
+    #[error("ENI {eni_id} is never handed to a pod: {why}; it is reserved as excluded, and no other ENI could be taken: {then}")]
+    DeviceRefused {
+        eni_id: String,
+        why: String,
+        then: Box<ProviderError>,
+    },
     #[error(
         "interface {ifname:?} already exists in {netns}; nothing of the attachment was left there"
     )]
@@ -112,6 +121,9 @@ impl EngineError {
         match self {
             EngineError::Provider(e) => {
                 e.is_transient() || matches!(e, ProviderError::Exhausted { .. })
+            }
+            EngineError::DeviceRefused { then, .. } => {
+                then.is_transient() || matches!(**then, ProviderError::Exhausted { .. })
             }
             EngineError::RollbackFailed { original, .. } => original.is_transient(),
             EngineError::Shared(e) => e.is_transient(),

@@ -14,7 +14,8 @@ use enim_provider::MacAddr;
 use ipnet::IpNet;
 
 use super::{
-    HostLinkHome, HostPathSpec, LinkInfo, Plumbing, PlumbingError, PodLinkConfig, PodLinkState,
+    HostLinkHome, HostPathSpec, LinkInfo, Own, Plumbing, PlumbingError, PodLinkConfig,
+    PodLinkState, Refusal, RefusedDevice,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +88,9 @@ pub struct FakePlumbing {
     /// The pause point is in configure_pod_link.
     faults: Faults,
     next_index: Mutex<u32>,
-    /// What primary_mac answers.
-    pub primary: Mutex<Option<MacAddr>>,
+    /// Host devices [`handout`](super::handout)'s rule refuses, by MAC:
+    /// `eni_link` refuses them and `refused_devices` lists those in the host.
+    pub refused: Mutex<HashMap<MacAddr, Refusal>>,
     /// What node_addresses answers.
     pub node_addrs: Mutex<Vec<IpAddr>>,
     /// Calls of the host lookups, by method name: the real ones cost a
@@ -246,10 +248,24 @@ impl Plumbing for FakePlumbing {
         }
     }
 
-    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
+    async fn eni_link(
+        &self,
+        mac: MacAddr,
+        _own: Own<'_>,
+    ) -> Result<Option<LinkInfo>, PlumbingError> {
         self.count("host_link");
         self.fault("host_link")?;
-        Ok(self.host_dev(mac).map(|d| d.link))
+        let Some(dev) = self.host_dev(mac) else {
+            return Ok(None);
+        };
+        match self.refused.lock().unwrap().get(&mac) {
+            Some(why) => Err(PlumbingError::Refused {
+                mac,
+                device: dev.link.name,
+                why: Box::new(why.clone()),
+            }),
+            None => Ok(Some(dev.link)),
+        }
     }
 
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
@@ -380,8 +396,22 @@ impl Plumbing for FakePlumbing {
         Ok(Some(home))
     }
 
-    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
-        Ok(*self.primary.lock().unwrap())
+    async fn refused_devices(&self, _own: Own<'_>) -> Result<Vec<RefusedDevice>, PlumbingError> {
+        let refused = self.refused.lock().unwrap().clone();
+        Ok(self
+            .world
+            .lock()
+            .unwrap()
+            .host
+            .iter()
+            .filter_map(|d| {
+                Some(RefusedDevice {
+                    mac: d.link.mac,
+                    name: d.link.name.clone(),
+                    why: refused.get(&d.link.mac)?.clone(),
+                })
+            })
+            .collect())
     }
 
     async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError> {

@@ -16,6 +16,7 @@ pub mod addr;
 pub mod devconf;
 #[cfg(test)]
 pub mod fake;
+pub mod handout;
 pub mod host;
 pub mod hostpath;
 pub mod link;
@@ -37,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::AttachmentResult;
 
+pub use handout::{Own, Refusal, RefusedDevice};
 pub use host::Host;
 pub use hostpath::HostPathSpec;
 pub use netns::{Netns, NetnsId};
@@ -133,6 +135,14 @@ pub enum PlumbingError {
     NameTaken { ifname: String, netns: PathBuf },
     #[error("no device with MAC {mac} in {place}")]
     LinkNotFound { mac: MacAddr, place: String },
+    /// The device under an ENI's MAC is the node's own ([`handout`]'s
+    /// rule): it was left as it is.
+    #[error("device {device} (MAC {mac}) {why}; it is never handed to a pod")]
+    Refused {
+        mac: MacAddr,
+        device: String,
+        why: Box<Refusal>,
+    },
     #[error("netlink {op} failed: {source}")]
     Netlink {
         op: &'static str,
@@ -227,13 +237,17 @@ pub trait Plumbing: Send + Sync {
     /// [`PlumbingError::NodeNetns`]).
     async fn check_netns(&self, path: &Path) -> Result<(), PlumbingError>;
 
-    /// The device with `mac` in the host namespace, under any name.
-    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError>;
+    /// The device of ENI `mac` in the host namespace, under any name, once
+    /// [`handout`]'s rule lets it go to a pod: [`PlumbingError::Refused`]
+    /// when it is the node's own (it is left untouched), `None` when no
+    /// device has the MAC. `own`: what enim itself made in the host.
+    async fn eni_link(&self, mac: MacAddr, own: Own<'_>)
+        -> Result<Option<LinkInfo>, PlumbingError>;
 
     /// Every device in the host namespace.
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError>;
 
-    /// Moves the host device `host` (as [`Plumbing::host_link`] just found
+    /// Moves the host device `host` (as [`Plumbing::eni_link`] just found
     /// it, so not looked up again) into the netns at `netns`, renamed to
     /// `ifname` in the same message. Fails with [`PlumbingError::NameTaken`]
     /// (leaving the device in the host) when `ifname` exists there.
@@ -272,9 +286,10 @@ pub trait Plumbing: Send + Sync {
         home: HostLinkHome<'_>,
     ) -> Result<Option<LinkInfo>, PlumbingError>;
 
-    /// The MAC of the host's primary interface: the device of the main
-    /// table's IPv4 default route, if there is one.
-    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError>;
+    /// Every device in the host namespace that may never go to a pod
+    /// ([`handout`]'s rule: the node's uplink among them), with why: one
+    /// survey for start-up and each GC pass.
+    async fn refused_devices(&self, own: Own<'_>) -> Result<Vec<RefusedDevice>, PlumbingError>;
 
     /// Brings a device that is in the host namespace back to its host name
     /// and MTU, whatever name it has now (`dev<N>` after a netns died).

@@ -11,10 +11,10 @@ use enim_provider::MacAddr;
 use ipnet::IpNet;
 
 use super::addr::{self, AddrOptions};
-use super::{hostpath, link, route};
+use super::{handout, hostpath, link, route};
 use super::{
-    Host, HostLinkHome, HostPathSpec, LinkInfo, Netns, Plumbing, PlumbingError, PodLinkConfig,
-    PodLinkState,
+    Host, HostLinkHome, HostPathSpec, LinkInfo, Netns, Own, Plumbing, PlumbingError, PodLinkConfig,
+    PodLinkState, RefusedDevice,
 };
 
 // Paths the bench and older callers use.
@@ -48,10 +48,55 @@ impl RtnlPlumbing {
 
     async fn dump_host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
         let all = self.host.dump(link::dump).await?;
+        self.reindex(all.iter().map(|l| (l.mac, l.index)));
+        Ok(all)
+    }
+
+    /// Every host device as [`handout`] reads it (a dump), the cache
+    /// refreshed.
+    async fn dump_host_devices(&self) -> Result<Vec<handout::Device>, PlumbingError> {
+        let all = self.host.dump(handout::dump_devices).await?;
+        self.reindex(all.iter().filter_map(|d| Some((d.mac?, d.index))));
+        Ok(all)
+    }
+
+    /// Rebuilds the MAC -> ifindex cache from a dump. A MAC two devices
+    /// share is left out: its lookups dump, and so see both.
+    fn reindex(&self, dumped: impl Iterator<Item = (MacAddr, u32)>) {
+        let mut seen: HashMap<MacAddr, Option<u32>> = HashMap::new();
+        for (mac, i) in dumped {
+            seen.entry(mac)
+                .and_modify(|shared| *shared = None)
+                .or_insert(Some(i));
+        }
         let mut index = self.host_index.lock().unwrap_or_else(|p| p.into_inner());
         index.clear();
-        index.extend(all.iter().map(|l| (l.mac, l.index)));
-        Ok(all)
+        index.extend(seen.into_iter().filter_map(|(mac, i)| Some((mac, i?))));
+    }
+
+    /// The cached ifindex of `mac`, if any.
+    fn cached_index(&self, mac: MacAddr) -> Option<u32> {
+        self.host_index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&mac)
+            .copied()
+    }
+
+    /// The device with `mac` in the host namespace, under any name.
+    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
+        if let Some(index) = self.cached_index(mac) {
+            if let Some(link) = link::by_index(self.host.handle(), index).await? {
+                if link.mac == mac {
+                    return Ok(Some(link));
+                }
+            }
+        }
+        Ok(self
+            .dump_host_links()
+            .await?
+            .into_iter()
+            .find(|l| l.mac == mac))
     }
 
     pub fn host(&self) -> &Host {
@@ -80,25 +125,38 @@ impl Plumbing for RtnlPlumbing {
         self.host.check_pod_netns(path)
     }
 
-    async fn host_link(&self, mac: MacAddr) -> Result<Option<LinkInfo>, PlumbingError> {
-        let cached = self
-            .host_index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&mac)
-            .copied();
-        if let Some(index) = cached {
-            if let Some(link) = link::by_index(self.host.handle(), index).await? {
-                if link.mac == mac {
-                    return Ok(Some(link));
-                }
+    async fn eni_link(
+        &self,
+        mac: MacAddr,
+        own: Own<'_>,
+    ) -> Result<Option<LinkInfo>, PlumbingError> {
+        // The cached index, confirmed by a get (its message says kind,
+        // master and peer); only a miss dumps every device, and then the
+        // rule also sees every other device with the MAC.
+        let cached = match self.cached_index(mac) {
+            Some(index) => handout::device_by_index(self.host.handle(), index)
+                .await?
+                .filter(|d| d.mac == Some(mac)),
+            None => None,
+        };
+        let (device, all) = match cached {
+            Some(device) => (device, None),
+            None => {
+                let all = self.dump_host_devices().await?;
+                let Some(device) = all.iter().find(|d| d.mac == Some(mac)).cloned() else {
+                    return Ok(None);
+                };
+                (device, Some(all))
             }
+        };
+        if let Some(why) = handout::judge(&self.host, &device, all.as_deref(), own).await? {
+            return Err(PlumbingError::Refused {
+                mac,
+                device: device.name,
+                why: Box::new(why),
+            });
         }
-        Ok(self
-            .dump_host_links()
-            .await?
-            .into_iter()
-            .find(|l| l.mac == mac))
+        Ok(device.info())
     }
 
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
@@ -221,8 +279,8 @@ impl Plumbing for RtnlPlumbing {
         }
     }
 
-    async fn primary_mac(&self) -> Result<Option<MacAddr>, PlumbingError> {
-        self.host.primary_mac().await
+    async fn refused_devices(&self, own: Own<'_>) -> Result<Vec<RefusedDevice>, PlumbingError> {
+        handout::survey(&self.host, own).await
     }
 
     async fn add_host_path(&self, spec: &HostPathSpec<'_>) -> Result<MacAddr, PlumbingError> {

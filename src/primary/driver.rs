@@ -12,7 +12,7 @@ use crate::api::{EniStatus, GcReport, GcRequest};
 use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
 use crate::netlink::{
-    HostLinkHome, HostPathSpec, LinkInfo, Plumbing, PlumbingError, PodLinkConfig,
+    HostLinkHome, HostPathSpec, LinkInfo, Own, Plumbing, PlumbingError, PodLinkConfig,
 };
 use crate::store::checkpoint::{Checkpoint, HostHome};
 use crate::support::exclusion::{excluded_owner, Exclusions, Reservation};
@@ -25,7 +25,8 @@ pub struct PrimaryDriver {
     pub(super) provider: Arc<dyn EniProvider>,
     pub(super) plumbing: Arc<dyn Plumbing>,
     pub(super) checkpoint: Arc<Checkpoint>,
-    // Configured exclusions; the primary interface joins them at restore.
+    // Configured exclusions; the node's own devices the provider lists
+    // join them as they are found (netlink::handout).
     pub(super) exclusions: std::sync::RwLock<Exclusions>,
     pub(super) host_path: HostPathConfig,
     pub(super) pod_metadata: MetadataConfig,
@@ -123,6 +124,63 @@ impl PrimaryDriver {
             .clone()
     }
 
+    /// Whether `eni` is excluded now.
+    fn is_excluded(&self, eni: &Eni) -> bool {
+        self.exclusions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_excluded(eni)
+    }
+
+    /// Excludes `eni` from now on, its device being the node's own; logs
+    /// the first time.
+    fn refuse(&self, eni: &Eni, device: &str, why: &dyn std::fmt::Display) {
+        let new = self
+            .exclusions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .refuse(eni.mac);
+        if new {
+            tracing::error!(eni = %eni.id, mac = %eni.mac, device, reason = %why, "the provider lists a device of the node's own as an ENI: never handed to a pod; reserved as excluded");
+        }
+    }
+
+    /// Surveys the host for devices never to be handed out
+    /// ([`crate::netlink::handout`]) and excludes the ENIs among them (the
+    /// caller's [`Self::reserve_excluded`] reserves them).
+    pub(super) async fn exclude_refused(&self) -> Result<(), EngineError> {
+        let prefixes = [self.host_path.veth_prefix.as_str()];
+        let own = Own {
+            veth_prefixes: &prefixes,
+            ..Own::default()
+        };
+        let refused = self
+            .plumbing
+            .refused_devices(own)
+            .await
+            .map_err(EngineError::plumbing("survey host devices"))?;
+        if refused.is_empty() {
+            return Ok(());
+        }
+        for eni in self.provider.list().await? {
+            if let Some(d) = refused.iter().find(|d| d.mac == eni.mac) {
+                self.refuse(&eni, &d.name, &d.why);
+            }
+        }
+        Ok(())
+    }
+
+    /// Holds `eni`, just released by an ADD that may not have it, under
+    /// `reservation`. Another ADD that took it meanwhile keeps it: that
+    /// ADD judges it too.
+    async fn set_aside(&self, eni: &Eni, reservation: Reservation) -> Result<(), EngineError> {
+        let held = [(eni.id.clone(), reservation.owner(&eni.id))];
+        match self.provider.restore(&held).await {
+            Ok(()) | Err(enim_provider::ProviderError::OwnedByOther { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Reserves every excluded ENI that is free (and not held by one of
     /// `held`, an attachment made before the exclusion: it is left alone
     /// until released), so the provider can never hand it out.
@@ -209,9 +267,14 @@ impl PrimaryDriver {
         netns: &Path,
         eni: &Eni,
     ) -> Result<(Record, LinkInfo), EngineError> {
+        let prefixes = [self.host_path.veth_prefix.as_str()];
+        let own = Own {
+            veth_prefixes: &prefixes,
+            ..Own::default()
+        };
         let host = self
             .plumbing
-            .host_link(eni.mac)
+            .eni_link(eni.mac, own)
             .await
             .map_err(EngineError::plumbing("find ENI in host"))?
             .ok_or_else(|| EngineError::DeviceMissing {
@@ -253,19 +316,16 @@ impl Driver for PrimaryDriver {
             .map(|r| (r.eni_id.clone(), r.owner()))
             .collect();
         self.provider.restore(&assignments).await?;
-        // The node's own interface is never a pod's, whatever the config says.
-        let primary = self.plumbing.primary_mac().await.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "could not find the primary interface");
-            None
-        });
-        {
-            let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
-            *ex = std::mem::take(&mut *ex).with_primary(primary);
+        // The node's own devices (its uplink first) are never a pod's,
+        // whatever the list says: found now, at each GC pass, and by each
+        // ADD for the ENI it takes.
+        if let Err(e) = self.exclude_refused().await {
+            tracing::warn!(error = %e, "could not survey the host's devices; each ADD still judges its own");
         }
         let held: HashSet<String> = records.iter().map(|r| r.eni_id.clone()).collect();
         let reserved = self.reserve_excluded(&held).await?;
         if !reserved.is_empty() {
-            tracing::info!(?reserved, ?primary, "excluded ENIs reserved");
+            tracing::info!(?reserved, "excluded ENIs reserved");
         }
         // Quarantines live in the provider's memory: found again here.
         let in_host = self.macs_in_host().await?;
@@ -274,33 +334,75 @@ impl Driver for PrimaryDriver {
         Ok(())
     }
 
-    /// A free ENI whose device is missing from the host is released,
-    /// quarantined and skipped: the next free ENI is tried in the same ADD
-    /// (each quarantine holds one more ENI, so this ends, at worst in
-    /// "no free ENI").
+    /// An ENI that may not go to a pod is released, held and skipped, and
+    /// the next free ENI is tried in the same ADD: one excluded (by config,
+    /// or found the node's own since the last survey) or whose device the
+    /// hand-out rule refuses now is reserved as excluded; one whose device
+    /// is missing from the host is quarantined. Each holds one more ENI,
+    /// so this ends, at worst in "no free ENI" (with the refusal said).
     async fn allocate(
         &self,
         owner: &EniOwner,
         netns: &Path,
     ) -> Result<(Record, LinkInfo), EngineError> {
+        // The last ENI refused in this ADD: named in the error if no other
+        // can be taken.
+        let mut refused: Option<(String, String)> = None;
         loop {
-            let eni = self.provider.allocate_next(owner).await?;
-            let err = match self.find_and_learn(owner, netns, &eni).await {
-                Ok(found) => return Ok(found),
-                Err(e) => e,
+            let eni = match self.provider.allocate_next(owner).await {
+                Ok(eni) => eni,
+                Err(then) => {
+                    return Err(match refused {
+                        Some((eni_id, why)) => EngineError::DeviceRefused {
+                            eni_id,
+                            why,
+                            then: Box::new(then),
+                        },
+                        None => then.into(),
+                    })
+                }
+            };
+            // Consulted at each allocation, not only when GC reserves: an
+            // entry can arrive in the list between two passes (or with
+            // GC off).
+            let excluded = self.is_excluded(&eni);
+            let err = match excluded {
+                true => None,
+                false => match self.find_and_learn(owner, netns, &eni).await {
+                    Ok(found) => return Ok(found),
+                    Err(e) => Some(e),
+                },
             };
             if let Err(undo) = self.provider.release(owner).await {
-                return Err(EngineError::RollbackFailed {
-                    original: Box::new(err),
-                    undo: Box::new(undo.into()),
+                return Err(match err {
+                    Some(original) => EngineError::RollbackFailed {
+                        original: Box::new(original),
+                        undo: Box::new(undo.into()),
+                    },
+                    None => undo.into(),
                 });
             }
-            if !matches!(err, EngineError::DeviceMissing { .. }) {
-                return Err(err);
+            match err {
+                None => {
+                    tracing::warn!(eni = %eni.id, mac = %eni.mac, "allocated ENI is excluded: reserved; trying the next");
+                    self.set_aside(&eni, Reservation::Excluded).await?;
+                    refused = Some((eni.id.clone(), "it is excluded".into()));
+                }
+                Some(EngineError::DeviceMissing { .. }) => {
+                    tracing::warn!(eni = %eni.id, mac = %eni.mac, "allocated ENI has no device in the host: quarantined; trying the next");
+                    self.set_aside(&eni, Reservation::Missing).await?;
+                }
+                Some(EngineError::Plumbing {
+                    source: PlumbingError::Refused { device, why, .. },
+                    ..
+                }) => {
+                    self.refuse(&eni, &device, &why);
+                    self.set_aside(&eni, Reservation::Excluded).await?;
+                    tracing::warn!(eni = %eni.id, "trying the next ENI");
+                    refused = Some((eni.id.clone(), format!("device {device} {why}")));
+                }
+                Some(e) => return Err(e),
             }
-            tracing::warn!(eni = %eni.id, mac = %eni.mac, "allocated ENI has no device in the host: quarantined; trying the next");
-            let quarantine = [(eni.id.clone(), Reservation::Missing.owner(&eni.id))];
-            self.provider.restore(&quarantine).await?;
         }
     }
 
@@ -494,12 +596,17 @@ impl Driver for PrimaryDriver {
         self.sweep_host_paths(records, report).await;
         self.release_orphans(records, request, report).await;
         self.return_found_enis(report).await;
-        self.normalise_free_enis(records, report).await;
+        // Before normalising: a device of the node's own that arrived in
+        // the list is reserved before anything would rename it.
+        if let Err(e) = self.exclude_refused().await {
+            report.error("node", crate::api::GcStep::ReserveExcluded, e);
+        }
         // An excluded ENI whose last attachment just went is reserved again.
         let held: HashSet<String> = records.iter().map(|a| a.eni_id.clone()).collect();
         if let Err(e) = self.reserve_excluded(&held).await {
             report.error("node", crate::api::GcStep::ReserveExcluded, e);
         }
+        self.normalise_free_enis(records, report).await;
     }
 
     async fn enis(&self) -> Result<Vec<EniStatus>, EngineError> {

@@ -18,7 +18,8 @@ use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harn
 use crate::engine::{Engine, EngineError};
 use crate::model::Phase;
 use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS, HOST_PATH_FAULT_STEPS};
-use crate::netlink::{HostLinkHome, LinkInfo, Plumbing};
+use crate::netlink::handout::UplinkMark;
+use crate::netlink::{HostLinkHome, LinkInfo, Plumbing, Refusal};
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{is_excluded_owner, ExclusionConfig, Exclusions};
 
@@ -327,7 +328,13 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
     // eni-1 is in use from before it was excluded; eni-2 excluded by MAC;
     // eni-3 is the node's primary interface.
     h.engine.add(&owner("old"), pod).await.unwrap();
-    *h.fake.primary.lock().unwrap() = Some(mac(3));
+    h.fake.refused.lock().unwrap().insert(
+        mac(3),
+        Refusal::Uplink(UplinkMark::DefaultRoute {
+            table: 100,
+            v6: false,
+        }),
+    );
     let engine = h.engine_over(
         h.engine.checkpoint().clone(),
         Exclusions::from_config(&ExclusionConfig {
@@ -378,6 +385,80 @@ async fn excluded_and_primary_enis_are_never_handed_out() {
         .check(&owner("new"), &p2, MtuExpectation::Recorded)
         .await
         .unwrap();
+}
+
+/// The unit side of issue #29 defect 3 (the kernel side is
+/// tests/handout_netns.rs): an ENI whose device the hand-out rule refuses
+/// at ADD, after start-up's survey (the entry arrived later, or the device
+/// became the node's own), is never moved: the ADD reserves it as excluded
+/// and takes the next; with none left the error names the refusal and is
+/// "try again later". A configured exclusion is consulted at ADD too.
+#[tokio::test]
+async fn a_device_refused_at_add_is_reserved_and_the_next_eni_taken() {
+    let h = PrimaryHarness::new(3).await;
+    let uplink = Refusal::Uplink(UplinkMark::DefaultRoute {
+        table: 100,
+        v6: false,
+    });
+    h.fake
+        .refused
+        .lock()
+        .unwrap()
+        .insert(mac(1), uplink.clone());
+    let r = h.engine.add(&owner("a"), Path::new(POD)).await.unwrap();
+    assert_eq!(r.eni_id, "eni-2");
+    assert!(
+        h.fake.host_dev(mac(1)).is_some(),
+        "the refused device moved"
+    );
+    let listed = h.provider.list().await.unwrap();
+    assert!(is_excluded_owner(listed[0].owner.as_ref().unwrap()));
+    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Excluded));
+
+    // eni-3 is refused too, and nothing else is free.
+    h.fake.refused.lock().unwrap().insert(mac(3), uplink);
+    let p2 = PathBuf::from("/run/netns/p2");
+    h.fake.add_netns(&p2);
+    let err = h.engine.add(&owner("b"), &p2).await.unwrap_err();
+    assert!(matches!(err, EngineError::DeviceRefused { .. }), "{err}");
+    assert!(err.is_transient(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("eni-3") && text.contains("table 100"),
+        "{text}"
+    );
+    assert!(
+        h.fake.host_dev(mac(3)).is_some(),
+        "the refused device moved"
+    );
+    assert_eq!(h.fake.pod_devs(), 1);
+
+    // GC keeps both reserved.
+    h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    let listed = h.provider.list().await.unwrap();
+    for i in [0, 2] {
+        let owner = listed[i].owner.as_ref().unwrap();
+        assert!(is_excluded_owner(owner), "{:?}", listed[i]);
+    }
+}
+
+#[tokio::test]
+async fn an_excluded_eni_free_at_add_is_reserved_not_handed_out() {
+    let h = PrimaryHarness::new(2).await;
+    let engine = h.engine_over(
+        h.engine.checkpoint().clone(),
+        Exclusions::from_config(&ExclusionConfig {
+            enis: vec!["eni-1".into()],
+            addresses: vec![],
+        }),
+    );
+    // No start-up here: the exclusion has reserved nothing yet, as for
+    // an entry that arrived in the list after the last GC pass.
+    let r = engine.add(&owner("a"), Path::new(POD)).await.unwrap();
+    assert_eq!(r.eni_id, "eni-2");
+    assert!(h.fake.host_dev(mac(1)).is_some());
+    let listed = h.provider.list().await.unwrap();
+    assert!(is_excluded_owner(listed[0].owner.as_ref().unwrap()));
 }
 
 /// ENI eni-1's state as the engine lists it.

@@ -105,7 +105,7 @@ impl SecondaryDriver {
         checkpoint: Arc<Checkpoint>,
         exclusions: Exclusions,
     ) -> Result<Self, EngineError> {
-        let plumbing = RtnlSecondary::new(host_netns, &config.proc_sys_net)
+        let plumbing = RtnlSecondary::new(host_netns, &config)
             .await
             .map_err(EngineError::plumbing("open the host namespace"))?;
         Self::new(config, provider, Arc::new(plumbing), checkpoint, exclusions)

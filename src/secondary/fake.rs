@@ -17,7 +17,7 @@ use super::plumbing::{
 };
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
 use crate::netlink::fake::Faults;
-use crate::netlink::{LinkInfo, PlumbingError, PodLinkState};
+use crate::netlink::{LinkInfo, PlumbingError, PodLinkState, Refusal};
 
 /// Steps a fault can be armed at. `setup_pod:partial` creates the veth and
 /// one rule before failing; `setup_pod:after` does everything, then fails.
@@ -51,6 +51,9 @@ pub struct FakeWorld {
     pub forwarding: Option<bool>,
     /// The host's default-route device.
     pub primary: Option<MacAddr>,
+    /// Devices [`crate::netlink::handout`]'s rule refuses: `setup_eni`
+    /// leaves them as they are.
+    pub refused: BTreeMap<MacAddr, Refusal>,
 }
 
 impl FakeWorld {
@@ -130,6 +133,13 @@ impl SecondaryPlumbing for FakeSecondary {
 
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {
         let mut w = self.world();
+        if let (Some(why), Some(name)) = (w.refused.get(&spec.mac), w.enis.get(&spec.mac)) {
+            return Err(PlumbingError::Refused {
+                mac: spec.mac,
+                device: name.clone(),
+                why: Box::new(why.clone()),
+            });
+        }
         let name = w
             .enis
             .get_mut(&spec.mac)

@@ -20,6 +20,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};
 use crate::netlink::addr::{self, AddrOptions};
 use crate::netlink::devconf::{self, Ipv4Conf, NeighTable};
+use crate::netlink::handout::{self, Own};
 use crate::netlink::host::handle_in;
 use crate::netlink::{link, neigh, route, rule, sysctl};
 use crate::netlink::{Host, LinkInfo, Netns, PlumbingError, PodLinkState};
@@ -133,7 +134,9 @@ pub trait SecondaryPlumbing: Send + Sync {
 
     /// Renames, tunes and brings up a host ENI and fills its route table.
     /// Idempotent. Fails with [`PlumbingError::LinkNotFound`] when no
-    /// device has the MAC.
+    /// device has the MAC, and with [`PlumbingError::Refused`], touching
+    /// nothing, when the device is the node's own
+    /// ([`crate::netlink::handout`]'s rule).
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError>;
 
     /// Creates the pod's veth pair and everything around it; returns the
@@ -169,25 +172,66 @@ pub struct RtnlSecondary {
     host: Host,
     /// Where the IPv6 sysctls are written ([`SecondaryConfig::proc_sys_net`]).
     proc_sys_net: PathBuf,
+    /// The prefix of the pod veths' host ends: such a veth is never taken
+    /// as an ENI ([`handout`]).
+    veth_prefix: String,
+    /// enim's route tables (first, last): routes there are enim's.
+    tables: (u32, u32),
 }
 
 impl RtnlSecondary {
     /// In the host namespace at `host_netns` (the agent's own by default;
-    /// tests use a throwaway one), writing IPv6 sysctls under
-    /// `proc_sys_net`. Opens a [`Host`] of its own;
+    /// tests use a throwaway one), under `config` (IPv6 sysctls written
+    /// under its `proc_sys_net`). Opens a [`Host`] of its own;
     /// [`RtnlSecondary::from_host`] shares one.
     pub async fn new(
         host_netns: Option<&Path>,
-        proc_sys_net: &Path,
+        config: &SecondaryConfig,
     ) -> Result<Self, PlumbingError> {
-        Ok(Self::from_host(Host::open(host_netns).await?, proc_sys_net))
+        Ok(Self::from_host(Host::open(host_netns).await?, config))
     }
 
-    pub fn from_host(host: Host, proc_sys_net: &Path) -> Self {
+    pub fn from_host(host: Host, config: &SecondaryConfig) -> Self {
         RtnlSecondary {
             host,
-            proc_sys_net: proc_sys_net.to_path_buf(),
+            proc_sys_net: config.proc_sys_net.clone(),
+            veth_prefix: config.veth_prefix.clone(),
+            tables: (*config.tables().start(), *config.tables().end()),
         }
+    }
+
+    /// The device of `spec`'s ENI, once [`handout`]'s rule lets it be
+    /// taken (what enim itself put on it, its addresses and the routes of
+    /// its table range, does not count): [`PlumbingError::Refused`] when it is the node's own,
+    /// [`PlumbingError::LinkNotFound`] when no device has the MAC. One
+    /// dump of every device, which the rule reads too.
+    async fn eni_device(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {
+        let all = self.host.dump(handout::dump_devices).await?;
+        let not_found = || PlumbingError::LinkNotFound {
+            mac: spec.mac,
+            place: "the host namespace".into(),
+        };
+        let device = all
+            .iter()
+            .find(|d| d.mac == Some(spec.mac))
+            .ok_or_else(not_found)?;
+        let own_addresses: Vec<IpAddr> = std::iter::once(IpAddr::V4(spec.ipv4.addr()))
+            .chain(spec.ipv6.map(|n| IpAddr::V6(n.addr())))
+            .collect();
+        let prefixes = [self.veth_prefix.as_str()];
+        let own = Own {
+            veth_prefixes: &prefixes,
+            tables: Some(self.tables),
+            addresses: &own_addresses,
+        };
+        if let Some(why) = handout::judge(&self.host, device, Some(&all), own).await? {
+            return Err(PlumbingError::Refused {
+                mac: spec.mac,
+                device: device.name.clone(),
+                why: Box::new(why),
+            });
+        }
+        device.info().ok_or_else(not_found)
     }
 
     async fn configure_pod_end(
@@ -249,14 +293,7 @@ impl SecondaryPlumbing for RtnlSecondary {
 
     async fn setup_eni(&self, spec: &HostEniSpec) -> Result<LinkInfo, PlumbingError> {
         let handle = self.host.handle();
-        let mut link = self
-            .host
-            .dump(|h| link::by_mac(h, spec.mac))
-            .await?
-            .ok_or_else(|| PlumbingError::LinkNotFound {
-                mac: spec.mac,
-                place: "the host namespace".into(),
-            })?;
+        let mut link = self.eni_device(spec).await?;
         if link.name != spec.name {
             let netns = self.host.netns().path();
             link::rename(handle, link.index, &spec.name, None, netns, "rename ENI").await?;

@@ -17,6 +17,8 @@ use super::{SecondaryConfig, SecondaryDriver};
 use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::Engine;
+use crate::netlink::handout::UplinkMark;
+use crate::netlink::Refusal;
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::{ExclusionConfig, Exclusions};
 
@@ -201,6 +203,29 @@ async fn excluded_enis_addresses_and_the_primary_interface_are_not_used() {
         ["eth1", "enis2", "eth3"],
         "excluded devices were touched"
     );
+}
+
+/// A listed ENI whose device the hand-out rule refuses (the node's own,
+/// e.g. its uplink with the default route only in a policy table) is
+/// never set up: left under its name, excluded, listed as such.
+#[tokio::test]
+async fn a_refused_device_is_never_set_up_and_is_listed_excluded() {
+    let fake = fake_with(2);
+    let uplink = Refusal::Uplink(UplinkMark::DefaultRoute {
+        table: 100,
+        v6: false,
+    });
+    fake.world().refused.insert(mac(1), uplink);
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+    let engine = node(&fake, 2, cp, Exclusions::default()).await;
+    assert_eq!(host_eni_ids(&engine), ["eni-2"]);
+    let names: Vec<String> = fake.world().enis.values().cloned().collect();
+    assert_eq!(names, ["eth1", "enis2"], "the refused device was touched");
+    assert!(!fake.world().tables.contains(&1001));
+    let listed = engine.enis().await.unwrap();
+    let state = listed.iter().find(|e| e.eni.id == "eni-1").unwrap().state;
+    assert_eq!(state, crate::api::EniState::Excluded);
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Exclusions (cilium's and CCE's IPAM blacklist): ENIs and addresses that are never
-//! handed to a pod. The node's primary interface is always among them. And
+//! handed to a pod. The node's own devices (its uplink among them: see
+//! [`crate::netlink::handout`]) join them as they are found. And
 //! the reservations that keep excluded and quarantined ENIs from pods.
 //!
 //! An excluded ENI is reserved in the provider under a reserved owner, so no
@@ -53,6 +54,12 @@ impl Exclusions {
         self
     }
 
+    /// Excludes the ENI of `mac` from now on: its device is the node's own
+    /// ([`crate::netlink::handout`]'s rule refused it). Whether it is new.
+    pub fn refuse(&mut self, mac: MacAddr) -> bool {
+        self.macs.insert(mac)
+    }
+
     pub fn is_excluded(&self, eni: &Eni) -> bool {
         self.ids.contains(&eni.id)
             || self.macs.contains(&eni.mac)
@@ -73,7 +80,8 @@ impl Exclusions {
 /// reserved ENI out, and listings show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
-    /// Excluded by config, or the node's primary interface.
+    /// Excluded by config, or a device of the node's own (the primary
+    /// interface; one [`crate::netlink::handout`]'s rule refused).
     Excluded,
     /// Quarantined: its device is not in the host (detached outside enim,
     /// a failed NIC, a veth whose peer died). GC frees it when the device
