@@ -88,7 +88,7 @@ fn fingerprint(sb: &Sandbox, name: &str) -> (Value, Value, Value, Value, Vec<Str
     let link = sb
         .host
         .link(name)
-        .unwrap_or_else(|| panic!("{name} left the host"));
+        .unwrap_or_else(|| panic!("no {name} in the host: it was moved or renamed"));
     let keep = |k: &str| link.get(k).cloned().unwrap_or(Value::Null);
     (
         keep("ifname"),

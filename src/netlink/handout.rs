@@ -39,10 +39,11 @@
 //! ENI: its listed addresses, the routes of enim's table range) does not
 //! count under 5 and 6.
 //!
-//! Cost: an ADD's lookup is a get of the device by index (as before) and,
-//! when the link message does not settle it, one route dump per family
-//! and one address dump, plus a get of each uplink device to follow its
-//! IFLA_LINK; never a dump of every device.
+//! Cost: an ADD's lookup is a get of the device by its cached index (as
+//! before; a cache miss dumps every device, as before) and, when the link
+//! message does not settle it, one route dump per family and one address
+//! dump, plus a get of each uplink device to follow its IFLA_LINK: no
+//! extra dump of every device.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
