@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use enim::api::note;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_enim");
@@ -187,7 +188,10 @@ fn del_needs_no_netns() {
     // It gets past the environment to the socket, which is not there.
     let (_d, sock) = nowhere();
     expect_error(
-        &run(&without(attach_vars("DEL"), "CNI_NETNS"), conf(&sock)),
+        &run(
+            &without(attach_vars("DEL"), "CNI_NETNS"),
+            conf_waiting(&sock, 0.0),
+        ),
         11,
     );
 }
@@ -195,7 +199,12 @@ fn del_needs_no_netns() {
 #[test]
 fn cni_args() {
     let (_d, sock) = nowhere();
-    let add = |args: &str| run(&with(attach_vars("ADD"), "CNI_ARGS", args), conf(&sock));
+    let add = |args: &str| {
+        run(
+            &with(attach_vars("ADD"), "CNI_ARGS", args),
+            conf_waiting(&sock, 0.0),
+        )
+    };
 
     let v = expect_error(&add("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;FOO=bar"), 4);
     assert!(v["msg"].as_str().unwrap().contains("FOO"), "{v}");
@@ -254,23 +263,30 @@ fn ten_megabytes_of_stdin() {
 
 // ---- the agent absent or hung -----------------------------------------
 
+/// `conf` with `agentWaitSeconds` (how long ADD, DEL and CHECK wait for
+/// an agent that is down or starting).
+fn conf_waiting(socket: &Path, secs: f64) -> String {
+    json!({"cniVersion": "1.1.0", "name": "enim-net", "type": "enim", "socket": socket, "agentWaitSeconds": secs}).to_string()
+}
+
 #[test]
-fn dead_agent_is_try_again_at_once() {
+fn dead_agent_is_try_again_at_once_without_a_wait() {
     let (dir, sock) = nowhere();
     let start = Instant::now();
     for cmd in ["ADD", "DEL", "CHECK"] {
-        let v = expect_error(&run(&attach_vars(cmd), conf(&sock)), 11);
+        let v = expect_error(&run(&attach_vars(cmd), conf_waiting(&sock, 0.0)), 11);
         assert!(
             v["msg"].as_str().unwrap().contains(sock.to_str().unwrap()),
             "{v}"
         );
     }
+    // GC never waits.
     expect_error(&run(&[("CNI_COMMAND", "GC")], conf(&sock)), 11);
 
     // A socket file nobody listens on: refused.
     let stale = dir.path().join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
-    expect_error(&run(&attach_vars("ADD"), conf(&stale)), 11);
+    expect_error(&run(&attach_vars("ADD"), conf_waiting(&stale, 0.0)), 11);
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -278,10 +294,169 @@ fn dead_agent_is_try_again_at_once() {
     );
 }
 
+/// ADD, DEL and CHECK wait for an agent that is down (a restart, a crash
+/// back-off) and succeed once it is back: the runtime never sees it go.
 #[test]
-fn status_with_agent_down_is_not_available() {
+fn add_del_check_wait_for_an_agent_that_comes_back() {
+    for cmd in ["ADD", "DEL", "CHECK"] {
+        let (_d, sock) = nowhere();
+        let answer = if cmd == "DEL" {
+            json!({})
+        } else {
+            agent_result()
+        };
+        let delay = Duration::from_millis(800);
+        let late = sock.clone();
+        let agent = thread::spawn(move || {
+            thread::sleep(delay);
+            fake_agent(&late, vec![(200, answer)])
+        });
+        let start = Instant::now();
+        let out = run(&attach_vars(cmd), conf(&sock));
+        let took = start.elapsed();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            took >= delay && took < Duration::from_secs(10),
+            "{cmd}: {took:?}"
+        );
+        let rx = agent.join().unwrap();
+        let path = format!("/v1/attachments/{}", cmd.to_lowercase());
+        expect_next(&rx, "POST", &path);
+    }
+}
+
+#[test]
+fn the_wait_for_the_agent_is_bounded() {
     let (_d, sock) = nowhere();
-    expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
+    let start = Instant::now();
+    let v = expect_error(&run(&attach_vars("ADD"), conf_waiting(&sock, 1.0)), 11);
+    let took = start.elapsed();
+    assert!(v["msg"].as_str().unwrap().contains("waited 1s"), "{v}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+// ---- STATUS: the network, not the process ------------------------------
+
+/// enimd's note beside `sock`: alive `ago` ago, with `bound` and `serving`,
+/// in this boot (or `boot`).
+fn write_note(sock: &Path, ago: Duration, bound_secs: u64, serving: Value, boot: Option<&str>) {
+    let boot_id = boot.map_or_else(|| note::boot_id().unwrap(), str::to_string);
+    let now = note::boot_clock_ms().unwrap();
+    let ago_ms = u64::try_from(ago.as_millis()).unwrap();
+    let n = json!({
+        "boot_id": boot_id,
+        "alive_ms": now.saturating_sub(ago_ms),
+        "away_bound_secs": bound_secs,
+        "serving": serving,
+        "pid": 1,
+    });
+    std::fs::write(note::note_path(sock), n.to_string()).unwrap();
+}
+
+fn status(sock: &Path) -> Output {
+    run(&[("CNI_COMMAND", "STATUS")], conf(sock))
+}
+
+#[test]
+fn status_with_agent_down_answers_from_its_note() {
+    let (_d, sock) = nowhere();
+    let available = json!({"state": "available"});
+    // No note: enimd has not served since the node booted.
+    let v = expect_error(&status(&sock), 50);
+    assert!(
+        v["msg"].as_str().unwrap().contains("since the node booted"),
+        "{v}"
+    );
+    assert!(
+        v["details"].as_str().unwrap().contains("not reachable"),
+        "{v}"
+    );
+
+    // enimd was alive a minute ago and judged the network available:
+    // available (a restart, a crash loop), and at once.
+    write_note(&sock, Duration::from_secs(60), 600, available.clone(), None);
+    let start = Instant::now();
+    expect_silent_success(&status(&sock));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // A socket file with nobody behind it (a killed enimd's): the same.
+    drop(UnixListener::bind(&sock).unwrap());
+    expect_silent_success(&status(&sock));
+
+    // Away longer than its bound: an agent gone for good.
+    write_note(
+        &sock,
+        Duration::from_secs(601),
+        600,
+        available.clone(),
+        None,
+    );
+    let v = expect_error(&status(&sock), 50);
+    assert!(
+        v["msg"].as_str().unwrap().contains("longer than its bound"),
+        "{v}"
+    );
+    // A note of another boot speaks for nothing.
+    write_note(&sock, Duration::ZERO, 600, available, Some("another-boot"));
+    let v = expect_error(&status(&sock), 50);
+    assert!(v["msg"].as_str().unwrap().contains("earlier boot"), "{v}");
+    // enimd's last judgement was "unavailable": it stands.
+    let broken =
+        json!({"state": "unavailable", "reason": "every ENI enim may hand out (2) is quarantined"});
+    write_note(&sock, Duration::from_secs(5), 600, broken, None);
+    let v = expect_error(&status(&sock), 50);
+    assert!(v["msg"].as_str().unwrap().contains("quarantined"), "{v}");
+    // A note that is not one.
+    std::fs::write(note::note_path(&sock), "{").unwrap();
+    let v = expect_error(&status(&sock), 50);
+    assert!(v["msg"].as_str().unwrap().contains("cannot be read"), "{v}");
+}
+
+#[test]
+fn status_of_a_starting_or_hung_agent_answers_from_its_note() {
+    let (_d, sock) = nowhere();
+    write_note(
+        &sock,
+        Duration::from_secs(3),
+        600,
+        json!({"state": "available"}),
+        None,
+    );
+    let starting = json!({"version": "0.1.0", "ready": false, "provider": "static", "enis_total": 4, "enis_free": 4, "attachments": 0, "uptime_secs": 1});
+    let rx = fake_agent(&sock, vec![(200, starting)]);
+    expect_silent_success(&status(&sock));
+    expect_next(&rx, "GET", "/v1/status");
+
+    // One that accepts and never answers: STATUS gives it 2 s, not 30.
+    let (_d, sock) = nowhere();
+    write_note(
+        &sock,
+        Duration::from_secs(3),
+        600,
+        json!({"state": "available"}),
+        None,
+    );
+    let listener = UnixListener::bind(&sock).unwrap();
+    let hold = thread::spawn(move || {
+        let (held, _) = listener.accept().unwrap();
+        thread::sleep(Duration::from_secs(4));
+        drop(held);
+    });
+    let start = Instant::now();
+    expect_silent_success(&status(&sock));
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    hold.join().unwrap();
 }
 
 #[test]
@@ -556,12 +731,37 @@ fn del_check_gc_status_against_fake_agent() {
         json!({"network": "enim-net", "valid_attachments": [{"containerID": "0123abcd", "ifname": "eth0"}]})
     );
 
-    // STATUS: ready, then not ready, then full (available), then empty.
+    // STATUS: ready, then starting (with no note of this boot: not
+    // available), then full (available), then empty.
     expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));
     expect_next(&rx, "GET", "/v1/status");
     let v = expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
-    assert!(v["msg"].as_str().unwrap().contains("not ready"), "{v}");
+    assert!(
+        v["msg"].as_str().unwrap().contains("since the node booted"),
+        "{v}"
+    );
+    assert!(v["details"].as_str().unwrap().contains("starting"), "{v}");
     expect_silent_success(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)));
     let v = expect_error(&run(&[("CNI_COMMAND", "STATUS")], conf(&sock)), 50);
     assert!(v["msg"].as_str().unwrap().contains("no ENI at all"), "{v}");
+}
+
+/// A ready enimd's own judgement of the network is what STATUS says: an
+/// enimd that finds every ENI quarantined is not available; one whose
+/// pool is making the node's first ENI is (its ADDs wait for it).
+#[test]
+fn status_passes_a_ready_agents_judgement_on() {
+    let (_d, sock) = nowhere();
+    let ready = json!({"version": "0.1.0", "ready": true, "provider": "static", "enis_total": 2, "enis_free": 0, "attachments": 0, "uptime_secs": 5});
+    let mut quarantined = ready.clone();
+    quarantined["serving"] = json!({"state": "unavailable", "reason": "every ENI enim may hand out (2) is quarantined: its device is not on the node"});
+    let mut growing = ready.clone();
+    growing["enis_total"] = json!(0);
+    growing["serving"] = json!({"state": "available"});
+    let rx = fake_agent(&sock, vec![(200, quarantined), (200, growing)]);
+    let v = expect_error(&status(&sock), 50);
+    assert!(v["msg"].as_str().unwrap().contains("is quarantined"), "{v}");
+    assert_eq!(v["details"], "provider static");
+    expect_silent_success(&status(&sock));
+    assert_eq!(rx.iter().take(2).count(), 2);
 }

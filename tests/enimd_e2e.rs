@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 
@@ -97,7 +98,7 @@ fn gc_with_valid_list_releases_exactly_the_omitted_pod() {
 }
 
 #[test]
-fn status_calls_a_full_node_available_and_a_dead_agent_not() {
+fn status_calls_a_full_node_and_an_agent_away_available() {
     require_kernel!();
     let (_sb, pod, _dir, mut agent) = agent_rig(1, "");
     let conf = agent.net_conf("1.1.0");
@@ -109,9 +110,117 @@ fn status_calls_a_full_node_available_and_a_dead_agent_not() {
     // An ADD while exhausted is "try again later".
     let other = NamedNetns::new("pod");
     enim("ADD", "c2", Some(&other.path()), "eth0", &conf).err(11);
+    // enimd away (stopped, killed): the network it judged is still there,
+    // from the note it left; its ADDs wait for it, bounded.
     agent.stop();
-    enim("STATUS", "", None, "", &conf).err(50);
-    enim("ADD", "c2", Some(&other.path()), "eth0", &conf).err(11);
+    enim("STATUS", "", None, "", &conf).ok();
+    agent.restart();
+    agent.kill9();
+    enim("STATUS", "", None, "", &conf).ok();
+    let mut short = conf.clone();
+    short["agentWaitSeconds"] = 1.into();
+    let start = std::time::Instant::now();
+    let msg = enim("ADD", "c2", Some(&other.path()), "eth0", &short).err(11);
+    assert!(msg.contains("waited 1s"), "{msg}");
+    assert!(start.elapsed() >= Duration::from_secs(1));
+}
+
+/// An ADD sent while enimd restarts waits for the new enimd and gets its
+/// ENI from it: the restart costs the pod the restart, not a failed
+/// sandbox and the runtime's retry 10 s later.
+#[test]
+fn add_waits_for_a_restarting_agent() {
+    require_kernel!();
+    let (sb, pod, _dir, mut agent) = agent_rig(1, "");
+    let conf = agent.net_conf("1.1.0");
+    agent.kill9();
+    let away = Duration::from_millis(1500);
+    let start = std::time::Instant::now();
+    let result = std::thread::scope(|s| {
+        let add = s.spawn(|| enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok());
+        std::thread::sleep(away);
+        agent.restart();
+        add.join().unwrap()
+    });
+    assert!(start.elapsed() >= away, "{:?}", start.elapsed());
+    assert_eq!(result["interfaces"][0]["mac"], sb.enis[0].mac.to_string());
+    enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
+    sb.assert_home(0);
+}
+
+/// A node that really cannot serve says so: every ENI quarantined (its
+/// device gone) is "not available" (50), from enimd and, while enimd is
+/// away, from its note; the device back, it is available again.
+#[test]
+fn every_eni_quarantined_is_not_available_even_while_the_agent_is_away() {
+    require_kernel!();
+    let (sb, pod, _dir, mut agent) = agent_rig(1, "");
+    let conf = agent.net_conf("1.1.0");
+    enim("STATUS", "", None, "", &conf).ok();
+    sb.host.ip(&["link", "del", "eni0"]);
+    // The ADD that finds the device gone quarantines it.
+    enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).err(11);
+    let msg = enim("STATUS", "", None, "", &conf).err(50);
+    assert!(msg.contains("quarantined"), "{msg}");
+    // enimd's note follows its judgement within a second.
+    let note = enim::api::note::note_path(agent.socket());
+    let unavailable = || {
+        enim::api::note::read_note(&note)
+            .ok()
+            .flatten()
+            .is_some_and(|n| n.serving != enim::api::Serving::Available)
+    };
+    let start = std::time::Instant::now();
+    while !unavailable() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the note never said so"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    agent.kill9();
+    let msg = enim("STATUS", "", None, "", &conf).err(50);
+    assert!(
+        msg.contains("quarantined") && msg.contains("as enimd judged it"),
+        "{msg}"
+    );
+    sb.plug_eni(0);
+    agent.restart();
+    agent.ctl(&["gc"]);
+    enim("STATUS", "", None, "", &conf).ok();
+}
+
+/// An enimd that cannot even read its config (a crash loop on a bad
+/// ConfigMap) still renews the note of this boot at every start, so the
+/// kubelet's restarts keep STATUS answering for the node.
+#[test]
+fn a_crash_loop_on_a_broken_config_renews_the_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("enimd.sock");
+    let path = enim::api::note::note_path(&socket);
+    let old = enim::api::note::StatusNote {
+        boot_id: enim::api::note::boot_id().unwrap(),
+        alive_ms: 0,
+        away_bound_secs: 600,
+        serving: enim::api::Serving::Available,
+        pid: 1,
+    };
+    std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+    let out = std::process::Command::new(&bins().enimd)
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let renewed = enim::api::note::read_note(&path).unwrap().unwrap();
+    let now = enim::api::note::boot_clock_ms().unwrap();
+    assert!(now - renewed.alive_ms < 5_000, "{renewed:?} at {now}");
+    assert_eq!(
+        (renewed.serving, renewed.away_bound_secs),
+        (enim::api::Serving::Available, 600)
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! code, so the plugin can pass it through unchanged.
 
 pub mod client;
+pub mod note;
 
 use std::path::PathBuf;
 
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::Record;
 
 pub use client::{Client, ClientError};
+pub use note::Serving;
 
 pub const DEFAULT_SOCKET: &str = "/run/enim/enimd.sock";
 
@@ -27,6 +29,11 @@ pub const ROUTE_ATTACHMENTS: &str = "/v1/attachments";
 pub const ROUTE_STATUS: &str = "/v1/status";
 /// What the node can hold, as the kubelet device plugin advertises it.
 pub const ROUTE_DEVICES: &str = "/v1/devices";
+
+/// The `details` of the "try again later" a request gets when it waited
+/// `startup_wait` for enimd's startup recovery in vain: the plugin keeps
+/// waiting for such an enimd (bounded), as for one that is not up yet.
+pub const STARTING: &str = "enimd is starting: startup recovery is under way";
 
 /// CNI error codes (spec 1.1.0) and enim's own (100 and up).
 pub mod code {
@@ -263,6 +270,10 @@ pub struct Status {
     /// Secondary mode: the address pool in numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<crate::model::AddressStats>,
+    /// Whether the node's network can serve ADDs, as enimd judges it
+    /// (what STATUS answers); absent from an enimd older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Serving>,
 }
 
 /// `GET /v1/devices`: the device plugin's list (README "Scheduling"), for

@@ -249,6 +249,20 @@ fn run_agent(args: Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("enimd: {e}");
+            // Still a sign of life for STATUS (README "Restarts"): a
+            // crash loop on a broken config must not make the node
+            // NotReady. The socket's path is the flag's or the default.
+            let socket = args
+                .socket
+                .unwrap_or_else(|| enim::api::DEFAULT_SOCKET.into());
+            let renewed = enim::api::note::boot_id()
+                .map_err(Into::into)
+                .and_then(|boot| {
+                    enim::daemon::note::renew(&enim::api::note::note_path(&socket), &boot)
+                });
+            if let Err(e) = renewed {
+                eprintln!("enimd: could not renew the status note: {e}");
+            }
             return ExitCode::from(2);
         }
     };
@@ -291,10 +305,13 @@ fn run_agent(args: Args) -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("ENIMD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal, never in a pod's log.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

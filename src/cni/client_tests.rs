@@ -437,3 +437,190 @@ fn encode_failure_is_typed() {
     assert!(matches!(e, ClientError::Encode(_)), "{e:?}");
     assert_eq!(cni_code(e), code::INTERNAL);
 }
+
+// ---- waiting for an agent that is down or starting --------------------
+
+/// An HTTP answer with a JSON body.
+fn answer(status: u16, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A stub agent that binds `path` only after `delay` (a real unix socket
+/// appearing, as enimd's does when it is back), then serves `answers` in
+/// order, one connection each, and reports each request's path.
+fn agent_after(
+    path: &Path,
+    delay: Duration,
+    answers: Vec<String>,
+) -> (thread::JoinHandle<()>, mpsc::Receiver<String>) {
+    let path = path.to_path_buf();
+    let (tx, rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        thread::sleep(delay);
+        let listener = UnixListener::bind(&path).unwrap();
+        for a in answers {
+            let (mut s, _) = listener.accept().unwrap();
+            let seen = read_request(&mut s);
+            s.write_all(a.as_bytes()).unwrap();
+            let _ = tx.send(seen.path);
+        }
+    });
+    (server, rx)
+}
+
+const ATTACHED: &str = r#"{"interface":{"name":"eth0","mac":"02:00:00:00:00:0a","mtu":9001,"sandbox":"/run/netns/p"},"ips":[{"address":"10.0.1.5/24","gateway":"10.0.1.1"}],"routes":[],"eni_id":"eni-1"}"#;
+
+/// The plugin's own run, as a runtime execs it, with `agentWaitSeconds`.
+fn plugin(command: &str, socket: &Path, wait_secs: f64) -> (serde_json::Value, i32, Duration) {
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0", "name": "n", "socket": socket, "agentWaitSeconds": wait_secs
+    })
+    .to_string();
+    let vars: std::collections::HashMap<&str, &str> = [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", "c1"),
+        ("CNI_NETNS", "/run/netns/p"),
+        ("CNI_IFNAME", "eth0"),
+    ]
+    .into();
+    let start = StdInstant::now();
+    let out = crate::cni::execute(
+        &|k| vars.get(k).map(std::ffi::OsString::from),
+        std::io::Cursor::new(conf.into_bytes()),
+    );
+    let v = out
+        .stdout
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    (v, out.exit_code, start.elapsed())
+}
+
+#[test]
+fn add_del_check_wait_for_an_agent_that_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("enimd.sock");
+    let delay = Duration::from_millis(700);
+    let (server, rx) = agent_after(&sock, delay, vec![answer(200, ATTACHED)]);
+    let (v, rc, took) = plugin("ADD", &sock, 10.0);
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(v["ips"][0]["address"], "10.0.1.5/24");
+    assert_took(took, delay, Duration::from_secs(5));
+    assert_eq!(rx.recv().unwrap(), "/v1/attachments/add");
+    server.join().unwrap();
+
+    // DEL and CHECK wait the same way.
+    std::fs::remove_file(&sock).unwrap();
+    let (server, rx) = agent_after(&sock, delay, vec![answer(200, "{}")]);
+    let (v, rc, took) = plugin("DEL", &sock, 10.0);
+    assert_eq!((rc, v), (0, serde_json::Value::Null));
+    assert_took(took, delay, Duration::from_secs(5));
+    assert_eq!(rx.recv().unwrap(), "/v1/attachments/del");
+    server.join().unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    let (server, rx) = agent_after(&sock, delay, vec![answer(200, ATTACHED)]);
+    let (v, rc, took) = plugin("CHECK", &sock, 10.0);
+    assert_eq!(rc, 0, "{v}");
+    assert_took(took, delay, Duration::from_secs(5));
+    assert_eq!(rx.recv().unwrap(), "/v1/attachments/check");
+    server.join().unwrap();
+}
+
+#[test]
+fn the_wait_is_bounded_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("enimd.sock");
+    // Nobody comes within the wait: "try again later" once it is over.
+    let (v, rc, took) = plugin("ADD", &sock, 0.4);
+    assert_eq!((v["code"].as_u64(), rc), (Some(11), 1), "{v}");
+    let msg = v["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("not reachable") && msg.contains("waited 400ms"),
+        "{msg}"
+    );
+    assert_took(took, Duration::from_millis(400), Duration::from_secs(2));
+    // A socket file with nobody behind it (a killed enimd's) is waited for too.
+    drop(UnixListener::bind(&sock).unwrap());
+    let (v, _, took) = plugin("DEL", &sock, 0.3);
+    assert_eq!(v["code"], 11, "{v}");
+    assert_took(took, Duration::from_millis(300), Duration::from_secs(2));
+    // agentWaitSeconds 0: at once, as before.
+    let (v, _, took) = plugin("CHECK", &sock, 0.0);
+    assert_eq!(v["code"], 11, "{v}");
+    assert!(!v["msg"].as_str().unwrap().contains("waited"), "{v}");
+    assert!(took < Duration::from_millis(300), "{took:?}");
+}
+
+#[test]
+fn a_starting_agent_is_waited_for_and_other_refusals_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("enimd.sock");
+    // enimd's startup_wait ran out: its "still restoring" is retried.
+    let starting = serde_json::to_string(
+        &ApiError::new(code::TRY_AGAIN_LATER, "restoring").with_details(crate::api::STARTING),
+    )
+    .unwrap();
+    let (server, rx) = agent_after(
+        &sock,
+        Duration::ZERO,
+        vec![answer(503, &starting), answer(200, ATTACHED)],
+    );
+    let (v, rc, _) = plugin("ADD", &sock, 10.0);
+    assert_eq!(rc, 0, "{v}");
+    assert_eq!(rx.iter().take(2).count(), 2);
+    server.join().unwrap();
+
+    // Any other answer is final, "no free ENI" included: one request.
+    std::fs::remove_file(&sock).unwrap();
+    let full = r#"{"code":11,"msg":"no free ENI"}"#;
+    let (server, rx) = agent_after(&sock, Duration::ZERO, vec![answer(503, full)]);
+    let (v, _, took) = plugin("ADD", &sock, 10.0);
+    assert_eq!(
+        (v["code"].as_u64(), v["msg"].as_str()),
+        (Some(11), Some("no free ENI"))
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    server.join().unwrap();
+    assert_eq!(rx.iter().count(), 1);
+}
+
+#[test]
+fn an_agent_that_dies_mid_add_is_asked_again_once_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("enimd.sock");
+    let path = sock.clone();
+    let (tx, rx) = mpsc::channel();
+    let server = thread::spawn(move || {
+        // The first enimd reads the ADD and dies without answering.
+        let first = UnixListener::bind(&path).unwrap();
+        let (mut s, _) = first.accept().unwrap();
+        tx.send(read_request(&mut s).path).unwrap();
+        drop(s);
+        drop(first);
+        std::fs::remove_file(&path).unwrap();
+        // Its successor comes up a moment later and answers.
+        thread::sleep(Duration::from_millis(300));
+        let second = UnixListener::bind(&path).unwrap();
+        let (mut s, _) = second.accept().unwrap();
+        tx.send(read_request(&mut s).path).unwrap();
+        s.write_all(answer(200, ATTACHED).as_bytes()).unwrap();
+    });
+    let (v, rc, _) = plugin("ADD", &sock, 10.0);
+    assert_eq!(rc, 0, "{v}");
+    server.join().unwrap();
+    let paths: Vec<String> = rx.iter().collect();
+    assert_eq!(paths, ["/v1/attachments/add", "/v1/attachments/add"]);
+}
+
+#[test]
+fn gc_and_status_answer_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("enimd.sock");
+    for command in ["GC", "STATUS"] {
+        let (v, rc, took) = plugin(command, &sock, 30.0);
+        assert_eq!(rc, 1, "{command}: {v}");
+        assert!(took < Duration::from_secs(1), "{command}: {took:?}");
+    }
+}

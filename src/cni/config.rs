@@ -1,5 +1,5 @@
 //! The network configuration on stdin: bounded read, version negotiation
-//! and enim's own keys (`socket`, `timeoutSeconds`).
+//! and enim's own keys (`socket`, `timeoutSeconds`, `agentWaitSeconds`).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -14,6 +14,15 @@ use crate::api::{ValidAttachment, DEFAULT_SOCKET};
 pub const MAX_STDIN: u64 = 1024 * 1024;
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long ADD, DEL and CHECK wait for an enimd that is down or starting
+/// (a restart, a crash back-off) before they answer "try again later".
+/// 90 s covers a rollout restart (1-2 s) and the kubelet's first four
+/// crash back-offs (10, 20, 40, 80 s); with one exchange's
+/// [`DEFAULT_TIMEOUT`] after it, a call stays within the kubelet's 2
+/// minutes for a CRI call (`runtimeRequestTimeout`, StopPodSandbox's bound;
+/// RunPodSandbox gets twice that).
+pub const DEFAULT_AGENT_WAIT: Duration = Duration::from_secs(90);
 
 /// The result versions we can emit, newest last.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
@@ -52,7 +61,11 @@ pub struct NetConf {
     pub cni_version: CniVersion,
     pub name: String,
     pub socket: PathBuf,
+    /// The bound of one exchange with the agent.
     pub timeout: Duration,
+    /// ADD, DEL and CHECK: how long to wait for an agent that is down or
+    /// starting (0: not at all).
+    pub agent_wait: Duration,
     /// The previous plugin's result in a chain, in `cni_version`'s format.
     pub prev_result: Option<Map<String, Value>>,
     /// GC only: `cni.dev/valid-attachments` and its alias
@@ -147,24 +160,13 @@ impl NetConf {
             }
         };
 
-        let timeout = match obj.get("timeoutSeconds") {
-            None | Some(Value::Null) => DEFAULT_TIMEOUT,
-            Some(Value::Number(n)) => {
-                let secs = n.as_f64().unwrap_or(f64::NAN);
-                // An upper bound keeps Duration arithmetic sane; a day is
-                // far beyond any runtime's own deadline anyway.
-                if !(secs > 0.0 && secs <= 86_400.0) {
-                    return Err(CniError::invalid_config(format!(
-                        "\"timeoutSeconds\" {n} must be greater than 0 and at most 86400"
-                    )));
-                }
-                Duration::from_secs_f64(secs)
-            }
-            Some(_) => {
-                return Err(CniError::invalid_config(
-                    "\"timeoutSeconds\" must be a number",
-                ))
-            }
+        let timeout = match seconds(&obj, "timeoutSeconds", false)? {
+            None => DEFAULT_TIMEOUT,
+            Some(d) => d,
+        };
+        let agent_wait = match seconds(&obj, "agentWaitSeconds", true)? {
+            None => DEFAULT_AGENT_WAIT,
+            Some(d) => d,
         };
 
         let prev_result = match obj.remove("prevResult") {
@@ -198,9 +200,41 @@ impl NetConf {
             name,
             socket,
             timeout,
+            agent_wait,
             prev_result,
             valid_attachments,
         })
+    }
+}
+
+/// A key of seconds (a number; `zero_ok`: 0 allowed), `None` when absent.
+/// An upper bound of a day keeps Duration arithmetic sane, far beyond any
+/// runtime's own deadline anyway.
+fn seconds(
+    obj: &Map<String, Value>,
+    key: &str,
+    zero_ok: bool,
+) -> Result<Option<Duration>, CniError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let secs = n.as_f64().unwrap_or(f64::NAN);
+            let low_ok = if zero_ok { secs >= 0.0 } else { secs > 0.0 };
+            if !(low_ok && secs <= 86_400.0) {
+                let low = if zero_ok {
+                    "at least 0"
+                } else {
+                    "greater than 0"
+                };
+                return Err(CniError::invalid_config(format!(
+                    "\"{key}\" {n} must be {low} and at most 86400"
+                )));
+            }
+            Ok(Some(Duration::from_secs_f64(secs)))
+        }
+        Some(_) => Err(CniError::invalid_config(format!(
+            "\"{key}\" must be a number"
+        ))),
     }
 }
 
@@ -221,6 +255,7 @@ mod tests {
         assert_eq!(c.name, "enim");
         assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
         assert_eq!(c.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(c.agent_wait, DEFAULT_AGENT_WAIT);
         assert_eq!(c.prev_result, None);
         assert_eq!(c.valid_attachments, None);
     }
@@ -229,14 +264,17 @@ mod tests {
     fn own_keys() {
         let c = parse(
             r#"{"cniVersion":"0.4.0","name":"n","socket":"/tmp/s.sock","timeoutSeconds":1.5,
-                "prevResult":{"interfaces":[]},
+                "agentWaitSeconds":0.25,"prevResult":{"interfaces":[]},
                 "cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]}"#,
         )
         .unwrap();
         assert_eq!(c.cni_version, CniVersion::V0_4_0);
         assert_eq!(c.socket, PathBuf::from("/tmp/s.sock"));
         assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(c.agent_wait, Duration::from_millis(250));
         assert!(c.prev_result.is_some());
+        let no_wait = parse(r#"{"cniVersion":"1.1.0","name":"n","agentWaitSeconds":0}"#).unwrap();
+        assert_eq!(no_wait.agent_wait, Duration::ZERO);
         assert_eq!(
             c.valid_attachments.unwrap(),
             vec![ValidAttachment {
@@ -293,6 +331,10 @@ mod tests {
         assert_eq!(code(r#"{"cniVersion":"1.1.0","name":"n","socket":3}"#), 7);
         for t in ["0", "-1", "\"5\"", "1e9"] {
             let s = format!(r#"{{"cniVersion":"1.1.0","name":"n","timeoutSeconds":{t}}}"#);
+            assert_eq!(code(&s), 7, "{t}");
+        }
+        for t in ["-1", "\"5\"", "1e9"] {
+            let s = format!(r#"{{"cniVersion":"1.1.0","name":"n","agentWaitSeconds":{t}}}"#);
             assert_eq!(code(&s), 7, "{t}");
         }
         assert_eq!(

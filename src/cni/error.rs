@@ -59,6 +59,12 @@ impl CniError {
         &self.0.details
     }
 
+    /// The same error, saying it came after waiting `wait` for the agent.
+    pub fn waited(mut self, wait: std::time::Duration) -> Self {
+        self.0.msg = format!("{} (waited {wait:?} for it)", self.0.msg);
+        self
+    }
+
     /// The spec's error object. `details` is always present (possibly empty)
     /// so consumers can read it without checking.
     pub fn to_json(&self, cni_version: &str) -> Value {

@@ -6,23 +6,31 @@
 //! that need the agent, never for VERSION) and turns the answer into a
 //! CNI result of the version the configuration asks for.
 //!
+//! enimd's restarts are invisible to the runtime: ADD, DEL and CHECK wait
+//! (bounded by `agentWaitSeconds`) for an enimd that is down or starting;
+//! GC and STATUS answer at once, STATUS for the node's network rather than
+//! for enimd's process ([`status`]).
+//!
 //! - [`env`]: CNI_* variables and CNI_ARGS.
 //! - [`config`]: the network configuration on stdin.
 //! - [`result`]: versioned results and prevResult chaining.
+//! - [`status`]: what STATUS answers, and when.
 
 pub mod config;
 pub mod env;
 pub mod error;
 pub mod result;
+pub mod status;
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::api::{
-    code, AttachmentRequest, Client, ClientError, GcReport, GcRequest, MtuExpectation, Status,
-    ROUTE_ADD, ROUTE_CHECK, ROUTE_DEL, ROUTE_GC, ROUTE_STATUS,
+    code, AttachmentRequest, Client, ClientError, GcReport, GcRequest, MtuExpectation, ROUTE_ADD,
+    ROUTE_CHECK, ROUTE_DEL, ROUTE_GC, STARTING,
 };
 use crate::model::AttachmentResult;
 
@@ -97,13 +105,69 @@ fn run(
         Command::Add => add(&client, conf, env),
         Command::Del => {
             // prevResult is of no use to DEL: the agent has the record.
-            client.post_ignore(ROUTE_DEL, &attachment_request(&conf, env))?;
+            let req = attachment_request(&conf, env);
+            waiting(conf.agent_wait, || client.post_ignore(ROUTE_DEL, &req))?;
             Ok(None)
         }
         Command::Check => check(&client, conf, env),
+        // GC and STATUS answer at once: the runtime polls STATUS, and GC
+        // is a sweep any later pass redoes.
         Command::Gc => gc(&client, conf),
-        Command::Status => status(&client),
+        Command::Status => status::status(&conf),
         Command::Version => unreachable!("answered above"),
+    }
+}
+
+/// True when `e` says enimd is not there to answer: not listening yet
+/// (socket missing, refused), gone mid-exchange, or still restoring its
+/// state. A hung agent (timed out, backlog full) is not waited for again:
+/// its timeout is spent.
+fn agent_away(e: &ClientError) -> bool {
+    match e {
+        ClientError::Unreachable { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+        ),
+        ClientError::CutShort { .. } => true,
+        ClientError::Io { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+        ),
+        ClientError::Api { error, .. } => {
+            error.code == code::TRY_AGAIN_LATER && error.details == STARTING
+        }
+        _ => false,
+    }
+}
+
+/// Runs `call` until it gets an answer other than "enimd is away", or
+/// until `wait` has passed since the first try: a restarting enimd costs
+/// the pod the restart and nothing more. ADD, DEL and CHECK are
+/// idempotent by their attachment key, so a call cut short by enimd's
+/// death is safe to repeat against its successor.
+fn waiting<T>(
+    wait: Duration,
+    mut call: impl FnMut() -> Result<T, ClientError>,
+) -> Result<T, CniError> {
+    let give_up = Instant::now() + wait;
+    // Short first: enimd binds its socket before its recovery, so a
+    // request gets in (and waits there) as soon as it is back.
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match call() {
+            Err(e) if agent_away(&e) => {
+                let left = give_up.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let e = CniError::from(e);
+                    return Err(if wait.is_zero() { e } else { e.waited(wait) });
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            r => return r.map_err(CniError::from),
+        }
     }
 }
 
@@ -126,7 +190,7 @@ fn add(client: &Client, conf: NetConf, env: CniEnv) -> Result<Option<Value>, Cni
         result::check_prev_shape(prev)?;
     }
     let req = attachment_request(&conf, env);
-    let ours: AttachmentResult = client.post(ROUTE_ADD, &req)?;
+    let ours: AttachmentResult = waiting(conf.agent_wait, || client.post(ROUTE_ADD, &req))?;
     result::add_result(&ours, conf.cni_version, conf.prev_result).map(Some)
 }
 
@@ -135,7 +199,7 @@ fn check(client: &Client, conf: NetConf, env: CniEnv) -> Result<Option<Value>, C
     req.expected_mtu =
         result::mtu_expectation(conf.prev_result.as_ref(), &req.ifname, conf.cni_version);
     // The agent compares the kernel with its record.
-    let ours: AttachmentResult = client.post(ROUTE_CHECK, &req)?;
+    let ours: AttachmentResult = waiting(conf.agent_wait, || client.post(ROUTE_CHECK, &req))?;
     if let Some(prev) = &conf.prev_result {
         result::check_prev_result(&ours, prev)?;
     }
@@ -163,45 +227,6 @@ fn gc(client: &Client, conf: NetConf) -> Result<Option<Value>, CniError> {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; "),
-        ));
-    }
-    Ok(None)
-}
-
-fn status(client: &Client) -> Result<Option<Value>, CniError> {
-    let s: Status = match client.get(ROUTE_STATUS) {
-        Ok(s) => s,
-        Err(ClientError::Api { error, .. })
-            if error.code == code::NOT_AVAILABLE || error.code == code::LIMITED_CONNECTIVITY =>
-        {
-            return Err(CniError::from(error))
-        }
-        // STATUS speaks only "available or not": any failure to learn is "not".
-        Err(e) => {
-            let e = CniError::from(e);
-            let details = match e.details() {
-                "" => format!("code {}", e.code()),
-                d => format!("code {}: {d}", e.code()),
-            };
-            return Err(CniError::not_available(
-                format!("enimd is not available: {e}"),
-                details,
-            ));
-        }
-    };
-    if !s.ready {
-        return Err(CniError::not_available(
-            "enimd is not ready: startup recovery is still under way",
-            format!("uptime {}s", s.uptime_secs),
-        ));
-    }
-    // A full node is available: its ADDs answer "try again later" (11) and
-    // the device plugin keeps the scheduler away. Failing STATUS instead
-    // would mark the node's network not ready, and the node NotReady.
-    if s.enis_total == 0 {
-        return Err(CniError::not_available(
-            "enimd's provider offers no ENI at all",
-            format!("provider {}", s.provider),
         ));
     }
     Ok(None)
@@ -271,7 +296,7 @@ mod tests {
 
     #[test]
     fn agent_down() {
-        let conf = r#"{"cniVersion":"1.1.0","name":"n","socket":"/nonexistent/enimd.sock"}"#;
+        let conf = r#"{"cniVersion":"1.1.0","name":"n","socket":"/nonexistent/enimd.sock","agentWaitSeconds":0}"#;
         let vars = [
             ("CNI_COMMAND", "ADD"),
             ("CNI_CONTAINERID", "c1"),
@@ -281,6 +306,9 @@ mod tests {
         assert_eq!(exec(&vars, conf).0["code"], 11);
         let (v, rc) = exec(&[("CNI_COMMAND", "STATUS")], conf);
         assert_eq!((v["code"].as_u64(), rc), (Some(50), 1));
-        assert!(v["details"].as_str().unwrap().contains("code 11"));
+        assert!(
+            v["details"].as_str().unwrap().contains("not reachable"),
+            "{v}"
+        );
     }
 }

@@ -84,6 +84,13 @@ pub struct Config {
     /// it is told to try again later.
     #[serde(default = "default_startup_wait", with = "humantime_serde")]
     pub startup_wait: Duration,
+    /// How long the plugin's STATUS answers for an enimd that is away
+    /// (killed, crash-looping, restarting), from the note enimd leaves
+    /// beside its socket, before it reports the node's network not ready.
+    /// Above the kubelet's longest crash back-off (5 m), so a crash loop
+    /// never turns the node NotReady; an agent gone for good does.
+    #[serde(default = "default_away_bound", with = "humantime_serde")]
+    pub away_bound: Duration,
     /// How long an attachment whose ADD caller went away mid-request is
     /// kept, waiting for the runtime's retried ADD or its DEL, before GC
     /// collects it.
@@ -157,6 +164,9 @@ fn default_allocation_expiry() -> Duration {
 fn default_startup_wait() -> Duration {
     Duration::from_secs(10)
 }
+fn default_away_bound() -> Duration {
+    Duration::from_secs(600)
+}
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -184,6 +194,16 @@ impl Config {
             cluster.validate().map_err(|e| invalid(&e))?;
         }
         config.host_path.validate().map_err(|e| invalid(&e))?;
+        // The note is renewed every heartbeat: a bound within two of them
+        // would call a running enimd away.
+        let least = crate::api::note::HEARTBEAT * 3;
+        if config.away_bound < least {
+            return Err(invalid(&format!(
+                "away_bound ({:?}) must be at least {least:?}: enimd renews its note every {:?}",
+                config.away_bound,
+                crate::api::note::HEARTBEAT
+            )));
+        }
         config.pod_metadata.validate().map_err(|e| invalid(&e))?;
         // A prohibit route and a host path route to one prefix: the second
         // ADD step would fail with EEXIST on every pod.
@@ -258,6 +278,7 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/run/enim/enimd.sock"));
         assert_eq!(c.checkpoint, PathBuf::from("/var/lib/enim/checkpoint.json"));
         assert_eq!(c.gc_interval, Duration::from_secs(10));
+        assert_eq!(c.away_bound, Duration::from_secs(600));
         assert_eq!(c.log_format, LogFormat::Text);
         let ProviderConfig::Static { enis } = &c.provider else {
             panic!("not static: {:?}", c.provider);
@@ -267,7 +288,15 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
-        assert_refused(&["sockt = \"/x\"\n", "gc_interval = \"soon\"\n"]);
+        assert_refused(&[
+            "sockt = \"/x\"\n",
+            "gc_interval = \"soon\"\n",
+            "away_bound = \"20s\"\n",
+        ]);
+        assert_eq!(
+            parse_static("away_bound = \"30s\"\n").unwrap().away_bound,
+            Duration::from_secs(30)
+        );
         assert!(Config::parse("[provider]\ntype = \"nimbus\"\n").is_err());
         let err = Config::parse(
             "[provider]\ntype = \"static\"\n[[provider.enis]]\nid = \"e\"\nmac = \"zz\"\nipv4 = \"10.0.0.2/24\"\ngateway4 = \"10.0.0.1\"\n",

@@ -7,6 +7,7 @@ pub mod devices;
 pub mod heap;
 pub mod install;
 pub mod metrics;
+pub mod note;
 pub mod server;
 
 use std::fs::File;
@@ -164,6 +165,20 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Lock first: a cloud provider's warm pool starts creating ENIs as soon
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
+    // Before anything else can fail: a crash loop keeps STATUS answering
+    // for the node (README "Restarts").
+    let note = match note::NoteWriter::new(&config.socket, config.away_bound) {
+        Ok(writer) => {
+            if let Err(e) = writer.renew() {
+                tracing::warn!(note = %writer.path().display(), error = %e, "could not renew the status note");
+            }
+            Some(writer)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no status note: STATUS cannot answer for enimd while it is away");
+            None
+        }
+    };
     let metrics = Arc::new(metrics::Metrics::new());
     // Before the provider: a DRA node that cannot reach the API server or
     // read its claims record must not start handing out ENIs.
@@ -205,6 +220,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         metrics,
         started,
         dra,
+        note,
     };
     match mode {
         config::Mode::Primary => {
@@ -236,6 +252,51 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
 }
 
+/// Keeps the status note: enimd's judgement of the network, looked at
+/// every second and written when it changes (so a note read after enimd's
+/// death is at most a second behind it), and renewed every heartbeat
+/// regardless, from recovery's end until enimd stops. A failed write is
+/// logged once per run of failures.
+async fn keep_note<D: Driver>(
+    writer: note::NoteWriter,
+    engine: Arc<Engine<D>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut written: Option<(crate::api::Serving, Instant)> = None;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let serving = note::judge_engine(&engine).await;
+        let due = written.as_ref().is_none_or(|(last, at)| {
+            *last != serving || at.elapsed() >= crate::api::note::HEARTBEAT
+        });
+        if !due {
+            continue;
+        }
+        let w = writer.clone();
+        let s = serving.clone();
+        match tokio::task::spawn_blocking(move || w.write(s)).await {
+            Ok(Ok(())) => {
+                failing = false;
+                written = Some((serving, Instant::now()));
+            }
+            Ok(Err(e)) if !failing => {
+                failing = true;
+                tracing::warn!(note = %writer.path().display(), error = %e, "could not write the status note; retrying");
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "status note task failed; retrying");
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What serving needs besides the driver.
 struct Node {
     config: Config,
@@ -243,6 +304,7 @@ struct Node {
     metrics: Arc<metrics::Metrics>,
     started: Instant,
     dra: Option<crate::dra::DraNode>,
+    note: Option<note::NoteWriter>,
 }
 
 impl Node {
@@ -258,6 +320,7 @@ impl Node {
             metrics,
             started,
             dra,
+            note,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
 
@@ -332,6 +395,9 @@ impl Node {
         );
         heap::release_free_heap();
         let _ = ready_tx.send(true);
+        if let Some(writer) = note {
+            tokio::spawn(keep_note(writer, engine.clone(), stop_rx.clone()));
+        }
 
         // Listed, and advertised, only once recovery is done: before, the
         // list is not known.

@@ -191,7 +191,8 @@ async fn wait_ready<D: Driver>(state: &AppState<D>) -> Result<(), Failure> {
             ApiError::new(
                 code::TRY_AGAIN_LATER,
                 "enimd is still restoring its state; try again later",
-            ),
+            )
+            .with_details(api::STARTING),
         )),
     }
 }
@@ -330,6 +331,13 @@ async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Statu
         .await
         .map_err(EngineError::from)?;
     let ready = *s.ready.borrow();
+    let provider = s.engine.provider();
+    let serving = crate::daemon::note::judge(
+        D::MODE,
+        &listed,
+        s.engine.address_stats().as_ref(),
+        crate::daemon::note::growing(provider.as_ref(), D::MODE),
+    );
     Ok(Json(api::Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         ready,
@@ -340,5 +348,6 @@ async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Statu
         uptime_secs: s.started.elapsed().as_secs(),
         degraded: s.engine.provider().degraded(),
         addresses: s.engine.address_stats(),
+        serving: Some(serving),
     }))
 }
