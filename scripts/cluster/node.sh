@@ -235,12 +235,18 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.availa
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-# The admission scenario kills enimd 20 times in a row; the default
-# crash-loop backoff (10 s doubling to 5 min) would stretch that to an hour.
-# A test-rig setting: the window it tests is the same or longer without it.
+EOF
+  # The admission scenario kills enimd 20 times in a row; the default
+  # crash-loop backoff (10 s doubling to 5 min) would stretch that to an
+  # hour. A test-rig setting: the window it tests is the same or longer
+  # without it. KUBELET_BACKOFF=default keeps the kubelet's own (the run
+  # that tests enimd's restarts under it: scenarios.sh default_backoff).
+  if [ "${KUBELET_BACKOFF:-short}" != default ]; then
+    cat >> "$work/etc/kubelet.yaml" <<EOF
 featureGates: {KubeletCrashLoopBackOffMax: true}
 crashLoopBackOff: {maxContainerRestartPeriod: 2s}
 EOF
+  fi
 }
 
 kube_proxy_config() { # CLUSTER_CIDR (empty: unset)

@@ -526,6 +526,133 @@ s_admission_kill9() { s_admission kill9; }
 s_admission_crashloop() { s_admission crashloop; }
 s_admission_rollout() { s_admission rollout; }
 
+# --- enimd's restarts under the kubelet's default crash back-off ----------
+
+# The runs whose kubelet keeps its default crash back-off (node.sh,
+# KUBELET_BACKOFF=default: 10 s doubling to 5 minutes) run this scenario
+# instead of the admission ones above, whose dozens of restarts would take
+# an hour there.
+default_backoff() { ! grep -q crashLoopBackOff "$work/etc/kubelet.yaml"; }
+
+# node_watch_start / node_watch_stop: the node's Ready condition and its
+# taints, sampled every second into $work/node-watch ("ms status taints").
+node_watch_start() {
+  : > "$work/node-watch"
+  touch "$work/node-watching"
+  (
+    while [ -f "$work/node-watching" ]; do
+      k get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.spec.taints[*].key}{"\n"}' 2>/dev/null |
+        sed "s/^/$(now_ms) /" >> "$work/node-watch" || true
+      sleep 1
+    done
+  ) &
+  NODE_WATCH_PID=$!
+}
+node_watch_stop() { rm -f "$work/node-watching"; wait "$NODE_WATCH_PID" 2>/dev/null || true; }
+# not_ready_samples: samples with Ready other than True, or a not-ready taint.
+not_ready_samples() { awk '$2 != "True" || /not-ready|unreachable/' "$work/node-watch" | wc -l; }
+# longest_not_ready: the longest run of such samples, in seconds.
+longest_not_ready() {
+  awk '{ bad = ($2 != "True" || /not-ready|unreachable/) }
+    bad && !start { start = $1 } !bad { start = 0 }
+    bad && $1 - start > max { max = $1 - start }
+    END { printf "%d", max / 1000 }' "$work/node-watch"
+}
+# events_count REASON [KIND]: what events of REASON (on objects of KIND)
+# count, all namespaces, repeats included.
+events_count() {
+  local sel="reason=$1"
+  [ -n "${2:-}" ] && sel="$sel,involvedObject.kind=$2"
+  k get events -A --field-selector "$sel" -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' |
+    awk '{ n += ($1 == "" ? 1 : $1) } END { print n + 0 }'
+}
+pod_phase() { k get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
+# until_ms TRIES CMD...: CMD every 0.2 s until it succeeds; prints the time
+# (ms) it did, fails after TRIES tries.
+until_ms() {
+  local tries=$1 i; shift
+  for i in $(seq "$tries"); do
+    "$@" >/dev/null 2>&1 && { now_ms; return 0; }
+    sleep 0.2
+  done
+  return 1
+}
+running() { [ "$(pod_phase "$1")" = Running ]; }
+ms_s() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }
+
+# 3 rollout restarts and 10 kill -9s of enimd, a pod created at each:
+# rollout, 2 kills, rollout, 1 kill, rollout, 7 kills. A rollout's new pod
+# starts the kubelet's back-off afresh: its first crash is restarted at
+# once, the next ones after 10 s, 20 s, ... 300 s at most. So the last 7
+# kills are a crash loop of 10 minutes whose last back-off is the
+# kubelet's longest, 300 s: enimd away for 5 minutes, the not-ready
+# taint's tolerationSeconds. Throughout,
+# the node stays Ready (sampled every second; no NodeNotReady event), a pod
+# running before is not evicted and keeps Ready, and each new pod runs
+# within a few seconds of enimd's return: 5 s when enimd was away for less
+# than the plugin's wait for it (90 s), 20 s otherwise (the ADD gave up;
+# the kubelet retries its sandbox 10-15 s later).
+s_restarts_default_backoff() {
+  local seq=(rollout kill kill rollout kill rollout kill kill kill kill kill kill kill)
+  local i kind old t0 t_back t_run away late rc=0 uid ev0 pev0 evict0 lines=() delays=()
+  default_backoff || { echo "this run's kubelet shortens the crash back-off (node.sh): not the default"; return 1; }
+  pod bystander
+  ready bystander || return 1
+  uid=$(k get pod bystander -o jsonpath='{.metadata.uid}')
+  ev0=$(events_count NodeNotReady Node)
+  pev0=$(events_count NodeNotReady Pod)
+  evict0=$(events_count TaintManagerEviction)
+  node_watch_start
+  for i in "${!seq[@]}"; do
+    kind=${seq[$i]}
+    old=$(enimd_pid) || { echo "no enimd to restart"; rc=1; break; }
+    t0=$(now_ms)
+    case $kind in
+      kill) kill -9 "$old" ;;
+      rollout) k -n enim-system rollout restart daemonset/enimd >/dev/null ;;
+    esac
+    pod "rst-$i" cmd="exec sleep 100000" probe=none
+    # The kubelet's longest back-off is 300 s; a rollout waits for the old
+    # pod's exit first.
+    t_back=$(until_ms 2000 enimd_serving "$old") || { echo "enimd not back within 400 s"; rc=1; break; }
+    t_run=$(until_ms 600 running "rst-$i") || { echo "rst-$i not running 120 s after enimd's return"; rc=1; break; }
+    away=$((t_back - t0))
+    late=$((t_run - t_back))
+    [ "$late" -lt 0 ] && late=0
+    lines+=("$kind $((i + 1)): enimd away $(ms_s "$away") s, rst-$i running $(ms_s "$late") s after its return")
+    echo "${lines[-1]}"
+    delays+=("$late")
+    if [ "$away" -lt 90000 ] && [ "$late" -gt 5000 ]; then rc=1; echo "  more than 5 s"; fi
+    if [ "$late" -gt 20000 ]; then rc=1; echo "  more than 20 s"; fi
+    k delete pod "rst-$i" --wait=false >/dev/null
+  done
+  # A last look after the longest absence: the node's status lags by the
+  # kubelet's 10 s status period.
+  sleep 12
+  node_watch_stop
+  local nr ev pev evict
+  nr=$(not_ready_samples)
+  ev=$(($(events_count NodeNotReady Node) - ev0))
+  pev=$(($(events_count NodeNotReady Pod) - pev0))
+  evict=$(($(events_count TaintManagerEviction) - evict0))
+  echo "node: $nr of $(wc -l < "$work/node-watch") samples (1 s apart) not Ready or tainted not-ready, the longest run $(longest_not_ready) s; NodeNotReady events: node $ev, pods $pev; TaintManagerEviction events: $evict"
+  [ "$nr" = 0 ] && [ "$ev" = 0 ] && [ "$pev" = 0 ] && [ "$evict" = 0 ] || rc=1
+  if [ "$(k get pod bystander -o jsonpath='{.metadata.uid} {.metadata.deletionTimestamp} {.status.conditions[?(@.type=="Ready")].status}')" != "$uid  True" ]; then
+    echo "the bystander pod was evicted, replaced or is not Ready: $(k get pod bystander -o wide 2>&1 | tail -n 1)"
+    rc=1
+  else
+    echo "bystander: the same pod, Ready, not evicted"
+  fi
+  if [ ${#delays[@]} -gt 0 ]; then
+    echo "pods created at each restart, running after enimd's return: $(printf '%s\n' "${delays[@]}" | python3 -c '
+import sys
+v = sorted(int(x) for x in sys.stdin)
+print(f"p50 {v[(len(v) - 1) // 2] / 1000:.1f} s, max {v[-1] / 1000:.1f} s ({len(v)} pods)")')" | tee -a "$PERF_OUT"
+  fi
+  echo "[$mode] restarts under the default crash back-off: NodeNotReady events $ev (node) $pev (pods), not-Ready samples $nr, evictions $evict" >> "$PERF_OUT"
+  return $rc
+}
+
 # --- containerd 2.x -------------------------------------------------------
 
 s_status_full() {
@@ -606,6 +733,37 @@ s_broken_eni() {
   echo "the next pod got $(pod_ip after-break)"
   reattach_enis
   wait_for "allocatable back" 60 allocatable_is "$(capacity)"
+}
+
+# A node that really cannot serve: every ENI's device gone from the node,
+# and a pod's ADD finding so (each ENI it tries is quarantined, then "no
+# free ENI"). Nothing can be handed out and nothing is coming, so STATUS
+# answers 50 and the node goes NotReady, naming why. The devices back, GC
+# frees the ENIs, the node is Ready again and the pod runs.
+node_ready_status() { k get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
+node_ready_message() { k get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}'; }
+node_not_ready_quarantined() {
+  [ "$(node_ready_status)" = False ] && [[ "$(node_ready_message)" == *quarantined* ]]
+}
+node_is_ready() { [ "$(node_ready_status)" = True ]; }
+s_status_unavailable() {
+  local dev
+  wait_for "allocatable $(capacity) first" 60 allocatable_is "$(capacity)" || return 1
+  for dev in $(on_node ip -o link show | awk -F': ' '/link\/ether 02:e5:00:00/ { print $2 }' | cut -d@ -f1); do
+    on_node ip link del "$dev"
+  done
+  # Without the resource: the device plugin counts the ENIs unhealthy.
+  pod no-eni-left res=0 probe=none
+  if ! wait_for "the node NotReady for enim's STATUS" 120 node_not_ready_quarantined; then
+    echo "node Ready=$(node_ready_status): $(node_ready_message)"
+    reattach_enis
+    return 1
+  fi
+  echo "every ENI quarantined: node NotReady: $(node_ready_message)"
+  reattach_enis
+  wait_for "the node Ready again" 120 node_is_ready || { echo "still: $(node_ready_message)"; return 1; }
+  ready no-eni-left 120 || return 1
+  echo "devices back: node Ready, no-eni-left runs on $(pod_ip no-eni-left)"
 }
 
 # --- performance ----------------------------------------------------------
@@ -738,9 +896,14 @@ run_scenarios() {
   scenario "containerd 2.x: a sandbox whose netns was destroyed without DEL is collected" s_netns_gone
   # Primary mode's unit is the ENI itself; secondary mode's are addresses.
   [ "$mode" = primary ] && scenario "a broken ENI: unhealthy in the kubelet, the next pod gets another" s_broken_eni
-  scenario "no pod rejected across $(admission_restarts) kill -9s of enimd" s_admission_kill9
-  scenario "no pod rejected across $(admission_restarts) crash loops of enimd (killed again as soon as it is back, 3 times a round)" s_admission_crashloop
-  scenario "no pod rejected across $(admission_restarts) rollout restarts of enimd" s_admission_rollout
+  [ "$mode" = primary ] && scenario "every ENI quarantined (devices gone): STATUS not available, node NotReady; devices back: Ready" s_status_unavailable
+  if default_backoff; then
+    scenario "restarts under the kubelet's default crash back-off: 3 rollouts and 10 kill -9s (the last 7 a 10-minute crash loop, enimd away 5 minutes), a pod at each: node never NotReady, nothing evicted, each pod runs within seconds of enimd's return" s_restarts_default_backoff
+  else
+    scenario "no pod rejected across $(admission_restarts) kill -9s of enimd" s_admission_kill9
+    scenario "no pod rejected across $(admission_restarts) crash loops of enimd (killed again as soon as it is back, 3 times a round)" s_admission_crashloop
+    scenario "no pod rejected across $(admission_restarts) rollout restarts of enimd" s_admission_rollout
+  fi
   scenario "Rust tests (testkit::cluster): the pod identity the kubelet sends, as enim records it" s_rust
   scenario "performance: RunPodSandbox and apply->Ready, enim against bridge" s_perf
 }
