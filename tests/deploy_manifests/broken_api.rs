@@ -925,6 +925,15 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
             "Deployment enim-operator command: --cluster: keep settings in the ConfigMap",
         ),
         (
+            "operator logs text",
+            |m| {
+                let line = operator_command_mut(m);
+                let at = line.iter().position(|a| a == "--log-format").unwrap();
+                line.drain(at..at + 2);
+            },
+            "Deployment enim-operator logs text (the default), not json",
+        ),
+        (
             "operator runs another binary",
             |m| operator_command_mut(m)[0] = "/usr/local/bin/enimd".into(),
             "Deployment enim-operator runs /usr/local/bin/enimd, not enim-operator",

@@ -6,7 +6,7 @@ use super::*;
 
 /// The flags the operator's command line may carry: its settings live in
 /// operator.toml, where this test finds them.
-const OPERATOR_FLAGS: &[&str] = &["--config"];
+const OPERATOR_FLAGS: &[&str] = &["--config", "--log-format"];
 /// Where its config is mounted, and the file (the ConfigMap's key).
 const OPERATOR_CONFIG_DIR: &str = "/etc/enim";
 const OPERATOR_CONFIG_KEY: &str = "operator.toml";
@@ -261,6 +261,13 @@ fn check_config(m: &Manifests, spec: &PodSpec, c: &Container, what: &str, p: &mu
     let want = Path::new(OPERATOR_CONFIG_DIR).join(OPERATOR_CONFIG_KEY);
     match flags(line.get(1..).unwrap_or_default(), OPERATOR_FLAGS) {
         Err(e) => p.0.push(format!("{what} command: {e}")),
+        // What `kubectl logs` and log collectors read: JSON lines, as
+        // enimd's, not text with terminal colours.
+        Ok(f) if f.get("--log-format").map(String::as_str) != Some("json") => p.0.push(format!(
+            "{what} logs {}, not json",
+            f.get("--log-format")
+                .map_or("text (the default)", String::as_str)
+        )),
         Ok(f) => match f.get("--config") {
             None => p.0.push(format!("{what} command has no --config")),
             Some(path) => {
