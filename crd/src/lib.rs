@@ -54,6 +54,7 @@ pub const CRD_PATH: &str = "deploy/05-crd-netresourceset.yaml";
     printcolumn = r#"{"name":"ENIs","type":"integer","description":"ENIs made available to this node","jsonPath":".status.summary.enis"}"#,
     printcolumn = r#"{"name":"Used","type":"integer","description":"ENIs (secondary mode: addresses) held by pods","jsonPath":".status.summary.used"}"#,
     printcolumn = r#"{"name":"Available","type":"integer","description":"ENIs (secondary mode: addresses) free to hand out","jsonPath":".status.summary.available"}"#,
+    printcolumn = r#"{"name":"Deleting","type":"date","description":"How long ago deletion was asked: the node is gone, and the operator releases its ENIs after node_grace","jsonPath":".metadata.deletionTimestamp"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -329,7 +330,15 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["Mode", "Instance", "ENIs", "Used", "Available", "Age"]
+            [
+                "Mode",
+                "Instance",
+                "ENIs",
+                "Used",
+                "Available",
+                "Deleting",
+                "Age"
+            ]
         );
     }
 
