@@ -145,7 +145,14 @@ struct Cache {
     /// Sets seen without their Node, since when.
     gone_since: HashMap<String, SystemTime>,
     last_reap: Option<Instant>,
+    /// Refusals for want of configuration (a node with no inventory in a
+    /// static cloud) reported by the last resync: told once, not again at
+    /// every resync while they last.
+    told: HashSet<String>,
 }
+
+/// What one job's tasks came to, in order.
+type JobOutcome = Vec<Result<(), TaskError>>;
 
 /// Counters shared by the jobs of one resync.
 #[derive(Default)]
@@ -360,34 +367,49 @@ impl Allocator {
         let node_info: HashMap<&str, &NodeInfo> =
             nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let jobs = group(tasks);
-        let outcomes: Vec<Vec<Result<(), TaskError>>> = futures::stream::iter(jobs)
+        let outcomes: Vec<(Option<String>, JobOutcome)> = futures::stream::iter(jobs)
             .map(|tasks| {
                 let node = tasks.first().and_then(Task::node).map(str::to_string);
                 let info = node.as_deref().and_then(|n| node_info.get(n).copied());
                 let spec = node.as_deref().and_then(|n| base.get(n)).cloned();
-                job::Job {
+                let job = job::Job {
                     alloc: self,
                     counters,
                     info,
                     spec,
-                }
-                .run(tasks)
+                };
+                async move { (node, job.run(tasks).await) }
             })
             .buffer_unordered(self.config.workers)
             .collect()
             .await;
         let mut deposed = None;
-        for r in outcomes.into_iter().flatten() {
-            if let Err(e) = r {
+        let mut refusals = HashSet::new();
+        for (node, results) in outcomes {
+            for e in results.into_iter().filter_map(Result::err) {
                 report.tasks_failed += 1;
                 if deposed.is_none() {
                     deposed = e.deposed();
                 }
+                let text = match &node {
+                    Some(n) => format!("node {n}: {e}"),
+                    None => e.to_string(),
+                };
+                // Nothing but a config change ends it: said once.
+                if matches!(e, TaskError::Cloud(ProviderError::Config(_))) {
+                    refusals.insert(text.clone());
+                    if self.cache().told.contains(&text) {
+                        continue;
+                    }
+                }
                 if report.errors.len() < REPORTED_ERRORS {
-                    report.errors.push(e.to_string());
+                    report.errors.push(text);
                 }
             }
         }
+        // A refusal that stopped is forgotten: should it come back, it is
+        // told again.
+        self.cache().told = refusals;
         report.cloud_calls = counters.calls.load(Ordering::Relaxed);
         report.throttled = counters.throttled.load(Ordering::Relaxed);
         report.writes = counters.writes.load(Ordering::Relaxed);

@@ -424,3 +424,35 @@ fn watermarks_are_the_configs() {
     let w: Watermarks = config().watermarks.into();
     assert_eq!(w.pre_allocate, 2);
 }
+
+/// A node the static inventory has no ENIs for: every resync plans its
+/// pool's creates and the inventory refuses them. The refusal is reported
+/// (and so logged) by the first resync only, counted by every one.
+#[tokio::test]
+async fn a_node_without_inventory_in_a_static_cloud_is_told_once() {
+    // node-b's ENIs set the limits: node-a has room for ENIs, none listed.
+    let inventory: enim_provider_static::StaticFleetConfig = toml::from_str(
+        "[[nodes.node-b]]\nid = \"eni-b1\"\nmac = \"02:00:00:00:0b:01\"\nipv4 = \"10.0.0.10/24\"\ngateway4 = \"10.0.0.1\"\n\
+         [[nodes.node-b]]\nid = \"eni-b2\"\nmac = \"02:00:00:00:0b:02\"\nipv4 = \"10.0.0.11/24\"\ngateway4 = \"10.0.0.1\"\n",
+    )
+    .unwrap();
+    let cloud = enim_provider_static::StaticFleet::new(&inventory).unwrap();
+    let store = Arc::new(MemStore::default());
+    let alloc = Allocator::new(Arc::new(cloud), store.clone(), config()).unwrap();
+    let nodes = [node("node-a")];
+    let resync = || async { alloc.resync(&nodes, &store.sets()).await.unwrap() };
+    let first = resync().await;
+    assert!(first.tasks_failed > 0, "{first:?}");
+    assert!(
+        first
+            .errors
+            .iter()
+            .any(|e| e.starts_with("node node-a:") && e.contains("static inventory cannot")),
+        "{first:?}"
+    );
+    for _ in 0..2 {
+        let again = resync().await;
+        assert!(again.tasks_failed > 0, "still failing: {again:?}");
+        assert!(again.errors.is_empty(), "told again: {again:?}");
+    }
+}
