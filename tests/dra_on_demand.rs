@@ -257,8 +257,12 @@ async fn a_pod_whose_claim_no_node_can_serve_runs_on_an_eni_made_for_it() {
         "created in moto with the claim's group"
     );
     assert_eq!(in_moto.attached_instance(), Some(env.instance_id.as_str()));
+    // Its far end in the "VPC", as a NIC's is: enim never hands out a veth
+    // whose peer is in the host (README "Security").
+    let vpc = NamedNetns::new("odvpc");
     host.ip(&[
-        "link", "add", "od0", "address", &mac, "type", "veth", "peer", "name", "od0p",
+        "link", "add", "od0", "address", &mac, "type", "veth", "peer", "name", "od0p", "netns",
+        &vpc.name,
     ]);
     host.ip(&["link", "set", "od0", "up"]);
 
