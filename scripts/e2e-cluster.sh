@@ -181,10 +181,6 @@ for run in "${modes[@]}"; do
     dra) mode=primary provider=static ;;
     *) mode=$run provider=static ;;
   esac
-  # The secondary run's kubelet keeps its default crash back-off, for the
-  # scenario of enimd's restarts under it; the others' is 2 s at most.
-  KUBELET_BACKOFF=short
-  [ "$run" = secondary ] && KUBELET_BACKOFF=default
   step "[$run] cluster up ($(elapsed))"
   if [ -n "$work" ]; then cluster_down; rm -rf "$work"; fi
   cluster_init "$bin"

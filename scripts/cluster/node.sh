@@ -239,14 +239,23 @@ EOF
   # The admission scenario kills enimd 20 times in a row; the default
   # crash-loop backoff (10 s doubling to 5 min) would stretch that to an
   # hour. A test-rig setting: the window it tests is the same or longer
-  # without it. KUBELET_BACKOFF=default keeps the kubelet's own (the run
-  # that tests enimd's restarts under it: scenarios.sh default_backoff).
-  if [ "${KUBELET_BACKOFF:-short}" != default ]; then
-    cat >> "$work/etc/kubelet.yaml" <<EOF
+  # without it. kubelet_default_backoff puts the kubelet's own back
+  # (scenarios.sh s_restarts_default_backoff).
+  cat >> "$work/etc/kubelet.yaml" <<EOF
 featureGates: {KubeletCrashLoopBackOffMax: true}
 crashLoopBackOff: {maxContainerRestartPeriod: 2s}
 EOF
-  fi
+}
+
+# kubelet_default_backoff: the kubelet restarted without configs' short
+# crash back-off, so the default one (10 s doubling to 5 minutes) starts
+# afresh: the scenarios run before it kill enimd often, and under the
+# default back-off each kill would leave the next scenario waiting minutes.
+kubelet_default_backoff() {
+  sed -i '/^featureGates: {KubeletCrashLoopBackOffMax: true}$/d; /^crashLoopBackOff: /d' "$work/etc/kubelet.yaml"
+  stop kubelet
+  start_kubelet
+  wait_for "the kubelet back, node Ready" 240 k wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
 }
 
 kube_proxy_config() { # CLUSTER_CIDR (empty: unset)
