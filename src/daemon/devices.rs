@@ -6,9 +6,12 @@
 //! The kubelet only counts them:
 //! which ENI or address a pod gets is still enim's choice at ADD.
 //!
-//! The list is kept current by a refresher: after every verb that can
-//! change it (the server pokes it) and every second (a warm pool grows and
-//! shrinks on its own), and subscribers are told only when it changed.
+//! The list is kept current by a refresher: after GC and after a refused
+//! ADD (the server pokes it; an ADD, DEL or CHECK that succeeds leaves
+//! every device as healthy as it was, and must not pay for a host link
+//! dump), and every second (a warm pool grows and shrinks on its own, and
+//! an ADD can set an ENI aside before it takes the next); subscribers are
+//! told only when it changed.
 //! enimd keeps it whether or not its own plugin is on: `GET /v1/devices`
 //! serves it to `enimd device-plugin`.
 

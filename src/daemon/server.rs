@@ -139,10 +139,16 @@ async fn measure<D: Driver>(
     let _busy = verb.map(|_| state.heap.busy());
     let response = next.run(request).await;
     if let Some(verb) = verb {
-        state
-            .metrics
-            .observe_request(verb, started, response.status().is_success());
-        state.devices.poke();
+        let ok = response.status().is_success();
+        state.metrics.observe_request(verb, started, ok);
+        // What the device list shows changes with GC and with a refused
+        // ADD (an ENI set aside), not with an ADD, DEL or CHECK that did
+        // its work: those leave every device as healthy as it was. The
+        // refresher's own tick (every second) catches the rest, so the
+        // common verbs do not pay for a host link dump after each reply.
+        if verb == "GC" || !ok {
+            state.devices.poke();
+        }
     }
     response
 }

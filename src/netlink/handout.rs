@@ -48,6 +48,8 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use enim_provider::MacAddr;
 use futures::TryStreamExt;
@@ -61,6 +63,7 @@ use rtnetlink::packet_route::route::{
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::Handle;
 
+use super::routewatch::RoutingWatch;
 use super::{collect, errno, nl, Host, LinkInfo, PlumbingError};
 use crate::model::naming;
 
@@ -587,11 +590,124 @@ pub async fn dump_node_addresses(handle: &Handle) -> Result<Vec<NodeAddress>, Pl
     Ok(msgs.iter().filter_map(NodeAddress::parse).collect())
 }
 
-/// The host's routes and addresses, read as [`Marks`] for judging `taken`.
-async fn marks(host: &Host, own: Own<'_>, taken: Option<u32>) -> Result<Marks, PlumbingError> {
-    let routes = host.dump(dump_routes).await?;
-    let addresses = host.dump(dump_node_addresses).await?;
-    Ok(Marks::read(&routes, &addresses, own, taken))
+/// The host's routes and addresses, as the rule reads them.
+#[derive(Debug, Default)]
+pub struct RoutingView {
+    routes: Vec<RouteFacts>,
+    addresses: Vec<NodeAddress>,
+}
+
+impl RoutingView {
+    /// Dumps them now (two route dumps and an address dump).
+    pub async fn dump(host: &Host) -> Result<RoutingView, PlumbingError> {
+        let routes = host.dump(dump_routes).await?;
+        let addresses = host.dump(dump_node_addresses).await?;
+        Ok(RoutingView { routes, addresses })
+    }
+
+    /// Read as [`Marks`] for judging `taken`.
+    fn marks(&self, own: Own<'_>, taken: Option<u32>) -> Marks {
+        Marks::read(&self.routes, &self.addresses, own, taken)
+    }
+}
+
+/// The last [`RoutingView`], reused while a [`RoutingWatch`] on the host
+/// says no route or address has changed since it was dumped; dumped again
+/// otherwise, and whenever the watch cannot be opened or read.
+#[derive(Default)]
+pub struct RoutingCache {
+    state: std::sync::Mutex<CacheState>,
+    /// Views dumped so far (tests tell a reuse from a dump by it).
+    dumps: AtomicU64,
+}
+
+#[derive(Default)]
+struct CacheState {
+    watch: WatchState,
+    /// Bumped by each look that finds a change: a dump started before a
+    /// bump may have missed it, so it is used but not kept.
+    epoch: u64,
+    view: Option<Arc<RoutingView>>,
+}
+
+#[derive(Default)]
+enum WatchState {
+    #[default]
+    Unopened,
+    Open(RoutingWatch),
+    /// Could not be opened: every look dumps.
+    Failed,
+}
+
+impl RoutingCache {
+    /// The host's routes and addresses as of now.
+    pub async fn view(&self, host: &Host) -> Result<Arc<RoutingView>, PlumbingError> {
+        // Opened before the first dump that may be kept, so no change
+        // after that dump goes unheard.
+        if matches!(self.lock().watch, WatchState::Unopened) {
+            let opened = RoutingWatch::open(host.netns()).await;
+            let mut state = self.lock();
+            if matches!(state.watch, WatchState::Unopened) {
+                state.watch = match opened {
+                    Ok(watch) => WatchState::Open(watch),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch the host's routes; each ADD dumps them");
+                        WatchState::Failed
+                    }
+                };
+            }
+        }
+        let epoch = {
+            let mut state = self.lock();
+            let changed = match &mut state.watch {
+                WatchState::Open(watch) => watch.changed(),
+                WatchState::Unopened | WatchState::Failed => true,
+            };
+            if changed {
+                state.epoch += 1;
+                state.view = None;
+            }
+            if let Some(view) = &state.view {
+                return Ok(view.clone());
+            }
+            state.epoch
+        };
+        self.dumps.fetch_add(1, Ordering::Relaxed);
+        let view = Arc::new(RoutingView::dump(host).await?);
+        let mut state = self.lock();
+        if state.epoch == epoch && matches!(state.watch, WatchState::Open(_)) {
+            state.view = Some(view.clone());
+        }
+        Ok(view)
+    }
+
+    /// Views dumped so far.
+    pub fn dumps(&self) -> u64 {
+        self.dumps.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where [`judge`] reads the host's routes and addresses.
+#[derive(Clone, Copy)]
+pub enum Routing<'a> {
+    /// A primary-mode ADD: the cache, dumped again only after a change.
+    Cached(&'a RoutingCache),
+    /// Dumped for this judgement alone (secondary mode's rare host ENI
+    /// set-up).
+    Fresh,
+}
+
+impl Routing<'_> {
+    async fn view(self, host: &Host) -> Result<Arc<RoutingView>, PlumbingError> {
+        match self {
+            Routing::Cached(cache) => cache.view(host).await,
+            Routing::Fresh => Ok(Arc::new(RoutingView::dump(host).await?)),
+        }
+    }
 }
 
 /// Judges `candidate`, the device an ENI's MAC found: `Some` when it may
@@ -600,6 +716,7 @@ async fn marks(host: &Host, own: Own<'_>, taken: Option<u32>) -> Result<Marks, P
 /// asked of the kernel device by device.
 pub async fn judge(
     host: &Host,
+    routing: Routing<'_>,
     candidate: &Device,
     all: Option<&[Device]>,
     own: Own<'_>,
@@ -628,7 +745,7 @@ pub async fn judge(
     {
         return Ok(Some(Refusal::SharedMac(other.name.clone())));
     }
-    let marks = marks(host, own, Some(candidate.index)).await?;
+    let marks = routing.view(host).await?.marks(own, Some(candidate.index));
     let known = &by_index;
     let under = marks
         .under_uplinks(|i| async move {
@@ -647,7 +764,7 @@ pub async fn judge(
 pub async fn survey(host: &Host, own: Own<'_>) -> Result<Vec<RefusedDevice>, PlumbingError> {
     let all = host.dump(dump_devices).await?;
     let by_index: HashMap<u32, &Device> = all.iter().map(|d| (d.index, d)).collect();
-    let marks = marks(host, own, None).await?;
+    let marks = RoutingView::dump(host).await?.marks(own, None);
     let under = marks
         .under_uplinks(|i| {
             let found = by_index.get(&i).map(|d| (*d).clone());

@@ -23,6 +23,7 @@ pub mod link;
 pub mod neigh;
 pub mod netns;
 pub mod route;
+pub mod routewatch;
 pub mod rtnl;
 pub mod rule;
 pub mod sysctl;

@@ -30,7 +30,14 @@ pub struct RtnlPlumbing {
     // turns on the host socket). So MAC -> ifindex is cached and confirmed
     // with a cheap get-by-index; only a miss dumps.
     host_index: std::sync::Mutex<HashMap<MacAddr, u32>>,
+    /// The host's routes and addresses for the hand-out rule, dumped again
+    /// only after they change.
+    routing: handout::RoutingCache,
 }
+
+/// Entries of the MAC -> ifindex cache past which a dump replaces it: a
+/// node has tens of ENIs, so this bounds only churn (pod veths).
+const INDEX_CACHE_MAX: usize = 4096;
 
 impl RtnlPlumbing {
     /// `host_netns`: the host namespace's path; `None` is the agent's own.
@@ -43,6 +50,7 @@ impl RtnlPlumbing {
         RtnlPlumbing {
             host,
             host_index: Default::default(),
+            routing: Default::default(),
         }
     }
 
@@ -60,8 +68,13 @@ impl RtnlPlumbing {
         Ok(all)
     }
 
-    /// Rebuilds the MAC -> ifindex cache from a dump. A MAC two devices
-    /// share is left out: its lookups dump, and so see both.
+    /// Updates the MAC -> ifindex cache from a dump. A MAC two devices
+    /// share is left out: its lookups dump, and so see both. A MAC the dump
+    /// did not see stays: its device is most likely in a pod and comes home
+    /// under the same index, and every use confirms the MAC with a get
+    /// anyway (forgetting it made the next DEL or ADD of that ENI dump
+    /// every device). Past [`INDEX_CACHE_MAX`] entries only what the dump
+    /// saw is kept, so churning veths cannot grow it without bound.
     fn reindex(&self, dumped: impl Iterator<Item = (MacAddr, u32)>) {
         let mut seen: HashMap<MacAddr, Option<u32>> = HashMap::new();
         for (mac, i) in dumped {
@@ -70,8 +83,23 @@ impl RtnlPlumbing {
                 .or_insert(Some(i));
         }
         let mut index = self.host_index.lock().unwrap_or_else(|p| p.into_inner());
-        index.clear();
-        index.extend(seen.into_iter().filter_map(|(mac, i)| Some((mac, i?))));
+        if index.len() + seen.len() > INDEX_CACHE_MAX {
+            index.clear();
+        }
+        for (mac, i) in seen {
+            match i {
+                Some(i) => index.insert(mac, i),
+                None => index.remove(&mac),
+            };
+        }
+    }
+
+    /// Remembers where `mac` was just found by a get.
+    fn remember(&self, mac: MacAddr, index: u32) {
+        let mut cache = self.host_index.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() < INDEX_CACHE_MAX || cache.contains_key(&mac) {
+            cache.insert(mac, index);
+        }
     }
 
     /// The cached ifindex of `mac`, if any.
@@ -97,6 +125,12 @@ impl RtnlPlumbing {
             .await?
             .into_iter()
             .find(|l| l.mac == mac))
+    }
+
+    /// How many times the hand-out rule has dumped the host's routes and
+    /// addresses (each ADD reuses the last dump until they change).
+    pub fn routing_dumps(&self) -> u64 {
+        self.routing.dumps()
     }
 
     pub fn host(&self) -> &Host {
@@ -149,7 +183,15 @@ impl Plumbing for RtnlPlumbing {
                 (device, Some(all))
             }
         };
-        if let Some(why) = handout::judge(&self.host, &device, all.as_deref(), own).await? {
+        if let Some(why) = handout::judge(
+            &self.host,
+            handout::Routing::Cached(&self.routing),
+            &device,
+            all.as_deref(),
+            own,
+        )
+        .await?
+        {
             return Err(PlumbingError::Refused {
                 mac,
                 device: device.name,
@@ -269,7 +311,16 @@ impl Plumbing for RtnlPlumbing {
             }
             other => other?,
         }
-        // The ifindex may have changed in the move: find it again by MAC.
+        // The kernel keeps a moved device's ifindex unless the host has
+        // given it to another device meanwhile: a get confirms it, and only
+        // then is the MAC looked for.
+        if let Some(home) = link::by_index(self.host.handle(), link.index)
+            .await?
+            .filter(|l| l.mac == mac)
+        {
+            self.remember(mac, home.index);
+            return Ok(Some(home));
+        }
         match self.host_link(mac).await? {
             Some(home) => Ok(Some(home)),
             None => Err(PlumbingError::LinkNotFound {

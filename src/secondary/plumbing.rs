@@ -224,7 +224,9 @@ impl RtnlSecondary {
             tables: Some(self.tables),
             addresses: &own_addresses,
         };
-        if let Some(why) = handout::judge(&self.host, device, Some(&all), own).await? {
+        if let Some(why) =
+            handout::judge(&self.host, handout::Routing::Fresh, device, Some(&all), own).await?
+        {
             return Err(PlumbingError::Refused {
                 mac: spec.mac,
                 device: device.name.clone(),

@@ -1,0 +1,135 @@
+//! Tells whether the host's routes or addresses may have changed since the
+//! last look, so that the hand-out rule ([`super::handout`]) can reuse its
+//! last route and address dumps at an ADD instead of making them again
+//! (two route dumps and an address dump: about half a millisecond of every
+//! primary-mode ADD, and the host's RTNL lock held meanwhile).
+//!
+//! A netlink socket in the host namespace, a member of the kernel's route
+//! and address notification groups of both families. The kernel queues a
+//! notification to every member before the call that made the change
+//! returns, so a non-blocking read at the moment of judging sees every
+//! change made before that moment: an empty queue means nothing changed
+//! since the last read. An overrun (ENOBUFS: the kernel dropped
+//! notifications), a closed socket or any other error counts as a change,
+//! so the worst a fault can cost is a dump.
+
+use std::io;
+
+use rtnetlink::constants::{
+    RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE,
+};
+use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+use super::{netns, Netns, PlumbingError};
+
+/// The notification groups whose messages can change the rule's answer:
+/// routes (rules 5 and 6) and addresses (rule 5), both families. Links are
+/// left out on purpose: every ADD and DEL moves one, and the rule reads
+/// the judged device's own link message afresh each time.
+const GROUPS: u32 = RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+
+/// Bytes read at a time while draining; a notification is well under it,
+/// and a longer one is cut short harmlessly (only its arrival counts).
+const READ_CHUNK: usize = 8192;
+
+/// The watch: one socket, read only by [`RoutingWatch::changed`].
+pub struct RoutingWatch {
+    socket: Socket,
+    buf: Vec<u8>,
+}
+
+impl RoutingWatch {
+    /// Joins the groups from inside `netns` (the host namespace).
+    pub async fn open(netns: &Netns) -> Result<RoutingWatch, PlumbingError> {
+        let socket = netns::run_in(netns, || {
+            let mut socket = Socket::new(NETLINK_ROUTE)?;
+            socket.bind(&SocketAddr::new(0, GROUPS))?;
+            socket.set_non_blocking(true)?;
+            Ok(socket)
+        })
+        .await?;
+        Ok(RoutingWatch {
+            socket,
+            buf: Vec::with_capacity(READ_CHUNK),
+        })
+    }
+
+    /// Reads every notification queued so far: `true` when there was one
+    /// (something may have changed since the last call) or the socket
+    /// could not say.
+    pub fn changed(&mut self) -> bool {
+        let mut changed = false;
+        loop {
+            self.buf.clear();
+            match self.socket.recv(&mut self.buf, 0) {
+                Ok(0) => return true,
+                Ok(_) => changed = true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return changed,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // ENOBUFS (an overrun) and anything else: assume a change.
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use nix::sched::CloneFlags;
+    use rtnetlink::RouteMessageBuilder;
+
+    use super::*;
+    use crate::netlink::host::handle_in;
+
+    /// The kernel tells the watch of a route and an address added in its
+    /// namespace, each once, and of nothing when nothing happens.
+    #[tokio::test]
+    async fn changes_in_the_namespace_are_seen_once_and_silence_is_not_a_change() {
+        enim_testkit::require_kernel!();
+        // A namespace of our own, held open by a parked thread.
+        let (ns_tx, ns_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
+            ns_tx.send(Netns::current_thread().unwrap()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let netns = ns_rx.recv().unwrap();
+        let mut watch = RoutingWatch::open(&netns).await.expect("watch");
+        let handle = handle_in(&netns).await.expect("netlink in the namespace");
+        assert!(!watch.changed(), "a new watch has heard nothing");
+        handle
+            .link()
+            .set(rtnetlink::LinkUnspec::new_with_index(1).up().build())
+            .execute()
+            .await
+            .expect("lo up");
+        // Bringing lo up adds its local routes: a change.
+        assert!(watch.changed(), "lo up is seen");
+        assert!(!watch.changed(), "and read once");
+        handle
+            .route()
+            .add(
+                RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(Ipv4Addr::new(10, 9, 0, 0), 24)
+                    .output_interface(1)
+                    .build(),
+            )
+            .execute()
+            .await
+            .expect("route add");
+        assert!(watch.changed(), "the route add is seen");
+        handle
+            .address()
+            .add(1, Ipv4Addr::new(10, 8, 0, 1).into(), 32)
+            .execute()
+            .await
+            .expect("address add");
+        assert!(watch.changed(), "the address add is seen");
+        assert!(!watch.changed(), "nothing since");
+        drop(done_tx);
+        holder.join().unwrap();
+    }
+}
