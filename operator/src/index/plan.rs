@@ -248,7 +248,10 @@ impl Slots {
     }
 }
 
-/// One live (or new) node's planning.
+/// One live (or new) node's planning, in phases that run in this order
+/// (the order its tasks must run in, see the module above): the set,
+/// finish intents, adopt, reclaim, claims, then grow or drain. Each phase
+/// pushes its tasks and hands the later ones what they need of it.
 struct NodePlan<'i, 'a> {
     index: &'i Index<'a>,
     e: &'i NodeEntry<'a>,
@@ -263,6 +266,47 @@ struct Held<'a> {
     ips: HashSet<IpAddr>,
     quarantined: HashSet<&'a str>,
     released: HashSet<&'a str>,
+}
+
+/// What every phase reads of the node, computed once.
+struct Facts<'s> {
+    held: Held<'s>,
+    /// The spec's ENIs by id.
+    in_spec: HashMap<&'s str, &'s EniSpec>,
+    secondary: bool,
+    /// Secondary addresses an ENI of the instance's type holds.
+    per_eni: usize,
+    /// Secondary addresses a new ENI is made with (0 in primary mode).
+    ips_per_new: usize,
+}
+
+/// ENIs and addresses on their way into the spec (intents being
+/// finished, adoptions): the watermarks count them as there.
+#[derive(Debug, Default, Clone, Copy)]
+struct Coming {
+    enis: usize,
+    ips: usize,
+}
+
+/// What the spec lists as draining, as the reclaim phase sorted it.
+#[derive(Default)]
+struct Draining<'s> {
+    /// Spec ENIs being drained.
+    ids: HashSet<&'s str>,
+    /// Addresses being drained (secondary mode).
+    ips: HashSet<IpAddr>,
+    /// Drains the agent has not answered, of nothing a pod holds (nor of
+    /// a claim's ENI): the first taken back when the node is short.
+    undrainable: Vec<&'s str>,
+}
+
+/// Where the node stands against its watermarks once planned.
+enum Balance {
+    /// Short of them by this many ENIs (secondary: addresses).
+    Short(usize),
+    /// Above them: this many asked back.
+    Surplus(usize),
+    Even,
 }
 
 impl<'i, 'a> NodePlan<'i, 'a> {
@@ -323,35 +367,68 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         h
     }
 
-    /// Pushes the node's tasks (with an ENI for each of `claims`); returns
-    /// its need (deficit > 0, surplus < 0).
-    fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> i64 {
-        let name = || self.name.clone();
-        let spec = self.spec.as_ref();
-        match self.e.set {
-            None => tasks.push(Task::CreateSet {
-                node: name(),
-                spec: spec.clone(),
-            }),
-            Some(_) if !self.index.policy.matches(spec) => {
-                tasks.push(Task::RefreshPolicy { node: name() })
-            }
-            Some(_) => {}
-        }
-        let held = self.held();
-        let mut slots = self.slots();
-        let in_spec: HashMap<&str, &EniSpec> =
-            spec.enis.iter().map(|s| (s.id.as_str(), s)).collect();
+    fn facts(&self) -> Facts<'_> {
         let secondary = self.index.policy.mode == Mode::Secondary;
         let per_eni = self.e.limits.map_or(0, |l| l.secondary_ipv4_per_eni());
-        let wm = self.index.policy.watermarks;
-        let ips_per_new = if secondary {
-            per_eni.min(usize::try_from(wm.pre_allocate.max(1)).unwrap_or(usize::MAX))
-        } else {
-            0
-        };
+        let pre = self.index.policy.watermarks.pre_allocate;
+        Facts {
+            held: self.held(),
+            in_spec: self.spec.enis.iter().map(|s| (s.id.as_str(), s)).collect(),
+            secondary,
+            per_eni,
+            ips_per_new: if secondary {
+                per_eni.min(usize::try_from(pre.max(1)).unwrap_or(usize::MAX))
+            } else {
+                0
+            },
+        }
+    }
 
-        // 1. Intents a crashed or deposed leader left.
+    /// Pushes the node's tasks (with an ENI for each of `claims`), phase
+    /// by phase; returns its need (deficit > 0, surplus < 0).
+    fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> i64 {
+        self.create_or_refresh_set(tasks);
+        let facts = self.facts();
+        let mut slots = self.slots();
+        let (tokens, finishing) = self.finish_intents(&facts, &mut slots, tasks);
+        let adopted = self.adopt(&facts, &tokens, tasks);
+        let draining = self.reclaim(&facts, tasks);
+        let claimed = self.serve_claims(claims, &facts, &draining, &mut slots, tasks);
+        let coming = Coming {
+            enis: finishing.enis + adopted.enis,
+            ips: finishing.ips + adopted.ips,
+        };
+        let need = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        match self.grow_or_drain(&facts, &draining, coming, &mut slots, tasks) {
+            Balance::Short(want) => need(want + claimed),
+            Balance::Surplus(drained) => -need(drained),
+            Balance::Even => need(claimed),
+        }
+    }
+
+    /// The set: the first one of a new node, or the policy's current fields.
+    fn create_or_refresh_set(&self, tasks: &mut Vec<Task>) {
+        match self.e.set {
+            None => tasks.push(Task::CreateSet {
+                node: self.name.clone(),
+                spec: self.spec.as_ref().clone(),
+            }),
+            Some(_) if !self.index.policy.matches(&self.spec) => tasks.push(Task::RefreshPolicy {
+                node: self.name.clone(),
+            }),
+            Some(_) => {}
+        }
+    }
+
+    /// Intents a crashed or deposed leader left: each finished with its
+    /// token, or dropped when it cannot be. Returns every create+attach
+    /// token (their ENIs are not adopted) and what the finished ones add.
+    fn finish_intents<'s>(
+        &'s self,
+        facts: &Facts<'s>,
+        slots: &mut Slots,
+        tasks: &mut Vec<Task>,
+    ) -> (HashSet<&'s str>, Coming) {
         let by_token: HashMap<&str, &FleetEni> = self
             .e
             .listed
@@ -359,8 +436,9 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             .filter_map(|f| f.intent.as_deref().map(|t| (t, *f)))
             .collect();
         let mut tokens: HashSet<&str> = HashSet::new();
-        let (mut pending, mut pending_ips) = (0usize, 0usize);
-        for intent in spec
+        let mut finishing = Coming::default();
+        for intent in self
+            .spec
             .intents
             .iter()
             .filter(|i| i.action == ACTION_CREATE_ATTACH)
@@ -369,11 +447,11 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             tokens.insert(token);
             let made = by_token.get(token).copied();
             let drop = || Task::DropIntent {
-                node: name(),
+                node: self.name.clone(),
                 token: token.to_string(),
             };
             let device_index = match made {
-                Some(m) if in_spec.contains_key(m.id.as_str()) => {
+                Some(m) if facts.in_spec.contains_key(m.id.as_str()) => {
                     tasks.push(drop());
                     continue;
                 }
@@ -390,32 +468,37 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                     }
                 },
             };
-            pending += 1;
-            pending_ips += made.map_or(ips_per_new, |m| m.secondary_ips.len());
+            finishing.enis += 1;
+            finishing.ips += made.map_or(facts.ips_per_new, |m| m.secondary_ips.len());
             tasks.push(Task::FinishIntent {
-                node: name(),
+                node: self.name.clone(),
                 token: token.to_string(),
                 made: made.cloned(),
                 device_index,
-                secondary_ipv4: ips_per_new,
+                secondary_ipv4: facts.ips_per_new,
             });
         }
+        (tokens, finishing)
+    }
 
-        // 2. What the cloud shows here that the spec lacks.
-        let adopted: Vec<EniSpec> = self
+    /// What the cloud shows here that the spec lacks: ENIs attached here
+    /// and tagged for this instance by no intent of `tokens` and, in
+    /// secondary mode, addresses of spec ENIs. Returns what they add.
+    fn adopt(&self, facts: &Facts, tokens: &HashSet<&str>, tasks: &mut Vec<Task>) -> Coming {
+        let enis: Vec<EniSpec> = self
             .e
             .listed
             .iter()
             .filter(|f| self.attached_here(f))
             .filter(|f| f.node.as_deref() == Some(self.e.instance.id.as_str()))
-            .filter(|f| !in_spec.contains_key(f.id.as_str()))
+            .filter(|f| !facts.in_spec.contains_key(f.id.as_str()))
             .filter(|f| f.intent.as_deref().is_none_or(|t| !tokens.contains(t)))
             .map(|f| eni_spec(f))
             .collect();
-        let mut adopted_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
-        if secondary {
+        let mut addresses: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        if facts.secondary {
             for f in &self.e.listed {
-                if let Some(s) = in_spec.get(f.id.as_str()) {
+                if let Some(s) = facts.in_spec.get(f.id.as_str()) {
                     let known: HashSet<&IpAddr> = s.secondary_ips.iter().collect();
                     let new: Vec<IpAddr> = f
                         .secondary_ips
@@ -424,86 +507,103 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                         .copied()
                         .collect();
                     if !new.is_empty() {
-                        adopted_ips.push((f.id.clone(), new));
+                        addresses.push((f.id.clone(), new));
                     }
                 }
             }
         }
-        let adopted_ip_count: usize = adopted.iter().map(|a| a.secondary_ips.len()).sum::<usize>()
-            + adopted_ips.iter().map(|(_, v)| v.len()).sum::<usize>();
-        let adopted_enis = adopted.len();
-        if !adopted.is_empty() || !adopted_ips.is_empty() {
+        let adopted = Coming {
+            enis: enis.len(),
+            ips: enis.iter().map(|a| a.secondary_ips.len()).sum::<usize>()
+                + addresses.iter().map(|(_, v)| v.len()).sum::<usize>(),
+        };
+        if !enis.is_empty() || !addresses.is_empty() {
             tasks.push(Task::Adopt {
-                node: name(),
-                enis: adopted,
-                addresses: adopted_ips,
+                node: self.name.clone(),
+                enis,
+                addresses,
             });
         }
+        adopted
+    }
 
-        // 3. The released side of the drain handshake.
-        let ip_owner: HashMap<IpAddr, &str> = spec
+    /// The released side of the drain handshake: what the agent released
+    /// and no pod holds leaves (a step a listing), drains that name nothing
+    /// go. Returns what is draining, for the later phases.
+    fn reclaim<'s>(&'s self, facts: &Facts<'s>, tasks: &mut Vec<Task>) -> Draining<'s> {
+        let held = &facts.held;
+        let ip_owner: HashMap<IpAddr, &str> = self
+            .spec
             .enis
             .iter()
             .flat_map(|s| s.secondary_ips.iter().map(move |ip| (*ip, s.id.as_str())))
             .collect();
-        let (mut reclaim, mut stale) = (Leaving::default(), Vec::new());
-        let mut reclaim_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
-        let mut draining_ids: HashSet<&str> = HashSet::new();
-        let mut draining_ips: HashSet<IpAddr> = HashSet::new();
-        let mut undrainable: Vec<&str> = Vec::new();
-        for d in &spec.draining {
+        let (mut leaving, mut stale) = (Leaving::default(), Vec::new());
+        let mut addresses: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        let mut draining = Draining::default();
+        for d in &self.spec.draining {
             let released = held.released.contains(d.as_str());
-            if in_spec.contains_key(d.as_str()) {
-                draining_ids.insert(d);
+            if let Some(s) = facts.in_spec.get(d.as_str()) {
+                draining.ids.insert(d);
                 // A claim's ENI is never taken back for the pool.
-                let claimed = in_spec.get(d.as_str()).is_some_and(|s| s.claim.is_some());
+                let claimed = s.claim.is_some();
                 if released && !held.enis.contains(d.as_str()) {
-                    reclaim.add(&self.e.listed, d);
+                    leaving.add(&self.e.listed, d);
                 } else if !released && !held.enis.contains(d.as_str()) && !claimed {
-                    undrainable.push(d);
+                    draining.undrainable.push(d);
                 }
             } else if let Some((ip, owner)) = d
                 .parse::<IpAddr>()
                 .ok()
                 .and_then(|ip| ip_owner.get(&ip).map(|o| (ip, *o)))
             {
-                draining_ips.insert(ip);
+                draining.ips.insert(ip);
                 if released && !held.ips.contains(&ip) {
-                    match reclaim_ips.iter_mut().find(|(e, _)| e == owner) {
+                    match addresses.iter_mut().find(|(e, _)| e == owner) {
                         Some((_, v)) => v.push(ip),
-                        None => reclaim_ips.push((owner.to_string(), vec![ip])),
+                        None => addresses.push((owner.to_string(), vec![ip])),
                     }
                 } else if !released && !held.ips.contains(&ip) {
-                    undrainable.push(d);
+                    draining.undrainable.push(d);
                 }
             } else {
                 stale.push(d.clone());
             }
         }
-        if !reclaim.detach.is_empty()
-            || !reclaim.delete.is_empty()
-            || !reclaim_ips.is_empty()
+        if !leaving.detach.is_empty()
+            || !leaving.delete.is_empty()
+            || !addresses.is_empty()
             || !stale.is_empty()
         {
             tasks.push(Task::Reclaim {
-                node: name(),
-                detach: reclaim.detach,
-                delete: reclaim.delete,
-                addresses: reclaim_ips,
+                node: self.name.clone(),
+                detach: leaving.detach,
+                delete: leaving.delete,
+                addresses,
                 stale,
             });
         }
+        draining
+    }
 
-        // 4. DRA claims: an ENI for each placed here, and back to the
-        // cloud those whose claim is gone (free ones; a held one waits for
-        // its pod).
-        let claimed = claims.len();
+    /// DRA claims: an ENI for each of `claims` (placed here) while slots
+    /// last, and back to the cloud the ENIs whose claim is gone (free
+    /// ones; a held one waits for its pod). Returns how many were placed.
+    fn serve_claims(
+        &self,
+        claims: Vec<Placed>,
+        facts: &Facts,
+        draining: &Draining,
+        slots: &mut Slots,
+        tasks: &mut Vec<Task>,
+    ) -> usize {
+        let placed = claims.len();
         for (claim, subnet, security_groups) in claims {
             let Some(device_index) = slots.next() else {
                 break;
             };
             tasks.push(Task::CreateForClaim {
-                node: name(),
+                node: self.name.clone(),
                 claim,
                 subnet,
                 security_groups,
@@ -511,7 +611,8 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             });
         }
         if let Some(exists) = &self.index.claim_uids {
-            let orphans: Vec<String> = spec
+            let orphans: Vec<String> = self
+                .spec
                 .enis
                 .iter()
                 .filter(|s| {
@@ -520,116 +621,153 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                         .is_some_and(|c| !exists.contains(c.uid.as_str()))
                 })
                 .filter(|s| {
-                    !held.enis.contains(s.id.as_str()) && !draining_ids.contains(s.id.as_str())
+                    !facts.held.enis.contains(s.id.as_str())
+                        && !draining.ids.contains(s.id.as_str())
                 })
                 .map(|s| s.id.clone())
                 .collect();
             if !orphans.is_empty() {
                 tasks.push(Task::Drain {
-                    node: name(),
+                    node: self.name.clone(),
                     items: orphans,
                 });
             }
         }
+        placed
+    }
 
-        // 5. The watermarks. An ENI made for a claim is that claim's: it is
-        // neither pool nor surplus.
-        let live = |s: &&EniSpec| {
-            !draining_ids.contains(s.id.as_str())
-                && !held.quarantined.contains(s.id.as_str())
-                && s.claim.is_none()
-        };
-        let (free, total) = if secondary {
-            let live_ips = spec
-                .enis
+    /// The watermarks, over the pool (spec ENIs neither draining,
+    /// quarantined nor made for a claim: a claim's ENI is that claim's,
+    /// neither pool nor surplus) and what is `coming`: grow a node short
+    /// of them, drain one above them.
+    fn grow_or_drain(
+        &self,
+        facts: &Facts,
+        draining: &Draining,
+        coming: Coming,
+        slots: &mut Slots,
+        tasks: &mut Vec<Task>,
+    ) -> Balance {
+        let held = &facts.held;
+        let pool: Vec<&EniSpec> = self
+            .spec
+            .enis
+            .iter()
+            .filter(|s| {
+                !draining.ids.contains(s.id.as_str())
+                    && !held.quarantined.contains(s.id.as_str())
+                    && s.claim.is_none()
+            })
+            .collect();
+        let (free, total) = if facts.secondary {
+            let ips = pool
                 .iter()
-                .filter(live)
                 .flat_map(|s| s.secondary_ips.iter())
-                .filter(|ip| !draining_ips.contains(ip));
+                .filter(|ip| !draining.ips.contains(ip));
             let (mut free, mut total) = (0, 0);
-            for ip in live_ips {
+            for ip in ips {
                 total += 1;
                 free += usize::from(!held.ips.contains(ip));
             }
-            (
-                free + adopted_ip_count + pending_ips,
-                total + adopted_ip_count + pending_ips,
-            )
+            (free + coming.ips, total + coming.ips)
         } else {
-            let live: Vec<&EniSpec> = spec.enis.iter().filter(live).collect();
-            let free = live
+            let free = pool
                 .iter()
                 .filter(|s| !held.enis.contains(s.id.as_str()))
                 .count();
-            (
-                free + adopted_enis + pending,
-                live.len() + adopted_enis + pending,
-            )
+            (free + coming.enis, pool.len() + coming.enis)
         };
+        let wm = self.index.policy.watermarks;
         let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         let (pre, min) = (count(wm.pre_allocate), count(wm.min_allocate));
         let high = pre.saturating_add(count(wm.max_above_watermark));
         let want = pre.saturating_sub(free).max(min.saturating_sub(total));
         if want > 0 {
-            let mut rem = want;
-            let undrain: Vec<String> = undrainable
-                .iter()
-                .take(rem)
-                .map(|d| d.to_string())
-                .collect();
-            rem -= undrain.len();
-            if !undrain.is_empty() {
-                tasks.push(Task::Undrain {
-                    node: name(),
-                    items: undrain,
-                });
-            }
-            if secondary {
-                rem = self.assign(tasks, rem, per_eni, &draining_ids, &held);
-            }
-            self.create(tasks, rem, per_eni, secondary, &mut slots);
-            return i64::try_from(want + claimed).unwrap_or(i64::MAX);
+            self.grow(want, facts, draining, slots, tasks);
+            return Balance::Short(want);
         }
         if free > high {
             let surplus = (free - high).min(total.saturating_sub(min));
-            let items = if secondary {
-                let mut ips: Vec<IpAddr> = spec
-                    .enis
-                    .iter()
-                    .filter(live)
-                    .flat_map(|s| s.secondary_ips.iter().copied())
-                    .filter(|ip| !draining_ips.contains(ip) && !held.ips.contains(ip))
-                    .collect();
-                ips.reverse();
-                ips.into_iter()
-                    .take(surplus)
-                    .map(|ip| ip.to_string())
-                    .collect()
-            } else {
-                let mut free: Vec<&EniSpec> = spec
-                    .enis
-                    .iter()
-                    .filter(live)
-                    .filter(|s| !held.enis.contains(s.id.as_str()))
-                    .collect();
-                // The last attached go first.
-                free.sort_by(|a, b| (b.device_index, &b.id).cmp(&(a.device_index, &a.id)));
-                free.into_iter()
-                    .take(surplus)
-                    .map(|s| s.id.clone())
-                    .collect()
-            };
-            let items: Vec<String> = items;
-            if !items.is_empty() {
-                let n = items.len();
-                tasks.push(Task::Drain {
-                    node: name(),
-                    items,
-                });
-                return -i64::try_from(n).unwrap_or(i64::MAX);
+            let drained = self.drain(surplus, &pool, facts, draining, tasks);
+            if drained > 0 {
+                return Balance::Surplus(drained);
             }
         }
-        i64::try_from(claimed).unwrap_or(i64::MAX)
+        Balance::Even
+    }
+
+    /// Short by `want` ENIs (secondary: addresses): drains not answered
+    /// yet are taken back first, then addresses go onto ENIs with room
+    /// (secondary mode), then new ENIs are made.
+    fn grow(
+        &self,
+        want: usize,
+        facts: &Facts,
+        draining: &Draining,
+        slots: &mut Slots,
+        tasks: &mut Vec<Task>,
+    ) {
+        let undrain: Vec<String> = draining
+            .undrainable
+            .iter()
+            .take(want)
+            .map(|d| d.to_string())
+            .collect();
+        let mut rem = want - undrain.len();
+        if !undrain.is_empty() {
+            tasks.push(Task::Undrain {
+                node: self.name.clone(),
+                items: undrain,
+            });
+        }
+        if facts.secondary {
+            rem = self.assign(tasks, rem, facts.per_eni, &draining.ids, &facts.held);
+        }
+        self.create(tasks, rem, facts.per_eni, facts.secondary, slots);
+    }
+
+    /// `surplus` free ENIs of `pool` (secondary: addresses) asked back,
+    /// the last attached (secondary: assigned) first; how many.
+    fn drain(
+        &self,
+        surplus: usize,
+        pool: &[&EniSpec],
+        facts: &Facts,
+        draining: &Draining,
+        tasks: &mut Vec<Task>,
+    ) -> usize {
+        let held = &facts.held;
+        let items: Vec<String> = if facts.secondary {
+            let mut ips: Vec<IpAddr> = pool
+                .iter()
+                .flat_map(|s| s.secondary_ips.iter().copied())
+                .filter(|ip| !draining.ips.contains(ip) && !held.ips.contains(ip))
+                .collect();
+            ips.reverse();
+            ips.into_iter()
+                .take(surplus)
+                .map(|ip| ip.to_string())
+                .collect()
+        } else {
+            let mut free: Vec<&EniSpec> = pool
+                .iter()
+                .copied()
+                .filter(|s| !held.enis.contains(s.id.as_str()))
+                .collect();
+            free.sort_by(|a, b| (b.device_index, &b.id).cmp(&(a.device_index, &a.id)));
+            free.into_iter()
+                .take(surplus)
+                .map(|s| s.id.clone())
+                .collect()
+        };
+        let drained = items.len();
+        if drained > 0 {
+            tasks.push(Task::Drain {
+                node: self.name.clone(),
+                items,
+            });
+        }
+        drained
     }
 
     /// Secondary mode: addresses onto spec ENIs with room; what is left.
