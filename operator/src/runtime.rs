@@ -41,8 +41,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{watch, Notify};
 
+use crate::index::{ClaimInfo, NodeInfo, SetInfo};
 use crate::leader::{self, Leadership};
-use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// The label the kubelet sets from the cloud's instance type.
 pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";

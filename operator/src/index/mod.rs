@@ -31,15 +31,15 @@ use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 use enim_provider::AddressLimits;
 
-use crate::store::{ClaimInfo, NodeInfo, SetInfo};
-
 mod plan;
 mod provider_id;
 #[cfg(test)]
 pub(crate) mod tests;
+mod view;
 
 pub use plan::plan;
 pub use provider_id::instance_of;
+pub use view::{ClaimInfo, NodeInfo, SetInfo};
 
 /// `Intent::action` of a create followed by an attach.
 pub const ACTION_CREATE_ATTACH: &str = "create-attach";
