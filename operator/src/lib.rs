@@ -5,7 +5,8 @@
 //! The parts, top-down, with no circle:
 //! - [`runtime`]: arguments, the Kubernetes client, the watches of Nodes
 //!   and NetResourceSets, the lease; the only module that talks to the
-//!   API server. It implements [`store::Store`] over kube.
+//!   API server. It implements [`store::Store`] over kube and converts
+//!   the API server's objects into the index's views.
 //! - [`allocator`]: one resync: list the cluster's ENIs once, build the
 //!   [`index`], [`plan`](index::plan) and run the tasks neediest first on
 //!   a bounded number of workers, each cloud call behind its API class's

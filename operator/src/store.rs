@@ -20,10 +20,18 @@ pub enum StoreError {
     #[error("leader deadline passed {0:?} ago: the lease may be another replica's")]
     PastDeadline(Duration),
     /// The object changed under the write (a conflict) or is gone.
-    #[error("conflict writing {0}")]
-    Conflict(String),
-    #[error("API server: {0}")]
-    Api(String),
+    #[error("conflict writing {name}: {source}")]
+    Conflict {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("API server: {name}: {source}")]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 #[async_trait]
