@@ -5,12 +5,14 @@
 //! The parts, top-down, with no circle:
 //! - [`runtime`]: arguments, the Kubernetes client, the watches of Nodes
 //!   and NetResourceSets, the lease; the only module that talks to the
-//!   API server. It implements [`store::Store`] over kube.
+//!   API server. It implements [`store::Store`] over kube and converts
+//!   the API server's objects into the index's views.
 //! - [`allocator`]: one resync: list the cluster's ENIs once, build the
 //!   [`index`], [`plan`](index::plan) and run the tasks neediest first on
 //!   a bounded number of workers, each cloud call behind its API class's
 //!   token bucket; spec writes go through [`store::Store`].
-//! - [`index`]: the cluster as the operator sees it, and `plan`, a pure
+//! - [`index`]: the cluster as the operator sees it (its views of Nodes,
+//!   NetResourceSets and claims included), and `plan`, a pure
 //!   function from it to tasks, reaping included (leaked ENIs: tagged for
 //!   the cluster, attached nowhere, older than the cooldown; the ENIs of
 //!   deleted nodes after their grace). No I/O: unit tests feed it objects.

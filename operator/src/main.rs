@@ -10,7 +10,7 @@ use clap::Parser;
 use std::sync::Arc;
 
 use enim_operator::allocator::Allocator;
-use enim_operator::runtime::{self, RuntimeConfig};
+use enim_operator::runtime::{self, RuntimeConfig, RuntimeError};
 use enim_operator::setup;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -79,14 +79,21 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let file = setup::load(&args.config).map_err(|e| e.to_string())?;
-    let cloud = setup::connect(&file.cloud)
-        .await
-        .map_err(|e| e.to_string())?;
+/// Why the operator could not start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum MainError {
+    #[error(transparent)]
+    Setup(#[from] setup::SetupError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+async fn run(args: Args) -> Result<(), MainError> {
+    let file = setup::load(&args.config)?;
+    let cloud = setup::connect(&file.cloud).await?;
     let client = kube::Client::try_default()
         .await
-        .map_err(|e| format!("Kubernetes client: {e}"))?;
+        .map_err(RuntimeError::Client)?;
     let rt = RuntimeConfig {
         namespace: args.namespace,
         lease_name: args.lease_name,
@@ -99,9 +106,9 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let policy = file.operator;
     runtime::run(rt, client, move |store| {
-        let allocator = Allocator::new(cloud, store, policy).map_err(|e| e.to_string())?;
+        let allocator = Allocator::new(cloud, store, policy)?;
         Ok(Arc::new(allocator) as Arc<dyn runtime::Resync>)
     })
-    .await
-    .map_err(|e| e.to_string())
+    .await?;
+    Ok(())
 }

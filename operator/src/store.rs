@@ -2,49 +2,12 @@
 //! over a real API server ([`crate::runtime`]) and over the bench's
 //! in-memory fleet simulation.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_crd::NetResourceSetSpec;
 
-/// A Node as the operator needs it: read from the Node object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
-    pub name: String,
-    /// The Node object's uid: the NetResourceSet's owner reference.
-    pub uid: String,
-    /// `spec.providerID`, e.g. `aws:///us-east-1a/i-0123456789abcdef0`.
-    pub provider_id: String,
-    /// The `node.kubernetes.io/instance-type` label.
-    pub instance_type: String,
-    /// The `topology.kubernetes.io/zone` label.
-    pub zone: String,
-}
-
-/// A NetResourceSet as the operator needs it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SetInfo {
-    pub name: String,
-    pub spec: NetResourceSetSpec,
-    pub status: Option<enim_crd::NetResourceSetStatus>,
-    /// `metadata.deletionTimestamp`: its Node is gone (the garbage
-    /// collector follows the owner reference) and the operator's finalizer
-    /// holds it until the node's ENIs are released.
-    pub deleting_since: Option<SystemTime>,
-}
-
-/// A ResourceClaim of the DRA driver's DeviceClass, as the operator needs
-/// it: whether it waits for a device, and what it asks of a new ENI.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimInfo {
-    pub claim: enim_crd::ClaimRef,
-    /// Not allocated yet: the scheduler found no device for it (or has not
-    /// tried yet).
-    pub pending: bool,
-    /// Its opaque `enim.io` parameters; `None`: it asks for nothing the
-    /// operator could make.
-    pub want: Option<enim_crd::EniParameters>,
-}
+use crate::index::NodeInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -57,10 +20,18 @@ pub enum StoreError {
     #[error("leader deadline passed {0:?} ago: the lease may be another replica's")]
     PastDeadline(Duration),
     /// The object changed under the write (a conflict) or is gone.
-    #[error("conflict writing {0}")]
-    Conflict(String),
-    #[error("API server: {0}")]
-    Api(String),
+    #[error("conflict writing {name}: {source}")]
+    Conflict {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("API server: {name}: {source}")]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 #[async_trait]

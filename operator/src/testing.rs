@@ -24,7 +24,8 @@ use enim_provider::fleet::{
 };
 use enim_provider::{AddressLimits, MacAddr, ProviderError};
 
-use crate::store::{NodeInfo, SetInfo, Store, StoreError};
+use crate::index::{NodeInfo, SetInfo};
+use crate::store::{Store, StoreError};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -151,12 +151,13 @@ async fn a_leader_cut_off_from_the_api_server_stops_calling_the_cloud_at_its_dea
     let config_a = rig.config_at("op-a", TWO, "5m", &proxy_a.url, reap);
     let config_b = rig.config_at("op-b", TWO, "5m", &rig.env.proxy.url, reap);
 
-    let mut a = rig.operator(OperatorOpts {
-        lease,
-        kubeconfig: Some(&kubeconfig_a),
-        ..OperatorOpts::new("op-a", &config_a)
-    });
-    rig.wait_leader("op-a").await;
+    let mut a = rig
+        .operator_leading(OperatorOpts {
+            lease,
+            kubeconfig: Some(&kubeconfig_a),
+            ..OperatorOpts::new("op-a", &config_a)
+        })
+        .await;
     let mut b = rig.operator(OperatorOpts {
         lease,
         ..OperatorOpts::new("op-b", &config_b)

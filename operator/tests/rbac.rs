@@ -66,6 +66,24 @@ fn token(cp: &ControlPlane, sa: &str, pod: Option<&str>) -> PathBuf {
     cp.token_kubeconfig(&format!("{sa}-{}", pod.unwrap_or("unbound")), token.trim())
 }
 
+/// A control plane with deploy/'s `files` applied; `None` where it cannot
+/// start (the test skips).
+fn control_plane_with(files: &[&str]) -> Option<ControlPlane> {
+    let cp = ControlPlane::start()?;
+    for file in files {
+        cp.apply(&deploy(file));
+    }
+    Some(cp)
+}
+
+/// Nodes node-a and node-b, each with its agent's pod `enimd-<node>`.
+fn nodes_with_agents(cp: &ControlPlane) {
+    for n in ["node-a", "node-b"] {
+        cp.apply(&node(n));
+        cp.apply(&agent_pod(&format!("enimd-{n}"), n));
+    }
+}
+
 /// `kubectl ARGS` with `kubeconfig`: Ok(stdout) or Err(stderr).
 fn as_user(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     let kc = format!("--kubeconfig={}", kubeconfig.display());
@@ -114,45 +132,31 @@ fn refused_eventually(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> St
 
 #[test]
 fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_given() {
-    let Some(cp) = ControlPlane::start() else {
-        return;
-    };
-    for file in [
+    let Some(cp) = control_plane_with(&[
         "00-namespace.yaml",
         "05-crd-netresourceset.yaml",
         "10-serviceaccount.yaml",
         "11-rbac-agent.yaml",
         "06-deviceclass.yaml",
         "50-operator.yaml",
-    ] {
-        cp.apply(&deploy(file));
-    }
+    ]) else {
+        return;
+    };
     cp.kubectl(&[
         "wait",
         "--for=condition=Established",
         "crd/netresourcesets.enim.io",
         "--timeout=60s",
     ]);
+    nodes_with_agents(&cp);
     for n in ["node-a", "node-b"] {
-        cp.apply(&node(n));
         cp.apply(&set(n));
-        cp.apply(&agent_pod(&format!("enimd-{n}"), n));
     }
     let agent_a = token(&cp, "enimd", Some("enimd-node-a"));
 
-    // The policy is loaded asynchronously after it is created: wait until
-    // it refuses node-b's write for node-a's agent (and fail if it never
-    // does), then check every case once.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let refused = loop {
-        match as_user(&cp, &agent_a, &strs(&status_patch("node-b", 1))) {
-            Err(e) => break e,
-            Ok(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(250))
-            }
-            Ok(out) => panic!("node-a's agent wrote node-b's status: {out}"),
-        }
-    };
+    // Wait until the policy refuses node-b's write for node-a's agent (and
+    // fail if it never does), then check every case once.
+    let refused = refused_eventually(&cp, &agent_a, &strs(&status_patch("node-b", 1)));
     assert!(
         refused.contains("enimd on node node-a may not write the NetResourceSet of node-b"),
         "{refused}"
@@ -584,22 +588,16 @@ const GPU_A: (&str, &str, &str) = ("gpu.example.com", "node-a", "gpu-0");
 
 #[test]
 fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_devices() {
-    let Some(cp) = ControlPlane::start() else {
-        return;
-    };
-    for file in [
+    let Some(cp) = control_plane_with(&[
         "00-namespace.yaml",
         "10-serviceaccount.yaml",
         "11-rbac-agent.yaml",
         "06-deviceclass.yaml",
-    ] {
-        cp.apply(&deploy(file));
-    }
+    ]) else {
+        return;
+    };
     cp.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: victim\n");
-    for n in ["node-a", "node-b"] {
-        cp.apply(&node(n));
-        cp.apply(&agent_pod(&format!("enimd-{n}"), n));
-    }
+    nodes_with_agents(&cp);
     let agent_a = token(&cp, "enimd", Some("enimd-node-a"));
     let agent_b = token(&cp, "enimd", Some("enimd-node-b"));
     let unbound = token(&cp, "enimd", None);
@@ -760,6 +758,10 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     allocated_claim(&cp, "default", "claim-b", &[ENI_B]);
     allocated_claim(&cp, "default", "claim-gpu", &[GPU_A]);
     allocated_claim(&cp, "default", "claim-mixed", &[ENI_A, GPU_A]);
+    // enimd's own write of a claim's status: eth0 on `entries`.
+    let enimd_writes = |claim: &str, entries: &[(&str, &str, &str)]| {
+        network_data_apply(&cp, "enimd", claim, "eth0", entries)
+    };
     cp.kubectl(&strs(&network_data_apply(
         &cp,
         "gpu-driver",
@@ -768,17 +770,7 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
         &[GPU_A],
     )));
 
-    let e = refused_eventually(
-        &cp,
-        &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-b",
-            "eth0",
-            &[ENI_B],
-        )),
-    );
+    let e = refused_eventually(&cp, &agent_a, &strs(&enimd_writes("claim-b", &[ENI_B])));
     assert!(
         e.contains(
             "enimd on node node-a may not write the status of ResourceClaim default/claim-b"
@@ -834,13 +826,7 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     f.refused(
         "networkData of another driver's device, in a claim of its own device",
         &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-mixed",
-            "eth0",
-            &[ENI_A, GPU_A],
-        )),
+        &strs(&enimd_writes("claim-mixed", &[ENI_A, GPU_A])),
         other_entries,
     );
     f.refusal(
@@ -856,39 +842,21 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     f.refused(
         "a claim of another driver's device alone",
         &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-gpu",
-            "eth0",
-            &[GPU_A],
-        )),
+        &strs(&enimd_writes("claim-gpu", &[GPU_A])),
         "enimd on node node-a may not write the status of ResourceClaim default/claim-gpu: \
          not allocated an enim.io device",
     );
     f.refused(
         "node-a's claim, by node-b's agent",
         &agent_b,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-a",
-            "eth0",
-            &[ENI_A],
-        )),
+        &strs(&enimd_writes("claim-a", &[ENI_A])),
         "enimd on node node-b may not write the status of ResourceClaim default/claim-a: \
          allocated enim.io devices of another node",
     );
     f.refused(
         "a claim's status with an unbound token",
         &unbound,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-a",
-            "eth0",
-            &[ENI_A],
-        )),
+        &strs(&enimd_writes("claim-a", &[ENI_A])),
         "enimd may write a ResourceClaim status only with a token bound to a pod on a node",
     );
 
@@ -904,13 +872,7 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     f.allowed(
         "its own claim's networkData",
         &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-a",
-            "eth0",
-            &[ENI_A],
-        )),
+        &strs(&enimd_writes("claim-a", &[ENI_A])),
     );
     f.holds(
         "its own claim's networkData",
@@ -920,13 +882,7 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     f.allowed(
         "its own entry in a claim of a GPU too",
         &agent_a,
-        &strs(&network_data_apply(
-            &cp,
-            "enimd",
-            "claim-mixed",
-            "eth0",
-            &[ENI_A],
-        )),
+        &strs(&enimd_writes("claim-mixed", &[ENI_A])),
     );
     f.holds(
         "its own entry in a claim of a GPU too",
@@ -941,7 +897,7 @@ fn an_agent_writes_only_its_own_nodes_slice_and_the_network_data_of_its_nodes_de
     f.allowed(
         "its own claim's networkData, taken back",
         &agent_a,
-        &strs(&network_data_apply(&cp, "enimd", "claim-a", "eth0", &[])),
+        &strs(&enimd_writes("claim-a", &[])),
     );
     f.holds(
         "its own claim's networkData, taken back",

@@ -19,12 +19,9 @@ async fn a_stop_does_not_wait_for_a_hung_cloud_call() {
     };
     let instance = rig.env.instance_id.clone();
     let config = rig.config("op", TWO, "5m");
-    let lease = (10, 4);
-    let mut a = rig.operator(OperatorOpts {
-        lease,
-        ..OperatorOpts::new("op-a", &config)
-    });
-    rig.wait_leader("op-a").await;
+    let mut a = rig
+        .operator_leading(OperatorOpts::deployed("op-a", &config))
+        .await;
 
     rig.env.proxy.hold(CREATE, true);
     rig.node(NODE, &instance);
@@ -57,10 +54,7 @@ async fn a_stop_does_not_wait_for_a_hung_cloud_call() {
     assert!(set.spec.enis.is_empty(), "{:?}", set.spec.enis);
 
     rig.env.proxy.hold(CREATE, false);
-    let mut b = rig.operator(OperatorOpts {
-        lease,
-        ..OperatorOpts::new("op-b", &config)
-    });
+    let mut b = rig.operator(OperatorOpts::deployed("op-b", &config));
     wait_for("op-b finishes the intents", Duration::from_secs(30), || {
         rig.converged(NODE, &instance, Some(2))
     })

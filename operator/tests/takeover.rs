@@ -21,20 +21,16 @@ async fn the_follower_finishes_what_the_leader_died_creating_without_a_duplicate
     };
     let instance = rig.env.instance_id.clone();
     let config = rig.config("op", TWO, "5m");
-    // The deployment's lease (10 s, renewed 4 s before it ends): the
-    // takeover measured is the one production gets.
-    let lease = (10, 4);
-    let mut a = rig.operator(OperatorOpts {
-        crash_at: Some("operator-after-create"),
-        lease,
-        ..OperatorOpts::new("op-a", &config)
-    });
-    rig.wait_leader("op-a").await;
+    // The deployment's lease: the takeover measured is the one production
+    // gets.
+    let mut a = rig
+        .operator_leading(OperatorOpts {
+            crash_at: Some("operator-after-create"),
+            ..OperatorOpts::deployed("op-a", &config)
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut b = rig.operator(OperatorOpts {
-        lease,
-        ..OperatorOpts::new("op-b", &config)
-    });
+    let mut b = rig.operator(OperatorOpts::deployed("op-b", &config));
     // Its caches fill while it follows.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(b.exited().is_none(), "op-b exited\n{}", b.tail());

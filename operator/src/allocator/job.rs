@@ -17,8 +17,7 @@ use enim_provider::ProviderError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
-use crate::index::{eni_spec, Task, ACTION_CREATE_ATTACH};
-use crate::store::NodeInfo;
+use crate::index::{eni_spec, NodeInfo, Task, ACTION_CREATE_ATTACH};
 
 pub(super) struct Job<'a> {
     pub alloc: &'a Allocator,

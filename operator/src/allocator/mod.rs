@@ -35,8 +35,8 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
-use crate::index::{plan, Index, Input, Policy, Task};
-use crate::store::{ClaimInfo, NodeInfo, SetInfo, Store, StoreError};
+use crate::index::{plan, ClaimInfo, Index, Input, NodeInfo, Policy, SetInfo, Task};
+use crate::store::{Store, StoreError};
 
 mod gate;
 mod job;

@@ -17,8 +17,8 @@
 //!   `reap_cooldown` by a readable creation tag;
 //! - tasks come neediest node first (deficit descending, surplus last, as
 //!   CCE's `GetNodesByIPWatermark`), a node's tasks next to each other and
-//!   in the order they must run: finish intents, adopt, reclaim, then grow
-//!   or drain;
+//!   in the order they must run: its set, finish intents, adopt, reclaim,
+//!   its claims, then grow or drain (one phase of `NodePlan` each);
 //! - a deleted node's set is released only when no pod holds its ENIs
 //!   and the listing shows none of them attached or detaching, after the
 //!   deletes.
@@ -31,15 +31,16 @@ use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 use enim_provider::AddressLimits;
 
-use crate::store::{ClaimInfo, NodeInfo, SetInfo};
-
+mod node_plan;
 mod plan;
 mod provider_id;
 #[cfg(test)]
 pub(crate) mod tests;
+mod view;
 
 pub use plan::plan;
 pub use provider_id::instance_of;
+pub use view::{ClaimInfo, NodeInfo, SetInfo};
 
 /// `Intent::action` of a create followed by an attach.
 pub const ACTION_CREATE_ATTACH: &str = "create-attach";

@@ -7,7 +7,7 @@
 
 use enim_crd::Instance;
 
-use crate::store::NodeInfo;
+use super::NodeInfo;
 
 pub fn instance_of(node: &NodeInfo) -> Instance {
     let (provider, id, zone) =

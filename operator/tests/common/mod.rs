@@ -213,6 +213,14 @@ describe_rate = {{ every = "1ms", burst = 1000 }}
         Operator::spawn(self, opts)
     }
 
+    /// Starts an `enim-operator` process and waits (30 s at most) until
+    /// it holds the lease.
+    pub async fn operator_leading(&self, opts: OperatorOpts<'_>) -> Operator {
+        let op = self.operator(opts.clone());
+        self.wait_leader(opts.identity).await;
+        op
+    }
+
     pub fn sets(&self) -> Api<NetResourceSet> {
         Api::all(self.admin.clone())
     }
@@ -476,6 +484,16 @@ impl<'a> OperatorOpts<'a> {
             crash_at: None,
             lease: (3, 1),
             kubeconfig: None,
+        }
+    }
+
+    /// [`OperatorOpts::new`] with the deployment's lease (the binary's
+    /// defaults, which deploy/ keeps: 10 s, renewed 4 s before it ends),
+    /// so that a takeover measured is the one production gets.
+    pub fn deployed(identity: &'a str, config: &'a Path) -> Self {
+        OperatorOpts {
+            lease: (10, 4),
+            ..OperatorOpts::new(identity, config)
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use enim_operator::allocator::Allocator;
 use enim_operator::config::{OperatorConfig, WatermarkConfig};
-use enim_operator::store::NodeInfo;
+use enim_operator::index::NodeInfo;
 use enim_operator::testing::{MemCloud, MemStore};
 use enim_provider::ratelimit::RateLimit;
 use enim_provider::AddressLimits;

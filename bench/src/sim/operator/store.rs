@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use enim_crd::{EniUse, NetResourceSetSpec, NetResourceSetStatus};
-use enim_operator::store::{NodeInfo, SetInfo, Store, StoreError};
+use enim_operator::index::{NodeInfo, SetInfo};
+use enim_operator::store::{Store, StoreError};
 use tokio::sync::Notify;
 
 use crate::sim::cloud::{instance_id, Account};

@@ -1,0 +1,106 @@
+//! The API server's objects as the index sees them: a Node, a
+//! NetResourceSet and a ResourceClaim converted into [`NodeInfo`],
+//! [`SetInfo`] and [`ClaimInfo`]. Pure functions over the objects; a
+//! stranger's object (a claim of another class, parameters that do not
+//! parse) never stops a resync.
+
+use std::time::SystemTime;
+
+use enim_crd::NetResourceSet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Resource, ResourceExt};
+
+use crate::index::{ClaimInfo, NodeInfo, SetInfo};
+
+/// The label the kubelet sets from the cloud's instance type.
+pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// The label the kubelet (or cloud controller) sets from the zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// The DeviceClass of the DRA driver's ENIs (deploy/06-deviceclass.yaml).
+pub const DEVICE_CLASS: &str = "eni.enim.io";
+/// The DRA driver, whose opaque config carries [`enim_crd::EniParameters`].
+pub const DRA_DRIVER: &str = "enim.io";
+
+/// A Node as the operator reads it.
+pub fn node_info(node: &Node) -> NodeInfo {
+    let label = |key: &str| node.labels().get(key).cloned().unwrap_or_default();
+    NodeInfo {
+        name: node.name_any(),
+        uid: node.uid().unwrap_or_default(),
+        provider_id: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default(),
+        instance_type: label(LABEL_INSTANCE_TYPE),
+        zone: label(LABEL_ZONE),
+    }
+}
+
+/// A NetResourceSet as the operator reads it.
+pub fn set_info(set: &NetResourceSet) -> SetInfo {
+    SetInfo {
+        name: set.name_any(),
+        spec: set.spec.clone(),
+        status: set.status.clone(),
+        deleting_since: set
+            .meta()
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| SystemTime::from(t.0)),
+    }
+}
+
+/// A ResourceClaim as the operator sees it: `None` unless one of its
+/// requests is for [`DEVICE_CLASS`]. Parameters that do not parse ask for
+/// nothing (and say why in the log): a stranger's object never stops a
+/// resync.
+pub fn claim_info(rc: &ResourceClaim) -> Option<ClaimInfo> {
+    let devices = rc.spec.devices.as_ref()?;
+    let ours = devices.requests.iter().flatten().any(|r| {
+        let exact = r
+            .exactly
+            .as_ref()
+            .is_some_and(|e| e.device_class_name == DEVICE_CLASS);
+        let any_of = r
+            .first_available
+            .iter()
+            .flatten()
+            .any(|s| s.device_class_name == DEVICE_CLASS);
+        exact || any_of
+    });
+    if !ours {
+        return None;
+    }
+    let name = || format!("{}/{}", rc.namespace().unwrap_or_default(), rc.name_any());
+    let want = devices
+        .config
+        .iter()
+        .flatten()
+        .filter_map(|c| c.opaque.as_ref())
+        .find(|o| o.driver == DRA_DRIVER)
+        .and_then(|o| {
+            match serde_json::from_value::<enim_crd::EniParameters>(o.parameters.0.clone()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(claim = %name(), error = %e, "claim's enim.io parameters ignored");
+                    None
+                }
+            }
+        });
+    Some(ClaimInfo {
+        claim: enim_crd::ClaimRef {
+            namespace: rc.namespace().unwrap_or_default(),
+            name: rc.name_any(),
+            uid: rc.uid().unwrap_or_default(),
+        },
+        pending: rc
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_none(),
+        want,
+    })
+}

@@ -1,0 +1,123 @@
+//! One resync, as the runtime runs it: the [`Resync`] trait (the
+//! allocator's work, behind it so that the loop neither knows nor is
+//! known by the allocator's internals), its implementation by the
+//! allocator, and [`resync_once`]: the caches converted into the index's
+//! views, one pass, its outcome counted in [`Health`] and logged.
+
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::convert::{claim_info, node_info, set_info};
+use super::health::Health;
+use super::watch::Caches;
+use crate::allocator::Allocator;
+use crate::index::{ClaimInfo, NodeInfo, SetInfo};
+
+/// Why a resync failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResyncError {
+    /// The pass stopped before its end (the listing failed, leadership
+    /// was lost, ...).
+    #[error(transparent)]
+    Pass(#[from] crate::allocator::Error),
+    /// The pass ran to its end, but tasks failed: its summary, then each
+    /// error (the first few).
+    #[error("{summary}; errors: {}", .errors.join("; "))]
+    Tasks {
+        summary: String,
+        errors: Vec<String>,
+    },
+}
+
+/// One resync of the whole cluster, as the runtime calls it: the
+/// allocator's work, behind a trait so that the runtime neither knows nor
+/// is known by the allocator's internals.
+#[async_trait]
+pub trait Resync: Send + Sync {
+    /// Runs one resync over the cluster's Nodes and NetResourceSets, and
+    /// the DRA driver's claims when they are known. Returns a one-line
+    /// summary for the log.
+    async fn resync(
+        &self,
+        nodes: Vec<NodeInfo>,
+        sets: Vec<SetInfo>,
+        claims: Option<Vec<ClaimInfo>>,
+    ) -> Result<String, ResyncError>;
+
+    /// This replica stopped leading (perhaps mid-pass): whatever it cached
+    /// of the cluster may be stale by the time it leads again.
+    fn deposed(&self);
+}
+
+#[async_trait]
+impl Resync for Allocator {
+    async fn resync(
+        &self,
+        nodes: Vec<NodeInfo>,
+        sets: Vec<SetInfo>,
+        claims: Option<Vec<ClaimInfo>>,
+    ) -> Result<String, ResyncError> {
+        let r = self
+            .resync_with_claims(&nodes, &sets, claims.as_deref())
+            .await?;
+        let summary = format!(
+            "{} nodes, {} ENIs{}, {} tasks ({} failed) {:?}, {} cloud calls ({} throttled), {} writes",
+            r.nodes,
+            r.enis,
+            if r.listed { " (listed)" } else { "" },
+            r.tasks,
+            r.tasks_failed,
+            r.by_kind,
+            r.cloud_calls,
+            r.throttled,
+            r.writes,
+        );
+        if r.errors.is_empty() {
+            Ok(summary)
+        } else {
+            Err(ResyncError::Tasks {
+                summary,
+                errors: r.errors,
+            })
+        }
+    }
+
+    fn deposed(&self) {
+        self.forget();
+    }
+}
+
+/// One pass over what the caches hold now; counted and logged, never
+/// fatal (the next pass tries again).
+pub(super) async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {
+    let nodes: Vec<NodeInfo> = caches.nodes.state().iter().map(|n| node_info(n)).collect();
+    let sets: Vec<SetInfo> = caches.sets.state().iter().map(|s| set_info(s)).collect();
+    // Known only once listed: before, every claim would look gone.
+    let claims = futures::FutureExt::now_or_never(caches.claims.wait_until_ready())
+        .is_some_and(|r| r.is_ok())
+        .then(|| {
+            caches
+                .claims
+                .state()
+                .iter()
+                .filter_map(|c| claim_info(c))
+                .collect::<Vec<_>>()
+        });
+    let started = Instant::now();
+    let result = resync.resync(nodes, sets, claims).await;
+    let took = started.elapsed();
+    health.resyncs.fetch_add(1, Ordering::Relaxed);
+    health.last_resync_us.store(
+        u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    match result {
+        Ok(summary) => tracing::info!(took = ?took, "resync: {summary}"),
+        Err(e) => {
+            health.resync_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(took = ?took, error = %e, "resync failed");
+        }
+    }
+}
