@@ -212,6 +212,19 @@ async fn the_routing_dumps_are_reused_until_a_change_and_a_change_is_judged() {
         );
     }
 
+    // Devices coming and going in the host (another pod's veth, up: the
+    // kernel gives it IPv6 link-local and multicast routes and a
+    // link-local address) change nothing the rule reads.
+    sb.host.ip(&[
+        "link", "add", "other0", "type", "veth", "peer", "name", "other1",
+    ]);
+    sb.host.ip(&["link", "set", "other0", "up"]);
+    sb.host.ip(&["link", "set", "other1", "up"]);
+    let added = mgr.add(&owner("c3b", "eth0"), &pod.path()).await;
+    assert_eq!(added.expect("the ENI").eni_id, "eni-0000");
+    mgr.del(&owner("c3b", "eth0")).await.unwrap();
+    assert_eq!(plumbing.routing_dumps(), 1, "a veth coming up dumped again");
+
     // The ENI's device, home and free, takes the node's address.
     let device = sb
         .host

@@ -60,7 +60,7 @@ use rtnetlink::packet_route::link::{
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType, RouteVia,
 };
-use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::Handle;
 
 use super::routewatch::RoutingWatch;
@@ -360,6 +360,35 @@ impl RouteFacts {
         format!("{}/{}", self.dst.unwrap_or(unspecified), self.dst_len)
     }
 
+    /// What a next hop through a device with `gateway` says of the device.
+    fn hop_mark(&self, gateway: Option<IpAddr>) -> HopMark {
+        match gateway {
+            _ if self.dst_len == 0 => HopMark::Uplink(UplinkMark::DefaultRoute {
+                table: self.table,
+                v6: self.v6,
+            }),
+            Some(gw) => HopMark::Uplink(UplinkMark::GatewayRoute {
+                dst: self.dst_text(),
+                gateway: gw,
+                table: self.table,
+            }),
+            None if self.is_kernel_link_local() => HopMark::Nothing,
+            None => HopMark::Routed,
+        }
+    }
+
+    /// Whether [`Marks::read`] can mark any device for this route, whatever
+    /// enim owns: a route of the `local` table, without next hops, or whose
+    /// every hop is the kernel's own link-local or multicast route marks
+    /// nothing, and a change to it cannot change a judgement.
+    fn may_mark(&self) -> bool {
+        self.table != LOCAL_TABLE
+            && self
+                .hops
+                .iter()
+                .any(|(_, gw)| !matches!(self.hop_mark(*gw), HopMark::Nothing))
+    }
+
     /// The kernel's own routes that every IPv6 device gets: link-local
     /// (fe80::/64) and multicast.
     fn is_kernel_link_local(&self) -> bool {
@@ -402,6 +431,30 @@ impl NodeAddress {
     }
 }
 
+/// What one next hop of a route says of its device.
+enum HopMark {
+    Uplink(UplinkMark),
+    Routed,
+    Nothing,
+}
+
+/// Whether a route or address notification can change what the rule says
+/// of any device: what [`dump_routes`] and [`dump_node_addresses`] would
+/// leave out, or [`Marks::read`] pass over, cannot (an IPv6 device coming
+/// up or going away in the host, another pod's moves, the `local` table).
+/// Anything else, or anything that does not parse, can.
+fn may_change_marks(msg: &RouteNetlinkMessage) -> bool {
+    match msg {
+        RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
+            RouteFacts::parse(r).is_some_and(|f| f.may_mark())
+        }
+        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
+            NodeAddress::parse(a).is_some()
+        }
+        _ => true,
+    }
+}
+
 /// What the host's routes and addresses say of each device.
 #[derive(Debug, Default)]
 pub struct Marks {
@@ -429,26 +482,14 @@ impl Marks {
                 continue;
             }
             for (oif, gateway) in &r.hops {
-                let mark = match gateway {
-                    _ if r.dst_len == 0 => Some(UplinkMark::DefaultRoute {
-                        table: r.table,
-                        v6: r.v6,
-                    }),
-                    Some(gw) => Some(UplinkMark::GatewayRoute {
-                        dst: r.dst_text(),
-                        gateway: *gw,
-                        table: r.table,
-                    }),
-                    None => None,
-                };
-                match mark {
-                    Some(mark) => {
+                match r.hop_mark(*gateway) {
+                    HopMark::Uplink(mark) => {
                         marks.uplinks.entry(*oif).or_insert(mark);
                     }
-                    None if !r.is_kernel_link_local() => {
+                    HopMark::Routed => {
                         marks.routed.entry(*oif).or_insert((r.dst_text(), r.table));
                     }
-                    None => {}
+                    HopMark::Nothing => {}
                 }
             }
         }
@@ -660,7 +701,7 @@ impl RoutingCache {
         let epoch = {
             let mut state = self.lock();
             let changed = match &mut state.watch {
-                WatchState::Open(watch) => watch.changed(),
+                WatchState::Open(watch) => watch.changed(may_change_marks),
                 WatchState::Unopened | WatchState::Failed => true,
             };
             if changed {

@@ -18,6 +18,8 @@ use std::io;
 use rtnetlink::constants::{
     RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE,
 };
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use super::{netns, Netns, PlumbingError};
@@ -54,16 +56,17 @@ impl RoutingWatch {
         })
     }
 
-    /// Reads every notification queued so far: `true` when there was one
-    /// (something may have changed since the last call) or the socket
-    /// could not say.
-    pub fn changed(&mut self) -> bool {
+    /// Reads every notification queued so far: `true` when one of them
+    /// `matters` (something may have changed since the last call), or one
+    /// did not parse, or the socket could not say.
+    pub fn changed(&mut self, matters: impl Fn(&RouteNetlinkMessage) -> bool) -> bool {
         let mut changed = false;
         loop {
             self.buf.clear();
             match self.socket.recv(&mut self.buf, 0) {
-                Ok(0) => return true,
-                Ok(_) => changed = true,
+                // A full buffer may have cut a message short: unreadable.
+                Ok(n) if n == 0 || n >= READ_CHUNK => return true,
+                Ok(_) => changed |= any_matters(&self.buf, &matters),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return changed,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // ENOBUFS (an overrun) and anything else: assume a change.
@@ -71,6 +74,35 @@ impl RoutingWatch {
             }
         }
     }
+}
+
+/// Whether any message of one datagram `matters` (or does not parse).
+fn any_matters(mut bytes: &[u8], matters: &impl Fn(&RouteNetlinkMessage) -> bool) -> bool {
+    const HEADER: usize = 16;
+    while !bytes.is_empty() {
+        let Some(len) = bytes
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .and_then(|b| usize::try_from(u32::from_ne_bytes(b)).ok())
+            .filter(|len| (HEADER..=bytes.len()).contains(len))
+        else {
+            return true;
+        };
+        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[..len]) {
+            Ok(NetlinkMessage {
+                payload: NetlinkPayload::InnerMessage(msg),
+                ..
+            }) => {
+                if matters(&msg) {
+                    return true;
+                }
+            }
+            _ => return true,
+        }
+        // Messages in one datagram start on 4-byte boundaries.
+        bytes = bytes.get(len.next_multiple_of(4)..).unwrap_or_default();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -99,7 +131,7 @@ mod tests {
         let netns = ns_rx.recv().unwrap();
         let mut watch = RoutingWatch::open(&netns).await.expect("watch");
         let handle = handle_in(&netns).await.expect("netlink in the namespace");
-        assert!(!watch.changed(), "a new watch has heard nothing");
+        assert!(!watch.changed(|_| true), "a new watch has heard nothing");
         handle
             .link()
             .set(rtnetlink::LinkUnspec::new_with_index(1).up().build())
@@ -107,8 +139,8 @@ mod tests {
             .await
             .expect("lo up");
         // Bringing lo up adds its local routes: a change.
-        assert!(watch.changed(), "lo up is seen");
-        assert!(!watch.changed(), "and read once");
+        assert!(watch.changed(|_| true), "lo up is seen");
+        assert!(!watch.changed(|_| true), "and read once");
         handle
             .route()
             .add(
@@ -120,15 +152,15 @@ mod tests {
             .execute()
             .await
             .expect("route add");
-        assert!(watch.changed(), "the route add is seen");
+        assert!(watch.changed(|_| true), "the route add is seen");
         handle
             .address()
             .add(1, Ipv4Addr::new(10, 8, 0, 1).into(), 32)
             .execute()
             .await
             .expect("address add");
-        assert!(watch.changed(), "the address add is seen");
-        assert!(!watch.changed(), "nothing since");
+        assert!(watch.changed(|_| true), "the address add is seen");
+        assert!(!watch.changed(|_| true), "nothing since");
         drop(done_tx);
         holder.join().unwrap();
     }
