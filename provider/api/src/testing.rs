@@ -1,8 +1,10 @@
 //! Test helpers for providers (feature `testing`): the checks every
-//! [`EniProvider`] must pass, written once.
+//! [`EniProvider`] must pass, written once, and the warnings a piece of
+//! code logs.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{EniOwner, EniProvider, ProviderError};
 
@@ -56,4 +58,38 @@ pub async fn listed_ids<P: EniProvider + ?Sized>(provider: &P) -> Vec<String> {
         .collect();
     ids.sort();
     ids
+}
+
+/// Runs `f` and returns what it returned and the lines it logged at
+/// `WARN` or above on this thread.
+pub fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || LogSink(sink.clone()))
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let bytes = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let lines = String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (out, lines)
+}
+
+/// Where [`warnings_of`] keeps what was logged.
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        log.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
