@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use enim_provider::{Eni, MacAddr, ProviderError};
-use enim_provider_aws::ec2::RetryPolicy;
+use enim_provider_aws::client::RetryPolicy;
 use enim_provider_aws::AwsConfig;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
@@ -82,7 +82,7 @@ impl Default for CloudParams {
             api_rtt: Duration::from_millis(50),
             imds_rtt: Duration::from_millis(1),
             eni_limit: 15,
-            retry: aws.retry_policy(),
+            retry: aws.api.retry_policy(),
             metadata_wait: aws.metadata_wait,
             detach_timeout: aws.detach_timeout,
         }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use enim_provider::MacAddr;
-use enim_provider_aws::imds::{Imds, ImdsError};
+use enim_provider_aws::metadata::{Imds, ImdsError};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
