@@ -37,11 +37,37 @@ impl KeyMove {
 /// How one config type is read: the section it is in (`provider` for
 /// enimd's, `cloud` for the operator's), for messages; the keys that moved;
 /// and the defaults of its `api` table.
-#[derive(Debug, Clone, Copy)]
-pub struct ConfigKeys<'a> {
-    pub section: &'a str,
-    pub moves: &'a [KeyMove],
-    pub api_defaults: &'a ApiConfig,
+#[derive(Debug, Clone)]
+pub struct ConfigKeys {
+    pub section: &'static str,
+    pub moves: &'static [KeyMove],
+    pub api_defaults: ApiConfig,
+}
+
+/// Implements `Deserialize` for the config type `$ty` through
+/// [`read_config`] with the [`ConfigKeys`] `$keys` makes, and `Serialize`
+/// as derived. `$ty` derives both with `#[serde(remote = "Self")]`, which
+/// makes the derived code inherent functions these call.
+#[macro_export]
+macro_rules! serde_with_moved_keys {
+    ($ty:ty, $keys:expr) => {
+        impl<'de> ::serde::Deserialize<'de> for $ty {
+            fn deserialize<D: ::serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> ::std::result::Result<Self, D::Error> {
+                $crate::config_keys::read_config(deserializer, &$keys, <$ty>::deserialize)
+            }
+        }
+
+        impl ::serde::Serialize for $ty {
+            fn serialize<S: ::serde::Serializer>(
+                &self,
+                serializer: S,
+            ) -> ::std::result::Result<S::Ok, S::Error> {
+                <$ty>::serialize(self, serializer)
+            }
+        }
+    };
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +88,7 @@ pub enum KeyError {
 /// Each old key the file uses is logged as deprecated.
 pub fn read_config<'de, D, T>(
     deserializer: D,
-    keys: &ConfigKeys<'_>,
+    keys: &ConfigKeys,
     read: impl FnOnce(Value) -> Result<T, serde_json::Error>,
 ) -> Result<T, D::Error>
 where
@@ -75,7 +101,7 @@ where
         for m in moved {
             tracing::warn!(old = m.old, new = m.new, "{}", m.deprecation(keys.section));
         }
-        fill_api_defaults(keys.section, table, keys.api_defaults).map_err(D::Error::custom)?;
+        fill_api_defaults(keys.section, table, &keys.api_defaults).map_err(D::Error::custom)?;
     }
     read(value).map_err(D::Error::custom)
 }
@@ -233,28 +259,30 @@ mod tests {
         assert!(matches!(e, KeyError::NotATable { .. }), "{e}");
     }
 
-    /// A config with a moved key and an `api` table, read through
-    /// [`read_config`] as a cloud's config type would be.
-    #[derive(Debug, PartialEq, Deserialize)]
-    #[serde(deny_unknown_fields)]
+    /// A config with a moved key and an `api` table, read as a cloud's
+    /// config type is.
+    #[derive(Debug, PartialEq, serde::Serialize, Deserialize)]
+    #[serde(remote = "Self", deny_unknown_fields)]
     struct Probe {
         api: ApiConfig,
         #[serde(default)]
         poll: Option<String>,
     }
 
-    fn read(text: &str) -> Result<Probe, String> {
-        let slow = ApiConfig {
-            backoff: Duration::from_millis(500),
-            ..ApiConfig::default()
-        };
-        let keys = ConfigKeys {
+    crate::serde_with_moved_keys!(
+        Probe,
+        ConfigKeys {
             section: "provider",
             moves: MOVES,
-            api_defaults: &slow,
-        };
-        let mut de = serde_json::Deserializer::from_str(text);
-        read_config(&mut de, &keys, Probe::deserialize).map_err(|e| e.to_string())
+            api_defaults: ApiConfig {
+                backoff: Duration::from_millis(500),
+                ..ApiConfig::default()
+            },
+        }
+    );
+
+    fn read(text: &str) -> Result<Probe, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -282,5 +310,13 @@ mod tests {
         assert!(e.contains("api_atempts"), "{e}");
         let e = read(r#"{"api_attempts": 2, "api": {"max_attempts": 1}}"#).unwrap_err();
         assert!(e.contains("keep only api.max_attempts"), "{e}");
+    }
+
+    #[test]
+    fn written_back_it_reads_the_same() {
+        let p = read(r#"{"api_attempts": 2, "poll": "1s"}"#).unwrap();
+        let written = serde_json::to_string(&p).unwrap();
+        assert!(written.contains(r#""max_attempts":2"#), "{written}");
+        assert_eq!(read(&written).unwrap(), p);
     }
 }
