@@ -13,6 +13,7 @@ pub mod fault;
 pub mod fleet;
 pub mod ratelimit;
 pub mod retry;
+pub mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -4,7 +4,9 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 
 use crate::{EniOwner, EniProvider, ProviderError};
 
@@ -71,7 +73,7 @@ pub fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         .with_writer(move || LogSink(sink.clone()))
         .finish();
     let out = tracing::subscriber::with_default(subscriber, f);
-    let bytes = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let bytes = lock(&log).clone();
     let lines = String::from_utf8_lossy(&bytes)
         .lines()
         .map(str::to_string)
@@ -84,8 +86,7 @@ struct LogSink(Arc<Mutex<Vec<u8>>>);
 
 impl io::Write for LogSink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        log.extend_from_slice(buf);
+        lock(&self.0).extend_from_slice(buf);
         Ok(buf.len())
     }
 

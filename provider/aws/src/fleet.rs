@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -32,6 +32,7 @@ use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
 };
+use enim_provider::sync::lock;
 use enim_provider::{AddressLimits, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -86,11 +87,6 @@ pub struct AwsFleet {
     subnets: Mutex<HashMap<String, SubnetNets>>,
     /// Instance type to its limits: instance types do not change.
     limits: Mutex<HashMap<String, AddressLimits>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only plain maps live behind these locks: always consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The credentials `config` names, read now (the environment's) or

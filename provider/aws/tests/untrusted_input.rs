@@ -8,13 +8,12 @@
 //! loopback.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider::MacAddr;
 use enim_provider_aws::metadata::{Imds, ImdsError};
+use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -26,59 +25,12 @@ fn cases(cases: u32) -> ProptestConfig {
     }
 }
 
-/// A loopback metadata service: `PUT /latest/api/token` gives a token,
-/// every GET the answer set for its path, or 404.
-struct Metadata {
-    url: String,
-    answers: Arc<Mutex<HashMap<String, String>>>,
-}
-
-/// One server for the whole file (its thread lives as long as the test
-/// process); each case sets its answers, the cases run one at a time.
-fn metadata() -> &'static Metadata {
-    static SERVER: OnceLock<Metadata> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let answers = Arc::new(Mutex::new(HashMap::new()));
-        let served = answers.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(stream, &served);
-            }
-        });
-        Metadata { url, answers }
-    })
-}
-
-/// Reads one request's head and answers it; the connection then closes.
-fn answer(mut stream: TcpStream, answers: &Mutex<HashMap<String, String>>) {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return,
-        }
-    }
-    let head = String::from_utf8_lossy(&head);
-    let mut words = head.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, body) = match (method, path) {
-        ("PUT", "/latest/api/token") => ("200 OK", "token-1".to_string()),
-        _ => match answers.lock().unwrap().get(path) {
-            Some(body) => ("200 OK", body.clone()),
-            None => ("404 Not Found", String::new()),
-        },
-    };
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
+/// One metadata stand-in for the whole file (its thread lives as long as
+/// the test process); each case sets its answers, the cases run one at a
+/// time.
+fn metadata() -> &'static MetadataStub {
+    static SERVER: OnceLock<MetadataStub> = OnceLock::new();
+    SERVER.get_or_init(|| MetadataStub::start(""))
 }
 
 fn wild_string() -> impl Strategy<Value = String> {
@@ -176,9 +128,7 @@ fn set_answers(
     listing: Option<&str>,
     fields: &[(&str, Option<String>)],
 ) -> MutexGuard<'static, ()> {
-    let serial = one_case_at_a_time();
-    let mut answers = metadata().answers.lock().unwrap();
-    answers.clear();
+    let mut answers = HashMap::new();
     let base = "/latest/meta-data/network/interfaces/macs/";
     if let Some(listing) = listing {
         answers.insert(base.to_string(), listing.to_string());
@@ -188,13 +138,7 @@ fn set_answers(
             answers.insert(format!("{base}{MAC}/{leaf}"), v.clone());
         }
     }
-    serial
-}
-
-fn one_case_at_a_time() -> MutexGuard<'static, ()> {
-    static CASE: Mutex<()> = Mutex::new(());
-    // A failed case poisons it; the next one sets its own answers anyway.
-    CASE.lock().unwrap_or_else(|p| p.into_inner())
+    metadata().serve(answers)
 }
 
 /// An error the parsers may give: the path (under `under`) and why, or a
@@ -217,7 +161,7 @@ proptest! {
     #[test]
     fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text())) {
         let _serial = set_answers(Some(&text), &[]);
-        let imds = Imds::new(&metadata().url).unwrap();
+        let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.macs()) {
             Ok(macs) => {
                 let lines: Vec<&str> = text
@@ -242,7 +186,7 @@ proptest! {
     #[test]
     fn interface_of_any_answers_is_an_eni_or_an_error(fields in interface_answers(), mtu in proptest::option::of(any::<u32>())) {
         let _serial = set_answers(None, &fields);
-        let imds = Imds::new(&metadata().url).unwrap();
+        let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.interface(MAC)) {
             Ok(info) => {
                 prop_assert!(!info.ipv4s.is_empty());

@@ -1,0 +1,244 @@
+use enim_provider::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
+use enim_provider::testing::warnings_of;
+
+use super::*;
+
+#[test]
+fn config_defaults_and_unknown_keys() {
+    let c: BceConfig = serde_json::from_str(r#"{"security_group_ids": ["g-1"]}"#).unwrap();
+    assert_eq!(c.poll_interval, Duration::from_secs(2));
+    assert_eq!(c.list_page_size, 100);
+    assert_eq!(c.pool, PoolConfig::default());
+    assert!(c.validate().is_ok());
+    assert!(serde_json::from_str::<BceConfig>(r#"{"regoin": "bj"}"#).is_err());
+    let c: BceConfig = serde_json::from_str(
+        r#"{"poll_interval": "50ms", "operation_timeout": "1s",
+            "pool": {"min_free": 2, "max_free": 4}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.poll_interval, Duration::from_millis(50));
+    assert_eq!(c.pool.min_free, 2);
+    let mut bad = c.clone();
+    bad.list_page_size = 0;
+    assert!(bad.validate().is_err());
+    assert_eq!(c.api.mutating_rate, DEFAULT_MUTATING_RATE);
+    assert_eq!(c.cluster, None);
+    let r: BceConfig = serde_json::from_str(
+        r#"{"cluster": "prod", "api": {"read_rate": {"every": "100ms", "burst": 3}}}"#,
+    )
+    .unwrap();
+    assert_eq!(r.cluster.as_deref(), Some("prod"));
+    assert_eq!(
+        r.api.read_rate,
+        RateLimit::new(Duration::from_millis(100), 3)
+    );
+    assert!(r.validate().is_ok());
+    let mut bad = r.clone();
+    bad.cluster = Some("a;b".into());
+    assert!(bad.validate().unwrap_err().to_string().contains("cluster"));
+    let mut bad = r.clone();
+    bad.api.mutating_rate.burst = 0;
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("api.mutating_rate: burst"));
+    let mut bad = c;
+    bad.pool.max_free = 1;
+    assert!(bad.validate().is_err());
+}
+
+#[test]
+fn debug_hides_the_secret() {
+    let c = BceConfig {
+        access_key_id: Some("ak".into()),
+        secret_access_key: Some("topsecret".into()),
+        ..BceConfig::default()
+    };
+    let shown = format!("{c:?}");
+    assert!(
+        shown.contains("ak") && !shown.contains("topsecret"),
+        "{shown}"
+    );
+    let creds = c.credentials().unwrap();
+    assert!(!format!("{creds:?}").contains("topsecret"));
+}
+
+/// The node's keys as they were before the `api` table: each still read,
+/// each with a warning that names its new key.
+#[test]
+fn old_node_keys_are_read_with_a_deprecation_warning() {
+    let (c, logged) = warnings_of(|| {
+        toml::from_str::<BceConfig>(
+            r#"
+            endpoint = "http://127.0.0.1:8080"
+            max_attempts = 3
+            retry_base = "10ms"
+            retry_cap = "100ms"
+            api_mutating_rate = { every = "2s", burst = 3 }
+            api_read_rate = { every = "100ms", burst = 20 }
+            poll_interval = "1s"
+            "#,
+        )
+    });
+    let c = c.unwrap();
+    let api = ApiConfig {
+        endpoint: Some("http://127.0.0.1:8080".into()),
+        max_attempts: 3,
+        backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(100),
+        mutating_rate: RateLimit::new(Duration::from_secs(2), 3),
+        read_rate: RateLimit::new(Duration::from_millis(100), 20),
+    };
+    assert_eq!(c.api, api);
+    assert_eq!(c.poll_interval, Duration::from_secs(1));
+    c.validate().unwrap();
+    assert_eq!(logged.len(), NODE_MOVES.len(), "{logged:#?}");
+    for (line, m) in logged.iter().zip(NODE_MOVES) {
+        assert!(line.contains(&m.deprecation("provider")), "{line}");
+    }
+    // One old key: the rest of `api` keeps BCE's defaults.
+    let c: BceConfig = toml::from_str("max_attempts = 2").unwrap();
+    assert_eq!(
+        c.api,
+        ApiConfig {
+            max_attempts: 2,
+            ..default_api()
+        }
+    );
+}
+
+#[test]
+fn new_node_keys_are_read_without_a_warning() {
+    let (c, logged) = warnings_of(|| {
+        toml::from_str::<BceConfig>("[api]\nmax_attempts = 2\nendpoint = \"http://bcc.local\"")
+    });
+    let c = c.unwrap();
+    assert_eq!(c.api.max_attempts, 2);
+    assert_eq!(c.api.endpoint.as_deref(), Some("http://bcc.local"));
+    // BCE's own default, not the shared one.
+    assert_eq!(c.api.backoff, Duration::from_millis(500));
+    assert!(logged.is_empty(), "{logged:#?}");
+}
+
+#[test]
+fn a_node_key_given_under_both_names_is_refused() {
+    for text in [
+        "max_attempts = 2\n[api]\nmax_attempts = 3",
+        "retry_base = \"1s\"\n[api]\nbackoff = \"2s\"",
+        "endpoint = \"http://a\"\n[api]\nendpoint = \"http://b\"",
+    ] {
+        let e = toml::from_str::<BceConfig>(text).unwrap_err().to_string();
+        assert!(e.contains("[provider] sets both"), "{text}: {e}");
+    }
+}
+
+#[test]
+fn written_back_configs_read_the_same() {
+    let c: BceConfig = toml::from_str("retry_cap = \"20s\"\ncluster = \"c\"").unwrap();
+    let written = toml::to_string(&c).unwrap();
+    assert_eq!(toml::from_str::<BceConfig>(&written).unwrap(), c);
+    let f: BceFleetConfig = fleet(r#"{"api": {"poll_interval": "1s"}}"#);
+    let written = toml::to_string(&f).unwrap();
+    assert_eq!(toml::from_str::<BceFleetConfig>(&written).unwrap(), f);
+}
+
+fn fleet(json: &str) -> BceFleetConfig {
+    serde_json::from_str(json).unwrap()
+}
+
+#[test]
+fn fleet_config_is_checked_and_names_what_is_wrong() {
+    let ok: BceFleetConfig = serde_json::from_str(
+        r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
+            "limits": {"bcc.g4.c2m8": {"enis": 3, "ipv4_per_eni": 8}},
+            "poll_interval": "1s"}"#,
+    )
+    .unwrap();
+    ok.validate().unwrap();
+    assert_eq!(ok.endpoint(), "https://bcc.bj.baidubce.com");
+    assert_eq!(ok.limits["bcc.g4.c2m8"].ipv6_per_eni, 0);
+    for (text, needle) in [
+        (r#"{"regoin": "bj"}"#, "regoin"),
+        (r#"{"api": {"poll": "1s"}}"#, "poll"),
+        (
+            r#"{"limits": {"t": {"enis": 1, "ipv4_per_eni": 1, "v6": 1}}}"#,
+            "v6",
+        ),
+    ] {
+        let e = serde_json::from_str::<BceFleetConfig>(text).unwrap_err();
+        assert!(e.to_string().contains(needle), "{needle}: {e}");
+    }
+    type Change = fn(&mut BceFleetConfig);
+    let cases: [(Change, &str); 4] = [
+        (|c| c.region = None, "region or endpoint"),
+        (|c| c.vpc_id.clear(), "vpc_id"),
+        (|c| c.cluster = "a b".into(), "cluster"),
+        (|c| c.api.max_attempts = 0, "api.max_attempts"),
+    ];
+    for (change, needle) in cases {
+        let mut c = ok.clone();
+        change(&mut c);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(needle), "{needle}: {e}");
+    }
+}
+
+#[test]
+fn old_fleet_keys_are_read_with_a_deprecation_warning() {
+    let (c, logged) = warnings_of(|| {
+        serde_json::from_str::<BceFleetConfig>(
+            r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
+                "endpoint": "http://127.0.0.1:8080",
+                "api": {"max_attempts": 4, "retry_base": "2ms", "retry_cap": "10ms",
+                        "api_mutating_rate": {"every": "1ms", "burst": 9},
+                        "api_read_rate": {"every": "2ms", "burst": 8},
+                        "poll_interval": "5ms", "operation_timeout": "5s",
+                        "list_page_size": 2}}"#,
+        )
+    });
+    let c = c.unwrap();
+    assert_eq!(
+        c.api,
+        ApiConfig {
+            endpoint: Some("http://127.0.0.1:8080".into()),
+            max_attempts: 4,
+            backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(10),
+            mutating_rate: RateLimit::new(Duration::from_millis(1), 9),
+            read_rate: RateLimit::new(Duration::from_millis(2), 8),
+        }
+    );
+    assert_eq!(
+        (c.poll_interval, c.operation_timeout, c.list_page_size),
+        (Duration::from_millis(5), Duration::from_secs(5), 2)
+    );
+    assert_eq!(c.endpoint(), "http://127.0.0.1:8080");
+    c.validate().unwrap();
+    assert_eq!(logged.len(), FLEET_MOVES.len(), "{logged:#?}");
+    for (line, m) in logged.iter().zip(FLEET_MOVES) {
+        assert!(line.contains(&m.deprecation("cloud")), "{line}");
+    }
+}
+
+#[test]
+fn new_fleet_keys_are_read_without_a_warning_and_both_names_are_refused() {
+    let (c, logged) = warnings_of(|| {
+        serde_json::from_str::<BceFleetConfig>(
+            r#"{"poll_interval": "5ms", "api": {"endpoint": "http://e", "backoff": "1ms"}}"#,
+        )
+    });
+    let c = c.unwrap();
+    assert_eq!(c.poll_interval, Duration::from_millis(5));
+    assert_eq!(c.api.backoff, Duration::from_millis(1));
+    assert!(logged.is_empty(), "{logged:#?}");
+    let e = serde_json::from_str::<BceFleetConfig>(
+        r#"{"poll_interval": "5ms", "api": {"poll_interval": "6ms"}}"#,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("[cloud] sets both api.poll_interval (deprecated) and poll_interval"),
+        "{e}"
+    );
+}
