@@ -5,7 +5,8 @@
 //!
 //! One stub serves a whole test file, whose cases run one at a time:
 //! [`MetadataStub::serve`] holds the answers, and the other cases off,
-//! until its guard is dropped.
+//! until its guard is dropped. With the `proptest` feature, [`answers`]
+//! has the strategies of those answers both clouds' tests draw from.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -96,4 +97,47 @@ fn answer(mut stream: TcpStream, base: &str, answers: &Mutex<HashMap<String, Str
         "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
+}
+
+/// Strategies of metadata answers: any text, and listings of plausible
+/// entries mixed with junk.
+#[cfg(feature = "proptest")]
+pub mod answers {
+    use std::ops::Range;
+
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// `cases` small cases, none of them kept on disk.
+    pub fn cases(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Any short text: printable, with control characters, or of the
+    /// characters addresses are written with.
+    pub fn wild_string() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,24}",
+            "(?s:.{0,24})",
+            "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
+        ]
+    }
+
+    /// A listing of `lines` lines: plausible entries and junk, with the
+    /// blank lines, trailing '/' and CRLFs real listings have.
+    pub fn listing(
+        entry: impl Strategy<Value = String>,
+        lines: Range<usize>,
+    ) -> impl Strategy<Value = String> {
+        let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
+        (
+            vec(line, lines),
+            prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
+        )
+            .prop_map(|(lines, end)| lines.join(end))
+    }
 }

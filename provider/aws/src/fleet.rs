@@ -30,11 +30,10 @@ use aws_credential_types::Credentials;
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
 use enim_provider::sync::lock;
 use enim_provider::{AddressLimits, ProviderError};
-use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
 use crate::config::{AwsCredentialsConfig, AwsFleetConfig};
@@ -47,33 +46,14 @@ use crate::tags::{in_cluster, TAG_MANAGED, TAG_NODE};
 /// EC2's limit on a ClientToken: 64 ASCII characters.
 const MAX_CLIENT_TOKEN: usize = 64;
 
-/// A subnet's blocks, as ENIs in it are addressed.
-#[derive(Debug, Clone, Copy)]
-struct SubnetNets {
-    v4: Ipv4Net,
-    v6: Option<Ipv6Net>,
-}
-
-impl SubnetNets {
-    fn of(subnet: &Subnet) -> Result<SubnetNets, AwsError> {
-        let bad = |value: &str| AwsError::BadSubnet {
-            subnet: subnet.subnet_id.clone(),
-            value: value.into(),
-        };
-        let v4 = subnet
-            .cidr_block
-            .parse()
-            .map_err(|_| bad(&subnet.cidr_block))?;
-        let v6 = match subnet.ipv6_cidr_block_association_set.item.first() {
-            None => None,
-            Some(b) => Some(
-                b.ipv6_cidr_block
-                    .parse()
-                    .map_err(|_| bad(&b.ipv6_cidr_block))?,
-            ),
-        };
-        Ok(SubnetNets { v4, v6 })
-    }
+/// `subnet`'s blocks, as EC2 describes them.
+fn blocks_of(subnet: &Subnet) -> Result<SubnetBlocks, AwsError> {
+    let v6 = subnet.ipv6_cidr_block_association_set.item.first();
+    let v6 = v6.map(|b| b.ipv6_cidr_block.as_str());
+    SubnetBlocks::parse(&subnet.cidr_block, v6).map_err(|value| AwsError::BadSubnet {
+        subnet: subnet.subnet_id.clone(),
+        value: value.into(),
+    })
 }
 
 /// The operator's EC2 backend for one cluster. One per operator: its
@@ -84,7 +64,7 @@ pub struct AwsFleet {
     assign_ipv6: bool,
     detach_timeout: Duration,
     /// Subnet id to its blocks: subnets do not change their blocks.
-    subnets: Mutex<HashMap<String, SubnetNets>>,
+    subnets: Mutex<HashMap<String, SubnetBlocks>>,
     /// Instance type to its limits: instance types do not change.
     limits: Mutex<HashMap<String, AddressLimits>>,
 }
@@ -155,7 +135,7 @@ impl AwsFleet {
 
     /// The blocks of `ids`, asking EC2 (in one call) only for those not
     /// known yet. A subnet EC2 does not know is left out.
-    async fn subnet_nets(&self, ids: &[&str]) -> Result<HashMap<String, SubnetNets>, AwsError> {
+    async fn subnet_nets(&self, ids: &[&str]) -> Result<HashMap<String, SubnetBlocks>, AwsError> {
         let mut missing: Vec<&str> = {
             let known = lock(&self.subnets);
             ids.iter()
@@ -173,7 +153,7 @@ impl AwsFleet {
                 .map_err(ec2(format!("describing subnets {missing:?}")))?;
             let mut known = lock(&self.subnets);
             for s in &found {
-                known.insert(s.subnet_id.clone(), SubnetNets::of(s)?);
+                known.insert(s.subnet_id.clone(), blocks_of(s)?);
             }
         }
         let known = lock(&self.subnets);
@@ -185,7 +165,7 @@ impl AwsFleet {
 
     /// `eni` as the listing shows it, addressed in its subnet as instance
     /// metadata would address it on a node.
-    fn fleet_eni(eni: NetworkInterface, nets: SubnetNets) -> Result<FleetEni, AwsError> {
+    fn fleet_eni(eni: NetworkInterface, nets: SubnetBlocks) -> Result<FleetEni, AwsError> {
         let id = eni.network_interface_id.clone();
         let bad_address = |value: &str| AwsError::BadAddress {
             eni_id: id.clone(),

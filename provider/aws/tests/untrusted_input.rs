@@ -13,17 +13,10 @@ use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider::MacAddr;
 use enim_provider_aws::metadata::{Imds, ImdsError};
+use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
 use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
-
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// One metadata stand-in for the whole file (its thread lives as long as
 /// the test process); each case sets its answers, the cases run one at a
@@ -33,24 +26,8 @@ fn metadata() -> &'static MetadataStub {
     SERVER.get_or_init(|| MetadataStub::start(""))
 }
 
-fn wild_string() -> impl Strategy<Value = String> {
-    prop_oneof![
-        "\\PC{0,24}",
-        "(?s:.{0,24})",
-        "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
-    ]
-}
-
-/// A listing: lines of plausible entries and junk, with the blank lines,
-/// trailing '/' and CRLFs real listings have.
-fn listing(entry: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
-    let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
-    (
-        vec(line, 0..5),
-        prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
-    )
-        .prop_map(|(lines, end)| lines.join(end))
-}
+/// Lines of a listing: up to four.
+const LISTING_LINES: std::ops::Range<usize> = 0..5;
 
 /// MAC-like text: five to seven octets of two hex digits, or of a sign,
 /// a space or one digit, joined by ':' or '-'.
@@ -82,17 +59,18 @@ fn interface_answers() -> impl Strategy<Value = Vec<(&'static str, Option<String
                 any::<u64>().prop_map(|n| n.to_string())
             ]),
             field(any::<u32>().prop_map(|n| n.to_string())),
-            field(listing(v4())),
+            field(listing(v4(), LISTING_LINES)),
         ),
         (
             field(
                 (any::<[u8; 4]>(), 0u8..=40)
                     .prop_map(|(a, p)| format!("{}/{p}", Ipv4Addr::from(a))),
             ),
-            field(listing(v6())),
+            field(listing(v6(), LISTING_LINES)),
             field(listing(
                 (any::<[u8; 16]>(), 0u8..=130)
                     .prop_map(|(a, p)| format!("{}/{p}", Ipv6Addr::from(a))),
+                LISTING_LINES,
             )),
             field("subnet-[0-9a-f]{1,17}"),
         ),
@@ -159,7 +137,7 @@ proptest! {
     /// The MAC listing of any text: one MAC a non-blank line, or an
     /// error naming the line.
     #[test]
-    fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text())) {
+    fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text(), LISTING_LINES)) {
         let _serial = set_answers(Some(&text), &[]);
         let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.macs()) {

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
 use enim_provider::sync::lock;
 use enim_provider::{AddressLimits, MacAddr, ProviderError};
@@ -56,26 +56,14 @@ use crate::tags::{
 const MAX_DESCRIPTION: usize = 200;
 const MAX_CLIENT_TOKEN: usize = 64;
 
-/// A subnet's blocks and its gateways (each block's first host).
-#[derive(Debug, Clone, Copy)]
-struct SubnetNets {
-    v4: Ipv4Net,
-    v6: Option<Ipv6Net>,
-}
-
-impl SubnetNets {
-    fn of(s: &ApiSubnet) -> Result<SubnetNets, BceError> {
-        let bad = |v: &str| BceError::BadSubnet {
-            subnet: s.subnet_id.clone(),
-            value: v.into(),
-        };
-        let v4 = s.cidr.parse().map_err(|_| bad(&s.cidr))?;
-        let v6 = match s.ipv6_cidr.trim() {
-            "" => None,
-            b => Some(b.parse().map_err(|_| bad(b))?),
-        };
-        Ok(SubnetNets { v4, v6 })
-    }
+/// `s`'s blocks, as the VPC API describes them (the gateways are each
+/// block's first host).
+fn blocks_of(s: &ApiSubnet) -> Result<SubnetBlocks, BceError> {
+    let v6 = Some(s.ipv6_cidr.trim()).filter(|b| !b.is_empty());
+    SubnetBlocks::parse(&s.cidr, v6).map_err(|value| BceError::BadSubnet {
+        subnet: s.subnet_id.clone(),
+        value: value.into(),
+    })
 }
 
 /// The operator's BCE backend for one cluster (one per operator: its
@@ -83,7 +71,7 @@ impl SubnetNets {
 pub struct BceFleet {
     api: ApiClient,
     config: BceFleetConfig,
-    subnets: Mutex<HashMap<String, SubnetNets>>,
+    subnets: Mutex<HashMap<String, SubnetBlocks>>,
 }
 
 /// A short stable digest of a token (FNV-1a), for the ENI's name: the
@@ -137,11 +125,11 @@ impl BceFleet {
     }
 
     /// The blocks of `subnet`, asked once.
-    async fn nets(&self, subnet: &str) -> Result<SubnetNets, BceError> {
+    async fn nets(&self, subnet: &str) -> Result<SubnetBlocks, BceError> {
         if let Some(n) = lock(&self.subnets).get(subnet) {
             return Ok(*n);
         }
-        let nets = SubnetNets::of(&self.api.get_subnet(subnet).await?)?;
+        let nets = blocks_of(&self.api.get_subnet(subnet).await?)?;
         lock(&self.subnets).insert(subnet.to_string(), nets);
         Ok(nets)
     }

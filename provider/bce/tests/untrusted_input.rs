@@ -13,17 +13,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider_bce::metadata::{parse_mask, MetadataClient, MetadataError};
+use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
 use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
-
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 const BASE: &str = "/1.0/meta-data/";
 
@@ -34,24 +27,8 @@ fn metadata() -> &'static MetadataStub {
     SERVER.get_or_init(|| MetadataStub::start(BASE))
 }
 
-fn wild_string() -> impl Strategy<Value = String> {
-    prop_oneof![
-        "\\PC{0,24}",
-        "(?s:.{0,24})",
-        "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
-    ]
-}
-
-/// A listing: lines of plausible entries and junk, with blank lines,
-/// trailing '/' and CRLFs.
-fn listing(entry: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
-    let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
-    (
-        vec(line, 0..4),
-        prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
-    )
-        .prop_map(|(lines, end)| lines.join(end))
-}
+/// Lines of a listing: up to three.
+const LISTING_LINES: std::ops::Range<usize> = 0..4;
 
 fn ip_text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -97,7 +74,7 @@ fn interface_answers() -> impl Strategy<Value = HashMap<String, String>> {
         field(mask_text()),
         field(ip_text()),
     );
-    (listing(ip_text()), vec(per_ip, 4)).prop_map(|(ips, per_ip)| {
+    (listing(ip_text(), LISTING_LINES), vec(per_ip, 4)).prop_map(|(ips, per_ip)| {
         let mut answers = HashMap::new();
         let macs = "network/interfaces/macs";
         for (ip, (ip_type, mask, gateway)) in ips.lines().map(str::trim).zip(per_ip) {
@@ -166,7 +143,7 @@ proptest! {
 
     /// The MAC listing of any text: its non-blank lines.
     #[test]
-    fn mac_listing_of_any_text_is_its_lines(text in listing(prop_oneof![Just(MAC.to_string()), wild_string()])) {
+    fn mac_listing_of_any_text_is_its_lines(text in listing(prop_oneof![Just(MAC.to_string()), wild_string()], LISTING_LINES)) {
         let _serial = set_answers(HashMap::from([("network/interfaces/macs".to_string(), text.clone())]));
         let client = MetadataClient::new(metadata().url()).unwrap();
         match runtime().block_on(client.macs()) {

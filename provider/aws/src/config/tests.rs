@@ -1,5 +1,5 @@
 use enim_provider::ratelimit::RateLimit;
-use enim_provider::testing::warnings_of;
+use enim_provider::testing::{read_with_deprecations, read_without_warnings, sample_api};
 
 use super::*;
 
@@ -108,7 +108,7 @@ fn unknown_keys_and_bad_values_are_rejected() {
 /// each with a warning that names its new key.
 #[test]
 fn old_node_keys_are_read_with_a_deprecation_warning() {
-    let (c, logged) = warnings_of(|| {
+    let c = read_with_deprecations("provider", NODE_MOVES, || {
         toml::from_str::<AwsConfig>(
             r#"
             ec2_endpoint = "http://127.0.0.1:5000"
@@ -120,42 +120,19 @@ fn old_node_keys_are_read_with_a_deprecation_warning() {
             "#,
         )
     });
-    let c = c.unwrap();
-    let api = ApiConfig {
-        endpoint: Some("http://127.0.0.1:5000".into()),
-        max_attempts: 3,
-        backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(5),
-        mutating_rate: RateLimit::new(Duration::from_secs(2), 3),
-        read_rate: RateLimit::new(Duration::from_millis(100), 20),
-    };
-    assert_eq!(c.api, api);
+    assert_eq!(c.api, sample_api());
     c.validate().unwrap();
-    assert_eq!(logged.len(), NODE_MOVES.len(), "{logged:#?}");
-    for (line, m) in logged.iter().zip(NODE_MOVES) {
-        assert!(line.contains(&m.deprecation("provider")), "{line}");
-    }
-    // One old key: the rest of `api` keeps its defaults.
-    let c: AwsConfig = toml::from_str("api_attempts = 2").unwrap();
-    assert_eq!(
-        c.api,
-        ApiConfig {
-            max_attempts: 2,
-            ..ApiConfig::default()
-        }
-    );
 }
 
+/// A new key reads as its old name did; the rest of `api` keeps its
+/// defaults.
 #[test]
 fn new_node_keys_are_read_without_a_warning() {
-    let (c, logged) = warnings_of(|| {
-        toml::from_str::<AwsConfig>("[api]\nmax_attempts = 2\nendpoint = \"http://ec2.local\"")
-    });
-    let c = c.unwrap();
-    assert_eq!(c.api.max_attempts, 2);
-    assert_eq!(c.api.endpoint.as_deref(), Some("http://ec2.local"));
-    assert_eq!(c.api.backoff, ApiConfig::default().backoff);
-    assert!(logged.is_empty(), "{logged:#?}");
+    let new = read_without_warnings(|| toml::from_str::<AwsConfig>("[api]\nmax_attempts = 2"));
+    let old: AwsConfig = toml::from_str("api_attempts = 2").unwrap();
+    assert_eq!(new, old);
+    let api = ApiConfig::default();
+    assert_eq!((new.api.max_attempts, new.api.backoff), (2, api.backoff));
 }
 
 #[test]
@@ -276,33 +253,31 @@ fn fleet_unknown_keys_and_bad_values_are_named() {
 
 #[test]
 fn old_fleet_keys_are_read_with_a_deprecation_warning() {
-    let (c, logged) = warnings_of(|| {
+    let c = read_with_deprecations("cloud", FLEET_MOVES, || {
         parse_fleet(
-            "region = \"r\"\ncluster = \"c\"\nec2_endpoint = \"http://127.0.0.1:5000\"\n\
-             [api]\nattempts = 3\ndescribe_rate = { every = \"1s\", burst = 2 }\nbackoff = \"1s\"",
+            r#"
+            region = "r"
+            cluster = "c"
+            ec2_endpoint = "http://127.0.0.1:5000"
+            [api]
+            attempts = 3
+            backoff = "100ms"
+            max_backoff = "5s"
+            mutating_rate = { every = "2s", burst = 3 }
+            describe_rate = { every = "100ms", burst = 20 }
+            "#,
         )
     });
-    let c = c.unwrap();
-    assert_eq!(c.api.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
-    assert_eq!(c.api.max_attempts, 3);
-    assert_eq!(c.api.read_rate, RateLimit::new(Duration::from_secs(1), 2));
-    assert_eq!(c.api.backoff, Duration::from_secs(1));
+    assert_eq!(c.api, sample_api());
     c.validate().unwrap();
-    assert_eq!(logged.len(), FLEET_MOVES.len(), "{logged:#?}");
-    for (line, m) in logged.iter().zip(FLEET_MOVES) {
-        assert!(line.contains(&m.deprecation("cloud")), "{line}");
-    }
 }
 
 #[test]
 fn new_fleet_keys_are_read_without_a_warning_and_both_names_are_refused() {
-    let (c, logged) = warnings_of(|| {
-        parse_fleet(
-            "region = \"r\"\ncluster = \"c\"\n[api]\nmax_attempts = 2\nendpoint = \"http://e\"",
-        )
+    let c = read_without_warnings(|| {
+        parse_fleet("region = \"r\"\ncluster = \"c\"\n[api]\nmax_attempts = 2")
     });
-    assert_eq!(c.unwrap().api.max_attempts, 2);
-    assert!(logged.is_empty(), "{logged:#?}");
+    assert_eq!(c.api.max_attempts, 2);
     let e = parse_fleet("region = \"r\"\ncluster = \"c\"\n[api]\nattempts = 2\nmax_attempts = 3")
         .unwrap_err();
     assert!(

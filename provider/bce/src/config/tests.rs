@@ -1,5 +1,5 @@
 use enim_provider::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
-use enim_provider::testing::warnings_of;
+use enim_provider::testing::{read_with_deprecations, read_without_warnings, sample_api};
 
 use super::*;
 
@@ -68,57 +68,33 @@ fn debug_hides_the_secret() {
 /// each with a warning that names its new key.
 #[test]
 fn old_node_keys_are_read_with_a_deprecation_warning() {
-    let (c, logged) = warnings_of(|| {
+    let c = read_with_deprecations("provider", NODE_MOVES, || {
         toml::from_str::<BceConfig>(
             r#"
-            endpoint = "http://127.0.0.1:8080"
+            endpoint = "http://127.0.0.1:5000"
             max_attempts = 3
-            retry_base = "10ms"
-            retry_cap = "100ms"
+            retry_base = "100ms"
+            retry_cap = "5s"
             api_mutating_rate = { every = "2s", burst = 3 }
             api_read_rate = { every = "100ms", burst = 20 }
             poll_interval = "1s"
             "#,
         )
     });
-    let c = c.unwrap();
-    let api = ApiConfig {
-        endpoint: Some("http://127.0.0.1:8080".into()),
-        max_attempts: 3,
-        backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(100),
-        mutating_rate: RateLimit::new(Duration::from_secs(2), 3),
-        read_rate: RateLimit::new(Duration::from_millis(100), 20),
-    };
-    assert_eq!(c.api, api);
+    assert_eq!(c.api, sample_api());
     assert_eq!(c.poll_interval, Duration::from_secs(1));
     c.validate().unwrap();
-    assert_eq!(logged.len(), NODE_MOVES.len(), "{logged:#?}");
-    for (line, m) in logged.iter().zip(NODE_MOVES) {
-        assert!(line.contains(&m.deprecation("provider")), "{line}");
-    }
-    // One old key: the rest of `api` keeps BCE's defaults.
-    let c: BceConfig = toml::from_str("max_attempts = 2").unwrap();
-    assert_eq!(
-        c.api,
-        ApiConfig {
-            max_attempts: 2,
-            ..default_api()
-        }
-    );
 }
 
+/// A new key reads as its old name did; the rest of `api` keeps BCE's
+/// defaults, not the shared ones.
 #[test]
 fn new_node_keys_are_read_without_a_warning() {
-    let (c, logged) = warnings_of(|| {
-        toml::from_str::<BceConfig>("[api]\nmax_attempts = 2\nendpoint = \"http://bcc.local\"")
-    });
-    let c = c.unwrap();
-    assert_eq!(c.api.max_attempts, 2);
-    assert_eq!(c.api.endpoint.as_deref(), Some("http://bcc.local"));
-    // BCE's own default, not the shared one.
-    assert_eq!(c.api.backoff, Duration::from_millis(500));
-    assert!(logged.is_empty(), "{logged:#?}");
+    let new = read_without_warnings(|| toml::from_str::<BceConfig>("[api]\nmax_attempts = 2"));
+    let old: BceConfig = toml::from_str("max_attempts = 2").unwrap();
+    assert_eq!(new, old);
+    assert_eq!(new.api.max_attempts, 2);
+    assert_eq!(new.api.backoff, Duration::from_millis(500));
 }
 
 #[test]
@@ -186,52 +162,35 @@ fn fleet_config_is_checked_and_names_what_is_wrong() {
 
 #[test]
 fn old_fleet_keys_are_read_with_a_deprecation_warning() {
-    let (c, logged) = warnings_of(|| {
+    let c = read_with_deprecations("cloud", FLEET_MOVES, || {
         serde_json::from_str::<BceFleetConfig>(
             r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
-                "endpoint": "http://127.0.0.1:8080",
-                "api": {"max_attempts": 4, "retry_base": "2ms", "retry_cap": "10ms",
-                        "api_mutating_rate": {"every": "1ms", "burst": 9},
-                        "api_read_rate": {"every": "2ms", "burst": 8},
+                "endpoint": "http://127.0.0.1:5000",
+                "api": {"max_attempts": 3, "retry_base": "100ms", "retry_cap": "5s",
+                        "api_mutating_rate": {"every": "2s", "burst": 3},
+                        "api_read_rate": {"every": "100ms", "burst": 20},
                         "poll_interval": "5ms", "operation_timeout": "5s",
                         "list_page_size": 2}}"#,
         )
     });
-    let c = c.unwrap();
-    assert_eq!(
-        c.api,
-        ApiConfig {
-            endpoint: Some("http://127.0.0.1:8080".into()),
-            max_attempts: 4,
-            backoff: Duration::from_millis(2),
-            max_backoff: Duration::from_millis(10),
-            mutating_rate: RateLimit::new(Duration::from_millis(1), 9),
-            read_rate: RateLimit::new(Duration::from_millis(2), 8),
-        }
-    );
+    assert_eq!(c.api, sample_api());
     assert_eq!(
         (c.poll_interval, c.operation_timeout, c.list_page_size),
         (Duration::from_millis(5), Duration::from_secs(5), 2)
     );
-    assert_eq!(c.endpoint(), "http://127.0.0.1:8080");
+    assert_eq!(c.endpoint(), "http://127.0.0.1:5000");
     c.validate().unwrap();
-    assert_eq!(logged.len(), FLEET_MOVES.len(), "{logged:#?}");
-    for (line, m) in logged.iter().zip(FLEET_MOVES) {
-        assert!(line.contains(&m.deprecation("cloud")), "{line}");
-    }
 }
 
 #[test]
 fn new_fleet_keys_are_read_without_a_warning_and_both_names_are_refused() {
-    let (c, logged) = warnings_of(|| {
+    let c = read_without_warnings(|| {
         serde_json::from_str::<BceFleetConfig>(
-            r#"{"poll_interval": "5ms", "api": {"endpoint": "http://e", "backoff": "1ms"}}"#,
+            r#"{"poll_interval": "5ms", "api": {"backoff": "1ms"}}"#,
         )
     });
-    let c = c.unwrap();
     assert_eq!(c.poll_interval, Duration::from_millis(5));
     assert_eq!(c.api.backoff, Duration::from_millis(1));
-    assert!(logged.is_empty(), "{logged:#?}");
     let e = serde_json::from_str::<BceFleetConfig>(
         r#"{"poll_interval": "5ms", "api": {"poll_interval": "6ms"}}"#,
     )
