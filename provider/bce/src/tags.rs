@@ -1,15 +1,14 @@
 //! What makes a BCE ENI enim's, in place of tags (BCE's ENI API has none):
 //! its name, `enim-<instance-id>-<suffix>`, says enim made it and for
 //! which node; its description carries the rest as `key=value` words: the
-//! creation time ([`TAG_CREATED_AT`]), the cluster ([`TAG_CLUSTER`]), the
-//! operator's intent and the device index ([`TAG_DEVICE_INDEX`]).
+//! creation time and the cluster (the tags AWS has, `enim.io/created-at`
+//! and [`TAG_CLUSTER`]), the operator's intent and the device index
+//! ([`TAG_DEVICE_INDEX`]).
 //!
 //! The device index is enim's own: secondary mode numbers each host ENI's
 //! route table from it, and BCE gives none (see [`crate::node`]).
 
 use enim_provider::cloud::TAG_CLUSTER;
-#[cfg(doc)]
-use enim_provider::cloud::TAG_CREATED_AT;
 
 use crate::client::ApiEni;
 
