@@ -104,11 +104,12 @@ fn unknown_keys_and_bad_values_are_rejected() {
     }
 }
 
-/// The node's keys as they were before the `api` table: each still read,
-/// each with a warning that names its new key.
+/// The keys as they were before the `api` table, the node's and the
+/// operator's: each still read, each with a warning that names its new
+/// key.
 #[test]
-fn old_node_keys_are_read_with_a_deprecation_warning() {
-    let c = read_with_deprecations("provider", NODE_MOVES, || {
+fn old_keys_are_read_with_a_deprecation_warning() {
+    let node = read_with_deprecations("provider", NODE_MOVES, || {
         toml::from_str::<AwsConfig>(
             r#"
             ec2_endpoint = "http://127.0.0.1:5000"
@@ -120,8 +121,24 @@ fn old_node_keys_are_read_with_a_deprecation_warning() {
             "#,
         )
     });
-    assert_eq!(c.api, sample_api());
-    c.validate().unwrap();
+    node.validate().unwrap();
+    let fleet = read_with_deprecations("cloud", FLEET_MOVES, || {
+        parse_fleet(
+            r#"
+            region = "r"
+            cluster = "c"
+            ec2_endpoint = "http://127.0.0.1:5000"
+            [api]
+            attempts = 3
+            backoff = "100ms"
+            max_backoff = "5s"
+            mutating_rate = { every = "2s", burst = 3 }
+            describe_rate = { every = "100ms", burst = 20 }
+            "#,
+        )
+    });
+    fleet.validate().unwrap();
+    assert_eq!((node.api, fleet.api), (sample_api(), sample_api()));
 }
 
 /// A new key reads as its old name did; the rest of `api` keeps its
@@ -249,27 +266,6 @@ fn fleet_unknown_keys_and_bad_values_are_named() {
         let e = c.validate().unwrap_err();
         assert!(e.contains(needle), "{needle}: {e}");
     }
-}
-
-#[test]
-fn old_fleet_keys_are_read_with_a_deprecation_warning() {
-    let c = read_with_deprecations("cloud", FLEET_MOVES, || {
-        parse_fleet(
-            r#"
-            region = "r"
-            cluster = "c"
-            ec2_endpoint = "http://127.0.0.1:5000"
-            [api]
-            attempts = 3
-            backoff = "100ms"
-            max_backoff = "5s"
-            mutating_rate = { every = "2s", burst = 3 }
-            describe_rate = { every = "100ms", burst = 20 }
-            "#,
-        )
-    });
-    assert_eq!(c.api, sample_api());
-    c.validate().unwrap();
 }
 
 #[test]

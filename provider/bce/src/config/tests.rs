@@ -64,11 +64,12 @@ fn debug_hides_the_secret() {
     assert!(!format!("{creds:?}").contains("topsecret"));
 }
 
-/// The node's keys as they were before the `api` table: each still read,
-/// each with a warning that names its new key.
+/// The keys as they were before the `api` table, the node's and the
+/// operator's: each still read, each with a warning that names its new
+/// key.
 #[test]
-fn old_node_keys_are_read_with_a_deprecation_warning() {
-    let c = read_with_deprecations("provider", NODE_MOVES, || {
+fn old_keys_are_read_with_a_deprecation_warning() {
+    let node = read_with_deprecations("provider", NODE_MOVES, || {
         toml::from_str::<BceConfig>(
             r#"
             endpoint = "http://127.0.0.1:5000"
@@ -81,9 +82,30 @@ fn old_node_keys_are_read_with_a_deprecation_warning() {
             "#,
         )
     });
-    assert_eq!(c.api, sample_api());
-    assert_eq!(c.poll_interval, Duration::from_secs(1));
-    c.validate().unwrap();
+    assert_eq!(node.poll_interval, Duration::from_secs(1));
+    node.validate().unwrap();
+    let fleet = read_with_deprecations("cloud", FLEET_MOVES, || {
+        serde_json::from_str::<BceFleetConfig>(
+            r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
+                "endpoint": "http://127.0.0.1:5000",
+                "api": {"max_attempts": 3, "retry_base": "100ms", "retry_cap": "5s",
+                        "api_mutating_rate": {"every": "2s", "burst": 3},
+                        "api_read_rate": {"every": "100ms", "burst": 20},
+                        "poll_interval": "5ms", "operation_timeout": "5s",
+                        "list_page_size": 2}}"#,
+        )
+    });
+    assert_eq!(
+        (
+            fleet.poll_interval,
+            fleet.operation_timeout,
+            fleet.list_page_size
+        ),
+        (Duration::from_millis(5), Duration::from_secs(5), 2)
+    );
+    assert_eq!(fleet.endpoint(), "http://127.0.0.1:5000");
+    fleet.validate().unwrap();
+    assert_eq!((node.api, fleet.api), (sample_api(), sample_api()));
 }
 
 /// A new key reads as its old name did; the rest of `api` keeps BCE's
@@ -158,28 +180,6 @@ fn fleet_config_is_checked_and_names_what_is_wrong() {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains(needle), "{needle}: {e}");
     }
-}
-
-#[test]
-fn old_fleet_keys_are_read_with_a_deprecation_warning() {
-    let c = read_with_deprecations("cloud", FLEET_MOVES, || {
-        serde_json::from_str::<BceFleetConfig>(
-            r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
-                "endpoint": "http://127.0.0.1:5000",
-                "api": {"max_attempts": 3, "retry_base": "100ms", "retry_cap": "5s",
-                        "api_mutating_rate": {"every": "2s", "burst": 3},
-                        "api_read_rate": {"every": "100ms", "burst": 20},
-                        "poll_interval": "5ms", "operation_timeout": "5s",
-                        "list_page_size": 2}}"#,
-        )
-    });
-    assert_eq!(c.api, sample_api());
-    assert_eq!(
-        (c.poll_interval, c.operation_timeout, c.list_page_size),
-        (Duration::from_millis(5), Duration::from_secs(5), 2)
-    );
-    assert_eq!(c.endpoint(), "http://127.0.0.1:5000");
-    c.validate().unwrap();
 }
 
 #[test]
