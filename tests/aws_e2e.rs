@@ -40,7 +40,7 @@ fn pool_config(dir: &Path, host: &NamedNetns, env: &aws_rig::Env, free: usize) -
 struct Rig {
     host: Arc<NamedNetns>,
     _gw: Arc<NamedNetns>,
-    earlier: enim_provider_aws::ec2::NetworkInterface,
+    earlier: enim_provider_aws::client::NetworkInterface,
     dir: tempfile::TempDir,
     config: String,
 }
@@ -148,7 +148,7 @@ async fn enimd_stops_at_start_on_a_wrong_secret() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "socket = {sock:?}\ncheckpoint = {ckpt:?}\ngc_interval = \"0s\"\n\
-         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\nec2_endpoint = {ec2:?}\n",
+         [provider]\ntype = \"aws\"\nimds_endpoint = {imds:?}\n[provider.api]\nendpoint = {ec2:?}\n",
         sock = dir.path().join("enimd.sock").display().to_string(),
         ckpt = dir
             .path()

@@ -90,8 +90,9 @@ max_above_watermark = 0
 [cloud]
 type = "aws"
 region = "{REGION}"
-ec2_endpoint = "{endpoint}"
 credentials = {{ source = "static", access_key_id = "{key}", secret_access_key = "{secret}" }}
+[cloud.api]
+endpoint = "{endpoint}"
 "#,
             subnet = env.subnet_id,
             endpoint = env.proxy.url,

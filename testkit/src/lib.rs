@@ -12,6 +12,8 @@
 //!   that need only the Kubernetes API;
 //! - [`cluster`]: the real one-node Kubernetes of `scripts/e2e-cluster.sh`,
 //!   reached through `nsenter` (kubectl as its admin, commands on its node);
+//! - [`metadata_stub`]: an instance metadata stand-in that answers any text,
+//!   for the clouds' metadata parsers;
 //! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
 //!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata),
 //!   and with either, [`cloud`]: the checks both clouds' tests share.
@@ -25,6 +27,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod cni;
 pub mod fixtures;
+pub mod metadata_stub;
 pub mod netns;
 pub mod sandbox;
 

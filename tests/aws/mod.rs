@@ -7,7 +7,7 @@ use std::time::Duration;
 
 pub use crate::common::cloud_node::blocking;
 use crate::common::{bins, cloud_node, Agent, NamedNetns};
-use enim_provider_aws::ec2::NetworkInterface;
+use enim_provider_aws::client::NetworkInterface;
 use enim_testkit::fixtures::AgentPaths;
 use enim_testkit::moto as aws_rig;
 
@@ -73,8 +73,8 @@ pub async fn attach_earlier(env: &aws_rig::Env) -> NetworkInterface {
 /// proxy), short timings.
 pub fn provider_table(env: &aws_rig::Env) -> String {
     format!(
-        "[provider]\ntype = \"aws\"\nimds_endpoint = {:?}\nec2_endpoint = {:?}\n\
-         api_backoff = \"20ms\"\napi_max_backoff = \"200ms\"\nmetadata_wait = \"10s\"\n",
+        "[provider]\ntype = \"aws\"\nimds_endpoint = {:?}\nmetadata_wait = \"10s\"\n\
+         [provider.api]\nendpoint = {:?}\nbackoff = \"20ms\"\nmax_backoff = \"200ms\"\n",
         env.imds.url, env.proxy.url,
     )
 }

@@ -14,9 +14,10 @@ use enim_testkit::fixtures::AgentPaths;
 /// The `[provider]` table over the fake, with short timings.
 pub fn provider_section(cloud: &FakeCloud) -> String {
     format!(
-        "[provider]\ntype = \"bce\"\nendpoint = {api:?}\nmetadata_endpoint = {meta:?}\n\
+        "[provider]\ntype = \"bce\"\nmetadata_endpoint = {meta:?}\n\
          security_group_ids = [\"g-enim\"]\naccess_key_id = {ak:?}\nsecret_access_key = {sk:?}\n\
-         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\nretry_base = \"10ms\"\nretry_cap = \"100ms\"\n",
+         poll_interval = \"20ms\"\noperation_timeout = \"10s\"\n\
+         [provider.api]\nendpoint = {api:?}\nbackoff = \"10ms\"\nmax_backoff = \"100ms\"\n",
         api = cloud.api_url,
         meta = cloud.meta_url,
         ak = rig::AK,

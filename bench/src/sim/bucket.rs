@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::stats::float;
 
-/// The EC2 calls enim's AWS backend makes (`provider/aws/src/ec2.rs`).
+/// The EC2 calls enim's AWS backend makes (`provider/aws/src/client/mod.rs`).
 /// DescribeNetworkInterfaces is two entries: with `Filter.N` and
 /// `MaxResults` it draws from the non-mutating bucket; by
 /// `NetworkInterfaceId.1` alone it sends neither a filter nor pagination,

@@ -2,7 +2,7 @@
 //! AWS documents, over an [`Account`] every node of a fleet shares.
 //!
 //! Each backend method makes the same EC2 calls, in the same order, as
-//! enim's AWS backend (`provider/aws/src/backend.rs`):
+//! enim's AWS backend (`provider/aws/src/node.rs`):
 //! - `eni_limit`: DescribeInstanceTypes, once per node (cached on success);
 //! - `attached`: instance metadata (IMDS), not an EC2 call, never throttled;
 //! - `tagged`: DescribeNetworkInterfaces with tag filters;
@@ -21,7 +21,7 @@
 //!   DeleteNetworkInterface.
 //!
 //! Every EC2 call goes through the client's retry as the real one does
-//! (`provider/aws/src/ec2/query.rs`): a throttled reply is retried after
+//! (`provider/aws/src/client/query.rs`): a throttled reply is retried after
 //! the policy's jittered backoff (AwsConfig defaults: 5 attempts, 200 ms
 //! doubling to 10 s), then answered as [`ProviderError::Throttled`], the
 //! transient kind the pool backs off on. Each call takes one token from its
@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use enim_provider::{Eni, MacAddr, ProviderError};
-use enim_provider_aws::ec2::RetryPolicy;
+use enim_provider_aws::client::RetryPolicy;
 use enim_provider_aws::AwsConfig;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
@@ -82,7 +82,7 @@ impl Default for CloudParams {
             api_rtt: Duration::from_millis(50),
             imds_rtt: Duration::from_millis(1),
             eni_limit: 15,
-            retry: aws.retry_policy(),
+            retry: aws.api.retry_policy(),
             metadata_wait: aws.metadata_wait,
             detach_timeout: aws.detach_timeout,
         }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use enim_crd::{NetResourceSet, FINALIZER};
 use enim_provider::cloud::{TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::TAG_INTENT;
-use enim_provider_aws::ec2::NetworkInterface;
+use enim_provider_aws::client::NetworkInterface;
 use enim_provider_aws::{fleet_iam_actions, TAG_MANAGED, TAG_NODE};
 use enim_provider_cluster::{ClusterProvider, Mode};
 use enim_testkit::apiserver::ControlPlane;
@@ -184,16 +184,16 @@ max_above_watermark = {above}
 [cloud]
 type = "aws"
 region = "{REGION}"
-ec2_endpoint = "{endpoint}"
 detach_timeout = "10s"
 credentials = {{ source = "static", access_key_id = "{key}", secret_access_key = "{secret}" }}
 
 [cloud.api]
-attempts = 4
+endpoint = "{endpoint}"
+max_attempts = 4
 backoff = "20ms"
 max_backoff = "200ms"
 mutating_rate = {{ every = "1ms", burst = 1000 }}
-describe_rate = {{ every = "1ms", burst = 1000 }}
+read_rate = {{ every = "1ms", burst = 1000 }}
 "#,
             subnet = self.env.subnet_id,
             pre = marks.pre,

@@ -35,6 +35,29 @@ pub const TAG_INTENT: &str = "enim.io/intent";
 /// [`FleetAttachment::state`] of an attachment being taken down.
 pub const DETACHING: &str = "detaching";
 
+/// A subnet's blocks, as ENIs in it are addressed: what instance metadata
+/// tells a node, a fleet asks the cloud's subnet API (and keeps: a subnet
+/// does not change its blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubnetBlocks {
+    pub v4: Ipv4Net,
+    pub v6: Option<Ipv6Net>,
+}
+
+impl SubnetBlocks {
+    /// The blocks written `v4` and `v6`; `Err` is the text that is not a
+    /// block.
+    pub fn parse<'a>(v4: &'a str, v6: Option<&'a str>) -> Result<SubnetBlocks, &'a str> {
+        Ok(SubnetBlocks {
+            v4: v4.parse().map_err(|_| v4)?,
+            v6: match v6 {
+                None => None,
+                Some(b) => Some(b.parse().map_err(|_| b)?),
+            },
+        })
+    }
+}
+
 /// Where an ENI is attached, as the listing shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetAttachment {
@@ -223,4 +246,19 @@ pub trait FleetCloud: Send + Sync {
 
     /// Unassigns addresses; those already unassigned count as done.
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_blocks_parse_or_name_the_bad_text() {
+        let b = SubnetBlocks::parse("10.0.1.0/24", Some("2001:db8::/64")).unwrap();
+        assert_eq!(b.v4, "10.0.1.0/24".parse::<Ipv4Net>().unwrap());
+        assert_eq!(b.v6, Some("2001:db8::/64".parse().unwrap()));
+        assert_eq!(SubnetBlocks::parse("10.0.1.0/24", None).unwrap().v6, None);
+        assert_eq!(SubnetBlocks::parse("10.0.1/24", None), Err("10.0.1/24"));
+        assert_eq!(SubnetBlocks::parse("10.0.1.0/24", Some("x")), Err("x"));
+    }
 }

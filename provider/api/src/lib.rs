@@ -5,13 +5,16 @@
 //! for different owners never return the same ENI, and `allocate_next` for an
 //! owner that already holds an ENI returns that ENI again.
 
+pub mod api_config;
 pub mod atomic_file;
 pub mod cloud;
+pub mod config_keys;
 pub mod fault;
 pub mod fleet;
 pub mod ratelimit;
 pub mod retry;
-#[cfg(feature = "testing")]
+pub mod sync;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 use std::fmt;

@@ -19,11 +19,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// Default of both clouds' `api_mutating_rate`: one a second, four at
+/// Default of both clouds' `api.mutating_rate`: one a second, four at
 /// once (one ENI's create, attach and follow-up go without waiting).
 pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 4);
-/// Default of both clouds' read rate (AWS `api_describe_rate`, BCE
-/// `api_read_rate`): two a second, ten at once.
+/// Default of both clouds' `api.read_rate`: two a second, ten at once.
 pub const DEFAULT_READ_RATE: RateLimit = RateLimit::new(Duration::from_millis(500), 10);
 
 /// One token every `every`, at most `burst` taken at once after a quiet

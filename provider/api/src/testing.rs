@@ -1,8 +1,17 @@
 //! Test helpers for providers (feature `testing`): the checks every
-//! [`EniProvider`] must pass, written once.
+//! [`EniProvider`] must pass, written once, and the warnings a piece of
+//! code logs.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::fmt::Debug;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::api_config::ApiConfig;
+use crate::config_keys::KeyMove;
+use crate::ratelimit::RateLimit;
+use crate::sync::lock;
 
 use crate::{EniOwner, EniProvider, ProviderError};
 
@@ -56,4 +65,73 @@ pub async fn listed_ids<P: EniProvider + ?Sized>(provider: &P) -> Vec<String> {
         .collect();
     ids.sort();
     ids
+}
+
+/// Runs `f` and returns what it returned and the lines it logged at
+/// `WARN` or above on this thread.
+pub fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || LogSink(sink.clone()))
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let bytes = lock(&log).clone();
+    let lines = String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (out, lines)
+}
+
+/// What `read` returns, checked to have logged the deprecation of each of
+/// `moves` (keys of `section`), in order, and no other warning.
+pub fn read_with_deprecations<T, E: Debug>(
+    section: &str,
+    moves: &[KeyMove],
+    read: impl FnOnce() -> Result<T, E>,
+) -> T {
+    let (read, logged) = warnings_of(read);
+    let value = read.unwrap();
+    assert_eq!(logged.len(), moves.len(), "{logged:#?}");
+    for (line, m) in logged.iter().zip(moves) {
+        assert!(line.contains(&m.deprecation(section)), "{line}");
+    }
+    value
+}
+
+/// What `read` returns, checked to have logged no warning.
+pub fn read_without_warnings<T, E: Debug>(read: impl FnOnce() -> Result<T, E>) -> T {
+    let (read, logged) = warnings_of(read);
+    assert!(logged.is_empty(), "{logged:#?}");
+    read.unwrap()
+}
+
+/// The `api` table every cloud's config tests write, with the old keys
+/// and with the new: the same values whatever the keys are called.
+pub fn sample_api() -> ApiConfig {
+    ApiConfig {
+        endpoint: Some("http://127.0.0.1:5000".into()),
+        max_attempts: 3,
+        backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(5),
+        mutating_rate: RateLimit::new(Duration::from_secs(2), 3),
+        read_rate: RateLimit::new(Duration::from_millis(100), 20),
+    }
+}
+
+/// Where [`warnings_of`] keeps what was logged.
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        lock(&self.0).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }

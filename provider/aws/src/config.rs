@@ -1,28 +1,78 @@
-//! The `[provider]` section of `enimd`'s config when `type = "aws"`.
+//! The AWS provider's configs: [`AwsConfig`], enimd's `[provider]` with
+//! `type = "aws"` (the node), and [`AwsFleetConfig`], the operator's
+//! `[cloud]` with `type = "aws"` (the whole cluster). Both keep the EC2
+//! API's settings in one `api` table ([`ApiConfig`]), with the keys every
+//! cloud's provider has.
+//!
+//! Keys that moved into that table ([`NODE_MOVES`], [`FLEET_MOVES`]) are
+//! still read, with a deprecation warning; a file that sets a key under
+//! both names is refused. Once `validate` passed, every duration that
+//! bounds a wait is above zero and every URL is an `http(s)` URL.
 
 use std::time::Duration;
 
-use enim_provider::check_at_least;
+use enim_provider::api_config::ApiConfig;
 use enim_provider::cloud::validate_cluster_name;
-use enim_provider::ratelimit::RateLimit;
+use enim_provider::config_keys::{ConfigKeys, KeyMove};
+use enim_provider::Secret;
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::ec2::RetryPolicy;
-
 pub const DEFAULT_IMDS_ENDPOINT: &str = "http://169.254.169.254";
+
+/// The node's keys that moved into `api`.
+pub const NODE_MOVES: &[KeyMove] = &[
+    KeyMove {
+        old: "ec2_endpoint",
+        new: "api.endpoint",
+    },
+    KeyMove {
+        old: "api_attempts",
+        new: "api.max_attempts",
+    },
+    KeyMove {
+        old: "api_backoff",
+        new: "api.backoff",
+    },
+    KeyMove {
+        old: "api_max_backoff",
+        new: "api.max_backoff",
+    },
+    KeyMove {
+        old: "api_mutating_rate",
+        new: "api.mutating_rate",
+    },
+    KeyMove {
+        old: "api_describe_rate",
+        new: "api.read_rate",
+    },
+];
+
+/// The operator's keys that moved into (or within) `api`.
+pub const FLEET_MOVES: &[KeyMove] = &[
+    KeyMove {
+        old: "ec2_endpoint",
+        new: "api.endpoint",
+    },
+    KeyMove {
+        old: "api.attempts",
+        new: "api.max_attempts",
+    },
+    KeyMove {
+        old: "api.describe_rate",
+        new: "api.read_rate",
+    },
+];
 
 /// Every key is optional: what is left out takes its value from
 /// [`AwsConfig::default`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct AwsConfig {
     /// EC2 region; default: the instance's, from instance metadata.
     pub region: Option<String>,
     /// Instance metadata service (scheme and authority).
     pub imds_endpoint: String,
-    /// EC2 API endpoint; default `https://ec2.<region>.amazonaws.com`.
-    pub ec2_endpoint: Option<String>,
     /// Subnet for new ENIs; default: the primary interface's subnet.
     pub subnet_id: Option<String>,
     /// Security groups for new ENIs; default: the VPC's default group.
@@ -38,82 +88,53 @@ pub struct AwsConfig {
     /// retries later).
     #[serde(with = "humantime_serde")]
     pub detach_timeout: Duration,
-    /// EC2 calls: attempts in all for throttled or failed requests.
-    pub api_attempts: u32,
-    /// EC2 calls: first retry delay (doubles, with jitter).
-    #[serde(with = "humantime_serde")]
-    pub api_backoff: Duration,
-    /// EC2 calls: retry delay bound.
-    #[serde(with = "humantime_serde")]
-    pub api_max_backoff: Duration,
-    /// EC2 mutating actions (create, attach, modify, detach, delete): this
-    /// agent's own token bucket. Well under the account's buckets (5 per
-    /// second, 50 to 100 deep), which every node of every cluster in the
-    /// account shares.
-    pub api_mutating_rate: RateLimit,
-    /// EC2 describe actions: this agent's own token bucket (the account's:
-    /// 10 to 20 per second, 50 to 100 deep).
-    pub api_describe_rate: RateLimit,
     /// The cluster's name: new ENIs are tagged `enim.io/cluster=<it>`, and
     /// the fleet-wide reaper deletes this cluster's ENIs left unattached.
     /// Unset: no cluster tag, reaper off.
     pub cluster: Option<String>,
+    /// The EC2 API: endpoint (default `https://ec2.<region>.amazonaws.com`),
+    /// retries, and this agent's own token buckets, well under the
+    /// account's (mutating: 5 per second, 50 to 100 deep; describe: 10 to
+    /// 20 per second), which every node of every cluster in the account
+    /// shares.
+    pub api: ApiConfig,
     /// Warm-pool watermarks and timing.
     pub pool: PoolConfig,
 }
 
-/// Defaults of `api_mutating_rate` and `api_describe_rate` (shared with
-/// BCE).
-pub use enim_provider::ratelimit::{
-    DEFAULT_MUTATING_RATE, DEFAULT_READ_RATE as DEFAULT_DESCRIBE_RATE,
-};
+enim_provider::serde_with_moved_keys!(
+    AwsConfig,
+    ConfigKeys {
+        section: "provider",
+        moves: NODE_MOVES,
+        api_defaults: ApiConfig::default(),
+    }
+);
 
 impl Default for AwsConfig {
     fn default() -> Self {
         AwsConfig {
             region: None,
             imds_endpoint: DEFAULT_IMDS_ENDPOINT.into(),
-            ec2_endpoint: None,
             subnet_id: None,
             security_group_ids: Vec::new(),
             assign_ipv6: false,
             mtu: None,
             metadata_wait: Duration::from_secs(60),
             detach_timeout: Duration::from_secs(120),
-            api_attempts: 5,
-            api_backoff: Duration::from_millis(200),
-            api_max_backoff: Duration::from_secs(10),
-            api_mutating_rate: DEFAULT_MUTATING_RATE,
-            api_describe_rate: DEFAULT_DESCRIBE_RATE,
             cluster: None,
+            api: ApiConfig::default(),
             pool: PoolConfig::default(),
         }
     }
 }
 
 impl AwsConfig {
-    pub fn retry_policy(&self) -> RetryPolicy {
-        self.api().retry_policy()
-    }
-
-    /// Its EC2 API settings, as the operator's config has them too.
-    pub fn api(&self) -> Ec2ApiConfig {
-        Ec2ApiConfig {
-            attempts: self.api_attempts,
-            backoff: self.api_backoff,
-            max_backoff: self.api_max_backoff,
-            mutating_rate: self.api_mutating_rate,
-            describe_rate: self.api_describe_rate,
-        }
-    }
-
     pub fn validate(&self) -> Result<(), String> {
         if let Err(e) = self.pool.validate() {
             return Err(format!("aws: {e}"));
         }
-        self.api()
-            .validate("api_")
-            .map_err(|e| format!("aws: {e}"))?;
+        validate_api(&self.api).map_err(|e| format!("aws: {e}"))?;
         if let Some(c) = &self.cluster {
             validate_cluster_name(c).map_err(|e| format!("aws: {e}"))?;
         }
@@ -125,77 +146,132 @@ impl AwsConfig {
                 return Err(format!("aws: mtu {m} is outside 576..=9001"));
             }
         }
-        for (key, url) in [
-            ("imds_endpoint", Some(&self.imds_endpoint)),
-            ("ec2_endpoint", self.ec2_endpoint.as_ref()),
-        ] {
-            if let Some(url) = url {
-                check_url(key, url).map_err(|e| format!("aws: {e}"))?;
+        check_url("imds_endpoint", &self.imds_endpoint).map_err(|e| format!("aws: {e}"))
+    }
+}
+
+/// Every key but `region` and `cluster` has a default (what is left out
+/// takes its value from [`AwsFleetConfig::default`]). No instance metadata
+/// is needed: the operator need not run on EC2, so the region is given and
+/// the credentials come from the config, the environment or, where the
+/// operator does run on EC2, the instance role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
+pub struct AwsFleetConfig {
+    /// EC2 region (required).
+    pub region: String,
+    /// The cluster's name (required): the ENIs the operator lists, makes
+    /// and deletes carry `enim.io/cluster=<it>`.
+    pub cluster: String,
+    /// Where the keys come from; default: the environment.
+    pub credentials: AwsCredentialsConfig,
+    /// Give each new ENI one IPv6 address (the subnet needs an IPv6 block).
+    pub assign_ipv6: bool,
+    /// How long a detach may take before the call fails (the operator
+    /// retries later).
+    #[serde(with = "humantime_serde")]
+    pub detach_timeout: Duration,
+    /// The EC2 API: endpoint, retries and the operator's token buckets,
+    /// one for the whole cluster.
+    pub api: ApiConfig,
+}
+
+enim_provider::serde_with_moved_keys!(
+    AwsFleetConfig,
+    ConfigKeys {
+        section: "cloud",
+        moves: FLEET_MOVES,
+        api_defaults: ApiConfig::default(),
+    }
+);
+
+impl Default for AwsFleetConfig {
+    fn default() -> Self {
+        AwsFleetConfig {
+            region: String::new(),
+            cluster: String::new(),
+            credentials: AwsCredentialsConfig::default(),
+            assign_ipv6: false,
+            detach_timeout: Duration::from_secs(120),
+            api: ApiConfig::default(),
+        }
+    }
+}
+
+/// `credentials.source` and what that source needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AwsCredentialsConfig {
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optionally
+    /// `AWS_SESSION_TOKEN` (e.g. from a Kubernetes Secret).
+    #[default]
+    Environment,
+    /// Keys written in the config. `Debug` never prints the secret.
+    Static {
+        access_key_id: String,
+        secret_access_key: Secret,
+        #[serde(default)]
+        session_token: Option<Secret>,
+    },
+    /// The EC2 instance role through instance metadata (an operator that
+    /// runs on EC2).
+    InstanceRole {
+        #[serde(default = "default_imds_endpoint")]
+        imds_endpoint: String,
+    },
+}
+
+fn default_imds_endpoint() -> String {
+    DEFAULT_IMDS_ENDPOINT.into()
+}
+
+impl AwsFleetConfig {
+    /// `Err` names the key and what is wrong with it.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |e: String| format!("aws fleet: {e}");
+        if self.region.trim().is_empty() {
+            return Err(bad(
+                "region must be set (the operator reads no instance metadata)".into(),
+            ));
+        }
+        validate_cluster_name(&self.cluster).map_err(bad)?;
+        if self.detach_timeout.is_zero() {
+            return Err(bad("detach_timeout must be above zero".into()));
+        }
+        validate_api(&self.api).map_err(bad)?;
+        match &self.credentials {
+            AwsCredentialsConfig::Environment => Ok(()),
+            AwsCredentialsConfig::Static {
+                access_key_id,
+                secret_access_key,
+                ..
+            } => {
+                if access_key_id.trim().is_empty() || secret_access_key.expose().trim().is_empty() {
+                    return Err(bad(
+                        "credentials: source \"static\" needs access_key_id and secret_access_key"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            }
+            AwsCredentialsConfig::InstanceRole { imds_endpoint } => {
+                check_url("credentials.imds_endpoint", imds_endpoint).map_err(bad)
             }
         }
-        Ok(())
     }
 }
 
-/// How an EC2 client retries and how fast it may call: the `api_*` keys
-/// of [`AwsConfig`], and the `[api]` table of the operator's
-/// [`crate::fleet::AwsFleetConfig`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Ec2ApiConfig {
-    /// Attempts in all for throttled or failed requests.
-    pub attempts: u32,
-    /// First retry delay (doubles, with jitter).
-    #[serde(with = "humantime_serde")]
-    pub backoff: Duration,
-    /// Retry delay bound.
-    #[serde(with = "humantime_serde")]
-    pub max_backoff: Duration,
-    /// Mutating actions (create, attach, modify, detach, delete): this
-    /// client's own token bucket, well under the account's (which every
-    /// caller in the account shares).
-    pub mutating_rate: RateLimit,
-    /// Describe actions: this client's own token bucket.
-    pub describe_rate: RateLimit,
-}
-
-impl Default for Ec2ApiConfig {
-    fn default() -> Self {
-        AwsConfig::default().api()
-    }
-}
-
-impl Ec2ApiConfig {
-    pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            attempts: self.attempts,
-            initial: self.backoff,
-            max: self.max_backoff,
-        }
-    }
-
-    /// `Err` names the key, as `prefix` + its name (`api_` in enimd's
-    /// config, `api.` in the operator's).
-    pub fn validate(&self, prefix: &str) -> Result<(), String> {
-        if self.attempts == 0 {
-            return Err(format!("{prefix}attempts must be at least 1"));
-        }
-        check_at_least(
-            (&format!("{prefix}max_backoff"), self.max_backoff),
-            (&format!("{prefix}backoff"), self.backoff),
-        )?;
-        for (key, rate) in [
-            ("mutating_rate", &self.mutating_rate),
-            ("describe_rate", &self.describe_rate),
-        ] {
-            rate.validate().map_err(|e| format!("{prefix}{key}: {e}"))?;
-        }
-        Ok(())
+/// The shared checks of `api`, and EC2's endpoint is an `http(s)` URL.
+fn validate_api(api: &ApiConfig) -> Result<(), String> {
+    api.validate()?;
+    match &api.endpoint {
+        Some(url) => check_url("api.endpoint", url),
+        None => Ok(()),
     }
 }
 
 /// An `http(s)` URL with a host, or `Err` naming `key`.
-pub(crate) fn check_url(key: &str, url: &str) -> Result<(), String> {
+fn check_url(key: &str, url: &str) -> Result<(), String> {
     let ok = url
         .parse::<http::Uri>()
         .ok()
@@ -207,106 +283,4 @@ pub(crate) fn check_url(key: &str, url: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn minimal_config_takes_defaults() {
-        let c: AwsConfig = toml::from_str("").unwrap();
-        assert_eq!(c, AwsConfig::default());
-        assert_eq!(c.imds_endpoint, "http://169.254.169.254");
-        assert_eq!(c.region, None);
-        assert_eq!(c.pool, PoolConfig::default());
-        c.validate().unwrap();
-    }
-
-    #[test]
-    fn full_config_parses() {
-        let c: AwsConfig = toml::from_str(
-            r#"
-            region = "eu-west-1"
-            imds_endpoint = "http://127.0.0.1:1338"
-            ec2_endpoint = "http://127.0.0.1:5000"
-            subnet_id = "subnet-0abc"
-            security_group_ids = ["sg-1", "sg-2"]
-            assign_ipv6 = true
-            mtu = 9001
-            metadata_wait = "30s"
-            detach_timeout = "1m"
-            api_attempts = 3
-            api_backoff = "100ms"
-            api_max_backoff = "5s"
-            api_mutating_rate = { every = "2s", burst = 3 }
-            api_describe_rate = { every = "100ms", burst = 20 }
-            cluster = "prod-eu"
-            [pool]
-            min_free = 2
-            max_free = 4
-            "#,
-        )
-        .unwrap();
-        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
-        assert_eq!(c.security_group_ids, ["sg-1", "sg-2"]);
-        assert_eq!(c.metadata_wait, Duration::from_secs(30));
-        assert_eq!(c.api_backoff, Duration::from_millis(100));
-        assert_eq!((c.pool.min_free, c.pool.max_free), (2, 4));
-        assert_eq!(
-            c.api_mutating_rate,
-            RateLimit::new(Duration::from_secs(2), 3)
-        );
-        assert_eq!(
-            c.api_describe_rate,
-            RateLimit::new(Duration::from_millis(100), 20)
-        );
-        assert_eq!(c.cluster.as_deref(), Some("prod-eu"));
-        c.validate().unwrap();
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_are_rejected() {
-        let e = toml::from_str::<AwsConfig>("regoin = \"x\"").unwrap_err();
-        assert!(e.to_string().contains("regoin"), "{e}");
-        let e = toml::from_str::<AwsConfig>("[pool]\nmin_fre = 1").unwrap_err();
-        assert!(e.to_string().contains("min_fre"), "{e}");
-
-        // Each change to the defaults and what the error must name.
-        type Change = fn(&mut AwsConfig);
-        let cases: [(Change, &str); 8] = [
-            (|c| c.api_attempts = 0, "api_attempts"),
-            (
-                |c| {
-                    c.api_backoff = Duration::from_secs(2);
-                    c.api_max_backoff = Duration::from_secs(1);
-                },
-                "api_max_backoff",
-            ),
-            (|c| c.mtu = Some(100), "mtu"),
-            (
-                |c| c.ec2_endpoint = Some("ec2.local".into()),
-                "ec2_endpoint",
-            ),
-            (
-                |c| c.api_mutating_rate = RateLimit::new(Duration::from_secs(1), 0),
-                "api_mutating_rate: burst",
-            ),
-            (
-                |c| c.api_describe_rate = RateLimit::new(Duration::ZERO, 5),
-                "api_describe_rate: every",
-            ),
-            (|c| c.cluster = Some("no spaces".into()), "cluster"),
-            (
-                |c| {
-                    c.pool.min_free = 5;
-                    c.pool.max_free = 1;
-                },
-                "max_free",
-            ),
-        ];
-        for (change, needle) in cases {
-            let mut c = AwsConfig::default();
-            change(&mut c);
-            let e = c.validate().unwrap_err();
-            assert!(e.contains(needle), "{needle}: {e}");
-        }
-    }
-}
+mod tests;

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use aws_credential_types::Credentials;
 use tokio::sync::Mutex;
 
-use crate::imds::{Imds, ImdsError};
+use crate::metadata::{Imds, ImdsError};
 
 /// Role credentials are refreshed this long before they expire (AWS rotates
 /// them well ahead, so the new set is already served).

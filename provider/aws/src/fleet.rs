@@ -20,70 +20,40 @@
 //! [`DeleteCheck::Listed`] delete (EC2 refuses one in use); a
 //! [`DeleteCheck::SecondLook`] delete, and the address verbs, look first.
 
-mod config;
-
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use aws_credential_types::Credentials;
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
+use enim_provider::sync::lock;
 use enim_provider::{AddressLimits, ProviderError};
-use ipnet::{Ipv4Net, Ipv6Net};
 
-pub use config::{AwsCredentialsConfig, AwsFleetConfig};
-
-use crate::backend::{ec2, AwsError, TAG_MANAGED, TAG_NODE};
-use crate::ec2::{Ec2Client, NetworkInterface, Subnet};
-use crate::imds::InterfaceInfo;
+use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
+use crate::config::{AwsCredentialsConfig, AwsFleetConfig};
+use crate::credentials::{from_env, CredentialsProvider};
+use crate::error::{ec2, imds, AwsError};
+use crate::metadata::{Imds, InterfaceInfo};
 use crate::steps;
+use crate::tags::{in_cluster, TAG_MANAGED, TAG_NODE};
 
 /// EC2's limit on a ClientToken: 64 ASCII characters.
 const MAX_CLIENT_TOKEN: usize = 64;
 
-/// The IAM actions the operator's credentials must allow beyond the
-/// node's ([`crate::REQUIRED_IAM_ACTIONS`]): DescribeSubnets, for the
-/// prefix lengths and gateways instance metadata gives a node.
-pub const FLEET_EXTRA_IAM_ACTIONS: &[&str] = &["ec2:DescribeSubnets"];
-
-/// Every IAM action the operator's credentials must allow.
-pub fn fleet_iam_actions() -> Vec<&'static str> {
-    let node = crate::REQUIRED_IAM_ACTIONS.iter();
-    node.chain(FLEET_EXTRA_IAM_ACTIONS).copied().collect()
-}
-
-/// A subnet's blocks, as ENIs in it are addressed.
-#[derive(Debug, Clone, Copy)]
-struct SubnetNets {
-    v4: Ipv4Net,
-    v6: Option<Ipv6Net>,
-}
-
-impl SubnetNets {
-    fn of(subnet: &Subnet) -> Result<SubnetNets, AwsError> {
-        let bad = |value: &str| AwsError::BadSubnet {
-            subnet: subnet.subnet_id.clone(),
-            value: value.into(),
-        };
-        let v4 = subnet
-            .cidr_block
-            .parse()
-            .map_err(|_| bad(&subnet.cidr_block))?;
-        let v6 = match subnet.ipv6_cidr_block_association_set.item.first() {
-            None => None,
-            Some(b) => Some(
-                b.ipv6_cidr_block
-                    .parse()
-                    .map_err(|_| bad(&b.ipv6_cidr_block))?,
-            ),
-        };
-        Ok(SubnetNets { v4, v6 })
-    }
+/// `subnet`'s blocks, as EC2 describes them.
+fn blocks_of(subnet: &Subnet) -> Result<SubnetBlocks, AwsError> {
+    let v6 = subnet.ipv6_cidr_block_association_set.item.first();
+    let v6 = v6.map(|b| b.ipv6_cidr_block.as_str());
+    SubnetBlocks::parse(&subnet.cidr_block, v6).map_err(|value| AwsError::BadSubnet {
+        subnet: subnet.subnet_id.clone(),
+        value: value.into(),
+    })
 }
 
 /// The operator's EC2 backend for one cluster. One per operator: its
@@ -94,14 +64,46 @@ pub struct AwsFleet {
     assign_ipv6: bool,
     detach_timeout: Duration,
     /// Subnet id to its blocks: subnets do not change their blocks.
-    subnets: Mutex<HashMap<String, SubnetNets>>,
+    subnets: Mutex<HashMap<String, SubnetBlocks>>,
     /// Instance type to its limits: instance types do not change.
     limits: Mutex<HashMap<String, AddressLimits>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only plain maps live behind these locks: always consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// The credentials `config` names, read now (the environment's) or
+/// checked to exist (the instance role's).
+async fn credentials_provider(
+    config: &AwsCredentialsConfig,
+) -> Result<Arc<CredentialsProvider>, AwsError> {
+    let provider = match config {
+        AwsCredentialsConfig::Environment => {
+            let creds = from_env(|k| std::env::var(k).ok())?.ok_or_else(|| {
+                AwsError::Config(
+                    "credentials: source \"environment\" but AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY are not set"
+                        .into(),
+                )
+            })?;
+            CredentialsProvider::fixed(creds)
+        }
+        AwsCredentialsConfig::Static {
+            access_key_id,
+            secret_access_key,
+            session_token,
+        } => CredentialsProvider::fixed(Credentials::new(
+            access_key_id,
+            secret_access_key.expose(),
+            session_token.as_ref().map(|t| t.expose().to_string()),
+            None,
+            "operator config",
+        )),
+        AwsCredentialsConfig::InstanceRole { imds_endpoint } => {
+            let imds = Imds::new(imds_endpoint).map_err(imds("instance metadata client"))?;
+            let provider = CredentialsProvider::instance_role(Arc::new(imds));
+            provider.get().await?;
+            provider
+        }
+    };
+    Ok(Arc::new(provider))
 }
 
 impl AwsFleet {
@@ -109,14 +111,9 @@ impl AwsFleet {
     /// it names.
     pub async fn connect(config: &AwsFleetConfig) -> Result<AwsFleet, AwsError> {
         config.validate().map_err(AwsError::Config)?;
-        let creds = config.credentials_provider().await?;
-        let client = Ec2Client::configured(
-            config.ec2_endpoint.as_deref(),
-            &config.region,
-            creds,
-            &config.api,
-        )
-        .map_err(ec2("EC2 client"))?;
+        let creds = credentials_provider(&config.credentials).await?;
+        let client =
+            Ec2Client::configured(&config.region, creds, &config.api).map_err(ec2("EC2 client"))?;
         tracing::info!(cluster = %config.cluster, region = %config.region, "AWS fleet backend ready");
         Ok(AwsFleet {
             ec2: client,
@@ -138,7 +135,7 @@ impl AwsFleet {
 
     /// The blocks of `ids`, asking EC2 (in one call) only for those not
     /// known yet. A subnet EC2 does not know is left out.
-    async fn subnet_nets(&self, ids: &[&str]) -> Result<HashMap<String, SubnetNets>, AwsError> {
+    async fn subnet_nets(&self, ids: &[&str]) -> Result<HashMap<String, SubnetBlocks>, AwsError> {
         let mut missing: Vec<&str> = {
             let known = lock(&self.subnets);
             ids.iter()
@@ -156,7 +153,7 @@ impl AwsFleet {
                 .map_err(ec2(format!("describing subnets {missing:?}")))?;
             let mut known = lock(&self.subnets);
             for s in &found {
-                known.insert(s.subnet_id.clone(), SubnetNets::of(s)?);
+                known.insert(s.subnet_id.clone(), blocks_of(s)?);
             }
         }
         let known = lock(&self.subnets);
@@ -168,7 +165,7 @@ impl AwsFleet {
 
     /// `eni` as the listing shows it, addressed in its subnet as instance
     /// metadata would address it on a node.
-    fn fleet_eni(eni: NetworkInterface, nets: SubnetNets) -> Result<FleetEni, AwsError> {
+    fn fleet_eni(eni: NetworkInterface, nets: SubnetBlocks) -> Result<FleetEni, AwsError> {
         let id = eni.network_interface_id.clone();
         let bad_address = |value: &str| AwsError::BadAddress {
             eni_id: id.clone(),
@@ -261,7 +258,7 @@ impl AwsFleet {
     /// interface; [`AwsError::Missing`] when it does not exist.
     async fn ours(&self, eni_id: &str) -> Result<NetworkInterface, AwsError> {
         let eni = steps::existing(&self.ec2, eni_id).await?;
-        if !steps::in_cluster(&eni, &self.cluster) {
+        if !in_cluster(&eni, &self.cluster) {
             return Err(AwsError::NotInCluster {
                 eni_id: eni_id.into(),
                 cluster: self.cluster.clone(),
@@ -283,7 +280,7 @@ impl AwsFleet {
             ])
             .await
             .map_err(ec2(format!("looking up the ENI of intent {token}")))?;
-        found.retain(|e| steps::in_cluster(e, &self.cluster) && e.tag(TAG_INTENT) == Some(token));
+        found.retain(|e| in_cluster(e, &self.cluster) && e.tag(TAG_INTENT) == Some(token));
         found.sort_by(|a, b| a.network_interface_id.cmp(&b.network_interface_id));
         if found.len() > 1 {
             // Only a cloud that ignores ClientToken makes two; the rest
@@ -320,7 +317,7 @@ impl AwsFleet {
         crash_point("cloud:before-create");
         let created = self
             .ec2
-            .create_network_interface(&crate::ec2::CreateEni {
+            .create_network_interface(&client::CreateEni {
                 subnet_id: &req.subnet,
                 security_group_ids: &req.security_groups,
                 description: &description,
@@ -371,7 +368,7 @@ impl AwsFleet {
             return self.attach_looked(eni_id, instance, index).await;
         }
         let settle = |now: &NetworkInterface| {
-            if !steps::in_cluster(now, &self.cluster) {
+            if !in_cluster(now, &self.cluster) {
                 return Err(AwsError::NotInCluster {
                     eni_id: eni_id.into(),
                     cluster: self.cluster.clone(),
@@ -473,7 +470,7 @@ impl AwsFleet {
         let reaped = match check {
             DeleteCheck::Listed => steps::delete_unlooked(&self.ec2, eni_id).await?,
             DeleteCheck::SecondLook => {
-                steps::delete_checked(&self.ec2, eni_id, |e| steps::in_cluster(e, cluster)).await?
+                steps::delete_checked(&self.ec2, eni_id, |e| in_cluster(e, cluster)).await?
             }
         };
         if reaped == Reaped::Deleted {

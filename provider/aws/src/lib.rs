@@ -1,71 +1,39 @@
 //! enim's AWS backend: secondary ENIs for pods on EC2.
 //!
-//! - [`imds`]: instance metadata (IMDSv2) — the instance, its interfaces and
-//!   their addresses, and the instance role's credentials.
-//! - [`ec2`]: a small SigV4-signed client of the EC2 Query API.
-//! - [`backend`]: [`AwsBackend`], the [`enim_provider::cloud::CloudBackend`]
-//!   the warm pool drives.
-//! - [`build`]: a started [`WarmPool`] over it, as `enimd` uses it.
+//! - [`config`]: the node's and the operator's configs, the EC2 API's
+//!   settings in one `api` table.
+//! - [`error`]: [`AwsError`], what every step fails with.
+//! - [`client`]: a small SigV4-signed client of the EC2 Query API.
+//! - [`metadata`]: instance metadata (IMDSv2): the instance, its
+//!   interfaces and their addresses, and the instance role's credentials.
+//! - [`credentials`]: where the EC2 client's keys come from; [`iam`]: the
+//!   actions they must allow.
+//! - [`tags`]: the tags that make an ENI enim's, and which node's and
+//!   cluster's.
+//! - `steps`: the EC2 steps the node and the operator take alike.
+//! - [`node`]: [`AwsBackend`], the [`enim_provider::cloud::CloudBackend`]
+//!   the warm pool drives, and [`build`], the started pool `enimd` uses.
 //! - [`fleet`]: [`AwsFleet`], the operator's
-//!   [`enim_provider::fleet::FleetCloud`] for the whole cluster, on the
-//!   same EC2 steps (`steps`) as the node's backend.
+//!   [`enim_provider::fleet::FleetCloud`] for the whole cluster.
 
-pub mod backend;
+pub mod client;
 pub mod config;
 pub mod credentials;
-pub mod ec2;
+pub mod error;
 pub mod fleet;
-pub mod imds;
+pub mod iam;
+pub mod metadata;
+pub mod node;
 mod steps;
+pub mod tags;
 
-use std::sync::Arc;
-
-use aws_credential_types::Credentials;
-use enim_provider::{EniProvider, ProviderError};
-use enim_provider_pool::WarmPool;
-
-pub use backend::{AwsBackend, AwsError, DETACH_BACKOFF, TAG_MANAGED, TAG_NODE};
-pub use config::{AwsConfig, Ec2ApiConfig};
+pub use config::{AwsConfig, AwsCredentialsConfig, AwsFleetConfig};
+pub use enim_provider::api_config::ApiConfig;
 pub use enim_provider_pool::{PoolConfig, PoolRole};
-pub use fleet::{fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig};
-pub use imds::SETTLE_BACKOFF;
-
-/// The AWS provider for `enimd`: discovers the instance, then starts a
-/// warm pool over the EC2 backend. Credentials come from the environment,
-/// else the instance role.
-pub async fn build(
-    config: &AwsConfig,
-    role: PoolRole,
-) -> Result<Arc<dyn EniProvider>, ProviderError> {
-    let pool: Arc<dyn EniProvider> = build_with(config, None, role).await?;
-    Ok(pool)
-}
-
-/// As [`build`], with fixed credentials when given, returning the pool
-/// itself (for its statistics and shutdown).
-pub async fn build_with(
-    config: &AwsConfig,
-    credentials: Option<Credentials>,
-    role: PoolRole,
-) -> Result<Arc<WarmPool>, ProviderError> {
-    let backend = AwsBackend::discover_with(config, credentials).await?;
-    WarmPool::start_as(Arc::new(backend), config.pool.clone(), role).await
-}
-
-/// The IAM actions the node's credentials must allow. `ec2:CreateTags`
-/// covers the tags set on create (TagSpecification).
-pub const REQUIRED_IAM_ACTIONS: &[&str] = &[
-    "ec2:DescribeInstanceTypes",
-    "ec2:DescribeNetworkInterfaces",
-    "ec2:CreateNetworkInterface",
-    "ec2:CreateTags",
-    "ec2:AttachNetworkInterface",
-    "ec2:ModifyNetworkInterfaceAttribute",
-    "ec2:DetachNetworkInterface",
-    "ec2:DeleteNetworkInterface",
-    // Secondary mode.
-    "ec2:AssignPrivateIpAddresses",
-    "ec2:UnassignPrivateIpAddresses",
-    "ec2:AssignIpv6Addresses",
-    "ec2:UnassignIpv6Addresses",
-];
+pub use error::AwsError;
+pub use fleet::AwsFleet;
+pub use iam::{fleet_iam_actions, FLEET_EXTRA_IAM_ACTIONS, REQUIRED_IAM_ACTIONS};
+pub use metadata::SETTLE_BACKOFF;
+pub use node::{build, build_with, AwsBackend};
+pub use steps::DETACH_BACKOFF;
+pub use tags::{TAG_MANAGED, TAG_NODE};

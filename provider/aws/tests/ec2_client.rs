@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use enim_provider::ratelimit::RateLimit;
 use enim_provider::ProviderError;
+use enim_provider_aws::client::{ActionLimits, Ec2Client, Ec2Error, RetryPolicy};
 use enim_provider_aws::credentials::CredentialsProvider;
-use enim_provider_aws::ec2::{ActionLimits, Ec2Client, Ec2Error, RetryPolicy};
 use enim_testkit::cloud::assert_paced;
 
 #[derive(Clone)]
@@ -217,7 +217,7 @@ async fn create_sends_token_tags_and_groups() {
     ];
     let sgs = vec!["sg-1".to_string(), "sg-2".to_string()];
     let eni = c
-        .create_network_interface(&enim_provider_aws::ec2::CreateEni {
+        .create_network_interface(&enim_provider_aws::client::CreateEni {
             subnet_id: "subnet-1",
             security_group_ids: &sgs,
             description: "enim pod ENI of i-1",

@@ -417,16 +417,12 @@ async fn assert_config_error(config: &AwsConfig, setting: &str) {
 
 #[tokio::test]
 async fn config_errors_are_reported_before_any_call() {
-    let config = AwsConfig {
-        api_attempts: 0,
-        ..AwsConfig::default()
-    };
-    assert_config_error(&config, "api_attempts").await;
-    let config = AwsConfig {
-        ec2_endpoint: Some("not a url".into()),
-        ..AwsConfig::default()
-    };
-    assert_config_error(&config, "ec2_endpoint").await;
+    let mut config = AwsConfig::default();
+    config.api.max_attempts = 0;
+    assert_config_error(&config, "api.max_attempts").await;
+    let mut config = AwsConfig::default();
+    config.api.endpoint = Some("not a url".into());
+    assert_config_error(&config, "api.endpoint").await;
 }
 
 // ---- the fleet-wide reaper ----

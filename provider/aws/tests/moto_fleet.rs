@@ -10,10 +10,9 @@ use enim_provider::fleet::{
 };
 use enim_provider::ProviderError;
 use enim_provider_aws::{
-    fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, Ec2ApiConfig, TAG_MANAGED,
-    TAG_NODE,
+    fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, TAG_MANAGED, TAG_NODE,
 };
-use enim_testkit::moto::{self as rig, Env, FAST, INSTANCE_ENI_LIMIT, INSTANCE_TYPE, REGION};
+use enim_testkit::moto::{self as rig, Env, INSTANCE_ENI_LIMIT, INSTANCE_TYPE, REGION};
 
 const CLUSTER: &str = "prod";
 
@@ -21,15 +20,8 @@ fn config(env: &Env) -> AwsFleetConfig {
     AwsFleetConfig {
         region: REGION.into(),
         cluster: CLUSTER.into(),
-        ec2_endpoint: Some(env.proxy.url.clone()),
         detach_timeout: Duration::from_secs(10),
-        api: Ec2ApiConfig {
-            attempts: 4,
-            backoff: Duration::from_millis(20),
-            max_backoff: Duration::from_millis(200),
-            mutating_rate: FAST,
-            describe_rate: FAST,
-        },
+        api: env.api(),
         ..AwsFleetConfig::default()
     }
 }

@@ -224,12 +224,10 @@ async fn a_pods_add_never_waits_for_an_api_token() {
     let Some(env) = Env::start().await else {
         return;
     };
-    let config = AwsConfig {
-        // One ENI's create, attach and delete-on-termination; the next
-        // token comes in an hour.
-        api_mutating_rate: RateLimit::new(Duration::from_secs(3600), 3),
-        ..pool_config(&env, 1, 2)
-    };
+    let mut config = pool_config(&env, 1, 2);
+    // One ENI's create, attach and delete-on-termination; the next token
+    // comes in an hour.
+    config.api.mutating_rate = RateLimit::new(Duration::from_secs(3600), 3);
     let pool = pod_pool(&env, &config).await;
     wait_stats(&pool, "min_free", |s| s.available == 1).await;
     let t0 = Instant::now();

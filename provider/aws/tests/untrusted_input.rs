@@ -8,97 +8,26 @@
 //! loopback.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider::MacAddr;
-use enim_provider_aws::imds::{Imds, ImdsError};
+use enim_provider_aws::metadata::{Imds, ImdsError};
+use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
+use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+/// One metadata stand-in for the whole file (its thread lives as long as
+/// the test process); each case sets its answers, the cases run one at a
+/// time.
+fn metadata() -> &'static MetadataStub {
+    static SERVER: OnceLock<MetadataStub> = OnceLock::new();
+    SERVER.get_or_init(|| MetadataStub::start(""))
 }
 
-/// A loopback metadata service: `PUT /latest/api/token` gives a token,
-/// every GET the answer set for its path, or 404.
-struct Metadata {
-    url: String,
-    answers: Arc<Mutex<HashMap<String, String>>>,
-}
-
-/// One server for the whole file (its thread lives as long as the test
-/// process); each case sets its answers, the cases run one at a time.
-fn metadata() -> &'static Metadata {
-    static SERVER: OnceLock<Metadata> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let answers = Arc::new(Mutex::new(HashMap::new()));
-        let served = answers.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(stream, &served);
-            }
-        });
-        Metadata { url, answers }
-    })
-}
-
-/// Reads one request's head and answers it; the connection then closes.
-fn answer(mut stream: TcpStream, answers: &Mutex<HashMap<String, String>>) {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return,
-        }
-    }
-    let head = String::from_utf8_lossy(&head);
-    let mut words = head.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, body) = match (method, path) {
-        ("PUT", "/latest/api/token") => ("200 OK", "token-1".to_string()),
-        _ => match answers.lock().unwrap().get(path) {
-            Some(body) => ("200 OK", body.clone()),
-            None => ("404 Not Found", String::new()),
-        },
-    };
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-fn wild_string() -> impl Strategy<Value = String> {
-    prop_oneof![
-        "\\PC{0,24}",
-        "(?s:.{0,24})",
-        "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
-    ]
-}
-
-/// A listing: lines of plausible entries and junk, with the blank lines,
-/// trailing '/' and CRLFs real listings have.
-fn listing(entry: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
-    let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
-    (
-        vec(line, 0..5),
-        prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
-    )
-        .prop_map(|(lines, end)| lines.join(end))
-}
+/// Lines of a listing: up to four.
+const LISTING_LINES: std::ops::Range<usize> = 0..5;
 
 /// MAC-like text: five to seven octets of two hex digits, or of a sign,
 /// a space or one digit, joined by ':' or '-'.
@@ -130,17 +59,18 @@ fn interface_answers() -> impl Strategy<Value = Vec<(&'static str, Option<String
                 any::<u64>().prop_map(|n| n.to_string())
             ]),
             field(any::<u32>().prop_map(|n| n.to_string())),
-            field(listing(v4())),
+            field(listing(v4(), LISTING_LINES)),
         ),
         (
             field(
                 (any::<[u8; 4]>(), 0u8..=40)
                     .prop_map(|(a, p)| format!("{}/{p}", Ipv4Addr::from(a))),
             ),
-            field(listing(v6())),
+            field(listing(v6(), LISTING_LINES)),
             field(listing(
                 (any::<[u8; 16]>(), 0u8..=130)
                     .prop_map(|(a, p)| format!("{}/{p}", Ipv6Addr::from(a))),
+                LISTING_LINES,
             )),
             field("subnet-[0-9a-f]{1,17}"),
         ),
@@ -176,9 +106,7 @@ fn set_answers(
     listing: Option<&str>,
     fields: &[(&str, Option<String>)],
 ) -> MutexGuard<'static, ()> {
-    let serial = one_case_at_a_time();
-    let mut answers = metadata().answers.lock().unwrap();
-    answers.clear();
+    let mut answers = HashMap::new();
     let base = "/latest/meta-data/network/interfaces/macs/";
     if let Some(listing) = listing {
         answers.insert(base.to_string(), listing.to_string());
@@ -188,13 +116,7 @@ fn set_answers(
             answers.insert(format!("{base}{MAC}/{leaf}"), v.clone());
         }
     }
-    serial
-}
-
-fn one_case_at_a_time() -> MutexGuard<'static, ()> {
-    static CASE: Mutex<()> = Mutex::new(());
-    // A failed case poisons it; the next one sets its own answers anyway.
-    CASE.lock().unwrap_or_else(|p| p.into_inner())
+    metadata().serve(answers)
 }
 
 /// An error the parsers may give: the path (under `under`) and why, or a
@@ -215,9 +137,9 @@ proptest! {
     /// The MAC listing of any text: one MAC a non-blank line, or an
     /// error naming the line.
     #[test]
-    fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text())) {
+    fn mac_listing_of_any_text_is_macs_or_an_error(text in listing(mac_text(), LISTING_LINES)) {
         let _serial = set_answers(Some(&text), &[]);
-        let imds = Imds::new(&metadata().url).unwrap();
+        let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.macs()) {
             Ok(macs) => {
                 let lines: Vec<&str> = text
@@ -242,7 +164,7 @@ proptest! {
     #[test]
     fn interface_of_any_answers_is_an_eni_or_an_error(fields in interface_answers(), mtu in proptest::option::of(any::<u32>())) {
         let _serial = set_answers(None, &fields);
-        let imds = Imds::new(&metadata().url).unwrap();
+        let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.interface(MAC)) {
             Ok(info) => {
                 prop_assert!(!info.ipv4s.is_empty());

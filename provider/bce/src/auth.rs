@@ -11,6 +11,9 @@
 //!
 //! The body is not part of the signature: bce-auth-v1 only covers the
 //! method, path, query and the signed headers.
+//!
+//! The key pair comes from the config, else from the environment
+//! ([`Credentials::configured`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +43,43 @@ pub struct Credentials {
 
 /// A secret key (shared with the other providers' configs).
 pub use enim_provider::Secret;
+
+pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
+pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";
+
+/// Neither the config nor the environment has a whole key pair.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "bce: no credentials: set access_key_id and secret_access_key, or \
+     {ENV_ACCESS_KEY_ID} and {ENV_SECRET_ACCESS_KEY}"
+)]
+pub struct NoCredentials;
+
+impl Credentials {
+    /// The key pair as configured, each half else from the environment
+    /// (`BCE_ACCESS_KEY_ID`, `BCE_SECRET_ACCESS_KEY`).
+    pub fn configured(
+        access_key_id: Option<&str>,
+        secret_access_key: Option<&Secret>,
+    ) -> Result<Credentials, NoCredentials> {
+        let pick = |configured: Option<&str>, env: &str| {
+            configured
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .or_else(|| std::env::var(env).ok().filter(|s| !s.is_empty()))
+        };
+        match (
+            pick(access_key_id, ENV_ACCESS_KEY_ID),
+            pick(secret_access_key.map(Secret::expose), ENV_SECRET_ACCESS_KEY),
+        ) {
+            (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
+                access_key_id,
+                secret_access_key: secret_access_key.into(),
+            }),
+            _ => Err(NoCredentials),
+        }
+    }
+}
 
 /// BCE's encoding of a query key/value or header name/value.
 pub fn uri_encode(s: &str) -> String {

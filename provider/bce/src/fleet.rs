@@ -27,111 +27,43 @@
 //! no look (BCE refuses an ENI in use); a [`DeleteCheck::SecondLook`] one
 //! looks first.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use enim_provider::cloud::{
-    format_created_at, validate_cluster_name, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT,
-};
+use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
-use enim_provider::{AddressLimits, LimitsConfig, MacAddr, ProviderError, Secret};
+use enim_provider::sync::lock;
+use enim_provider::{AddressLimits, MacAddr, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
-use serde::{Deserialize, Serialize};
 
-use crate::api::{self, client_token, ApiClient, ApiEni, ApiSubnet, EniStatus, PrivateIp};
-use crate::backend::{
-    description_tag, device_index_of, eni_name_prefix, DEVICE_INDEXES, ENI_NAME_PREFIX,
-    TAG_DEVICE_INDEX,
-};
-use crate::idcache::lock;
+use crate::client::{self, client_token, ApiClient, ApiEni, ApiSubnet, EniStatus, PrivateIp};
+use crate::config::BceFleetConfig;
+use crate::error::BceError;
 use crate::metadata::MetaInterface;
-use crate::{steps, BceApiConfig};
+use crate::steps;
+use crate::tags::{
+    description_tag, device_index_of, eni_name_prefix, in_cluster, node_of, with_word,
+    DEVICE_INDEXES, TAG_DEVICE_INDEX,
+};
 
 /// BCE's limits on a description and a clientToken.
 const MAX_DESCRIPTION: usize = 200;
 const MAX_CLIENT_TOKEN: usize = 64;
 
-/// The operator's `bce` section. `vpc_id`, `cluster` and either `endpoint`
-/// or `region` are required; the rest has defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BceFleetConfig {
-    /// BCE region (`bj`, `gz`, ...): the endpoint is then
-    /// `https://bcc.<region>.baidubce.com`.
-    pub region: Option<String>,
-    /// ENI OpenAPI endpoint, instead of the region's.
-    pub endpoint: Option<String>,
-    /// The VPC whose ENIs are listed.
-    pub vpc_id: String,
-    /// The cluster's name, marked in its ENIs' descriptions.
-    pub cluster: String,
-    /// Access key; default: env `BCE_ACCESS_KEY_ID`.
-    pub access_key_id: Option<String>,
-    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
-    /// prints it.
-    pub secret_access_key: Option<Secret>,
-    /// Per instance type, what [`FleetCloud::limits`] answers: BCE's quota
-    /// call asks by instance, not by type.
-    pub limits: BTreeMap<String, LimitsConfig>,
-    /// Polls, retries, paging and the operator's token buckets.
-    pub api: BceApiConfig,
-}
-
-impl BceFleetConfig {
-    pub fn validate(&self) -> Result<(), ProviderError> {
-        let bad = |why: String| Err(ProviderError::Config(format!("bce fleet: {why}")));
-        let given = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
-        if !given(&self.endpoint) && !given(&self.region) {
-            return bad("set region or endpoint (the operator reads no instance metadata)".into());
-        }
-        if self.vpc_id.trim().is_empty() {
-            return bad("vpc_id must be set".into());
-        }
-        if let Err(e) = validate_cluster_name(&self.cluster) {
-            return bad(e);
-        }
-        if let Err(e) = self.api.validate("api.") {
-            return bad(e);
-        }
-        Ok(())
-    }
-
-    fn endpoint(&self) -> String {
-        match (&self.endpoint, &self.region) {
-            (Some(e), _) if !e.trim().is_empty() => e.clone(),
-            (_, region) => format!(
-                "https://bcc.{}.baidubce.com",
-                region.as_deref().unwrap_or_default()
-            ),
-        }
-    }
-}
-
-/// A subnet's blocks and its gateways (each block's first host).
-#[derive(Debug, Clone, Copy)]
-struct SubnetNets {
-    v4: Ipv4Net,
-    v6: Option<Ipv6Net>,
-}
-
-impl SubnetNets {
-    fn of(s: &ApiSubnet) -> Result<SubnetNets, ProviderError> {
-        let bad = |v: &str| {
-            ProviderError::Config(format!("subnet {}: {v:?} is not a block", s.subnet_id))
-        };
-        let v4 = s.cidr.parse().map_err(|_| bad(&s.cidr))?;
-        let v6 = match s.ipv6_cidr.trim() {
-            "" => None,
-            b => Some(b.parse().map_err(|_| bad(b))?),
-        };
-        Ok(SubnetNets { v4, v6 })
-    }
+/// `s`'s blocks, as the VPC API describes them (the gateways are each
+/// block's first host).
+fn blocks_of(s: &ApiSubnet) -> Result<SubnetBlocks, BceError> {
+    let v6 = Some(s.ipv6_cidr.trim()).filter(|b| !b.is_empty());
+    SubnetBlocks::parse(&s.cidr, v6).map_err(|value| BceError::BadSubnet {
+        subnet: s.subnet_id.clone(),
+        value: value.into(),
+    })
 }
 
 /// The operator's BCE backend for one cluster (one per operator: its
@@ -139,24 +71,7 @@ impl SubnetNets {
 pub struct BceFleet {
     api: ApiClient,
     config: BceFleetConfig,
-    subnets: Mutex<HashMap<String, SubnetNets>>,
-}
-
-/// The node an ENI was made for, from its name `enim-<instance>-<suffix>`.
-fn node_of(name: &str) -> Option<&str> {
-    let (node, _) = name.strip_prefix(ENI_NAME_PREFIX)?.rsplit_once('-')?;
-    (!node.is_empty()).then_some(node)
-}
-
-/// `description` with `key=value` in place of any `key=` word it had.
-fn with_word(description: &str, key: &str, value: &str) -> String {
-    let mut words: Vec<String> = description
-        .split_whitespace()
-        .filter(|w| w.strip_prefix(key).is_none_or(|r| !r.starts_with('=')))
-        .map(str::to_string)
-        .collect();
-    words.push(format!("{key}={value}"));
-    words.join(" ")
+    subnets: Mutex<HashMap<String, SubnetBlocks>>,
 }
 
 /// A short stable digest of a token (FNV-1a), for the ENI's name: the
@@ -174,12 +89,10 @@ impl BceFleet {
     /// the config, else the environment). Makes no call.
     pub fn connect(config: &BceFleetConfig) -> Result<BceFleet, ProviderError> {
         config.validate()?;
-        let creds = crate::credentials(
-            config.access_key_id.as_deref(),
-            config.secret_access_key.as_ref(),
-        )?;
+        let creds = config.credentials().map_err(BceError::from)?;
         let endpoint = config.endpoint();
-        let api = config.api.client(&endpoint, creds)?;
+        let api =
+            ApiClient::configured(&endpoint, creds, &config.api).map_err(BceError::Endpoint)?;
         tracing::info!(cluster = %config.cluster, vpc = %config.vpc_id, %endpoint, "BCE fleet backend ready");
         Ok(BceFleet {
             api,
@@ -190,43 +103,46 @@ impl BceFleet {
 
     /// enim's (its name) and marked for this cluster.
     fn in_cluster(&self, eni: &ApiEni) -> bool {
-        eni.name.starts_with(ENI_NAME_PREFIX)
-            && description_tag(&eni.description, TAG_CLUSTER) == Some(self.config.cluster.as_str())
+        in_cluster(eni, &self.config.cluster)
     }
 
     /// `eni_id`, checked to be this cluster's.
-    async fn ours(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+    async fn ours(&self, eni_id: &str) -> Result<ApiEni, BceError> {
         let eni = steps::get_known(&self.api, eni_id).await?;
         self.check_ours(&eni)?;
         Ok(eni)
     }
 
-    fn check_ours(&self, eni: &ApiEni) -> Result<(), ProviderError> {
+    fn check_ours(&self, eni: &ApiEni) -> Result<(), BceError> {
         if self.in_cluster(eni) {
             return Ok(());
         }
-        Err(ProviderError::Config(format!(
-            "ENI {} ({:?}) is not marked {TAG_CLUSTER}={}: not this cluster's",
-            eni.eni_id, eni.name, self.config.cluster
-        )))
+        Err(BceError::NotInCluster {
+            eni_id: eni.eni_id.clone(),
+            name: eni.name.clone(),
+            cluster: self.config.cluster.clone(),
+        })
     }
 
     /// The blocks of `subnet`, asked once.
-    async fn nets(&self, subnet: &str) -> Result<SubnetNets, ProviderError> {
+    async fn nets(&self, subnet: &str) -> Result<SubnetBlocks, BceError> {
         if let Some(n) = lock(&self.subnets).get(subnet) {
             return Ok(*n);
         }
-        let nets = SubnetNets::of(&self.api.get_subnet(subnet).await?)?;
+        let nets = blocks_of(&self.api.get_subnet(subnet).await?)?;
         lock(&self.subnets).insert(subnet.to_string(), nets);
         Ok(nets)
     }
 
     /// `eni` as the listing shows it, addressed as instance metadata
     /// addresses it on a node.
-    async fn fleet_eni(&self, eni: ApiEni) -> Result<FleetEni, ProviderError> {
+    async fn fleet_eni(&self, eni: ApiEni) -> Result<FleetEni, BceError> {
         let nets = self.nets(&eni.subnet_id).await?;
         let id = &eni.eni_id;
-        let bad = |what: &str| ProviderError::Unavailable(format!("ENI {id}: BCE reports {what}"));
+        let bad = |what: &str| BceError::BadReport {
+            eni_id: id.clone(),
+            what: what.into(),
+        };
         let mac: MacAddr = eni
             .mac_address
             .parse()
@@ -273,10 +189,10 @@ impl BceFleet {
         })
     }
 
-    async fn do_list(&self) -> Result<Vec<FleetEni>, ProviderError> {
+    async fn do_list(&self) -> Result<Vec<FleetEni>, BceError> {
         let all = self
             .api
-            .list_enis(&self.config.vpc_id, None, self.config.api.list_page_size)
+            .list_enis(&self.config.vpc_id, None, self.config.list_page_size)
             .await?;
         let mut out = Vec::new();
         for eni in all.into_iter().filter(|e| self.in_cluster(e)) {
@@ -285,6 +201,7 @@ impl BceFleet {
                 Ok(e) => out.push(e),
                 // One odd ENI must not hide the cluster's others.
                 Err(e) if !e.is_transient() => {
+                    let e = ProviderError::from(e);
                     tracing::warn!(eni = %id, error = %e, "unreadable ENI left out")
                 }
                 Err(e) => return Err(e),
@@ -293,9 +210,9 @@ impl BceFleet {
         Ok(out)
     }
 
-    async fn do_create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
+    async fn do_create(&self, req: &CreateEni) -> Result<FleetEni, BceError> {
         let token = req.client_token.as_str();
-        let bad = |why: String| Err(ProviderError::Config(why));
+        let bad = |why: String| Err(BceError::Config(why));
         if token.is_empty() || token.len() > MAX_CLIENT_TOKEN || !token.is_ascii() {
             return bad(format!(
                 "client token {token:?} must be 1 to {MAX_CLIENT_TOKEN} ASCII characters"
@@ -322,7 +239,7 @@ impl BceFleet {
         let eni_id = self
             .api
             .create_eni(
-                &api::CreateEni {
+                &client::CreateEni {
                     name: &name,
                     subnet_id: &req.subnet,
                     security_group_ids: &req.security_groups,
@@ -357,15 +274,15 @@ impl BceFleet {
         listed: &FleetEni,
         instance: &str,
         index: u32,
-    ) -> Result<(), ProviderError> {
+    ) -> Result<(), BceError> {
         let eni_id = listed.id.as_str();
         if !DEVICE_INDEXES.contains(&index) {
-            return Err(ProviderError::Config(format!(
+            return Err(BceError::Config(format!(
                 "device index {index} is outside {DEVICE_INDEXES:?}"
             )));
         }
         if listed.cluster.as_deref() != Some(self.config.cluster.as_str()) {
-            return Err(ProviderError::Config(format!(
+            return Err(BceError::Config(format!(
                 "ENI {eni_id} was not seen marked {TAG_CLUSTER}={}: not this cluster's",
                 self.config.cluster
             )));
@@ -381,8 +298,8 @@ impl BceFleet {
                 .modify_eni(eni_id, &eni.name, &described, &client_token())
                 .await?;
         }
-        let mut poll = self.config.api.poll();
-        let limit = self.config.api.operation_timeout;
+        let limit = self.config.operation_timeout;
+        let mut poll = steps::operation_poll(self.config.poll_interval, limit);
         // The look above is the first poll: status and attachment are all
         // it reads, and the description change left them as they were.
         steps::attach_polled(&self.api, eni_id, instance, Some(eni), &mut poll, limit).await?;
@@ -396,7 +313,7 @@ impl BceFleet {
     /// One look (BCE's detach names the instance; it has no attachment
     /// id), then the detach asked for an ENI in use: no polling, the
     /// operator's next listing shows it detaching or available.
-    async fn do_start_detach(&self, eni_id: &str) -> Result<(), ProviderError> {
+    async fn do_start_detach(&self, eni_id: &str) -> Result<(), BceError> {
         let eni = match self.api.get_eni(eni_id).await {
             Ok(e) => e,
             Err(e) if e.is_not_found() => return Ok(()),
@@ -411,7 +328,7 @@ impl BceFleet {
         Ok(())
     }
 
-    async fn do_delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
+    async fn do_delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, BceError> {
         let reaped = match check {
             DeleteCheck::Listed => steps::delete_unlooked(&self.api, eni_id).await?,
             DeleteCheck::SecondLook => {
@@ -428,7 +345,7 @@ impl BceFleet {
         &self,
         eni_id: &str,
         counts: (usize, usize),
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    ) -> Result<Vec<IpAddr>, BceError> {
         let before = self.ours(eni_id).await?;
         let per_eni =
             usize::try_from(self.api.ip_quota(eni_id).await?.total_quantity).unwrap_or(usize::MAX);
@@ -444,7 +361,7 @@ impl FleetCloud for BceFleet {
     }
 
     async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {
-        self.do_list().await
+        Ok(self.do_list().await?)
     }
 
     async fn limits(&self, instance_type: &str) -> Result<AddressLimits, ProviderError> {
@@ -457,7 +374,7 @@ impl FleetCloud for BceFleet {
     }
 
     async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError> {
-        self.do_create(req).await
+        Ok(self.do_create(req).await?)
     }
 
     async fn attach(
@@ -466,15 +383,15 @@ impl FleetCloud for BceFleet {
         instance: &str,
         device_index: u32,
     ) -> Result<(), ProviderError> {
-        self.do_attach(eni, instance, device_index).await
+        Ok(self.do_attach(eni, instance, device_index).await?)
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
-        self.do_start_detach(&eni.id).await
+        Ok(self.do_start_detach(&eni.id).await?)
     }
 
     async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError> {
-        self.do_delete(eni_id, check).await
+        Ok(self.do_delete(eni_id, check).await?)
     }
 
     async fn assign_addresses(
@@ -483,12 +400,12 @@ impl FleetCloud for BceFleet {
         ipv4: usize,
         ipv6: usize,
     ) -> Result<Vec<IpAddr>, ProviderError> {
-        self.do_assign(eni_id, (ipv4, ipv6)).await
+        Ok(self.do_assign(eni_id, (ipv4, ipv6)).await?)
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let lookup = self.ours(eni_id).await;
-        steps::unassign(&self.api, eni_id, ips, lookup).await
+        Ok(steps::unassign(&self.api, eni_id, ips, lookup).await?)
     }
 }
 
@@ -497,56 +414,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_words_and_digests() {
-        assert_eq!(node_of("enim-i-AbC123-0123456789ab"), Some("i-AbC123"));
-        assert_eq!(node_of("enim--x"), None);
-        assert_eq!(node_of("other-i-1-x"), None);
-        assert_eq!(
-            with_word("a=1 enim.io/device-index=3 b", TAG_DEVICE_INDEX, "4"),
-            "a=1 b enim.io/device-index=4"
-        );
-        assert_eq!(with_word("", "k", "v"), "k=v");
-        assert_eq!(with_word("kk=1", "k", "v"), "kk=1 k=v");
+    fn digests() {
         let d = token_digest("intent-1");
         assert_eq!(d.len(), 12);
         assert_eq!(d, token_digest("intent-1"));
         assert_ne!(d, token_digest("intent-2"));
-    }
-
-    #[test]
-    fn config_is_checked_and_names_what_is_wrong() {
-        let ok: BceFleetConfig = serde_json::from_str(
-            r#"{"region": "bj", "vpc_id": "vpc-1", "cluster": "prod",
-                "limits": {"bcc.g4.c2m8": {"enis": 3, "ipv4_per_eni": 8}},
-                "api": {"poll_interval": "1s"}}"#,
-        )
-        .unwrap();
-        ok.validate().unwrap();
-        assert_eq!(ok.endpoint(), "https://bcc.bj.baidubce.com");
-        assert_eq!(ok.limits["bcc.g4.c2m8"].ipv6_per_eni, 0);
-        for (text, needle) in [
-            (r#"{"regoin": "bj"}"#, "regoin"),
-            (r#"{"api": {"poll": "1s"}}"#, "poll"),
-            (
-                r#"{"limits": {"t": {"enis": 1, "ipv4_per_eni": 1, "v6": 1}}}"#,
-                "v6",
-            ),
-        ] {
-            let e = serde_json::from_str::<BceFleetConfig>(text).unwrap_err();
-            assert!(e.to_string().contains(needle), "{needle}: {e}");
-        }
-        type Change = fn(&mut BceFleetConfig);
-        let cases: [(Change, &str); 4] = [
-            (|c| c.region = None, "region or endpoint"),
-            (|c| c.vpc_id.clear(), "vpc_id"),
-            (|c| c.cluster = "a b".into(), "cluster"),
-            (|c| c.api.max_attempts = 0, "api.max_attempts"),
-        ];
-        for (change, needle) in cases {
-            let mut c = ok.clone();
-            change(&mut c);
-            let e = c.validate().unwrap_err().to_string();
-            assert!(e.contains(needle), "{needle}: {e}");
-        }
     }
 }

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use enim_provider::atomic_file::{self, Durability, FileError};
+use enim_provider::sync::lock;
 use enim_provider::{Eni, MacAddr};
 
 /// One attached ENI as the id cache keeps it.
@@ -85,10 +86,6 @@ impl IdCache {
         // may be the boot after a power cut.
         atomic_file::replace(&self.path, 0o600, Durability::FULL, &bytes)
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

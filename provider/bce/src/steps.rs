@@ -1,5 +1,6 @@
 //! The BCE steps of an ENI's life that the node's backend
-//! ([`crate::BceBackend`]) and the operator's ([`crate::BceFleet`]) take
+//! ([`crate::node::BceBackend`]) and the operator's
+//! ([`crate::fleet::BceFleet`]) take
 //! alike, written once over an [`ApiClient`]: attach and wait, detach and
 //! wait (or only ask, for the operator), delete (after a second look, or
 //! on BCE's refusal alone), and the private-IP verbs. What only
@@ -13,24 +14,33 @@ use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Family, Reaped,
 };
 use enim_provider::fault::crash_point;
-use enim_provider::retry::Poll;
-use enim_provider::ProviderError;
+use enim_provider::retry::{Backoff, Poll};
 
-use crate::api::{client_token, ApiClient, ApiEni, Attachment, EniStatus, PRIVATE_IP_BATCH_MAX};
+use crate::client::{client_token, ApiClient, ApiEni, Attachment, EniStatus, PRIVATE_IP_BATCH_MAX};
+use crate::error::BceError;
+
+/// Polls of one attach or detach: every `interval` at most (jittered), for
+/// `timeout` in all.
+pub(crate) fn operation_poll(interval: Duration, timeout: Duration) -> Poll {
+    Poll::within(&Backoff::steady(interval), timeout)
+}
 
 /// An attach or detach that did not finish within `limit`.
-pub(crate) fn timed_out(eni_id: &str, what: &str, last: &str, limit: Duration) -> ProviderError {
-    ProviderError::Unavailable(format!(
-        "ENI {eni_id}: still {last} after {limit:?} waiting for it to {what}"
-    ))
+pub(crate) fn timed_out(eni_id: &str, what: &'static str, last: &str, limit: Duration) -> BceError {
+    BceError::StateTimeout {
+        eni_id: eni_id.into(),
+        what,
+        last: last.into(),
+        limit,
+    }
 }
 
 /// `eni_id` as the API sees it; an ENI that does not exist is
-/// [`ProviderError::UnknownEni`].
-pub(crate) async fn get_known(api: &ApiClient, eni_id: &str) -> Result<ApiEni, ProviderError> {
+/// [`BceError::Missing`].
+pub(crate) async fn get_known(api: &ApiClient, eni_id: &str) -> Result<ApiEni, BceError> {
     api.get_eni(eni_id).await.map_err(|e| {
         if e.is_not_found() {
-            ProviderError::UnknownEni(eni_id.to_string())
+            BceError::Missing(eni_id.to_string())
         } else {
             e.into()
         }
@@ -52,7 +62,7 @@ pub(crate) async fn attach_polled(
     mut looked: Option<ApiEni>,
     poll: &mut Poll,
     limit: Duration,
-) -> Result<ApiEni, ProviderError> {
+) -> Result<ApiEni, BceError> {
     let token = client_token();
     let mut attach_sent = false;
     loop {
@@ -64,7 +74,7 @@ pub(crate) async fn attach_polled(
         match (&status, eni.attached_to()) {
             (EniStatus::InUse, Some(i)) if i == instance => return Ok(eni),
             (EniStatus::InUse | EniStatus::Attaching, Some(other)) if other != instance => {
-                return Err(ProviderError::OwnedByOther {
+                return Err(BceError::OwnedByOther {
                     eni_id: eni_id.to_string(),
                     holder: format!("instance {other}"),
                     requester: format!("instance {instance}"),
@@ -92,10 +102,10 @@ pub(crate) async fn attach_polled(
 pub(crate) async fn detach_polled(
     api: &ApiClient,
     eni_id: &str,
-    check: impl Fn(&ApiEni) -> Result<(), ProviderError>,
+    check: impl Fn(&ApiEni) -> Result<(), BceError>,
     poll: &mut Poll,
     limit: Duration,
-) -> Result<Option<ApiEni>, ProviderError> {
+) -> Result<Option<ApiEni>, BceError> {
     let token = client_token();
     let mut detach_sent = false;
     loop {
@@ -131,7 +141,7 @@ pub(crate) async fn request_detach(
     eni_id: &str,
     instance: &str,
     token: &str,
-) -> Result<(), ProviderError> {
+) -> Result<(), BceError> {
     crash_point("cloud:before-detach");
     api.set_attachment(Attachment::Detach, eni_id, instance, token)
         .await?;
@@ -145,7 +155,7 @@ pub(crate) async fn delete_checked(
     api: &ApiClient,
     eni_id: &str,
     ours: impl Fn(&ApiEni) -> bool,
-) -> Result<Reaped, ProviderError> {
+) -> Result<Reaped, BceError> {
     let eni = match api.get_eni(eni_id).await {
         Ok(e) => e,
         Err(e) if e.is_not_found() => return Ok(Reaped::Gone),
@@ -162,10 +172,7 @@ pub(crate) async fn delete_checked(
 /// Deletes `eni_id` with no look first: BCE refuses an ENI that is not
 /// available (a conflict: [`Reaped::Spared`]); one already gone is
 /// [`Reaped::Gone`]. Only for an ENI the caller knows is its own.
-pub(crate) async fn delete_unlooked(
-    api: &ApiClient,
-    eni_id: &str,
-) -> Result<Reaped, ProviderError> {
+pub(crate) async fn delete_unlooked(api: &ApiClient, eni_id: &str) -> Result<Reaped, BceError> {
     match api.delete_eni(eni_id, &client_token()).await {
         Ok(()) => {
             tracing::info!(eni = eni_id, "ENI deleted");
@@ -191,10 +198,10 @@ pub(crate) async fn assign<F, Fut>(
     (ipv4, ipv6): (usize, usize),
     per_eni: usize,
     lookup: F,
-) -> Result<Vec<IpAddr>, ProviderError>
+) -> Result<Vec<IpAddr>, BceError>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<ApiEni, ProviderError>>,
+    Fut: std::future::Future<Output = Result<ApiEni, BceError>>,
 {
     let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
     let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
@@ -227,11 +234,11 @@ pub(crate) async fn unassign(
     api: &ApiClient,
     eni_id: &str,
     ips: &[IpAddr],
-    lookup: Result<ApiEni, ProviderError>,
-) -> Result<(), ProviderError> {
-    let departed = |e: &ProviderError| match e {
-        ProviderError::UnknownEni(_) => Some(Departed::Gone),
-        ProviderError::OwnedByOther { .. } => Some(Departed::Elsewhere),
+    lookup: Result<ApiEni, BceError>,
+) -> Result<(), BceError> {
+    let departed = |e: &BceError| match e {
+        BceError::Missing(_) => Some(Departed::Gone),
+        BceError::OwnedByOther { .. } => Some(Departed::Elsewhere),
         _ => None,
     };
     let lookup = lookup.map(|e| e.non_primary_ips());

@@ -9,97 +9,26 @@
 //! loopback.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider_bce::metadata::{parse_mask, MetadataClient, MetadataError};
+use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
+use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 const BASE: &str = "/1.0/meta-data/";
 
-/// A loopback metadata service: every GET the answer set for its path
-/// (under [`BASE`]), or 404.
-struct Metadata {
-    url: String,
-    answers: Arc<Mutex<HashMap<String, String>>>,
+/// One metadata stand-in for the whole file; each case sets its answers,
+/// the cases run one at a time.
+fn metadata() -> &'static MetadataStub {
+    static SERVER: OnceLock<MetadataStub> = OnceLock::new();
+    SERVER.get_or_init(|| MetadataStub::start(BASE))
 }
 
-/// One server for the whole file; each case sets its answers, the cases
-/// run one at a time.
-fn metadata() -> &'static Metadata {
-    static SERVER: OnceLock<Metadata> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}{BASE}", listener.local_addr().unwrap());
-        let answers = Arc::new(Mutex::new(HashMap::new()));
-        let served = answers.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(stream, &served);
-            }
-        });
-        Metadata { url, answers }
-    })
-}
-
-/// Reads one request's head and answers it; the connection then closes.
-fn answer(mut stream: TcpStream, answers: &Mutex<HashMap<String, String>>) {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return,
-        }
-    }
-    let head = String::from_utf8_lossy(&head);
-    let path = head.split_whitespace().nth(1).unwrap_or("");
-    let found = path
-        .strip_prefix(BASE)
-        .and_then(|p| answers.lock().unwrap().get(p).cloned());
-    let (status, body) = match found {
-        Some(body) => ("200 OK", body),
-        None => ("404 Not Found", String::new()),
-    };
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-fn wild_string() -> impl Strategy<Value = String> {
-    prop_oneof![
-        "\\PC{0,24}",
-        "(?s:.{0,24})",
-        "[0-9a-f:./\\-+ \\r\\n\\x00]{0,24}",
-    ]
-}
-
-/// A listing: lines of plausible entries and junk, with blank lines,
-/// trailing '/' and CRLFs.
-fn listing(entry: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
-    let line = prop_oneof![4 => entry, 1 => wild_string(), 1 => Just(String::new())];
-    (
-        vec(line, 0..4),
-        prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
-    )
-        .prop_map(|(lines, end)| lines.join(end))
-}
+/// Lines of a listing: up to three.
+const LISTING_LINES: std::ops::Range<usize> = 0..4;
 
 fn ip_text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -145,7 +74,7 @@ fn interface_answers() -> impl Strategy<Value = HashMap<String, String>> {
         field(mask_text()),
         field(ip_text()),
     );
-    (listing(ip_text()), vec(per_ip, 4)).prop_map(|(ips, per_ip)| {
+    (listing(ip_text(), LISTING_LINES), vec(per_ip, 4)).prop_map(|(ips, per_ip)| {
         let mut answers = HashMap::new();
         let macs = "network/interfaces/macs";
         for (ip, (ip_type, mask, gateway)) in ips.lines().map(str::trim).zip(per_ip) {
@@ -171,11 +100,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Sets the server's answers until the returned guard is dropped: the
 /// tests run in parallel, over one server.
 fn set_answers(answers: HashMap<String, String>) -> MutexGuard<'static, ()> {
-    static CASE: Mutex<()> = Mutex::new(());
-    // A failed case poisons it; the next one sets its own answers anyway.
-    let serial = CASE.lock().unwrap_or_else(|p| p.into_inner());
-    *metadata().answers.lock().unwrap() = answers;
-    serial
+    metadata().serve(answers)
 }
 
 /// Never a transport failure: the server always answers.
@@ -218,9 +143,9 @@ proptest! {
 
     /// The MAC listing of any text: its non-blank lines.
     #[test]
-    fn mac_listing_of_any_text_is_its_lines(text in listing(prop_oneof![Just(MAC.to_string()), wild_string()])) {
+    fn mac_listing_of_any_text_is_its_lines(text in listing(prop_oneof![Just(MAC.to_string()), wild_string()], LISTING_LINES)) {
         let _serial = set_answers(HashMap::from([("network/interfaces/macs".to_string(), text.clone())]));
-        let client = MetadataClient::new(&metadata().url).unwrap();
+        let client = MetadataClient::new(metadata().url()).unwrap();
         match runtime().block_on(client.macs()) {
             Ok(macs) => {
                 // Each non-blank line, white space and the trailing '/' off.
@@ -241,7 +166,7 @@ proptest! {
     #[test]
     fn interface_of_any_answers_is_an_eni_or_an_error(answers in interface_answers()) {
         let _serial = set_answers(answers);
-        let client = MetadataClient::new(&metadata().url).unwrap();
+        let client = MetadataClient::new(metadata().url()).unwrap();
         match runtime().block_on(client.interface(MAC)) {
             Ok(iface) => {
                 prop_assert!(iface.all_ips.contains(&IpAddr::V4(iface.ipv4.addr())));
@@ -264,7 +189,7 @@ proptest! {
 #[test]
 fn a_listed_mac_that_is_not_one_is_refused() {
     let _serial = set_answers(HashMap::new());
-    let client = MetadataClient::new(&metadata().url).unwrap();
+    let client = MetadataClient::new(metadata().url()).unwrap();
     for bad in ["+a:16:3e:00:00:01", "fa:16:3e:00:00", "zz:16:3e:00:00:01"] {
         let e = runtime().block_on(client.interface(bad)).unwrap_err();
         assert!(

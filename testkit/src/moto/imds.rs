@@ -8,7 +8,7 @@ use aws_credential_types::Credentials;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
-use enim_provider_aws::ec2::{Ec2Client, NetworkInterface};
+use enim_provider_aws::client::{Ec2Client, NetworkInterface};
 
 use super::{
     not_found, p, text, xml, DescribeSubnetsResponse, Fake, Subnet, INSTANCE_TYPE, REGION,

@@ -20,9 +20,9 @@ use aws_credential_types::Credentials;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use enim_provider::ratelimit::RateLimit;
+use enim_provider_aws::client::{Ec2Client, Items, NetworkInterface, QueryClient, RetryPolicy};
 use enim_provider_aws::credentials::CredentialsProvider;
-use enim_provider_aws::ec2::{Ec2Client, Items, NetworkInterface, QueryClient, RetryPolicy};
-use enim_provider_aws::{AwsConfig, TAG_MANAGED, TAG_NODE};
+use enim_provider_aws::{ApiConfig, AwsConfig, TAG_MANAGED, TAG_NODE};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
@@ -369,16 +369,23 @@ impl Env {
     pub fn config(&self) -> AwsConfig {
         AwsConfig {
             imds_endpoint: self.imds.url.clone(),
-            ec2_endpoint: Some(self.proxy.url.clone()),
-            api_attempts: 4,
-            api_backoff: Duration::from_millis(20),
-            api_max_backoff: Duration::from_millis(200),
             metadata_wait: Duration::from_secs(10),
             detach_timeout: Duration::from_secs(10),
-            // Out of the way: the tests of the buckets set their own.
-            api_mutating_rate: FAST,
-            api_describe_rate: FAST,
+            api: self.api(),
             ..AwsConfig::default()
+        }
+    }
+
+    /// EC2 through the proxy, with short retries; the buckets out of the
+    /// way (the tests of the buckets set their own).
+    pub fn api(&self) -> ApiConfig {
+        ApiConfig {
+            endpoint: Some(self.proxy.url.clone()),
+            max_attempts: 4,
+            backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+            mutating_rate: FAST,
+            read_rate: FAST,
         }
     }
 

@@ -258,11 +258,11 @@ async fn a_repeated_create_after_a_lost_answer_makes_one_eni() {
     // it would not model that), so replay the same clientToken by hand.
     let cloud = FakeCloud::start().await;
     let api = api_client(&cloud);
-    let req = enim_provider_bce::api::CreateEni {
+    let req = enim_provider_bce::client::CreateEni {
         name: "enim-x",
         subnet_id: SUBNET,
         security_group_ids: &[],
-        private_ip_set: vec![enim_provider_bce::api::PrivateIp {
+        private_ip_set: vec![enim_provider_bce::client::PrivateIp {
             primary: true,
             private_ip_address: String::new(),
         }],

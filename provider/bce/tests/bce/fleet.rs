@@ -8,17 +8,16 @@ use std::time::Duration;
 use enim_provider::cloud::{parse_created_at, CreatedAt, Reaped};
 use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, FleetEni};
 use enim_provider::{LimitsConfig, ProviderError};
-use enim_provider_bce::{BceApiConfig, BceFleet, BceFleetConfig};
+use enim_provider_bce::{BceFleet, BceFleetConfig};
 use rig::{FakeCloud, AK, GATEWAY, INSTANCE, SK, SUBNET, VPC};
 
-use super::{rig, FAST};
+use super::{fast_api, rig};
 
 const CLUSTER: &str = "prod";
 const OTHER_NODE: &str = "i-NodeBBBB";
 
 fn config(cloud: &FakeCloud) -> BceFleetConfig {
     BceFleetConfig {
-        endpoint: Some(cloud.api_url.clone()),
         vpc_id: VPC.into(),
         cluster: CLUSTER.into(),
         access_key_id: Some(AK.into()),
@@ -31,17 +30,11 @@ fn config(cloud: &FakeCloud) -> BceFleetConfig {
                 ipv6_per_eni: 0,
             },
         )]),
-        api: BceApiConfig {
-            poll_interval: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(5),
-            max_attempts: 4,
-            retry_base: Duration::from_millis(2),
-            retry_cap: Duration::from_millis(10),
-            // Small pages: every listing takes several calls.
-            list_page_size: 2,
-            api_mutating_rate: FAST,
-            api_read_rate: FAST,
-        },
+        poll_interval: Duration::from_millis(5),
+        operation_timeout: Duration::from_secs(5),
+        // Small pages: every listing takes several calls.
+        list_page_size: 2,
+        api: fast_api(cloud),
         ..BceFleetConfig::default()
     }
 }

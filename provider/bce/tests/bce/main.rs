@@ -12,29 +12,23 @@ use std::time::Duration;
 
 use enim_provider::ratelimit::RateLimit;
 use enim_provider::{EniOwner, PodRef};
-use enim_provider_bce::api::ApiClient;
-use enim_provider_bce::{BceConfig, Credentials, RetryPolicy};
+use enim_provider_bce::client::ApiClient;
+use enim_provider_bce::{ApiConfig, BceConfig, Credentials, RetryPolicy};
 use enim_provider_pool::{PoolConfig, PoolRole, PoolStats, WarmPool};
 use enim_testkit::bce as rig;
 use rig::{FakeCloud, AK, SK};
 
 fn config(cloud: &FakeCloud) -> BceConfig {
     BceConfig {
-        endpoint: Some(cloud.api_url.clone()),
         metadata_endpoint: Some(cloud.meta_url.clone()),
         security_group_ids: vec!["g-enim".into()],
         access_key_id: Some(AK.into()),
         secret_access_key: Some(SK.into()),
         poll_interval: Duration::from_millis(5),
         operation_timeout: Duration::from_secs(5),
-        max_attempts: 4,
-        retry_base: Duration::from_millis(2),
-        retry_cap: Duration::from_millis(10),
         // Small pages force every listing through several calls.
         list_page_size: 2,
-        // Out of the way: the bucket test sets its own.
-        api_mutating_rate: FAST,
-        api_read_rate: FAST,
+        api: fast_api(cloud),
         pool: PoolConfig {
             min_free: 2,
             max_free: 3,
@@ -49,6 +43,19 @@ fn config(cloud: &FakeCloud) -> BceConfig {
 
 /// A client-side rate no test notices.
 const FAST: RateLimit = RateLimit::new(Duration::from_micros(10), 1_000_000);
+
+/// The fake's API with short retries; the buckets out of the way (the
+/// bucket test sets its own).
+fn fast_api(cloud: &FakeCloud) -> ApiConfig {
+    ApiConfig {
+        endpoint: Some(cloud.api_url.clone()),
+        max_attempts: 4,
+        backoff: Duration::from_millis(2),
+        max_backoff: Duration::from_millis(10),
+        mutating_rate: FAST,
+        read_rate: FAST,
+    }
+}
 
 fn owner(n: u32) -> EniOwner {
     EniOwner {

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use enim_provider::cloud::{parse_created_at, CloudBackend, Reaped};
-use enim_provider_bce::backend::description_tag;
+use enim_provider_bce::tags::description_tag;
 use enim_provider_bce::{BceBackend, BceConfig};
 use enim_provider_pool::reap_pass;
 use enim_testkit::bce::{FakeCloud, INSTANCE};

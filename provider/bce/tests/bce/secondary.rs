@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use enim_provider::cloud::CloudBackend;
 use enim_provider::{EniProvider, ProviderError};
-use enim_provider_bce::backend::description_tag;
+use enim_provider_bce::tags::description_tag;
 use enim_provider_bce::BceBackend;
 use enim_provider_pool::PoolRole;
 use enim_testkit::bce::{self as rig, FakeCloud, INSTANCE, VPC};
@@ -39,7 +39,7 @@ async fn private_ips_are_added_in_batches_cut_to_the_quota_and_deleted_idempoten
     let limits = backend.address_limits().await.unwrap();
     assert_eq!(
         (limits.ipv4_per_eni, limits.enis),
-        (enim_provider_bce::backend::PROVISIONAL_IPS_PER_ENI, 8)
+        (enim_provider_bce::node::PROVISIONAL_IPS_PER_ENI, 8)
     );
 
     let eni = backend.create_and_attach().await.unwrap();
@@ -195,7 +195,7 @@ async fn device_indexes_are_distinct_kept_in_the_cloud_and_reused_lowest_first()
         let d = &w.enis[&e.id].description;
         assert!(d.len() <= 200, "{d}");
         assert_eq!(
-            description_tag(d, enim_provider_bce::backend::TAG_DEVICE_INDEX),
+            description_tag(d, enim_provider_bce::tags::TAG_DEVICE_INDEX),
             e.device_index.map(|i| i.to_string()).as_deref()
         );
     }

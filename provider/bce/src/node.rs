@@ -1,4 +1,5 @@
-//! [`BceBackend`]: the [`CloudBackend`] the warm pool drives on Baidu BCE.
+//! [`BceBackend`]: the [`CloudBackend`] the warm pool drives on Baidu BCE,
+//! for one node, and [`build`], the started pool `enimd` uses.
 //!
 //! ENIs enim creates are named `enim-<instance-id>-<random>` and described
 //! as enim's, because BCE's ENI API has no tags to mark them with. The name
@@ -6,8 +7,9 @@
 //! deleting anything.
 //!
 //! For the fleet-wide reaper, the description carries what AWS keeps in
-//! tags, as `key=value` words: `enim.io/created-at=<RFC 3339>` and, with a
-//! cluster configured, `enim.io/cluster=<name>`.
+//! tags, as `key=value` words (see [`crate::tags`]):
+//! `enim.io/created-at=<RFC 3339>` and, with a cluster configured,
+//! `enim.io/cluster=<name>`.
 //!
 //! Secondary mode numbers each host ENI's route table from its device
 //! index, which must stay the same for as long as the ENI is attached,
@@ -30,7 +32,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -39,21 +41,22 @@ use enim_provider::cloud::{
     TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
-use enim_provider::retry::{Backoff, Poll};
-use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_provider::retry::Poll;
+use enim_provider::sync::lock;
+use enim_provider::{AddressLimits, Eni, EniProvider, MacAddr, ProviderError};
+use enim_provider_pool::{PoolRole, WarmPool};
 
-use crate::api::{client_token, ApiClient, ApiEni, CreateEni, EniStatus, PrivateIp};
-use crate::idcache::{lock, IdCache};
-use crate::metadata::{MetadataClient, MetadataError};
+use crate::client::{
+    client_token, region_endpoint, ApiClient, ApiEni, CreateEni, EniStatus, PrivateIp,
+};
+use crate::config::BceConfig;
+use crate::error::BceError;
+use crate::idcache::IdCache;
+use crate::metadata::{self, MetaInterface, MetadataClient, MetadataError};
 use crate::steps;
-
-impl From<MetadataError> for ProviderError {
-    fn from(e: MetadataError) -> Self {
-        // Metadata is local and eventually right; a bad answer now is still
-        // worth asking again later.
-        ProviderError::Unavailable(e.to_string())
-    }
-}
+use crate::tags::{
+    self, description_tag, device_index_of, eni_name_prefix, DEVICE_INDEXES, TAG_DEVICE_INDEX,
+};
 
 /// What the backend needs once discovery is done.
 #[derive(Debug, Clone)]
@@ -72,12 +75,6 @@ pub struct BackendSettings {
     pub cluster: Option<String>,
 }
 
-/// The description word that keeps an ENI's device index (see the module
-/// comment).
-pub const TAG_DEVICE_INDEX: &str = "enim.io/device-index";
-/// Device indexes enim gives: 0 is the primary interface's, and secondary
-/// mode's route tables span 256 indexes.
-pub const DEVICE_INDEXES: std::ops::RangeInclusive<u32> = 1..=255;
 /// Addresses per ENI reported before any ENI is attached: BCE's quota call
 /// answers per ENI only, so until one exists the figure is BCE's largest
 /// (40, for instances of 64 GiB and more). It only lets the agent's pool
@@ -103,13 +100,6 @@ pub struct BceBackend {
     ids: Option<IdCache>,
 }
 
-/// The device index an ENI's description keeps, if a valid one.
-pub fn device_index_of(eni: &ApiEni) -> Option<u32> {
-    description_tag(&eni.description, TAG_DEVICE_INDEX)
-        .and_then(|v| v.parse().ok())
-        .filter(|i| DEVICE_INDEXES.contains(i))
-}
-
 impl BceBackend {
     pub fn new(api: ApiClient, meta: MetadataClient, settings: BackendSettings) -> Self {
         let name_prefix = eni_name_prefix(&settings.instance_id);
@@ -133,7 +123,7 @@ impl BceBackend {
 
     /// The ENIs attached here: the API's listing, matched by MAC with
     /// instance metadata (which must show them too).
-    async fn attached_online(&self) -> Result<Vec<Eni>, ProviderError> {
+    async fn attached_online(&self) -> Result<Vec<Eni>, BceError> {
         let listed = self.instance_enis().await?;
         let mut by_mac: HashMap<MacAddr, ApiEni> = HashMap::new();
         for e in listed {
@@ -175,7 +165,7 @@ impl BceBackend {
 
     /// The ENIs metadata shows attached whose ids the cache knows: what a
     /// start without the API can serve.
-    async fn attached_offline(&self, cache: &IdCache) -> Result<Vec<Eni>, ProviderError> {
+    async fn attached_offline(&self, cache: &IdCache) -> Result<Vec<Eni>, BceError> {
         let local = self.meta.local_ipv4().await?;
         let mut out = Vec::new();
         for raw in self.meta.macs().await? {
@@ -199,7 +189,7 @@ impl BceBackend {
 
     /// Every ENI of the VPC, this instance's or not: detached ENIs have no
     /// instance to filter by.
-    async fn vpc_enis(&self) -> Result<Vec<ApiEni>, ProviderError> {
+    async fn vpc_enis(&self) -> Result<Vec<ApiEni>, BceError> {
         let listed = self
             .api
             .list_enis(&self.s.vpc_id, None, self.s.page_size)
@@ -209,7 +199,7 @@ impl BceBackend {
 
     /// The ENIs the API lists for this instance (a filter the callers
     /// still check).
-    async fn instance_enis(&self) -> Result<Vec<ApiEni>, ProviderError> {
+    async fn instance_enis(&self) -> Result<Vec<ApiEni>, BceError> {
         let listed = self
             .api
             .list_enis(&self.s.vpc_id, Some(&self.s.instance_id), self.s.page_size)
@@ -217,7 +207,7 @@ impl BceBackend {
         Ok(listed)
     }
 
-    async fn get_known(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+    async fn get_known(&self, eni_id: &str) -> Result<ApiEni, BceError> {
         steps::get_known(&self.api, eni_id).await
     }
 
@@ -228,9 +218,7 @@ impl BceBackend {
     /// enim's (any node's) and marked for this cluster.
     fn in_cluster(&self, eni: &ApiEni) -> bool {
         let cluster = self.s.cluster.as_deref();
-        cluster.is_some()
-            && eni.name.starts_with(ENI_NAME_PREFIX)
-            && description_tag(&eni.description, TAG_CLUSTER) == cluster
+        cluster.is_some_and(|c| tags::in_cluster(eni, c))
     }
 
     /// The description of a new ENI: what it is for people, and the
@@ -249,22 +237,18 @@ impl BceBackend {
         d
     }
 
-    /// Polls of one attach or detach: every `poll_interval` at most
-    /// (jittered), for `operation_timeout` in all.
+    /// Polls of one attach or detach.
     fn poll(&self) -> Poll {
-        Poll::within(
-            &Backoff::steady(self.s.poll_interval),
-            self.s.operation_timeout,
-        )
+        steps::operation_poll(self.s.poll_interval, self.s.operation_timeout)
     }
 
-    fn timeout(&self, eni_id: &str, what: &str, last: &str) -> ProviderError {
+    fn timeout(&self, eni_id: &str, what: &'static str, last: &str) -> BceError {
         steps::timed_out(eni_id, what, last, self.s.operation_timeout)
     }
 
     /// Attaches `eni_id` to this instance if it is not, waits for `inuse`,
     /// then for metadata to show it.
-    async fn attach_and_wait(&self, eni_id: &str) -> Result<Eni, ProviderError> {
+    async fn attach_and_wait(&self, eni_id: &str) -> Result<Eni, BceError> {
         let mut poll = self.poll();
         let attached = steps::attach_polled(
             &self.api,
@@ -276,8 +260,9 @@ impl BceBackend {
         )
         .await?;
         let mac = &attached.mac_address;
-        let mac: MacAddr = mac.parse().map_err(|e| {
-            ProviderError::Unavailable(format!("ENI {eni_id}: BCE reports MAC {mac:?}: {e}"))
+        let mac: MacAddr = mac.parse().map_err(|e| BceError::BadReport {
+            eni_id: eni_id.into(),
+            what: format!("MAC {mac:?}: {e}"),
         })?;
         let mut eni = self.wait_for_metadata(eni_id, mac, &mut poll).await?;
         eni.device_index = self.indexed(&attached);
@@ -297,7 +282,7 @@ impl BceBackend {
     /// The lowest device index no ENI of this instance has (attached here,
     /// or enim's for it and detached) and no create in flight holds;
     /// reserved until [`Self::unreserve`].
-    async fn reserve_device_index(&self) -> Result<u32, ProviderError> {
+    async fn reserve_device_index(&self) -> Result<u32, BceError> {
         let all = self.vpc_enis().await?;
         let used: HashSet<u32> = all
             .iter()
@@ -308,7 +293,7 @@ impl BceBackend {
         let index = DEVICE_INDEXES
             .clone()
             .find(|i| !used.contains(i) && !reserved.contains(i))
-            .ok_or_else(|| ProviderError::Exhausted {
+            .ok_or_else(|| BceError::NoDeviceIndex {
                 total: used.len() + reserved.len(),
             })?;
         reserved.insert(index);
@@ -321,10 +306,10 @@ impl BceBackend {
 
     /// `eni_id` as the API sees it, checked to be a secondary ENI attached
     /// to this instance: addresses are only ever changed on those.
-    async fn attached_here(&self, eni_id: &str) -> Result<ApiEni, ProviderError> {
+    async fn attached_here(&self, eni_id: &str) -> Result<ApiEni, BceError> {
         let eni = self.get_known(eni_id).await?;
         if eni.status() != EniStatus::InUse || eni.attached_to() != Some(&self.s.instance_id) {
-            return Err(ProviderError::OwnedByOther {
+            return Err(BceError::OwnedByOther {
                 eni_id: eni_id.to_string(),
                 holder: match eni.attached_to() {
                     Some(other) => format!("instance {other} ({})", eni.status()),
@@ -335,16 +320,14 @@ impl BceBackend {
         }
         let local = self.meta.local_ipv4().await?;
         if eni.primary_ipv4() == Some(local) {
-            return Err(ProviderError::Config(format!(
-                "ENI {eni_id} is the instance's primary interface; enim never changes its addresses"
-            )));
+            return Err(BceError::Primary(eni_id.into()));
         }
         Ok(eni)
     }
 
     /// Addresses one ENI may carry (BCE's private-IP quota of `eni_id`,
     /// asked once: every ENI of the instance has the same).
-    async fn ips_per_eni(&self, eni_id: &str) -> Result<usize, ProviderError> {
+    async fn ips_per_eni(&self, eni_id: &str) -> Result<usize, BceError> {
         if let Some(n) = *lock(&self.ips_per_eni) {
             return Ok(n);
         }
@@ -361,7 +344,7 @@ impl BceBackend {
 
     /// A secondary ENI attached to this instance, to ask the per-ENI quota
     /// of.
-    async fn any_attached(&self) -> Result<Option<String>, ProviderError> {
+    async fn any_attached(&self) -> Result<Option<String>, BceError> {
         let local = self.meta.local_ipv4().await?;
         let listed = self.instance_enis().await?;
         Ok(listed
@@ -380,7 +363,7 @@ impl BceBackend {
         eni_id: &str,
         mac: MacAddr,
         poll: &mut Poll,
-    ) -> Result<Eni, ProviderError> {
+    ) -> Result<Eni, BceError> {
         loop {
             let last = match self.metadata_interface(mac).await {
                 Ok(Some(iface)) => return Ok(iface.to_eni(eni_id)),
@@ -397,7 +380,7 @@ impl BceBackend {
     async fn metadata_interface(
         &self,
         mac: MacAddr,
-    ) -> Result<Option<crate::metadata::MetaInterface>, MetadataError> {
+    ) -> Result<Option<MetaInterface>, MetadataError> {
         for raw in self.meta.macs().await? {
             if raw.parse::<MacAddr>().ok() == Some(mac) {
                 return self.meta.interface(&raw).await.map(Some);
@@ -405,22 +388,6 @@ impl BceBackend {
         }
         Ok(None)
     }
-}
-
-/// Every enim ENI's name starts with this (then the instance id).
-pub const ENI_NAME_PREFIX: &str = "enim-";
-
-/// The name prefix that marks an ENI as enim's for this instance.
-pub fn eni_name_prefix(instance_id: &str) -> String {
-    format!("{ENI_NAME_PREFIX}{instance_id}-")
-}
-
-/// The value of a `key=value` word in an ENI's description (words are
-/// split at whitespace and `;`).
-pub fn description_tag<'a>(description: &'a str, key: &str) -> Option<&'a str> {
-    description
-        .split(|c: char| c.is_whitespace() || c == ';')
-        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
 #[async_trait]
@@ -431,9 +398,9 @@ impl CloudBackend for BceBackend {
 
     async fn attached(&self) -> Result<Vec<Eni>, ProviderError> {
         let Some(cache) = &self.ids else {
-            return self.attached_online().await;
+            return Ok(self.attached_online().await?);
         };
-        match self.attached_online().await {
+        match self.attached_online().await.map_err(ProviderError::from) {
             Ok(enis) => {
                 cache.record(&enis, true);
                 Ok(enis)
@@ -513,7 +480,7 @@ impl CloudBackend for BceBackend {
                 if let Err(cleanup) = self.detach_and_delete(&eni_id).await {
                     tracing::warn!(eni = %eni_id, error = %cleanup, "could not clean up after a failed attach");
                 }
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -521,10 +488,12 @@ impl CloudBackend for BceBackend {
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {
         let eni = self.get_known(eni_id).await?;
         if !self.is_ours(&eni) {
-            return Err(ProviderError::Config(format!(
-                "ENI {eni_id} ({:?}) was not created by enim for instance {}; not attaching it",
-                eni.name, self.s.instance_id
-            )));
+            return Err(BceError::NotOursToAttach {
+                eni_id: eni_id.into(),
+                name: eni.name,
+                instance: self.s.instance_id.clone(),
+            }
+            .into());
         }
         let eni = self.attach_and_wait(eni_id).await?;
         if let Some(cache) = &self.ids {
@@ -535,21 +504,20 @@ impl CloudBackend for BceBackend {
 
     async fn detach_and_delete(&self, eni_id: &str) -> Result<(), ProviderError> {
         let instance = self.s.instance_id.as_str();
-        let check = |eni: &ApiEni| {
-            match eni.attached_to() {
-            _ if !self.is_ours(eni) => Err(ProviderError::Config(format!(
-                "refusing to delete ENI {eni_id} ({:?}): not created by enim for instance {instance}",
-                eni.name
-            ))),
+        let check = |eni: &ApiEni| match eni.attached_to() {
+            _ if !self.is_ours(eni) => Err(BceError::NotOursToDelete {
+                eni_id: eni_id.into(),
+                name: eni.name.clone(),
+                instance: instance.into(),
+            }),
             Some(i) if i != instance && eni.status() == EniStatus::InUse => {
-                Err(ProviderError::OwnedByOther {
+                Err(BceError::OwnedByOther {
                     eni_id: eni_id.to_string(),
                     holder: format!("instance {i}"),
                     requester: format!("instance {instance}"),
                 })
             }
             _ => Ok(()),
-        }
         };
         let mut poll = self.poll();
         let limit = self.s.operation_timeout;
@@ -592,7 +560,7 @@ impl CloudBackend for BceBackend {
     }
 
     async fn reap(&self, eni_id: &str) -> Result<Reaped, ProviderError> {
-        steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await
+        Ok(steps::delete_checked(&self.api, eni_id, |e| self.in_cluster(e)).await?)
     }
 
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError> {
@@ -626,35 +594,110 @@ impl CloudBackend for BceBackend {
         // agent may have planned with a provisional one.
         let per_eni = self.ips_per_eni(eni_id).await?;
         let lookup = || self.attached_here(eni_id);
-        steps::assign(&self.api, eni_id, before, (ipv4, ipv6), per_eni, lookup).await
+        Ok(steps::assign(&self.api, eni_id, before, (ipv4, ipv6), per_eni, lookup).await?)
     }
 
     async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let lookup = self.attached_here(eni_id).await;
-        steps::unassign(&self.api, eni_id, ips, lookup).await
+        Ok(steps::unassign(&self.api, eni_id, ips, lookup).await?)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn description_tags() {
-        let d = "enim: ENI of instance i-1; \
-                 enim.io/created-at=2024-01-01T00:00:00Z enim.io/device-index=3 enim.io/cluster=prod";
-        assert_eq!(description_tag(d, TAG_CLUSTER), Some("prod"));
-        assert_eq!(
-            description_tag(d, TAG_CREATED_AT),
-            Some("2024-01-01T00:00:00Z")
-        );
-        assert_eq!(description_tag(d, TAG_DEVICE_INDEX), Some("3"));
-        assert_eq!(description_tag(d, "enim.io/node"), None);
-        assert_eq!(description_tag("enim.io/clusters=x", TAG_CLUSTER), None);
-        assert_eq!(description_tag("", TAG_CLUSTER), None);
-        assert_eq!(
-            description_tag("a;enim.io/cluster=c;b", TAG_CLUSTER),
-            Some("c")
-        );
+impl BceBackend {
+    /// Fills what `config` leaves open from instance metadata and checks
+    /// the credentials with one cheap signed call (the instance's ENI quota),
+    /// so bad keys fail the agent's start with a clear message.
+    pub async fn discover(config: &BceConfig) -> Result<BceBackend, ProviderError> {
+        config.validate()?;
+        let (backend, endpoint) = Self::from_metadata(config).await?;
+        match backend.eni_limit().await {
+            Ok(_) => {}
+            // Bad keys fail the start; an API that does not answer does
+            // not: the pool serves what is attached and grows when it is
+            // back.
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "bce: the ENI API does not answer; credentials unchecked until it does")
+            }
+            Err(e) => return Err(e),
+        }
+        let s = backend.settings();
+        tracing::info!(instance = %s.instance_id, vpc = %s.vpc_id, subnet = %s.subnet_id, %endpoint, "bce backend ready");
+        Ok(backend)
     }
+
+    /// The backend of a valid `config`, what it leaves open asked of
+    /// instance metadata, and the API endpoint it calls; no call yet.
+    async fn from_metadata(config: &BceConfig) -> Result<(BceBackend, String), BceError> {
+        let creds = config.credentials()?;
+        let meta_base = config
+            .metadata_endpoint
+            .as_deref()
+            .unwrap_or(metadata::DEFAULT_BASE);
+        let meta = MetadataClient::new(meta_base).map_err(BceError::MetadataClient)?;
+        let instance_id = meta.instance_id().await?;
+        let given = |configured: &Option<String>| configured.clone().filter(|s| !s.is_empty());
+        let endpoint = match given(&config.api.endpoint) {
+            Some(e) => e,
+            None => {
+                let region = match given(&config.region) {
+                    Some(r) => r,
+                    None => meta.region().await?,
+                };
+                region_endpoint(&region)
+            }
+        };
+        let vpc_id = match given(&config.vpc_id) {
+            Some(v) => v,
+            None => meta.vpc_id().await?,
+        };
+        let subnet_id = match given(&config.subnet_id) {
+            Some(s) => s,
+            None => meta.subnet_id().await?,
+        };
+        if config.security_group_ids.is_empty() {
+            tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
+        }
+        // One set of buckets for the agent: the backend is its only client.
+        let api =
+            ApiClient::configured(&endpoint, creds, &config.api).map_err(BceError::Endpoint)?;
+        let backend = BceBackend::new(
+            api,
+            meta,
+            BackendSettings {
+                instance_id,
+                vpc_id,
+                subnet_id,
+                security_group_ids: config.security_group_ids.clone(),
+                poll_interval: config.poll_interval,
+                operation_timeout: config.operation_timeout,
+                page_size: config.list_page_size,
+                cluster: config.cluster.clone(),
+            },
+        );
+        let backend = match &config.eni_id_cache {
+            Some(path) => backend.with_id_cache(IdCache::open(path.clone())),
+            None => backend,
+        };
+        Ok((backend, endpoint))
+    }
+}
+
+/// The warm pool over a discovered [`BceBackend`], started in `role`
+/// (primary mode: ENIs for pods; secondary mode: the node's host ENIs,
+/// whose addresses the pool assigns through BCE's private-IP calls).
+pub async fn start_pool(
+    config: &BceConfig,
+    role: PoolRole,
+) -> Result<Arc<WarmPool>, ProviderError> {
+    let backend: Arc<dyn CloudBackend> = Arc::new(BceBackend::discover(config).await?);
+    WarmPool::start_as(backend, config.pool.clone(), role).await
+}
+
+/// What `enimd` calls for `type = "bce"`.
+pub async fn build(
+    config: &BceConfig,
+    role: PoolRole,
+) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = start_pool(config, role).await?;
+    Ok(pool)
 }

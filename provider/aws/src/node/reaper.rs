@@ -3,15 +3,16 @@
 
 use enim_provider::cloud::{CreatedAt, Reaped, UnattachedEni, TAG_CREATED_AT};
 
-use super::{AwsBackend, AwsError};
-use crate::ec2::NetworkInterface;
-use crate::steps;
+use super::AwsBackend;
+use crate::client::NetworkInterface;
+use crate::error::AwsError;
+use crate::{steps, tags};
 
 impl AwsBackend {
     /// enim's and this cluster's (any node's).
     pub(super) fn in_cluster(&self, eni: &NetworkInterface) -> bool {
         let cluster = self.config.cluster.as_deref();
-        cluster.is_some_and(|c| steps::in_cluster(eni, c))
+        cluster.is_some_and(|c| tags::in_cluster(eni, c))
     }
 
     pub(super) async fn do_unattached_in_cluster(&self) -> Result<Vec<UnattachedEni>, AwsError> {

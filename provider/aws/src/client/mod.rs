@@ -1,5 +1,5 @@
-//! A small client of the AWS Query protocol (EC2 API version 2016-11-15):
-//! form-encoded POSTs signed with SigV4, XML replies.
+//! The EC2 API client: a small client of the AWS Query protocol (EC2 API
+//! version 2016-11-15), form-encoded POSTs signed with SigV4, XML replies.
 //!
 //! Throttling and server-side failures are retried with jittered exponential
 //! backoff, within a bound; everything else is returned at once as a typed
@@ -16,6 +16,7 @@ mod xml;
 
 use std::sync::Arc;
 
+use enim_provider::api_config::ApiConfig;
 use enim_provider::AddressLimits;
 use serde::de::DeserializeOwned;
 
@@ -30,7 +31,6 @@ pub use xml::{
     Tag,
 };
 
-use crate::config::Ec2ApiConfig;
 use crate::credentials::CredentialsProvider;
 
 pub const EC2_API_VERSION: &str = "2016-11-15";
@@ -102,23 +102,25 @@ impl Ec2Client {
         })
     }
 
-    /// A client of `endpoint` (default: the region's) that retries and
-    /// paces its calls as `api` says, with token buckets of its own: one
-    /// such client per process (the agent's backend, or the operator's
+    /// A client of `api.endpoint` (default: the region's) that retries
+    /// and paces its calls as `api` says, with token buckets of its own:
+    /// one such client per process (the agent's backend, or the operator's
     /// whole cluster) keeps that process under its rates.
     pub fn configured(
-        endpoint: Option<&str>,
         region: &str,
         creds: Arc<CredentialsProvider>,
-        api: &Ec2ApiConfig,
+        api: &ApiConfig,
     ) -> Result<Ec2Client, Ec2Error> {
-        let endpoint = endpoint.map_or_else(|| default_endpoint("ec2", region), str::to_string);
-        let limits = ActionLimits::new(api.mutating_rate, api.describe_rate);
+        let endpoint = api
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| default_endpoint("ec2", region));
+        let limits = ActionLimits::new(api.mutating_rate, api.read_rate);
         tracing::info!(
             %endpoint,
             credentials = creds.describe(),
             mutating_per_s = api.mutating_rate.per_second(),
-            describe_per_s = api.describe_rate.per_second(),
+            describe_per_s = api.read_rate.per_second(),
             "EC2 client",
         );
         Ok(Self::new(&endpoint, region, creds, api.retry_policy())?.with_limits(Arc::new(limits)))

@@ -1,4 +1,5 @@
-//! A small client of the BCE ENI OpenAPI (`bcc.<region>.baidubce.com`,
+//! The BCE API client: a small client of the ENI OpenAPI
+//! (`bcc.<region>.baidubce.com`,
 //! `/v1/eni...`): signed with bce-auth-v1, retried with jittered backoff on
 //! throttling and server errors, every mutating call carrying a clientToken
 //! that stays the same across its retries so BCE can deduplicate them.
@@ -9,6 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use enim_provider::api_config::ApiConfig;
 use enim_provider::ratelimit::{RateLimit, TokenBucket};
 pub use enim_provider::retry::RetryPolicy;
 use reqwest::Method;
@@ -56,6 +58,11 @@ impl MethodLimits {
             &self.mutating
         }
     }
+}
+
+/// The ENI OpenAPI endpoint of `region`.
+pub fn region_endpoint(region: &str) -> String {
+    format!("https://bcc.{region}.baidubce.com")
 }
 
 /// A fresh idempotency token (ASCII, well under BCE's 64-character limit).
@@ -153,6 +160,17 @@ impl ApiClient {
             retry,
             limits: None,
         })
+    }
+
+    /// A client of `endpoint` that retries and paces its calls as `api`
+    /// says, with token buckets of its own (one client per process).
+    pub fn configured(
+        endpoint: &str,
+        creds: Credentials,
+        api: &ApiConfig,
+    ) -> Result<Self, ApiError> {
+        let limits = Arc::new(MethodLimits::new(api.mutating_rate, api.read_rate));
+        Ok(ApiClient::new(endpoint, creds, api.retry_policy())?.with_limits(limits))
     }
 
     /// Every request waits for a token of its class in `limits`.

@@ -1,4 +1,5 @@
-//! [`AwsBackend`]: the [`CloudBackend`] the warm pool drives on EC2.
+//! [`AwsBackend`]: the [`CloudBackend`] the warm pool drives on EC2, for
+//! one node, and [`build`], the started pool `enimd` uses.
 //!
 //! Instance metadata is the truth for what is attached and how it is
 //! addressed (it is what the node's kernel sees); the EC2 API is the truth
@@ -16,124 +17,45 @@ use enim_provider::cloud::{
     format_created_at, CloudBackend, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
 use enim_provider::fault::crash_point;
-use enim_provider::retry::Backoff;
-use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_provider::{AddressLimits, Eni, EniProvider, MacAddr, ProviderError};
+use enim_provider_pool::{PoolRole, WarmPool};
 use tokio::sync::{Mutex, OnceCell};
 
+use crate::client::{CreateEni, Ec2Client, NetworkInterface};
 use crate::config::AwsConfig;
-use crate::credentials::{CredentialsError, CredentialsProvider};
-use crate::ec2::{CreateEni, Ec2Client, Ec2Error, NetworkInterface};
-use crate::imds::{Imds, ImdsError, InterfaceInfo};
+use crate::credentials::CredentialsProvider;
+use crate::error::{ec2, imds, AwsError};
+use crate::metadata::{Imds, InterfaceInfo};
 use crate::steps;
+use crate::tags::{self, TAG_MANAGED, TAG_NODE};
 
 // The reaper's side of `AwsBackend`.
 mod reaper;
 
-/// Marks an ENI as created by enim.
-pub const TAG_MANAGED: &str = "enim.io/managed";
-/// The instance an enim ENI belongs to.
-pub const TAG_NODE: &str = "enim.io/node";
-
 /// Bound on waiting for a lagging interface while listing: listing runs at
 /// pool start and should not stall for the full `metadata_wait`.
 const LIST_LAG_WAIT: Duration = Duration::from_secs(10);
-/// Polls of a detaching ENI: 2 s doubling to 5 s (jittered: the first
-/// poll after 1-2 s). A detach takes 2-3 s, so polling sooner only spends
-/// the account's describe bucket, which the whole fleet shares: the bench's
-/// fleet simulation measured 15.1 % of that bucket's refill with polls from
-/// 200 ms, 10.7 % from 1 s, 9.3 % from 2 s.
-pub const DETACH_BACKOFF: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(5));
 
-#[derive(Debug, thiserror::Error)]
-pub enum AwsError {
-    #[error("{what}: {source}")]
-    Imds {
-        what: String,
-        #[source]
-        source: ImdsError,
-    },
-    #[error("{what}: {source}")]
-    Ec2 {
-        what: String,
-        #[source]
-        source: Ec2Error,
-    },
-    #[error("AWS credentials: {0}")]
-    Credentials(#[from] CredentialsError),
-    #[error("aws provider configuration: {0}")]
-    Config(String),
-    #[error("no primary interface (device 0 on card 0) in instance metadata")]
-    NoPrimary,
-    #[error("ENI {0} does not exist")]
-    Missing(String),
-    #[error("ENI {eni_id} does not carry {TAG_MANAGED}=true and {TAG_NODE}={instance}: enim did not create it for this node")]
-    NotOurs { eni_id: String, instance: String },
-    #[error("ENI {eni_id} is attached to {other}, not to this instance {instance}")]
-    ForeignAttachment {
-        eni_id: String,
-        other: String,
-        instance: String,
-    },
-    #[error("ENI {0} is this instance's primary interface; enim never detaches it")]
-    Primary(String),
-    #[error("ENI {eni_id} still {status} after {waited:?}")]
-    StateTimeout {
-        eni_id: String,
-        status: String,
-        waited: Duration,
-    },
-    #[error(
-        "instance {instance} already has {attached} interfaces on card 0, its limit is {limit}"
-    )]
-    NoFreeSlot {
-        instance: String,
-        attached: usize,
-        limit: usize,
-    },
-    #[error("ENI {eni_id}: EC2 reported MAC address {mac:?}, which is not a MAC address")]
-    BadMac { eni_id: String, mac: String },
-    #[error("ENI {eni_id}: EC2 reported primary address {value:?}, which is not an IPv4 address")]
-    BadAddress { eni_id: String, value: String },
-    #[error("subnet {subnet}: {value:?} is not a block enim can read")]
-    BadSubnet { subnet: String, value: String },
-    #[error("ENI {eni_id} does not carry {TAG_MANAGED}=true and enim.io/cluster={cluster}: not this cluster's")]
-    NotInCluster { eni_id: String, cluster: String },
+/// The AWS provider for `enimd`: discovers the instance, then starts a
+/// warm pool over the EC2 backend. Credentials come from the environment,
+/// else the instance role.
+pub async fn build(
+    config: &AwsConfig,
+    role: PoolRole,
+) -> Result<Arc<dyn EniProvider>, ProviderError> {
+    let pool: Arc<dyn EniProvider> = build_with(config, None, role).await?;
+    Ok(pool)
 }
 
-impl From<AwsError> for ProviderError {
-    fn from(e: AwsError) -> Self {
-        let msg = e.to_string();
-        match &e {
-            AwsError::Ec2 { source, .. } => (source.provider_kind())(msg),
-            AwsError::Credentials(CredentialsError::Imds(_)) => ProviderError::Unavailable(msg),
-            AwsError::Missing(id) => ProviderError::UnknownEni(id.clone()),
-            AwsError::Credentials(_)
-            | AwsError::Config(_)
-            | AwsError::NotOurs { .. }
-            | AwsError::ForeignAttachment { .. }
-            | AwsError::Primary(_)
-            | AwsError::BadMac { .. }
-            | AwsError::BadAddress { .. }
-            | AwsError::BadSubnet { .. }
-            | AwsError::NotInCluster { .. } => ProviderError::Config(msg),
-            // Metadata trouble, slow detaches and a full instance can all
-            // clear up: the pool retries with backoff.
-            AwsError::Imds { .. }
-            | AwsError::NoPrimary
-            | AwsError::StateTimeout { .. }
-            | AwsError::NoFreeSlot { .. } => ProviderError::Unavailable(msg),
-        }
-    }
-}
-
-pub(crate) fn ec2(what: impl Into<String>) -> impl FnOnce(Ec2Error) -> AwsError {
-    let what = what.into();
-    move |source| AwsError::Ec2 { what, source }
-}
-
-fn imds(what: impl Into<String>) -> impl FnOnce(ImdsError) -> AwsError {
-    let what = what.into();
-    move |source| AwsError::Imds { what, source }
+/// As [`build`], with fixed credentials when given, returning the pool
+/// itself (for its statistics and shutdown).
+pub async fn build_with(
+    config: &AwsConfig,
+    credentials: Option<Credentials>,
+    role: PoolRole,
+) -> Result<Arc<WarmPool>, ProviderError> {
+    let backend = AwsBackend::discover_with(config, credentials).await?;
+    WarmPool::start_as(Arc::new(backend), config.pool.clone(), role).await
 }
 
 /// The EC2 backend of one instance.
@@ -202,13 +124,8 @@ impl AwsBackend {
         });
         // One set of buckets for the agent: the backend is its only EC2
         // client.
-        let ec2_client = Ec2Client::configured(
-            config.ec2_endpoint.as_deref(),
-            &region,
-            creds,
-            &config.api(),
-        )
-        .map_err(ec2("EC2 client"))?;
+        let ec2_client =
+            Ec2Client::configured(&region, creds, &config.api).map_err(ec2("EC2 client"))?;
         tracing::info!(
             instance = %instance_id,
             %instance_type,
@@ -276,7 +193,7 @@ impl AwsBackend {
     }
 
     fn is_ours(&self, eni: &NetworkInterface) -> bool {
-        eni.tag(TAG_MANAGED) == Some("true") && eni.tag(TAG_NODE) == Some(&self.instance_id)
+        tags::of_node(eni, &self.instance_id)
     }
 
     /// Unique per create, at most 64 ASCII characters as EC2 requires.
