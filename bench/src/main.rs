@@ -60,7 +60,7 @@ pub struct Opts {
     /// A few cycles of everything: does it work, not a measurement.
     #[arg(long)]
     pub smoke: bool,
-    /// Cycles a method (0: 3 with --smoke, else 200).
+    /// Cycles a method (0: 30 with --smoke, else 200).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub cycles: usize,
     /// enim cycles before the last RSS sample (0: the mode's default).
@@ -115,7 +115,9 @@ fn parse_args() -> Result<Opts, String> {
         return Err(format!("--rss-workers must be 1 to {}", phases::MAIN_ENIS));
     }
     if o.cycles == 0 {
-        o.cycles = if o.smoke { 3 } else { 200 };
+        // The smoke's latency phase feeds the slide guard: enough cycles
+        // for a mean, a few seconds of the run.
+        o.cycles = if o.smoke { 30 } else { 200 };
     }
     if !o.smoke && o.cycles < 100 {
         return Err(
@@ -186,6 +188,24 @@ fn run(opts: &Opts) -> R<(String, serde_json::Value)> {
     let mut json = report::json(&results);
     if let Some(o) = json.as_object_mut() {
         o.insert("simulation".into(), sim::json(&sim));
+    }
+    // The slide guard, when the latency phase ran: past it, the run fails
+    // (after its figures are printed), and so does CI's smoke run.
+    let slid: Vec<String> = match opts.runs("latency") {
+        true => report::guard(&results)
+            .into_iter()
+            .filter(|t| !t.met)
+            .map(|t| format!("{} = {:.2} × (limit {} ×)", t.name, t.value, t.limit))
+            .collect(),
+        false => Vec::new(),
+    };
+    if !slid.is_empty() {
+        print!("{md}");
+        return Err(format!(
+            "the slide guard failed: {} (ADD or DEL slid from the kernel floor; the figures are above)",
+            slid.join("; ")
+        )
+        .into());
     }
     Ok((md, json))
 }
