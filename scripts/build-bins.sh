@@ -19,9 +19,12 @@ profile_flags=()
 for a in "$@"; do
   case "$a" in --release) profile_flags=(--release) ;; esac
 done
+# enimd and enimctl (the `enim` package).
 cargo build --quiet "$@" -p enim --bins
 # The control plane ships in the same image (deploy/50-operator.yaml).
 cargo build --quiet "$@" -p enim-operator --bin enim-operator
-# Only the plugin's final link changes; its dependencies are those of the
-# `enim` package alone, without features other workspace members turn on.
-cargo rustc --quiet "${profile_flags[@]}" -p enim --bin enim -- -C target-feature=+crt-static
+# The plugin is its own package (cni/, `enim-cni`), so it links only the
+# agent's API and client. Only its final link changes; its dependencies are
+# those of `enim-cni` alone, without features other workspace members turn
+# on.
+cargo rustc --quiet "${profile_flags[@]}" -p enim-cni --bin enim -- -C target-feature=+crt-static

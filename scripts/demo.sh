@@ -12,7 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 need_root demo.sh "it creates network namespaces"
 echo "== building"
-(cd "$root" && cargo build --quiet --bins)
+(cd "$root" && cargo build --quiet -p enim -p enim-cni --bins)
 bin="$root/target/debug"
 
 tag="enimdemo$$"

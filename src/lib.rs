@@ -1,27 +1,25 @@
-//! enim: an exclusive-ENI manager for Kubernetes.
+//! enim: an exclusive-ENI manager for Kubernetes; this crate is its node
+//! agent (`enimd`) and CLI (`enimctl`).
 //!
 //! One engine, one driver per mode:
 //! - [`engine`]: ADD / DEL / CHECK, GC and crash recovery, written once
 //!   over the [`engine::Driver`] trait.
 //! - [`primary`] and [`secondary`]: the two drivers (a whole ENI in the
 //!   pod; a secondary address over a veth).
-//! - [`model`]: the one attachment record and the CNI-shaped result.
 //! - [`netlink`]: the only place that builds kernel messages.
 //! - [`store`]: the checkpoint and its atomic writer.
-//! - [`api`]: the agent's HTTP API types and its one client.
-//! - [`daemon`] (`enimd`), [`cni`] (the plugin), [`deviceplugin`] (what
-//!   the node can hold, told to the kubelet).
+//! - [`daemon`] (`enimd`), [`deviceplugin`] (what the node can hold, told
+//!   to the kubelet), [`dra`] (the same through DRA).
 //! - [`support`]: key locks, exclusions, crash points.
 //!
-//! Providers (where ENIs come from) live in the `provider/` crates.
+//! Elsewhere: the agent's API types, the one attachment record and its
+//! client in `enim-api` (`api/`); the CNI plugin `enim` in `enim-cni`
+//! (`cni/`); providers (where ENIs come from) in the `provider/` crates.
 
-pub mod api;
-pub mod cni;
 pub mod daemon;
 pub mod deviceplugin;
 pub mod dra;
 pub mod engine;
-pub mod model;
 pub mod netlink;
 pub mod primary;
 pub mod secondary;

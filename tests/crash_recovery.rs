@@ -239,7 +239,7 @@ fn stale_netns_mounts_count_as_gone_and_gc_does_not_loop() {
 /// at a delay point) is still working on it: the result reaches nobody.
 fn kill_plugin_mid_add(conf: &serde_json::Value, cid: &str, pod: &NamedNetns) {
     let mut child = spawn_add(
-        std::process::Command::new(env!("CARGO_BIN_EXE_enim")),
+        std::process::Command::new(common::bins().enim),
         cid,
         &pod.path(),
         conf,

@@ -399,12 +399,12 @@ impl Drop for Relay {
 /// (`None`: 503, as enimd answers before it knows its list).
 fn start_fake_enimd(
     socket: &std::path::Path,
-    answer: Arc<Mutex<Option<enim::api::DeviceList>>>,
+    answer: Arc<Mutex<Option<enim_api::DeviceList>>>,
 ) -> oneshot::Sender<()> {
     use axum::http::StatusCode;
     let listener = UnixListener::bind(socket).unwrap();
     let app = axum::Router::new().route(
-        enim::api::ROUTE_DEVICES,
+        enim_api::ROUTE_DEVICES,
         axum::routing::get(move || {
             let answer = answer.lock().unwrap().clone();
             async move {
@@ -412,8 +412,8 @@ fn start_fake_enimd(
                     Some(list) => Ok(axum::Json(list)),
                     None => Err((
                         StatusCode::SERVICE_UNAVAILABLE,
-                        axum::Json(enim::api::ApiError::new(
-                            enim::api::code::TRY_AGAIN_LATER,
+                        axum::Json(enim_api::ApiError::new(
+                            enim_api::code::TRY_AGAIN_LATER,
                             "not yet",
                         )),
                     )),
@@ -433,8 +433,8 @@ fn start_fake_enimd(
     stop
 }
 
-fn device_list(ids: &[&str], in_process_plugin: bool) -> enim::api::DeviceList {
-    enim::api::DeviceList {
+fn device_list(ids: &[&str], in_process_plugin: bool) -> enim_api::DeviceList {
+    enim_api::DeviceList {
         resource_name: "enim.io/eni".into(),
         in_process_plugin,
         dra: false,

@@ -163,12 +163,12 @@ fn every_eni_quarantined_is_not_available_even_while_the_agent_is_away() {
     let msg = enim("STATUS", "", None, "", &conf).err(50);
     assert!(msg.contains("quarantined"), "{msg}");
     // enimd's note follows its judgement within a second.
-    let note = enim::api::note::note_path(agent.socket());
+    let note = enim_api::note::note_path(agent.socket());
     let unavailable = || {
-        enim::api::note::read_note(&note)
+        enim_api::note::read_note(&note)
             .ok()
             .flatten()
-            .is_some_and(|n| n.serving != enim::api::Serving::Available)
+            .is_some_and(|n| n.serving != enim_api::Serving::Available)
     };
     let start = std::time::Instant::now();
     while !unavailable() {
@@ -197,12 +197,12 @@ fn every_eni_quarantined_is_not_available_even_while_the_agent_is_away() {
 fn a_crash_loop_on_a_broken_config_renews_the_note() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("enimd.sock");
-    let path = enim::api::note::note_path(&socket);
-    let old = enim::api::note::StatusNote {
-        boot_id: enim::api::note::boot_id().unwrap(),
+    let path = enim_api::note::note_path(&socket);
+    let old = enim_api::note::StatusNote {
+        boot_id: enim_api::note::boot_id().unwrap(),
         alive_ms: 0,
         away_bound_secs: 600,
-        serving: enim::api::Serving::Available,
+        serving: enim_api::Serving::Available,
         pid: 1,
     };
     std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
@@ -214,12 +214,12 @@ fn a_crash_loop_on_a_broken_config_renews_the_note() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let renewed = enim::api::note::read_note(&path).unwrap().unwrap();
-    let now = enim::api::note::boot_clock_ms().unwrap();
+    let renewed = enim_api::note::read_note(&path).unwrap().unwrap();
+    let now = enim_api::note::boot_clock_ms().unwrap();
     assert!(now - renewed.alive_ms < 5_000, "{renewed:?} at {now}");
     assert_eq!(
         (renewed.serving, renewed.away_bound_secs),
-        (enim::api::Serving::Available, 600)
+        (enim_api::Serving::Available, 600)
     );
 }
 
@@ -316,7 +316,7 @@ fn callers_not_allowed_by_config_are_refused() {
     let run_as = |uid: &str| {
         let mut setpriv = std::process::Command::new("setpriv");
         setpriv.args(["--reuid", uid, "--regid", "65534", "--clear-groups"]);
-        setpriv.arg(env!("CARGO_BIN_EXE_enim"));
+        setpriv.arg(common::bins().enim);
         let out = spawn_add(setpriv, "c1", &pod.path(), &conf)
             .wait_with_output()
             .unwrap();

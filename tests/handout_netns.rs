@@ -162,10 +162,7 @@ async fn assert_never_handed_out(sb: &Sandbox, decoy: &str, why: &str) {
 
     let listed = mgr.enis().await.unwrap();
     let state = |id: &str| listed.iter().find(|e| e.eni.id == id).unwrap().state;
-    assert_eq!(
-        state(&format!("eni-{decoy}")),
-        enim::api::EniState::Excluded
-    );
+    assert_eq!(state(&format!("eni-{decoy}")), enim_api::EniState::Excluded);
     mgr.del(&owner("c1", "eth0")).await.unwrap();
     let again = mgr.add(&owner("c3", "eth0"), &pods[1].path()).await;
     assert_eq!(again.expect("the real ENI again").eni_id, "eni-0000");
@@ -442,7 +439,7 @@ async fn an_uplink_listed_from_the_start_is_reserved_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let mgr = primary_over(&sb, provider, dir.path()).await;
     let listed = mgr.enis().await.unwrap();
-    assert_eq!(listed[0].state, enim::api::EniState::Excluded, "{listed:?}");
+    assert_eq!(listed[0].state, enim_api::EniState::Excluded, "{listed:?}");
     let before = (fingerprint(&sb, "eth0"), host_routing(&sb));
 
     let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
@@ -483,7 +480,7 @@ async fn secondary_mode_never_takes_the_uplink_as_a_host_eni() {
     let mgr = secondary_manager(&sb, &enis, &dir.path().join("cp.json"), config).await;
     mgr.recover().await.expect("recover");
     let report = mgr
-        .gc(&enim::api::GcRequest::default(), std::time::Duration::ZERO)
+        .gc(&enim_api::GcRequest::default(), std::time::Duration::ZERO)
         .await;
     assert!(report.errors.is_empty(), "{report:?}");
     assert_eq!(fingerprint(&sb, "eth0"), before.0, "eth0 was touched");
@@ -491,8 +488,8 @@ async fn secondary_mode_never_takes_the_uplink_as_a_host_eni() {
     assert!(!routing.contains("table 1002"), "{routing}");
     let listed = mgr.enis().await.unwrap();
     let state = |id: &str| listed.iter().find(|e| e.eni.id == id).unwrap().state;
-    assert_eq!(state("eni-eth0"), enim::api::EniState::Excluded);
-    assert_eq!(state("eni-0000"), enim::api::EniState::InUse);
+    assert_eq!(state("eni-eth0"), enim_api::EniState::Excluded);
+    assert_eq!(state("eni-0000"), enim_api::EniState::InUse);
     let pod = NamedNetns::new("pod");
     let r = mgr.add(&owner("c1", "eth0"), &pod.path()).await.unwrap();
     assert_eq!(r.eni_id, "eni-0000");

@@ -859,12 +859,12 @@ fn gc_sweeps_stray_host_paths_and_dead_pods() {
 fn add_replaces_a_leftover_under_its_own_name() {
     require_kernel!();
     let (sb, pod, _dir, agent) = host_rig(1, "");
-    let key = enim::model::AttachmentKey {
+    let key = enim_api::model::AttachmentKey {
         network: NETWORK.into(),
         container_id: "c1".into(),
         ifname: "eth0".into(),
     };
-    let name = enim::model::naming::veth_name("enih", &key);
+    let name = enim_api::model::naming::veth_name("enih", &key);
     sb.host.ip(&[
         "link",
         "add",

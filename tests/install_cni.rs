@@ -5,14 +5,20 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use enim::cni::NetConf;
+use enim_cni::NetConf;
 use enim_testkit::cni::fake_portmap;
 
 const ENIMD: &str = env!("CARGO_BIN_EXE_enimd");
-const ENIM: &str = env!("CARGO_BIN_EXE_enim");
+
+/// The plugin, built beside enimd (where install-cni looks for it).
+fn enim() -> PathBuf {
+    enim_testkit::plugin::built_beside(Path::new(ENIMD))
+}
 
 /// Runs enimd under umask 077, so modes that merely follow the umask fail.
+/// The plugin is built first: install-cni copies it from beside enimd.
 fn enimd(args: &[&str]) -> Output {
+    enim();
     Command::new("sh")
         .arg("-c")
         .arg("umask 077; exec \"$0\" \"$@\"")
@@ -106,9 +112,10 @@ fn installs_the_plugin_next_to_enimd_and_a_conflist_the_plugin_accepts() {
     // The default plugin is the `enim` built next to enimd.
     let installed = d.bin.join("enim");
     assert!(
-        std::fs::read(&installed).unwrap() == std::fs::read(ENIM).unwrap(),
-        "{} differs from {ENIM}",
-        installed.display()
+        std::fs::read(&installed).unwrap() == std::fs::read(enim()).unwrap(),
+        "{} differs from {}",
+        installed.display(),
+        enim().display()
     );
     assert_eq!(mode(&installed), 0o755);
     assert_eq!(mode(&d.conflist()), 0o644);

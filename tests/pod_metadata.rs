@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use enim::api::GcRequest;
 use enim::engine::Engine;
 use enim::netlink::rtnl::RtnlPlumbing;
 use enim::primary::PrimaryDriver;
 use enim::secondary::{SecondaryConfig, SecondaryDriver};
 use enim::store::checkpoint::Checkpoint;
 use enim::support::metadata::MetadataConfig;
+use enim_api::GcRequest;
 use enim_provider::EniOwner;
 use enim_provider_static::StaticProvider;
 

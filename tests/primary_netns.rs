@@ -6,8 +6,8 @@ mod common;
 use std::collections::HashSet;
 
 use common::*;
-use enim::api::MtuExpectation;
 use enim::engine::EngineError;
+use enim_api::MtuExpectation;
 use enim_provider::{EniProvider, ProviderError};
 
 /// The error of an ADD of c1 on eth0 into `netns` that must fail.
@@ -71,7 +71,7 @@ async fn add_configures_pod_and_del_returns_eni_home() {
     // The checkpoint says Ready, and the provider says it is ours.
     let recs = mgr.attachments().await;
     assert_eq!(recs.len(), 1);
-    assert_eq!(recs[0].phase, enim::model::Phase::Ready);
+    assert_eq!(recs[0].phase, enim_api::model::Phase::Ready);
     assert_eq!(recs[0].primary().unwrap().host_name, "eni0");
     assert_eq!(eni0_owner(&provider).await.as_deref(), Some("c1"));
 

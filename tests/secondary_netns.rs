@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use enim::api::{GcRequest, MtuExpectation};
 use enim::engine::EngineError;
-use enim::model::{Mode, Phase, Record, RouteConfig, SecondaryPayload};
 use enim::secondary::SecondaryConfig;
+use enim_api::model::{Mode, Phase, Record, RouteConfig, SecondaryPayload};
+use enim_api::{GcRequest, MtuExpectation};
 use enim_provider_static::StaticEniConfig;
 
 fn test_config() -> SecondaryConfig {
@@ -636,7 +636,7 @@ async fn restart_finishes_a_whole_add_and_an_unfinished_del() {
     // Crash after plumbing, before the outcome: Adding, no MAC known.
     let mut rec = record_of(&checkpoint, "adding").await;
     rec.phase = Phase::Adding;
-    if let enim::model::Payload::Secondary(p) = &mut rec.payload {
+    if let enim_api::model::Payload::Secondary(p) = &mut rec.payload {
         p.mac = None;
     }
     checkpoint.put(rec).await.unwrap();

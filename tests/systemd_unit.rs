@@ -73,7 +73,7 @@ fn the_unit_restarts_orders_and_stops_as_promised() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("TimeoutStopSec {stop:?} is not <n>s"));
     assert!(
-        Duration::from_secs(secs) > enim::cni::config::DEFAULT_TIMEOUT,
+        Duration::from_secs(secs) > enim_cni::config::DEFAULT_TIMEOUT,
         "TimeoutStopSec {secs}s is not above the plugin's timeout"
     );
     // The paths install.sh installs by default.
@@ -108,7 +108,10 @@ fn verify(unit: &Path) -> Option<String> {
 fn install_sh_installs_a_unit_systemd_accepts() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = |name: &str| -> PathBuf { tmp.path().join(name) };
-    let bins = Path::new(env!("CARGO_BIN_EXE_enimd")).parent().unwrap();
+    let built_enimd = Path::new(env!("CARGO_BIN_EXE_enimd"));
+    // install.sh takes the plugin from the same directory.
+    enim_testkit::plugin::built_beside(built_enimd);
+    let bins = built_enimd.parent().unwrap();
     run_ok(
         Command::new(repo().join("scripts/install.sh"))
             .arg("--from")

@@ -24,14 +24,15 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use enim::api::{AttachmentRequest, GcRequest, MtuExpectation, ValidAttachment};
-use enim::cni::config::{requested_version, CniVersion, NetConf};
-use enim::cni::env::{parse_cni_args, valid_container_id, CniEnv, Command};
-use enim::model::{
-    AttachmentKey, HostPath, Payload, Phase, PrimaryPayload, Record, SecondaryPayload,
-};
 use enim::provider::{MacAddr, PodRef};
 use enim::store::checkpoint::{Checkpoint, CheckpointError, HostHome};
+use enim_api::model::naming::valid_container_id;
+use enim_api::model::{
+    AttachmentKey, HostPath, Payload, Phase, PrimaryPayload, Record, SecondaryPayload,
+};
+use enim_api::{AttachmentRequest, GcRequest, MtuExpectation, ValidAttachment};
+use enim_cni::config::{requested_version, CniVersion, NetConf};
+use enim_cni::env::{parse_cni_args, CniEnv, Command};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
@@ -547,7 +548,7 @@ proptest! {
             let obj: Value = serde_json::from_slice(&stdin).unwrap();
             prop_assume!(obj.get("agentWaitSeconds") == Some(&json!(0)));
         }
-        let out = enim::cni::execute(&env_lookup(&vars), Cursor::new(stdin));
+        let out = enim_cni::execute(&env_lookup(&vars), Cursor::new(stdin));
         let doc: Value = match &out.stdout {
             Some(s) => serde_json::from_str(s).map_err(|e| TestCaseError::fail(format!("{e}: {s}")))?,
             None => Value::Null,
@@ -711,7 +712,7 @@ mod server {
         let (_, ready) = tokio::sync::watch::channel(false);
         router(Arc::new(AppState {
             engine: Arc::new(Engine::new(driver, checkpoint)),
-            devices: enim::daemon::devices::EngineDevices::new(enim::model::Mode::Primary),
+            devices: enim::daemon::devices::EngineDevices::new(enim_api::model::Mode::Primary),
             in_process_plugin: false,
             dra: false,
             ready,
@@ -765,18 +766,14 @@ async fn api_server_refuses_an_oversize_body() {
 
     let (status, text) = server::post(
         &app,
-        enim::api::ROUTE_ADD,
+        enim_api::ROUTE_ADD,
         Body::from(server::padded_add(limit - 1024)),
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
     assert!(text.contains("try again later"), "{text}");
 
-    for route in [
-        enim::api::ROUTE_ADD,
-        enim::api::ROUTE_DEL,
-        enim::api::ROUTE_GC,
-    ] {
+    for route in [enim_api::ROUTE_ADD, enim_api::ROUTE_DEL, enim_api::ROUTE_GC] {
         let (status, text) =
             server::post(&app, route, Body::from(server::padded_add(limit + 1))).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{route}: {text}");
@@ -816,10 +813,10 @@ async fn api_server_answers_any_body_with_a_client_error() {
         gc_request().prop_map(|r| serde_json::to_vec(&r).unwrap()),
     ]);
     let routes = [
-        enim::api::ROUTE_ADD,
-        enim::api::ROUTE_DEL,
-        enim::api::ROUTE_CHECK,
-        enim::api::ROUTE_GC,
+        enim_api::ROUTE_ADD,
+        enim_api::ROUTE_DEL,
+        enim_api::ROUTE_CHECK,
+        enim_api::ROUTE_GC,
     ];
     for i in 0..64 {
         let body = bodies.new_tree(&mut runner).unwrap().current();
@@ -1400,11 +1397,11 @@ fn config_base_over_each_provider_is_valid() {
 //    devices published, and the ResourceClaims it reads.
 
 mod dra {
-    use enim::api::{EniState, EniStatus};
     use enim::dra::bound::BoundProvider;
     use enim::dra::claims::{Claims, PreparedClaim, PreparedDevice};
     use enim::dra::DraError;
     use enim::provider::{Eni, EniOwner, EniProvider, Placement, ProviderError};
+    use enim_api::{EniState, EniStatus};
     use enim_provider_static::{StaticEniConfig, StaticProvider};
     use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
 

@@ -6,10 +6,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use enim::api::Client;
-use enim::api::{Status, ROUTE_STATUS};
-use enim::model::Record;
 use enim::store::checkpoint::CHECKPOINT_VERSION;
+use enim_api::model::Record;
+use enim_api::Client;
+use enim_api::{Status, ROUTE_STATUS};
 use enim_testkit::fixtures::{self, AgentPaths};
 use enim_testkit::{Agent, Bins};
 use serde_json::json;

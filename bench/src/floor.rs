@@ -191,8 +191,8 @@ impl Floor {
         hp: &HostPathFloor,
         pod_ip: Ipv4Addr,
     ) -> R<()> {
-        use enim::model::GATEWAY4;
         use enim::netlink::{link, neigh, route};
+        use enim_api::model::GATEWAY4;
         let pod_ns = Netns::open(pod_path)?;
         let host = &self.host_handle;
         link::add_veth_pair(host, &hp.host_veth, "eth0-host", &pod_ns, 1500).await?;

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use enim::api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
-use enim::model::now_ms;
 use enim::netlink::Netns;
+use enim_api::model::now_ms;
+use enim_api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
 use enim_provider::MacAddr;
 use ipnet::Ipv4Net;
 use serde_json::json;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use enim::api::{self, AttachmentList, Client, ClientError, EniList, GcReport, GcRequest, Status};
-use enim::model::Payload;
+use enim_api::model::Payload;
+use enim_api::{AttachmentList, Client, ClientError, EniList, GcReport, GcRequest, Status};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -16,7 +16,7 @@ use enim::model::Payload;
 )]
 struct Args {
     /// The agent's API socket.
-    #[arg(long, env = "ENIM_SOCKET", default_value = api::DEFAULT_SOCKET, global = true)]
+    #[arg(long, env = "ENIM_SOCKET", default_value = enim_api::DEFAULT_SOCKET, global = true)]
     socket: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
@@ -96,7 +96,7 @@ fn explain(e: &ClientError) -> String {
 fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
     match &args.command {
         Command::Status => {
-            let s: Status = client.get(api::ROUTE_STATUS)?;
+            let s: Status = client.get(enim_api::ROUTE_STATUS)?;
             if args.json {
                 return Ok(pretty(&s));
             }
@@ -151,33 +151,33 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
                 ))
         }
         Command::Enis => {
-            let list: EniList = client.get(api::ROUTE_ENIS)?;
+            let list: EniList = client.get(enim_api::ROUTE_ENIS)?;
             if args.json {
                 return Ok(pretty(&list));
             }
-            let rows =
-                list.enis
-                    .into_iter()
-                    .map(|s| {
-                        let state = serde_json::to_value(s.state)
-                            .ok()
-                            .and_then(|v| v.as_str().map(String::from))
-                            .unwrap_or_default();
-                        vec![
-                            s.eni.id,
-                            s.eni.mac.to_string(),
-                            s.eni.ipv4.to_string(),
-                            s.eni.ipv6.map_or("-".into(), |v| v.to_string()),
-                            state,
-                            match (&s.state, s.eni.owner) {
-                                (api::EniState::Excluded | api::EniState::Missing, _)
-                                | (_, None) => "-".into(),
-                                (_, Some(o)) => o.to_string(),
-                            },
-                            s.host_device.unwrap_or_else(|| "-".into()),
-                        ]
-                    })
-                    .collect();
+            let rows = list
+                .enis
+                .into_iter()
+                .map(|s| {
+                    let state = serde_json::to_value(s.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    vec![
+                        s.eni.id,
+                        s.eni.mac.to_string(),
+                        s.eni.ipv4.to_string(),
+                        s.eni.ipv6.map_or("-".into(), |v| v.to_string()),
+                        state,
+                        match (&s.state, s.eni.owner) {
+                            (enim_api::EniState::Excluded | enim_api::EniState::Missing, _)
+                            | (_, None) => "-".into(),
+                            (_, Some(o)) => o.to_string(),
+                        },
+                        s.host_device.unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
             Ok(table(
                 &[
                     "ENI",
@@ -192,7 +192,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
             ))
         }
         Command::Attachments => {
-            let list: AttachmentList = client.get(api::ROUTE_ATTACHMENTS)?;
+            let list: AttachmentList = client.get(enim_api::ROUTE_ATTACHMENTS)?;
             if args.json {
                 return Ok(pretty(&list));
             }
@@ -200,7 +200,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
         }
         Command::Gc { network } => {
             let report: GcReport = client.post(
-                api::ROUTE_GC,
+                enim_api::ROUTE_GC,
                 &GcRequest {
                     network: network.clone(),
                     valid_attachments: None,

@@ -40,7 +40,7 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct DevicePluginArgs {
     /// enimd's API socket.
-    #[arg(long, default_value = enim::api::DEFAULT_SOCKET)]
+    #[arg(long, default_value = enim_api::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// The kubelet's device plugin dir.
     #[arg(long, default_value = deviceplugin::DEFAULT_DIR)]
@@ -137,7 +137,7 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        (None, None) => enim::api::DEFAULT_SOCKET.into(),
+        (None, None) => enim_api::DEFAULT_SOCKET.into(),
     };
     let plugin = match args.plugin {
         Some(p) => p,
@@ -218,7 +218,7 @@ fn device_plugin(args: DevicePluginArgs) -> ExitCode {
     };
     // Dropped after block_on: the client owns a runtime of its own, which
     // may not be dropped inside this one.
-    let client = std::sync::Arc::new(enim::api::Client::new(
+    let client = std::sync::Arc::new(enim_api::Client::new(
         config.socket.clone(),
         relay::ANSWER_WITHIN,
     ));
@@ -254,11 +254,11 @@ fn run_agent(args: Args) -> ExitCode {
             // NotReady. The socket's path is the flag's or the default.
             let socket = args
                 .socket
-                .unwrap_or_else(|| enim::api::DEFAULT_SOCKET.into());
-            let renewed = enim::api::note::boot_id()
+                .unwrap_or_else(|| enim_api::DEFAULT_SOCKET.into());
+            let renewed = enim_api::note::boot_id()
                 .map_err(Into::into)
                 .and_then(|boot| {
-                    enim::daemon::note::renew(&enim::api::note::note_path(&socket), &boot)
+                    enim::daemon::note::renew(&enim_api::note::note_path(&socket), &boot)
                 });
             if let Err(e) = renewed {
                 eprintln!("enimd: could not renew the status note: {e}");

@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use enim_api::DEFAULT_SOCKET;
 use enim_provider_static::StaticEniConfig;
 use serde::{Deserialize, Serialize};
-
-use crate::api::DEFAULT_SOCKET;
 
 pub const DEFAULT_CHECKPOINT: &str = "/var/lib/enim/checkpoint.json";
 
@@ -196,12 +195,12 @@ impl Config {
         config.host_path.validate().map_err(|e| invalid(&e))?;
         // The note is renewed every heartbeat: a bound within two of them
         // would call a running enimd away.
-        let least = crate::api::note::HEARTBEAT * 3;
+        let least = enim_api::note::HEARTBEAT * 3;
         if config.away_bound < least {
             return Err(invalid(&format!(
                 "away_bound ({:?}) must be at least {least:?}: enimd renews its note every {:?}",
                 config.away_bound,
-                crate::api::note::HEARTBEAT
+                enim_api::note::HEARTBEAT
             )));
         }
         config.pod_metadata.validate().map_err(|e| invalid(&e))?;

@@ -18,12 +18,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use enim_api::model::Mode;
+use enim_api::EniState;
 use tokio::sync::{watch, Notify};
 
-use crate::api::EniState;
 use crate::deviceplugin::{Device, DeviceSource};
 use crate::engine::{Driver, Engine};
-use crate::model::Mode;
 
 pub struct EngineDevices {
     resource: String,

@@ -21,7 +21,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::api::DEFAULT_SOCKET;
+use enim_api::DEFAULT_SOCKET;
+
 use crate::store::atomic::{self, FileError};
 
 mod portmap;
@@ -159,7 +160,7 @@ pub fn conflist(network_name: &str, socket: &Path, portmap: bool) -> Result<Stri
 }
 
 fn validate(opts: &CniInstall) -> Result<(), InstallError> {
-    if !crate::cni::env::valid_container_id(&opts.network_name) {
+    if !enim_api::model::naming::valid_container_id(&opts.network_name) {
         return Err(InstallError::Invalid(format!(
             "network name {:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$",
             opts.network_name

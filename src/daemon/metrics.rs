@@ -10,6 +10,8 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use enim_api::EniState;
+use enim_api::GcReport;
 use enim_provider::{AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -19,8 +21,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::api::EniState;
-use crate::api::GcReport;
 use crate::engine::{Driver, Engine};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use enim_api::GcRequest;
 use enim_provider::{EniProvider, ProviderError};
 use enim_provider_aws::PoolRole;
 use enim_provider_static::StaticProvider;
@@ -24,7 +25,6 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::api::GcRequest;
 use crate::engine::{Driver, Engine, EngineError};
 use crate::netlink::rtnl::RtnlPlumbing;
 use crate::netlink::PlumbingError;
@@ -263,7 +263,7 @@ async fn keep_note<D: Driver>(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
-    let mut written: Option<(crate::api::Serving, Instant)> = None;
+    let mut written: Option<(enim_api::Serving, Instant)> = None;
     let mut failing = false;
     loop {
         tokio::select! {
@@ -271,9 +271,9 @@ async fn keep_note<D: Driver>(
             _ = stop.changed() => return,
         }
         let serving = note::judge_engine(&engine).await;
-        let due = written.as_ref().is_none_or(|(last, at)| {
-            *last != serving || at.elapsed() >= crate::api::note::HEARTBEAT
-        });
+        let due = written
+            .as_ref()
+            .is_none_or(|(last, at)| *last != serving || at.elapsed() >= enim_api::note::HEARTBEAT);
         if !due {
             continue;
         }

@@ -1,4 +1,4 @@
-//! enimd's side of the status note ([`crate::api::note`]): its judgement of
+//! enimd's side of the status note ([`enim_api::note`]): its judgement of
 //! the node's network ([`judge`], also what `GET /v1/status` answers) and
 //! the note it keeps beside its socket so that the plugin's STATUS can
 //! answer for it while it is away.
@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use enim_api::model::{AddressStats, Mode};
+use enim_api::note::{self, NoteError, Serving, StatusNote};
 use enim_provider::atomic_file::{self, Durability, FileError};
 use enim_provider::{Eni, EniProvider};
 
-use crate::api::note::{self, NoteError, Serving, StatusNote};
 use crate::engine::{Driver, Engine};
-use crate::model::{AddressStats, Mode};
 use crate::support::exclusion::Reservation;
 
 /// What the node's network can do, from what the provider lists now.

@@ -1,4 +1,4 @@
-//! The agent's HTTP/JSON API (routes in [`crate::api`]) on its unix socket.
+//! The agent's HTTP/JSON API (routes in [`enim_api`]) on its unix socket.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,13 +10,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use enim_api::model::{AttachmentKey, AttachmentResult};
+use enim_api::{code, ApiError, AttachmentRequest, EniList, GcRequest};
 use enim_provider::ProviderError;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::api::{self, code, ApiError, AttachmentRequest, EniList, GcRequest};
 use crate::engine::{Driver, Engine, EngineError};
-use crate::model::{AttachmentKey, AttachmentResult};
 
 /// The credentials of the process at the other end of a connection, read
 /// by the kernel (SO_PEERCRED) when the connection was accepted.
@@ -105,14 +105,14 @@ type Shared<D> = Arc<AppState<D>>;
 
 pub fn router<D: Driver>(state: Shared<D>) -> Router {
     Router::new()
-        .route(api::ROUTE_ADD, post(add::<D>))
-        .route(api::ROUTE_DEL, post(del::<D>))
-        .route(api::ROUTE_CHECK, post(check::<D>))
-        .route(api::ROUTE_GC, post(gc::<D>))
-        .route(api::ROUTE_ENIS, get(enis::<D>))
-        .route(api::ROUTE_ATTACHMENTS, get(attachments::<D>))
-        .route(api::ROUTE_STATUS, get(status::<D>))
-        .route(api::ROUTE_DEVICES, get(devices::<D>))
+        .route(enim_api::ROUTE_ADD, post(add::<D>))
+        .route(enim_api::ROUTE_DEL, post(del::<D>))
+        .route(enim_api::ROUTE_CHECK, post(check::<D>))
+        .route(enim_api::ROUTE_GC, post(gc::<D>))
+        .route(enim_api::ROUTE_ENIS, get(enis::<D>))
+        .route(enim_api::ROUTE_ATTACHMENTS, get(attachments::<D>))
+        .route(enim_api::ROUTE_STATUS, get(status::<D>))
+        .route(enim_api::ROUTE_DEVICES, get(devices::<D>))
         .layer(middleware::from_fn_with_state(state.clone(), measure::<D>))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -129,10 +129,10 @@ async fn measure<D: Driver>(
     next: Next,
 ) -> Response {
     let verb = match request.uri().path() {
-        api::ROUTE_ADD => Some("ADD"),
-        api::ROUTE_DEL => Some("DEL"),
-        api::ROUTE_CHECK => Some("CHECK"),
-        api::ROUTE_GC => Some("GC"),
+        enim_api::ROUTE_ADD => Some("ADD"),
+        enim_api::ROUTE_DEL => Some("DEL"),
+        enim_api::ROUTE_CHECK => Some("CHECK"),
+        enim_api::ROUTE_GC => Some("GC"),
         _ => None,
     };
     let started = Instant::now();
@@ -198,7 +198,7 @@ async fn wait_ready<D: Driver>(state: &AppState<D>) -> Result<(), Failure> {
                 code::TRY_AGAIN_LATER,
                 "enimd is still restoring its state; try again later",
             )
-            .with_details(api::STARTING),
+            .with_details(enim_api::STARTING),
         )),
     }
 }
@@ -288,7 +288,7 @@ async fn check<D: Driver>(
 async fn gc<D: Driver>(
     State(s): State<Shared<D>>,
     Json(req): Json<GcRequest>,
-) -> Result<Json<api::GcReport>, Failure> {
+) -> Result<Json<enim_api::GcReport>, Failure> {
     wait_ready(&s).await?;
     let report = s.engine.gc(&req, s.gc_grace).await;
     s.metrics.observe_gc(&report);
@@ -301,8 +301,8 @@ async fn enis<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<EniList>, Fa
     }))
 }
 
-async fn attachments<D: Driver>(State(s): State<Shared<D>>) -> Json<api::AttachmentList> {
-    Json(api::AttachmentList {
+async fn attachments<D: Driver>(State(s): State<Shared<D>>) -> Json<enim_api::AttachmentList> {
+    Json(enim_api::AttachmentList {
         attachments: s.engine.attachments().await,
     })
 }
@@ -310,7 +310,9 @@ async fn attachments<D: Driver>(State(s): State<Shared<D>>) -> Json<api::Attachm
 /// The device plugin's list; 503 until enimd has its first one (before
 /// startup recovery is done it would be empty, and a kubelet told of no
 /// devices rejects the pods it admits meanwhile).
-async fn devices<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::DeviceList>, Failure> {
+async fn devices<D: Driver>(
+    State(s): State<Shared<D>>,
+) -> Result<Json<enim_api::DeviceList>, Failure> {
     use crate::deviceplugin::DeviceSource;
     let Some(devices) = s.devices.known() else {
         return Err(Failure(
@@ -321,7 +323,7 @@ async fn devices<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Devi
             ),
         ));
     };
-    Ok(Json(api::DeviceList {
+    Ok(Json(enim_api::DeviceList {
         resource_name: s.devices.resource_name(),
         in_process_plugin: s.in_process_plugin,
         dra: s.dra,
@@ -329,7 +331,7 @@ async fn devices<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Devi
     }))
 }
 
-async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Status>, Failure> {
+async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<enim_api::Status>, Failure> {
     let listed = s
         .engine
         .provider()
@@ -344,7 +346,7 @@ async fn status<D: Driver>(State(s): State<Shared<D>>) -> Result<Json<api::Statu
         s.engine.address_stats().as_ref(),
         crate::daemon::note::growing(provider.as_ref(), D::MODE),
     );
-    Ok(Json(api::Status {
+    Ok(Json(enim_api::Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         ready,
         provider: s.engine.provider().name().to_string(),

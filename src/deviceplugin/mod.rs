@@ -36,9 +36,9 @@ pub const API_VERSION: &str = "v1beta1";
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
 
-/// One device as the kubelet sees it (plain data in `model`, which the
-/// agent's API shares without depending on this module).
-pub use crate::model::Device;
+/// One device as the kubelet sees it (plain data in `enim_api::model`,
+/// which the agent's API shares without depending on this module).
+pub use enim_api::model::Device;
 
 /// What the plugin advertises; enimd's engine in the agent, a fake in tests.
 pub trait DeviceSource: Send + Sync + 'static {

@@ -16,11 +16,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use enim_api::{Client, ClientError, DeviceList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{serve, Device, DevicePluginConfig, DevicePluginError, DeviceSource};
-use crate::api::{Client, ClientError, DeviceList};
 
 /// How long one question to enimd may take.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);

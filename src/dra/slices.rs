@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_api::{EniState, EniStatus};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -24,7 +25,6 @@ use kube::Api;
 use tokio::sync::watch;
 
 use super::{devices, topology, FIELD_MANAGER};
-use crate::api::{EniState, EniStatus};
 use crate::engine::{Driver, Engine};
 
 /// Device name → ENI id, as last listed; `None` before the first list.

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use enim_api::model::{AttachmentKey, Phase};
+use enim_api::{GcReport, GcRequest, MtuExpectation, ValidAttachment};
 use enim_provider::EniOwner;
 use tokio::sync::Notify;
 
 use super::{Driver, Engine, EngineError};
-use crate::api::{GcReport, GcRequest, MtuExpectation, ValidAttachment};
-use crate::model::{AttachmentKey, Phase};
 
 pub(crate) const POD: &str = "/run/netns/pod";
 

@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use enim_api::model::{AddressStats, Mode, Record};
+use enim_api::{EniStatus, GcReport, GcRequest};
 use enim_provider::{EniOwner, EniProvider};
 
 use super::EngineError;
-use crate::api::{EniStatus, GcReport, GcRequest};
-use crate::model::{AddressStats, Mode, Record};
 use crate::netlink::PlumbingError;
 
 /// How the pod side came apart.

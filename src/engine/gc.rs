@@ -4,8 +4,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::api::{GcReport, GcRequest, GcStep};
-use crate::model::{now_ms, AttachmentKey, Record};
+use enim_api::model::{now_ms, AttachmentKey, Record};
+use enim_api::{GcReport, GcRequest, GcStep};
+
 use crate::netlink::PlumbingError;
 
 use super::{Driver, Engine};

@@ -27,13 +27,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_api::model::{now_ms, AddressStats, AttachmentKey, AttachmentResult, Phase, Record};
+use enim_api::{EniStatus, MtuExpectation};
 use enim_provider::{EniOwner, EniProvider, ProviderError};
 
 pub use driver::{Driver, Unplumbed};
 pub use recovery::RecoveryReport;
-
-use crate::api::{EniStatus, MtuExpectation};
-use crate::model::{now_ms, AddressStats, AttachmentKey, AttachmentResult, Phase, Record};
 
 use crate::netlink::{validate_ifname, PlumbingError};
 use crate::store::checkpoint::{Checkpoint, CheckpointError};

@@ -6,7 +6,7 @@
 //! device is home is a DEL that died before its intent (written behind)
 //! landed: it is finished.
 
-use crate::model::{now_ms, Phase};
+use enim_api::model::{now_ms, Phase};
 
 use super::teardown::Intent;
 use super::{Driver, Engine, EngineError};

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use crate::api::{GcReport, GcStep};
-use crate::model::{now_ms, AttachmentKey, Phase, Record};
+use enim_api::model::{now_ms, AttachmentKey, Phase, Record};
+use enim_api::{GcReport, GcStep};
+
 use crate::support::fault::crash_point;
 
 use super::{Driver, Engine, EngineError, Unplumbed};

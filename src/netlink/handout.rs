@@ -51,6 +51,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use enim_api::model::naming;
 use enim_provider::MacAddr;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
@@ -65,7 +66,6 @@ use rtnetlink::Handle;
 
 use super::routewatch::RoutingWatch;
 use super::{collect, errno, nl, Host, LinkInfo, PlumbingError};
-use crate::model::naming;
 
 /// The `local` routing table's id.
 const LOCAL_TABLE: u32 = 255;

@@ -3,10 +3,11 @@
 //! and [`super::neigh`].
 //!
 //! - Pod side: the pod end (no address of its own), the link-local
-//!   gateway ([`crate::model::GATEWAY4`] / [`crate::model::GATEWAY6`]) made
-//!   reachable at the host end's MAC ([`super::route::veth_gateway`]), and
-//!   a route per prefix via that gateway, preferring the ENI's address as
-//!   source. The default route stays on the ENI.
+//!   gateway ([`enim_api::model::GATEWAY4`] /
+//!   [`enim_api::model::GATEWAY6`]) made reachable at the host end's MAC
+//!   ([`super::route::veth_gateway`]), and a route per prefix via that
+//!   gateway, preferring the ENI's address as source. The default route
+//!   stays on the ENI.
 //! - Host side: the host end, a route to each pod address through it, and
 //!   a permanent neighbour entry for each at the pod end's MAC (the pod's
 //!   addresses are on its ENI, and IPv6 answers neighbour solicitations
@@ -19,12 +20,12 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use enim_api::model::HostPath;
 use enim_provider::MacAddr;
 use ipnet::IpNet;
 
 use super::host::handle_in;
 use super::{link, neigh, route, Host, LinkInfo, Netns, PlumbingError};
-use crate::model::HostPath;
 
 /// One pod's host path as the kernel should have it.
 #[derive(Debug, Clone, PartialEq, Eq)]

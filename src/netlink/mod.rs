@@ -33,11 +33,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use enim_api::model::AttachmentResult;
 use enim_provider::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
-
-use crate::model::AttachmentResult;
 
 pub use handout::{Own, Refusal, RefusedDevice};
 pub use host::Host;

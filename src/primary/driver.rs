@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use enim_api::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
+use enim_api::{EniStatus, GcReport, GcRequest};
 use enim_provider::{Eni, EniOwner, EniProvider, MacAddr};
 
-use crate::api::{EniStatus, GcReport, GcRequest};
 use crate::engine::{Driver, EngineError, Unplumbed};
-use crate::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
 use crate::netlink::{
     HostLinkHome, HostPathSpec, LinkInfo, Own, Plumbing, PlumbingError, PodLinkConfig,
 };
@@ -219,7 +219,7 @@ impl PrimaryDriver {
     fn intent(owner: &EniOwner, netns: &Path, eni: &Eni, host: &LinkInfo) -> Record {
         let now = now_ms();
         Record {
-            key: crate::model::AttachmentKey::of(owner),
+            key: enim_api::model::AttachmentKey::of(owner),
             pod: owner.pod.clone(),
             eni_id: eni.id.clone(),
             netns: netns.to_path_buf(),
@@ -599,12 +599,12 @@ impl Driver for PrimaryDriver {
         // Before normalising: a device of the node's own that arrived in
         // the list is reserved before anything would rename it.
         if let Err(e) = self.exclude_refused().await {
-            report.error("node", crate::api::GcStep::ReserveExcluded, e);
+            report.error("node", enim_api::GcStep::ReserveExcluded, e);
         }
         // An excluded ENI whose last attachment just went is reserved again.
         let held: HashSet<String> = records.iter().map(|a| a.eni_id.clone()).collect();
         if let Err(e) = self.reserve_excluded(&held).await {
-            report.error("node", crate::api::GcStep::ReserveExcluded, e);
+            report.error("node", enim_api::GcStep::ReserveExcluded, e);
         }
         self.normalise_free_enis(records, report).await;
     }

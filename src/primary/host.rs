@@ -4,9 +4,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
+use enim_api::model::{AttachmentKey, Record};
+use enim_api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
+
 use crate::engine::EngineError;
-use crate::model::{AttachmentKey, Record};
 use crate::netlink::HostLinkHome;
 use crate::store::checkpoint::HostHome;
 use crate::support::exclusion::Reservation;

@@ -8,10 +8,10 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use enim_api::model::{naming, AttachmentKey, HostPath};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{naming, AttachmentKey, HostPath};
 use crate::netlink::validate_ifname;
 
 /// The masquerade table's conntrack mark bit by default: bit 21. kube-proxy

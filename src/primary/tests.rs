@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use enim_api::model::Phase;
+use enim_api::{GcReport, GcRequest, MtuExpectation};
 use enim_provider::{EniProvider, MacAddr, ProviderError};
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 use tokio::sync::Notify;
 
 use super::HostPathConfig;
 use super::PrimaryDriver;
-use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::{Engine, EngineError};
-use crate::model::Phase;
 use crate::netlink::fake::{FakeDev, FakePlumbing, FAULT_STEPS, HOST_PATH_FAULT_STEPS};
 use crate::netlink::handout::UplinkMark;
 use crate::netlink::{HostLinkHome, LinkInfo, Plumbing, Refusal};
@@ -309,7 +309,7 @@ async fn gc_keeps_a_record_whose_device_could_not_be_put_home() {
     assert_eq!(report.errors.len(), 1, "{report:?}");
     assert_eq!(
         report.errors[0].step,
-        crate::api::GcStep::Unplumb,
+        enim_api::GcStep::Unplumb,
         "{report:?}"
     );
     // Still recorded (as being deleted) and assigned: the next pass
@@ -413,7 +413,7 @@ async fn a_device_refused_at_add_is_reserved_and_the_next_eni_taken() {
     );
     let listed = h.provider.list().await.unwrap();
     assert!(is_excluded_owner(listed[0].owner.as_ref().unwrap()));
-    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Excluded));
+    assert_eq!(eni1_state(&h).await, Some(enim_api::EniState::Excluded));
 
     // eni-3 is refused too, and nothing else is free.
     h.fake.refused.lock().unwrap().insert(mac(3), uplink);
@@ -462,7 +462,7 @@ async fn an_excluded_eni_free_at_add_is_reserved_not_handed_out() {
 }
 
 /// ENI eni-1's state as the engine lists it.
-async fn eni1_state(h: &PrimaryHarness) -> Option<crate::api::EniState> {
+async fn eni1_state(h: &PrimaryHarness) -> Option<enim_api::EniState> {
     let enis = h.engine.enis().await.unwrap();
     enis.iter().find(|e| e.eni.id == "eni-1").map(|e| e.state)
 }
@@ -487,7 +487,7 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
     // The ADD that allocates it skips it, in the same ADD.
     let r = h.engine.add(&owner("a"), Path::new(POD)).await.unwrap();
     assert_eq!(r.eni_id, "eni-2");
-    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Missing));
+    assert_eq!(eni1_state(&h).await, Some(enim_api::EniState::Missing));
     // Held as missing, it is neither handed out nor an orphan.
     assert_eq!(add_into_new_netns(&h, "b", "/run/netns/p2").await, "eni-3");
     let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
@@ -497,7 +497,7 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
     );
     // A restart while it is missing finds it missing again.
     h.restart().await;
-    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Missing));
+    assert_eq!(eni1_state(&h).await, Some(enim_api::EniState::Missing));
     // Back under another name: GC frees it and puts its name right.
     let mut back = gone;
     back.link.name = "dev5".into();
@@ -509,7 +509,7 @@ async fn an_eni_without_a_device_is_quarantined_and_comes_back() {
         .fake
         .host_dev(mac(1))
         .is_some_and(|d| d.link.name == "eni1"));
-    assert_eq!(eni1_state(&h).await, Some(crate::api::EniState::Free));
+    assert_eq!(eni1_state(&h).await, Some(enim_api::EniState::Free));
     assert_eq!(add_into_new_netns(&h, "c", "/run/netns/p3").await, "eni-1");
 }
 

@@ -5,10 +5,10 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use enim_api::model::{naming, AttachmentKey};
 use serde::{Deserialize, Serialize};
 
 use super::MAX_DEVICE_INDEX;
-use crate::model::{naming, AttachmentKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("[secondary] config: {0}")]

@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use enim_api::model::{AddressStats, AttachmentKey};
 use serde::Serialize;
-
-use crate::model::{AddressStats, AttachmentKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DataStoreError {

@@ -11,6 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use enim_api::model::{
+    now_ms, AddressStats, AttachmentKey, Mode, Payload, Phase, Record, SecondaryPayload,
+};
+use enim_api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
 use enim_provider::{EniOwner, EniProvider, ProviderError};
 
 use super::datastore::{DataStore, DataStoreError};
@@ -19,11 +23,7 @@ use super::host::{HostEni, HostEnis, Skipped};
 use super::plumbing::{PodSpec, RtnlSecondary, SecondaryPlumbing};
 use super::warm::{self, WarmIps};
 use super::SecondaryConfig;
-use crate::api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
 use crate::engine::{Driver, EngineError, Unplumbed};
-use crate::model::{
-    now_ms, AddressStats, AttachmentKey, Mode, Payload, Phase, Record, SecondaryPayload,
-};
 use crate::netlink::PlumbingError;
 use crate::store::checkpoint::Checkpoint;
 use crate::support::exclusion::Exclusions;

@@ -191,8 +191,8 @@ async fn listings_are_followed_and_the_provider_hears_what_is_held() {
 
 #[test]
 fn an_authoritative_listing_acts_on_the_first_check() {
-    use crate::model::AttachmentKey;
     use crate::secondary::datastore::DataStore;
+    use enim_api::model::AttachmentKey;
     let t0 = Instant::now();
     let mut ds = DataStore::new(Duration::from_secs(30));
     ds.add_eni("eni-a", 2).unwrap();

@@ -32,9 +32,9 @@ pub mod host;
 pub mod plumbing;
 pub mod warm;
 
-pub use crate::model::{GATEWAY4, GATEWAY6};
 pub use config::{SecondaryConfig, SecondaryConfigError};
 pub use driver::SecondaryDriver;
+pub use enim_api::model::{GATEWAY4, GATEWAY6};
 pub use host::HostEni;
 pub use warm::WarmIpConfig;
 

@@ -66,7 +66,7 @@ pub struct PodSpec {
 
 impl PodSpec {
     pub fn ips(&self) -> Vec<IpAddr> {
-        crate::model::record::pod_ips(self.ipv4, self.ipv6)
+        enim_api::model::record::pod_ips(self.ipv4, self.ipv6)
     }
 
     /// The two rules of each pod address.

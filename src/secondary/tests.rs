@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use enim_api::{GcReport, GcRequest, MtuExpectation};
 use enim_provider::MacAddr;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 use tokio::sync::Notify;
@@ -14,7 +15,6 @@ use tokio::sync::Notify;
 use super::fake::{FakeSecondary, FakeVeth, FAULT_STEPS};
 use super::plumbing::{OwnedRule, RuleSelector, MAIN_TABLE};
 use super::{SecondaryConfig, SecondaryDriver};
-use crate::api::{GcReport, GcRequest, MtuExpectation};
 use crate::engine::conformance::{conformance_suite, mac, owner, static_eni, Harness, POD};
 use crate::engine::Engine;
 use crate::netlink::handout::UplinkMark;
@@ -225,7 +225,7 @@ async fn a_refused_device_is_never_set_up_and_is_listed_excluded() {
     assert!(!fake.world().tables.contains(&1001));
     let listed = engine.enis().await.unwrap();
     let state = listed.iter().find(|e| e.eni.id == "eni-1").unwrap().state;
-    assert_eq!(state, crate::api::EniState::Excluded);
+    assert_eq!(state, enim_api::EniState::Excluded);
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use enim_api::model::AttachmentKey;
 use enim_provider::retry::{pause, Backoff, Pause};
 use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,6 @@ use tokio::sync::{watch, Notify};
 use super::datastore::{DataStoreError, EniUsage, MISSING_CHECKS};
 use super::host::HostEnis;
 use crate::engine::EngineError;
-use crate::model::AttachmentKey;
 use crate::support::fault::crash_point;
 
 /// How long a pod told "try again later" counts as demand: the kubelet

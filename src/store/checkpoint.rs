@@ -46,11 +46,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use enim_api::model::{AttachmentKey, Mode, Phase, Record};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::atomic::{self, Durability};
-use crate::model::{AttachmentKey, Mode, Phase, Record};
 use enim_provider::MacAddr;
 
 /// The format this agent writes.
@@ -310,7 +310,7 @@ impl Checkpoint {
         expires_ms: Option<u64>,
     ) -> Result<bool, CheckpointError> {
         let mut state = self.state.lock().await;
-        let now = crate::model::now_ms();
+        let now = enim_api::model::now_ms();
         let Some(r) = state.records.get_mut(key) else {
             return Ok(false);
         };
@@ -518,7 +518,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<State, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::record::fixtures;
+    use enim_api::model::record::fixtures;
 
     fn attachment(cid: &str) -> Record {
         fixtures::record(cid, fixtures::primary_v4())

@@ -4,9 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use enim_api::model::AttachmentKey;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
-
-use crate::model::AttachmentKey;
 
 /// Serialises operations on one attachment key while letting different
 /// keys run in parallel.

@@ -7,7 +7,8 @@
 //!   their far ends in a gateway namespace, and the fixtures that describe
 //!   those ENIs to a static provider ([`fixtures`]);
 //! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
-//!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does;
+//!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does
+//!   ([`plugin`]: built for tests outside its package);
 //! - [`apiserver`]: a real etcd and kube-apiserver on loopback, for tests
 //!   that need only the Kubernetes API;
 //! - [`cluster`]: the real one-node Kubernetes of `scripts/e2e-cluster.sh`,
@@ -29,6 +30,7 @@ pub mod cni;
 pub mod fixtures;
 pub mod metadata_stub;
 pub mod netns;
+pub mod plugin;
 pub mod sandbox;
 
 #[cfg(feature = "bce")]
@@ -79,14 +81,15 @@ macro_rules! require_kernel {
     };
 }
 
-/// The enim binaries of the crate under test, from its integration test's
-/// `CARGO_BIN_EXE_*` (expanded where the macro is used).
+/// The enim binaries for an integration test of the enim crate: enimd and
+/// enimctl from its `CARGO_BIN_EXE_*` (expanded where the macro is used),
+/// the plugin (another package's) built beside them ([`plugin`]).
 #[macro_export]
 macro_rules! bins {
     () => {
         $crate::Bins {
             enimd: env!("CARGO_BIN_EXE_enimd").into(),
-            enim: env!("CARGO_BIN_EXE_enim").into(),
+            enim: $crate::plugin::built_beside(::std::path::Path::new(env!("CARGO_BIN_EXE_enimd"))),
             enimctl: env!("CARGO_BIN_EXE_enimctl").into(),
         }
     };

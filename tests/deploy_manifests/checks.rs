@@ -352,10 +352,9 @@ fn check_agent(m: &Manifests) -> Vec<String> {
                     format!("install-cni reads config {theirs:?}, the agent {ours:?}")
                 });
             }
-            (None, None) => p.check(
-                config.socket == Path::new(enim::api::DEFAULT_SOCKET),
-                || "install-cni writes the default socket, but the agent's is not".into(),
-            ),
+            (None, None) => p.check(config.socket == Path::new(enim_api::DEFAULT_SOCKET), || {
+                "install-cni writes the default socket, but the agent's is not".into()
+            }),
         }
         p.check(!f.contains_key("--plugin"), || {
             "install-cni --plugin: the image keeps enim next to enimd, the default".into()

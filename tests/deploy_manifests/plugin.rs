@@ -141,7 +141,7 @@ pub(crate) fn check(
     let flags = enimd_flags(PLUGIN_DS, c, agent, "device-plugin", DEVICE_PLUGIN_FLAGS, p);
     if let Some(f) = flags {
         // enimd's socket, reached through the node.
-        let socket = flag_path(&f, "--socket", enim::api::DEFAULT_SOCKET);
+        let socket = flag_path(&f, "--socket", enim_api::DEFAULT_SOCKET);
         p.check(socket == config.socket, || {
             format!(
                 "{PLUGIN_DS} asks the socket {}, enimd serves {}",

@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use enim_api::model::naming::valid_container_id;
 use enim_provider::PodRef;
 
 use super::CniError;
@@ -131,16 +132,6 @@ fn var(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<Option<S
 
 fn required(lookup: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Result<String, CniError> {
     var(lookup, name)?.ok_or_else(|| CniError::invalid_env(format!("{name} is not set")))
-}
-
-/// The spec's container id pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
-pub fn valid_container_id(id: &str) -> bool {
-    let mut chars = id.chars();
-    match chars.next() {
-        Some(c) if c.is_ascii_alphanumeric() => {}
-        _ => return false,
-    }
-    chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// What the kernel accepts as a link name (the checks libcni also makes).

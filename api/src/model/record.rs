@@ -280,14 +280,15 @@ impl Record {
     }
 }
 
-/// Records for the unit tests of the model and the store.
-#[cfg(test)]
-pub(crate) mod fixtures {
+/// Records for the unit tests of the model and, behind the `testing`
+/// feature, of other crates (the agent's store).
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures {
     use super::*;
 
     /// A Ready record of container `cid` on ENI `eni-<cid>`, holding
     /// `payload`.
-    pub(crate) fn record(cid: &str, payload: Payload) -> Record {
+    pub fn record(cid: &str, payload: Payload) -> Record {
         Record {
             key: AttachmentKey {
                 network: "net".into(),
@@ -307,7 +308,7 @@ pub(crate) mod fixtures {
     }
 
     /// Primary mode's IPv4-only payload: eth1's ENI, 10.0.1.10/24.
-    pub(crate) fn primary_v4() -> Payload {
+    pub fn primary_v4() -> Payload {
         Payload::Primary(PrimaryPayload {
             mac: "02:00:00:00:00:01".parse().unwrap(),
             host_name: "eth1".into(),

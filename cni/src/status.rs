@@ -17,7 +17,7 @@
 //! 2. enimd answers with an error of its own (its provider cannot list):
 //!    not available, as it says.
 //! 3. enimd does not answer (down, restarting, hung), or is still
-//!    restoring its state: the note it left ([`crate::api::note`]) answers
+//!    restoring its state: the note it left ([`enim_api::note`]) answers
 //!    for it. Not available when there is no note of this boot (enimd has
 //!    not served since the node booted: every pod needs an ADD then), when
 //!    enimd's last sign of life is older than the note's bound (an agent
@@ -29,11 +29,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use enim_api::note::{self, Reading};
+use enim_api::{code, Client, ClientError, Serving, Status, ROUTE_STATUS};
 use serde_json::Value;
 
 use super::{CniError, NetConf};
-use crate::api::note::{self, Reading};
-use crate::api::{code, Client, ClientError, Serving, Status, ROUTE_STATUS};
 
 /// The most a STATUS spends on enimd: a live enimd answers in
 /// milliseconds, and the kubelet polls again in ~5 s.

@@ -1,8 +1,11 @@
-//! The `enim` CNI plugin (spec 1.1.0): what a container runtime execs.
+//! `enim-cni`: the `enim` CNI plugin (spec 1.1.0), what a container
+//! runtime execs once per pod verb. It links `enim-api` and nothing of the
+//! agent (no Kubernetes, gRPC, server or netlink code), so each exec loads
+//! only a client.
 //!
 //! It is a thin, synchronous client of the node agent `enimd`: it checks
 //! its inputs, forwards ADD, DEL, CHECK, GC and STATUS over the agent's
-//! unix socket (with [`crate::api::Client`], built only for the verbs
+//! unix socket (with [`enim_api::Client`], built only for the verbs
 //! that need the agent, never for VERSION) and turns the answer into a
 //! CNI result of the version the configuration asks for.
 //!
@@ -26,13 +29,12 @@ use std::ffi::OsString;
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
-use crate::api::{
+use enim_api::model::AttachmentResult;
+use enim_api::{
     code, AttachmentRequest, Client, ClientError, GcReport, GcRequest, MtuExpectation, ROUTE_ADD,
     ROUTE_CHECK, ROUTE_DEL, ROUTE_GC, STARTING,
 };
-use crate::model::AttachmentResult;
+use serde_json::{json, Value};
 
 pub use config::{CniVersion, NetConf, SUPPORTED_VERSIONS};
 pub use env::{CniEnv, Command};

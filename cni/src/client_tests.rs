@@ -11,14 +11,14 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Instant as StdInstant;
 
+use enim_api::client::MAX_RESPONSE;
+use enim_api::{code, ApiError, Client, ClientError, Status, ROUTE_STATUS};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::api::client::MAX_RESPONSE;
-use crate::api::{code, ApiError, Client, ClientError, Status, ROUTE_STATUS};
-use crate::cni::CniError;
+use crate::CniError;
 
 /// A request as the stub agent saw it.
 #[derive(Debug)]
@@ -487,7 +487,7 @@ fn plugin(command: &str, socket: &Path, wait_secs: f64) -> (serde_json::Value, i
     ]
     .into();
     let start = StdInstant::now();
-    let out = crate::cni::execute(
+    let out = crate::execute(
         &|k| vars.get(k).map(std::ffi::OsString::from),
         std::io::Cursor::new(conf.into_bytes()),
     );
@@ -559,7 +559,7 @@ fn a_starting_agent_is_waited_for_and_other_refusals_are_not() {
     let sock = dir.path().join("enimd.sock");
     // enimd's startup_wait ran out: its "still restoring" is retried.
     let starting = serde_json::to_string(
-        &ApiError::new(code::TRY_AGAIN_LATER, "restoring").with_details(crate::api::STARTING),
+        &ApiError::new(code::TRY_AGAIN_LATER, "restoring").with_details(enim_api::STARTING),
     )
     .unwrap();
     let (server, rx) = agent_after(

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use enim::api::note;
+use enim_api::note;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_enim");

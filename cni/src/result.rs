@@ -3,12 +3,12 @@
 
 use std::net::IpAddr;
 
+use enim_api::model::{AttachmentResult, InterfaceConfig, IpConfig, RouteConfig};
+use enim_api::MtuExpectation;
 use serde_json::{json, Map, Value};
 
 use super::config::CniVersion;
 use super::CniError;
-use crate::api::MtuExpectation;
-use crate::model::{AttachmentResult, InterfaceConfig, IpConfig, RouteConfig};
 
 fn interface_json(i: &InterfaceConfig, v: CniVersion) -> Value {
     let mut obj = Map::new();
@@ -173,7 +173,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::model::InterfaceConfig;
+    use enim_api::model::InterfaceConfig;
 
     fn ours(v6: bool) -> AttachmentResult {
         let mut ips = vec![IpConfig {
@@ -366,11 +366,11 @@ mod tests {
 
         let e =
             check_prev_result(&me, &obj(json!({"interfaces": [{"name": "eth1"}]}))).unwrap_err();
-        assert_eq!(e.code(), crate::api::code::CHECK_MISMATCH);
+        assert_eq!(e.code(), enim_api::code::CHECK_MISMATCH);
         assert!(e.to_string().contains("eth0"));
         assert_eq!(
             check_prev_result(&me, &obj(json!({}))).unwrap_err().code(),
-            crate::api::code::CHECK_MISMATCH
+            enim_api::code::CHECK_MISMATCH
         );
         assert_eq!(
             check_prev_result(&me, &obj(json!({"interfaces": 1})))

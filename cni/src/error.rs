@@ -1,9 +1,8 @@
 //! The plugin's one error type. Every failure carries its CNI error code, so
 //! whatever goes wrong ends as the spec's error JSON on stdout.
 
+use enim_api::{code, ApiError, ClientError};
 use serde_json::{json, Value};
-
-use crate::api::{code, ApiError, ClientError};
 
 /// One constructor a kind of failure, with its CNI code; `details` where
 /// the kind carries them, empty otherwise.

@@ -5,10 +5,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use enim_api::{ValidAttachment, DEFAULT_SOCKET};
 use serde_json::{Map, Value};
 
 use super::CniError;
-use crate::api::{ValidAttachment, DEFAULT_SOCKET};
 
 /// Larger stdin is refused: a network config is a few KiB at most.
 pub const MAX_STDIN: u64 = 1024 * 1024;
@@ -99,7 +99,7 @@ pub fn requested_version(stdin: &[u8]) -> Option<CniVersion> {
 
 /// The spec's network name pattern (same as container ids).
 fn valid_name(name: &str) -> bool {
-    super::env::valid_container_id(name)
+    enim_api::model::naming::valid_container_id(name)
 }
 
 impl NetConf {

@@ -24,7 +24,7 @@ use serde::Serialize;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-use super::{ApiError, DeviceList, ROUTE_DEVICES};
+use crate::{ApiError, DeviceList, ROUTE_DEVICES};
 
 /// Bounds what a broken agent can make us buffer.
 pub const MAX_RESPONSE: usize = 8 * 1024 * 1024;

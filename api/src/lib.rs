@@ -1,11 +1,15 @@
-//! The agent's HTTP/JSON API on its unix socket: routes, request and
-//! response bodies, and error codes. Shared by `enimd` (server), the `enim`
-//! CNI plugin and `enimctl` (clients), so the two sides cannot drift.
+//! `enim-api`: the node agent's HTTP/JSON API on its unix socket (routes,
+//! request and response bodies, error codes), the records and results it
+//! speaks of ([`model`]), the note it leaves for STATUS ([`note`]) and its
+//! one [`Client`]. Shared by `enimd` (server), the `enim` CNI plugin
+//! (`enim-cni`) and `enimctl` (clients), so the two sides cannot drift.
+//! Nothing here serves, nor touches the kernel beyond the client's socket.
 //!
 //! Every error body is an [`ApiError`] whose `code` is already a CNI error
 //! code, so the plugin can pass it through unchanged.
 
 pub mod client;
+pub mod model;
 pub mod note;
 
 use std::path::PathBuf;

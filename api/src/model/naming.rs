@@ -1,7 +1,9 @@
 //! Names enim gives the host ends of the veth pairs it makes (secondary
 //! mode's pod veths, primary mode's host paths): a prefix and a stable hash
 //! of the attachment key, 15 bytes in all, so GC can tell from a name alone
-//! that a veth is enim's and recompute it from a record.
+//! that a veth is enim's and recompute it from a record. Also the CNI
+//! spec's pattern for the names in that key (container ids, networks),
+//! which the plugin and `enimd install-cni` both check.
 
 use super::AttachmentKey;
 
@@ -27,6 +29,16 @@ pub fn is_veth_name(prefix: &str, name: &str) -> bool {
             rest.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         })
+}
+
+/// The spec's container id pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
+pub fn valid_container_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    match chars.next() {
+        Some(c) if c.is_ascii_alphanumeric() => {}
+        _ => return false,
+    }
+    chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// Whether `prefix` can start veth names: 1 to [`MAX_VETH_PREFIX`] of
