@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use enim::api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
 use enim::model::now_ms;
 use enim::netlink::Netns;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::Ipv4Net;
 use serde_json::json;
 

@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
 use enim_crd::{Mode, Watermarks};
 use enim_provider::cloud::validate_cluster_name;
-use enim_provider::ratelimit::RateLimit;
 use serde::{Deserialize, Serialize};
 
 /// The shortest `reap_cooldown` accepted (as the agents' pool).

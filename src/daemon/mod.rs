@@ -31,10 +31,10 @@ use crate::netlink::PlumbingError;
 use crate::primary::masquerade::{self, MasqueradeError};
 use crate::primary::PrimaryDriver;
 use crate::secondary::SecondaryDriver;
-use crate::store::atomic::FileError;
 use crate::store::checkpoint::{Checkpoint, CheckpointError};
 use crate::support::exclusion::Exclusions;
 use config::{Config, ProviderConfig};
+use enim_core::atomic_file::FileError;
 use server::{AppState, PeerCred};
 
 #[derive(Debug, thiserror::Error)]

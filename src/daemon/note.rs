@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use enim_provider::atomic_file::{self, Durability, FileError};
+use enim_core::atomic_file::{self, Durability, FileError};
 use enim_provider::{Eni, EniProvider};
 
 use crate::api::note::{self, NoteError, Serving, StatusNote};

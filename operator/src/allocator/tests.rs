@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
 use enim_crd::{EniUse, NetResourceSetStatus, Watermarks};
-use enim_provider::ratelimit::RateLimit;
 
 use super::*;
 use crate::index::tests::node;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_core::ratelimit::RateLimit;
+use enim_core::{EniOwner, PodRef, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_aws::{build_with, AwsConfig, PoolConfig, PoolRole};
 use enim_provider_pool::{PoolStats, WarmPool};
 use rig::Env;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use enim_provider::retry::Backoff;
-use enim_provider::{check_allocate_wait, check_at_least, ProviderError};
+use enim_core::retry::Backoff;
+use enim_core::{check_allocate_wait, check_at_least, ProviderError};
 use serde::{Deserialize, Serialize};
 
 /// Watermarks and loop timing of the warm pool.
@@ -51,7 +51,7 @@ pub struct PoolConfig {
     pub allocate_wait: Duration,
 }
 
-pub use enim_provider::MAX_ALLOCATE_WAIT;
+pub use enim_core::MAX_ALLOCATE_WAIT;
 
 /// The shortest `reap_cooldown` accepted: an ENI's create and attach,
 /// with their retries and token waits, take well under it.

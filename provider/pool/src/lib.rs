@@ -40,9 +40,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use enim_core::retry::{pause, Pause};
+use enim_core::{Eni, EniOwner, ProviderError};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::retry::{pause, Pause};
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
+use enim_provider::{EniProvider, SecondaryIps};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -686,9 +687,9 @@ impl EniProvider for WarmPool {
         ))
     }
 
-    fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
+    fn statistics(&self) -> Option<enim_core::PoolStatistics> {
         let s = self.stats();
-        Some(enim_provider::PoolStatistics {
+        Some(enim_core::PoolStatistics {
             used: s.used,
             available: s.available,
             needed: s.needed,

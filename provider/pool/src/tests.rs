@@ -2,8 +2,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::{Eni, EniOwner, ProviderError};
 use enim_provider::testing::{allocate_concurrently, listed_ids, owner};
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use tokio::time::Instant;
 
 use super::*;
@@ -133,7 +134,7 @@ fn retry_backoff_follows_the_config() {
     let b = cfg.retry_backoff();
     let steps: Vec<u64> = (0..5).map(|n| b.step(n).as_secs()).collect();
     assert_eq!(steps, [1, 2, 4, 5, 5]);
-    assert_eq!(b.jitter, enim_provider::retry::Jitter::Equal);
+    assert_eq!(b.jitter, enim_core::retry::Jitter::Equal);
 }
 
 /// Each gap is its step, jittered: within the step's upper half. With

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use enim_provider::EniOwner;
+use enim_core::EniOwner;
 
 use crate::{Inner, PoolRole, State};
 

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
+use enim_core::AddressLimits;
 use enim_operator::allocator::Allocator;
 use enim_operator::config::{OperatorConfig, WatermarkConfig};
 use enim_operator::index::NodeInfo;
 use enim_operator::testing::{MemCloud, MemStore};
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::AddressLimits;
 
 use crate::heap;
 use crate::R;

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
 use enim_operator::allocator::Allocator;
 use enim_operator::config::{OperatorConfig, WatermarkConfig};
-use enim_provider::ratelimit::RateLimit;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

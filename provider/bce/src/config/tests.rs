@@ -1,5 +1,5 @@
-use enim_provider::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
-use enim_provider::testing::{read_with_deprecations, read_without_warnings, sample_api};
+use enim_core::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
+use enim_core::testing::{read_with_deprecations, read_without_warnings, sample_api};
 
 use super::*;
 

@@ -10,8 +10,8 @@ mod secondary;
 use std::sync::Arc;
 use std::time::Duration;
 
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::{EniOwner, PodRef};
+use enim_core::ratelimit::RateLimit;
+use enim_core::{EniOwner, PodRef};
 use enim_provider_bce::client::ApiClient;
 use enim_provider_bce::{ApiConfig, BceConfig, Credentials, RetryPolicy};
 use enim_provider_pool::{PoolConfig, PoolRole, PoolStats, WarmPool};

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use enim_core::ProviderError;
 use enim_provider::testing::listed_ids;
-use enim_provider::{EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_pool::PoolRole;
 use enim_testkit::bce::{FakeCloud, INSTANCE, VPC};
 

@@ -3,8 +3,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use enim_core::ProviderError;
 use enim_provider::cloud::CloudBackend;
-use enim_provider::{EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_bce::tags::description_tag;
 use enim_provider_bce::BceBackend;
 use enim_provider_pool::PoolRole;
