@@ -1,7 +1,8 @@
 //! enim's shared core: the vocabulary every crate speaks (ENIs, their
-//! owners and addresses, [`MacAddr`], [`ProviderError`]) and the plumbing
-//! they share (retry and rate limits for cloud calls, atomic file writes,
-//! crash points for tests, locking, and reading configs whose keys moved).
+//! owners and addresses, [`MacAddr`], [`ProviderError`], the node's
+//! [`Mode`]) and the plumbing they share (retry and rate limits for cloud
+//! calls, atomic file writes, crash points for tests, locking, and reading
+//! configs whose keys moved).
 //! Nothing here talks to a cloud, the kernel or Kubernetes; the provider
 //! traits built on it live in `enim-provider`.
 
@@ -13,6 +14,7 @@ mod eni;
 mod error;
 pub mod fault;
 mod mac;
+mod mode;
 pub mod ratelimit;
 pub mod reserved;
 pub mod retry;
@@ -27,4 +29,5 @@ pub use eni::{
 };
 pub use error::ProviderError;
 pub use mac::{MacAddr, MacParseError};
+pub use mode::Mode;
 pub use secret::Secret;

@@ -28,6 +28,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// How pods use a node's ENIs: enim-core's, with its JSON schema.
+pub use enim_core::Mode;
+
 /// The API group of enim's resources.
 pub const GROUP: &str = "enim.io";
 /// The field manager of everything the operator writes (spec, metadata).
@@ -98,25 +101,6 @@ pub struct Instance {
     pub instance_type: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub zone: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// A whole ENI per pod.
-    #[default]
-    Primary,
-    /// Pods get an ENI's secondary addresses.
-    Secondary,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Primary => "primary",
-            Mode::Secondary => "secondary",
-        }
-    }
 }
 
 /// The watermarks of CCE's IPAM (`PreAllocate`, `MinAllocate`,

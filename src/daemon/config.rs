@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use enim_core::Mode;
 use enim_provider_static::StaticEniConfig;
 use serde::{Deserialize, Serialize};
 
@@ -130,17 +131,6 @@ pub struct Config {
     #[serde(default)]
     pub dra: crate::dra::DraConfig,
     pub provider: ProviderConfig,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Each pod gets a whole ENI, moved into its namespace.
-    #[default]
-    Primary,
-    /// ENIs stay in the host; each pod gets one of their secondary
-    /// addresses over a veth pair, with policy routing.
-    Secondary,
 }
 
 fn yes() -> bool {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use enim_core::retry::Backoff;
-use enim_core::{check_allocate_wait, check_at_least, ProviderError};
+use enim_core::{check_allocate_wait, check_at_least, Mode, ProviderError};
 use serde::{Deserialize, Serialize};
 
 /// Watermarks and loop timing of the warm pool.
@@ -121,6 +121,16 @@ pub enum PoolRole {
     /// for being "free"); the agent's address pool attaches one more
     /// through [`SecondaryIps::attach_eni`](enim_provider::SecondaryIps::attach_eni) when the attached ones are full.
     HostEnis,
+}
+
+impl From<Mode> for PoolRole {
+    /// The one mapping from the agent's mode to what its pool's ENIs are for.
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Primary => PoolRole::PodEnis,
+            Mode::Secondary => PoolRole::HostEnis,
+        }
+    }
 }
 
 /// Pool statistics (CCE/cilium IPAM `Statistics`, counted in ENIs).

@@ -84,6 +84,15 @@ async fn allocate_waiting(pool: &WarmPool, o: &EniOwner) -> Eni {
 }
 
 #[test]
+fn the_mode_decides_what_the_pool_is_for() {
+    assert_eq!(PoolRole::from(enim_core::Mode::Primary), PoolRole::PodEnis);
+    assert_eq!(
+        PoolRole::from(enim_core::Mode::Secondary),
+        PoolRole::HostEnis
+    );
+}
+
+#[test]
 fn config_defaults_parse_and_validation() {
     let d = PoolConfig::default();
     assert_eq!((d.min_free, d.max_free), (1, 3));
