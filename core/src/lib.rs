@@ -1,8 +1,8 @@
 //! enim's shared core: the vocabulary every crate speaks (ENIs, their
 //! owners and addresses, [`MacAddr`], [`ProviderError`], the node's
-//! [`Mode`]) and the plumbing they share (retry and rate limits for cloud
-//! calls, atomic file writes, crash points for tests, locking, and reading
-//! configs whose keys moved).
+//! [`Mode`], a warm pool's [`Watermarks`]) and the plumbing they share
+//! (retry and rate limits for cloud calls, atomic file writes, crash
+//! points for tests, locking, and reading configs whose keys moved).
 //! Nothing here talks to a cloud, the kernel or Kubernetes; the provider
 //! traits built on it live in `enim-provider`.
 
@@ -22,6 +22,7 @@ mod secret;
 pub mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod watermarks;
 
 pub use checks::{check_allocate_wait, check_at_least, MAX_ALLOCATE_WAIT};
 pub use eni::{
@@ -31,3 +32,4 @@ pub use error::ProviderError;
 pub use mac::{MacAddr, MacParseError};
 pub use mode::Mode;
 pub use secret::Secret;
+pub use watermarks::Watermarks;

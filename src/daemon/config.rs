@@ -308,7 +308,10 @@ mod tests {
         };
         assert_eq!(bce.security_group_ids, ["g-1"]);
         assert_eq!(bce.poll_interval, Duration::from_secs(1));
-        assert_eq!((bce.pool.min_free, bce.pool.max_free), (2, 4));
+        assert_eq!(
+            (bce.pool.pre_allocate, bce.pool.watermarks().high()),
+            (2, 4)
+        );
         assert!(Config::parse("[provider]\ntype = \"bce\"\nregoin = \"bj\"\n").is_err());
     }
 
@@ -340,7 +343,10 @@ mod tests {
         assert_eq!(aws.subnet_id.as_deref(), Some("subnet-1"));
         assert_eq!(aws.security_group_ids, ["sg-1"]);
         assert_eq!(aws.imds_endpoint, "http://169.254.169.254");
-        assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
+        assert_eq!(
+            (aws.pool.pre_allocate, aws.pool.watermarks().high()),
+            (2, 4)
+        );
         assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
     }
 

@@ -107,7 +107,8 @@ enim_core::serde_with_moved_keys!(
     ConfigKeys {
         section: "provider",
         moves: NODE_MOVES,
-        api_defaults: ApiConfig::default(),
+        api_defaults: Some(ApiConfig::default()),
+        rewrite: None,
     }
 );
 
@@ -181,7 +182,8 @@ enim_core::serde_with_moved_keys!(
     ConfigKeys {
         section: "cloud",
         moves: FLEET_MOVES,
-        api_defaults: ApiConfig::default(),
+        api_defaults: Some(ApiConfig::default()),
+        rewrite: None,
     }
 );
 

@@ -154,7 +154,8 @@ enim_core::serde_with_moved_keys!(
     ConfigKeys {
         section: "provider",
         moves: NODE_MOVES,
-        api_defaults: default_api(),
+        api_defaults: Some(default_api()),
+        rewrite: None,
     }
 );
 
@@ -245,7 +246,8 @@ enim_core::serde_with_moved_keys!(
     ConfigKeys {
         section: "cloud",
         moves: FLEET_MOVES,
-        api_defaults: default_api(),
+        api_defaults: Some(default_api()),
+        rewrite: None,
     }
 );
 

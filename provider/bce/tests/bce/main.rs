@@ -30,8 +30,8 @@ fn config(cloud: &FakeCloud) -> BceConfig {
         list_page_size: 2,
         api: fast_api(cloud),
         pool: PoolConfig {
-            min_free: 2,
-            max_free: 3,
+            pre_allocate: 2,
+            max_above_watermark: 1,
             initial_retry: Duration::from_millis(10),
             max_backoff: Duration::from_millis(100),
             resync_interval: Duration::from_millis(50),
