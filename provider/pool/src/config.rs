@@ -68,16 +68,16 @@ pub use enim_core::MAX_ALLOCATE_WAIT;
 /// `max_free` - `pre_allocate`. What a file with old keys leaves out
 /// takes the old defaults (`min_free` 1, `max_free` 3), so it keeps
 /// meaning what it meant.
-pub const FREE_RANGE_MOVES: &[KeyMove] = &[
-    KeyMove {
-        old: "min_free",
-        new: "pre_allocate",
-    },
-    KeyMove {
-        old: "max_free",
-        new: "max_above_watermark",
-    },
-];
+pub const FREE_RANGE_MOVES: &[KeyMove] = &[MIN_FREE, MAX_FREE];
+
+const MIN_FREE: KeyMove = KeyMove {
+    old: "min_free",
+    new: "pre_allocate",
+};
+const MAX_FREE: KeyMove = KeyMove {
+    old: "max_free",
+    new: "max_above_watermark",
+};
 
 /// The old defaults of [`FREE_RANGE_MOVES`]' keys.
 const OLD_MIN_FREE: u32 = 1;
@@ -96,9 +96,7 @@ enim_core::serde_with_moved_keys!(
 /// The [`config_keys::Rewrite`] of [`FREE_RANGE_MOVES`].
 fn read_free_range(section: &str, table: &mut Map<String, Value>) -> Result<Vec<String>, String> {
     let key_error = |e: KeyError| e.to_string();
-    let [min_move, max_move] = FREE_RANGE_MOVES else {
-        unreachable!("two keys moved");
-    };
+    let (min_move, max_move) = (&MIN_FREE, &MAX_FREE);
     let min_free = config_keys::take_old(section, table, min_move).map_err(key_error)?;
     let max_free = config_keys::take_old(section, table, max_move).map_err(key_error)?;
     if min_free.is_none() && max_free.is_none() {
