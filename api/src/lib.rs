@@ -14,7 +14,7 @@ pub mod note;
 
 use std::path::PathBuf;
 
-use enim_provider::{Eni, EniOwner, PodRef};
+use enim_core::{Eni, EniOwner, PodRef};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Record;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use enim::netlink::Netns;
 use enim_api::model::now_ms;
 use enim_api::{GcReport, GcRequest, Status, ROUTE_GC, ROUTE_STATUS};
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::Ipv4Net;
 use serde_json::json;
 

@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use enim::netlink::Netns;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 pub use enim_testkit::netns_path;
 use enim_testkit::{ip_batch, NetnsSet};
 use ipnet::Ipv4Net;

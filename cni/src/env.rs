@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use enim_api::model::naming::valid_container_id;
-use enim_provider::PodRef;
+use enim_core::PodRef;
 
 use super::CniError;
 

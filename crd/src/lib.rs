@@ -28,6 +28,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// How pods use a node's ENIs, and the pool's watermarks: enim-core's,
+/// with their JSON schemas.
+pub use enim_core::{Mode, Watermarks};
+
 /// The API group of enim's resources.
 pub const GROUP: &str = "enim.io";
 /// The field manager of everything the operator writes (spec, metadata).
@@ -98,39 +102,6 @@ pub struct Instance {
     pub instance_type: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub zone: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// A whole ENI per pod.
-    #[default]
-    Primary,
-    /// Pods get an ENI's secondary addresses.
-    Secondary,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Primary => "primary",
-            Mode::Secondary => "secondary",
-        }
-    }
-}
-
-/// The watermarks of CCE's IPAM (`PreAllocate`, `MinAllocate`,
-/// `MaxAboveWatermark`), in ENIs (primary) or addresses (secondary).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Watermarks {
-    /// Free ones to keep ahead of demand.
-    pub pre_allocate: u32,
-    /// The fewest a node ever has, used or free.
-    pub min_allocate: u32,
-    /// Free ones beyond `preAllocate` tolerated before the surplus goes
-    /// back to the cloud.
-    pub max_above_watermark: u32,
 }
 
 /// One ENI made available to the node.

@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use enim_crd::{Mode, Watermarks};
+use enim_core::ratelimit::RateLimit;
+use enim_core::{Mode, Watermarks};
 use enim_provider::cloud::validate_cluster_name;
-use enim_provider::ratelimit::RateLimit;
 use serde::{Deserialize, Serialize};
 
 /// The shortest `reap_cooldown` accepted (as the agents' pool).
@@ -34,38 +34,33 @@ pub enum ConfigError {
     Invalid { key: &'static str, why: String },
 }
 
-/// The pool's watermarks as the config file spells them (snake case); the
-/// CRD's [`Watermarks`] is what lands in each spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WatermarkConfig {
+/// The pool's watermarks when the config leaves them out: as the agents'
+/// warm pool, one free, at most three.
+pub const DEFAULT_WATERMARKS: Watermarks = Watermarks {
+    pre_allocate: 1,
+    min_allocate: 0,
+    max_above_watermark: 2,
+};
+
+/// The `[watermarks]` table: [`Watermarks`] as the config file spells
+/// them (snake case); a key left out keeps [`DEFAULT_WATERMARKS`]'s value.
+#[derive(Serialize, Deserialize)]
+#[serde(
+    remote = "Watermarks",
+    default = "default_watermarks",
+    deny_unknown_fields
+)]
+struct WatermarkKeys {
     /// Free ENIs (secondary mode: addresses) to keep ahead of demand.
-    pub pre_allocate: u32,
+    pre_allocate: u32,
     /// The fewest a node ever has, used or free.
-    pub min_allocate: u32,
+    min_allocate: u32,
     /// Free ones beyond `pre_allocate` tolerated before draining.
-    pub max_above_watermark: u32,
+    max_above_watermark: u32,
 }
 
-impl Default for WatermarkConfig {
-    /// As the agents' warm pool: one free, at most three.
-    fn default() -> Self {
-        WatermarkConfig {
-            pre_allocate: 1,
-            min_allocate: 0,
-            max_above_watermark: 2,
-        }
-    }
-}
-
-impl From<WatermarkConfig> for Watermarks {
-    fn from(w: WatermarkConfig) -> Watermarks {
-        Watermarks {
-            pre_allocate: w.pre_allocate,
-            min_allocate: w.min_allocate,
-            max_above_watermark: w.max_above_watermark,
-        }
-    }
+fn default_watermarks() -> Watermarks {
+    DEFAULT_WATERMARKS
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,7 +69,8 @@ pub struct OperatorConfig {
     /// The cluster's name: the tag every ENI of the cluster carries.
     pub cluster: String,
     pub mode: Mode,
-    pub watermarks: WatermarkConfig,
+    #[serde(with = "WatermarkKeys")]
+    pub watermarks: Watermarks,
     /// Subnets new ENIs are created in (the first is used).
     pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
@@ -107,7 +103,7 @@ impl Default for OperatorConfig {
         OperatorConfig {
             cluster: String::new(),
             mode: Mode::Primary,
-            watermarks: WatermarkConfig::default(),
+            watermarks: DEFAULT_WATERMARKS,
             subnets: Vec::new(),
             security_groups: Vec::new(),
             workers: 8,
@@ -180,7 +176,7 @@ impl OperatorConfig {
         crate::index::Policy {
             cluster: self.cluster.clone(),
             mode: self.mode,
-            watermarks: self.watermarks.into(),
+            watermarks: self.watermarks,
             subnets: self.subnets.clone(),
             security_groups: self.security_groups.clone(),
             node_grace: self.node_grace,

@@ -17,12 +17,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use enim_core::{AddressLimits, MacAddr, ProviderError};
 use enim_crd::NetResourceSetSpec;
 use enim_provider::cloud::{CreatedAt, Reaped};
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
 };
-use enim_provider::{AddressLimits, MacAddr, ProviderError};
 
 use crate::index::{NodeInfo, SetInfo};
 use crate::store::{Store, StoreError};

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use enim_api::DEFAULT_SOCKET;
+pub use enim_core::Mode;
 use enim_provider_static::StaticEniConfig;
 use serde::{Deserialize, Serialize};
 
@@ -129,17 +130,6 @@ pub struct Config {
     #[serde(default)]
     pub dra: crate::dra::DraConfig,
     pub provider: ProviderConfig,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Each pod gets a whole ENI, moved into its namespace.
-    #[default]
-    Primary,
-    /// ENIs stay in the host; each pod gets one of their secondary
-    /// addresses over a veth pair, with policy routing.
-    Secondary,
 }
 
 fn yes() -> bool {
@@ -317,7 +307,10 @@ mod tests {
         };
         assert_eq!(bce.security_group_ids, ["g-1"]);
         assert_eq!(bce.poll_interval, Duration::from_secs(1));
-        assert_eq!((bce.pool.min_free, bce.pool.max_free), (2, 4));
+        assert_eq!(
+            (bce.pool.pre_allocate, bce.pool.watermarks().high()),
+            (2, 4)
+        );
         assert!(Config::parse("[provider]\ntype = \"bce\"\nregoin = \"bj\"\n").is_err());
     }
 
@@ -349,7 +342,10 @@ mod tests {
         assert_eq!(aws.subnet_id.as_deref(), Some("subnet-1"));
         assert_eq!(aws.security_group_ids, ["sg-1"]);
         assert_eq!(aws.imds_endpoint, "http://169.254.169.254");
-        assert_eq!((aws.pool.min_free, aws.pool.max_free), (2, 4));
+        assert_eq!(
+            (aws.pool.pre_allocate, aws.pool.watermarks().high()),
+            (2, 4)
+        );
         assert!(Config::parse("[provider]\ntype = \"aws\"\nregoin = \"x\"\n").is_err());
     }
 

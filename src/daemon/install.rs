@@ -22,8 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use enim_api::DEFAULT_SOCKET;
-
-use crate::store::atomic::{self, FileError};
+use enim_core::atomic_file::{self, FileError};
 
 mod portmap;
 
@@ -269,7 +268,7 @@ pub fn replace_file(
     })
 }
 
-/// The atomic replace itself ([`crate::store::atomic`]): `write` fills a
+/// The atomic replace itself ([`enim_core::atomic_file`]): `write` fills a
 /// fresh temporary file in `dir`, which is fsynced and renamed over
 /// `dir/name`, and the directory fsynced. If anything fails, `dir/name` is
 /// untouched and the temporary file is removed.
@@ -279,11 +278,11 @@ pub fn replace_file_with(
     mode: u32,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), InstallError> {
-    Ok(atomic::replace_with(
+    Ok(atomic_file::replace_with(
         dir,
         name,
         mode,
-        atomic::Durability::FULL,
+        atomic_file::Durability::FULL,
         write,
     )?)
 }

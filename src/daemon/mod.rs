@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use enim_api::GcRequest;
 use enim_provider::{EniProvider, ProviderError};
-use enim_provider_aws::PoolRole;
+use enim_provider_pool::PoolRole;
 use enim_provider_static::StaticProvider;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::net::UnixListener;
@@ -31,10 +31,10 @@ use crate::netlink::PlumbingError;
 use crate::primary::masquerade::{self, MasqueradeError};
 use crate::primary::PrimaryDriver;
 use crate::secondary::SecondaryDriver;
-use crate::store::atomic::FileError;
 use crate::store::checkpoint::{Checkpoint, CheckpointError};
 use crate::support::exclusion::Exclusions;
 use config::{Config, ProviderConfig};
+use enim_core::atomic_file::FileError;
 use server::{AppState, PeerCred};
 
 #[derive(Debug, thiserror::Error)]
@@ -67,21 +67,12 @@ pub async fn build_provider(
     config: &ProviderConfig,
     mode: config::Mode,
 ) -> Result<Arc<dyn EniProvider>, ProviderError> {
-    let role = match mode {
-        config::Mode::Primary => PoolRole::PodEnis,
-        config::Mode::Secondary => PoolRole::HostEnis,
-    };
+    let role = PoolRole::from(mode);
     match config {
         ProviderConfig::Static { enis } => Ok(Arc::new(StaticProvider::new(enis.clone())?)),
         ProviderConfig::Bce(bce) => enim_provider_bce::build(bce, role).await,
         ProviderConfig::Aws(aws) => enim_provider_aws::build(aws, role).await,
-        ProviderConfig::Cluster(cluster) => {
-            let mode = match mode {
-                config::Mode::Primary => enim_provider_cluster::Mode::Primary,
-                config::Mode::Secondary => enim_provider_cluster::Mode::Secondary,
-            };
-            enim_provider_cluster::build(cluster, mode).await
-        }
+        ProviderConfig::Cluster(cluster) => enim_provider_cluster::build(cluster, mode).await,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use enim_api::model::{AddressStats, Mode};
 use enim_api::note::{self, NoteError, Serving, StatusNote};
-use enim_provider::atomic_file::{self, Durability, FileError};
+use enim_core::atomic_file::{self, Durability, FileError};
 use enim_provider::{Eni, EniProvider};
 
 use crate::engine::{Driver, Engine};

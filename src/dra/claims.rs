@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use enim_provider::atomic_file::{self, Durability};
+use enim_core::atomic_file::{self, Durability};
 use serde::{Deserialize, Serialize};
 
 use super::DraError;

@@ -178,7 +178,7 @@ pub enum DraError {
     #[error("dra config: {0}")]
     Config(String),
     #[error("{0}")]
-    File(#[from] enim_provider::atomic_file::FileError),
+    File(#[from] enim_core::atomic_file::FileError),
     #[error("claims record {path}: {reason}")]
     CorruptClaims { path: PathBuf, reason: String },
     #[error("API server: {0}")]

@@ -2,10 +2,11 @@
 //! secondary addresses ahead of demand, attaches another ENI when the
 //! attached ones are full, and gives surplus addresses back.
 //!
-//! The watermarks are CCE/cilium IPAM's: `pre_allocate` free addresses
-//! ahead of demand (PreAllocate), at least `min_allocate` addresses held
-//! (MinAllocate), and up to `max_above_watermark` free ones beyond
-//! `pre_allocate` before the surplus is released (MaxAboveWatermark).
+//! The watermarks are CCE/cilium IPAM's, enim-core's [`Watermarks`]:
+//! `pre_allocate` free addresses ahead of demand (PreAllocate), at least
+//! `min_allocate` addresses held (MinAllocate), and up to
+//! `max_above_watermark` free ones beyond `pre_allocate` before the
+//! surplus is released (MaxAboveWatermark).
 //! Counts are in pod slots: on a dual-stack node a slot is an IPv4 and an
 //! IPv6 address of the same ENI.
 //!
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use enim_api::model::AttachmentKey;
+use enim_core::watermarks::{Level, Watermarks};
 use enim_provider::retry::{pause, Backoff, Pause};
 use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
@@ -47,12 +49,12 @@ const MAX_STEPS_PER_ROUND: usize = 16;
 #[serde(default, deny_unknown_fields)]
 pub struct WarmIpConfig {
     /// Free pod slots to keep ahead of demand (PreAllocate).
-    pub pre_allocate: usize,
+    pub pre_allocate: u32,
     /// Pod slots the node holds at least, used or not (MinAllocate).
-    pub min_allocate: usize,
+    pub min_allocate: u32,
     /// Free slots kept beyond `pre_allocate` before the surplus is given
     /// back to the cloud (MaxAboveWatermark).
-    pub max_above_watermark: usize,
+    pub max_above_watermark: u32,
     /// Addresses asked for in one call at most: a burst is served by a few
     /// large calls, not many small ones.
     pub max_batch: usize,
@@ -97,6 +99,15 @@ impl Default for WarmIpConfig {
 }
 
 impl WarmIpConfig {
+    /// The pool's watermarks, in pod slots.
+    pub fn watermarks(&self) -> Watermarks {
+        Watermarks {
+            pre_allocate: self.pre_allocate,
+            min_allocate: self.min_allocate,
+            max_above_watermark: self.max_above_watermark,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.max_batch == 0 {
             return Err("[secondary.pool] max_batch must be at least 1".into());
@@ -171,10 +182,13 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
         let (ut, uf) = slots(u, dual);
         (t + ut, f + uf)
     });
-    let want_free = config.pre_allocate + node.waiting;
-    let deficit = want_free
-        .saturating_sub(free)
-        .max(config.min_allocate.saturating_sub(total));
+    let watermarks = config.watermarks();
+    let level = Level {
+        free,
+        total,
+        waiting: node.waiting,
+    };
+    let deficit = watermarks.deficit(level);
     if deficit > 0 {
         // Room per ENI, in slots: the ENI's own addresses count toward the
         // instance type's per-interface limits.
@@ -203,7 +217,7 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
                 // As cilium's IPAM does: when allocating at all, allocate
                 // up to max_above_watermark beyond the need, so pods
                 // arriving one by one cost a call per few, not one each.
-                let n = (deficit + config.max_above_watermark)
+                let n = (deficit + watermarks.headroom())
                     .min(room(u))
                     .min(config.max_batch);
                 let (have, _) = slots(u, dual);
@@ -222,10 +236,7 @@ pub fn plan(config: &WarmIpConfig, usage: &[EniUsage], node: &NodeView) -> PoolS
         };
     }
     // Pods waiting for an address are about to take one: never surplus.
-    let keep = want_free + config.max_above_watermark;
-    let surplus = free
-        .saturating_sub(keep)
-        .min(total.saturating_sub(config.min_allocate));
+    let surplus = watermarks.surplus(level);
     if surplus > 0 {
         // From the ENI with the most free slots.
         if let Some(u) = usage

@@ -50,7 +50,7 @@ use enim_api::model::{AttachmentKey, Mode, Phase, Record};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use super::atomic::{self, Durability};
+use enim_core::atomic_file::{self, Durability};
 use enim_provider::MacAddr;
 
 /// The format this agent writes.
@@ -446,7 +446,7 @@ impl Checkpoint {
             data: fsync,
             rename: false,
         };
-        tokio::task::spawn_blocking(move || atomic::replace(&path, 0o600, durability, &bytes))
+        tokio::task::spawn_blocking(move || atomic_file::replace(&path, 0o600, durability, &bytes))
             .await
             .map_err(|e| CheckpointError::Write {
                 path: self.path.clone(),

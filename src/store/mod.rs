@@ -1,5 +1,4 @@
-//! What the agent keeps on disk: the checkpoint, and the atomic writer it
-//! shares with `install-cni`.
+//! What the agent keeps on disk: the checkpoint (written with
+//! `enim_core::atomic_file`, as `install-cni` writes its files).
 
-pub mod atomic;
 pub mod checkpoint;

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use enim_core::ratelimit::RateLimit;
 use enim_provider::cloud::{format_created_at, CloudBackend, Reaped};
-use enim_provider::ratelimit::RateLimit;
 use enim_provider_pool::{reap_pass, ReapReport};
 
 /// Runs `check` every `every` until it passes; past `limit`, panics with

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use enim_provider::{EniOwner, MacAddr, PodRef};
+use enim_core::{EniOwner, MacAddr, PodRef};
 use enim_provider_static::StaticEniConfig;
 
 use crate::sandbox::POD_MTU;

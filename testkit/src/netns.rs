@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use serde_json::Value;
 
 use crate::unique;

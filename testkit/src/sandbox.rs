@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use enim_provider_static::StaticEniConfig;
 use serde_json::Value;
 

@@ -34,7 +34,7 @@ impl fmt::Display for AttachmentKey {
 }
 
 impl AttachmentKey {
-    pub fn of(owner: &enim_provider::EniOwner) -> Self {
+    pub fn of(owner: &enim_core::EniOwner) -> Self {
         AttachmentKey {
             network: owner.network.clone(),
             container_id: owner.container_id.clone(),
@@ -43,12 +43,12 @@ impl AttachmentKey {
     }
 
     /// The owner with this identity (no pod metadata).
-    pub fn owner(&self) -> enim_provider::EniOwner {
-        enim_provider::EniOwner {
+    pub fn owner(&self) -> enim_core::EniOwner {
+        enim_core::EniOwner {
             network: self.network.clone(),
             container_id: self.container_id.clone(),
             ifname: self.ifname.clone(),
-            pod: enim_provider::PodRef::default(),
+            pod: enim_core::PodRef::default(),
         }
     }
 }

@@ -10,7 +10,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
-use enim_provider::{EniOwner, MacAddr, PodRef};
+use enim_core::{EniOwner, MacAddr, PodRef};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
@@ -25,24 +25,7 @@ pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// Which driver serves the node (chosen once, at start-up).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// A whole ENI moves into the pod.
-    #[default]
-    Primary,
-    /// The ENI stays in the host; the pod gets a secondary address over veth.
-    Secondary,
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::Primary => "primary",
-            Mode::Secondary => "secondary",
-        })
-    }
-}
+pub use enim_core::Mode;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {

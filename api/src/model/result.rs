@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 

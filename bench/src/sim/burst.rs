@@ -115,11 +115,7 @@ async fn burst(cfg: BurstCfg) -> R<Burst> {
     let mut rng = Rng::new(cfg.seed);
     let account = Account::new(cfg.params.clone(), rng.next_u64());
     let node = account.node(0);
-    let config = PoolConfig {
-        min_free: cfg.min_free,
-        max_free: cfg.max_free,
-        ..PoolConfig::default()
-    };
+    let config = super::pool_config(cfg.min_free, cfg.max_free);
     if cfg.pods + cfg.min_free + 1 > cfg.params.eni_limit {
         return Err(format!(
             "burst: {} pods and {} free need more than the {} interfaces an instance takes",

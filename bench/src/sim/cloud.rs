@@ -37,7 +37,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use enim_provider::{Eni, MacAddr, ProviderError};
+use enim_core::{Eni, MacAddr, ProviderError};
 use enim_provider_aws::client::RetryPolicy;
 use enim_provider_aws::AwsConfig;
 use ipnet::Ipv4Net;

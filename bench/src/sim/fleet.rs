@@ -432,11 +432,7 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
     let mut rng = Rng::new(cfg.seed);
     let sim = Sim {
         account: Account::new(cfg.params.clone(), rng.next_u64()),
-        config: PoolConfig {
-            min_free: cfg.min_free,
-            max_free: cfg.max_free,
-            ..PoolConfig::default()
-        },
+        config: super::pool_config(cfg.min_free, cfg.max_free),
         ledger: Arc::new(Ledger::default()),
         restarts: Arc::new(AtomicU64::new(0)),
     };

@@ -14,6 +14,8 @@ pub mod rng;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use enim_core::Watermarks;
+use enim_provider_pool::PoolConfig;
 use serde_json::{json, Value};
 
 use crate::stats::{float, Summary};
@@ -23,6 +25,28 @@ use burst::{Burst, BurstCfg};
 use cloud::{CloudParams, Counts};
 use fleet::{Fleet, FleetCfg, PodStats};
 use pods::Retry;
+
+/// A run's free range (the bench's own knobs: `min_free` to `max_free`
+/// ENIs free) as the pools' watermarks; a `max_free` below `min_free`
+/// keeps none above.
+pub fn free_range(min_free: usize, max_free: usize) -> Watermarks {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Watermarks {
+        pre_allocate: count(min_free),
+        min_allocate: 0,
+        max_above_watermark: count(max_free.saturating_sub(min_free)),
+    }
+}
+
+/// The agents' warm pool config of a run's free range.
+pub fn pool_config(min_free: usize, max_free: usize) -> PoolConfig {
+    let w = free_range(min_free, max_free);
+    PoolConfig {
+        pre_allocate: w.pre_allocate,
+        max_above_watermark: w.max_above_watermark,
+        ..PoolConfig::default()
+    }
+}
 
 /// The phases of this module, as `--only` names them.
 pub const PHASES: [&str; 3] = ["burst", "fleet", "operator"];

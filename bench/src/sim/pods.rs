@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_core::{EniOwner, PodRef, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_pool::WarmPool;
 use tokio::time::Instant;
 

@@ -15,9 +15,9 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use enim_core::ratelimit::TokenBucket;
+use enim_core::ProviderError;
 use enim_provider::fleet::FleetCloud;
-use enim_provider::ratelimit::TokenBucket;
-use enim_provider::ProviderError;
 
 use super::{Class, Counters, TaskError};
 use crate::store::Store;

@@ -7,13 +7,13 @@
 
 use std::net::IpAddr;
 
+use enim_core::fault::crash_point;
+use enim_core::ProviderError;
 use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
-use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
 };
-use enim_provider::ProviderError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};

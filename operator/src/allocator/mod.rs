@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use enim_core::ratelimit::TokenBucket;
+use enim_core::{AddressLimits, ProviderError};
 use enim_crd::NetResourceSetSpec;
 use enim_provider::fleet::{FleetCloud, FleetEni};
-use enim_provider::ratelimit::TokenBucket;
-use enim_provider::{AddressLimits, ProviderError};
 use futures::StreamExt;
 use tokio::time::Instant;
 

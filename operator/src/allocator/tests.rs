@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
 use enim_crd::{EniUse, NetResourceSetStatus, Watermarks};
-use enim_provider::ratelimit::RateLimit;
 
 use super::*;
 use crate::index::tests::node;
@@ -13,7 +13,7 @@ use crate::testing::{MemCloud, MemStore};
 fn config() -> OperatorConfig {
     OperatorConfig {
         cluster: "c".into(),
-        watermarks: crate::config::WatermarkConfig {
+        watermarks: enim_core::Watermarks {
             pre_allocate: 2,
             min_allocate: 0,
             max_above_watermark: 1,
@@ -397,7 +397,7 @@ impl Rig {
 async fn the_mutating_bucket_paces_the_whole_cluster() {
     let mut cfg = config();
     cfg.api_mutating_rate = RateLimit::new(Duration::from_secs(1), 2);
-    cfg.watermarks = crate::config::WatermarkConfig {
+    cfg.watermarks = enim_core::Watermarks {
         pre_allocate: 1,
         min_allocate: 0,
         max_above_watermark: 0,
@@ -421,7 +421,7 @@ fn tokens_are_unique_and_fit_a_cloud_token() {
 
 #[test]
 fn watermarks_are_the_configs() {
-    let w: Watermarks = config().watermarks.into();
+    let w: Watermarks = config().watermarks;
     assert_eq!(w.pre_allocate, 2);
 }
 

@@ -27,9 +27,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
+use enim_core::AddressLimits;
 use enim_crd::{EniSpec, Instance, Mode, NetResourceSetSpec, Watermarks};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
-use enim_provider::AddressLimits;
 
 mod node_plan;
 mod plan;

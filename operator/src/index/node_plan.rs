@@ -7,7 +7,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::SystemTime;
 
-use enim_crd::{ClaimRef, EniSpec, Mode, NetResourceSetSpec, NetResourceSetStatus};
+use enim_core::watermarks::Level;
+use enim_core::Mode;
+use enim_crd::{ClaimRef, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
 use super::{eni_spec, Index, NodeEntry, Task, ACTION_CREATE_ATTACH};
@@ -529,16 +531,18 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             (free + coming.enis, pool.len() + coming.enis)
         };
         let wm = self.index.policy.watermarks;
-        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
-        let (pre, min) = (count(wm.pre_allocate), count(wm.min_allocate));
-        let high = pre.saturating_add(count(wm.max_above_watermark));
-        let want = pre.saturating_sub(free).max(min.saturating_sub(total));
+        let level = Level {
+            free,
+            total,
+            waiting: 0,
+        };
+        let want = wm.deficit(level);
         if want > 0 {
             self.grow(want, facts, draining, slots, tasks);
             return Balance::Short(want);
         }
-        if free > high {
-            let surplus = (free - high).min(total.saturating_sub(min));
+        let surplus = wm.surplus(level);
+        if surplus > 0 {
             let drained = self.drain(surplus, &pool, facts, draining, tasks);
             if drained > 0 {
                 return Balance::Surplus(drained);

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use enim_core::{AddressLimits, MacAddr};
 use enim_crd::{EniSpec, EniUse, Intent, Mode, NetResourceSetStatus, Quarantined, Watermarks};
 use enim_provider::cloud::CreatedAt;
 use enim_provider::fleet::DeleteCheck::{Listed, SecondLook};
 use enim_provider::fleet::{FleetAttachment, FleetEni};
-use enim_provider::{AddressLimits, MacAddr};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;

@@ -25,12 +25,12 @@ use crate::leader;
 /// The watches' retry delays: 500 ms doubling to 5 s, jittered. kube's
 /// default grows to 30 s, so after an API server outage the caches (and
 /// with them new nodes' ENIs) stayed stale for ~25 s after it was back.
-struct WatchBackoff(enim_provider::retry::Delays);
+struct WatchBackoff(enim_core::retry::Delays);
 
 impl WatchBackoff {
     fn new() -> WatchBackoff {
         let policy =
-            enim_provider::retry::Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+            enim_core::retry::Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
         WatchBackoff(policy.delays())
     }
 }

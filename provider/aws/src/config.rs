@@ -11,10 +11,10 @@
 
 use std::time::Duration;
 
-use enim_provider::api_config::ApiConfig;
+use enim_core::api_config::ApiConfig;
+use enim_core::config_keys::{ConfigKeys, KeyMove};
+use enim_core::Secret;
 use enim_provider::cloud::validate_cluster_name;
-use enim_provider::config_keys::{ConfigKeys, KeyMove};
-use enim_provider::Secret;
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
@@ -102,12 +102,13 @@ pub struct AwsConfig {
     pub pool: PoolConfig,
 }
 
-enim_provider::serde_with_moved_keys!(
+enim_core::serde_with_moved_keys!(
     AwsConfig,
     ConfigKeys {
         section: "provider",
         moves: NODE_MOVES,
-        api_defaults: ApiConfig::default(),
+        api_defaults: Some(ApiConfig::default()),
+        rewrite: None,
     }
 );
 
@@ -176,12 +177,13 @@ pub struct AwsFleetConfig {
     pub api: ApiConfig,
 }
 
-enim_provider::serde_with_moved_keys!(
+enim_core::serde_with_moved_keys!(
     AwsFleetConfig,
     ConfigKeys {
         section: "cloud",
         moves: FLEET_MOVES,
-        api_defaults: ApiConfig::default(),
+        api_defaults: Some(ApiConfig::default()),
+        rewrite: None,
     }
 );
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use enim_provider::ProviderError;
+use enim_core::ProviderError;
 
 use crate::client::Ec2Error;
 use crate::credentials::CredentialsError;

@@ -27,13 +27,13 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
+use enim_core::fault::crash_point;
+use enim_core::sync::lock;
+use enim_core::{AddressLimits, ProviderError};
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
-use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
-use enim_provider::sync::lock;
-use enim_provider::{AddressLimits, ProviderError};
 
 use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
 use crate::config::{AwsCredentialsConfig, AwsFleetConfig};

@@ -28,7 +28,7 @@ mod steps;
 pub mod tags;
 
 pub use config::{AwsConfig, AwsCredentialsConfig, AwsFleetConfig};
-pub use enim_provider::api_config::ApiConfig;
+pub use enim_core::api_config::ApiConfig;
 pub use enim_provider_pool::{PoolConfig, PoolRole};
 pub use error::AwsError;
 pub use fleet::AwsFleet;

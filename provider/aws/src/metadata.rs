@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use enim_provider::retry::{retry, Backoff, Poll};
-use enim_provider::{Eni, MacAddr};
+use enim_core::retry::{retry, Backoff, Poll};
+use enim_core::{Eni, MacAddr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::sync::Mutex;
 

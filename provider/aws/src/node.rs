@@ -13,11 +13,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
+use enim_core::fault::crash_point;
+use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{
     format_created_at, CloudBackend, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
-use enim_provider::fault::crash_point;
-use enim_provider::{AddressLimits, Eni, EniProvider, MacAddr, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_pool::{PoolRole, WarmPool};
 use tokio::sync::{Mutex, OnceCell};
 

@@ -9,11 +9,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use enim_core::fault::crash_point;
+use enim_core::retry::{Backoff, Poll};
 use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Reaped, TAG_CLUSTER,
 };
-use enim_provider::fault::crash_point;
-use enim_provider::retry::{Backoff, Poll};
 
 use crate::client::{Ec2Client, Ec2Error, NetworkInterface};
 use crate::error::{ec2, AwsError};

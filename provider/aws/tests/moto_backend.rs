@@ -9,10 +9,10 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
+use enim_core::ProviderError;
 use enim_provider::cloud::{
     parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
-use enim_provider::ProviderError;
 use enim_provider_aws::{AwsBackend, AwsConfig, TAG_MANAGED, TAG_NODE};
 use enim_provider_pool::reap_pass;
 use rig::{CardKey, Env, INSTANCE_ENI_LIMIT, REGION};

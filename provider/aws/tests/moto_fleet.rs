@@ -4,11 +4,11 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use enim_core::ProviderError;
 use enim_provider::cloud::{CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
 };
-use enim_provider::ProviderError;
 use enim_provider_aws::{
     fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, TAG_MANAGED, TAG_NODE,
 };

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_credential_types::Credentials;
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_core::ratelimit::RateLimit;
+use enim_core::{EniOwner, PodRef, ProviderError, Watermarks};
+use enim_provider::EniProvider;
 use enim_provider_aws::{build_with, AwsConfig, PoolConfig, PoolRole};
 use enim_provider_pool::{PoolStats, WarmPool};
 use rig::Env;
@@ -27,11 +28,14 @@ fn owner(n: u32) -> EniOwner {
     }
 }
 
+/// A pool that keeps `min_free` to `max_free` ENIs free.
 fn pool_config(env: &Env, min_free: usize, max_free: usize) -> AwsConfig {
+    let count = |n: usize| u32::try_from(n).unwrap();
+    let w = Watermarks::from_free_range(count(min_free), count(max_free)).unwrap();
     AwsConfig {
         pool: PoolConfig {
-            min_free,
-            max_free,
+            pre_allocate: w.pre_allocate,
+            max_above_watermark: w.max_above_watermark,
             initial_retry: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
             resync_interval: Duration::from_millis(200),

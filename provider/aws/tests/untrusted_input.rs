@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{MutexGuard, OnceLock};
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use enim_provider_aws::metadata::{Imds, ImdsError};
 use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
 use enim_testkit::metadata_stub::MetadataStub;

@@ -42,7 +42,7 @@ pub struct Credentials {
 }
 
 /// A secret key (shared with the other providers' configs).
-pub use enim_provider::Secret;
+pub use enim_core::Secret;
 
 pub const ENV_ACCESS_KEY_ID: &str = "BCE_ACCESS_KEY_ID";
 pub const ENV_SECRET_ACCESS_KEY: &str = "BCE_SECRET_ACCESS_KEY";

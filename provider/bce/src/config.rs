@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use enim_provider::api_config::ApiConfig;
+use enim_core::api_config::ApiConfig;
+use enim_core::config_keys::{ConfigKeys, KeyMove};
+use enim_core::{LimitsConfig, ProviderError, Secret};
 use enim_provider::cloud::validate_cluster_name;
-use enim_provider::config_keys::{ConfigKeys, KeyMove};
-use enim_provider::{LimitsConfig, ProviderError, Secret};
 use enim_provider_pool::PoolConfig;
 use serde::{Deserialize, Serialize};
 
@@ -149,12 +149,13 @@ pub struct BceConfig {
     pub pool: PoolConfig,
 }
 
-enim_provider::serde_with_moved_keys!(
+enim_core::serde_with_moved_keys!(
     BceConfig,
     ConfigKeys {
         section: "provider",
         moves: NODE_MOVES,
-        api_defaults: default_api(),
+        api_defaults: Some(default_api()),
+        rewrite: None,
     }
 );
 
@@ -240,12 +241,13 @@ pub struct BceFleetConfig {
     pub api: ApiConfig,
 }
 
-enim_provider::serde_with_moved_keys!(
+enim_core::serde_with_moved_keys!(
     BceFleetConfig,
     ConfigKeys {
         section: "cloud",
         moves: FLEET_MOVES,
-        api_defaults: default_api(),
+        api_defaults: Some(default_api()),
+        rewrite: None,
     }
 );
 

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use enim_core::ProviderError;
 use enim_provider::cloud::TAG_CLUSTER;
-use enim_provider::ProviderError;
 
 use crate::auth::NoCredentials;
 use crate::client::ApiError;

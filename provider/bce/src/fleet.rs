@@ -33,13 +33,13 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use enim_core::fault::crash_point;
+use enim_core::sync::lock;
+use enim_core::{AddressLimits, MacAddr, ProviderError};
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
-use enim_provider::fault::crash_point;
 use enim_provider::fleet::{
     CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
 };
-use enim_provider::sync::lock;
-use enim_provider::{AddressLimits, MacAddr, ProviderError};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::client::{self, client_token, ApiClient, ApiEni, ApiSubnet, EniStatus, PrivateIp};

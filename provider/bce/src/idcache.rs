@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use enim_provider::atomic_file::{self, Durability, FileError};
-use enim_provider::sync::lock;
-use enim_provider::{Eni, MacAddr};
+use enim_core::atomic_file::{self, Durability, FileError};
+use enim_core::sync::lock;
+use enim_core::{Eni, MacAddr};
 
 /// One attached ENI as the id cache keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

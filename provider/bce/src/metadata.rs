@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use enim_provider::{Eni, MacAddr};
+use enim_core::{Eni, MacAddr};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The metadata paths, relative to the base URL, in one place.
@@ -209,7 +209,7 @@ impl MetadataClient {
             value: value.to_string(),
             why,
         };
-        let parsed_mac: MacAddr = mac.parse().map_err(|e: enim_provider::MacParseError| {
+        let parsed_mac: MacAddr = mac.parse().map_err(|e: enim_core::MacParseError| {
             parse_err(paths::MACS.into(), mac, e.to_string())
         })?;
         let ips_path = paths::fixed_ips(mac);

@@ -36,14 +36,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use enim_core::fault::crash_point;
+use enim_core::retry::Poll;
+use enim_core::sync::lock;
+use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{
     format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
     TAG_CREATED_AT,
 };
-use enim_provider::fault::crash_point;
-use enim_provider::retry::Poll;
-use enim_provider::sync::lock;
-use enim_provider::{AddressLimits, Eni, EniProvider, MacAddr, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_pool::{PoolRole, WarmPool};
 
 use crate::client::{

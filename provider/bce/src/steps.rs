@@ -10,11 +10,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use enim_core::fault::crash_point;
+use enim_core::retry::{Backoff, Poll};
 use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Family, Reaped,
 };
-use enim_provider::fault::crash_point;
-use enim_provider::retry::{Backoff, Poll};
 
 use crate::client::{client_token, ApiClient, ApiEni, Attachment, EniStatus, PRIVATE_IP_BATCH_MAX};
 use crate::error::BceError;

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use enim_provider::atomic_file::{self, Durability};
+use enim_core::atomic_file::{self, Durability};
 use serde::{Deserialize, Serialize};
 
 use crate::state::SeenSpec;

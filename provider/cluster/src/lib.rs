@@ -39,8 +39,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-pub use enim_crd::Mode;
-use enim_provider::{AddressFeed, Eni, EniOwner, EniProvider, ProviderError, StoredAddresses};
+pub use enim_core::Mode;
+use enim_core::{Eni, EniOwner, ProviderError, StoredAddresses};
+use enim_provider::{AddressFeed, EniProvider};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 

@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use enim_core::reserved::{EXCLUDED_NETWORK, MISSING_NETWORK};
+use enim_core::{Eni, EniOwner, MacAddr, ProviderError, StoredAddresses};
 use enim_crd::{EniSpec, EniUse, Mode, NetResourceSetSpec, NetResourceSetStatus, Quarantined};
 use enim_crd::{Summary, CONDITION_READY};
-use enim_provider::reserved::{EXCLUDED_NETWORK, MISSING_NETWORK};
-use enim_provider::{Eni, EniOwner, MacAddr, ProviderError, StoredAddresses};
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde::{Deserialize, Serialize};
@@ -59,7 +59,7 @@ pub fn parse_eni_in(e: &EniSpec, spec: &NetResourceSetSpec) -> Result<Eni, Strin
         true => &spec.security_groups,
         false => &e.security_groups,
     };
-    eni.placement = enim_provider::Placement {
+    eni.placement = enim_core::Placement {
         subnet: (!e.subnet.is_empty()).then(|| e.subnet.clone()),
         zone: (!spec.instance.zone.is_empty()).then(|| spec.instance.zone.clone()),
         security_groups: groups.clone(),

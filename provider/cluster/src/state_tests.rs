@@ -1,7 +1,7 @@
 use super::*;
+use enim_core::PodRef;
 use enim_crd::{Instance, Watermarks};
 use enim_provider::testing::owner;
-use enim_provider::PodRef;
 
 fn eni(i: u8) -> EniSpec {
     EniSpec {

@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::fault::crash_point;
+use enim_core::retry::Backoff;
 use enim_crd::{NetResourceSet, AGENT_MANAGER};
-use enim_provider::fault::crash_point;
-use enim_provider::retry::Backoff;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;

@@ -7,11 +7,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use enim_core::{EniOwner, PodRef, ProviderError};
 use enim_crd::{
     EniSpec, Instance, Mode, NetResourceSet, NetResourceSetSpec, NetResourceSetStatus, Watermarks,
     AGENT_MANAGER, OPERATOR_MANAGER,
 };
-use enim_provider::{EniOwner, EniProvider, PodRef, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_cluster::{ClusterConfig, ClusterProvider};
 use enim_testkit::apiserver::ControlPlane;
 use kube::api::{Patch, PatchParams};
@@ -420,7 +421,7 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
     let mut changes = feed.changes();
     let listed = p.list().await.unwrap();
     assert_eq!(listed[0].secondary_ips, [ip("10.1.1.11"), ip("10.1.1.12")]);
-    feed.stored(enim_provider::StoredAddresses {
+    feed.stored(enim_core::StoredAddresses {
         enis: vec!["eni-1".into()],
         addresses: vec![ip("10.1.1.11"), ip("10.1.1.12")],
     });
@@ -455,7 +456,7 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
         "still in the store: {:?}",
         st.released
     );
-    feed.stored(enim_provider::StoredAddresses {
+    feed.stored(enim_core::StoredAddresses {
         enis: vec!["eni-1".into()],
         addresses: vec![ip("10.1.1.11")],
     });

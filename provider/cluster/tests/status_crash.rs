@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use enim_core::EniOwner;
 use enim_crd::{EniSpec, Instance, Mode, NetResourceSet, NetResourceSetSpec, OPERATOR_MANAGER};
-use enim_provider::{EniOwner, EniProvider};
+use enim_provider::EniProvider;
 use enim_provider_cluster::{ClusterConfig, ClusterProvider, AFTER_STATUS_WRITE};
 use enim_testkit::apiserver::ControlPlane;
 use kube::api::{Patch, PatchParams};

@@ -12,9 +12,9 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Instant;
 
+use enim_core::{EniOwner, ProviderError};
 use enim_crd::{EniSpec, Quarantined};
 use enim_crd::{Instance, Mode, NetResourceSetSpec, Watermarks};
-use enim_provider::{EniOwner, ProviderError};
 use enim_provider_cluster::state::{parse_eni_in, SeenSpec, State};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::collection::vec;

@@ -4,7 +4,8 @@
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use enim_provider::{AddressLimits, Eni, ProviderError, SecondaryIps};
+use enim_core::{AddressLimits, Eni, ProviderError};
+use enim_provider::SecondaryIps;
 
 use crate::{context, WarmPool};
 

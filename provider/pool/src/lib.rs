@@ -4,9 +4,11 @@
 //! Clouds throttle attaching ENIs to about one per 15 s, so a pod ADD must
 //! never wait on a cloud call while a free ENI exists. [`WarmPool`] hands out
 //! ENIs it already holds, straight from memory, and a background task (the
-//! resync loop) creates ENIs while fewer than `min_free` are free and deletes
-//! the surplus above `max_free`. The watermark and statistics names follow
-//! CCE/cilium IPAM (PreAllocate / MaxAboveWatermark, `Statistics`); the loop
+//! resync loop) creates ENIs while fewer than `pre_allocate` are free and
+//! deletes the surplus above `max_above_watermark` more, by enim-core's
+//! [`Watermarks`](enim_core::Watermarks) arithmetic. The watermark and
+//! statistics names follow CCE/cilium IPAM (PreAllocate /
+//! MaxAboveWatermark, `Statistics`); the loop
 //! timing follows the Kubernetes node CIDR allocator (`Resync`,
 //! `InitialRetry`, `MaxBackoff`).
 //!
@@ -40,9 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use enim_core::retry::{pause, Pause};
+use enim_core::watermarks::Level;
+use enim_core::{Eni, EniOwner, ProviderError};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::retry::{pause, Pause};
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
+use enim_provider::{EniProvider, SecondaryIps};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -53,7 +57,9 @@ mod reaper;
 mod tests;
 mod waiting;
 
-pub use config::{PoolConfig, PoolRole, PoolStats, MAX_ALLOCATE_WAIT, MIN_REAP_COOLDOWN};
+pub use config::{
+    PoolConfig, PoolRole, PoolStats, FREE_RANGE_MOVES, MAX_ALLOCATE_WAIT, MIN_REAP_COOLDOWN,
+};
 pub use reaper::{reap_pass, ReapReport};
 pub use waiting::WAITING_TTL;
 use waiting::{waiting_key, Waiting};
@@ -104,7 +110,7 @@ struct State {
     cloud_down: Option<(SystemTime, String)>,
     /// Attachments told "try again later" for want of a free ENI, and
     /// when: pods the runtime will retry, so ENIs to create on top of
-    /// `min_free` (each forgotten once served, or after [`WAITING_TTL`]).
+    /// `pre_allocate` (each forgotten once served, or after [`WAITING_TTL`]).
     waiting: HashMap<(String, String, String), Waiting>,
 }
 
@@ -349,7 +355,7 @@ impl Inner {
     }
 
     /// Creates ENIs, up to `max_parallel_creates` in flight, while the
-    /// free ones and those on their way are fewer than `min_free`: each
+    /// free ones and those on their way are fewer than `pre_allocate`: each
     /// that lands is free at once, and another starts in its slot, so a
     /// burst is served at the bounded rate and the pool never overshoots.
     /// After a failure no new create starts; those in flight are waited
@@ -379,8 +385,8 @@ impl Inner {
     }
 
     /// Whether one more create is wanted with `in_flight` already coming:
-    /// while free and coming ENIs are fewer than `min_free` plus the pods
-    /// waiting for one.
+    /// while free and coming ENIs are fewer than `pre_allocate` plus the
+    /// pods waiting for one.
     fn wants_create(&self, in_flight: usize) -> bool {
         if self.role == PoolRole::HostEnis {
             return false;
@@ -392,7 +398,12 @@ impl Inner {
         let room = st
             .eni_limit
             .is_some_and(|limit| st.members.len() + in_flight + 1 < limit);
-        free + in_flight < self.config.min_free + st.waiting.len() && room
+        let level = Level {
+            free: free + in_flight,
+            total: st.members.len() + in_flight,
+            waiting: st.waiting.len(),
+        };
+        self.config.watermarks().deficit(level) > 0 && room
     }
 
     /// A new ENI of the pool's own joins it, free.
@@ -483,7 +494,15 @@ impl Inner {
         }
         let mut st = self.state();
         let free = st.free_count();
-        if self.role == PoolRole::PodEnis && st.restored && free > self.config.max_free {
+        let level = Level {
+            free,
+            total: st.members.len(),
+            waiting: 0,
+        };
+        if self.role == PoolRole::PodEnis
+            && st.restored
+            && self.config.watermarks().surplus(level) > 0
+        {
             let surplus = st.members.iter_mut().rev().find(|m| m.ours && m.is_free());
             if let Some(m) = surplus {
                 m.leaving = true;
@@ -638,14 +657,17 @@ fn stats_of(state: &State, config: &PoolConfig) -> PoolStats {
         .count();
     let available = state.free_count();
     let remaining_interfaces = eni_limit.saturating_sub(1 + state.members.len());
+    let level = Level {
+        free: available,
+        total: state.members.len(),
+        waiting: 0,
+    };
+    let watermarks = config.watermarks();
     PoolStats {
         used,
         available,
-        needed: config
-            .min_free
-            .saturating_sub(available)
-            .min(remaining_interfaces),
-        excess: available.saturating_sub(config.max_free),
+        needed: watermarks.deficit(level).min(remaining_interfaces),
+        excess: watermarks.surplus(level),
         remaining_interfaces,
     }
 }
@@ -686,9 +708,9 @@ impl EniProvider for WarmPool {
         ))
     }
 
-    fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
+    fn statistics(&self) -> Option<enim_core::PoolStatistics> {
         let s = self.stats();
-        Some(enim_provider::PoolStatistics {
+        Some(enim_core::PoolStatistics {
             used: s.used,
             available: s.available,
             needed: s.needed,
@@ -727,7 +749,7 @@ impl EniProvider for WarmPool {
                     Ok(eni)
                 }
                 None => {
-                    // A pod waits for an ENI: demand beyond `min_free`.
+                    // A pod waits for an ENI: demand beyond `pre_allocate`.
                     st.note_waiting(owner);
                     Err(ProviderError::Exhausted { total })
                 }

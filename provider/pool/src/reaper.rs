@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use enim_core::retry::Jitter;
+use enim_core::ProviderError;
 use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TAG_CREATED_AT};
-use enim_provider::retry::Jitter;
-use enim_provider::ProviderError;
 use tokio::sync::watch;
 
 use crate::{context, stopped, Inner};

@@ -2,8 +2,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::testing::{read_with_deprecations, read_without_warnings, warnings_of};
+use enim_core::{Eni, EniOwner, ProviderError, Watermarks};
 use enim_provider::testing::{allocate_concurrently, listed_ids, owner};
-use enim_provider::{Eni, EniOwner, EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use tokio::time::Instant;
 
 use super::*;
@@ -17,10 +19,13 @@ mod serving;
 mod waiting;
 use fake::{FakeCloud, WAIT_LIMIT};
 
+/// A pool that keeps `min_free` to `max_free` ENIs free.
 fn config(min_free: usize, max_free: usize) -> PoolConfig {
+    let count = |n: usize| u32::try_from(n).unwrap();
+    let w = Watermarks::from_free_range(count(min_free), count(max_free)).unwrap();
     PoolConfig {
-        min_free,
-        max_free,
+        pre_allocate: w.pre_allocate,
+        max_above_watermark: w.max_above_watermark,
         ..PoolConfig::default()
     }
 }
@@ -38,10 +43,10 @@ async fn restored(cloud: &Arc<FakeCloud>, config: PoolConfig) -> Arc<WarmPool> {
 }
 
 /// A cloud that takes `limit` ENIs and a pool started on it, once the
-/// pool's first fill has reached `min_free`.
+/// pool's first fill has reached `pre_allocate`.
 async fn filled(limit: usize, config: PoolConfig) -> (Arc<FakeCloud>, Arc<WarmPool>) {
     let cloud = FakeCloud::new(limit);
-    let min_free = config.min_free;
+    let min_free = usize::try_from(config.pre_allocate).unwrap();
     let pool = start(&cloud, config).await;
     wait_stats(&pool, |s| s.available == min_free).await;
     (cloud, pool)
@@ -83,9 +88,18 @@ async fn allocate_waiting(pool: &WarmPool, o: &EniOwner) -> Eni {
 }
 
 #[test]
+fn the_mode_decides_what_the_pool_is_for() {
+    assert_eq!(PoolRole::from(enim_core::Mode::Primary), PoolRole::PodEnis);
+    assert_eq!(
+        PoolRole::from(enim_core::Mode::Secondary),
+        PoolRole::HostEnis
+    );
+}
+
+#[test]
 fn config_defaults_parse_and_validation() {
     let d = PoolConfig::default();
-    assert_eq!((d.min_free, d.max_free), (1, 3));
+    assert_eq!((d.pre_allocate, d.watermarks().high()), (1, 3));
     assert_eq!(d.initial_retry, Duration::from_secs(1));
     assert_eq!(d.max_backoff, Duration::from_secs(60));
     assert_eq!(d.resync_interval, Duration::from_secs(30));
@@ -94,14 +108,17 @@ fn config_defaults_parse_and_validation() {
     let c: PoolConfig =
         serde_json::from_str(r#"{"min_free": 2, "max_backoff": "2m", "resync_interval": "500ms"}"#)
             .unwrap();
-    assert_eq!(c.min_free, 2);
-    assert_eq!(c.max_free, 3);
+    assert_eq!(c.pre_allocate, 2);
+    assert_eq!(c.watermarks().high(), 3);
     assert_eq!(c.max_backoff, Duration::from_secs(120));
     assert_eq!(c.resync_interval, Duration::from_millis(500));
     assert!(serde_json::from_str::<PoolConfig>(r#"{"min_fre": 2}"#).is_err());
 
+    // max_free below min_free: the old keys' one bad pair, refused as the
+    // file is read (the watermarks have no such pair).
+    assert!(serde_json::from_str::<PoolConfig>(r#"{"min_free": 4, "max_free": 3}"#).is_err());
+
     let bad = [
-        config(4, 3),
         PoolConfig {
             initial_retry: Duration::ZERO,
             ..config(1, 3)
@@ -123,6 +140,77 @@ fn config_defaults_parse_and_validation() {
     }
 }
 
+/// The keys of the free range before the watermarks: each still read,
+/// with a warning that names its new key, meaning what it meant.
+#[test]
+fn old_free_range_keys_are_read_with_a_deprecation_warning() {
+    let read = |text: &str| serde_json::from_str::<PoolConfig>(text).map_err(|e| e.to_string());
+    let (c, logged) = warnings_of(|| read(r#"{"min_free": 2, "max_free": 4}"#));
+    let c = c.unwrap();
+    assert_eq!((c.pre_allocate, c.max_above_watermark), (2, 2));
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    assert!(
+        logged[0].contains(
+            "[provider.pool] min_free is deprecated: it is read as pre_allocate; \
+             write pre_allocate instead"
+        ),
+        "{logged:#?}"
+    );
+    assert!(
+        logged[1].contains(
+            "[provider.pool] max_free is deprecated: it is read as max_above_watermark = \
+             max_free - pre_allocate; write max_above_watermark instead"
+        ),
+        "{logged:#?}"
+    );
+
+    // What the old keys leave out takes the old defaults (1 and 3).
+    let c = read_with_deprecations("provider.pool", &FREE_RANGE_MOVES[..1], || {
+        read(r#"{"min_free": 2}"#)
+    });
+    assert_eq!((c.pre_allocate, c.watermarks().high()), (2, 3));
+    let (c, logged) = warnings_of(|| read(r#"{"max_free": 5}"#));
+    assert_eq!(logged.len(), 1, "{logged:#?}");
+    assert_eq!(
+        c.unwrap().watermarks(),
+        Watermarks::from_free_range(1, 5).unwrap()
+    );
+    // An old key beside the new key of the other watermark.
+    let (c, _) = warnings_of(|| read(r#"{"pre_allocate": 2, "max_free": 5}"#));
+    assert_eq!(c.unwrap().max_above_watermark, 3);
+    let (c, _) = warnings_of(|| read(r#"{"min_free": 2, "max_above_watermark": 7}"#));
+    assert_eq!(c.unwrap().watermarks().high(), 9);
+
+    // The new keys alone: no warning; written back, the new keys.
+    let c = read_without_warnings(|| read(r#"{"pre_allocate": 2, "max_above_watermark": 1}"#));
+    let written = serde_json::to_string(&c).unwrap();
+    assert!(
+        written.contains(r#""pre_allocate":2"#) && !written.contains("min_free"),
+        "{written}"
+    );
+    assert_eq!(read(&written).unwrap(), c);
+}
+
+#[test]
+fn old_and_new_free_range_keys_together_are_refused() {
+    let read = |text: &str| {
+        serde_json::from_str::<PoolConfig>(text)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = read(r#"{"min_free": 2, "pre_allocate": 2}"#);
+    assert!(e.contains("keep only pre_allocate"), "{e}");
+    let e = read(r#"{"max_free": 4, "max_above_watermark": 1}"#);
+    assert!(e.contains("keep only max_above_watermark"), "{e}");
+    // A bound below the free ones to keep, given or by the old default.
+    let e = read(r#"{"min_free": 5}"#);
+    assert!(e.contains("max_free (3) must be >= min_free (5)"), "{e}");
+    let e = read(r#"{"min_free": 4, "max_free": 3}"#);
+    assert!(e.contains("max_free (3) must be >= min_free (4)"), "{e}");
+    let e = read(r#"{"min_free": -1}"#);
+    assert!(e.contains("min_free"), "{e}");
+}
+
 #[test]
 fn retry_backoff_follows_the_config() {
     let cfg = PoolConfig {
@@ -133,7 +221,7 @@ fn retry_backoff_follows_the_config() {
     let b = cfg.retry_backoff();
     let steps: Vec<u64> = (0..5).map(|n| b.step(n).as_secs()).collect();
     assert_eq!(steps, [1, 2, 4, 5, 5]);
-    assert_eq!(b.jitter, enim_provider::retry::Jitter::Equal);
+    assert_eq!(b.jitter, enim_core::retry::Jitter::Equal);
 }
 
 /// Each gap is its step, jittered: within the step's upper half. With
@@ -153,8 +241,14 @@ fn assert_jittered(gaps: &[Duration], steps_secs: &[u64]) {
 #[tokio::test]
 async fn invalid_config_fails_start() {
     let cloud = FakeCloud::new(8);
+    // (A max_free below min_free, once the example here, is refused as
+    // the file is read now: the watermarks cannot hold it.)
+    let invalid = PoolConfig {
+        initial_retry: Duration::ZERO,
+        ..config(1, 3)
+    };
     assert!(matches!(
-        WarmPool::start(cloud.clone(), config(3, 1)).await,
+        WarmPool::start(cloud.clone(), invalid).await,
         Err(ProviderError::Config(_))
     ));
 }

@@ -1,11 +1,11 @@
 //! ADD's wait for an ENI on its way, and the line of pods waiting for one
-//! (demand on top of `min_free`; see [`PoolConfig::allocate_wait`]).
+//! (demand on top of `pre_allocate`; see [`PoolConfig::allocate_wait`]).
 //!
 //! [`PoolConfig::allocate_wait`]: crate::PoolConfig::allocate_wait
 
 use std::time::Duration;
 
-use enim_provider::EniOwner;
+use enim_core::EniOwner;
 
 use crate::{Inner, PoolRole, State};
 
@@ -131,7 +131,7 @@ pub(crate) async fn wait_for_free(inner: &Inner, owner: &EniOwner) {
         {
             let mut st = inner.state();
             // In line, as a pod told to try again is: demand beyond
-            // `min_free`, served first come, first served, so one ENI
+            // `pre_allocate`, served first come, first served, so one ENI
             // landing does not send every waiting pod to race for it.
             st.note_waiting(owner);
             let holds = st.members.iter().any(|m| m.held_by(owner));

@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
+use enim_core::{AddressLimits, LimitsConfig, ProviderError};
 use enim_provider::cloud::Reaped;
 use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
-use enim_provider::{AddressLimits, LimitsConfig, ProviderError};
 use serde::{Deserialize, Serialize};
 
 use crate::{validated, StaticEniConfig};

@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use enim_provider::{Eni, EniOwner, EniProvider, MacAddr, Placement, ProviderError};
+use enim_core::{Eni, EniOwner, MacAddr, Placement, ProviderError};
+use enim_provider::EniProvider;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use aws_credential_types::Credentials;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use enim_provider::ratelimit::RateLimit;
+use enim_core::ratelimit::RateLimit;
 use enim_provider_aws::client::{Ec2Client, Items, NetworkInterface, QueryClient, RetryPolicy};
 use enim_provider_aws::credentials::CredentialsProvider;
 use enim_provider_aws::{ApiConfig, AwsConfig, TAG_MANAGED, TAG_NODE};

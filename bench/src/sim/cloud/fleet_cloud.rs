@@ -33,9 +33,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use enim_core::{AddressLimits, ProviderError};
 use enim_provider::cloud::{CreatedAt, Reaped};
 use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
-use enim_provider::{AddressLimits, ProviderError};
 use tokio::time::Instant;
 
 use super::{Account, EniRecord, State};

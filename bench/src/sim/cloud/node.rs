@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use enim_core::retry::Poll;
+use enim_core::{AddressLimits, Eni, ProviderError};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
-use enim_provider::retry::Poll;
-use enim_provider::{AddressLimits, Eni, ProviderError};
 use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
 
 use super::Account;

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
+use enim_core::AddressLimits;
+use enim_core::Watermarks;
 use enim_operator::allocator::Allocator;
-use enim_operator::config::{OperatorConfig, WatermarkConfig};
+use enim_operator::config::OperatorConfig;
 use enim_operator::index::NodeInfo;
 use enim_operator::testing::{MemCloud, MemStore};
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::AddressLimits;
 
 use crate::heap;
 use crate::R;
@@ -57,7 +58,7 @@ fn config(groups: usize) -> OperatorConfig {
     let unbounded = RateLimit::new(Duration::from_nanos(1), u32::MAX);
     OperatorConfig {
         cluster: "measure".into(),
-        watermarks: WatermarkConfig {
+        watermarks: Watermarks {
             pre_allocate: 3,
             min_allocate: 0,
             max_above_watermark: 2,

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
 use enim_operator::allocator::Allocator;
-use enim_operator::config::{OperatorConfig, WatermarkConfig};
-use enim_provider::ratelimit::RateLimit;
+use enim_operator::config::OperatorConfig;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -105,14 +105,9 @@ impl OperatorRun {
 /// EC2's default buckets (5 a second per action; an ENI is a create and an
 /// attach: 2 tokens).
 pub fn operator_config(cfg: &FleetCfg) -> OperatorConfig {
-    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     OperatorConfig {
         cluster: "sim".into(),
-        watermarks: WatermarkConfig {
-            pre_allocate: count(cfg.min_free),
-            min_allocate: 0,
-            max_above_watermark: count(cfg.max_free.saturating_sub(cfg.min_free)),
-        },
+        watermarks: super::free_range(cfg.min_free, cfg.max_free),
         subnets: vec!["subnet-sim".into()],
         security_groups: vec!["sg-sim".into()],
         api_mutating_rate: RateLimit::new(Duration::from_millis(100), 80),

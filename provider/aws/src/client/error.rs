@@ -1,7 +1,7 @@
 //! [`Ec2Error`]: every way an EC2 (or other Query-protocol) call fails,
 //! read from the XML error envelope and the HTTP status.
 
-use enim_provider::ProviderError;
+use enim_core::ProviderError;
 use serde::Deserialize;
 
 use crate::credentials::CredentialsError;

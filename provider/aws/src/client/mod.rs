@@ -16,8 +16,8 @@ mod xml;
 
 use std::sync::Arc;
 
-use enim_provider::api_config::ApiConfig;
-use enim_provider::AddressLimits;
+use enim_core::api_config::ApiConfig;
+use enim_core::AddressLimits;
 use serde::de::DeserializeOwned;
 
 pub use error::{classify, Ec2Error};

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
-use enim_provider::ratelimit::{RateLimit, TokenBucket};
-pub use enim_provider::retry::RetryPolicy;
+use enim_core::ratelimit::{RateLimit, TokenBucket};
+pub use enim_core::retry::RetryPolicy;
 
 use super::error::{classify, Ec2Error};
 use crate::credentials::CredentialsProvider;

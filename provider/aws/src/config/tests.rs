@@ -1,5 +1,5 @@
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::testing::{read_with_deprecations, read_without_warnings, sample_api};
+use enim_core::ratelimit::RateLimit;
+use enim_core::testing::{read_with_deprecations, read_without_warnings, sample_api};
 
 use super::*;
 
@@ -43,7 +43,7 @@ fn full_config_parses() {
     assert_eq!(c.security_group_ids, ["sg-1", "sg-2"]);
     assert_eq!(c.metadata_wait, Duration::from_secs(30));
     assert_eq!(c.api.backoff, Duration::from_millis(100));
-    assert_eq!((c.pool.min_free, c.pool.max_free), (2, 4));
+    assert_eq!((c.pool.pre_allocate, c.pool.watermarks().high()), (2, 4));
     assert_eq!(
         c.api.mutating_rate,
         RateLimit::new(Duration::from_secs(2), 3)
@@ -62,6 +62,10 @@ fn unknown_keys_and_bad_values_are_rejected() {
     assert!(e.to_string().contains("regoin"), "{e}");
     let e = toml::from_str::<AwsConfig>("[pool]\nmin_fre = 1").unwrap_err();
     assert!(e.to_string().contains("min_fre"), "{e}");
+    // The pool's free range is checked as the file is read: the
+    // watermarks cannot hold a max_free below min_free.
+    let e = toml::from_str::<AwsConfig>("[pool]\nmin_free = 5\nmax_free = 1").unwrap_err();
+    assert!(e.to_string().contains("max_free"), "{e}");
 
     // Each change to the defaults and what the error must name.
     type Change = fn(&mut AwsConfig);
@@ -88,13 +92,7 @@ fn unknown_keys_and_bad_values_are_rejected() {
             "api.read_rate: every",
         ),
         (|c| c.cluster = Some("no spaces".into()), "cluster"),
-        (
-            |c| {
-                c.pool.min_free = 5;
-                c.pool.max_free = 1;
-            },
-            "max_free",
-        ),
+        (|c| c.pool.initial_retry = Duration::ZERO, "initial_retry"),
     ];
     for (change, needle) in cases {
         let mut c = AwsConfig::default();

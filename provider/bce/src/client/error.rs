@@ -1,7 +1,7 @@
 //! What a call of the ENI OpenAPI can fail with, and how the backend and
 //! the pool read it (transient, throttled, auth, conflict, not found).
 
-use enim_provider::ProviderError;
+use enim_core::ProviderError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

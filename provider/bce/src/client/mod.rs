@@ -10,9 +10,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use enim_provider::api_config::ApiConfig;
-use enim_provider::ratelimit::{RateLimit, TokenBucket};
-pub use enim_provider::retry::RetryPolicy;
+use enim_core::api_config::ApiConfig;
+use enim_core::ratelimit::{RateLimit, TokenBucket};
+pub use enim_core::retry::RetryPolicy;
 use reqwest::Method;
 use serde::Deserialize;
 

@@ -1,5 +1,5 @@
-use enim_provider::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
-use enim_provider::testing::{read_with_deprecations, read_without_warnings, sample_api};
+use enim_core::ratelimit::{RateLimit, DEFAULT_MUTATING_RATE};
+use enim_core::testing::{read_with_deprecations, read_without_warnings, sample_api};
 
 use super::*;
 
@@ -17,7 +17,7 @@ fn config_defaults_and_unknown_keys() {
     )
     .unwrap();
     assert_eq!(c.poll_interval, Duration::from_millis(50));
-    assert_eq!(c.pool.min_free, 2);
+    assert_eq!(c.pool.pre_allocate, 2);
     let mut bad = c.clone();
     bad.list_page_size = 0;
     assert!(bad.validate().is_err());
@@ -43,8 +43,13 @@ fn config_defaults_and_unknown_keys() {
         .unwrap_err()
         .to_string()
         .contains("api.mutating_rate: burst"));
+    // The pool's own checks are the config's: its free range as the file
+    // is read (a pair the watermarks cannot hold), the rest by validate.
+    let e = serde_json::from_str::<BceConfig>(r#"{"pool": {"min_free": 2, "max_free": 1}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("max_free"), "{e}");
     let mut bad = c;
-    bad.pool.max_free = 1;
+    bad.pool.initial_retry = Duration::ZERO;
     assert!(bad.validate().is_err());
 }
 

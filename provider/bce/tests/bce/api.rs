@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use enim_core::ratelimit::RateLimit;
+use enim_core::ProviderError;
 use enim_provider::cloud::CloudBackend;
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::ProviderError;
 use enim_provider_bce::{BceBackend, MethodLimits};
 use enim_testkit::bce::{FakeCloud, INSTANCE, PRIMARY_MAC, SUBNET, VPC};
 use enim_testkit::cloud::assert_paced;

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use enim_core::{LimitsConfig, ProviderError};
 use enim_provider::cloud::{parse_created_at, CreatedAt, Reaped};
 use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, FleetEni};
-use enim_provider::{LimitsConfig, ProviderError};
 use enim_provider_bce::{BceFleet, BceFleetConfig};
 use rig::{FakeCloud, AK, GATEWAY, INSTANCE, SK, SUBNET, VPC};
 

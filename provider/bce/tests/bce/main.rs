@@ -10,8 +10,8 @@ mod secondary;
 use std::sync::Arc;
 use std::time::Duration;
 
-use enim_provider::ratelimit::RateLimit;
-use enim_provider::{EniOwner, PodRef};
+use enim_core::ratelimit::RateLimit;
+use enim_core::{EniOwner, PodRef};
 use enim_provider_bce::client::ApiClient;
 use enim_provider_bce::{ApiConfig, BceConfig, Credentials, RetryPolicy};
 use enim_provider_pool::{PoolConfig, PoolRole, PoolStats, WarmPool};
@@ -30,8 +30,8 @@ fn config(cloud: &FakeCloud) -> BceConfig {
         list_page_size: 2,
         api: fast_api(cloud),
         pool: PoolConfig {
-            min_free: 2,
-            max_free: 3,
+            pre_allocate: 2,
+            max_above_watermark: 1,
             initial_retry: Duration::from_millis(10),
             max_backoff: Duration::from_millis(100),
             resync_interval: Duration::from_millis(50),

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use enim_core::ProviderError;
 use enim_provider::testing::listed_ids;
-use enim_provider::{EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_pool::PoolRole;
 use enim_testkit::bce::{FakeCloud, INSTANCE, VPC};
 
@@ -74,8 +75,8 @@ async fn the_quota_caps_the_pool() {
     let cloud = FakeCloud::start().await;
     cloud.world().quota_total = 3; // the primary and two ENIs
     let mut cfg = config(&cloud);
-    cfg.pool.min_free = 5;
-    cfg.pool.max_free = 5;
+    cfg.pool.pre_allocate = 5;
+    cfg.pool.max_above_watermark = 0;
     let pool = pod_pool(&cfg).await;
     let s = wait_for(&pool, "quota reached", |s| s.available == 2).await;
     assert_eq!(s.remaining_interfaces, 0);

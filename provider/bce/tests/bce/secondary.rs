@@ -3,8 +3,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use enim_core::ProviderError;
 use enim_provider::cloud::CloudBackend;
-use enim_provider::{EniProvider, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_bce::tags::description_tag;
 use enim_provider_bce::BceBackend;
 use enim_provider_pool::PoolRole;
@@ -228,8 +229,8 @@ async fn device_indexes_are_distinct_kept_in_the_cloud_and_reused_lowest_first()
 async fn the_host_eni_pool_serves_addresses_and_never_grows_by_watermark() {
     let cloud = FakeCloud::start().await;
     let cfg = config(&cloud);
-    // min_free 2: in primary mode the pool would create two ENIs now.
-    assert_eq!(cfg.pool.min_free, 2);
+    // pre_allocate 2: in primary mode the pool would create two ENIs now.
+    assert_eq!(cfg.pool.pre_allocate, 2);
     let pool = enim_provider_bce::start_pool(&cfg, PoolRole::HostEnis)
         .await
         .unwrap();

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni};
-use enim_provider::{AddressLimits, Eni, MacAddr, ProviderError};
 use std::net::IpAddr;
 
 /// Addresses per ENI, its own included.

@@ -3,7 +3,8 @@
 //! key; a file that sets both the old and the new key is refused, since
 //! either choice would silently drop one of them. The keys of the `api`
 //! table ([`ApiConfig`]) that a file leaves out take the cloud's defaults,
-//! not the shared ones.
+//! not the shared ones. A key whose value changed meaning as it moved is
+//! read by the config type's own [`Rewrite`].
 //!
 //! A config type reads itself through [`read_config`]: the file's table is
 //! read as a generic value, its moved keys are put in place, and the
@@ -34,14 +35,23 @@ impl KeyMove {
     }
 }
 
+/// Rewrites the old keys of a table whose values changed meaning as they
+/// moved (the warm pool's `max_free`, a bound, is now
+/// `max_above_watermark`, a difference); returns the warnings to log.
+/// Runs before the plain [`KeyMove`]s; `Err` is the message that refuses
+/// the file, its section named.
+pub type Rewrite = fn(section: &str, table: &mut Map<String, Value>) -> Result<Vec<String>, String>;
+
 /// How one config type is read: the section it is in (`provider` for
 /// enimd's, `cloud` for the operator's), for messages; the keys that moved;
-/// and the defaults of its `api` table.
+/// the defaults of its `api` table, for a cloud's config; and its
+/// [`Rewrite`], if any.
 #[derive(Debug, Clone)]
 pub struct ConfigKeys {
     pub section: &'static str,
     pub moves: &'static [KeyMove],
-    pub api_defaults: ApiConfig,
+    pub api_defaults: Option<ApiConfig>,
+    pub rewrite: Option<Rewrite>,
 }
 
 /// Implements `Deserialize` for the config type `$ty` through
@@ -97,11 +107,18 @@ where
     let mut value = Value::deserialize(deserializer)?;
     // Anything but a table is left for `read` to refuse.
     if let Value::Object(table) = &mut value {
+        if let Some(rewrite) = keys.rewrite {
+            for warning in rewrite(keys.section, table).map_err(D::Error::custom)? {
+                tracing::warn!("{warning}");
+            }
+        }
         let moved = move_keys(keys.section, table, keys.moves).map_err(D::Error::custom)?;
         for m in moved {
             tracing::warn!(old = m.old, new = m.new, "{}", m.deprecation(keys.section));
         }
-        fill_api_defaults(keys.section, table, &keys.api_defaults).map_err(D::Error::custom)?;
+        if let Some(defaults) = &keys.api_defaults {
+            fill_api_defaults(keys.section, table, defaults).map_err(D::Error::custom)?;
+        }
     }
     read(value).map_err(D::Error::custom)
 }
@@ -115,20 +132,34 @@ pub fn move_keys(
 ) -> Result<Vec<KeyMove>, KeyError> {
     let mut made = Vec::new();
     for m in moves {
-        let Some(value) = take(table, m.old) else {
+        let Some(value) = take_old(section, table, m)? else {
             continue;
         };
-        if get(table, m.new).is_some() {
-            return Err(KeyError::Both {
-                section: section.into(),
-                old: m.old,
-                new: m.new,
-            });
-        }
         insert(section, table, m.new, value)?;
         made.push(*m);
     }
     Ok(made)
+}
+
+/// Removes and returns the value of `m.old`, if `table` sets it; refuses a
+/// table that also sets `m.new`. For a [`Rewrite`], which puts the new key
+/// in place itself (see [`insert`]).
+pub fn take_old(
+    section: &str,
+    table: &mut Map<String, Value>,
+    m: &KeyMove,
+) -> Result<Option<Value>, KeyError> {
+    let Some(value) = take(table, m.old) else {
+        return Ok(None);
+    };
+    if get(table, m.new).is_some() {
+        return Err(KeyError::Both {
+            section: section.into(),
+            old: m.old,
+            new: m.new,
+        });
+    }
+    Ok(Some(value))
 }
 
 /// Puts each key of `defaults` the `api` table leaves out in it (the whole
@@ -153,7 +184,8 @@ fn fill_api_defaults(
     Ok(())
 }
 
-fn get<'a>(table: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+/// The value at `path`, if `table` sets it.
+pub fn get<'a>(table: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
     let (head, rest) = split(path);
     match rest {
         None => table.get(head),
@@ -171,7 +203,7 @@ fn take(table: &mut Map<String, Value>, path: &str) -> Option<Value> {
 }
 
 /// Sets `path` to `value`, making the tables on the way.
-fn insert(
+pub fn insert(
     section: &str,
     table: &mut Map<String, Value>,
     path: &str,
@@ -274,10 +306,11 @@ mod tests {
         ConfigKeys {
             section: "provider",
             moves: MOVES,
-            api_defaults: ApiConfig {
+            api_defaults: Some(ApiConfig {
                 backoff: Duration::from_millis(500),
                 ..ApiConfig::default()
-            },
+            }),
+            rewrite: None,
         }
     );
 

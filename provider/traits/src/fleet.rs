@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::cloud::{CreatedAt, Reaped};
-use crate::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
 
 /// The client token of the operator's intent that created an ENI.
 pub const TAG_INTENT: &str = "enim.io/intent";

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use crate::{AddressLimits, Eni, ProviderError};
+use enim_core::{AddressLimits, Eni, ProviderError};
 
 /// The cluster an ENI was made for: the fleet-wide reaper deletes only
 /// this cluster's leaked ENIs. (AWS: a tag; BCE: a `key=value` word of the
