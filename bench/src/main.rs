@@ -60,7 +60,7 @@ pub struct Opts {
     /// A few cycles of everything: does it work, not a measurement.
     #[arg(long)]
     pub smoke: bool,
-    /// Cycles a method (0: 30 with --smoke, else 200).
+    /// Cycles a method (0: 60 with --smoke, else 200).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub cycles: usize,
     /// enim cycles before the last RSS sample (0: the mode's default).
@@ -117,7 +117,7 @@ fn parse_args() -> Result<Opts, String> {
     if o.cycles == 0 {
         // The smoke's latency phase feeds the slide guard: enough cycles
         // for a mean, a few seconds of the run.
-        o.cycles = if o.smoke { 30 } else { 200 };
+        o.cycles = if o.smoke { 60 } else { 200 };
     }
     if !o.smoke && o.cycles < 100 {
         return Err(

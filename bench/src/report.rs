@@ -99,29 +99,29 @@ pub fn targets(r: &Results) -> Vec<Target> {
     t
 }
 
-/// The slide guard: bounds well above the noise on the ratios of means
-/// (steadier than medians, which step by whole scheduler ticks), which CI
+/// The slide guard: bounds well above the noise on the ratios of trimmed
+/// means ([`trimmed_mean`]), which CI
 /// enforces on the smoke run, so that a change costing ADD or DEL a
 /// millisecond or more fails the day it lands. The goals are
 /// [`targets`]; this only catches a slide.
 pub fn guard(r: &Results) -> Vec<Target> {
-    let add = |i: usize| r.lat[i].0.mean;
-    let del = |i: usize| r.lat[i].1.mean;
+    let add = |i: usize| trimmed_mean(&r.lat_raw[i].0);
+    let del = |i: usize| trimmed_mean(&r.lat_raw[i].1);
     Vec::from([
         Cmp::Le.judge(
-            "ADD mean enim / floor",
+            "ADD trimmed mean enim / floor",
             ratio(add(ENIM), add(FLOOR)),
             GUARD,
             "×",
         ),
         Cmp::Le.judge(
-            "DEL mean enim / floor",
+            "DEL trimmed mean enim / floor",
             ratio(del(ENIM), del(FLOOR)),
             GUARD,
             "×",
         ),
         Cmp::Le.judge(
-            "DEL mean enim with host path / floor with host path",
+            "DEL trimmed mean enim with host path / floor with host path",
             ratio(del(HOST_PATH), del(FLOOR_HOST_PATH)),
             GUARD,
             "×",
@@ -129,13 +129,28 @@ pub fn guard(r: &Results) -> Vec<Target> {
     ])
 }
 
+/// The mean of the middle 80 % of `samples`: steadier than a median (which
+/// steps by whole scheduler ticks) and, unlike the plain mean, not moved
+/// by the odd 100 ms outlier of a busy machine in a short run.
+fn trimmed_mean(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let cut = sorted.len() / 10;
+    let kept = &sorted[cut..sorted.len() - cut];
+    if kept.is_empty() {
+        return f64::NAN;
+    }
+    kept.iter().sum::<f64>() / float(kept.len())
+}
+
 /// The slide guard's bound: 1.3 × for release builds (the full run). The
 /// smoke run (CI) times debug builds, whose agent spends about 4 ms more of
-/// CPU per ADD or DEL than a release one (measured: 1.33 × and 1.40 × on a
-/// loaded machine where release measured 1.10 × and 1.01 ×), so its bound
-/// is 1.6 ×: it catches a slide of about 4 ms, not 1. bench.sh builds the
-/// bench and the agent with the same profile.
-pub const GUARD: f64 = if cfg!(debug_assertions) { 1.6 } else { 1.3 };
+/// CPU per ADD or DEL than a release one, and whose ratios wander between
+/// runs (ADD 1.33-1.48 ×, DEL 1.31-1.50 × over 30 cycles on one machine,
+/// where release measured 1.10 × and 1.01 ×), so its bound is 1.8 ×: it
+/// catches a slide of about 6 ms, not 1, without failing CI on noise.
+/// bench.sh builds the bench and the agent with the same profile.
+pub const GUARD: f64 = if cfg!(debug_assertions) { 1.8 } else { 1.3 };
 
 fn mib(kib: u64) -> f64 {
     float(kib) / 1024.0
