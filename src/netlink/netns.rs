@@ -203,6 +203,42 @@ fn serve(home: Netns, jobs: mpsc::Receiver<Job>) {
     }
 }
 
+/// A namespace of a test's own, held open by a parked thread until dropped.
+#[cfg(test)]
+pub(crate) struct HeldNetns {
+    pub netns: Netns,
+    done: Option<std::sync::mpsc::Sender<()>>,
+    holder: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(test)]
+impl HeldNetns {
+    pub fn new() -> HeldNetns {
+        let (ns_tx, ns_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
+            ns_tx.send(Netns::current_thread().unwrap()).unwrap();
+            let _ = done_rx.recv();
+        });
+        HeldNetns {
+            netns: ns_rx.recv().unwrap(),
+            done: Some(done_tx),
+            holder: Some(holder),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Drop for HeldNetns {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        if let Some(h) = self.holder.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,15 +254,8 @@ mod tests {
     async fn calls_enter_the_namespace_and_the_thread_goes_home() {
         // Needs root, to make a namespace.
         enim_testkit::require_kernel!();
-        // A namespace of our own, held open by a parked thread.
-        let (ns_tx, ns_rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
-            ns_tx.send(Netns::current_thread().unwrap()).unwrap();
-            let _ = done_rx.recv();
-        });
-        let other = ns_rx.recv().unwrap();
+        let held = HeldNetns::new();
+        let other = held.netns.try_clone().unwrap();
         let other_ino = other.file().metadata().unwrap().ino();
         let home = Netns::open(Path::new("/proc/self/ns/net")).unwrap();
         let home_ino = ns_inode("/proc/self/ns/net");
@@ -260,8 +289,5 @@ mod tests {
         assert!(panicked.is_err());
         let (ino, _) = run_in(&other, here).await.unwrap();
         assert_eq!(ino, other_ino);
-
-        drop(done_tx);
-        holder.join().unwrap();
     }
 }

@@ -109,7 +109,6 @@ fn any_matters(mut bytes: &[u8], matters: &impl Fn(&RouteNetlinkMessage) -> bool
 mod tests {
     use std::net::Ipv4Addr;
 
-    use nix::sched::CloneFlags;
     use rtnetlink::RouteMessageBuilder;
 
     use super::*;
@@ -120,17 +119,10 @@ mod tests {
     #[tokio::test]
     async fn changes_in_the_namespace_are_seen_once_and_silence_is_not_a_change() {
         enim_testkit::require_kernel!();
-        // A namespace of our own, held open by a parked thread.
-        let (ns_tx, ns_rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
-            ns_tx.send(Netns::current_thread().unwrap()).unwrap();
-            let _ = done_rx.recv();
-        });
-        let netns = ns_rx.recv().unwrap();
-        let mut watch = RoutingWatch::open(&netns).await.expect("watch");
-        let handle = handle_in(&netns).await.expect("netlink in the namespace");
+        let held = crate::netlink::netns::HeldNetns::new();
+        let netns = &held.netns;
+        let mut watch = RoutingWatch::open(netns).await.expect("watch");
+        let handle = handle_in(netns).await.expect("netlink in the namespace");
         assert!(!watch.changed(|_| true), "a new watch has heard nothing");
         handle
             .link()
@@ -161,7 +153,5 @@ mod tests {
             .expect("address add");
         assert!(watch.changed(|_| true), "the address add is seen");
         assert!(!watch.changed(|_| true), "nothing since");
-        drop(done_tx);
-        holder.join().unwrap();
     }
 }
