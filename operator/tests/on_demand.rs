@@ -115,8 +115,20 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
         "claim deleted → its ENI deleted in moto: {:?}",
         gone.elapsed()
     );
-    let set = rig.set(NODE).await.unwrap();
-    let ids: BTreeSet<String> = set.spec.enis.iter().map(|e| e.id.clone()).collect();
+    // moto's delete comes before the spec write that drops the ENI: wait
+    // for that write, then hold the spec to the pool.
+    let ids = wait_for(
+        "the set's spec back to the pool's ENIs",
+        Duration::from_secs(20),
+        || async {
+            let set = rig.set(NODE).await.ok_or("no NetResourceSet")?;
+            let ids: BTreeSet<String> = set.spec.enis.iter().map(|e| e.id.clone()).collect();
+            (!ids.contains(&made.id))
+                .then_some(ids.clone())
+                .ok_or(format!("still lists {}: {ids:?}", made.id))
+        },
+    )
+    .await;
     assert_eq!(ids, pool, "the pool's ENIs stay");
     drop(agent);
 }
