@@ -162,6 +162,15 @@ async fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool) ->
     }
 }
 
+/// Asserts `check` (sync: it runs `ip`) stays true until `end`.
+async fn holds_until(end: Instant, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while Instant::now() < end {
+        assert!(check(), "not {what}: failed after {:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The link with `mac` in `ns`, if any.
 fn link(ns: &NamedNetns, mac: &str) -> Option<Value> {
     ns.link_by_mac(mac.parse().unwrap())
@@ -387,14 +396,12 @@ async fn attach_and_detach_delays_and_a_restart_adopts() {
         .attach(&a1.network_interface_id, &rig.instance_a, 1)
         .await;
     // Not before the delay...
-    while attached_at.elapsed() < Duration::from_millis(1300) {
-        assert!(
-            link(&rig.node_a, &a1.mac_address).is_none(),
-            "plugged after {:?}, before the 1.5 s attach delay",
-            attached_at.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    holds_until(
+        attached_at + Duration::from_millis(1300),
+        "unplugged during the attach delay",
+        || link(&rig.node_a, &a1.mac_address).is_none(),
+    )
+    .await;
     // ...and within about a second after it.
     until(
         Duration::from_millis(1500 + 1200),
@@ -421,14 +428,12 @@ async fn attach_and_detach_delays_and_a_restart_adopts() {
     // Detach: the device lingers for the detach delay, then goes.
     let detached_at = Instant::now();
     rig.ec2().detach_network_interface(&att).await.unwrap();
-    while detached_at.elapsed() < Duration::from_millis(800) {
-        assert!(
-            link(&rig.node_a, &a1.mac_address).is_some(),
-            "unplugged after {:?}, before the 1 s detach delay",
-            detached_at.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    holds_until(
+        detached_at + Duration::from_millis(800),
+        "plugged during the detach delay",
+        || link(&rig.node_a, &a1.mac_address).is_some(),
+    )
+    .await;
     until(
         Duration::from_millis(1000 + 1200),
         "unplugged after the delay",

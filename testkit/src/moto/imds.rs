@@ -318,14 +318,24 @@ async fn imds_handler(
     }
 }
 
-/// Subnet `id` as moto holds it; an error text for a 502.
-async fn subnet(ec2: &Ec2Client, id: &str) -> Result<Subnet, String> {
+/// One Describe call's reply, decoded; an error text for a 502.
+async fn describe<T: for<'de> Deserialize<'de>>(
+    ec2: &Ec2Client,
+    action: &str,
+    params: &[(&str, &str)],
+) -> Result<T, String> {
     let body = ec2
         .query()
-        .call("DescribeSubnets", &p(&[("SubnetId.1", id)]))
+        .call(action, &p(params))
         .await
         .map_err(|e| e.to_string())?;
-    let r: DescribeSubnetsResponse = quick_xml::de::from_str(&body).map_err(|e| e.to_string())?;
+    quick_xml::de::from_str(&body).map_err(|e| format!("{action}: {e}"))
+}
+
+/// Subnet `id` as moto holds it; an error text for a 502.
+async fn subnet(ec2: &Ec2Client, id: &str) -> Result<Subnet, String> {
+    let r: DescribeSubnetsResponse =
+        describe(ec2, "DescribeSubnets", &[("SubnetId.1", id)]).await?;
     r.subnet_set
         .item
         .into_iter()
@@ -376,12 +386,8 @@ struct InstanceType {
 
 /// The instance's type as moto holds it.
 async fn instance_type(ec2: &Ec2Client, instance_id: &str) -> Result<String, String> {
-    let body = ec2
-        .query()
-        .call("DescribeInstances", &p(&[("InstanceId.1", instance_id)]))
-        .await
-        .map_err(|e| e.to_string())?;
-    let r: DescribeInstancesResponse = quick_xml::de::from_str(&body).map_err(|e| e.to_string())?;
+    let r: DescribeInstancesResponse =
+        describe(ec2, "DescribeInstances", &[("InstanceId.1", instance_id)]).await?;
     r.reservation_set
         .item
         .into_iter()

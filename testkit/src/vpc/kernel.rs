@@ -75,6 +75,20 @@ fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> KernelError {
     move |source| KernelError::Netlink { op, source }
 }
 
+/// `r` as `op`'s result, with the kernel's `errno` counted as `done`
+/// (what is asked is already so: gone already, present already).
+fn unless_errno<T>(
+    r: Result<T, rtnetlink::Error>,
+    op: impl Into<String>,
+    errno: i32,
+    done: T,
+) -> Result<T, KernelError> {
+    match r.map_err(nl(op)) {
+        Err(e) if e.errno() == Some(errno) => Ok(done),
+        other => other,
+    }
+}
+
 /// An open network namespace and an rtnetlink socket inside it.
 pub struct Ns {
     path: PathBuf,
@@ -185,15 +199,17 @@ fn link_of(m: &LinkMessage) -> Link {
     link
 }
 
+/// Every answer of a dump.
+async fn dump<T>(
+    answers: impl futures::Stream<Item = Result<T, rtnetlink::Error>>,
+    op: &str,
+) -> Result<Vec<T>, KernelError> {
+    answers.try_collect().await.map_err(nl(op))
+}
+
 /// Every link of the namespace.
 pub async fn links(h: &Handle) -> Result<Vec<Link>, KernelError> {
-    let msgs: Vec<LinkMessage> = h
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("dump links"))?;
+    let msgs = dump(h.link().get().execute(), "dump links").await?;
     Ok(msgs.iter().map(link_of).collect())
 }
 
@@ -206,17 +222,8 @@ pub async fn link_named(h: &Handle, name: &str) -> Result<Option<Link>, KernelEr
         .execute()
         .try_collect()
         .await;
-    match got {
-        Ok(msgs) => Ok(msgs.first().map(link_of)),
-        Err(e) => {
-            let e = nl(format!("get link {name}"))(e);
-            if e.errno() == Some(nix::libc::ENODEV) {
-                Ok(None)
-            } else {
-                Err(e)
-            }
-        }
-    }
+    let msgs = unless_errno(got, format!("get link {name}"), nix::libc::ENODEV, vec![])?;
+    Ok(msgs.first().map(link_of))
 }
 
 /// What a new ENI's pair looks like.
@@ -304,28 +311,13 @@ pub async fn set_up(h: &Handle, index: u32, mtu: Option<u32>) -> Result<(), Kern
 /// Deletes link `index` (a far end: its peer, the ENI, goes with it,
 /// wherever it is). Gone already is fine.
 pub async fn delete(h: &Handle, index: u32) -> Result<(), KernelError> {
-    match h.link().del(index).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let e = nl(format!("delete link {index}"))(e);
-            if e.errno() == Some(nix::libc::ENODEV) {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        }
-    }
+    let r = h.link().del(index).execute().await;
+    unless_errno(r, format!("delete link {index}"), nix::libc::ENODEV, ())
 }
 
 /// Every address of the namespace, with its link's index.
 pub async fn addresses(h: &Handle) -> Result<Vec<(u32, IpAddr)>, KernelError> {
-    let msgs: Vec<_> = h
-        .address()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("dump addresses"))?;
+    let msgs = dump(h.address().get().execute(), "dump addresses").await?;
     Ok(msgs
         .iter()
         .flat_map(|m| {
@@ -351,17 +343,13 @@ pub async fn add_address(
             .attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
     }
-    match req.execute().await {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let e = nl(format!("add {ip}/{prefix} to link {index}"))(e);
-            if e.errno() == Some(nix::libc::EEXIST) {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        }
-    }
+    let r = req.execute().await;
+    unless_errno(
+        r,
+        format!("add {ip}/{prefix} to link {index}"),
+        nix::libc::EEXIST,
+        (),
+    )
 }
 
 /// One of the simulator's host routes: `addr` (a /32 or /128) via link
@@ -381,13 +369,7 @@ pub async fn routes(h: &Handle) -> Result<Vec<(HostRoute, RouteMessage)>, Kernel
         RouteMessageBuilder::<Ipv6Addr>::new().build(),
     ];
     for filter in families {
-        let msgs: Vec<RouteMessage> = h
-            .route()
-            .get(filter)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("dump routes"))?;
+        let msgs = dump(h.route().get(filter).execute(), "dump routes").await?;
         for m in msgs {
             if u8::from(m.header.protocol) != ROUTE_PROTO {
                 continue;
@@ -438,18 +420,9 @@ pub async fn add_route(h: &Handle, r: HostRoute) -> Result<(), KernelError> {
 }
 
 pub async fn del_route(h: &Handle, msg: RouteMessage) -> Result<(), KernelError> {
-    match h.route().del(msg).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let e = nl("delete route")(e);
-            // Gone with its link already.
-            if e.errno() == Some(nix::libc::ESRCH) {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        }
-    }
+    // ESRCH: gone with its link already.
+    let r = h.route().del(msg).execute().await;
+    unless_errno(r, "delete route", nix::libc::ESRCH, ())
 }
 
 /// Makes the VPC namespace a router between its far ends: forwarding on,
