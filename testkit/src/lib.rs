@@ -17,7 +17,9 @@
 //!   for the clouds' metadata parsers;
 //! - behind features, fakes of the clouds: `moto` (EC2/IAM on moto, a fake
 //!   IMDSv2 and a fault proxy) and `bce` (BCE's ENI OpenAPI and metadata),
-//!   and with either, [`cloud`]: the checks both clouds' tests share.
+//!   and with either, [`cloud`]: the checks both clouds' tests share;
+//! - behind `vpc`, the VPC simulator (`vpc`, the `enim-vpcsim` binary):
+//!   moto's attached ENIs hot-plugged into node namespaces and routed.
 //!
 //! It drives enimd, enim and enimctl as binaries and speaks their JSON: it
 //! does not link the agent, so the agent's internals can change under it.
@@ -39,6 +41,8 @@ pub mod bce;
 pub mod cloud;
 #[cfg(feature = "moto")]
 pub mod moto;
+#[cfg(feature = "vpc")]
+pub mod vpc;
 
 pub use agent::{enimctl, sigterm_and_wait, Agent, Bins};
 pub use cni::{exec_plugin, CniOutput};

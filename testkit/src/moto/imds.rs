@@ -1,17 +1,23 @@
-//! A loopback IMDSv2 serving the instance's interfaces live from moto.
+//! An IMDSv2 stand-in serving an instance's interfaces live from moto:
+//! on loopback for one fixed instance, or (the VPC simulator's) on any
+//! listener, answering each caller as the instance whose ENI holds the
+//! caller's source address, looked up in moto on every request.
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use aws_credential_types::Credentials;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use enim_provider_aws::client::{Ec2Client, NetworkInterface};
 
+use serde::Deserialize;
+
 use super::{
-    not_found, p, text, xml, DescribeSubnetsResponse, Fake, Subnet, INSTANCE_TYPE, REGION,
+    not_found, p, text, DescribeSubnetsResponse, Fake, Items, Subnet, INSTANCE_TYPE, REGION,
 };
 
 /// How the fake reports an interface's network card.
@@ -25,10 +31,19 @@ pub enum CardKey {
     Missing,
 }
 
+/// Whose metadata a request gets.
+enum Owner {
+    /// Always this instance's (the loopback fake of one node).
+    Fixed(String),
+    /// The instance whose ENI holds the caller's source address, so one
+    /// server answers every node and pod of the VPC simulator.
+    BySource,
+}
+
 /// Public only as [`Fake`]'s parameter: its fields stay private.
 pub struct ImdsState {
     ec2: Ec2Client,
-    instance_id: String,
+    owner: Owner,
     tokens: Mutex<HashSet<String>>,
     /// Requests that mention a non-primary MAC before it shows up.
     hide_new_for: AtomicUsize,
@@ -45,16 +60,11 @@ pub struct ImdsState {
 
 pub type NewInterfaceHook = Arc<dyn Fn(&str, u32) + Send + Sync>;
 
-/// A loopback IMDSv2: a token from PUT /latest/api/token is required on
-/// every GET (401 without), 404 where AWS has nothing, and the instance's
-/// interfaces come live from moto.
-pub type FakeImds = Fake<ImdsState>;
-
-impl Fake<ImdsState> {
-    pub async fn start(ec2: Ec2Client, instance_id: String) -> FakeImds {
-        let state = ImdsState {
+impl ImdsState {
+    fn new(ec2: Ec2Client, owner: Owner) -> ImdsState {
+        ImdsState {
             ec2,
-            instance_id,
+            owner,
             tokens: Mutex::new(HashSet::new()),
             hide_new_for: AtomicUsize::new(0),
             views: Mutex::new(HashMap::new()),
@@ -64,8 +74,25 @@ impl Fake<ImdsState> {
             role: Mutex::new(None),
             on_new: Mutex::new(None),
             plugged: Mutex::new(HashSet::new()),
-        };
-        Fake::serve(state, imds_handler).await
+        }
+    }
+}
+
+/// A loopback IMDSv2: a token from PUT /latest/api/token is required on
+/// every GET (401 without), 404 where AWS has nothing, and the instance's
+/// interfaces come live from moto.
+pub type FakeImds = Fake<ImdsState>;
+
+impl Fake<ImdsState> {
+    pub async fn start(ec2: Ec2Client, instance_id: String) -> FakeImds {
+        Fake::serve(ImdsState::new(ec2, Owner::Fixed(instance_id)), imds_handler).await
+    }
+
+    /// Serves on `listener`, answering each caller as the instance that
+    /// owns its source address in moto (404 for an address no attached ENI
+    /// holds). Must be called inside a tokio runtime.
+    pub fn serve_by_source(ec2: Ec2Client, listener: tokio::net::TcpListener) -> FakeImds {
+        Fake::serve_on(listener, ImdsState::new(ec2, Owner::BySource), imds_handler)
     }
 
     /// Newly attached interfaces stay invisible for `n` requests that
@@ -107,6 +134,7 @@ impl Fake<ImdsState> {
 
 async fn imds_handler(
     State(st): State<Arc<ImdsState>>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
     method: Method,
     headers: HeaderMap,
     uri: axum::http::Uri,
@@ -138,10 +166,29 @@ async fn imds_handler(
     let Some(rest) = path.strip_prefix("/latest/meta-data/") else {
         return not_found();
     };
+    let instance_id = match &st.owner {
+        Owner::Fixed(id) => id.clone(),
+        Owner::BySource => match owner_of(&st.ec2, caller.ip()).await {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                eprintln!("imds: no attached ENI holds {}: 404", caller.ip());
+                return not_found();
+            }
+            Err(e) => return text(StatusCode::BAD_GATEWAY, e),
+        },
+    };
     match rest {
-        "instance-id" => return text(StatusCode::OK, st.instance_id.clone()),
+        "instance-id" => return text(StatusCode::OK, instance_id),
         "placement/region" => return text(StatusCode::OK, REGION),
-        "instance-type" => return text(StatusCode::OK, INSTANCE_TYPE),
+        "instance-type" => {
+            return match &st.owner {
+                Owner::Fixed(_) => text(StatusCode::OK, INSTANCE_TYPE),
+                Owner::BySource => match instance_type(&st.ec2, &instance_id).await {
+                    Ok(t) => text(StatusCode::OK, t),
+                    Err(e) => text(StatusCode::BAD_GATEWAY, e),
+                },
+            }
+        }
         "iam/security-credentials/" | "iam/security-credentials" => {
             return match &*st.role.lock().unwrap() {
                 Some((role, _)) => text(StatusCode::OK, role.clone()),
@@ -172,11 +219,14 @@ async fn imds_handler(
     let Some(net) = rest.strip_prefix("network/interfaces/macs/") else {
         return not_found();
     };
-    let enis = st
+    let enis = match st
         .ec2
-        .describe_network_interfaces(&[("attachment.instance-id", &[st.instance_id.as_str()])])
+        .describe_network_interfaces(&[("attachment.instance-id", &[instance_id.as_str()])])
         .await
-        .unwrap();
+    {
+        Ok(enis) => enis,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
     let is_primary =
         |e: &NetworkInterface| e.attachment.as_ref().and_then(|a| a.device_index) == Some(0);
     // Counts a request mentioning `mac`; false while it is still hidden.
@@ -222,8 +272,13 @@ async fn imds_handler(
     if !visible(eni) {
         return not_found();
     }
-    let subnet = subnet(&st.ec2, &eni.subnet_id).await;
-    let att = eni.attachment.as_ref().unwrap();
+    let subnet = match subnet(&st.ec2, &eni.subnet_id).await {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e),
+    };
+    let Some(att) = eni.attachment.as_ref() else {
+        return not_found();
+    };
     let card_key = *st.card_key.lock().unwrap();
     let card = att.network_card_index.unwrap_or(0).to_string();
     let v6: Vec<String> = eni
@@ -234,7 +289,7 @@ async fn imds_handler(
         .collect();
     let value = match leaf {
         "interface-id" => Some(eni.network_interface_id.clone()),
-        "device-number" => Some(att.device_index.unwrap().to_string()),
+        "device-number" => att.device_index.map(|i| i.to_string()),
         "network-card" => (card_key == CardKey::NetworkCard).then_some(card),
         "network-card-index" => (card_key == CardKey::LegacyIndex).then_some(card),
         // Every private IPv4 address, the primary first, as EC2 lists them.
@@ -254,6 +309,7 @@ async fn imds_handler(
         "ipv6s" => (!v6.is_empty()).then(|| v6.join("\n")),
         "subnet-ipv6-cidr-blocks" => subnet.ipv6(),
         "mac" => Some(eni.mac_address.clone()),
+        "security-group-ids" => Some(eni.group_ids().join("\n")),
         _ => None,
     };
     match value {
@@ -262,11 +318,81 @@ async fn imds_handler(
     }
 }
 
-async fn subnet(ec2: &Ec2Client, id: &str) -> Subnet {
-    let r: DescribeSubnetsResponse = xml(&ec2
+/// One Describe call's reply, decoded; an error text for a 502.
+async fn describe<T: for<'de> Deserialize<'de>>(
+    ec2: &Ec2Client,
+    action: &str,
+    params: &[(&str, &str)],
+) -> Result<T, String> {
+    let body = ec2
         .query()
-        .call("DescribeSubnets", &p(&[("SubnetId.1", id)]))
+        .call(action, &p(params))
         .await
-        .unwrap());
-    r.subnet_set.item[0].clone()
+        .map_err(|e| e.to_string())?;
+    quick_xml::de::from_str(&body).map_err(|e| format!("{action}: {e}"))
+}
+
+/// Subnet `id` as moto holds it; an error text for a 502.
+async fn subnet(ec2: &Ec2Client, id: &str) -> Result<Subnet, String> {
+    let r: DescribeSubnetsResponse =
+        describe(ec2, "DescribeSubnets", &[("SubnetId.1", id)]).await?;
+    r.subnet_set
+        .item
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("no subnet {id} in moto"))
+}
+
+/// The instance whose attached ENI holds `ip` (any of its private IPv4 or
+/// IPv6 addresses), from moto's listing as it is now.
+async fn owner_of(ec2: &Ec2Client, ip: IpAddr) -> Result<Option<String>, String> {
+    let enis = ec2
+        .describe_network_interfaces(&[])
+        .await
+        .map_err(|e| e.to_string())?;
+    let holds = |e: &NetworkInterface| {
+        let v4 = e.private_ip_address.iter().chain(
+            e.private_ip_addresses_set
+                .item
+                .iter()
+                .map(|i| &i.private_ip_address),
+        );
+        let v6 = e.ipv6_addresses_set.item.iter().map(|i| &i.ipv6_address);
+        v4.chain(v6).any(|a| a.parse::<IpAddr>().ok() == Some(ip))
+    };
+    Ok(enis
+        .iter()
+        .filter(|e| holds(e))
+        .find_map(|e| e.attached_instance().map(str::to_string)))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DescribeInstancesResponse {
+    #[serde(default)]
+    reservation_set: Items<Reservation>,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Reservation {
+    #[serde(default)]
+    instances_set: Items<InstanceType>,
+}
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InstanceType {
+    instance_type: String,
+}
+
+/// The instance's type as moto holds it.
+async fn instance_type(ec2: &Ec2Client, instance_id: &str) -> Result<String, String> {
+    let r: DescribeInstancesResponse =
+        describe(ec2, "DescribeInstances", &[("InstanceId.1", instance_id)]).await?;
+    r.reservation_set
+        .item
+        .into_iter()
+        .flat_map(|r| r.instances_set.item)
+        .map(|i| i.instance_type)
+        .next()
+        .ok_or_else(|| format!("no instance {instance_id} in moto"))
 }

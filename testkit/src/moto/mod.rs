@@ -250,6 +250,8 @@ pub struct Env {
     pub admin_ec2: Ec2Client,
     pub iam: QueryClient,
     pub vpc_id: String,
+    /// The VPC's IPv6 block (the rig's subnet has its second /64).
+    pub vpc_v6: Ipv6Net,
     pub subnet_id: String,
     pub subnet_v4: Ipv4Net,
     pub subnet_v6: Ipv6Net,
@@ -310,36 +312,8 @@ impl Env {
             .parse()
             .unwrap();
         let subnet_v6 = vpc_v6.subnets(64).unwrap().nth(1).unwrap();
-        let subnet: CreateSubnetResponse = xml(&q
-            .call(
-                "CreateSubnet",
-                &p(&[
-                    ("VpcId", &vpc.vpc.vpc_id),
-                    ("CidrBlock", "10.0.1.0/24"),
-                    ("Ipv6CidrBlock", &subnet_v6.to_string()),
-                    ("AvailabilityZone", "us-east-1a"),
-                ]),
-            )
-            .await
-            .unwrap());
-        let run: RunInstancesResponse = xml(&q
-            .call(
-                "RunInstances",
-                &p(&[
-                    ("ImageId", "ami-12c6146b"),
-                    ("MinCount", "1"),
-                    ("MaxCount", "1"),
-                    ("InstanceType", INSTANCE_TYPE),
-                    ("SubnetId", &subnet.subnet.subnet_id),
-                ]),
-            )
-            .await
-            .unwrap());
-        let instance = &run.instances_set.item[0];
-        let instance_id = instance.instance_id.clone();
-        let primary_eni = instance.network_interface_set.item[0]
-            .network_interface_id
-            .clone();
+        let subnet = create_subnet(&admin_ec2, &vpc.vpc.vpc_id, "10.0.1.0/24", subnet_v6).await;
+        let (instance_id, primary_eni) = run_instance(&admin_ec2, &subnet.subnet_id).await;
 
         let imds = FakeImds::start(
             Ec2Client::new(&moto.url, REGION, fixed(&admin), RetryPolicy::default()).unwrap(),
@@ -353,7 +327,8 @@ impl Env {
             admin_ec2,
             iam,
             vpc_id: vpc.vpc.vpc_id,
-            subnet_id: subnet.subnet.subnet_id,
+            vpc_v6,
+            subnet_id: subnet.subnet_id,
             subnet_v4: "10.0.1.0/24".parse().unwrap(),
             subnet_v6,
             instance_id,
@@ -500,6 +475,17 @@ impl Env {
         r.network_interface
     }
 
+    /// A new subnet of the rig's VPC: `v4` (a CIDR inside 10.0.0.0/16) and
+    /// the IPv6 block `v6` (a /64 of [`Env::vpc_v6`]).
+    pub async fn create_subnet(&self, v4: &str, v6: Ipv6Net) -> Subnet {
+        create_subnet(&self.admin_ec2, &self.vpc_id, v4, v6).await
+    }
+
+    /// Runs one more instance in `subnet_id`: its id and its primary ENI's.
+    pub async fn run_instance(&self, subnet_id: &str) -> (String, String) {
+        run_instance(&self.admin_ec2, subnet_id).await
+    }
+
     /// Attaches `eni_id` to the rig's instance at `device_index` (as the
     /// rig's admin, not through enim).
     pub async fn attach_as_admin(&self, eni_id: &str, device_index: u32) {
@@ -508,6 +494,47 @@ impl Env {
             .await
             .unwrap();
     }
+}
+
+async fn create_subnet(ec2: &Ec2Client, vpc_id: &str, v4: &str, v6: Ipv6Net) -> Subnet {
+    let r: CreateSubnetResponse = xml(&ec2
+        .query()
+        .call(
+            "CreateSubnet",
+            &p(&[
+                ("VpcId", vpc_id),
+                ("CidrBlock", v4),
+                ("Ipv6CidrBlock", &v6.to_string()),
+                ("AvailabilityZone", "us-east-1a"),
+            ]),
+        )
+        .await
+        .unwrap());
+    r.subnet
+}
+
+async fn run_instance(ec2: &Ec2Client, subnet_id: &str) -> (String, String) {
+    let run: RunInstancesResponse = xml(&ec2
+        .query()
+        .call(
+            "RunInstances",
+            &p(&[
+                ("ImageId", "ami-12c6146b"),
+                ("MinCount", "1"),
+                ("MaxCount", "1"),
+                ("InstanceType", INSTANCE_TYPE),
+                ("SubnetId", subnet_id),
+            ]),
+        )
+        .await
+        .unwrap());
+    let instance = &run.instances_set.item[0];
+    (
+        instance.instance_id.clone(),
+        instance.network_interface_set.item[0]
+            .network_interface_id
+            .clone(),
+    )
 }
 
 async fn iam_user(iam: &QueryClient, name: &str, actions: &[&str]) -> Credentials {
@@ -557,14 +584,26 @@ impl<S: Send + Sync + 'static> Fake<S> {
         H: axum::handler::Handler<T, Arc<S>>,
         T: 'static,
     {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Fake::serve_on(listener, state, handler)
+    }
+
+    /// Serves `handler` over `state` on `listener` (bound wherever the
+    /// caller chose, another namespace included). Handlers may extract the
+    /// caller's address (`ConnectInfo<SocketAddr>`).
+    fn serve_on<H, T>(listener: tokio::net::TcpListener, state: S, handler: H) -> Fake<S>
+    where
+        H: axum::handler::Handler<T, Arc<S>>,
+        T: 'static,
+    {
         let state = Arc::new(state);
         let router = axum::Router::new()
             .fallback(handler)
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            axum::serve(listener, router).await.unwrap();
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
+            axum::serve(listener, service).await.unwrap();
         });
         Fake {
             url: format!("http://{addr}"),
