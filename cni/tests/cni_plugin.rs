@@ -88,13 +88,14 @@ fn expect_error(out: &Output, code: u64) -> Value {
     v
 }
 
+/// Asserts exit status 0; `what` and stdout tell which run failed.
+fn expect_exit_zero(out: &Output, what: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{what}: stdout {stdout:?}");
+}
+
 fn expect_silent_success(out: &Output) {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout {:?}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    expect_exit_zero(out, "silent success");
     assert!(
         out.stdout.is_empty(),
         "{:?}",
@@ -314,12 +315,7 @@ fn add_del_check_wait_for_an_agent_that_comes_back() {
         let start = Instant::now();
         let out = run(&attach_vars(cmd), conf(&sock));
         let took = start.elapsed();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        expect_exit_zero(&out, cmd);
         assert!(
             took >= delay && took < Duration::from_secs(10),
             "{cmd}: {took:?}"
