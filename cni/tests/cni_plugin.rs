@@ -357,6 +357,13 @@ fn write_note(sock: &Path, ago: Duration, bound_secs: u64, serving: Value, boot:
     std::fs::write(note::note_path(sock), n.to_string()).unwrap();
 }
 
+/// A note of an agent alive 3 s ago in this boot, serving, that may be
+/// away for 600 s.
+fn write_recent_available_note(sock: &Path) {
+    let available = json!({"state": "available"});
+    write_note(sock, Duration::from_secs(3), 600, available, None);
+}
+
 fn status(sock: &Path) -> Output {
     run(&[("CNI_COMMAND", "STATUS")], conf(sock))
 }
@@ -418,13 +425,7 @@ fn status_with_agent_down_answers_from_its_note() {
 #[test]
 fn status_of_a_starting_or_hung_agent_answers_from_its_note() {
     let (_d, sock) = nowhere();
-    write_note(
-        &sock,
-        Duration::from_secs(3),
-        600,
-        json!({"state": "available"}),
-        None,
-    );
+    write_recent_available_note(&sock);
     let starting = json!({"version": "0.1.0", "ready": false, "provider": "static", "enis_total": 4, "enis_free": 4, "attachments": 0, "uptime_secs": 1});
     let rx = fake_agent(&sock, vec![(200, starting)]);
     expect_silent_success(&status(&sock));
@@ -432,13 +433,7 @@ fn status_of_a_starting_or_hung_agent_answers_from_its_note() {
 
     // One that accepts and never answers: STATUS gives it 2 s, not 30.
     let (_d, sock) = nowhere();
-    write_note(
-        &sock,
-        Duration::from_secs(3),
-        600,
-        json!({"state": "available"}),
-        None,
-    );
+    write_recent_available_note(&sock);
     let listener = UnixListener::bind(&sock).unwrap();
     let hold = thread::spawn(move || {
         let (held, _) = listener.accept().unwrap();
