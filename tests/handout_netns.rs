@@ -66,6 +66,18 @@ fn uplink(sb: &Sandbox, v4: bool, v6: bool) {
     }
 }
 
+/// An IPv4 [`uplink`] whose default route is only in policy table 100,
+/// which the node's address looks up.
+fn uplink_routed_by_policy(sb: &Sandbox) {
+    uplink(sb, true, false);
+    sb.host.ip(&[
+        "route", "add", "default", "via", ROUTER_IP, "dev", "eth0", "table", "100",
+    ]);
+    sb.host.ip(&[
+        "rule", "add", "from", NODE_IP, "lookup", "100", "priority", "100",
+    ]);
+}
+
 /// The MAC of host device `name`.
 fn mac_of(sb: &Sandbox, name: &str) -> MacAddr {
     let link = sb.host.link(name).unwrap_or_else(|| panic!("no {name}"));
@@ -249,13 +261,7 @@ async fn the_routing_dumps_are_reused_until_a_change_and_a_change_is_judged() {
 async fn an_uplink_whose_default_route_is_only_in_a_policy_table() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    uplink(&sb, true, false);
-    sb.host.ip(&[
-        "route", "add", "default", "via", ROUTER_IP, "dev", "eth0", "table", "100",
-    ]);
-    sb.host.ip(&[
-        "rule", "add", "from", NODE_IP, "lookup", "100", "priority", "100",
-    ]);
+    uplink_routed_by_policy(&sb);
     assert_never_handed_out(&sb, "eth0", "IPv4 default route in table 100").await;
 }
 
@@ -427,13 +433,7 @@ impl EniProvider for ArrivesLater {
 async fn an_uplink_listed_from_the_start_is_reserved_at_start() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    uplink(&sb, true, false);
-    sb.host.ip(&[
-        "route", "add", "default", "via", ROUTER_IP, "dev", "eth0", "table", "100",
-    ]);
-    sb.host.ip(&[
-        "rule", "add", "from", NODE_IP, "lookup", "100", "priority", "100",
-    ]);
+    uplink_routed_by_policy(&sb);
     let enis = vec![entry_for(&sb, "eth0"), sb.enis[0].clone()];
     let provider = Arc::new(StaticProvider::new(enis).unwrap());
     let dir = tempfile::tempdir().unwrap();
@@ -458,13 +458,7 @@ async fn an_uplink_listed_from_the_start_is_reserved_at_start() {
 async fn secondary_mode_never_takes_the_uplink_as_a_host_eni() {
     require_kernel!();
     let sb = Sandbox::new(1);
-    uplink(&sb, true, false);
-    sb.host.ip(&[
-        "route", "add", "default", "via", ROUTER_IP, "dev", "eth0", "table", "100",
-    ]);
-    sb.host.ip(&[
-        "rule", "add", "from", NODE_IP, "lookup", "100", "priority", "100",
-    ]);
+    uplink_routed_by_policy(&sb);
     let mut enis = sb.enis_with_secondaries(&[2], false);
     enis.push(StaticEniConfig {
         device_index: Some(2),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use enim::engine::Engine;
+use enim::engine::{Driver, Engine};
 use enim::netlink::rtnl::RtnlPlumbing;
 use enim::primary::PrimaryDriver;
 use enim::secondary::{SecondaryConfig, SecondaryDriver};
@@ -121,6 +121,34 @@ fn assert_refused(got: Result<String, String>, what: &str) {
     );
 }
 
+/// ADDs c1 in namespace default: the pod's network works (the ENI's
+/// gateway answers), only metadata is refused, over IPv4 and IPv6 alike.
+/// Returns the pod's netns.
+async fn add_refused_pod<D: Driver>(mgr: &Engine<D>) -> NamedNetns {
+    let pod = NamedNetns::new("pod");
+    mgr.add(&owner_in("c1", "default"), &pod.path())
+        .await
+        .expect("ADD");
+    assert!(pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
+    assert_refused(fetch(&pod, V4), "IPv4");
+    assert_refused(fetch(&pod, V6), "IPv6");
+    pod
+}
+
+/// ADDs c2 in the opted-in namespace: it reaches the metadata service over
+/// IPv4 and IPv6. Then DELs both pods.
+async fn add_opted_in_pod_then_del_both<D: Driver>(mgr: &Engine<D>) {
+    let agent = NamedNetns::new("agent");
+    mgr.add(&owner_in("c2", "agents"), &agent.path())
+        .await
+        .expect("ADD in the opted-in namespace");
+    assert_eq!(fetch(&agent, V4).as_deref(), Ok("imds"));
+    assert_eq!(fetch(&agent, V6).as_deref(), Ok("imds"));
+
+    mgr.del(&owner_in("c1", "default")).await.expect("DEL");
+    mgr.del(&owner_in("c2", "agents")).await.expect("DEL");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_mode_pods_are_refused_metadata_unless_their_namespace_opts_in() {
     require_kernel!();
@@ -134,27 +162,11 @@ async fn primary_mode_pods_are_refused_metadata_unless_their_namespace_opts_in()
         .with_pod_metadata(agents_may());
     let mgr = Engine::new(driver, checkpoint);
 
-    let pod = NamedNetns::new("pod");
-    mgr.add(&owner_in("c1", "default"), &pod.path())
-        .await
-        .expect("ADD");
-    // The ENI's gateway answers: the pod's network works, only metadata
-    // is refused, over IPv4 and IPv6 alike.
-    assert!(pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
-    assert_refused(fetch(&pod, V4), "IPv4");
-    assert_refused(fetch(&pod, V6), "IPv6");
+    let pod = add_refused_pod(&mgr).await;
     let routes = pod.ip(&["route", "show", "type", "prohibit"]);
     assert!(routes.contains(V4), "{routes}");
 
-    let agent = NamedNetns::new("agent");
-    mgr.add(&owner_in("c2", "agents"), &agent.path())
-        .await
-        .expect("ADD in the opted-in namespace");
-    assert_eq!(fetch(&agent, V4).as_deref(), Ok("imds"));
-    assert_eq!(fetch(&agent, V6).as_deref(), Ok("imds"));
-
-    mgr.del(&owner_in("c1", "default")).await.expect("DEL");
-    mgr.del(&owner_in("c2", "agents")).await.expect("DEL");
+    add_opted_in_pod_then_del_both(&mgr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,21 +198,7 @@ async fn secondary_mode_pods_are_refused_metadata_unless_their_namespace_opts_in
     let report = mgr.gc(&GcRequest::default(), Duration::from_secs(30)).await;
     assert!(report.errors.is_empty(), "startup GC: {report:?}");
 
-    let pod = NamedNetns::new("pod");
-    mgr.add(&owner_in("c1", "default"), &pod.path())
-        .await
-        .expect("ADD");
-    assert!(pod.exec_ok(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]));
-    assert_refused(fetch(&pod, V4), "IPv4");
-    assert_refused(fetch(&pod, V6), "IPv6");
+    let _pod = add_refused_pod(&mgr).await;
 
-    let agent = NamedNetns::new("agent");
-    mgr.add(&owner_in("c2", "agents"), &agent.path())
-        .await
-        .expect("ADD in the opted-in namespace");
-    assert_eq!(fetch(&agent, V4).as_deref(), Ok("imds"));
-    assert_eq!(fetch(&agent, V6).as_deref(), Ok("imds"));
-
-    mgr.del(&owner_in("c1", "default")).await.expect("DEL");
-    mgr.del(&owner_in("c2", "agents")).await.expect("DEL");
+    add_opted_in_pod_then_del_both(&mgr).await;
 }

@@ -775,19 +775,8 @@ async fn ipv6_addresses_no_pod_may_have_never_reach_the_kernel() {
         inner: enim_provider_static::StaticProvider::new(enis.clone()).unwrap(),
         extra: refused.iter().map(|a| a.parse().unwrap()).collect(),
     });
-    let checkpoint = Arc::new(
-        enim::store::checkpoint::Checkpoint::open(&dir.path().join("cp.json"), false).unwrap(),
-    );
-    let driver = enim::secondary::SecondaryDriver::over_host(
-        test_config(),
-        Some(&sb.host.path()),
-        provider,
-        checkpoint.clone(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    let mgr = enim::engine::Engine::new(driver, checkpoint);
+    let mgr =
+        secondary_manager_over(&sb, provider, &dir.path().join("cp.json"), test_config()).await;
     mgr.recover().await.unwrap();
 
     let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];

@@ -1455,16 +1455,7 @@ mod dra {
     }
 
     pub fn owner(container: &str, pod_uid: Option<String>) -> EniOwner {
-        EniOwner {
-            network: "enim".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-            pod: PodRef {
-                namespace: "default".into(),
-                name: "p".into(),
-                uid: pod_uid,
-            },
-        }
+        enim_testkit::fixtures::dra_owner(container, "p", pod_uid.as_deref())
     }
 
     pub fn eni_status() -> impl Strategy<Value = EniStatus> {

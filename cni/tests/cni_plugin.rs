@@ -88,13 +88,14 @@ fn expect_error(out: &Output, code: u64) -> Value {
     v
 }
 
+/// Asserts exit status 0; `what` and stdout tell which run failed.
+fn expect_exit_zero(out: &Output, what: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{what}: stdout {stdout:?}");
+}
+
 fn expect_silent_success(out: &Output) {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout {:?}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    expect_exit_zero(out, "silent success");
     assert!(
         out.stdout.is_empty(),
         "{:?}",
@@ -314,12 +315,7 @@ fn add_del_check_wait_for_an_agent_that_comes_back() {
         let start = Instant::now();
         let out = run(&attach_vars(cmd), conf(&sock));
         let took = start.elapsed();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        expect_exit_zero(&out, cmd);
         assert!(
             took >= delay && took < Duration::from_secs(10),
             "{cmd}: {took:?}"
@@ -359,6 +355,13 @@ fn write_note(sock: &Path, ago: Duration, bound_secs: u64, serving: Value, boot:
         "pid": 1,
     });
     std::fs::write(note::note_path(sock), n.to_string()).unwrap();
+}
+
+/// A note of an agent alive 3 s ago in this boot, serving, that may be
+/// away for 600 s.
+fn write_recent_available_note(sock: &Path) {
+    let available = json!({"state": "available"});
+    write_note(sock, Duration::from_secs(3), 600, available, None);
 }
 
 fn status(sock: &Path) -> Output {
@@ -422,13 +425,7 @@ fn status_with_agent_down_answers_from_its_note() {
 #[test]
 fn status_of_a_starting_or_hung_agent_answers_from_its_note() {
     let (_d, sock) = nowhere();
-    write_note(
-        &sock,
-        Duration::from_secs(3),
-        600,
-        json!({"state": "available"}),
-        None,
-    );
+    write_recent_available_note(&sock);
     let starting = json!({"version": "0.1.0", "ready": false, "provider": "static", "enis_total": 4, "enis_free": 4, "attachments": 0, "uptime_secs": 1});
     let rx = fake_agent(&sock, vec![(200, starting)]);
     expect_silent_success(&status(&sock));
@@ -436,13 +433,7 @@ fn status_of_a_starting_or_hung_agent_answers_from_its_note() {
 
     // One that accepts and never answers: STATUS gives it 2 s, not 30.
     let (_d, sock) = nowhere();
-    write_note(
-        &sock,
-        Duration::from_secs(3),
-        600,
-        json!({"state": "available"}),
-        None,
-    );
+    write_recent_available_note(&sock);
     let listener = UnixListener::bind(&sock).unwrap();
     let hold = thread::spawn(move || {
         let (held, _) = listener.accept().unwrap();

@@ -280,20 +280,11 @@ impl EniProvider for BoundProvider {
 mod tests {
     use super::*;
     use crate::dra::claims::{PreparedClaim, PreparedDevice};
-    use enim_provider::PodRef;
     use enim_provider_static::StaticProvider;
+    use enim_testkit::fixtures::dra_owner;
 
     fn owner(container: &str, pod_uid: Option<&str>) -> EniOwner {
-        EniOwner {
-            network: "enim".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-            pod: PodRef {
-                namespace: "default".into(),
-                name: format!("pod-{container}"),
-                uid: pod_uid.map(str::to_string),
-            },
-        }
+        dra_owner(container, &format!("pod-{container}"), pod_uid)
     }
 
     fn setup() -> (tempfile::TempDir, Arc<Claims>, BoundProvider) {

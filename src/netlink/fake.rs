@@ -213,13 +213,19 @@ impl FakePlumbing {
     }
 
     pub fn host_dev(&self, mac: MacAddr) -> Option<FakeDev> {
+        let found = self.host_devs(|d| (d.link.mac == mac).then(|| d.clone()));
+        found.into_iter().next()
+    }
+
+    /// What `pick` takes from each device in the host, in order.
+    fn host_devs<T>(&self, pick: impl FnMut(&FakeDev) -> Option<T>) -> Vec<T> {
         self.world
             .lock()
             .unwrap()
             .host
             .iter()
-            .find(|d| d.link.mac == mac)
-            .cloned()
+            .filter_map(pick)
+            .collect()
     }
 
     pub fn pod_devs(&self) -> usize {
@@ -270,14 +276,7 @@ impl Plumbing for FakePlumbing {
 
     async fn host_links(&self) -> Result<Vec<LinkInfo>, PlumbingError> {
         self.count("host_links");
-        Ok(self
-            .world
-            .lock()
-            .unwrap()
-            .host
-            .iter()
-            .map(|d| d.link.clone())
-            .collect())
+        Ok(self.host_devs(|d| Some(d.link.clone())))
     }
 
     async fn move_to_pod(
@@ -398,20 +397,13 @@ impl Plumbing for FakePlumbing {
 
     async fn refused_devices(&self, _own: Own<'_>) -> Result<Vec<RefusedDevice>, PlumbingError> {
         let refused = self.refused.lock().unwrap().clone();
-        Ok(self
-            .world
-            .lock()
-            .unwrap()
-            .host
-            .iter()
-            .filter_map(|d| {
-                Some(RefusedDevice {
-                    mac: d.link.mac,
-                    name: d.link.name.clone(),
-                    why: refused.get(&d.link.mac)?.clone(),
-                })
+        Ok(self.host_devs(|d| {
+            Some(RefusedDevice {
+                mac: d.link.mac,
+                name: d.link.name.clone(),
+                why: refused.get(&d.link.mac)?.clone(),
             })
-            .collect())
+        }))
     }
 
     async fn restore_host_link(&self, home: HostLinkHome<'_>) -> Result<bool, PlumbingError> {

@@ -15,7 +15,7 @@ use crate::netlink::{
     HostLinkHome, HostPathSpec, LinkInfo, Own, Plumbing, PlumbingError, PodLinkConfig,
 };
 use crate::store::checkpoint::{Checkpoint, HostHome};
-use crate::support::exclusion::{excluded_owner, Exclusions, Reservation};
+use crate::support::exclusion::{excluded_owner, Exclusions, LiveExclusions, Reservation};
 use crate::support::fault::crash_point;
 use crate::support::metadata::MetadataConfig;
 
@@ -27,7 +27,7 @@ pub struct PrimaryDriver {
     pub(super) checkpoint: Arc<Checkpoint>,
     // Configured exclusions; the node's own devices the provider lists
     // join them as they are found (netlink::handout).
-    pub(super) exclusions: std::sync::RwLock<Exclusions>,
+    pub(super) exclusions: LiveExclusions,
     pub(super) host_path: HostPathConfig,
     pub(super) pod_metadata: MetadataConfig,
 }
@@ -90,7 +90,7 @@ impl PrimaryDriver {
             provider,
             plumbing,
             checkpoint,
-            exclusions: std::sync::RwLock::new(exclusions),
+            exclusions: LiveExclusions::new(exclusions),
             host_path: HostPathConfig::default(),
             pod_metadata: MetadataConfig::default(),
         }
@@ -118,31 +118,19 @@ impl PrimaryDriver {
     }
 
     pub(super) fn exclusions(&self) -> Exclusions {
-        self.exclusions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.exclusions.snapshot()
     }
 
     /// Whether `eni` is excluded now.
     fn is_excluded(&self, eni: &Eni) -> bool {
-        self.exclusions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_excluded(eni)
+        self.exclusions.is_excluded(eni)
     }
 
     /// Excludes `eni` from now on, its device being the node's own; logs
     /// the first time.
     fn refuse(&self, eni: &Eni, device: &str, why: &dyn std::fmt::Display) {
-        let new = self
-            .exclusions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .refuse(eni.mac);
-        if new {
-            tracing::error!(eni = %eni.id, mac = %eni.mac, device, reason = %why, "the provider lists a device of the node's own as an ENI: never handed to a pod; reserved as excluded");
-        }
+        let outcome = "never handed to a pod; reserved as excluded";
+        self.exclusions.refuse(eni, device, why, outcome);
     }
 
     /// Surveys the host for devices never to be handed out

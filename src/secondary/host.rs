@@ -14,7 +14,7 @@ use super::plumbing::{HostEniSpec, SecondaryPlumbing};
 use super::{SecondaryConfig, MAX_DEVICE_INDEX};
 use crate::engine::EngineError;
 use crate::netlink::{PlumbingError, Refusal};
-use crate::support::exclusion::Exclusions;
+use crate::support::exclusion::{Exclusions, LiveExclusions};
 
 /// A host ENI in use by this node.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -153,7 +153,7 @@ pub struct HostEnis {
     enis: RwLock<BTreeMap<String, HostEni>>,
     // ENIs and addresses never used; the primary interface joins them at
     // restore.
-    exclusions: RwLock<Exclusions>,
+    exclusions: LiveExclusions,
     /// The own addresses of every ENI the provider listed last: never a
     /// pod's, whichever ENI shows them as secondary (EC2 never does so;
     /// an emulator may).
@@ -180,7 +180,7 @@ impl HostEnis {
             provider,
             plumbing,
             enis: Default::default(),
-            exclusions: RwLock::new(exclusions),
+            exclusions: LiveExclusions::new(exclusions),
             own_addresses: Default::default(),
         }
     }
@@ -210,31 +210,20 @@ impl HostEnis {
     }
 
     pub(super) fn exclusions(&self) -> Exclusions {
-        self.exclusions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.exclusions.snapshot()
     }
 
     /// Excludes `eni` from now on: its device is the node's own
     /// ([`crate::netlink::handout`]'s rule refused it). Logs the first time.
     pub(super) fn refuse(&self, eni: &Eni, device: &str, why: &Refusal) {
-        let new = self
-            .exclusions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .refuse(eni.mac);
-        if new {
-            tracing::error!(eni = %eni.id, mac = %eni.mac, device, reason = %why, "the provider lists a device of the node's own as an ENI: never used as a host ENI; excluded");
-        }
+        let outcome = "never used as a host ENI; excluded";
+        self.exclusions.refuse(eni, device, why, outcome);
     }
 
     /// Adds the primary interface to the exclusions (renaming the node's
     /// own interface would cut the node off) and returns them.
     pub(super) fn exclude_primary(&self, primary: Option<MacAddr>) -> Exclusions {
-        let mut ex = self.exclusions.write().unwrap_or_else(|p| p.into_inner());
-        *ex = std::mem::take(&mut *ex).with_primary(primary);
-        ex.clone()
+        self.exclusions.with_primary(primary)
     }
 
     /// Notes the own addresses of the ENIs the provider lists now.

@@ -7,7 +7,9 @@
 //! provider, static or cloud, can hand it out, and listings show it as such.
 
 use std::collections::HashSet;
+use std::fmt::Display;
 use std::net::IpAddr;
+use std::sync::RwLock;
 
 use enim_provider::{Eni, EniOwner, MacAddr, PodRef};
 use serde::{Deserialize, Serialize};
@@ -71,6 +73,54 @@ impl Exclusions {
 
     pub fn is_excluded_address(&self, ip: &IpAddr) -> bool {
         self.addresses.contains(ip)
+    }
+}
+
+/// The exclusions a driver holds while it runs: the configured ones, and
+/// the node's own devices as they are found. Both modes share it, so they
+/// refuse and log alike. A poisoned lock is taken over: every write leaves
+/// the set whole.
+#[derive(Debug, Default)]
+pub struct LiveExclusions(RwLock<Exclusions>);
+
+impl LiveExclusions {
+    pub fn new(exclusions: Exclusions) -> Self {
+        LiveExclusions(RwLock::new(exclusions))
+    }
+
+    /// A copy of the exclusions as they are now.
+    pub fn snapshot(&self) -> Exclusions {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether `eni` is excluded now.
+    pub fn is_excluded(&self, eni: &Eni) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_excluded(eni)
+    }
+
+    /// Excludes `eni` from now on: its device `device` is the node's own
+    /// ([`crate::netlink::handout`]'s rule refused it for `why`). Logs the
+    /// first time, `outcome` saying what the mode does with it.
+    pub fn refuse(&self, eni: &Eni, device: &str, why: &dyn Display, outcome: &str) {
+        let new = self
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .refuse(eni.mac);
+        if new {
+            tracing::error!(eni = %eni.id, mac = %eni.mac, device, reason = %why, "the provider lists a device of the node's own as an ENI: {outcome}");
+        }
+    }
+
+    /// Adds the primary interface (see [`Exclusions::with_primary`]) and
+    /// returns the exclusions as they are then.
+    pub fn with_primary(&self, primary: Option<MacAddr>) -> Exclusions {
+        let mut ex = self.0.write().unwrap_or_else(|p| p.into_inner());
+        *ex = std::mem::take(&mut *ex).with_primary(primary);
+        ex.clone()
     }
 }
 

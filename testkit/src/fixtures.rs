@@ -144,6 +144,21 @@ pub fn owner(cid: &str, ifname: &str) -> EniOwner {
     }
 }
 
+/// A DRA-claimed pod's attachment: container `cid`'s eth0 on network
+/// `enim`, in pod default/`pod` with `uid` (the claims are matched by it).
+pub fn dra_owner(cid: &str, pod: &str, uid: Option<&str>) -> EniOwner {
+    EniOwner {
+        network: "enim".into(),
+        container_id: cid.into(),
+        ifname: "eth0".into(),
+        pod: PodRef {
+            namespace: "default".into(),
+            name: pod.into(),
+            uid: uid.map(str::to_string),
+        },
+    }
+}
+
 /// A Kubernetes pod's attachment as the kubelet makes it: pod default/`name`
 /// (uid `uid-<name>`), container `cid-<name>`, eth0, on the conflist's
 /// network `k8s-pod-network`.

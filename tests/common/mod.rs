@@ -14,6 +14,7 @@ use enim::netlink::rtnl::RtnlPlumbing;
 use enim::primary::PrimaryDriver;
 use enim::secondary::{SecondaryConfig, SecondaryDriver};
 use enim::store::checkpoint::Checkpoint;
+use enim_provider::EniProvider;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 
 pub mod cloud_node;
@@ -97,6 +98,16 @@ pub async fn secondary_manager(
     config: SecondaryConfig,
 ) -> Arc<SecondaryEngine> {
     let provider = Arc::new(StaticProvider::new(enis.to_vec()).unwrap());
+    secondary_manager_over(sb, provider, checkpoint, config).await
+}
+
+/// [`secondary_manager`] over any `provider` (a test's own wrapper).
+pub async fn secondary_manager_over(
+    sb: &Sandbox,
+    provider: Arc<dyn EniProvider>,
+    checkpoint: &Path,
+    config: SecondaryConfig,
+) -> Arc<SecondaryEngine> {
     let checkpoint = Arc::new(Checkpoint::open(checkpoint, false).unwrap());
     let driver = SecondaryDriver::over_host(
         config,

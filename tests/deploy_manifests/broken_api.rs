@@ -45,6 +45,16 @@ fn rule_mut<'a>(m: &'a mut Manifests, name: &str, resource: &str) -> &'a mut Pol
         .unwrap()
 }
 
+/// The agent's ClusterRole's rule for `resource`.
+fn agent_rule_mut<'a>(m: &'a mut Manifests, resource: &str) -> &'a mut PolicyRule {
+    rule_mut(m, "enim:agent", resource)
+}
+
+/// The verbs of that rule.
+fn agent_verbs_mut<'a>(m: &'a mut Manifests, resource: &str) -> &'a mut Vec<String> {
+    &mut agent_rule_mut(m, resource).verbs
+}
+
 fn subjects_mut<'a>(m: &'a mut Manifests, binding: &str) -> &'a mut Vec<Subject> {
     by_name_mut(&mut m.cluster_role_bindings, binding)
         .subjects
@@ -82,6 +92,16 @@ fn edit_variable(m: &mut Manifests, name: &str, var: &str, from: &str, to: &str)
     let v = named_mut(&mut named_policy_mut(m, name).variables, var, |v| &v.name);
     assert!(v.expression.contains(from), "{name} {var}: no {from:?}");
     v.expression = v.expression.replace(from, to);
+}
+
+/// [`edit_variable`] of the agent's own-slices policy.
+fn edit_slice_variable(m: &mut Manifests, var: &str, from: &str, to: &str) {
+    edit_variable(m, SLICES, var, from, to)
+}
+
+/// [`edit_variable`] of the agent's own-claims policy.
+fn edit_claim_variable(m: &mut Manifests, var: &str, from: &str, to: &str) {
+    edit_variable(m, CLAIMS, var, from, to)
 }
 
 /// The validation of policy `name` whose expression holds `from`, with
@@ -233,28 +253,20 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         // The agent's DRA grants.
         (
             "agent may delete ResourceSlices",
-            |m| {
-                rule_mut(m, "enim:agent", "resourceslices")
-                    .verbs
-                    .push("delete".into())
-            },
+            |m| agent_verbs_mut(m, "resourceslices").push("delete".into()),
             "ServiceAccount enimd (the agent) is granted more than it uses: \
              delete resource.k8s.io/resourceslices in all namespaces",
         ),
         (
             "agent may list claims",
-            |m| {
-                rule_mut(m, "enim:agent", "resourceclaims")
-                    .verbs
-                    .push("list".into())
-            },
+            |m| agent_verbs_mut(m, "resourceclaims").push("list".into()),
             "ServiceAccount enimd (the agent) is granted more than it uses: \
              list resource.k8s.io/resourceclaims in all namespaces",
         ),
         (
             "agent may update claims, not only their status",
             |m| {
-                rule_mut(m, "enim:agent", "resourceclaims/status")
+                agent_rule_mut(m, "resourceclaims/status")
                     .resources
                     .as_mut()
                     .unwrap()
@@ -265,25 +277,17 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         ),
         (
             "agent cannot patch a claim's status",
-            |m| rule_mut(m, "enim:agent", "resourceclaims/status").verbs = vec!["update".into()],
+            |m| *agent_verbs_mut(m, "resourceclaims/status") = vec!["update".into()],
             "ServiceAccount enimd (the agent) lacks patch resource.k8s.io/resourceclaims/status",
         ),
         (
             "agent cannot create its slice",
-            |m| {
-                rule_mut(m, "enim:agent", "resourceslices")
-                    .verbs
-                    .retain(|v| v != "create")
-            },
+            |m| agent_verbs_mut(m, "resourceslices").retain(|v| v != "create"),
             "ServiceAccount enimd (the agent) lacks create resource.k8s.io/resourceslices",
         ),
         (
             "agent may patch Nodes",
-            |m| {
-                rule_mut(m, "enim:agent", "nodes")
-                    .verbs
-                    .push("patch".into())
-            },
+            |m| agent_verbs_mut(m, "nodes").push("patch".into()),
             "ServiceAccount enimd (the agent) is granted more than it uses: \
              patch core/nodes in all namespaces",
         ),
@@ -481,7 +485,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         ),
         (
             "slice policy ignores the slice before the update",
-            |m| edit_variable(m, SLICES, "oldNode", "oldObject.spec", "object.spec"),
+            |m| edit_slice_variable(m, "oldNode", "oldObject.spec", "object.spec"),
             "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
              token's authentication.kubernetes.io/node-name with object.spec.nodeName and \
              oldObject.spec.nodeName",
@@ -489,49 +493,28 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         (
             "slice policy compares the slice's name",
             |m| {
-                edit_variable(
-                    m,
-                    SLICES,
-                    "newNode",
-                    "object.spec.?nodeName.orValue('')",
-                    "object.metadata.name",
-                )
+                let node = "object.spec.?nodeName.orValue('')";
+                edit_slice_variable(m, "newNode", node, "object.metadata.name");
             },
             "enim-agent-own-slices: no validation compares the token's \
              authentication.kubernetes.io/node-name with object.spec.nodeName",
         ),
         (
             "slice policy ignores the old slice's name",
-            |m| {
-                edit_variable(
-                    m,
-                    SLICES,
-                    "oldName",
-                    "oldObject.metadata",
-                    "object.metadata",
-                )
-            },
+            |m| edit_slice_variable(m, "oldName", "oldObject.metadata", "object.metadata"),
             "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
              token's authentication.kubernetes.io/node-name with object.metadata.name and \
              oldObject.metadata.name",
         ),
         (
             "slice policy takes the node's name for the slice's",
-            |m| edit_variable(m, SLICES, "ownSlice", " + '-enim.io'", ""),
+            |m| edit_slice_variable(m, "ownSlice", " + '-enim.io'", ""),
             "enim-agent-own-slices: no validation compares the token's \
              authentication.kubernetes.io/node-name with object.metadata.name",
         ),
         (
             "slice policy ignores the pool",
-            |m| {
-                edit_variable(
-                    m,
-                    SLICES,
-                    "newPool",
-                    "object.spec.pool.name",
-                    "variables.node",
-                )
-            },
+            |m| edit_slice_variable(m, "newPool", "object.spec.pool.name", "variables.node"),
             "ValidatingAdmissionPolicy enim-agent-own-slices: no validation compares the \
              token's authentication.kubernetes.io/node-name with object.spec.pool.name and \
              oldObject.spec.pool.name",
@@ -559,7 +542,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         ),
         (
             "claim policy ignores the claim before the update",
-            |m| edit_variable(m, CLAIMS, "oldPools", "oldObject.?status", "object.?status"),
+            |m| edit_claim_variable(m, "oldPools", "oldObject.?status", "object.?status"),
             "ValidatingAdmissionPolicy enim-agent-own-claims: no validation compares the \
              token's authentication.kubernetes.io/node-name with \
              oldObject.status.allocation.devices.results",
@@ -568,7 +551,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
             "claim policy counts every driver's devices",
             |m| {
                 let f = ".filter(r, r.driver == 'enim.io')";
-                edit_variable(m, CLAIMS, "oldPools", f, "");
+                edit_claim_variable(m, "oldPools", f, "");
             },
             "enim-agent-own-claims: no validation compares the token's \
              authentication.kubernetes.io/node-name with \
@@ -596,15 +579,7 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         ),
         (
             "claim policy compares the old entries with themselves",
-            |m| {
-                edit_variable(
-                    m,
-                    CLAIMS,
-                    "newDevices",
-                    "object.?status",
-                    "oldObject.?status",
-                )
-            },
+            |m| edit_claim_variable(m, "newDevices", "object.?status", "oldObject.?status"),
             "ValidatingAdmissionPolicy enim-agent-own-claims: no validation compares the \
              token's authentication.kubernetes.io/node-name with object.status.devices and \
              oldObject.status.devices",

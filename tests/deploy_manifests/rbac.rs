@@ -467,8 +467,32 @@ struct Guarded {
 
 /// The agent's writes, each to be kept to its node.
 fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
-    let versions = || DRA_VERSIONS.map(String::from).to_vec();
     let cud: &[&str] = &["CREATE", "UPDATE", "DELETE"];
+    // The DRA objects an agent writes: slices (created, updated and
+    // deleted) and claims' status (updated only).
+    let dra = |what, resource: &str, namespaced, ops, names, holds| Guarded {
+        what,
+        group: DRA_GROUP,
+        versions: DRA_VERSIONS.map(String::from).to_vec(),
+        resources: vec![resource.into()],
+        namespaced,
+        ops,
+        names,
+        holds,
+    };
+    let slice = |names, holds| dra("ResourceSlice", "resourceslices", false, cud, names, holds);
+    let update: &[&str] = &["UPDATE"];
+    let claim_status = |names, holds| {
+        dra(
+            "ResourceClaims",
+            "resourceclaims/status",
+            true,
+            update,
+            names,
+            holds,
+        )
+    };
+    let driver_pool = || vec![".pool".into(), format!("\"{DRA_DRIVER}\"")];
     vec![
         // Named after its node.
         Guarded {
@@ -485,61 +509,31 @@ fn guarded(crd_versions: &[String]) -> Vec<Guarded> {
         // and after: an update must not move a slice between nodes either
         // way, and no agent may take another node's slice name (nodeName is
         // immutable: that node could never publish) or pool.
-        Guarded {
-            what: "ResourceSlice",
-            group: DRA_GROUP,
-            versions: versions(),
-            resources: vec!["resourceslices".into()],
-            namespaced: false,
-            ops: cud,
-            names: vec!["object.spec.nodeName", "oldObject.spec.nodeName"],
-            holds: vec![],
-        },
-        Guarded {
-            what: "ResourceSlice",
-            group: DRA_GROUP,
-            versions: versions(),
-            resources: vec!["resourceslices".into()],
-            namespaced: false,
-            ops: cud,
-            names: vec!["object.metadata.name", "oldObject.metadata.name"],
-            holds: vec![format!("\"-{DRA_DRIVER}\"")],
-        },
-        Guarded {
-            what: "ResourceSlice",
-            group: DRA_GROUP,
-            versions: versions(),
-            resources: vec!["resourceslices".into()],
-            namespaced: false,
-            ops: cud,
-            names: vec!["object.spec.pool.name", "oldObject.spec.pool.name"],
-            holds: vec![],
-        },
+        slice(
+            vec!["object.spec.nodeName", "oldObject.spec.nodeName"],
+            vec![],
+        ),
+        slice(
+            vec!["object.metadata.name", "oldObject.metadata.name"],
+            vec![format!("\"-{DRA_DRIVER}\"")],
+        ),
+        slice(
+            vec!["object.spec.pool.name", "oldObject.spec.pool.name"],
+            vec![],
+        ),
         // The pool of each of its driver's devices allocated before the
         // write, the node's (the allocation may not change: see
         // UNCHANGED_CLAIM_STATUS)...
-        Guarded {
-            what: "ResourceClaims",
-            group: DRA_GROUP,
-            versions: versions(),
-            resources: vec!["resourceclaims/status".into()],
-            namespaced: true,
-            ops: &["UPDATE"],
-            names: vec!["oldObject.status.allocation.devices.results"],
-            holds: vec![".pool".into(), format!("\"{DRA_DRIVER}\"")],
-        },
+        claim_status(
+            vec!["oldObject.status.allocation.devices.results"],
+            driver_pool(),
+        ),
         // ...and each entry of status.devices it writes, its driver's and
         // the node's pool.
-        Guarded {
-            what: "ResourceClaims",
-            group: DRA_GROUP,
-            versions: versions(),
-            resources: vec!["resourceclaims/status".into()],
-            namespaced: true,
-            ops: &["UPDATE"],
-            names: vec!["object.status.devices", "oldObject.status.devices"],
-            holds: vec![".pool".into(), format!("\"{DRA_DRIVER}\"")],
-        },
+        claim_status(
+            vec!["object.status.devices", "oldObject.status.devices"],
+            driver_pool(),
+        ),
     ]
 }
 
