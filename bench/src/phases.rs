@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::agent::{self, Enimd, Mem, NETWORK};
 use crate::exec::{exec, Bins, Call};
 use crate::floor::{self, Floor, HostPathFloor};
-use crate::sandbox::{enter, netns_path, Eni, Sandbox};
+use crate::sandbox::{enter, netns_path, Eni, Sandbox, SERVICE_CIDR};
 use crate::stats::{summarize, Summary};
 use crate::{Opts, R};
 
@@ -58,10 +58,6 @@ pub const LAT_METHODS: [Method; LAT_N] = [
     Method::EnimHostPath,
     Method::FloorHostPath,
 ];
-
-/// The service CIDR of the host path methods (the sandbox host has no
-/// addresses of its own, so it is the one route each pod gets).
-pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 
 impl Method {
     pub fn name(self) -> &'static str {
