@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use enim_core::ratelimit::RateLimit;
 use enim_operator::allocator::Allocator;
-use enim_operator::config::OperatorConfig;
+use enim_operator::config::{ApiRates, OperatorConfig};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -110,7 +110,10 @@ pub fn operator_config(cfg: &FleetCfg) -> OperatorConfig {
         watermarks: super::free_range(cfg.min_free, cfg.max_free),
         subnets: vec!["subnet-sim".into()],
         security_groups: vec!["sg-sim".into()],
-        api_mutating_rate: RateLimit::new(Duration::from_millis(100), 80),
+        api: ApiRates {
+            mutating_rate: RateLimit::new(Duration::from_millis(100), 80),
+            ..ApiRates::default()
+        },
         ..OperatorConfig::default()
     }
 }
