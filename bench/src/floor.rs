@@ -213,7 +213,7 @@ impl Floor {
             "gw",
         )
         .await?;
-        let svc: IpNet = crate::phases::SERVICE_CIDR.parse()?;
+        let svc: IpNet = crate::sandbox::SERVICE_CIDR.parse()?;
         let via = route::via(
             svc,
             gw,

@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::agent::{self, Enimd, Mem, NETWORK};
 use crate::exec::{exec, Bins, Call};
 use crate::floor::{self, Floor, HostPathFloor};
-use crate::sandbox::{enter, netns_path, Eni, Sandbox};
+use crate::sandbox::{enter, netns_path, Eni, Sandbox, SERVICE_CIDR};
 use crate::stats::{summarize, Summary};
 use crate::{Opts, R};
 
@@ -45,7 +45,8 @@ pub enum Method {
     FloorHostPath,
 }
 
-/// Compared everywhere; indices 0, 1, 2 in every per-method array.
+/// Compared everywhere; indices 0, 1, 2 in every per-method array (see
+/// [`Method::index`]).
 pub const METHODS: [Method; 3] = [Method::Enim, Method::HostDevice, Method::Floor];
 /// How many methods the latency loop compares.
 pub const LAT_N: usize = 6;
@@ -58,10 +59,6 @@ pub const LAT_METHODS: [Method; LAT_N] = [
     Method::EnimHostPath,
     Method::FloorHostPath,
 ];
-
-/// The service CIDR of the host path methods (the sandbox host has no
-/// addresses of its own, so it is the one route each pod gets).
-pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 
 impl Method {
     pub fn name(self) -> &'static str {
@@ -83,6 +80,13 @@ impl Method {
             Method::EnimHostPath => "enim_host_path",
             Method::FloorHostPath => "floor_host_path",
         }
+    }
+
+    /// Its place in [`LAT_METHODS`] (and, for the first three, in
+    /// [`METHODS`]): where its figures are in every per-method array. The
+    /// variants are declared in that order.
+    pub const fn index(self) -> usize {
+        self as usize
     }
 
     fn is_enim(self) -> bool {
@@ -650,5 +654,18 @@ struct RemoveDir(PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_is_at_its_index_in_the_per_method_arrays() {
+        for (i, m) in LAT_METHODS.iter().enumerate() {
+            assert_eq!(m.index(), i, "{}", m.name());
+        }
+        assert_eq!(METHODS, LAT_METHODS[..METHODS.len()]);
     }
 }

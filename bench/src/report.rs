@@ -6,6 +6,9 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+use crate::phases::Method::{
+    self, Enim, EnimHostPath, EnimNoFsync, Floor, FloorHostPath, HostDevice,
+};
 use crate::phases::{Results, LAT_METHODS, METHODS};
 use crate::stats::Summary;
 
@@ -26,13 +29,6 @@ fn ratio(a: f64, b: f64) -> f64 {
         f64::NAN
     }
 }
-
-const ENIM: usize = 0;
-const HD: usize = 1;
-const FLOOR: usize = 2;
-const NO_FSYNC: usize = 3;
-const HOST_PATH: usize = 4;
-const FLOOR_HOST_PATH: usize = 5;
 
 /// How a figure must compare with its target's limit.
 #[derive(Clone, Copy)]
@@ -61,8 +57,8 @@ impl Cmp {
 
 pub fn targets(r: &Results) -> Vec<Target> {
     use Cmp::{Ge, Le, Lt};
-    let add = |i: usize| r.lat[i].0.p50;
-    let del = |i: usize| r.lat[i].1.p50;
+    let add = |m: Method| r.lat[m.index()].0.p50;
+    let del = |m: Method| r.lat[m.index()].1.p50;
     // One row a target: its name, this run's figure, how the figure must
     // compare with the limit, the limit and its unit. A macro, so that the
     // table stays one row a line.
@@ -72,21 +68,21 @@ pub fn targets(r: &Results) -> Vec<Target> {
         };
     }
     let mut t = Vec::from(judged! {
-        "ADD p50 enim / floor": ratio(add(ENIM), add(FLOOR)), Le 1.05 "×";
-        "ADD p50 enim / host-device": ratio(add(ENIM), add(HD)), Le 0.8 "×";
-        "DEL p50 enim / floor": ratio(del(ENIM), del(FLOOR)), Le 1.05 "×";
-        "DEL p50 enim / host-device": ratio(del(ENIM), del(HD)), Le 0.8 "×";
+        "ADD p50 enim / floor": ratio(add(Enim), add(Floor)), Le 1.05 "×";
+        "ADD p50 enim / host-device": ratio(add(Enim), add(HostDevice)), Le 0.8 "×";
+        "DEL p50 enim / floor": ratio(del(Enim), del(Floor)), Le 1.05 "×";
+        "DEL p50 enim / host-device": ratio(del(Enim), del(HostDevice)), Le 0.8 "×";
         "ADD p50 enim with host path / floor with host path":
-            ratio(add(HOST_PATH), add(FLOOR_HOST_PATH)), Le 1.10 "×";
-        "ADD p50 enim with host path / host-device": ratio(add(HOST_PATH), add(HD)), Lt 1.0 "×";
+            ratio(add(EnimHostPath), add(FloorHostPath)), Le 1.10 "×";
+        "ADD p50 enim with host path / host-device": ratio(add(EnimHostPath), add(HostDevice)), Lt 1.0 "×";
         "DEL p50 enim with host path / floor with host path":
-            ratio(del(HOST_PATH), del(FLOOR_HOST_PATH)), Le 1.10 "×";
+            ratio(del(EnimHostPath), del(FloorHostPath)), Le 1.10 "×";
     });
     if let Some(top) = r.throughput.iter().max_by_key(|t| t.level) {
-        let of = |base| ratio(top.rate(ENIM), top.rate(base));
+        let of = |base| ratio(top.rate(Enim), top.rate(base));
         t.extend(judged! {
-            "cycles/s at the top level enim / host-device": of(HD), Ge 1.0 "×";
-            "cycles/s at the top level enim / floor": of(FLOOR), Ge 0.95 "×";
+            "cycles/s at the top level enim / host-device": of(HostDevice), Ge 1.0 "×";
+            "cycles/s at the top level enim / floor": of(Floor), Ge 0.95 "×";
         });
     }
     t.extend(judged! {
@@ -105,24 +101,24 @@ pub fn targets(r: &Results) -> Vec<Target> {
 /// millisecond or more fails the day it lands. The goals are
 /// [`targets`]; this only catches a slide.
 pub fn guard(r: &Results) -> Vec<Target> {
-    let add = |i: usize| trimmed_mean(&r.lat_raw[i].0);
-    let del = |i: usize| trimmed_mean(&r.lat_raw[i].1);
+    let add = |m: Method| trimmed_mean(&r.lat_raw[m.index()].0);
+    let del = |m: Method| trimmed_mean(&r.lat_raw[m.index()].1);
     Vec::from([
         Cmp::Le.judge(
             "ADD trimmed mean enim / floor",
-            ratio(add(ENIM), add(FLOOR)),
+            ratio(add(Enim), add(Floor)),
             GUARD,
             "×",
         ),
         Cmp::Le.judge(
             "DEL trimmed mean enim / floor",
-            ratio(del(ENIM), del(FLOOR)),
+            ratio(del(Enim), del(Floor)),
             GUARD,
             "×",
         ),
         Cmp::Le.judge(
             "DEL trimmed mean enim with host path / floor with host path",
-            ratio(del(HOST_PATH), del(FLOOR_HOST_PATH)),
+            ratio(del(EnimHostPath), del(FloorHostPath)),
             GUARD,
             "×",
         ),
@@ -233,32 +229,39 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "| ratio | of p50 | of means |");
     let _ = writeln!(s, "|---|---:|---:|");
     for (op, pick) in [("ADD", 0), ("DEL", 1)] {
-        let x = |i: usize| if pick == 0 { r.lat[i].0 } else { r.lat[i].1 };
+        let x = |m: Method| {
+            let (add, del) = r.lat[m.index()];
+            if pick == 0 {
+                add
+            } else {
+                del
+            }
+        };
         for (a, b) in [
-            (ENIM, FLOOR),
-            (ENIM, HD),
-            (NO_FSYNC, FLOOR),
-            (NO_FSYNC, HD),
-            (HOST_PATH, FLOOR_HOST_PATH),
-            (HOST_PATH, HD),
+            (Enim, Floor),
+            (Enim, HostDevice),
+            (EnimNoFsync, Floor),
+            (EnimNoFsync, HostDevice),
+            (EnimHostPath, FloorHostPath),
+            (EnimHostPath, HostDevice),
         ] {
             let _ = writeln!(
                 s,
                 "| {op} {} / {} | {} | {} |",
-                LAT_METHODS[a].name(),
-                LAT_METHODS[b].name(),
+                a.name(),
+                b.name(),
                 f2(ratio(x(a).p50, x(b).p50)),
                 f2(ratio(x(a).mean, x(b).mean))
             );
         }
     }
-    let added = |i: usize, j: usize| r.lat[i].0.p50 - r.lat[j].0.p50;
+    let added = |a: Method, b: Method| r.lat[a.index()].0.p50 - r.lat[b.index()].0.p50;
     let _ = writeln!(
         s,
         "\nThe host path adds {} ms to enim's ADD p50 ({} ms to the floor's); DEL: {} ms.",
-        f2(added(HOST_PATH, ENIM)),
-        f2(added(FLOOR_HOST_PATH, FLOOR)),
-        f2(r.lat[HOST_PATH].1.p50 - r.lat[ENIM].1.p50)
+        f2(added(EnimHostPath, Enim)),
+        f2(added(FloorHostPath, Floor)),
+        f2(r.lat[EnimHostPath.index()].1.p50 - r.lat[Enim.index()].1.p50)
     );
     let _ = writeln!(
         s,
@@ -278,11 +281,11 @@ pub fn markdown(r: &Results) -> String {
             s,
             "| {} | {} | {} | {} | {} | {} |",
             t.level,
-            f2(t.rate(ENIM)),
-            f2(t.rate(HD)),
-            f2(t.rate(FLOOR)),
-            f2(ratio(t.rate(ENIM), t.rate(HD))),
-            f2(ratio(t.rate(ENIM), t.rate(FLOOR)))
+            f2(t.rate(Enim)),
+            f2(t.rate(HostDevice)),
+            f2(t.rate(Floor)),
+            f2(ratio(t.rate(Enim), t.rate(HostDevice))),
+            f2(ratio(t.rate(Enim), t.rate(Floor)))
         );
     }
     let _ = writeln!(
@@ -312,7 +315,7 @@ pub fn markdown(r: &Results) -> String {
             "{} ms ({} ms each; floor DEL p50 {} ms)",
             f2(sc.gc_moved_ms),
             f2(sc.gc_moved_ms / float(sc.gc_moved)),
-            f2(r.lat[FLOOR].1.p50)
+            f2(r.lat[Floor.index()].1.p50)
         ),
     );
     row(
@@ -372,7 +375,7 @@ pub fn markdown(r: &Results) -> String {
         ),
     );
 
-    if !r.lat_raw[ENIM].0.is_empty() {
+    if !r.lat_raw[Enim.index()].0.is_empty() {
         let _ = writeln!(s, "\n### Slide guard (CI fails the smoke run past it)\n");
         let _ = writeln!(s, "| ratio | value | limit | met |");
         let _ = writeln!(s, "|---|---:|---:|---|");
@@ -428,11 +431,11 @@ pub fn json(r: &Results) -> Value {
                     json!({
                         "cycles": t.cycles[i],
                         "wall_s": t.wall[i].as_secs_f64(),
-                        "cycles_per_s": t.rate(i),
+                        "cycles_per_s": t.rate(*m),
                     }),
                 );
             }
-            json!({"parallel": t.level, "methods": per, "enim_over_host_device": ratio(t.rate(ENIM), t.rate(HD)), "enim_over_floor": ratio(t.rate(ENIM), t.rate(FLOOR))})
+            json!({"parallel": t.level, "methods": per, "enim_over_host_device": ratio(t.rate(Enim), t.rate(HostDevice)), "enim_over_floor": ratio(t.rate(Enim), t.rate(Floor))})
         })
         .collect();
     let targets: Vec<Value> = targets(r)
@@ -450,10 +453,10 @@ pub fn json(r: &Results) -> Value {
         "latency_order": r.lat_order.iter().map(|o| o.iter().map(|&i| LAT_METHODS[i].key()).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "latency_ms": lat,
         "ratios": {
-            "add_p50_enim_over_floor": ratio(r.lat[ENIM].0.p50, r.lat[FLOOR].0.p50),
-            "add_p50_enim_over_host_device": ratio(r.lat[ENIM].0.p50, r.lat[HD].0.p50),
-            "del_p50_enim_over_floor": ratio(r.lat[ENIM].1.p50, r.lat[FLOOR].1.p50),
-            "del_p50_enim_over_host_device": ratio(r.lat[ENIM].1.p50, r.lat[HD].1.p50),
+            "add_p50_enim_over_floor": ratio(r.lat[Enim.index()].0.p50, r.lat[Floor.index()].0.p50),
+            "add_p50_enim_over_host_device": ratio(r.lat[Enim.index()].0.p50, r.lat[HostDevice.index()].0.p50),
+            "del_p50_enim_over_floor": ratio(r.lat[Enim.index()].1.p50, r.lat[Floor.index()].1.p50),
+            "del_p50_enim_over_host_device": ratio(r.lat[Enim.index()].1.p50, r.lat[HostDevice.index()].1.p50),
         },
         "throughput": throughput,
         "scale": {

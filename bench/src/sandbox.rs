@@ -18,6 +18,10 @@ use nix::sched::{setns, CloneFlags};
 
 use crate::R;
 
+/// The service CIDR of the host path methods (the sandbox host has no
+/// addresses of its own, so it is the one route each pod gets).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
+
 /// One stand-in ENI: the near end of a veth pair in the host namespace.
 #[derive(Debug, Clone)]
 pub struct Eni {

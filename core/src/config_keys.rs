@@ -35,6 +35,19 @@ impl KeyMove {
     }
 }
 
+/// The flat rate keys of before, read now as the `api` table's: the AWS
+/// node's (`[provider]`) and the operator's own (`[operator]`).
+pub const FLAT_RATE_MOVES: [KeyMove; 2] = [
+    KeyMove {
+        old: "api_mutating_rate",
+        new: "api.mutating_rate",
+    },
+    KeyMove {
+        old: "api_describe_rate",
+        new: "api.read_rate",
+    },
+];
+
 /// Rewrites the old keys of a table whose values changed meaning as they
 /// moved (the warm pool's `max_free`, a bound, is now
 /// `max_above_watermark`, a difference); returns the warnings to log.
@@ -43,7 +56,8 @@ impl KeyMove {
 pub type Rewrite = fn(section: &str, table: &mut Map<String, Value>) -> Result<Vec<String>, String>;
 
 /// How one config type is read: the section it is in (`provider` for
-/// enimd's, `cloud` for the operator's), for messages; the keys that moved;
+/// enimd's, `cloud` for the operator's cloud, `operator` for its policy),
+/// for messages; the keys that moved;
 /// the defaults of its `api` table, for a cloud's config; and its
 /// [`Rewrite`], if any.
 #[derive(Debug, Clone)]

@@ -1,15 +1,24 @@
 //! The operator's config (`enim-operator.toml`): the cluster it serves, the
 //! pool policy it writes into every NetResourceSet, and the pace of its
-//! cloud calls.
+//! cloud calls (its `api` table, [`ApiRates`], with the rate keys of the
+//! clouds' `api` tables).
+//!
+//! The flat rate keys of before ([`MOVES`]) are still read, with a
+//! deprecation warning, through the same [`serde_with_moved_keys!`] the
+//! clouds' configs use; a file that sets a key under both names is
+//! refused.
 //!
 //! Invariants once [`OperatorConfig::validate`] passed: the cluster name
 //! fits a cloud tag; every interval is above zero; `workers` is at least
 //! one; both API rates are usable token buckets; `reap_cooldown` is at
 //! least [`MIN_REAP_COOLDOWN`], so a new ENI (unattached between its create
 //! and its attach) is never taken for a leak.
+//!
+//! [`serde_with_moved_keys!`]: enim_core::serde_with_moved_keys
 
 use std::time::Duration;
 
+use enim_core::config_keys::{ConfigKeys, KeyMove, FLAT_RATE_MOVES};
 use enim_core::ratelimit::RateLimit;
 use enim_core::{Mode, Watermarks};
 use enim_provider::cloud::validate_cluster_name;
@@ -22,9 +31,13 @@ pub const MAX_WORKERS: usize = 256;
 
 /// Mutating calls of the whole cluster: ten a second, twenty at once.
 pub const DEFAULT_MUTATING_RATE: RateLimit = RateLimit::new(Duration::from_millis(100), 20);
-/// Describes of the whole cluster: one a second, five at once. A resync
-/// lists the cluster once, so this is plenty.
-pub const DEFAULT_DESCRIBE_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 5);
+/// Reads (describes) of the whole cluster: one a second, five at once. A
+/// resync lists the cluster once, so this is plenty.
+pub const DEFAULT_READ_RATE: RateLimit = RateLimit::new(Duration::from_secs(1), 5);
+
+/// The keys that moved into `api`, named as in the clouds' `api` tables
+/// (the AWS node's config moved the same two).
+pub const MOVES: &[KeyMove] = &FLAT_RATE_MOVES;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -63,8 +76,30 @@ fn default_watermarks() -> Watermarks {
     DEFAULT_WATERMARKS
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The `[operator.api]` table: the whole cluster's token buckets for cloud
+/// calls, which the allocator's calls take from on top of the cloud
+/// client's own (`[cloud.api]`). A key left out keeps its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct ApiRates {
+    /// Mutating cloud calls (create, attach, detach, delete, assign,
+    /// unassign) of the whole cluster.
+    pub mutating_rate: RateLimit,
+    /// Reads (the cluster listing, instance types) of the whole cluster.
+    pub read_rate: RateLimit,
+}
+
+impl Default for ApiRates {
+    fn default() -> Self {
+        ApiRates {
+            mutating_rate: DEFAULT_MUTATING_RATE,
+            read_rate: DEFAULT_READ_RATE,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct OperatorConfig {
     /// The cluster's name: the tag every ENI of the cluster carries.
     pub cluster: String,
@@ -76,12 +111,8 @@ pub struct OperatorConfig {
     pub security_groups: Vec<String>,
     /// Nodes worked on at once in a resync.
     pub workers: usize,
-    /// Mutating cloud calls (create, attach, detach, delete, assign,
-    /// unassign) of the whole cluster.
-    pub api_mutating_rate: RateLimit,
-    /// Describes (the cluster listing, instance types) of the whole
-    /// cluster.
-    pub api_describe_rate: RateLimit,
+    /// The pace of the whole cluster's cloud calls.
+    pub api: ApiRates,
     /// The runtime's resync timer, and the age past which a resync lists
     /// the cloud again (resyncs in between plan from the last listing,
     /// amended with the operator's own calls).
@@ -98,6 +129,16 @@ pub struct OperatorConfig {
     pub reap_interval: Duration,
 }
 
+enim_core::serde_with_moved_keys!(
+    OperatorConfig,
+    ConfigKeys {
+        section: "operator",
+        moves: MOVES,
+        api_defaults: None,
+        rewrite: None,
+    }
+);
+
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
@@ -107,8 +148,7 @@ impl Default for OperatorConfig {
             subnets: Vec::new(),
             security_groups: Vec::new(),
             workers: 8,
-            api_mutating_rate: DEFAULT_MUTATING_RATE,
-            api_describe_rate: DEFAULT_DESCRIBE_RATE,
+            api: ApiRates::default(),
             resync_interval: Duration::from_secs(30),
             node_grace: Duration::from_secs(300),
             reap_cooldown: Duration::from_secs(600),
@@ -137,11 +177,13 @@ impl OperatorConfig {
                 format!("{} is not in 1..={MAX_WORKERS}", self.workers),
             );
         }
-        if let Err(why) = self.api_mutating_rate.validate() {
-            return bad("api_mutating_rate", why);
-        }
-        if let Err(why) = self.api_describe_rate.validate() {
-            return bad("api_describe_rate", why);
+        for (key, rate) in [
+            ("api.mutating_rate", self.api.mutating_rate),
+            ("api.read_rate", self.api.read_rate),
+        ] {
+            if let Err(why) = rate.validate() {
+                return bad(key, why);
+            }
         }
         for (key, d) in [
             ("resync_interval", self.resync_interval),
@@ -187,6 +229,8 @@ impl OperatorConfig {
 
 #[cfg(test)]
 mod tests {
+    use enim_core::testing::{read_with_deprecations, read_without_warnings};
+
     use super::*;
 
     #[test]
@@ -199,7 +243,8 @@ mod tests {
             security_groups = ["sg-1"]
             workers = 4
             node_grace = "2m"
-            api_mutating_rate = { every = "50ms", burst = 100 }
+            [api]
+            mutating_rate = { every = "50ms", burst = 100 }
             [watermarks]
             pre_allocate = 8
             "#,
@@ -211,10 +256,10 @@ mod tests {
         assert_eq!(c.watermarks.pre_allocate, 8);
         assert_eq!(c.watermarks.max_above_watermark, 2);
         assert_eq!(
-            c.api_mutating_rate,
+            c.api.mutating_rate,
             RateLimit::new(Duration::from_millis(50), 100)
         );
-        assert_eq!(c.api_describe_rate, DEFAULT_DESCRIBE_RATE);
+        assert_eq!(c.api.read_rate, DEFAULT_READ_RATE);
         assert_eq!(c.resync_interval, Duration::from_secs(30));
         let p = c.policy();
         assert_eq!(p.watermarks.pre_allocate, 8);
@@ -237,8 +282,12 @@ mod tests {
                 "resync_interval",
             ),
             (
+                "cluster = \"c\"\n[api]\nread_rate = { every = \"1s\", burst = 0 }",
+                "api.read_rate",
+            ),
+            (
                 "cluster = \"c\"\napi_describe_rate = { every = \"1s\", burst = 0 }",
-                "api_describe_rate",
+                "api.read_rate",
             ),
             ("cluster = \"c\"\nsubnets = [\"\"]", "subnets"),
         ];
@@ -253,5 +302,62 @@ mod tests {
             e.to_string(),
             "operator config: workers: 0 is not in 1..=256"
         );
+    }
+
+    /// The flat rate keys of before: each read as its `api` key, with a
+    /// warning that names it.
+    #[test]
+    fn old_rate_keys_are_read_as_the_api_table_with_a_warning() {
+        let text = "cluster = \"c\"\n\
+                    api_mutating_rate = { every = \"50ms\", burst = 100 }\n\
+                    api_describe_rate = { every = \"2s\", burst = 3 }";
+        let old = read_with_deprecations("operator", MOVES, || OperatorConfig::from_toml(text));
+        let new = read_without_warnings(|| {
+            OperatorConfig::from_toml(
+                "cluster = \"c\"\n[api]\n\
+                 mutating_rate = { every = \"50ms\", burst = 100 }\n\
+                 read_rate = { every = \"2s\", burst = 3 }",
+            )
+        });
+        assert_eq!(old, new);
+        assert_eq!(
+            new.api,
+            ApiRates {
+                mutating_rate: RateLimit::new(Duration::from_millis(50), 100),
+                read_rate: RateLimit::new(Duration::from_secs(2), 3),
+            }
+        );
+        // One moved key leaves the other's default alone.
+        let one = OperatorConfig::from_toml(
+            "cluster = \"c\"\napi_describe_rate = { every = \"2s\", burst = 3 }",
+        )
+        .unwrap();
+        assert_eq!(one.api.mutating_rate, DEFAULT_MUTATING_RATE);
+        let written = toml::to_string(&new).unwrap();
+        assert!(written.contains("[api"), "{written}");
+        assert_eq!(OperatorConfig::from_toml(&written).unwrap(), new);
+    }
+
+    /// As the clouds' configs: either choice would drop one of them.
+    #[test]
+    fn a_rate_key_given_under_both_names_is_refused() {
+        for (text, new) in [
+            (
+                "cluster = \"c\"\napi_mutating_rate = { every = \"1s\", burst = 1 }\n\
+                 [api]\nmutating_rate = { every = \"1s\", burst = 2 }",
+                "api.mutating_rate",
+            ),
+            (
+                "cluster = \"c\"\napi_describe_rate = { every = \"1s\", burst = 1 }\n\
+                 [api]\nread_rate = { every = \"1s\", burst = 2 }",
+                "api.read_rate",
+            ),
+        ] {
+            let e = OperatorConfig::from_toml(text).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Parse(m) if m.contains(&format!("(deprecated) and {new}: keep only {new}"))),
+                "{text}: {e}"
+            );
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Fixtures: the static ENIs a sandbox stands in for, as the static
-//! provider's config declares them, an enimd config over them, and pod
-//! owners.
+//! provider's config declares them (their MTUs at home and in a pod
+//! included), an enimd config over them, and pod owners.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use enim_core::{EniOwner, MacAddr, PodRef};
 use enim_provider_static::StaticEniConfig;
 
-use crate::sandbox::POD_MTU;
+/// The ENIs' MTU at home, in the host namespace.
+pub const HOST_MTU: u32 = 1500;
+/// The ENIs' MTU in a pod (their config's `mtu`).
+pub const POD_MTU: u32 = 9000;
 
 /// The sandbox's ENI i: MAC 02:e1:00:00:00:<i+1>, 10.77.i.10/24 with
 /// gateway .1, fd00:e1:i::10/64 with gateway ::1, pod MTU 9000.

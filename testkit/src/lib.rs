@@ -5,7 +5,8 @@
 //!   uniquely named network namespaces, removed on drop, pass or fail;
 //! - [`Sandbox`]: a host namespace with veth pairs standing in for ENIs,
 //!   their far ends in a gateway namespace, and the fixtures that describe
-//!   those ENIs to a static provider ([`fixtures`]);
+//!   those ENIs to a static provider ([`fixtures`]), and
+//!   [`assert_invariant`]: every ENI in one pod or home, as the agent says;
 //! - [`Agent`]: a real `enimd` process (start, wait ready, SIGTERM and wait,
 //!   `enimctl --json`), and [`cni`]: the real plugin exec'd as a runtime does
 //!   ([`plugin`]: built for tests outside its package);
@@ -30,6 +31,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod cni;
 pub mod fixtures;
+pub mod invariant;
 pub mod metadata_stub;
 pub mod netns;
 pub mod plugin;
@@ -46,9 +48,10 @@ pub mod vpc;
 
 pub use agent::{enimctl, sigterm_and_wait, Agent, Bins};
 pub use cni::{exec_plugin, CniOutput};
-pub use fixtures::owner;
+pub use fixtures::{owner, HOST_MTU, POD_MTU};
+pub use invariant::assert_invariant;
 pub use netns::{ip_batch, netns_path, run_ok, sh, sh_ok, NamedNetns, NetnsSet};
-pub use sandbox::{assert_invariant, Sandbox, HOST_MTU, POD_MTU};
+pub use sandbox::Sandbox;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

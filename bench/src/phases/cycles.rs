@@ -118,8 +118,9 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    pub fn rate(&self, idx: usize) -> f64 {
-        crate::stats::float(self.cycles[idx]) / self.wall[idx].as_secs_f64()
+    pub fn rate(&self, m: Method) -> f64 {
+        let i = m.index();
+        crate::stats::float(self.cycles[i]) / self.wall[i].as_secs_f64()
     }
 }
 

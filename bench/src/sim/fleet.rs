@@ -119,10 +119,13 @@ pub fn pod_stats(results: &[PodResult]) -> PodStats {
     }
 }
 
+/// What a fleet run measures of the timeline, phase by phase: the same
+/// figures for the per-node agents ([`Fleet`]) and for the operator
+/// ([`super::operator::OperatorRun`]), so that they compare one to one.
 #[derive(Debug, Clone)]
-pub struct Fleet {
+pub struct Timeline {
     pub cfg: FleetCfg,
-    /// First agent start → every pool at `min_free`.
+    /// First node's start → every pool at `min_free`.
     pub warmup: Duration,
     pub warmup_counts: Counts,
     pub idle: Counts,
@@ -137,13 +140,75 @@ pub struct Fleet {
     /// The start-up's calls (the whole account's, churn included).
     pub start_counts: Counts,
     pub start_pods: PodStats,
-    /// Agents restarted because their pool failed to start.
-    pub agent_restarts: u64,
     /// The buckets' bound on the start-up: the longest refill any action
     /// needs for the new nodes' calls.
     pub start_bucket_bound: Duration,
     /// One node's creates one after another at the mean attach time.
     pub start_latency_bound: Duration,
+}
+
+impl Timeline {
+    /// The phases' figures, with the start-up's bounds ([`start_bounds`]).
+    pub fn new(
+        cfg: FleetCfg,
+        (warmup, warmup_counts): (Duration, Counts),
+        idle: Counts,
+        churn: Counts,
+        start: StartUp,
+        (churn_pods, start_pods): (PodStats, PodStats),
+    ) -> Timeline {
+        let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
+        Timeline {
+            warmup,
+            warmup_counts,
+            idle,
+            churn,
+            churn_pods,
+            start_done: start.done,
+            start_per_node: start.per_node,
+            pods_ready: start.pods_ready,
+            start_counts: start.counts,
+            start_pods,
+            start_bucket_bound,
+            start_latency_bound,
+            cfg,
+        }
+    }
+
+    /// The start-up's bound: the longer of the buckets' and the latency
+    /// bound.
+    pub fn bound(&self) -> Duration {
+        self.start_bucket_bound.max(self.start_latency_bound)
+    }
+
+    /// The start-up over its [`Self::bound`].
+    pub fn start_ratio(&self) -> f64 {
+        self.start_done.as_secs_f64() / self.bound().as_secs_f64()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub timeline: Timeline,
+    /// Agents restarted because their pool failed to start.
+    pub agent_restarts: u64,
+}
+
+/// How long a run waits for a phase to end, and how often it looks.
+pub const LIMIT: Duration = Duration::from_secs(6 * 3600);
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// The start-up's end, as [`started_up`] measures it.
+pub struct StartUp {
+    /// New nodes' start → every new pool has reached `min_free`.
+    pub done: Duration,
+    pub per_node: Summary,
+    /// The account's calls meanwhile.
+    pub counts: Counts,
+    /// New nodes' start → every pod on them has its result.
+    pub pods_ready: Duration,
+    /// The new nodes' pods'.
+    pub results: Vec<PodResult>,
 }
 
 struct Node {
@@ -328,15 +393,9 @@ pub async fn churn_window(cfg: &FleetCfg, account: &Account) -> (Counts, Instant
     (account.counts().since(&c1), start, end)
 }
 
-/// Waits a `tick` at a time until `done(j)` has held for each of the `n`
-/// new nodes: when each first did, after `s0`; `None` past `limit`.
-pub async fn each_done(
-    n: usize,
-    done: impl Fn(usize) -> bool,
-    s0: Instant,
-    limit: Duration,
-    tick: Duration,
-) -> Option<Vec<Duration>> {
+/// Waits a [`TICK`] at a time until `done(j)` has held for each of the
+/// `n` new nodes: when each first did, after `s0`; `None` past [`LIMIT`].
+async fn each_done(n: usize, done: impl Fn(usize) -> bool, s0: Instant) -> Option<Vec<Duration>> {
     let mut done_at: Vec<Option<Duration>> = vec![None; n];
     loop {
         for (j, at) in done_at.iter_mut().enumerate() {
@@ -347,20 +406,63 @@ pub async fn each_done(
         if done_at.iter().all(Option::is_some) {
             return Some(done_at.into_iter().flatten().collect());
         }
-        if s0.elapsed() > limit {
+        if s0.elapsed() > LIMIT {
             return None;
         }
-        tokio::time::sleep(tick).await;
+        tokio::time::sleep(TICK).await;
     }
 }
 
 /// The new nodes' pods' results, each once it has one.
-pub async fn results(pods: Vec<JoinHandle<Result<PodResult, JoinError>>>) -> R<Vec<PodResult>> {
+async fn results(pods: Vec<JoinHandle<Result<PodResult, JoinError>>>) -> R<Vec<PodResult>> {
     let mut results = Vec::new();
     for p in pods {
         results.push(p.await??);
     }
     Ok(results)
+}
+
+/// The warm-up's end: once `ready()` (every pool at `min_free`), its time
+/// since `t0` and the account's calls; `who`'s error past [`LIMIT`].
+pub async fn warmed_up(
+    who: &str,
+    ready: impl Fn() -> bool,
+    t0: Instant,
+    account: &Account,
+) -> R<(Duration, Counts)> {
+    while !ready() {
+        if t0.elapsed() > LIMIT {
+            return Err(format!("{who}: warm-up not done after {LIMIT:?}").into());
+        }
+        tokio::time::sleep(TICK).await;
+    }
+    Ok((t0.elapsed(), account.counts()))
+}
+
+/// The start-up's end: once each of the `n` new nodes is `free(j)` (its
+/// pool at `min_free`), then once their `pods` all have a result; times
+/// from `s0`, calls since `c0`. `who`'s error past [`LIMIT`].
+pub async fn started_up(
+    who: &str,
+    n: usize,
+    free: impl Fn(usize) -> bool,
+    (s0, c0): (Instant, &Counts),
+    account: &Account,
+    pods: Vec<JoinHandle<Result<PodResult, JoinError>>>,
+) -> R<StartUp> {
+    let Some(per_node) = each_done(n, free, s0).await else {
+        return Err(format!("{who}: start-up of {n} nodes not done after {LIMIT:?}").into());
+    };
+    let done = s0.elapsed();
+    let counts = account.counts().since(c0);
+    let results = results(pods).await?;
+    Ok(StartUp {
+        done,
+        per_node: summarize(&per_node),
+        counts,
+        pods_ready: s0.elapsed(),
+        results,
+    })
 }
 
 /// Wind-down: `stop` the drivers, then every churn pod ends (or gives
@@ -436,8 +538,6 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         ledger: Arc::new(Ledger::default()),
         restarts: Arc::new(AtomicU64::new(0)),
     };
-    let tick = Duration::from_secs(1);
-    let limit = Duration::from_secs(6 * 3600);
 
     // 1. Warm-up.
     let t0 = Instant::now();
@@ -449,14 +549,8 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         nodes.push(node);
         agents.push(task);
     }
-    while !all_at_min_free(&nodes, cfg.min_free) {
-        if t0.elapsed() > limit {
-            return Err(format!("fleet: warm-up not done after {limit:?}").into());
-        }
-        tokio::time::sleep(tick).await;
-    }
-    let warmup = t0.elapsed();
-    let warmup_counts = sim.account.counts();
+    let ready = || all_at_min_free(&nodes, cfg.min_free);
+    let warmup = warmed_up("fleet", ready, t0, &sim.account).await?;
 
     // 2. Idle.
     let idle = settle_and_idle(&cfg, &sim.account).await;
@@ -503,24 +597,23 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
             .get()
             .is_some_and(|p| p.stats().available >= cfg.min_free)
     };
-    let Some(per_node_done) = each_done(cfg.start_nodes, free, s0, limit, tick).await else {
-        return Err(format!(
-            "fleet: start-up of {} nodes not done after {limit:?}",
-            cfg.start_nodes
-        )
-        .into());
-    };
-    let start_done = s0.elapsed();
-    let start_counts = sim.account.counts().since(&c2);
+    let start = started_up(
+        "fleet",
+        cfg.start_nodes,
+        free,
+        (s0, &c2),
+        &sim.account,
+        new_pods,
+    )
+    .await?;
+    // Every pool up (each new one at min_free): no agent restarts since.
     let agent_restarts = sim.restarts.load(Ordering::Relaxed) - restarts_before;
-    let start_results = results(new_pods).await?;
-    let pods_ready = s0.elapsed();
+    let start_results = &start.results;
 
     // Wind down: no more arrivals; every churn pod ends (or gives up).
     let window = (churn_start, churn_end);
     let churn_results = churn_results("fleet", &stop, drivers, &churn_pods, window).await?;
-    let (churn_pods, start_pods) =
-        checked_pods("fleet", &churn_results, &start_results, &sim.ledger)?;
+    let pods = checked_pods("fleet", &churn_results, start_results, &sim.ledger)?;
     // The churn's pods have all left; the new nodes' pods stay.
     if sim.ledger.held() != start_results.len() {
         return Err(format!(
@@ -537,7 +630,7 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         if t.elapsed() > Duration::from_secs(3600) {
             return Err("fleet: pools not back at min_free an hour after the end".into());
         }
-        tokio::time::sleep(tick).await;
+        tokio::time::sleep(TICK).await;
     }
     for n in &everyone {
         if let Some(p) = n.pool.get() {
@@ -548,22 +641,9 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
         a.await?;
     }
 
-    let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
     Ok(Fleet {
-        warmup,
-        warmup_counts,
-        idle,
-        churn,
-        churn_pods,
-        start_done,
-        pods_ready,
-        start_per_node: summarize(&per_node_done),
-        start_counts,
-        start_pods,
+        timeline: Timeline::new(cfg, warmup, idle, churn, start, pods),
         agent_restarts,
-        start_bucket_bound,
-        start_latency_bound,
-        cfg,
     })
 }
 
@@ -573,7 +653,7 @@ mod tests {
 
     #[test]
     fn smoke_fleet_holds_its_invariants_and_repeats() {
-        let a = run(&FleetCfg::smoke(11)).unwrap();
+        let a = run(&FleetCfg::smoke(11)).unwrap().timeline;
         assert_eq!(a.idle.calls(true) + a.idle.calls(false), 0, "{:?}", a.idle);
         assert!(a.churn_pods.started > 0);
         assert_eq!(a.churn_pods.other_errors + a.start_pods.other_errors, 0);
@@ -583,7 +663,7 @@ mod tests {
             "{:?}",
             a.start_done
         );
-        let b = run(&FleetCfg::smoke(11)).unwrap();
+        let b = run(&FleetCfg::smoke(11)).unwrap().timeline;
         assert_eq!(a.start_done, b.start_done);
         assert_eq!(a.churn, b.churn);
     }

@@ -279,7 +279,8 @@ pub fn markdown(r: &Report) -> String {
         );
     }
 
-    if let Some(f) = &r.fleet {
+    if let Some(run) = &r.fleet {
+        let f = &run.timeline;
         let c = &f.cfg;
         let _ = writeln!(s, "### Fleet (simulated cloud)\n");
         let _ = writeln!(
@@ -358,7 +359,6 @@ pub fn markdown(r: &Report) -> String {
             );
         }
         let st = &f.start_pods;
-        let bound = f.start_bucket_bound.max(f.start_latency_bound);
         let _ = writeln!(
             s,
             "\n{} nodes start at once with empty pools while the churn goes on; {} pods land on \
@@ -382,10 +382,10 @@ pub fn markdown(r: &Report) -> String {
             secs(p.mean_attach()),
             secs(f.start_latency_bound),
             secs(f.start_bucket_bound),
-            f.start_done.as_secs_f64() / bound.as_secs_f64(),
+            f.start_ratio(),
             f.start_counts.throttled(),
             f.start_counts.gave_up(),
-            f.agent_restarts,
+            run.agent_restarts,
             s_of_ms(st.ready.p50),
             s_of_ms(st.ready.max),
             st.try_again,
@@ -514,7 +514,8 @@ pub fn json(r: &Report) -> Value {
             "met": k.ratio_max() <= BURST_TARGET,
         })
     });
-    let fleet = r.fleet.as_ref().map(|f| {
+    let fleet = r.fleet.as_ref().map(|run| {
+        let f = &run.timeline;
         let c = &f.cfg;
         let per = |x: &Counts, w: Duration| {
             let by: serde_json::Map<String, Value> = ACTIONS
@@ -557,7 +558,7 @@ pub fn json(r: &Report) -> Value {
                 "latency_bound_s": f.start_latency_bound.as_secs_f64(),
                 "bucket_bound_s": f.start_bucket_bound.as_secs_f64(),
                 "calls": counts_json(&f.start_counts),
-                "agent_restarts": f.agent_restarts,
+                "agent_restarts": run.agent_restarts,
                 "pods": pods_json(&f.start_pods),
             },
             "targets": {

@@ -199,8 +199,8 @@ impl Allocator {
             gate: gate::CloudGate::new(
                 cloud,
                 store.clone(),
-                TokenBucket::new(config.api_mutating_rate),
-                TokenBucket::new(config.api_describe_rate),
+                TokenBucket::new(config.api.mutating_rate),
+                TokenBucket::new(config.api.read_rate),
             ),
             store,
             policy: config.policy(),

@@ -7,6 +7,7 @@ use enim_core::ratelimit::RateLimit;
 use enim_crd::{EniUse, NetResourceSetStatus, Watermarks};
 
 use super::*;
+use crate::config::ApiRates;
 use crate::index::tests::node;
 use crate::testing::{MemCloud, MemStore};
 
@@ -19,8 +20,10 @@ fn config() -> OperatorConfig {
             max_above_watermark: 1,
         },
         subnets: vec!["subnet-1".into()],
-        api_mutating_rate: RateLimit::new(Duration::from_millis(1), 1000),
-        api_describe_rate: RateLimit::new(Duration::from_millis(1), 1000),
+        api: ApiRates {
+            mutating_rate: RateLimit::new(Duration::from_millis(1), 1000),
+            read_rate: RateLimit::new(Duration::from_millis(1), 1000),
+        },
         ..OperatorConfig::default()
     }
 }
@@ -396,7 +399,7 @@ impl Rig {
 #[tokio::test(start_paused = true)]
 async fn the_mutating_bucket_paces_the_whole_cluster() {
     let mut cfg = config();
-    cfg.api_mutating_rate = RateLimit::new(Duration::from_secs(1), 2);
+    cfg.api.mutating_rate = RateLimit::new(Duration::from_secs(1), 2);
     cfg.watermarks = enim_core::Watermarks {
         pre_allocate: 1,
         min_allocate: 0,

@@ -173,8 +173,7 @@ subnets = ["{subnet}"]
 resync_interval = "1s"
 node_grace = "{node_grace}"
 {extra}
-api_mutating_rate = {{ every = "5ms", burst = 100 }}
-api_describe_rate = {{ every = "5ms", burst = 100 }}
+api = {{ mutating_rate = {{ every = "5ms", burst = 100 }}, read_rate = {{ every = "5ms", burst = 100 }} }}
 
 [operator.watermarks]
 pre_allocate = {pre}

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use enim_core::api_config::ApiConfig;
-use enim_core::config_keys::{ConfigKeys, KeyMove};
+use enim_core::config_keys::{ConfigKeys, KeyMove, FLAT_RATE_MOVES};
 use enim_core::Secret;
 use enim_provider::cloud::validate_cluster_name;
 use enim_provider_pool::PoolConfig;
@@ -38,14 +38,8 @@ pub const NODE_MOVES: &[KeyMove] = &[
         old: "api_max_backoff",
         new: "api.max_backoff",
     },
-    KeyMove {
-        old: "api_mutating_rate",
-        new: "api.mutating_rate",
-    },
-    KeyMove {
-        old: "api_describe_rate",
-        new: "api.read_rate",
-    },
+    FLAT_RATE_MOVES[0],
+    FLAT_RATE_MOVES[1],
 ];
 
 /// The operator's keys that moved into (or within) `api`.

@@ -9,7 +9,7 @@ use enim_core::ratelimit::RateLimit;
 use enim_core::AddressLimits;
 use enim_core::Watermarks;
 use enim_operator::allocator::Allocator;
-use enim_operator::config::OperatorConfig;
+use enim_operator::config::{ApiRates, OperatorConfig};
 use enim_operator::index::NodeInfo;
 use enim_operator::testing::{MemCloud, MemStore};
 
@@ -65,8 +65,10 @@ fn config(groups: usize) -> OperatorConfig {
         },
         subnets: vec!["subnet-m".into()],
         security_groups: (0..groups).map(|g| format!("sg-{g}")).collect(),
-        api_mutating_rate: unbounded,
-        api_describe_rate: unbounded,
+        api: ApiRates {
+            mutating_rate: unbounded,
+            read_rate: unbounded,
+        },
         resync_interval: Duration::from_secs(3600),
         ..OperatorConfig::default()
     }

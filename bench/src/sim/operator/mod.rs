@@ -20,20 +20,19 @@ use std::time::Duration;
 
 use enim_core::ratelimit::RateLimit;
 use enim_operator::allocator::Allocator;
-use enim_operator::config::OperatorConfig;
+use enim_operator::config::{ApiRates, OperatorConfig};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::bucket::Action;
 use super::burst::bucket_time;
-use super::cloud::{paused_runtime, Account, Counts, SimFleet};
+use super::cloud::{paused_runtime, Account, SimFleet};
 use super::fleet::{
-    checked_pods, churn_drivers, churn_results, churn_window, each_done, results, settle_and_idle,
-    start_bounds, ChurnPod, FleetCfg, PodStats,
+    checked_pods, churn_drivers, churn_results, churn_window, settle_and_idle, started_up,
+    warmed_up, ChurnPod, FleetCfg, Timeline,
 };
 use super::pods::{Ledger, PodResult, Retry};
 use super::rng::Rng;
-use crate::stats::{summarize, Summary};
 use crate::R;
 use measure::Measure;
 use store::{node_name, SimStore};
@@ -53,20 +52,8 @@ pub const CPU_TARGET: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct OperatorRun {
-    pub cfg: FleetCfg,
+    pub timeline: Timeline,
     pub op: OperatorConfig,
-    pub warmup: Duration,
-    pub warmup_counts: Counts,
-    pub idle: Counts,
-    pub churn: Counts,
-    pub churn_pods: PodStats,
-    pub start_done: Duration,
-    pub start_per_node: Summary,
-    pub pods_ready: Duration,
-    pub start_counts: Counts,
-    pub start_pods: PodStats,
-    pub start_bucket_bound: Duration,
-    pub start_latency_bound: Duration,
     /// The attach bucket's floor for every attach the start-up window made
     /// (the new pools', their pods' and the churn's): its refill for them
     /// after its capacity, or the attach latency bound if longer.
@@ -79,24 +66,16 @@ pub struct OperatorRun {
 }
 
 impl OperatorRun {
-    pub fn bound(&self) -> Duration {
-        self.start_bucket_bound.max(self.start_latency_bound)
-    }
-    pub fn start_ratio(&self) -> f64 {
-        self.start_done.as_secs_f64() / self.bound().as_secs_f64()
-    }
     /// The start-up over [`Self::start_attach_floor`].
     pub fn start_floor_ratio(&self) -> f64 {
-        self.start_done.as_secs_f64() / self.start_attach_floor.as_secs_f64()
+        self.timeline.start_done.as_secs_f64() / self.start_attach_floor.as_secs_f64()
     }
     /// AttachNetworkInterface calls answered in the start-up window.
     pub fn start_attaches(&self) -> u64 {
-        self.start_counts.get(Action::AttachNetworkInterface).ok
-    }
-    pub fn throttled_pct(&self) -> f64 {
-        let calls = self.start_counts.calls(true) + self.start_counts.calls(false);
-        100.0 * crate::stats::float(self.start_counts.throttled())
-            / crate::stats::float(calls.max(1))
+        self.timeline
+            .start_counts
+            .get(Action::AttachNetworkInterface)
+            .ok
     }
 }
 
@@ -110,7 +89,10 @@ pub fn operator_config(cfg: &FleetCfg) -> OperatorConfig {
         watermarks: super::free_range(cfg.min_free, cfg.max_free),
         subnets: vec!["subnet-sim".into()],
         security_groups: vec!["sg-sim".into()],
-        api_mutating_rate: RateLimit::new(Duration::from_millis(100), 80),
+        api: ApiRates {
+            mutating_rate: RateLimit::new(Duration::from_millis(100), 80),
+            ..ApiRates::default()
+        },
         ..OperatorConfig::default()
     }
 }
@@ -225,8 +207,6 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         })
     };
     let ledger = Arc::new(Ledger::default());
-    let tick = Duration::from_secs(1);
-    let limit = Duration::from_secs(6 * 3600);
 
     // 1. Warm-up: nodes register over the spread.
     let t0 = Instant::now();
@@ -240,14 +220,8 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
             store.add_node(i);
         });
     }
-    while !all_at(&store, &first, cfg.min_free) {
-        if t0.elapsed() > limit {
-            return Err(format!("operator: warm-up not done after {limit:?}").into());
-        }
-        tokio::time::sleep(tick).await;
-    }
-    let warmup = t0.elapsed();
-    let warmup_counts = account.counts();
+    let ready = || all_at(&store, &first, cfg.min_free);
+    let warmup = warmed_up("operator", ready, t0, &account).await?;
 
     // 2. Idle.
     let idle = settle_and_idle(&cfg, &account).await;
@@ -302,13 +276,7 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
         }
     }
     let free = |j: usize| store.free(&node_name(new[j])) >= cfg.min_free;
-    let Some(per_node) = each_done(new.len(), free, s0, limit, tick).await else {
-        return Err(format!("operator: start-up not done after {limit:?}").into());
-    };
-    let start_done = s0.elapsed();
-    let start_counts = account.counts().since(&c2);
-    let start_results = results(new_pods).await?;
-    let pods_ready = s0.elapsed();
+    let start = started_up("operator", new.len(), free, (s0, &c2), &account, new_pods).await?;
 
     // Wind down and check.
     let window = (churn_start, churn_end);
@@ -317,36 +285,23 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
     stop.store(true, Ordering::Relaxed);
     store.changed.notify_one();
     runtime.await?;
-    let (churn_pods, start_pods) =
-        checked_pods("operator", &churn_results, &start_results, &ledger)?;
-    let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
-    let attaches = start_counts.get(Action::AttachNetworkInterface).ok;
+    let pods = checked_pods("operator", &churn_results, &start.results, &ledger)?;
+    let timeline = Timeline::new(cfg, warmup, idle, churn, start, pods);
+    let attaches = timeline.start_counts.get(Action::AttachNetworkInterface).ok;
     let start_attach_floor = bucket_time(
         Action::AttachNetworkInterface,
         usize::try_from(attaches).unwrap_or(usize::MAX),
     )
-    .max(start_latency_bound);
+    .max(timeline.start_latency_bound);
     Ok(OperatorRun {
+        timeline,
         op,
-        warmup,
-        warmup_counts,
-        idle,
-        churn,
-        churn_pods,
-        start_done,
-        start_per_node: summarize(&per_node),
-        pods_ready,
-        start_counts,
-        start_pods,
-        start_bucket_bound,
-        start_latency_bound,
         start_attach_floor,
         resyncs: stats.resyncs.load(Ordering::Relaxed),
         listings: stats.listings.load(Ordering::Relaxed),
         tasks_failed: stats.tasks_failed.load(Ordering::Relaxed),
         spec_writes: store.spec_writes.load(Ordering::Relaxed),
         measure: Measure::default(),
-        cfg,
     })
 }
 
@@ -365,7 +320,8 @@ mod tests {
             ..FleetCfg::smoke(5)
         };
         let rt = paused_runtime(cfg.seed).unwrap();
-        let r = rt.block_on(simulate(cfg.clone())).unwrap();
+        let run = rt.block_on(simulate(cfg.clone())).unwrap();
+        let r = &run.timeline;
         assert_eq!(r.start_per_node.n, 3, "every new pool at min_free");
         assert!(r.start_done > Duration::ZERO);
         assert_eq!(r.start_pods.started, 6);
@@ -378,7 +334,7 @@ mod tests {
         assert_eq!(r.idle.calls(true), 0, "{:?}", r.idle);
         let listings = r.idle.calls(false);
         assert_eq!(idle(Action::DescribeNetworkInterfacesFiltered), listings);
-        let most = cfg.idle.as_secs() / r.op.resync_interval.as_secs() + 1;
+        let most = cfg.idle.as_secs() / run.op.resync_interval.as_secs() + 1;
         assert!(listings <= most, "{listings} listings: {:?}", r.idle);
         // The churn drains ENIs: each is detached once and deleted once,
         // and a detach is never polled (at most the backend's one look,
@@ -392,7 +348,7 @@ mod tests {
             "{:?}",
             r.churn
         );
-        assert!(r.start_attaches() >= 3 * u64::try_from(cfg.min_free).unwrap());
-        assert!(r.start_floor_ratio() > 0.0);
+        assert!(run.start_attaches() >= 3 * u64::try_from(cfg.min_free).unwrap());
+        assert!(run.start_floor_ratio() > 0.0);
     }
 }

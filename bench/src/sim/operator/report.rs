@@ -33,7 +33,8 @@ fn per_node_hour(n: u64, nodes: usize, w: Duration) -> f64 {
 
 /// The steady describe figure of the operator: the churn window.
 pub fn describe_pct(o: &OperatorRun) -> f64 {
-    describe_peak_pct(&o.churn, o.cfg.churn)
+    let t = &o.timeline;
+    describe_peak_pct(&t.churn, t.cfg.churn)
 }
 
 fn cpu_max(o: &OperatorRun) -> Duration {
@@ -43,7 +44,9 @@ fn cpu_max(o: &OperatorRun) -> Duration {
 
 pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     let mut s = String::new();
-    let c = &o.cfg;
+    let t = &o.timeline;
+    let fleet = fleet.map(|f| &f.timeline);
+    let c = &t.cfg;
     let m = &o.measure;
     let _ = writeln!(s, "### Fleet with the operator (simulated cloud)\n");
     let _ = writeln!(
@@ -61,10 +64,10 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
         o.op.watermarks.pre_allocate,
         o.op.watermarks.max_above_watermark,
         o.op.workers,
-        o.op.api_mutating_rate.every.as_millis(),
-        o.op.api_mutating_rate.burst,
-        o.op.api_describe_rate.every.as_millis(),
-        o.op.api_describe_rate.burst,
+        o.op.api.mutating_rate.every.as_millis(),
+        o.op.api.mutating_rate.burst,
+        o.op.api.read_rate.every.as_millis(),
+        o.op.api.read_rate.burst,
         o.op.resync_interval.as_secs(),
         o.op.resync_interval.as_secs(),
         o.resyncs,
@@ -74,10 +77,7 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     );
     let na = || "not run".to_string();
     let f_start = fleet.map_or_else(na, |f| format!("{:.1}", f.start_done.as_secs_f64()));
-    let f_ratio = fleet.map_or_else(na, |f| {
-        let b = f.start_bucket_bound.max(f.start_latency_bound);
-        format!("{:.2} ×", f.start_done.as_secs_f64() / b.as_secs_f64())
-    });
+    let f_ratio = fleet.map_or_else(na, |f| format!("{:.2} ×", f.start_ratio()));
     let f_thr = fleet.map_or_else(na, |f| format!("{:.2} %", throttled_pct(&f.start_counts)));
     let f_err = fleet.map_or_else(na, |f| {
         (f.start_pods.other_errors + f.churn_pods.other_errors).to_string()
@@ -94,21 +94,21 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
         })
     };
     let f_ready = fleet.map_or_else(na, |f| format!("{:.1}", f.start_pods.ready.max / 1e3));
-    let errors = o.start_pods.other_errors + o.churn_pods.other_errors;
+    let errors = t.start_pods.other_errors + t.churn_pods.other_errors;
     let _ = writeln!(s, "| figure | per-node agents | operator | goal | met |");
     let _ = writeln!(s, "|---|---:|---:|---:|---|");
     let _ = writeln!(
         s,
         "| {} new nodes at once: every pool at min_free (s) | {f_start} | {:.1} | | |",
         c.start_nodes,
-        o.start_done.as_secs_f64()
+        t.start_done.as_secs_f64()
     );
     let _ = writeln!(
         s,
         "| … ÷ bound ({:.0} s: the buckets' refill for the new nodes' calls, or the attaches) | {f_ratio} | {:.2} × | ≤ {START_TARGET} × | {} |",
-        o.bound().as_secs_f64(),
-        o.start_ratio(),
-        met(smoke, o.start_ratio() <= START_TARGET)
+        t.bound().as_secs_f64(),
+        t.start_ratio(),
+        met(smoke, t.start_ratio() <= START_TARGET)
     );
     let _ = writeln!(
         s,
@@ -120,13 +120,13 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     let _ = writeln!(
         s,
         "| throttled replies during the start-up, % of calls | {f_thr} | {:.2} % | ≤ {THROTTLED_TARGET_PCT} % | {} |",
-        o.throttled_pct(),
-        met(smoke, o.throttled_pct() <= THROTTLED_TARGET_PCT)
+        throttled_pct(&t.start_counts),
+        met(smoke, throttled_pct(&t.start_counts) <= THROTTLED_TARGET_PCT)
     );
     let _ = writeln!(
         s,
         "| new nodes' pods: slowest ADD-to-ready (s) | {f_ready} | {:.1} | | |",
-        o.start_pods.ready.max / 1e3
+        t.start_pods.ready.max / 1e3
     );
     let _ = writeln!(
         s,
@@ -145,7 +145,7 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
             s,
             "| steady churn: {name} EC2 calls per node per hour | {} | {:.2} | | |",
             f_ph(mutating),
-            per_node_hour(o.churn.calls(mutating), c.nodes, c.churn)
+            per_node_hour(t.churn.calls(mutating), c.nodes, c.churn)
         );
     }
     let _ = writeln!(
@@ -181,47 +181,48 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
 }
 
 pub fn json(o: &OperatorRun) -> Value {
+    let t = &o.timeline;
     let m = &o.measure;
-    let errors = o.start_pods.other_errors + o.churn_pods.other_errors;
+    let errors = t.start_pods.other_errors + t.churn_pods.other_errors;
     json!({
-        "nodes": o.cfg.nodes,
-        "start_nodes": o.cfg.start_nodes,
+        "nodes": t.cfg.nodes,
+        "start_nodes": t.cfg.start_nodes,
         "workers": o.op.workers,
-        "mutating_rate": {"every_ms": ms(o.op.api_mutating_rate.every), "burst": o.op.api_mutating_rate.burst},
-        "describe_rate": {"every_ms": ms(o.op.api_describe_rate.every), "burst": o.op.api_describe_rate.burst},
+        "mutating_rate": {"every_ms": ms(o.op.api.mutating_rate.every), "burst": o.op.api.mutating_rate.burst},
+        "describe_rate": {"every_ms": ms(o.op.api.read_rate.every), "burst": o.op.api.read_rate.burst},
         "resync_interval_s": o.op.resync_interval.as_secs_f64(),
         "resyncs": o.resyncs,
         "listings": o.listings,
         "spec_writes": o.spec_writes,
         "tasks_failed": o.tasks_failed,
-        "warmup_s": o.warmup.as_secs_f64(),
-        "warmup_calls": o.warmup_counts.calls(true) + o.warmup_counts.calls(false),
+        "warmup_s": t.warmup.as_secs_f64(),
+        "warmup_calls": t.warmup_counts.calls(true) + t.warmup_counts.calls(false),
         "start": {
-            "all_at_min_free_s": o.start_done.as_secs_f64(),
-            "bound_s": o.bound().as_secs_f64(),
-            "bucket_bound_s": o.start_bucket_bound.as_secs_f64(),
-            "latency_bound_s": o.start_latency_bound.as_secs_f64(),
-            "over_bound": o.start_ratio(),
+            "all_at_min_free_s": t.start_done.as_secs_f64(),
+            "bound_s": t.bound().as_secs_f64(),
+            "bucket_bound_s": t.start_bucket_bound.as_secs_f64(),
+            "latency_bound_s": t.start_latency_bound.as_secs_f64(),
+            "over_bound": t.start_ratio(),
             "attach_floor_s": o.start_attach_floor.as_secs_f64(),
             "attaches": o.start_attaches(),
             "over_attach_floor": o.start_floor_ratio(),
-            "per_node_p50_s": o.start_per_node.p50 / 1e3,
-            "per_node_max_s": o.start_per_node.max / 1e3,
-            "all_pods_ready_s": o.pods_ready.as_secs_f64(),
-            "throttled_pct_of_calls": o.throttled_pct(),
-            "throttled": o.start_counts.throttled(),
-            "calls": o.start_counts.calls(true) + o.start_counts.calls(false),
-            "pods_try_again_11": o.start_pods.try_again,
-            "pods_ready_max_s": o.start_pods.ready.max / 1e3,
+            "per_node_p50_s": t.start_per_node.p50 / 1e3,
+            "per_node_max_s": t.start_per_node.max / 1e3,
+            "all_pods_ready_s": t.pods_ready.as_secs_f64(),
+            "throttled_pct_of_calls": throttled_pct(&t.start_counts),
+            "throttled": t.start_counts.throttled(),
+            "calls": t.start_counts.calls(true) + t.start_counts.calls(false),
+            "pods_try_again_11": t.start_pods.try_again,
+            "pods_ready_max_s": t.start_pods.ready.max / 1e3,
         },
         "churn": {
             "describe_peak_pct_of_refill": describe_pct(o),
-            "mutating_per_node_per_hour": per_node_hour(o.churn.calls(true), o.cfg.nodes, o.cfg.churn),
-            "describe_per_node_per_hour": per_node_hour(o.churn.calls(false), o.cfg.nodes, o.cfg.churn),
-            "pods": o.churn_pods.started,
-            "pods_try_again_11": o.churn_pods.try_again,
+            "mutating_per_node_per_hour": per_node_hour(t.churn.calls(true), t.cfg.nodes, t.cfg.churn),
+            "describe_per_node_per_hour": per_node_hour(t.churn.calls(false), t.cfg.nodes, t.cfg.churn),
+            "pods": t.churn_pods.started,
+            "pods_try_again_11": t.churn_pods.try_again,
         },
-        "idle_calls": o.idle.calls(true) + o.idle.calls(false),
+        "idle_calls": t.idle.calls(true) + t.idle.calls(false),
         "pod_errors_other_than_11": errors,
         "measure": {
             "nodes": m.nodes,
@@ -235,9 +236,9 @@ pub fn json(o: &OperatorRun) -> Value {
         },
         "targets": {
             "start_over_bound": START_TARGET,
-            "start_met": o.start_ratio() <= START_TARGET,
+            "start_met": t.start_ratio() <= START_TARGET,
             "throttled_pct": THROTTLED_TARGET_PCT,
-            "throttled_met": o.throttled_pct() <= THROTTLED_TARGET_PCT,
+            "throttled_met": throttled_pct(&t.start_counts) <= THROTTLED_TARGET_PCT,
             "describe_pct": DESCRIBE_TARGET_PCT,
             "describe_met": describe_pct(o) <= DESCRIBE_TARGET_PCT,
             "errors_met": errors == 0,
