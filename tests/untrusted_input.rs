@@ -33,20 +33,11 @@ use enim_api::model::{
 use enim_api::{AttachmentRequest, GcRequest, MtuExpectation, ValidAttachment};
 use enim_cni::config::{requested_version, CniVersion, NetConf};
 use enim_cni::env::{parse_cni_args, CniEnv, Command};
+use enim_testkit::metadata_stub::answers::{cases, mac_text};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-
-/// At most `cases` cases, no regression files written into the tree (a
-/// failing case is kept as a regular test instead).
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 // ---------------------------------------------------------------------
 // Strategies shared by the sections below.
@@ -109,17 +100,6 @@ fn mangled(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u
                 bytes
             }),
     ]
-}
-
-/// MAC-like text: five to seven octets of two hex digits, or of a sign,
-/// a space or one digit, joined by ':' or '-'.
-fn mac_text() -> impl Strategy<Value = String> {
-    let octet = prop_oneof![
-        4 => "[0-9a-fA-F]{2}",
-        1 => "[+\\- ][0-9a-f]",
-        1 => "[0-9a-f]{1,3}",
-    ];
-    (vec(octet, 5..8), prop_oneof![Just(":"), Just("-")]).prop_map(|(o, sep)| o.join(sep))
 }
 
 fn mac() -> impl Strategy<Value = MacAddr> {

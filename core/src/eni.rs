@@ -1,8 +1,8 @@
 //! The ENI and address types every part of enim speaks: an [`Eni`] and
 //! who holds it ([`EniOwner`]), where it lives ([`Placement`]), how many
-//! addresses an instance may carry ([`AddressLimits`]), and what the
-//! agent's stores and pools report. Plain data: no type here talks to a
-//! cloud or to the kernel.
+//! addresses an instance may carry ([`AddressLimits`]) and one assign asks
+//! for ([`AddressCount`]), and what the agent's stores and pools report.
+//! Plain data: no type here talks to a cloud or to the kernel.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -129,6 +129,21 @@ pub struct AddressLimits {
     pub ipv6_per_eni: usize,
     /// ENIs the instance may have attached, its primary interface included.
     pub enis: usize,
+}
+
+/// How many new secondary addresses of each family one assign asks for.
+/// Named, so the two counts cannot trade places unseen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddressCount {
+    pub ipv4: usize,
+    pub ipv6: usize,
+}
+
+impl AddressCount {
+    /// `ipv4` new IPv4 addresses and no IPv6.
+    pub fn v4(ipv4: usize) -> AddressCount {
+        AddressCount { ipv4, ipv6: 0 }
+    }
 }
 
 /// [`AddressLimits`] as an operator's config states them: unknown keys

@@ -26,7 +26,8 @@ pub mod watermarks;
 
 pub use checks::{check_allocate_wait, check_at_least, MAX_ALLOCATE_WAIT};
 pub use eni::{
-    AddressLimits, Eni, EniOwner, LimitsConfig, Placement, PodRef, PoolStatistics, StoredAddresses,
+    AddressCount, AddressLimits, Eni, EniOwner, LimitsConfig, Placement, PodRef, PoolStatistics,
+    StoredAddresses,
 };
 pub use error::ProviderError;
 pub use mac::{MacAddr, MacParseError};

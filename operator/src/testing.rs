@@ -17,11 +17,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use enim_core::{AddressLimits, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, MacAddr, ProviderError};
 use enim_crd::NetResourceSetSpec;
 use enim_provider::cloud::{CreatedAt, Reaped};
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot, DETACHING,
 };
 
 use crate::index::{NodeInfo, SetInfo};
@@ -190,12 +190,7 @@ impl FleetCloud for MemCloud {
         Ok(eni)
     }
 
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError> {
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError> {
         let eni_id = eni.id.as_str();
         let mut st = self.enter("attach")?;
         let e = st
@@ -203,15 +198,15 @@ impl FleetCloud for MemCloud {
             .get_mut(eni_id)
             .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
         match &e.attachment {
-            Some(a) if a.instance == instance => Ok(()),
+            Some(a) if a.instance == at.instance => Ok(()),
             Some(a) => Err(ProviderError::Unavailable(format!(
                 "{eni_id} is attached to {}",
                 a.instance
             ))),
             None => {
                 e.attachment = Some(FleetAttachment {
-                    instance: instance.into(),
-                    device_index,
+                    instance: at.instance.into(),
+                    device_index: at.device_index,
                     attachment_id: format!("attach-{eni_id}"),
                     state: "attached".into(),
                 });
@@ -248,12 +243,7 @@ impl FleetCloud for MemCloud {
         })
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        _ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
         let mut st = self.enter("assign")?;
         let e = st
             .enis
@@ -262,7 +252,7 @@ impl FleetCloud for MemCloud {
         let base = u32::from(e.ipv4.addr());
         let mut new = Vec::new();
         let mut k = 1;
-        while new.len() < ipv4 {
+        while new.len() < n.ipv4 {
             let ip = IpAddr::V4(Ipv4Addr::from(base + k));
             if !e.secondary_ips.contains(&ip) {
                 e.secondary_ips.push(ip);
@@ -273,7 +263,7 @@ impl FleetCloud for MemCloud {
         Ok(new)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let mut st = self.enter("unassign")?;
         if let Some(e) = st.enis.get_mut(eni_id) {
             e.secondary_ips.retain(|ip| !ips.contains(ip));

@@ -12,6 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use enim_api::EniState;
 use enim_api::GcReport;
+use enim_core::AddressCount;
 use enim_provider::{AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -257,11 +258,10 @@ impl SecondaryIps for MeteredProvider {
     async fn assign(
         &self,
         eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
+        n: AddressCount,
     ) -> Result<Vec<std::net::IpAddr>, ProviderError> {
         let t = Instant::now();
-        let r = self.inner_ips()?.assign(eni_id, ipv4, ipv6).await;
+        let r = self.inner_ips()?.assign(eni_id, n).await;
         self.record("assign", t, &r);
         r
     }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use enim_api::model::AttachmentKey;
 use enim_core::watermarks::{Level, Watermarks};
+use enim_core::AddressCount;
 use enim_provider::retry::{pause, Backoff, Pause};
 use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
 use serde::{Deserialize, Serialize};
@@ -433,7 +434,7 @@ impl Shared {
                     }
                 }
                 PoolStep::Assign { eni_id, ipv4, ipv6 } => {
-                    let mut new = ips.assign(&eni_id, ipv4, ipv6).await?;
+                    let mut new = ips.assign(&eni_id, AddressCount { ipv4, ipv6 }).await?;
                     crash_point("pool:after-assign");
                     let unusable = self.unusable(&eni_id, &mut new);
                     self.join(&eni_id, &new);

@@ -99,16 +99,20 @@ fn answer(mut stream: TcpStream, base: &str, answers: &Mutex<HashMap<String, Str
     );
 }
 
-/// Strategies of metadata answers: any text, and listings of plausible
-/// entries mixed with junk.
+/// Strategies of metadata answers (any text, MAC-like text, listings of
+/// plausible entries mixed with junk) and the check of a parser's error.
+/// The proptest settings ([`answers::cases`]) serve every property test
+/// of untrusted input.
 #[cfg(feature = "proptest")]
 pub mod answers {
+    use std::fmt::Display;
     use std::ops::Range;
 
     use proptest::collection::vec;
     use proptest::prelude::*;
 
-    /// `cases` small cases, none of them kept on disk.
+    /// `cases` small cases, none of them kept on disk: no regression files
+    /// in the tree (a failing case is kept as a regular test instead).
     pub fn cases(cases: u32) -> ProptestConfig {
         ProptestConfig {
             cases,
@@ -127,6 +131,33 @@ pub mod answers {
         ]
     }
 
+    /// MAC-like text: five to seven octets of two hex digits, or of a sign,
+    /// a space or one digit, joined by ':' or '-'.
+    pub fn mac_text() -> impl Strategy<Value = String> {
+        let octet = prop_oneof![
+            4 => "[0-9a-fA-F]{2}",
+            1 => "[+\\- ][0-9a-f]",
+            1 => "[0-9a-f]{1,3}",
+        ];
+        (vec(octet, 5..8), prop_oneof![Just(":"), Just("-")]).prop_map(|(o, sep)| o.join(sep))
+    }
+
+    /// The check of an error a metadata parser gives: `path` is the path
+    /// `e` names (`None`: `e` is no parse error, e.g. a transport failure,
+    /// which the stub, always answering, never causes), and it must lie
+    /// under `under`.
+    pub fn assert_path_under(
+        e: &dyn Display,
+        path: Option<&str>,
+        under: &str,
+    ) -> Result<(), TestCaseError> {
+        match path {
+            Some(path) => prop_assert!(path.starts_with(under), "{}", e),
+            None => prop_assert!(false, "not a parse error: {}", e),
+        }
+        Ok(())
+    }
+
     /// A listing of `lines` lines: plausible entries and junk, with the
     /// blank lines, trailing '/' and CRLFs real listings have.
     pub fn listing(
@@ -139,5 +170,14 @@ pub mod answers {
             prop_oneof![Just("\n"), Just("\r\n"), Just("/\n")],
         )
             .prop_map(|(lines, end)| lines.join(end))
+    }
+
+    /// The entries a listing written `text` holds, as a parser must read
+    /// them: each non-blank line, white space and the trailing '/' off.
+    pub fn entries(text: &str) -> Vec<&str> {
+        text.lines()
+            .map(|l| l.trim().trim_end_matches('/'))
+            .filter(|l| !l.is_empty())
+            .collect()
     }
 }

@@ -8,11 +8,11 @@
 use std::net::IpAddr;
 
 use enim_core::fault::crash_point;
-use enim_core::ProviderError;
+use enim_core::{AddressCount, ProviderError};
 use enim_crd::{EniSpec, Intent, NetResourceSetSpec};
 use enim_provider::cloud::Reaped;
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, DETACHING,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot, DETACHING,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -184,7 +184,9 @@ impl<'a> Job<'a> {
                 self.create_enis(new, 0).await
             }
             Task::AssignAddresses { eni, count, .. } => {
-                let ips = self.mutate(|c| c.assign_addresses(&eni, count, 0)).await?;
+                let ips = self
+                    .mutate(|c| c.assign(&eni, AddressCount::v4(count)))
+                    .await?;
                 self.alloc.amend(|l| {
                     if let Some(f) = l.iter_mut().find(|f| f.id == eni) {
                         for ip in &ips {
@@ -354,7 +356,7 @@ impl<'a> Job<'a> {
 
     async fn attach(&mut self, eni: &FleetEni, device_index: u32) -> Result<(), TaskError> {
         let instance = self.spec()?.instance.id.clone();
-        self.mutate(|c| c.attach(eni, &instance, device_index))
+        self.mutate(|c| c.attach(eni, Slot::new(&instance, device_index)))
             .await?;
         crash_point("operator-after-attach");
         self.alloc.amend(|l| {
@@ -446,7 +448,7 @@ impl<'a> Job<'a> {
         let mut gone: Vec<String> = stale;
         let mut removed_ips: Vec<(String, Vec<IpAddr>)> = Vec::new();
         for (eni, ips) in addresses {
-            let r = self.mutate(|c| c.unassign_addresses(&eni, &ips)).await;
+            let r = self.mutate(|c| c.unassign(&eni, &ips)).await;
             match r {
                 Ok(()) => {
                     self.alloc.amend(|l| {

@@ -29,10 +29,10 @@ use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_core::fault::crash_point;
 use enim_core::sync::lock;
-use enim_core::{AddressLimits, ProviderError};
+use enim_core::{AddressCount, AddressLimits, ProviderError};
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot, SubnetBlocks, TAG_INTENT,
 };
 
 use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
@@ -356,7 +356,8 @@ impl AwsFleet {
     /// seen, no call), and attached nowhere then, so AttachNetworkInterface
     /// straight away; EC2 refuses an ENI in use, and only then is it looked
     /// at. One shown attached somewhere is looked at first.
-    async fn do_attach(&self, eni: &FleetEni, instance: &str, index: u32) -> Result<(), AwsError> {
+    async fn do_attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), AwsError> {
+        let (instance, index) = (at.instance, at.device_index);
         let eni_id = eni.id.as_str();
         if eni.cluster.as_deref() != Some(self.cluster.as_str()) {
             return Err(AwsError::NotInCluster {
@@ -365,7 +366,7 @@ impl AwsFleet {
             });
         }
         if eni.attachment.is_some() {
-            return self.attach_looked(eni_id, instance, index).await;
+            return self.attach_looked(eni_id, at).await;
         }
         let settle = |now: &NetworkInterface| {
             if !in_cluster(now, &self.cluster) {
@@ -400,12 +401,8 @@ impl AwsFleet {
 
     /// Attaches `eni_id` after a look: attached here already is done,
     /// elsewhere refused, mid-detach waited for.
-    async fn attach_looked(
-        &self,
-        eni_id: &str,
-        instance: &str,
-        index: u32,
-    ) -> Result<(), AwsError> {
+    async fn attach_looked(&self, eni_id: &str, at: Slot<'_>) -> Result<(), AwsError> {
+        let (instance, index) = (at.instance, at.device_index);
         let eni = self.ours(eni_id).await?;
         match eni.attached_instance() {
             Some(i) if i == instance => {
@@ -512,13 +509,8 @@ impl FleetCloud for AwsFleet {
         Ok(self.do_create(req).await?)
     }
 
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError> {
-        Ok(self.do_attach(eni, instance, device_index).await?)
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError> {
+        Ok(self.do_attach(eni, at).await?)
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
@@ -529,16 +521,11 @@ impl FleetCloud for AwsFleet {
         Ok(self.do_delete(eni_id, check).await?)
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        Ok(steps::assign(&self.ec2, eni_id, (ipv4, ipv6), || self.ours(eni_id)).await?)
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
+        Ok(steps::assign(&self.ec2, eni_id, n, || self.ours(eni_id)).await?)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let lookup = self.ours(eni_id).await;
         Ok(steps::unassign(&self.ec2, eni_id, ips, lookup).await?)
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_core::fault::crash_point;
-use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{
     format_created_at, CloudBackend, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
@@ -448,16 +448,8 @@ impl AwsBackend {
         Ok(eni)
     }
 
-    async fn do_assign(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, AwsError> {
-        steps::assign(&self.ec2, eni_id, (ipv4, ipv6), || {
-            self.attached_here(eni_id)
-        })
-        .await
+    async fn do_assign(&self, eni_id: &str, count: AddressCount) -> Result<Vec<IpAddr>, AwsError> {
+        steps::assign(&self.ec2, eni_id, count, || self.attached_here(eni_id)).await
     }
 
     async fn do_unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), AwsError> {
@@ -534,16 +526,11 @@ impl CloudBackend for AwsBackend {
         Ok(self.limits().await?)
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        Ok(self.do_assign(eni_id, ipv4, ipv6).await?)
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
+        Ok(self.do_assign(eni_id, n).await?)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         Ok(self.do_unassign(eni_id, ips).await?)
     }
 

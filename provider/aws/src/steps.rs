@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use enim_core::fault::crash_point;
 use enim_core::retry::{Backoff, Poll};
+use enim_core::AddressCount;
 use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Reaped, TAG_CLUSTER,
 };
@@ -262,14 +263,14 @@ pub(crate) async fn delete_unlooked(client: &Ec2Client, eni_id: &str) -> Result<
     }
 }
 
-/// Assigns `ipv4` and `ipv6` new addresses to `eni_id`; `lookup` is the
+/// Assigns `count` new addresses to `eni_id`; `lookup` is the
 /// ENI as the caller may change it (checked its way), asked before and
 /// after: the reply of an assign lists only the new addresses on EC2, but
 /// all of them on some emulators, so the ENI's own listing tells.
 pub(crate) async fn assign<F, Fut>(
     client: &Ec2Client,
     eni_id: &str,
-    (ipv4, ipv6): (usize, usize),
+    count: AddressCount,
     lookup: F,
 ) -> Result<Vec<IpAddr>, AwsError>
 where
@@ -280,7 +281,7 @@ where
     assign_new(
         eni_id,
         before.secondary_ips(),
-        (ipv4, ipv6),
+        count,
         |family, count| async move {
             client
                 .assign_addresses(family, eni_id, count)

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
-use enim_core::ProviderError;
+use enim_core::{AddressCount, ProviderError};
 use enim_provider::cloud::{
     parse_created_at, CloudBackend, Reaped, TaggedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
@@ -599,7 +599,10 @@ async fn secondary_addresses_assign_unassign_and_limits() {
     let eni = b.create_and_attach().await.unwrap();
     assert_eq!(eni.device_index, Some(1));
     assert!(eni.secondary_ips.is_empty(), "{:?}", eni.secondary_ips);
-    let new = b.assign_addresses(&eni.id, 3, 2).await.unwrap();
+    let new = b
+        .assign(&eni.id, AddressCount { ipv4: 3, ipv6: 2 })
+        .await
+        .unwrap();
     let (v4, v6): (Vec<_>, Vec<_>) = new.iter().partition(|ip| ip.is_ipv4());
     assert_eq!((v4.len(), v6.len()), (3, 2), "{new:?}");
     for ip in &v4 {
@@ -623,8 +626,8 @@ async fn secondary_addresses_assign_unassign_and_limits() {
     want.sort();
     assert_eq!(seen, want);
 
-    b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
-    b.unassign_addresses(&eni.id, &new[..2]).await.unwrap();
+    b.unassign(&eni.id, &new[..2]).await.unwrap();
+    b.unassign(&eni.id, &new[..2]).await.unwrap();
     let moto = env.eni(&eni.id).await;
     // EC2 lists the ENI's own IPv6 address among them; metadata's view
     // (what the pool serves) does not.
@@ -651,18 +654,18 @@ async fn secondary_addresses_assign_unassign_and_limits() {
         })
         .unwrap();
     let e = b
-        .assign_addresses(&primary.network_interface_id, 1, 0)
+        .assign(&primary.network_interface_id, AddressCount::v4(1))
         .await
         .unwrap_err();
     assert!(matches!(e, ProviderError::Config(_)), "{e:?}");
     let loose = env.create_eni_with_tags(&[]).await;
     let e = b
-        .assign_addresses(&loose.network_interface_id, 1, 0)
+        .assign(&loose.network_interface_id, AddressCount::v4(1))
         .await
         .unwrap_err();
     assert!(matches!(e, ProviderError::Config(_)), "{e:?}");
     assert_eq!(
-        b.assign_addresses("eni-0000000000000dead", 1, 0).await,
+        b.assign("eni-0000000000000dead", AddressCount::v4(1)).await,
         Err(ProviderError::UnknownEni("eni-0000000000000dead".into()))
     );
     delete_and_check_none_left(&env, &b, &eni.id).await;

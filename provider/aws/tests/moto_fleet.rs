@@ -4,10 +4,10 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use enim_core::ProviderError;
+use enim_core::{AddressCount, ProviderError};
 use enim_provider::cloud::{CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot, TAG_INTENT,
 };
 use enim_provider_aws::{
     fleet_iam_actions, AwsCredentialsConfig, AwsFleet, AwsFleetConfig, TAG_MANAGED, TAG_NODE,
@@ -248,7 +248,10 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
 
     // The create's reply shows it attached nowhere: attached with no look.
     let describes = env.proxy.calls(DESCRIBE);
-    fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
+    fleet
+        .attach(&eni, Slot::new(&env.instance_id, 1))
+        .await
+        .unwrap();
     assert_eq!(env.attached().await.get(&eni.id), Some(&1));
     assert_eq!(env.proxy.calls("AttachNetworkInterface"), 1);
     assert_eq!(env.proxy.calls("ModifyNetworkInterfaceAttribute"), 1);
@@ -256,7 +259,10 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
     // Listed attached there already: one look, nothing to do.
     let shown = listed_one(&fleet, &eni.id).await;
     let describes = env.proxy.calls(DESCRIBE);
-    fleet.attach(&shown, &env.instance_id, 1).await.unwrap();
+    fleet
+        .attach(&shown, Slot::new(&env.instance_id, 1))
+        .await
+        .unwrap();
     assert_eq!(env.proxy.calls("AttachNetworkInterface"), 1);
     assert_eq!(env.proxy.calls(DESCRIBE), describes + 1);
     // A retry with the create's (stale) reply: EC2 refuses an ENI in use
@@ -265,7 +271,10 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
     for code in ["InvalidNetworkInterface.InUse", "InvalidParameterValue"] {
         env.proxy.inject("AttachNetworkInterface", 1, 400, code);
         let describes = env.proxy.calls(DESCRIBE);
-        fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
+        fleet
+            .attach(&eni, Slot::new(&env.instance_id, 1))
+            .await
+            .unwrap();
         assert_eq!(env.proxy.calls(DESCRIBE), describes + 1, "{code}");
         assert_eq!(env.attached().await.get(&eni.id), Some(&1), "{code}");
     }
@@ -276,10 +285,16 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
         400,
         "InvalidNetworkInterface.InUse",
     );
-    let e = fleet.attach(&eni, &env.instance_id, 2).await.unwrap_err();
+    let e = fleet
+        .attach(&eni, Slot::new(&env.instance_id, 2))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("InUse"), "{e}");
     // Attached elsewhere: refused, by the listing's look.
-    let e = fleet.attach(&shown, "i-0other", 1).await.unwrap_err();
+    let e = fleet
+        .attach(&shown, Slot::new("i-0other", 1))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("attached to"), "{e}");
     // ... and by the look after EC2's refusal.
     env.proxy.inject(
@@ -288,7 +303,10 @@ async fn attach_detach_delete_round_trip_and_an_attached_eni_is_spared() {
         400,
         "InvalidNetworkInterface.InUse",
     );
-    let e = fleet.attach(&eni, "i-0other", 1).await.unwrap_err();
+    let e = fleet
+        .attach(&eni, Slot::new("i-0other", 1))
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("attached to"), "{e}");
     assert_eq!(env.attached().await.get(&eni.id), Some(&1));
 
@@ -381,16 +399,19 @@ async fn other_clusters_and_primary_interfaces_are_never_touched() {
     };
     for e in [
         fleet
-            .attach(&staging_seen(Some("staging")), &env.instance_id, 1)
+            .attach(
+                &staging_seen(Some("staging")),
+                Slot::new(&env.instance_id, 1),
+            )
             .await
             .unwrap_err(),
         fleet
-            .attach(&staging_seen(None), &env.instance_id, 1)
+            .attach(&staging_seen(None), Slot::new(&env.instance_id, 1))
             .await
             .unwrap_err(),
         fleet.start_detach(&as_listed(id, None)).await.unwrap_err(),
         fleet
-            .assign_addresses(id, 1, 0)
+            .assign(id, AddressCount::v4(1))
             .await
             .map(drop)
             .unwrap_err(),
@@ -438,11 +459,17 @@ async fn secondary_addresses_assign_and_unassign() {
         return;
     };
     let eni = fleet.create(&fresh(&env, "intent-ips", 0)).await.unwrap();
-    fleet.attach(&eni, &env.instance_id, 1).await.unwrap();
+    fleet
+        .attach(&eni, Slot::new(&env.instance_id, 1))
+        .await
+        .unwrap();
 
-    let v4 = fleet.assign_addresses(&eni.id, 2, 0).await.unwrap();
+    let v4 = fleet.assign(&eni.id, AddressCount::v4(2)).await.unwrap();
     assert_eq!(v4.len(), 2, "{v4:?}");
-    let v6 = fleet.assign_addresses(&eni.id, 0, 1).await.unwrap();
+    let v6 = fleet
+        .assign(&eni.id, AddressCount { ipv4: 0, ipv6: 1 })
+        .await
+        .unwrap();
     assert_eq!(v6.len(), 1, "{v6:?}");
     assert!(matches!(v6[0], IpAddr::V6(a) if env.subnet_v6.contains(&a)));
     let now = listed_one(&fleet, &eni.id).await;
@@ -453,14 +480,11 @@ async fn secondary_addresses_assign_and_unassign() {
     want.sort();
     assert_eq!(have, want);
 
-    fleet
-        .unassign_addresses(&eni.id, &[v4[0], v6[0]])
-        .await
-        .unwrap();
+    fleet.unassign(&eni.id, &[v4[0], v6[0]]).await.unwrap();
     assert_eq!(listed_one(&fleet, &eni.id).await.secondary_ips, [v4[1]]);
     // Already given back: done, and no call for it.
     let before = env.proxy.calls("UnassignPrivateIpAddresses");
-    fleet.unassign_addresses(&eni.id, &[v4[0]]).await.unwrap();
+    fleet.unassign(&eni.id, &[v4[0]]).await.unwrap();
     assert_eq!(env.proxy.calls("UnassignPrivateIpAddresses"), before);
 
     fleet
@@ -471,7 +495,7 @@ async fn secondary_addresses_assign_and_unassign() {
     let deleted = fleet.delete(&eni.id, DeleteCheck::Listed).await.unwrap();
     assert_eq!(deleted, Reaped::Deleted);
     // Gone: nothing to give back.
-    fleet.unassign_addresses(&eni.id, &[v4[1]]).await.unwrap();
+    fleet.unassign(&eni.id, &[v4[1]]).await.unwrap();
 }
 
 #[tokio::test]

@@ -13,9 +13,10 @@ use std::sync::{MutexGuard, OnceLock};
 
 use enim_core::MacAddr;
 use enim_provider_aws::metadata::{Imds, ImdsError};
-use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
+use enim_testkit::metadata_stub::answers::{
+    assert_path_under, cases, entries, listing, mac_text, wild_string,
+};
 use enim_testkit::metadata_stub::MetadataStub;
-use proptest::collection::vec;
 use proptest::prelude::*;
 
 /// One metadata stand-in for the whole file (its thread lives as long as
@@ -28,17 +29,6 @@ fn metadata() -> &'static MetadataStub {
 
 /// Lines of a listing: up to four.
 const LISTING_LINES: std::ops::Range<usize> = 0..5;
-
-/// MAC-like text: five to seven octets of two hex digits, or of a sign,
-/// a space or one digit, joined by ':' or '-'.
-fn mac_text() -> impl Strategy<Value = String> {
-    let octet = prop_oneof![
-        4 => "[0-9a-fA-F]{2}",
-        1 => "[+\\- ][0-9a-f]",
-        1 => "[0-9a-f]{1,3}",
-    ];
-    (vec(octet, 5..8), prop_oneof![Just(":"), Just("-")]).prop_map(|(o, sep)| o.join(sep))
-}
 
 /// One answer: plausible, any text, or none (404).
 fn field(plausible: impl Strategy<Value = String>) -> impl Strategy<Value = Option<String>> {
@@ -120,15 +110,13 @@ fn set_answers(
 }
 
 /// An error the parsers may give: the path (under `under`) and why, or a
-/// 404. Never a transport failure: the server always answers.
+/// 404.
 fn assert_parse_error(e: &ImdsError, under: &str) -> Result<(), TestCaseError> {
-    match e {
-        ImdsError::Invalid { path, .. } | ImdsError::NotFound { path } => {
-            prop_assert!(path.starts_with(under), "{}", e)
-        }
-        other => prop_assert!(false, "not a parse error: {}", other),
-    }
-    Ok(())
+    let path = match e {
+        ImdsError::Invalid { path, .. } | ImdsError::NotFound { path } => Some(path.as_str()),
+        _ => None,
+    };
+    assert_path_under(e, path, under)
 }
 
 proptest! {
@@ -142,11 +130,7 @@ proptest! {
         let imds = Imds::new(metadata().url()).unwrap();
         match runtime().block_on(imds.macs()) {
             Ok(macs) => {
-                let lines: Vec<&str> = text
-                    .lines()
-                    .map(|l| l.trim().trim_end_matches('/'))
-                    .filter(|l| !l.is_empty())
-                    .collect();
+                let lines = entries(&text);
                 prop_assert_eq!(macs.len(), lines.len());
                 for (mac, line) in macs.iter().zip(&lines) {
                     prop_assert_eq!(mac.to_string(), line.to_ascii_lowercase().replace('-', ":"));

@@ -35,10 +35,10 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use enim_core::fault::crash_point;
 use enim_core::sync::lock;
-use enim_core::{AddressLimits, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, MacAddr, ProviderError};
 use enim_provider::cloud::{format_created_at, CreatedAt, Reaped, TAG_CLUSTER, TAG_CREATED_AT};
 use enim_provider::fleet::{
-    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, SubnetBlocks, TAG_INTENT,
+    CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot, SubnetBlocks, TAG_INTENT,
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -262,19 +262,15 @@ impl BceFleet {
             let per_eni = usize::try_from(self.api.ip_quota(&eni_id).await?.total_quantity)
                 .unwrap_or(usize::MAX);
             let lookup = || steps::get_known(&self.api, &eni_id);
-            let counts = (req.secondary_ipv4 - have, 0);
+            let counts = AddressCount::v4(req.secondary_ipv4 - have);
             steps::assign(&self.api, &eni_id, eni, counts, per_eni, lookup).await?;
             eni = steps::get_known(&self.api, &eni_id).await?;
         }
         self.fleet_eni(eni).await
     }
 
-    async fn do_attach(
-        &self,
-        listed: &FleetEni,
-        instance: &str,
-        index: u32,
-    ) -> Result<(), BceError> {
+    async fn do_attach(&self, listed: &FleetEni, at: Slot<'_>) -> Result<(), BceError> {
+        let (instance, index) = (at.instance, at.device_index);
         let eni_id = listed.id.as_str();
         if !DEVICE_INDEXES.contains(&index) {
             return Err(BceError::Config(format!(
@@ -341,16 +337,12 @@ impl BceFleet {
         Ok(reaped)
     }
 
-    async fn do_assign(
-        &self,
-        eni_id: &str,
-        counts: (usize, usize),
-    ) -> Result<Vec<IpAddr>, BceError> {
+    async fn do_assign(&self, eni_id: &str, count: AddressCount) -> Result<Vec<IpAddr>, BceError> {
         let before = self.ours(eni_id).await?;
         let per_eni =
             usize::try_from(self.api.ip_quota(eni_id).await?.total_quantity).unwrap_or(usize::MAX);
         let lookup = || self.ours(eni_id);
-        steps::assign(&self.api, eni_id, before, counts, per_eni, lookup).await
+        steps::assign(&self.api, eni_id, before, count, per_eni, lookup).await
     }
 }
 
@@ -377,13 +369,8 @@ impl FleetCloud for BceFleet {
         Ok(self.do_create(req).await?)
     }
 
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError> {
-        Ok(self.do_attach(eni, instance, device_index).await?)
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError> {
+        Ok(self.do_attach(eni, at).await?)
     }
 
     async fn start_detach(&self, eni: &FleetEni) -> Result<(), ProviderError> {
@@ -394,16 +381,11 @@ impl FleetCloud for BceFleet {
         Ok(self.do_delete(eni_id, check).await?)
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        Ok(self.do_assign(eni_id, (ipv4, ipv6)).await?)
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
+        Ok(self.do_assign(eni_id, n).await?)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let lookup = self.ours(eni_id).await;
         Ok(steps::unassign(&self.api, eni_id, ips, lookup).await?)
     }

@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use enim_core::fault::crash_point;
 use enim_core::retry::Poll;
 use enim_core::sync::lock;
-use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{
     format_created_at, CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER,
     TAG_CREATED_AT,
@@ -584,21 +584,16 @@ impl CloudBackend for BceBackend {
         })
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
         let before = self.attached_here(eni_id).await?;
         // Cut to the ENI's quota: before the real figure was known the
         // agent may have planned with a provisional one.
         let per_eni = self.ips_per_eni(eni_id).await?;
         let lookup = || self.attached_here(eni_id);
-        Ok(steps::assign(&self.api, eni_id, before, (ipv4, ipv6), per_eni, lookup).await?)
+        Ok(steps::assign(&self.api, eni_id, before, n, per_eni, lookup).await?)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         let lookup = self.attached_here(eni_id).await;
         Ok(steps::unassign(&self.api, eni_id, ips, lookup).await?)
     }

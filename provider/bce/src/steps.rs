@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use enim_core::fault::crash_point;
 use enim_core::retry::{Backoff, Poll};
+use enim_core::AddressCount;
 use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Family, Reaped,
 };
@@ -186,7 +187,7 @@ pub(crate) async fn delete_unlooked(api: &ApiClient, eni_id: &str) -> Result<Rea
     }
 }
 
-/// Adds `ipv4` and `ipv6` new addresses to `eni_id`, cut to `per_eni`
+/// Adds `count` new addresses to `eni_id`, cut to `per_eni`
 /// addresses of each family (its quota), in batches BCE takes; `before`
 /// and `lookup` are the ENI checked the caller's way, before and after: what is
 /// new in its listing is what was added, so a retried batch is not
@@ -195,7 +196,7 @@ pub(crate) async fn assign<F, Fut>(
     api: &ApiClient,
     eni_id: &str,
     before: ApiEni,
-    (ipv4, ipv6): (usize, usize),
+    count: AddressCount,
     per_eni: usize,
     lookup: F,
 ) -> Result<Vec<IpAddr>, BceError>
@@ -203,6 +204,7 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<ApiEni, BceError>>,
 {
+    let AddressCount { ipv4, ipv6 } = count;
     let want4 = ipv4.min(per_eni.saturating_sub(before.ipv4_count()));
     let want6 = ipv6.min(per_eni.saturating_sub(before.ipv6_private_ip_set.len()));
     if (want4, want6) != (ipv4, ipv6) {
@@ -211,7 +213,10 @@ where
     assign_new(
         eni_id,
         before.non_primary_ips(),
-        (want4, want6),
+        AddressCount {
+            ipv4: want4,
+            ipv6: want6,
+        },
         |family, count| async move {
             let mut left = count;
             while left > 0 {

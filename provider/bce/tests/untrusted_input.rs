@@ -13,7 +13,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{MutexGuard, OnceLock};
 
 use enim_provider_bce::metadata::{parse_mask, MetadataClient, MetadataError};
-use enim_testkit::metadata_stub::answers::{cases, listing, wild_string};
+use enim_testkit::metadata_stub::answers::{
+    assert_path_under, cases, entries, listing, wild_string,
+};
 use enim_testkit::metadata_stub::MetadataStub;
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -103,17 +105,15 @@ fn set_answers(answers: HashMap<String, String>) -> MutexGuard<'static, ()> {
     metadata().serve(answers)
 }
 
-/// Never a transport failure: the server always answers.
+/// An error the parsers may give: the path (under `under`) and why.
 fn assert_parse_error(e: &MetadataError, under: &str) -> Result<(), TestCaseError> {
-    match e {
+    let path = match e {
         MetadataError::Parse { path, .. }
         | MetadataError::Empty { path }
-        | MetadataError::Status { path, .. } => {
-            prop_assert!(path.starts_with(under), "{}", e)
-        }
-        other => prop_assert!(false, "not a parse error: {}", other),
-    }
-    Ok(())
+        | MetadataError::Status { path, .. } => Some(path.as_str()),
+        _ => None,
+    };
+    assert_path_under(e, path, under)
 }
 
 proptest! {
@@ -148,13 +148,7 @@ proptest! {
         let client = MetadataClient::new(metadata().url()).unwrap();
         match runtime().block_on(client.macs()) {
             Ok(macs) => {
-                // Each non-blank line, white space and the trailing '/' off.
-                let lines: Vec<&str> = text
-                    .lines()
-                    .map(|l| l.trim().trim_end_matches('/'))
-                    .filter(|l| !l.is_empty())
-                    .collect();
-                prop_assert_eq!(macs, lines);
+                prop_assert_eq!(macs, entries(&text));
             }
             // Blank: metadata not ready.
             Err(e) => prop_assert!(matches!(e, MetadataError::Empty { .. }) && text.trim().is_empty(), "{}", e),

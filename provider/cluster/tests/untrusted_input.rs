@@ -16,18 +16,11 @@ use enim_core::{EniOwner, ProviderError};
 use enim_crd::{EniSpec, Quarantined};
 use enim_crd::{Instance, Mode, NetResourceSetSpec, Watermarks};
 use enim_provider_cluster::state::{parse_eni_in, SeenSpec, State};
+use enim_testkit::metadata_stub::answers::cases;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::Value;
-
-fn cases(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 fn wild_string() -> impl Strategy<Value = String> {
     prop_oneof!["\\PC{0,20}", "(?s:.{0,20})", "[a-f0-9:./\\-+ \\x00]{0,20}",]

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use enim_core::{AddressLimits, Eni, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, ProviderError};
 use enim_provider::SecondaryIps;
 
 use crate::{context, WarmPool};
@@ -17,17 +17,8 @@ impl SecondaryIps for WarmPool {
         self.inner.backend.address_limits().await
     }
 
-    async fn assign(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
-        let new = self
-            .inner
-            .backend
-            .assign_addresses(eni_id, ipv4, ipv6)
-            .await?;
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
+        let new = self.inner.backend.assign(eni_id, n).await?;
         let mut st = self.inner.state();
         if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
             for ip in &new {
@@ -40,7 +31,7 @@ impl SecondaryIps for WarmPool {
     }
 
     async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
-        self.inner.backend.unassign_addresses(eni_id, ips).await?;
+        self.inner.backend.unassign(eni_id, ips).await?;
         let mut st = self.inner.state();
         if let Some(m) = st.members.iter_mut().find(|m| m.eni.id == eni_id) {
             m.eni.secondary_ips.retain(|ip| !ips.contains(ip));

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use enim_core::testing::{read_with_deprecations, read_without_warnings, warnings_of};
-use enim_core::{Eni, EniOwner, ProviderError, Watermarks};
+use enim_core::{AddressCount, Eni, EniOwner, ProviderError, Watermarks};
 use enim_provider::testing::{allocate_concurrently, listed_ids, owner};
 use enim_provider::EniProvider;
 use tokio::time::Instant;

@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use enim_core::{AddressLimits, LimitsConfig, ProviderError};
+use enim_core::{AddressCount, AddressLimits, LimitsConfig, ProviderError};
 use enim_provider::cloud::Reaped;
-use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot};
 use serde::{Deserialize, Serialize};
 
 use crate::{validated, StaticEniConfig};
@@ -159,12 +159,7 @@ impl FleetCloud for StaticFleet {
     }
 
     /// By the inventory, not by what `eni` says: nothing moves here.
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError> {
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError> {
         let eni_id = eni.id.as_str();
         let eni = self
             .enis
@@ -172,10 +167,8 @@ impl FleetCloud for StaticFleet {
             .find(|e| e.id == eni_id)
             .ok_or_else(|| ProviderError::UnknownEni(eni_id.into()))?;
         match &eni.attachment {
-            Some(a) if a.instance == instance && a.device_index == device_index => Ok(()),
-            _ => Err(refused(&format!(
-                "move ENI {eni_id} to {instance} at device index {device_index}"
-            ))),
+            Some(a) if a.slot() == at => Ok(()),
+            _ => Err(refused(&format!("move ENI {eni_id} to {at}"))),
         }
     }
 
@@ -187,18 +180,13 @@ impl FleetCloud for StaticFleet {
         Err(refused(&format!("delete ENI {eni_id}")))
     }
 
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        _ipv4: usize,
-        _ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, eni_id: &str, _: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
         Err(refused(&format!(
             "assign addresses to ENI {eni_id}: list them in its secondary_ipv4/secondary_ipv6"
         )))
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, _ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, _ips: &[IpAddr]) -> Result<(), ProviderError> {
         Err(refused(&format!("unassign addresses of ENI {eni_id}")))
     }
 }
@@ -288,7 +276,7 @@ mod tests {
         let listed = fleet.list_cluster_enis().await.unwrap();
         let a1 = &listed[1];
         assert_eq!(a1.id, "eni-a1");
-        fleet.attach(a1, "node-a", 5).await.unwrap();
+        fleet.attach(a1, Slot::new("node-a", 5)).await.unwrap();
         let req = CreateEni {
             instance: "node-a".into(),
             subnet: "s".into(),
@@ -300,8 +288,8 @@ mod tests {
         let ip: IpAddr = "10.251.0.11".parse().unwrap();
         let refusals = [
             fleet.create(&req).await.map(drop).unwrap_err(),
-            fleet.attach(a1, "node-b", 5).await.unwrap_err(),
-            fleet.attach(a1, "node-a", 2).await.unwrap_err(),
+            fleet.attach(a1, Slot::new("node-b", 5)).await.unwrap_err(),
+            fleet.attach(a1, Slot::new("node-a", 2)).await.unwrap_err(),
             fleet.start_detach(&listed[0]).await.unwrap_err(),
             fleet
                 .delete("eni-a0", DeleteCheck::Listed)
@@ -314,11 +302,11 @@ mod tests {
                 .map(drop)
                 .unwrap_err(),
             fleet
-                .assign_addresses("eni-a0", 1, 0)
+                .assign("eni-a0", AddressCount::v4(1))
                 .await
                 .map(drop)
                 .unwrap_err(),
-            fleet.unassign_addresses("eni-a0", &[ip]).await.unwrap_err(),
+            fleet.unassign("eni-a0", &[ip]).await.unwrap_err(),
         ];
         for e in refusals {
             assert!(
@@ -334,7 +322,10 @@ mod tests {
             ..a1.clone()
         };
         assert_eq!(
-            fleet.attach(&unknown, "node-a", 1).await.unwrap_err(),
+            fleet
+                .attach(&unknown, Slot::new("node-a", 1))
+                .await
+                .unwrap_err(),
             ProviderError::UnknownEni("eni-zz".into())
         );
     }

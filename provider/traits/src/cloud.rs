@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use enim_core::{AddressLimits, Eni, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, ProviderError};
 
 /// The cluster an ENI was made for: the fleet-wide reaper deletes only
 /// this cluster's leaked ENIs. (AWS: a tag; BCE: a `key=value` word of the
@@ -145,13 +145,13 @@ fn added_addresses(eni_id: &str, before: Vec<IpAddr>, after: Vec<IpAddr>) -> Vec
 }
 
 /// An assign as both clouds make it: `add` (the cloud's verb) once for
-/// each family with a count, then what is new in the ENI's listing
+/// each family `n` asks any of, then what is new in the ENI's listing
 /// (`before`, and `listing` after the adds; its addresses but the primary
 /// IPv4), see [`added_addresses`].
 pub async fn assign_new<E, AddFut, ListFut>(
     eni_id: &str,
     before: Vec<IpAddr>,
-    (ipv4, ipv6): (usize, usize),
+    n: AddressCount,
     mut add: impl FnMut(Family, usize) -> AddFut,
     listing: impl FnOnce() -> ListFut,
 ) -> Result<Vec<IpAddr>, E>
@@ -159,7 +159,7 @@ where
     AddFut: Future<Output = Result<(), E>>,
     ListFut: Future<Output = Result<Vec<IpAddr>, E>>,
 {
-    for (family, count) in [(Family::V4, ipv4), (Family::V6, ipv6)] {
+    for (family, count) in [(Family::V4, n.ipv4), (Family::V6, n.ipv6)] {
         if count > 0 {
             add(family, count).await?;
         }
@@ -262,16 +262,13 @@ pub trait CloudBackend: Send + Sync {
     /// The instance type's per-ENI address limits and ENI limit.
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError>;
 
-    /// Assigns new secondary addresses to an attached ENI; returns them.
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError>;
+    /// Assigns `n` new secondary addresses to `eni_id`, an ENI
+    /// attached here; returns them.
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError>;
 
-    /// Unassigns addresses; those already unassigned count as done.
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
+    /// Unassigns `ips` of `eni_id`, an ENI attached here; those already
+    /// unassigned count as done.
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
 
     // ---- The fleet-wide reaper of leaked ENIs (issue #16) ----
     // At the end of the trait, with defaults that keep the reaper off, so
@@ -373,9 +370,15 @@ mod tests {
     async fn an_assign_returns_what_the_listing_gained() {
         let calls = std::sync::Mutex::new(Vec::new());
         let after = || async { Ok(vec![ip("10.0.0.5"), ip("10.0.0.9"), ip("fd00::9")]) };
-        let new = assign_new("eni-1", vec![ip("10.0.0.5")], (1, 0), noting(&calls), after)
-            .await
-            .unwrap();
+        let new = assign_new(
+            "eni-1",
+            vec![ip("10.0.0.5")],
+            AddressCount::v4(1),
+            noting(&calls),
+            after,
+        )
+        .await
+        .unwrap();
         assert_eq!(new, [ip("10.0.0.9"), ip("fd00::9")]);
         assert_eq!(*calls.lock().unwrap(), [(Family::V4, 1)]);
     }

@@ -21,13 +21,14 @@
 //! only where the cloud's own refusal cannot stand in for it: see
 //! [`CreateEni::fresh`], [`FleetCloud::attach`] and [`DeleteCheck`].
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::cloud::{CreatedAt, Reaped};
-use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, MacAddr, ProviderError};
 
 /// The client token of the operator's intent that created an ENI.
 pub const TAG_INTENT: &str = "enim.io/intent";
@@ -58,6 +59,29 @@ impl SubnetBlocks {
     }
 }
 
+/// Where [`FleetCloud::attach`] puts an ENI: an instance and the device
+/// index the ENI takes there, one value so the two travel together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot<'a> {
+    pub instance: &'a str,
+    pub device_index: u32,
+}
+
+impl<'a> Slot<'a> {
+    pub fn new(instance: &'a str, device_index: u32) -> Slot<'a> {
+        Slot {
+            instance,
+            device_index,
+        }
+    }
+}
+
+impl fmt::Display for Slot<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at device index {}", self.instance, self.device_index)
+    }
+}
+
 /// Where an ENI is attached, as the listing shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetAttachment {
@@ -70,6 +94,11 @@ pub struct FleetAttachment {
 }
 
 impl FleetAttachment {
+    /// The instance and device index it holds.
+    pub fn slot(&self) -> Slot<'_> {
+        Slot::new(&self.instance, self.device_index)
+    }
+
     /// Being detached: done at a later listing, nothing to ask again.
     pub fn detaching(&self) -> bool {
         self.state == DETACHING
@@ -194,8 +223,8 @@ pub trait FleetCloud: Send + Sync {
     /// same token returns the ENI the first made.
     async fn create(&self, req: &CreateEni) -> Result<FleetEni, ProviderError>;
 
-    /// Attaches `eni` to `instance` at `device_index`. Succeeds when it is
-    /// already attached there.
+    /// Attaches `eni` at `at` (an instance's device index). Succeeds when
+    /// it is already attached there.
     ///
     /// `eni` is the ENI as this cloud's [`Self::create`] returned it or its
     /// [`Self::list_cluster_enis`] showed it. One not marked for this
@@ -204,12 +233,7 @@ pub trait FleetCloud: Send + Sync {
     /// refuses to attach an ENI in use, and only on a refusal is it looked
     /// at (once) to tell "attached there already" (a retry whose first try
     /// went through: success) from a real error.
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError>;
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError>;
 
     /// Asks the cloud to detach `eni` and returns without waiting for the
     /// detach to finish: the operator learns that from a later listing
@@ -236,16 +260,13 @@ pub trait FleetCloud: Send + Sync {
     /// no describe) and which it only found ([`DeleteCheck::SecondLook`]).
     async fn delete(&self, eni_id: &str, check: DeleteCheck) -> Result<Reaped, ProviderError>;
 
-    /// Assigns new secondary addresses to `eni_id` and returns them.
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError>;
+    /// Assigns `n` new secondary addresses to `eni_id`, an ENI of this
+    /// cluster wherever it is attached; returns them.
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError>;
 
-    /// Unassigns addresses; those already unassigned count as done.
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
+    /// Unassigns `ips` of `eni_id`, an ENI of this cluster; those already
+    /// unassigned count as done.
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError>;
 }
 
 #[cfg(test)]

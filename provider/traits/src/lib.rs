@@ -15,6 +15,7 @@ pub mod testing;
 use std::net::IpAddr;
 
 use async_trait::async_trait;
+use enim_core::AddressCount;
 
 // The items that moved to enim-core, still reachable by their old paths
 // until every user imports them from enim-core (the traits below use
@@ -112,15 +113,10 @@ pub trait SecondaryIps: Send + Sync {
     /// The instance's per-ENI address limits (cached by the provider).
     async fn address_limits(&self) -> Result<AddressLimits, ProviderError>;
 
-    /// Assigns `ipv4` new secondary IPv4 and `ipv6` new IPv6 addresses to
-    /// `eni_id` and returns them. Afterwards [`EniProvider::list`] shows
-    /// them in the ENI's `secondary_ips`.
-    async fn assign(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError>;
+    /// Assigns `n` new secondary addresses to `eni_id` and returns
+    /// them. Afterwards [`EniProvider::list`] shows them in the ENI's
+    /// `secondary_ips`.
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError>;
 
     /// Gives `ips` of `eni_id` back to the cloud. Idempotent: an address
     /// no longer assigned counts as given back.

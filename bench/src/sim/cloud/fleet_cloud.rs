@@ -33,9 +33,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use enim_core::{AddressLimits, ProviderError};
+use enim_core::{AddressCount, AddressLimits, ProviderError};
 use enim_provider::cloud::{CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetAttachment, FleetCloud, FleetEni, Slot};
 use tokio::time::Instant;
 
 use super::{Account, EniRecord, State};
@@ -299,12 +299,8 @@ impl FleetCloud for SimFleet {
             .await
     }
 
-    async fn attach(
-        &self,
-        eni: &FleetEni,
-        instance: &str,
-        device_index: u32,
-    ) -> Result<(), ProviderError> {
+    async fn attach(&self, eni: &FleetEni, at: Slot<'_>) -> Result<(), ProviderError> {
+        let (instance, device_index) = (at.instance, at.device_index);
         let node = node_of(instance)?;
         if eni.cluster.as_deref() != Some(CLUSTER) {
             return Err(ProviderError::Config(format!(
@@ -405,18 +401,13 @@ impl FleetCloud for SimFleet {
     }
 
     // The operator's fleet scenario is primary mode's, as the per-node one.
-    async fn assign_addresses(
-        &self,
-        _: &str,
-        _: usize,
-        _: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, _: &str, _: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
         Err(ProviderError::Config(
             "the simulated fleet serves primary mode only".into(),
         ))
     }
 
-    async fn unassign_addresses(&self, _: &str, _: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, _: &str, _: &[IpAddr]) -> Result<(), ProviderError> {
         Err(ProviderError::Config(
             "the simulated fleet serves primary mode only".into(),
         ))

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use enim_core::retry::Poll;
-use enim_core::{AddressLimits, Eni, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, ProviderError};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
 use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
 
@@ -323,20 +323,11 @@ impl CloudBackend for SimCloud {
         Err(primary_only())
     }
 
-    async fn assign_addresses(
-        &self,
-        _eni_id: &str,
-        _ipv4: usize,
-        _ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, _: &str, _: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
         Err(primary_only())
     }
 
-    async fn unassign_addresses(
-        &self,
-        _eni_id: &str,
-        _ips: &[IpAddr],
-    ) -> Result<(), ProviderError> {
+    async fn unassign(&self, _: &str, _: &[IpAddr]) -> Result<(), ProviderError> {
         Err(primary_only())
     }
 }

@@ -142,7 +142,7 @@ fn same_seed_same_run() {
 #[test]
 fn the_fleet_backend_makes_aws_fleets_calls_and_no_more() {
     use enim_provider::cloud::Reaped;
-    use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud};
+    use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, Slot};
     rt().block_on(async {
         let account = Account::new(CloudParams::default(), 5);
         let fleet = SimFleet::new(account.clone());
@@ -158,7 +158,10 @@ fn the_fleet_backend_makes_aws_fleets_calls_and_no_more() {
         let failed = |a| account.counts().get(a).failed;
         // A fresh create: no look-up by intent; create and attach: no look.
         let eni = fleet.create(&req("t-1", true)).await.unwrap();
-        fleet.attach(&eni, &instance_id(0), 1).await.unwrap();
+        fleet
+            .attach(&eni, Slot::new(&instance_id(0), 1))
+            .await
+            .unwrap();
         assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 0);
         assert_eq!(n(Action::DescribeNetworkInterfacesById), 0);
         assert_eq!(n(Action::CreateNetworkInterface), 1);
@@ -171,10 +174,16 @@ fn the_fleet_backend_makes_aws_fleets_calls_and_no_more() {
         assert_eq!(n(Action::CreateNetworkInterface), 1);
         // The stale reply attached again: refused (in use), one look finds
         // it there; at another index the refusal stands.
-        fleet.attach(&eni, &instance_id(0), 1).await.unwrap();
+        fleet
+            .attach(&eni, Slot::new(&instance_id(0), 1))
+            .await
+            .unwrap();
         assert_eq!(failed(Action::AttachNetworkInterface), 1);
         assert_eq!(n(Action::DescribeNetworkInterfacesById), 1);
-        fleet.attach(&eni, &instance_id(0), 2).await.unwrap_err();
+        fleet
+            .attach(&eni, Slot::new(&instance_id(0), 2))
+            .await
+            .unwrap_err();
         assert_eq!(n(Action::DescribeNetworkInterfacesById), 2);
         // Another cluster's, as seen: refused with no call.
         let foreign = enim_provider::fleet::FleetEni {
@@ -182,7 +191,7 @@ fn the_fleet_backend_makes_aws_fleets_calls_and_no_more() {
             ..eni.clone()
         };
         fleet
-            .attach(&foreign, &instance_id(0), 3)
+            .attach(&foreign, Slot::new(&instance_id(0), 3))
             .await
             .unwrap_err();
         assert_eq!(

@@ -102,38 +102,36 @@ fn unknown_keys_and_bad_values_are_rejected() {
     }
 }
 
+/// [`sample_api`] in the old keys (but `ec2_endpoint`), one table for
+/// both spellings: the node's `api_<key>` at the top level, the
+/// operator's `<key>` in its `[api]` table.
+const OLD_API_KEYS: [(&str, &str); 5] = [
+    ("attempts", "3"),
+    ("backoff", r#""100ms""#),
+    ("max_backoff", r#""5s""#),
+    ("mutating_rate", r#"{ every = "2s", burst = 3 }"#),
+    ("describe_rate", r#"{ every = "100ms", burst = 20 }"#),
+];
+const OLD_ENDPOINT: &str = r#"ec2_endpoint = "http://127.0.0.1:5000""#;
+
+/// `head`, then each of [`OLD_API_KEYS`] named `prefix` and the key.
+fn old_api_toml(head: &str, prefix: &str) -> String {
+    let lines = OLD_API_KEYS.map(|(key, value)| format!("{prefix}{key} = {value}\n"));
+    format!("{head}{}", lines.concat())
+}
+
 /// The keys as they were before the `api` table, the node's and the
 /// operator's: each still read, each with a warning that names its new
 /// key.
 #[test]
 fn old_keys_are_read_with_a_deprecation_warning() {
     let node = read_with_deprecations("provider", NODE_MOVES, || {
-        toml::from_str::<AwsConfig>(
-            r#"
-            ec2_endpoint = "http://127.0.0.1:5000"
-            api_attempts = 3
-            api_backoff = "100ms"
-            api_max_backoff = "5s"
-            api_mutating_rate = { every = "2s", burst = 3 }
-            api_describe_rate = { every = "100ms", burst = 20 }
-            "#,
-        )
+        toml::from_str::<AwsConfig>(&old_api_toml(&format!("{OLD_ENDPOINT}\n"), "api_"))
     });
     node.validate().unwrap();
     let fleet = read_with_deprecations("cloud", FLEET_MOVES, || {
-        parse_fleet(
-            r#"
-            region = "r"
-            cluster = "c"
-            ec2_endpoint = "http://127.0.0.1:5000"
-            [api]
-            attempts = 3
-            backoff = "100ms"
-            max_backoff = "5s"
-            mutating_rate = { every = "2s", burst = 3 }
-            describe_rate = { every = "100ms", burst = 20 }
-            "#,
-        )
+        let head = format!("region = \"r\"\ncluster = \"c\"\n{OLD_ENDPOINT}\n[api]\n");
+        parse_fleet(&old_api_toml(&head, ""))
     });
     fleet.validate().unwrap();
     assert_eq!((node.api, fleet.api), (sample_api(), sample_api()));

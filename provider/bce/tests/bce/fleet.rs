@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use enim_core::{LimitsConfig, ProviderError};
+use enim_core::{AddressCount, LimitsConfig, ProviderError};
 use enim_provider::cloud::{parse_created_at, CreatedAt, Reaped};
-use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, FleetEni};
+use enim_provider::fleet::{CreateEni, DeleteCheck, FleetCloud, FleetEni, Slot};
 use enim_provider_bce::{BceFleet, BceFleetConfig};
 use rig::{FakeCloud, AK, GATEWAY, INSTANCE, SK, SUBNET, VPC};
 
@@ -194,7 +194,7 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
     let reads = |c: &FakeCloud| c.world().count("GET", &format!("/v1/eni/{}", eni.id));
     let polls = cloud.world().transition_polls as usize;
     let before = reads(&cloud);
-    fleet.attach(&eni, INSTANCE, 3).await.unwrap();
+    fleet.attach(&eni, Slot::new(INSTANCE, 3)).await.unwrap();
     assert_eq!(reads(&cloud) - before, 1 + polls + 1);
     {
         let w = cloud.world();
@@ -215,9 +215,12 @@ async fn attach_records_the_device_index_then_detach_and_delete() {
     // Already attached there: no second attach.
     let attaches = |c: &FakeCloud| puts(c, "attach");
     let before = attaches(&cloud);
-    fleet.attach(&eni, INSTANCE, 3).await.unwrap();
+    fleet.attach(&eni, Slot::new(INSTANCE, 3)).await.unwrap();
     assert_eq!(attaches(&cloud), before);
-    let e = fleet.attach(&eni, OTHER_NODE, 3).await.unwrap_err();
+    let e = fleet
+        .attach(&eni, Slot::new(OTHER_NODE, 3))
+        .await
+        .unwrap_err();
     assert!(matches!(e, ProviderError::OwnedByOther { .. }), "{e}");
 
     // Attached, so spared: by the second look, or by BCE's refusal.
@@ -294,7 +297,9 @@ async fn other_clusters_enis_are_never_touched() {
     };
     let calls_before = cloud.world().log.len();
     for cluster in [Some("staging"), None] {
-        let e = fleet.attach(&seen_as(cluster), INSTANCE, 1).await;
+        let e = fleet
+            .attach(&seen_as(cluster), Slot::new(INSTANCE, 1))
+            .await;
         let e = e.unwrap_err();
         assert!(
             matches!(&e, ProviderError::Config(m) if m.contains("not this cluster's")),
@@ -305,7 +310,7 @@ async fn other_clusters_enis_are_never_touched() {
     for e in [
         fleet.start_detach(&seen).await.unwrap_err(),
         fleet
-            .assign_addresses(&staging, 1, 0)
+            .assign(&staging, AddressCount::v4(1))
             .await
             .map(drop)
             .unwrap_err(),
@@ -328,8 +333,8 @@ async fn secondary_addresses_assign_and_unassign() {
         .create(&request(INSTANCE, "intent-ips", 0))
         .await
         .unwrap();
-    fleet.attach(&eni, INSTANCE, 1).await.unwrap();
-    let got = fleet.assign_addresses(&eni.id, 3, 0).await.unwrap();
+    fleet.attach(&eni, Slot::new(INSTANCE, 1)).await.unwrap();
+    let got = fleet.assign(&eni.id, AddressCount::v4(3)).await.unwrap();
     assert_eq!(got.len(), 3);
     assert!(got
         .iter()
@@ -339,12 +344,12 @@ async fn secondary_addresses_assign_and_unassign() {
     let mut want = got.clone();
     want.sort();
     assert_eq!(have, want);
-    fleet.unassign_addresses(&eni.id, &got[..2]).await.unwrap();
+    fleet.unassign(&eni.id, &got[..2]).await.unwrap();
     assert_eq!(cloud.world().secondaries(&eni.id), got[2..]);
     // Given back already: done.
-    fleet.unassign_addresses(&eni.id, &got[..1]).await.unwrap();
+    fleet.unassign(&eni.id, &got[..1]).await.unwrap();
     // Cut to the ENI's quota (8 addresses, its primary and one left).
-    let more = fleet.assign_addresses(&eni.id, 20, 0).await.unwrap();
+    let more = fleet.assign(&eni.id, AddressCount::v4(20)).await.unwrap();
     assert_eq!(more.len(), 6);
 }
 

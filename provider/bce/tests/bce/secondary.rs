@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use enim_core::ProviderError;
+use enim_core::{AddressCount, ProviderError};
 use enim_provider::cloud::CloudBackend;
 use enim_provider::EniProvider;
 use enim_provider_bce::tags::description_tag;
@@ -51,7 +51,7 @@ async fn private_ips_are_added_in_batches_cut_to_the_quota_and_deleted_idempoten
     );
 
     // 12 asked: two batch adds (BCE takes 10 at most).
-    let first = backend.assign_addresses(&eni.id, 12, 0).await.unwrap();
+    let first = backend.assign(&eni.id, AddressCount::v4(12)).await.unwrap();
     assert_eq!(first.len(), 12, "{first:?}");
     assert_usable(&first, eni.ipv4.addr());
     assert_eq!(
@@ -61,12 +61,12 @@ async fn private_ips_are_added_in_batches_cut_to_the_quota_and_deleted_idempoten
         2
     );
     // 5 more asked, 3 fit (16 with the primary): cut, not refused.
-    let second = backend.assign_addresses(&eni.id, 5, 0).await.unwrap();
+    let second = backend.assign(&eni.id, AddressCount::v4(5)).await.unwrap();
     assert_eq!(second.len(), 3, "{second:?}");
     assert!(second.iter().all(|ip| !first.contains(ip)));
     // Full: nothing asked of BCE, nothing new.
     assert!(backend
-        .assign_addresses(&eni.id, 1, 0)
+        .assign(&eni.id, AddressCount::v4(1))
         .await
         .unwrap()
         .is_empty());
@@ -89,20 +89,20 @@ async fn private_ips_are_added_in_batches_cut_to_the_quota_and_deleted_idempoten
 
     // Deleted in one batch; asked again, nothing is left to delete.
     let gone = &first[..3];
-    backend.unassign_addresses(&eni.id, gone).await.unwrap();
+    backend.unassign(&eni.id, gone).await.unwrap();
     let dels = |cloud: &FakeCloud| {
         cloud
             .world()
             .count("POST", &format!("/v1/eni/{}/privateIp/batchDel", eni.id))
     };
     assert_eq!(dels(&cloud), 1);
-    backend.unassign_addresses(&eni.id, gone).await.unwrap();
+    backend.unassign(&eni.id, gone).await.unwrap();
     assert_eq!(dels(&cloud), 1, "a second unassign deletes nothing");
     let left = cloud.world().secondaries(&eni.id);
     assert_eq!(left.len(), 12);
     assert!(gone.iter().all(|ip| !left.contains(ip)));
     // 12 in one call: two batches of at most 10.
-    backend.unassign_addresses(&eni.id, &left).await.unwrap();
+    backend.unassign(&eni.id, &left).await.unwrap();
     assert_eq!(dels(&cloud), 3);
     assert!(cloud.world().secondaries(&eni.id).is_empty());
     let w = cloud.world();
@@ -126,27 +126,30 @@ async fn addresses_change_only_on_secondary_enis_attached_here() {
     };
     let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
     for other in [&elsewhere, &spare] {
-        let err = backend.assign_addresses(other, 2, 0).await.unwrap_err();
+        let err = backend
+            .assign(other, AddressCount::v4(2))
+            .await
+            .unwrap_err();
         assert!(matches!(err, ProviderError::OwnedByOther { .. }), "{err}");
     }
-    let err = backend.assign_addresses(&primary, 2, 0).await.unwrap_err();
+    let err = backend
+        .assign(&primary, AddressCount::v4(2))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, ProviderError::Config(m) if m.contains("primary")),
         "{err}"
     );
     let err = backend
-        .assign_addresses("eni-missing", 1, 0)
+        .assign("eni-missing", AddressCount::v4(1))
         .await
         .unwrap_err();
     assert!(matches!(err, ProviderError::UnknownEni(_)), "{err}");
     // Unassigning on an ENI that is not (or no longer) here is done:
     // its addresses are not this node's.
     let ip: std::net::IpAddr = "10.0.1.200".parse().unwrap();
-    backend.unassign_addresses(&elsewhere, &[ip]).await.unwrap();
-    backend
-        .unassign_addresses("eni-missing", &[ip])
-        .await
-        .unwrap();
+    backend.unassign(&elsewhere, &[ip]).await.unwrap();
+    backend.unassign("eni-missing", &[ip]).await.unwrap();
     let w = cloud.world();
     assert_eq!(
         w.count("POST", "/v1/eni/"),
@@ -163,13 +166,16 @@ async fn ipv6_addresses_come_from_the_ipv6_batch() {
     let backend = BceBackend::discover(&config(&cloud)).await.unwrap();
     let eni = backend.create_and_attach().await.unwrap();
     assert!(eni.ipv6.is_some());
-    let new = backend.assign_addresses(&eni.id, 2, 2).await.unwrap();
+    let new = backend
+        .assign(&eni.id, AddressCount { ipv4: 2, ipv6: 2 })
+        .await
+        .unwrap();
     let (v4, v6): (Vec<std::net::IpAddr>, Vec<_>) = new.iter().partition(|ip| ip.is_ipv4());
     assert_eq!((v4.len(), v6.len()), (2, 2), "{new:?}");
     let shown = backend.attached().await.unwrap();
     let shown: HashSet<_> = shown[0].secondary_ips.iter().copied().collect();
     assert_eq!(shown, new.iter().copied().collect());
-    backend.unassign_addresses(&eni.id, &new).await.unwrap();
+    backend.unassign(&eni.id, &new).await.unwrap();
     assert!(cloud.world().secondaries(&eni.id).is_empty());
     // One call per family.
     assert_eq!(
@@ -248,7 +254,7 @@ async fn the_host_eni_pool_serves_addresses_and_never_grows_by_watermark() {
     assert_eq!(eni.device_index, Some(1));
     let limits = ips.address_limits().await.unwrap();
     assert_eq!((limits.ipv4_per_eni, limits.enis), (8, 8));
-    let new = ips.assign(&eni.id, 4, 0).await.unwrap();
+    let new = ips.assign(&eni.id, AddressCount::v4(4)).await.unwrap();
     assert_eq!(new.len(), 4);
     assert_usable(&new, eni.ipv4.addr());
     let listed = pool.list().await.unwrap();

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use enim_core::{AddressLimits, Eni, MacAddr, ProviderError};
+use enim_core::{AddressCount, AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{CloudBackend, CreatedAt, Reaped, TaggedEni, UnattachedEni};
 use std::net::IpAddr;
 
@@ -292,12 +292,8 @@ impl CloudBackend for FakeCloud {
     }
 
     /// Numbers new IPv4 addresses 10.200.<ENI number>.<n> in order.
-    async fn assign_addresses(
-        &self,
-        eni_id: &str,
-        ipv4: usize,
-        ipv6: usize,
-    ) -> Result<Vec<IpAddr>, ProviderError> {
+    async fn assign(&self, eni_id: &str, n: AddressCount) -> Result<Vec<IpAddr>, ProviderError> {
+        let AddressCount { ipv4, ipv6 } = n;
         self.api()?;
         let mut st = self.st();
         let e = st
@@ -323,7 +319,7 @@ impl CloudBackend for FakeCloud {
         Ok(new)
     }
 
-    async fn unassign_addresses(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
+    async fn unassign(&self, eni_id: &str, ips: &[IpAddr]) -> Result<(), ProviderError> {
         self.api()?;
         if let Some(e) = self.st().enis.get_mut(eni_id) {
             e.eni.secondary_ips.retain(|ip| !ips.contains(ip));

@@ -188,7 +188,7 @@ async fn host_eni_role_attaches_on_request_and_tracks_addresses() {
 
     let first = ips.attach_eni().await.unwrap();
     assert!(first.device_index.is_some());
-    let new = ips.assign(&first.id, 2, 0).await.unwrap();
+    let new = ips.assign(&first.id, AddressCount::v4(2)).await.unwrap();
     assert_eq!(new.len(), 2);
     assert_eq!(pool.list().await.unwrap()[0].secondary_ips, new);
     ips.unassign(&first.id, &new[..1]).await.unwrap();
