@@ -23,7 +23,7 @@ use std::time::Duration;
 use bce::blocking;
 use common::cloud_node::{self, add_retrying, crash_at, primary_config};
 use common::{enim, Agent, NamedNetns};
-use enim_provider::fault::CLOUD_CRASH_POINTS;
+use enim_core::fault::CLOUD_CRASH_POINTS;
 use enim_testkit::agent::net_conf;
 use enim_testkit::bce::{FakeCloud, INSTANCE};
 use enim_testkit::fixtures::AgentPaths;

@@ -18,7 +18,7 @@ use enim::dra::registration::registration_client::RegistrationClient;
 use enim::dra::registration::InfoRequest;
 use enim::dra::v1::dra_plugin_client::DraPluginClient;
 use enim::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
-use enim_provider::Placement;
+use enim_core::Placement;
 use enim_testkit::apiserver::ControlPlane;
 use enim_testkit::fixtures::write_config;
 use serde_json::{json, Value};

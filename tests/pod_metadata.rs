@@ -19,7 +19,7 @@ use enim::secondary::{SecondaryConfig, SecondaryDriver};
 use enim::store::checkpoint::Checkpoint;
 use enim::support::metadata::MetadataConfig;
 use enim_api::GcRequest;
-use enim_provider::EniOwner;
+use enim_core::EniOwner;
 use enim_provider_static::StaticProvider;
 
 const V4: &str = "169.254.169.254";

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use common::*;
 use enim::engine::EngineError;
 use enim_api::MtuExpectation;
-use enim_provider::{EniProvider, ProviderError};
+use enim_core::ProviderError;
+use enim_provider::EniProvider;
 
 /// The error of an ADD of c1 on eth0 into `netns` that must fail.
 async fn c1_add_err(mgr: &PrimaryEngine, netns: &std::path::Path) -> EngineError {

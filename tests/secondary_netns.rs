@@ -601,7 +601,7 @@ async fn the_nodes_primary_interface_is_never_a_host_eni() {
 }
 
 /// The error of an ADD that must fail.
-async fn add_err(mgr: &SecondaryEngine, o: &enim_provider::EniOwner, netns: &Path) -> EngineError {
+async fn add_err(mgr: &SecondaryEngine, o: &enim_core::EniOwner, netns: &Path) -> EngineError {
     mgr.add(o, netns).await.unwrap_err()
 }
 
@@ -732,27 +732,24 @@ impl enim_provider::EniProvider for ListsMore {
     fn name(&self) -> &str {
         "lists-more"
     }
-    async fn list(&self) -> Result<Vec<enim_provider::Eni>, enim_provider::ProviderError> {
+    async fn list(&self) -> Result<Vec<enim_core::Eni>, enim_core::ProviderError> {
         let mut enis = self.inner.list().await?;
         enis[0].secondary_ips.extend(&self.extra);
         Ok(enis)
     }
     async fn allocate_next(
         &self,
-        owner: &enim_provider::EniOwner,
-    ) -> Result<enim_provider::Eni, enim_provider::ProviderError> {
+        owner: &enim_core::EniOwner,
+    ) -> Result<enim_core::Eni, enim_core::ProviderError> {
         self.inner.allocate_next(owner).await
     }
-    async fn release(
-        &self,
-        owner: &enim_provider::EniOwner,
-    ) -> Result<(), enim_provider::ProviderError> {
+    async fn release(&self, owner: &enim_core::EniOwner) -> Result<(), enim_core::ProviderError> {
         self.inner.release(owner).await
     }
     async fn restore(
         &self,
-        assignments: &[(String, enim_provider::EniOwner)],
-    ) -> Result<(), enim_provider::ProviderError> {
+        assignments: &[(String, enim_core::EniOwner)],
+    ) -> Result<(), enim_core::ProviderError> {
         self.inner.restore(assignments).await
     }
 }

@@ -24,7 +24,6 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use enim::provider::{MacAddr, PodRef};
 use enim::store::checkpoint::{Checkpoint, CheckpointError, HostHome};
 use enim_api::model::naming::valid_container_id;
 use enim_api::model::{
@@ -33,6 +32,7 @@ use enim_api::model::{
 use enim_api::{AttachmentRequest, GcRequest, MtuExpectation, ValidAttachment};
 use enim_cni::config::{requested_version, CniVersion, NetConf};
 use enim_cni::env::{parse_cni_args, CniEnv, Command};
+use enim_core::{MacAddr, PodRef};
 use enim_testkit::metadata_stub::answers::{cases, mac_text};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::collection::{btree_map, vec};
@@ -1380,8 +1380,9 @@ mod dra {
     use enim::dra::bound::BoundProvider;
     use enim::dra::claims::{Claims, PreparedClaim, PreparedDevice};
     use enim::dra::DraError;
-    use enim::provider::{Eni, EniOwner, EniProvider, Placement, ProviderError};
+    use enim::provider::EniProvider;
     use enim_api::{EniState, EniStatus};
+    use enim_core::{Eni, EniOwner, Placement, ProviderError};
     use enim_provider_static::{StaticEniConfig, StaticProvider};
     use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
 

@@ -13,7 +13,8 @@ use axum::Router;
 use enim_api::EniState;
 use enim_api::GcReport;
 use enim_core::AddressCount;
-use enim_provider::{AddressLimits, Eni, EniOwner, EniProvider, ProviderError, SecondaryIps};
+use enim_core::{AddressLimits, Eni, EniOwner, ProviderError};
+use enim_provider::{EniProvider, SecondaryIps};
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -335,7 +336,7 @@ impl EniProvider for MeteredProvider {
         self.inner.address_feed()
     }
 
-    fn statistics(&self) -> Option<enim_provider::PoolStatistics> {
+    fn statistics(&self) -> Option<enim_core::PoolStatistics> {
         self.inner.statistics()
     }
 

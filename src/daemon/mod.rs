@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use enim_api::GcRequest;
-use enim_provider::{EniProvider, ProviderError};
+use enim_core::ProviderError;
+use enim_provider::EniProvider;
 use enim_provider_pool::PoolRole;
 use enim_provider_static::StaticProvider;
 use nix::fcntl::{Flock, FlockArg};

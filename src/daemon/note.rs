@@ -9,7 +9,8 @@ use std::time::Duration;
 use enim_api::model::{AddressStats, Mode};
 use enim_api::note::{self, NoteError, Serving, StatusNote};
 use enim_core::atomic_file::{self, Durability, FileError};
-use enim_provider::{Eni, EniProvider};
+use enim_core::Eni;
+use enim_provider::EniProvider;
 
 use crate::engine::{Driver, Engine};
 use crate::support::exclusion::Reservation;
@@ -167,7 +168,7 @@ fn store(path: &Path, note: &StatusNote) -> Result<(), NoteWriteError> {
 
 #[cfg(test)]
 mod tests {
-    use enim_provider::{EniOwner, MacAddr};
+    use enim_core::{EniOwner, MacAddr};
 
     use super::*;
 

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use enim_api::model::{AttachmentKey, AttachmentResult};
 use enim_api::{code, ApiError, AttachmentRequest, EniList, GcRequest};
-use enim_provider::ProviderError;
+use enim_core::ProviderError;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 

@@ -107,7 +107,7 @@ pub async fn serve(
 ) -> Result<(), DevicePluginError> {
     let ours = config.dir.join(&config.endpoint);
     let kubelet = config.dir.join(&config.kubelet_socket);
-    let backoff = enim_provider::retry::Backoff::new(Duration::from_millis(200), MAX_BACKOFF);
+    let backoff = enim_core::retry::Backoff::new(Duration::from_millis(200), MAX_BACKOFF);
     let mut delays = backoff.delays();
     while !*stop.borrow() {
         // A round: our socket, served, registered, watched until the kubelet

@@ -18,9 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use enim_provider::{
-    AddressFeed, Eni, EniOwner, EniProvider, PoolStatistics, ProviderError, SecondaryIps,
-};
+use enim_core::{Eni, EniOwner, PoolStatistics, ProviderError};
+use enim_provider::{AddressFeed, EniProvider, SecondaryIps};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 

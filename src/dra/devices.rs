@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use enim_provider::Eni;
+use enim_core::Eni;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::topology::Topology;
@@ -144,7 +144,7 @@ fn boolean(b: bool) -> DeviceAttribute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use enim_provider::{MacAddr, Placement};
+    use enim_core::{MacAddr, Placement};
 
     fn eni(id: &str, placement: Placement) -> Eni {
         Eni {

@@ -252,7 +252,7 @@ impl SlicePublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use enim_provider::{Eni, MacAddr, Placement};
+    use enim_core::{Eni, MacAddr, Placement};
 
     fn status(id: &str, state: EniState, host: Option<&str>) -> EniStatus {
         EniStatus {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use enim_api::model::{AttachmentKey, Phase};
 use enim_api::{GcReport, GcRequest, MtuExpectation, ValidAttachment};
-use enim_provider::EniOwner;
+use enim_core::EniOwner;
 use tokio::sync::Notify;
 
 use super::{Driver, Engine, EngineError};
@@ -58,8 +58,8 @@ pub(crate) trait Harness: Send + Sync + Sized + 'static {
 }
 
 /// The fixtures' MAC of ENI `i`.
-pub(crate) fn mac(i: u8) -> enim_provider::MacAddr {
-    enim_provider::MacAddr([2, 0, 0, 0, 0, i])
+pub(crate) fn mac(i: u8) -> enim_core::MacAddr {
+    enim_core::MacAddr([2, 0, 0, 0, 0, i])
 }
 
 /// Static ENI `i` of the fixtures: `10.0.i.10/24` and `fd00:i::10/64`,

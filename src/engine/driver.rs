@@ -13,7 +13,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use enim_api::model::{AddressStats, Mode, Record};
 use enim_api::{EniStatus, GcReport, GcRequest};
-use enim_provider::{EniOwner, EniProvider};
+use enim_core::EniOwner;
+use enim_provider::EniProvider;
 
 use super::EngineError;
 use crate::netlink::PlumbingError;

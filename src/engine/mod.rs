@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use enim_api::model::{now_ms, AddressStats, AttachmentKey, AttachmentResult, Phase, Record};
 use enim_api::{EniStatus, MtuExpectation};
-use enim_provider::{EniOwner, EniProvider, ProviderError};
+use enim_core::{EniOwner, ProviderError};
+use enim_provider::EniProvider;
 
 pub use driver::{Driver, Unplumbed};
 pub use recovery::RecoveryReport;

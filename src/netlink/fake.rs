@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use async_trait::async_trait;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::IpNet;
 
 use super::{

@@ -52,7 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use enim_api::model::naming;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
 use rtnetlink::packet_route::link::{

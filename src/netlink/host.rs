@@ -5,7 +5,7 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use rtnetlink::Handle;
 
 use super::{route, Netns, NetnsId, PlumbingError};

@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use enim_api::model::HostPath;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::IpNet;
 
 use super::host::handle_in;

@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use futures::TryStreamExt;
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,

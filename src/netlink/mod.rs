@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use enim_api::model::AttachmentResult;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 

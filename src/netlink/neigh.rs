@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use async_trait::async_trait;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::IpNet;
 
 use super::addr::{self, AddrOptions};

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use enim_api::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
 use enim_api::{EniStatus, GcReport, GcRequest};
-use enim_provider::{Eni, EniOwner, EniProvider, MacAddr};
+use enim_core::{Eni, EniOwner, MacAddr};
+use enim_provider::EniProvider;
 
 use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::netlink::{
@@ -164,7 +165,7 @@ impl PrimaryDriver {
     async fn set_aside(&self, eni: &Eni, reservation: Reservation) -> Result<(), EngineError> {
         let held = [(eni.id.clone(), reservation.owner(&eni.id))];
         match self.provider.restore(&held).await {
-            Ok(()) | Err(enim_provider::ProviderError::OwnedByOther { .. }) => Ok(()),
+            Ok(()) | Err(enim_core::ProviderError::OwnedByOther { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

@@ -11,7 +11,7 @@ use crate::engine::EngineError;
 use crate::netlink::HostLinkHome;
 use crate::store::checkpoint::HostHome;
 use crate::support::exclusion::Reservation;
-use enim_provider::{Eni, EniOwner, MacAddr};
+use enim_core::{Eni, EniOwner, MacAddr};
 
 use super::PrimaryDriver;
 

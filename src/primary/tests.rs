@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use enim_api::model::Phase;
 use enim_api::{GcReport, GcRequest, MtuExpectation};
-use enim_provider::{EniProvider, MacAddr, ProviderError};
+use enim_core::{MacAddr, ProviderError};
+use enim_provider::EniProvider;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 use tokio::sync::Notify;
 
@@ -545,7 +546,7 @@ async fn host_path_is_recorded_returned_and_strays_are_swept() {
     let net1 = h
         .engine
         .add(
-            &enim_provider::EniOwner {
+            &enim_core::EniOwner {
                 ifname: "net1".into(),
                 ..owner("d")
             },

@@ -15,7 +15,8 @@ use enim_api::model::{
     now_ms, AddressStats, AttachmentKey, Mode, Payload, Phase, Record, SecondaryPayload,
 };
 use enim_api::{EniState, EniStatus, GcReport, GcRequest, GcStep};
-use enim_provider::{EniOwner, EniProvider, ProviderError};
+use enim_core::{EniOwner, ProviderError};
+use enim_provider::EniProvider;
 
 use super::datastore::{DataStore, DataStoreError};
 use super::feed::FollowFeed;

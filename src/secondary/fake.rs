@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::IpNet;
 use tokio::sync::Notify;
 

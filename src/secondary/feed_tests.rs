@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use enim_provider::{AddressFeed, Eni, EniOwner, EniProvider, ProviderError, StoredAddresses};
+use enim_core::{Eni, EniOwner, ProviderError, StoredAddresses};
+use enim_provider::{AddressFeed, EniProvider};
 use enim_provider_static::StaticProvider;
 use tokio::sync::watch;
 

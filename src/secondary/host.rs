@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard, RwLock};
 
-use enim_provider::{Eni, EniProvider, MacAddr, ProviderError, StoredAddresses};
+use enim_core::{Eni, MacAddr, ProviderError, StoredAddresses};
+use enim_provider::EniProvider;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::datastore::{DataStore, DataStoreError};

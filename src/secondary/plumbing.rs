@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{SecondaryConfig, GATEWAY4, GATEWAY6};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_api::{GcReport, GcRequest, MtuExpectation};
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 use tokio::sync::Notify;
 

@@ -24,10 +24,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use enim_api::model::AttachmentKey;
+use enim_core::retry::{pause, Backoff, Pause};
 use enim_core::watermarks::{Level, Watermarks};
 use enim_core::AddressCount;
-use enim_provider::retry::{pause, Backoff, Pause};
-use enim_provider::{AddressLimits, ProviderError, SecondaryIps};
+use enim_core::{AddressLimits, ProviderError};
+use enim_provider::SecondaryIps;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
@@ -78,7 +79,7 @@ pub struct WarmIpConfig {
     /// How long an ADD that finds no free address waits for the pool's
     /// next check to assign one, before answering "try again later" (the
     /// kubelet retries only 10-15 s later). Zero turns the wait off; at
-    /// most [`MAX_ALLOCATE_WAIT`](enim_provider::MAX_ALLOCATE_WAIT).
+    /// most [`MAX_ALLOCATE_WAIT`](enim_core::MAX_ALLOCATE_WAIT).
     #[serde(with = "humantime_serde")]
     pub allocate_wait: Duration,
 }
@@ -124,9 +125,9 @@ impl WarmIpConfig {
                 return Err(format!("[secondary.pool] {name} must be above zero"));
             }
         }
-        enim_provider::check_allocate_wait(self.allocate_wait)
+        enim_core::check_allocate_wait(self.allocate_wait)
             .map_err(|e| format!("[secondary.pool] {e}"))?;
-        enim_provider::check_at_least(
+        enim_core::check_at_least(
             ("max_backoff", self.max_backoff),
             ("initial_retry", self.initial_retry),
         )
@@ -542,7 +543,7 @@ async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
-    use enim_provider::MAX_ALLOCATE_WAIT;
+    use enim_core::MAX_ALLOCATE_WAIT;
 
     use super::*;
 

@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use enim_core::atomic_file::{self, Durability};
-use enim_provider::MacAddr;
+use enim_core::MacAddr;
 
 /// The format this agent writes.
 pub const CHECKPOINT_VERSION: &str = "enim/2";

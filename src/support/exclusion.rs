@@ -11,11 +11,11 @@ use std::fmt::Display;
 use std::net::IpAddr;
 use std::sync::RwLock;
 
-use enim_provider::{Eni, EniOwner, MacAddr, PodRef};
+use enim_core::{Eni, EniOwner, MacAddr, PodRef};
 use serde::{Deserialize, Serialize};
 
 /// The network name of the reserved owner that holds excluded ENIs.
-pub use enim_provider::reserved::EXCLUDED_NETWORK;
+pub use enim_core::reserved::EXCLUDED_NETWORK;
 
 /// What the config excludes (`[exclude]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,7 +140,7 @@ pub enum Reservation {
 }
 
 /// The network name of the reserved owner of quarantined ENIs.
-pub use enim_provider::reserved::MISSING_NETWORK;
+pub use enim_core::reserved::MISSING_NETWORK;
 
 impl Reservation {
     fn network(self) -> &'static str {

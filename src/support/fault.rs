@@ -60,7 +60,7 @@ pub const SECONDARY_CRASH_POINTS: &[&str] = &[
 ];
 
 /// Reaches `point`: aborts or stalls there as the environment asks (see
-/// [`enim_provider::fault`], which the providers' cloud steps use too).
+/// [`enim_core::fault`], which the providers' cloud steps use too).
 pub fn crash_point(point: &'static str) {
     debug_assert!(
         [
@@ -74,5 +74,5 @@ pub fn crash_point(point: &'static str) {
         .any(|list| list.contains(&point)),
         "undeclared crash point {point}"
     );
-    enim_provider::fault::crash_point(point);
+    enim_core::fault::crash_point(point);
 }

@@ -21,7 +21,7 @@
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use enim_provider::PodRef;
+use enim_core::PodRef;
 
 /// AWS's IMDS over IPv4; Baidu BCC's metadata service uses it too.
 pub const METADATA_V4: &str = "169.254.169.254/32";

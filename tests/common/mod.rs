@@ -276,7 +276,7 @@ pub async fn assert_unrecorded_and_free(mgr: &PrimaryEngine, provider: &StaticPr
 }
 
 /// ADDs container c1 on eth0 into `pod` through the engine; its owner.
-pub async fn add_c1(mgr: &PrimaryEngine, pod: &NamedNetns) -> enim_provider::EniOwner {
+pub async fn add_c1(mgr: &PrimaryEngine, pod: &NamedNetns) -> enim_core::EniOwner {
     let o = owner("c1", "eth0");
     mgr.add(&o, &pod.path()).await.unwrap();
     o

@@ -15,16 +15,9 @@ pub mod testing;
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use enim_core::AddressCount;
 
-// The items that moved to enim-core, still reachable by their old paths
-// until every user imports them from enim-core (the traits below use
-// them through these too).
-pub use enim_core::{
-    api_config, atomic_file, check_allocate_wait, check_at_least, config_keys, fault, ratelimit,
-    reserved, retry, serde_with_moved_keys, sync, AddressLimits, Eni, EniOwner, LimitsConfig,
-    MacAddr, MacParseError, Placement, PodRef, PoolStatistics, ProviderError, Secret,
-    StoredAddresses, MAX_ALLOCATE_WAIT,
+use enim_core::{
+    AddressCount, AddressLimits, Eni, EniOwner, PoolStatistics, ProviderError, StoredAddresses,
 };
 
 /// The ENI provider (CCE's ENIProvider: List / AllocateNextENI /
