@@ -11,12 +11,20 @@
 import ipaddress
 import random
 import sys
+import time
 
 import moto.ec2.models.elastic_network_interfaces as enis_module
 import moto.ec2.utils as ec2_utils
 from moto.ec2.models import ec2_backends
 
 moto_random_private_ip = ec2_utils.random_private_ip
+
+# Addresses handed out in the last few seconds, by when. An ENI being made
+# is not in its backend yet, so without these its secondary addresses could
+# repeat its own primary (moto then keeps one: a create asked for 2
+# secondaries and got 1).
+HANDED_OUT_FOR = 5.0
+handed_out = {}
 
 
 def addresses_in_use():
@@ -40,12 +48,17 @@ def unique_private_ip(cidr=None, ipv6=False):
     net = ipaddress.IPv4Network(cidr, strict=False)
     if net.num_addresses < 8:
         return moto_random_private_ip(cidr, ipv6)
-    used = addresses_in_use()
+    now = time.monotonic()
+    for ip, at in list(handed_out.items()):
+        if now - at > HANDED_OUT_FOR:
+            del handed_out[ip]
+    used = addresses_in_use() | handed_out.keys()
     # EC2 reserves the network address, the next three and the broadcast.
     first, last = int(net.network_address) + 4, int(net.broadcast_address) - 1
     for _ in range(4 * net.num_addresses):
         ip = str(ipaddress.IPv4Address(random.randint(first, last)))
         if ip not in used:
+            handed_out[ip] = now
             return ip
     raise RuntimeError(f"no free address left in {cidr}")
 
