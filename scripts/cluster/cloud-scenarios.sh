@@ -65,15 +65,16 @@ s_cloud_nrs() {
   return $rc
 }
 
-# pod_on NODE NAME: a pod like scenarios.sh's (busybox serving its name on
-# 8080, one enim.io/eni), pinned to node NODE.
+# pod_on NODE NAME [NAMESPACE]: a pod like scenarios.sh's (busybox serving
+# its name on 8080, one enim.io/eni), pinned to node NODE.
 pod_on() {
-  local i=$1 name=$2
+  local i=$1 name=$2 ns=${3:-default}
   k apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
 metadata:
   name: $name
+  namespace: $ns
   labels: {app: $name, e2e: "1"}
 spec:
   nodeSelector: {kubernetes.io/hostname: enim-e2e-node$i}
@@ -146,6 +147,100 @@ EOF
   echo "CoreDNS ($DNS_IP, on $dns_node) from both nodes: across.default -> $svc; x-1's $out"
 }
 
+# (3, from outside) A NodePort from the VPC namespace (outside the
+# cluster) to either node, its one backend on node 2.
+s_cloud_nodeport() {
+  local port i ip out rc=0
+  pod_on 2 np-2
+  ready np-2 120 || return 1
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: np, labels: {e2e: "1"}}
+spec:
+  type: NodePort
+  selector: {app: np-2}
+  ports: [{port: 80, targetPort: 8080}]
+EOF
+  port=$(k get svc np -o jsonpath='{.spec.ports[0].nodePort}')
+  for i in $(seq 1 "$CLOUD_NODES"); do
+    ip=$(cloud_field ".nodes[$((i - 1))].ip")
+    wait_for "NodePort $ip:$port from the VPC" 60 nodeport_answers "$ip" "$port" np-2 || { rc=1; continue; }
+    out=$(http_get on_vpc busybox nc -w 5 "$ip" "$port")
+    echo "NodePort $ip:$port (enim-e2e-node$i) from the VPC namespace -> np-2 on node 2: '$out'"
+  done
+  return $rc
+}
+nodeport_answers() { [ "$(http_get on_vpc busybox nc -w 3 "$1" "$2")" = "$3" ]; }
+
+# IMDSv2 from a pod, through busybox nc: a token, then the instance id (or
+# nc's error when the connection is refused).
+# shellcheck disable=SC2016 # expanded in the pod
+IMDS_GET='tok=$(printf "PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n\r\n" | nc -w 3 169.254.169.254 80 2>&1 | tail -n 1) && printf "GET /latest/meta-data/instance-id HTTP/1.0\r\nX-aws-ec2-metadata-token: $tok\r\n\r\n" | nc -w 3 169.254.169.254 80 2>&1 | tail -n 1'
+
+# (9) Metadata: node 1 reaches the simulator's IMDS and is told its own
+# instance; a pod on an ENI of node 1 (whose address moto gave to that
+# instance, so the IMDS would answer as node 1) is refused by enim; a pod
+# of the namespace enim-config.py opts in reaches it.
+s_cloud_metadata() {
+  local want out="" tok rc=0
+  want=$(node_instance 1)
+  tok=$(nsenter --net="/run/netns/$tag-n1" curl -fsS -m 3 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' \
+    http://169.254.169.254/latest/api/token) &&
+    out=$(nsenter --net="/run/netns/$tag-n1" curl -fsS -m 3 -H "X-aws-ec2-metadata-token: $tok" \
+      http://169.254.169.254/latest/meta-data/instance-id) && [ "$out" = "$want" ] ||
+    { echo "node 1 read instance-id '$out', want $want"; return 1; }
+  echo "node 1 reads its instance-id from the VPC's IMDS: $out"
+  k create namespace "$IMDS_NS" >/dev/null
+  pod_on 1 imds-default
+  pod_on 1 imds-allowed "$IMDS_NS"
+  ready imds-default 120 && k -n "$IMDS_NS" wait --for=condition=Ready pod/imds-allowed --timeout=120s >/dev/null || rc=1
+  if [ $rc = 0 ]; then
+    out=$(k exec imds-default -- sh -c "$IMDS_GET") || true
+    [ "$out" != "$want" ] || { echo "a pod in namespace default read the node's instance-id"; rc=1; }
+    [ $rc = 0 ] && echo "pod in default ($(pod_ip imds-default), node 1's ENI): refused: '$out'"
+    out=$(k -n "$IMDS_NS" exec imds-allowed -- sh -c "$IMDS_GET") || true
+    [ "$out" = "$want" ] || { echo "the opted-in pod read '$out', want $want"; rc=1; }
+    [ $rc = 0 ] && echo "pod in $IMDS_NS (opted in): instance-id $out"
+  fi
+  k delete namespace "$IMDS_NS" --wait=true --timeout=120s >/dev/null 2>&1 || true
+  return $rc
+}
+
+# node_enis_in_moto INSTANCE: ENIs other than the primary attached to the
+# instance, or tagged for it, in moto (one id a line).
+node_enis_in_moto() {
+  moto_enis | jq -r --arg i "$1" '.[] | select((.instance == $i and .device_index != 0) or .tags["enim.io/node"] == $i) | .id'
+}
+node_gone() {
+  ! k get nrs "enim-e2e-node$1" >/dev/null 2>&1 && [ -z "$(node_enis_in_moto "$(node_instance "$1")")" ]
+}
+# eth_devices I: the ENIs plugged into node I beyond eth0.
+eth_devices() { ip -n "$tag-n$1" -o link show | awk -F': ' '$2 ~ /^eth[1-9]/ { print $2 }' | cut -d@ -f1; }
+no_eth_devices() { [ -z "$(eth_devices "$1")" ]; }
+
+# (5) Node 2 is deleted (kubectl delete node, every process of it
+# stopped): within node_grace (30 s) and a resync its ENIs are detached and
+# deleted in moto, its NetResourceSet is gone, and the simulator has
+# unplugged every ENI from it. Last: node 2 stays gone.
+s_cloud_node_deleted() {
+  local before t0
+  before=$(node_enis_in_moto "$(node_instance 2)" | tr '\n' ' ')
+  [ -n "$before" ] || { echo "node 2 has no ENIs to release"; return 1; }
+  echo "the operator's leader before: $(k -n enim-system get lease enim-operator -o jsonpath='{.spec.holderIdentity}')"
+  k delete node enim-e2e-node2 --wait=false >/dev/null
+  t0=$(date +%s%N)
+  cloud_node 2
+  sandbox_stop
+  cloud_cp
+  wait_for "node 2's ENIs detached and deleted in moto, its set gone" 180 node_gone 2 || {
+    echo "left in moto: $(node_enis_in_moto "$(node_instance 2)" | tr '\n' ' ')"; return 1; }
+  echo "node 2 deleted: its ENIs $before gone from moto and its set gone $((($(date +%s%N) - t0) / 1000000)) ms later (node_grace 30 s)"
+  wait_for "the simulator to unplug them" 20 no_eth_devices 2 || { echo "still on node 2: $(eth_devices 2)"; return 1; }
+  echo "nothing of it left: node 2's netns holds only eth0; sets: $(k get nrs -o name | tr '\n' ' ')"
+  echo "the operator's leader after: $(k -n enim-system get lease enim-operator -o jsonpath='{.spec.holderIdentity}')"
+}
+
 cloud_clean() {
   k delete pod,svc -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
 }
@@ -166,4 +261,8 @@ run_cloud_scenarios() {
   cloud_scenario "each node's NetResourceSet fills from moto to $CLOUD_MIN_ENIS ENIs; each ENI hot-plugs into its node only" s_cloud_nrs
   cloud_scenario "a pod on each node runs on an ENI from moto, with the address moto assigned" s_cloud_pods
   cloud_scenario "across nodes: pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
+  cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
+  cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
+  # Last: node 2 does not come back.
+  cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
 }

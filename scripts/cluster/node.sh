@@ -384,8 +384,10 @@ sandbox_pids() {
   done
 }
 
-cluster_down() {
-  local p d h i
+# sandbox_stop: every process of the node ended (its components first, by
+# their pids), its namespaces, mounts and cgroups left in place.
+sandbox_stop() {
+  local p i
   for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd metadata; do
     stop "$p"
   done
@@ -396,6 +398,11 @@ cluster_down() {
     kill -KILL $p 2>/dev/null || true
     sleep 0.5
   done
+}
+
+cluster_down() {
+  local d h
+  sandbox_stop
   # Cgroups, deepest first, once their processes are gone.
   for h in /sys/fs/cgroup/*/; do
     [ -d "$h$cgroot" ] || continue
