@@ -92,25 +92,53 @@ EOF
 
 # (2) A pod on each node runs on an ENI from moto: its podIP is the primary
 # address moto assigned to an ENI attached to that node's instance, and
-# that ENI's device is the pod's eth0.
+# that ENI's device is the pod's eth0. Through the device plugin on the
+# primary pool's nodes, through a DRA claim on the primary-dra pool's.
 s_cloud_pods() {
-  local i ip enis line id mac dev rc=0
-  for i in $(seq 1 "$CLOUD_NODES"); do pod_on "$i" "web-$i"; done
-  for i in $(seq 1 "$CLOUD_NODES"); do ready "web-$i" 120 || return 1; done
-  enis=$(moto_enis)
-  for i in $(seq 1 "$CLOUD_NODES"); do
-    ip=$(pod_ip "web-$i")
-    line=$(jq -c --arg ip "$ip" '.[] | select(.addresses[0] == $ip)' <<<"$enis")
-    [ -n "$line" ] || { echo "web-$i: podIP $ip is no ENI's primary address in moto"; rc=1; continue; }
-    id=$(jq -r .id <<<"$line")
-    [ "$(jq -r .instance <<<"$line")" = "$(node_instance "$i")" ] ||
-      { echo "web-$i: $ip is $id's, attached to $(jq -r .instance <<<"$line"), not node $i's instance"; rc=1; }
-    mac=$(jq -r .mac <<<"$line")
-    dev=$(in_pod "web-$i" "cat /sys/class/net/eth0/address")
-    [ "$dev" = "$mac" ] || { echo "web-$i: eth0 has MAC $dev, $id has $mac"; rc=1; }
-    echo "web-$i on enim-e2e-node$i: $ip = moto's $id ($mac), the pod's eth0"
-  done
+  local i rc=0
+  for i in $(plugin_nodes); do pod_on "$i" "web-$i"; done
+  for i in $(plugin_nodes); do ready "web-$i" 120 || return 1; done
+  for i in $(plugin_nodes); do on_moto_eni "web-$i" "$i" || rc=1; done
   return $rc
+}
+# The nodes of pool primary (the device plugin's), and of primary-dra.
+plugin_nodes() { local i; for i in $(seq 1 "$CLOUD_NODES"); do [ "$(cloud_pool "$i")" = primary ] && echo "$i"; done; }
+dra_nodes() { local i; for i in $(seq 1 "$CLOUD_NODES"); do [ "$(cloud_pool "$i")" = primary-dra ] && echo "$i"; done; }
+
+# on_moto_eni POD I: POD runs on node I, on an ENI moto attached to node
+# I's instance: its podIP is that ENI's primary address, eth0 its MAC.
+on_moto_eni() {
+  local pod=$1 i=$2 ip line id mac dev on
+  on=$(k get pod "$pod" -o jsonpath='{.spec.nodeName}')
+  [ "$on" = "enim-e2e-node$i" ] || { echo "$pod runs on '$on', not enim-e2e-node$i"; return 1; }
+  ip=$(pod_ip "$pod")
+  line=$(moto_enis | jq -c --arg ip "$ip" '.[] | select(.addresses[0] == $ip)')
+  [ -n "$line" ] || { echo "$pod: podIP $ip is no ENI's primary address in moto"; return 1; }
+  id=$(jq -r .id <<<"$line")
+  [ "$(jq -r .instance <<<"$line")" = "$(node_instance "$i")" ] ||
+    { echo "$pod: $ip is $id's, attached to $(jq -r .instance <<<"$line"), not node $i's instance"; return 1; }
+  mac=$(jq -r .mac <<<"$line")
+  dev=$(in_pod "$pod" "cat /sys/class/net/eth0/address")
+  [ "$dev" = "$mac" ] || { echo "$pod: eth0 has MAC $dev, $id has $mac"; return 1; }
+  echo "$pod on $on: $ip = moto's $id ($mac), the pod's eth0"
+}
+
+# (2, DRA) A pod claiming any ENI of DeviceClass eni.enim.io lands on the
+# DRA pool's node (the only one publishing ENIs as devices) and runs on an
+# ENI from moto, the one its claim was allocated.
+s_cloud_dra() {
+  local i claim dev
+  i=$(dra_nodes | sed -n 1p)
+  [ -n "$i" ] || { echo "no node in pool primary-dra"; return 1; }
+  wait_for "enim-e2e-node$i's ResourceSlice" 60 k get resourceslice "enim-e2e-node$i-enim.io" || return 1
+  echo "enim-e2e-node$i's ResourceSlice: $(k get resourceslice "enim-e2e-node$i-enim.io" -o jsonpath='{.spec.devices[*].name}')"
+  claim_template any-eni
+  pod dra-1 claim=any-eni
+  ready dra-1 120 || return 1
+  on_moto_eni dra-1 "$i" || return 1
+  claim=$(pod_claim dra-1)
+  dev=$(claim_device "$claim")
+  echo "dra-1's claim $claim was allocated device $dev; status: $(network_data "$claim")"
 }
 
 # (3) Across nodes: pod to pod (ping and HTTP, both ways), a ClusterIP
@@ -176,7 +204,9 @@ nodeport_answers() { [ "$(http_get on_vpc busybox nc -w 3 "$1" "$2")" = "$3" ]; 
 # IMDSv2 from a pod, through busybox nc: a token, then the instance id (or
 # nc's error when the connection is refused).
 # shellcheck disable=SC2016 # expanded in the pod
-IMDS_GET='tok=$(printf "PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n\r\n" | nc -w 3 169.254.169.254 80 2>&1 | tail -n 1) && printf "GET /latest/meta-data/instance-id HTTP/1.0\r\nX-aws-ec2-metadata-token: $tok\r\n\r\n" | nc -w 3 169.254.169.254 80 2>&1 | tail -n 1'
+IMDS_GET='tok=$(printf "PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n\r\n" | nc -w 10 169.254.169.254 80 2>&1 | tail -n 1) && printf "GET /latest/meta-data/instance-id HTTP/1.0\r\nX-aws-ec2-metadata-token: $tok\r\n\r\n" | nc -w 10 169.254.169.254 80 2>&1 | tail -n 1'
+
+imds_reads() { [ "$(k -n "$IMDS_NS" exec "$1" -- sh -c "$IMDS_GET")" = "$2" ]; }
 
 # (9) Metadata: node 1 reaches the simulator's IMDS and is told its own
 # instance; a pod on an ENI of node 1 (whose address moto gave to that
@@ -199,8 +229,11 @@ s_cloud_metadata() {
     out=$(k exec imds-default -- sh -c "$IMDS_GET") || true
     [ "$out" != "$want" ] || { echo "a pod in namespace default read the node's instance-id"; rc=1; }
     [ $rc = 0 ] && echo "pod in default ($(pod_ip imds-default), node 1's ENI): refused: '$out'"
-    out=$(k -n "$IMDS_NS" exec imds-allowed -- sh -c "$IMDS_GET") || true
-    [ "$out" = "$want" ] || { echo "the opted-in pod read '$out', want $want"; rc=1; }
+    # The simulator's IMDS asks moto who holds the caller's address: under
+    # load that can outlast one try.
+    wait_for "the opted-in pod to read $want" 10 imds_reads imds-allowed "$want" ||
+      { echo "the opted-in pod read '$(k -n "$IMDS_NS" exec imds-allowed -- sh -c "$IMDS_GET")', want $want"; rc=1; }
+    out=$want
     [ $rc = 0 ] && echo "pod in $IMDS_NS (opted in): instance-id $out"
   fi
   k delete namespace "$IMDS_NS" --wait=true --timeout=120s >/dev/null 2>&1 || true
@@ -242,7 +275,7 @@ s_cloud_node_deleted() {
 }
 
 cloud_clean() {
-  k delete pod,svc -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
+  k delete pod,svc,resourceclaimtemplate,resourceclaim -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
 }
 
 # cloud_scenario NAME FUNCTION: e2e-cluster.sh's scenario, timed, cleaned
@@ -259,7 +292,8 @@ cloud_scenario() {
 
 run_cloud_scenarios() {
   cloud_scenario "each node's NetResourceSet fills from moto to $CLOUD_MIN_ENIS ENIs; each ENI hot-plugs into its node only" s_cloud_nrs
-  cloud_scenario "a pod on each node runs on an ENI from moto, with the address moto assigned" s_cloud_pods
+  cloud_scenario "a pod on each node of pool primary runs on an ENI from moto, with the address moto assigned" s_cloud_pods
+  cloud_scenario "DRA (pool primary-dra): a pod's claim is allocated an ENI from moto on that node, and the pod runs on it" s_cloud_dra
   cloud_scenario "across nodes: pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata

@@ -27,7 +27,11 @@
 # mounted on /run/netns later would not show in that (private) namespace,
 # and enim-vpcsim opens the nodes' netns from there.
 
-CLOUD_NODES=2
+CLOUD_NODES=3
+# enim's node pools (the node label enim.io/pool), one enimd DaemonSet and
+# config each (cloud-pools.py): nodes 1 and 2 primary mode, node 3 primary
+# mode with DRA; all three through the operator.
+CLOUD_POOLS=(primary primary primary-dra)
 # Addresses on the VPC's lo: in the VPC's range, in none of its subnets.
 API_IP=10.0.255.1
 MOTO_IP=10.0.255.2
@@ -177,9 +181,7 @@ cloud_up() {
   done
 }
 
-# The node pool of node I: what enim runs there (all through the operator,
-# primary mode, for now: see cloud_run).
-cloud_pool() { echo operator-primary; }
+cloud_pool() { echo "${CLOUD_POOLS[$(($1 - 1))]}"; }
 
 cloud_down() {
   local i
@@ -195,14 +197,20 @@ cloud_down() {
 }
 
 # cloud_install: deploy/ as a user applies it for the operator on EC2
-# (enim-config.py's PROVIDER aws), CoreDNS on the cluster's DNS address.
+# (enim-config.py's PROVIDER aws), enimd per pool (cloud-pools.py), CoreDNS
+# on the cluster's DNS address.
 cloud_install() {
-  python3 "$repo/scripts/cluster/enim-config.py" "$repo/deploy" primary "$work/cloud.json" aws - \
-    "$work/etc/operator.yaml" --service-cidr "$SERVICE_CIDR" --replicas 2 > "$work/etc/configmap.yaml"
-  local f
+  local f config=("$repo/deploy" primary "$work/cloud.json" aws - "$work/etc/operator.yaml"
+    --service-cidr "$SERVICE_CIDR" --replicas 2)
+  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" > "$work/etc/configmap.yaml"
+  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" --dra > "$work/etc/configmap-dra.yaml"
+  python3 "$repo/scripts/cluster/cloud-pools.py" "$repo/deploy" "$work/etc/configmap-dra.yaml" primary-dra \
+    > "$work/etc/pools.yaml"
   for f in "$repo"/deploy/*.yaml; do
     case $f in
       */20-configmap.yaml) f=$work/etc/configmap.yaml ;;
+      */30-daemonset.yaml) f=$work/etc/pools.yaml ;;
+      */40-device-plugin.yaml) continue ;;
       */50-operator.yaml) f=$work/etc/operator.yaml ;;
     esac
     k apply -f - < "$f" >/dev/null
