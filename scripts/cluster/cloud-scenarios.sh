@@ -65,30 +65,9 @@ s_cloud_nrs() {
   return $rc
 }
 
-# pod_on NODE NAME [NAMESPACE]: a pod like scenarios.sh's (busybox serving
-# its name on 8080, one enim.io/eni), pinned to node NODE.
-pod_on() {
-  local i=$1 name=$2 ns=${3:-default}
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $name
-  namespace: $ns
-  labels: {app: $name, e2e: "1"}
-spec:
-  nodeSelector: {kubernetes.io/hostname: enim-e2e-node$i}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: $BUSYBOX
-      imagePullPolicy: Never
-      args: ["mkdir -p /www && echo $name > /www/index.html && exec httpd -f -p 8080 -h /www"]
-      ports: [{containerPort: 8080}]
-      readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
-      resources: {limits: {enim.io/eni: 1}}
-EOF
-}
+# pod_on NODE NAME [NAMESPACE]: scenarios.sh's pod (busybox serving its
+# name on 8080, one enim.io/eni), pinned to node NODE.
+pod_on() { pod "$2" node="enim-e2e-node$1" ns="${3:-default}"; }
 
 # (2) A pod on each node runs on an ENI from moto: its podIP is the primary
 # address moto assigned to an ENI attached to that node's instance, and
@@ -274,6 +253,65 @@ s_cloud_node_deleted() {
   echo "the operator's leader after: $(k -n enim-system get lease enim-operator -o jsonpath='{.spec.holderIdentity}')"
 }
 
+# claim_enis: each set's ENIs made for a claim ("node: id claim" a line).
+claim_enis() {
+  k get nrs -o json | jq -r '.items[] | .metadata.name as $n | .spec.enis[] | select(.claim) | "\($n): \(.id) \(.claim.name)"'
+}
+eni_gone_from_moto() { [ -z "$(moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .id')" ]; }
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+# (7) On demand: a claim asking for a security group no ENI has gets an
+# ENI made in moto with exactly that group, hot-plugged into the DRA node,
+# and its pod runs on it; deleting the pod (and so its claim) deletes the ENI.
+# apply -> Running is compared with a claim pod served from a warm ENI.
+s_cloud_on_demand() {
+  local i sg t0 warm line id groups claim
+  i=$(dra_nodes | sed -n 1p)
+  claim_template any-eni
+  t0=$(date +%s%N)
+  pod warm-1 claim=any-eni
+  ready warm-1 120 || return 1
+  warm=$(ms_since "$t0")
+  k delete pod warm-1 --wait=true >/dev/null
+  sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-claim-db)
+  claim_template db "device.attributes[\"sg.enim.io\"].?${sg//-/_}.orValue(false)" \
+    "{apiVersion: enim.io/v1alpha1, kind: EniParameters, securityGroups: [$sg]}"
+  t0=$(date +%s%N)
+  pod od-1 claim=db
+  ready od-1 180 || { echo "ENIs made for claims: $(claim_enis | tr '\n' ';')"; return 1; }
+  echo "apply -> Running: on demand $(ms_since "$t0") ms; from a warm ENI $warm ms"
+  on_moto_eni od-1 "$i" || return 1
+  claim=$(pod_claim od-1)
+  id=$(claim_device "$claim")
+  line=$(moto_enis | jq -c --arg id "$id" '.[] | select(.id == $id)')
+  groups=$(jq -r '.groups | join(",")' <<<"$line")
+  [ "$groups" = "$sg" ] || { echo "$id has groups $groups in moto, not exactly $sg"; return 1; }
+  echo "$id made in moto with exactly $sg, for claim $claim ($(claim_enis | tr '\n' ' '))"
+  # The pod's claim goes with it (made from the pod's template).
+  k delete pod od-1 --wait=true >/dev/null
+  t0=$(date +%s%N)
+  wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
+  echo "pod and its claim deleted: $id gone from moto $(ms_since "$t0") ms later"
+}
+
+# (4) The late node joins: its kubelet starts (its instance ran from the
+# start), the operator makes its ENIs, and a pod applied before it
+# registered runs on one of them. Timed from registration.
+s_cloud_late_node() {
+  local i=$CLOUD_LATE t0 t_reg
+  pod_on "$i" late-1
+  t0=$(date +%s%N)
+  cloud_node_up "$i"
+  cloud_cp
+  wait_for "enim-e2e-node$i to register" 240 k get node "enim-e2e-node$i" || return 1
+  t_reg=$(date +%s%N)
+  echo "enim-e2e-node$i registered $((($t_reg - t0) / 1000000)) ms after its containerd started"
+  ready late-1 240 || return 1
+  echo "registration -> first pod Ready: $(ms_since "$t_reg") ms"
+  nrs_filled "$i" || { echo "its set: $(cloud_nrs "enim-e2e-node$i" '{.spec.enis[*].id}')"; return 1; }
+  on_moto_eni late-1 "$i"
+}
+
 cloud_clean() {
   k delete pod,svc,resourceclaimtemplate,resourceclaim -l e2e=1 --wait=true --timeout=120s >/dev/null 2>&1 || true
 }
@@ -297,6 +335,8 @@ run_cloud_scenarios() {
   cloud_scenario "across nodes: pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
+  cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
+  cloud_scenario "the late node joins: the operator makes its ENIs, a pod applied before it registered runs on one" s_cloud_late_node
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
 }

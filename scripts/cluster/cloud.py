@@ -4,8 +4,8 @@ where moto is reached: inside the VPC namespace).
 
     cloud.py setup MOTO_URL NODES OUT.json   IAM users, a VPC, its subnets and
                                              a security group, NODES instances
-    cloud.py instance STATE.json             one more instance (the late node);
-                                             prints its JSON
+    cloud.py sg STATE.json NAME              a new security group in the VPC;
+                                             prints its id
     cloud.py enis STATE.json                 every ENI: id, instance, device
                                              index, MAC, addresses (JSON)
 
@@ -136,16 +136,17 @@ def main():
     args = sys.argv[1:]
     if args[:1] == ["setup"] and len(args) == 4:
         setup(args[1], int(args[2]), args[3])
-    elif args[:1] == ["instance"] and len(args) == 2:
+    elif args[:1] == ["sg"] and len(args) == 3:
         with open(args[1]) as f:
             state = json.load(f)
         ec2 = client("ec2", state["url"], state["keys"]["admin"])
-        print(json.dumps(run_instance(ec2, state["node_subnet"])))
+        print(ec2.create_security_group(GroupName=args[2], Description="enim e2e",
+                                        VpcId=state["vpc"])["GroupId"])
     elif args[:1] == ["enis"] and len(args) == 2:
         with open(args[1]) as f:
             enis(json.load(f))
     else:
-        fail("usage: cloud.py setup MOTO_URL NODES OUT.json | instance STATE.json | enis STATE.json")
+        fail("usage: cloud.py setup MOTO_URL NODES OUT.json | sg STATE.json NAME | enis STATE.json")
 
 
 if __name__ == "__main__":

@@ -28,10 +28,13 @@
 # and enim-vpcsim opens the nodes' netns from there.
 
 CLOUD_NODES=3
+# The late node, CLOUD_NODES + 1: its instance runs from the start (the
+# simulator plugs its eth0), its kubelet joins in a scenario.
+CLOUD_LATE=$((CLOUD_NODES + 1))
 # enim's node pools (the node label enim.io/pool), one enimd DaemonSet and
 # config each (cloud-pools.py): nodes 1 and 2 primary mode, node 3 primary
-# mode with DRA; all three through the operator.
-CLOUD_POOLS=(primary primary primary-dra)
+# mode with DRA, the late node primary mode; all through the operator.
+CLOUD_POOLS=(primary primary primary-dra primary)
 # Addresses on the VPC's lo: in the VPC's range, in none of its subnets.
 API_IP=10.0.255.1
 MOTO_IP=10.0.255.2
@@ -129,6 +132,11 @@ cloud_node_up() {
   cp "$bin"/cni/* "$nw/root/opt/cni/bin/"
   start_containerd
   images_import
+  # Registered with what a cloud-aware kubelet sets (the operator reads
+  # the instance type and zone) and its pool.
+  local NODE_LABELS
+  NODE_LABELS="node.kubernetes.io/instance-type=$(cloud_field ".nodes[$((i - 1))].instance_type")"
+  NODE_LABELS+=",topology.kubernetes.io/zone=$zone,enim.io/pool=$(cloud_pool "$i")"
   start_kubelet
   start_kube_proxy
 }
@@ -143,7 +151,7 @@ cloud_up() {
   ip netns exec "$vpc" sysctl -qw net.ipv4.ip_forward=1
   ip -n "$vpc" addr add "$API_IP/32" dev lo
   ip -n "$vpc" addr add "$MOTO_IP/32" dev lo
-  for i in $(seq 1 "$CLOUD_NODES"); do
+  for i in $(seq 1 "$CLOUD_LATE"); do
     ip netns add "$tag-n$i"
     ip -n "$tag-n$i" link set lo up
     ip netns exec "$tag-n$i" sysctl -qw net.ipv4.ip_forward=1
@@ -154,7 +162,7 @@ cloud_up() {
   start moto env INITIAL_NO_AUTH_ACTION_COUNT=0 PYTHONUNBUFFERED=1 \
     python3 "$repo/testkit/src/moto/launch.py" -H "$MOTO_IP" -p 5000
   wait_for moto 120 on_node curl -sf "$MOTO_URL/moto-api/data.json" || { cloud_logs; return 1; }
-  on_node python3 "$repo/scripts/cluster/cloud.py" setup "$MOTO_URL" "$CLOUD_NODES" "$work/cloud.json"
+  on_node python3 "$repo/scripts/cluster/cloud.py" setup "$MOTO_URL" "$CLOUD_LATE" "$work/cloud.json"
   vpcsim_config > "$work/vpcsim.toml"
   start vpcsim "$(vpcsim_bin)" --config "$work/vpcsim.toml"
 
@@ -173,11 +181,6 @@ cloud_up() {
   cloud_cp
   for i in $(seq 1 "$CLOUD_NODES"); do
     wait_for "node enim-e2e-node$i" 240 k get node "enim-e2e-node$i" || { cloud_logs; return 1; }
-    # What a cloud's node controller would set; the operator reads them.
-    k label node "enim-e2e-node$i" --overwrite >/dev/null \
-      node.kubernetes.io/instance-type="$(cloud_field ".nodes[$((i - 1))].instance_type")" \
-      topology.kubernetes.io/zone="$(cloud_field ".nodes[$((i - 1))].zone")" \
-      enim.io/pool="$(cloud_pool "$i")"
   done
 }
 
@@ -185,7 +188,7 @@ cloud_pool() { echo "${CLOUD_POOLS[$(($1 - 1))]}"; }
 
 cloud_down() {
   local i
-  for i in $(seq 1 "$CLOUD_NODES"); do
+  for i in $(seq 1 "$CLOUD_LATE"); do
     cloud_node "$i"
     if [ -d "$nw" ]; then cluster_down; else ip netns del "$node" 2>/dev/null || true; fi
   done

@@ -92,8 +92,10 @@ def main():
     yaml.dump(cm, sys.stdout, sort_keys=False)
 
 
-def operator_manifests(deploy_dir, mode, node, enis, out):
-    """deploy/50-operator.yaml for the sandbox: a static inventory, one replica."""
+def operator_docs(deploy_dir, mode, replicas, edit):
+    """deploy/50-operator.yaml's documents for the e2e cluster: [operator]
+    named enim-e2e, in `mode`, resyncing every 5 s, then `edit(config)`
+    (the rest of the policy and [cloud]); `replicas` replicas."""
     pod = e2e_pod()
     with open(os.path.join(deploy_dir, "50-operator.yaml")) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
@@ -103,42 +105,43 @@ def operator_manifests(deploy_dir, mode, node, enis, out):
             config["operator"]["cluster"] = "enim-e2e"
             config["operator"]["mode"] = mode
             config["operator"]["resync_interval"] = "5s"
-            # A static inventory cannot take ENIs back: none is ever surplus.
-            config["operator"]["watermarks"]["max_above_watermark"] = len(enis)
-            config["cloud"] = static_inventory(node, enis)
+            edit(config)
             doc["data"]["operator.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
         elif doc["kind"] == "Deployment":
-            doc["spec"]["replicas"] = 1
-    yaml.dump_all(docs, out, sort_keys=False)
+            doc["spec"]["replicas"] = replicas
+    return docs
+
+
+def operator_manifests(deploy_dir, mode, node, enis, out):
+    """deploy/50-operator.yaml for the sandbox: a static inventory, one replica."""
+
+    def edit(config):
+        # A static inventory cannot take ENIs back: none is ever surplus.
+        config["operator"]["watermarks"]["max_above_watermark"] = len(enis)
+        config["cloud"] = static_inventory(node, enis)
+
+    yaml.dump_all(operator_docs(deploy_dir, mode, 1, edit), out, sort_keys=False)
 
 
 def aws_operator_manifests(deploy_dir, mode, cloud, replicas, out):
     """deploy/50-operator.yaml for the cloud run: EC2 on moto, the operator's
     keys in the optional Secret deploy/ reads them from."""
-    pod = e2e_pod()
-    with open(os.path.join(deploy_dir, "50-operator.yaml")) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
-    for doc in docs:
-        if doc["kind"] == "ConfigMap":
-            config = tomllib.loads(doc["data"]["operator.toml"])
-            op = config["operator"]
-            op["cluster"] = "enim-e2e"
-            op["mode"] = mode
-            op["subnets"] = [cloud["pod_subnet"]]
-            op["security_groups"] = [cloud["security_group"]]
-            op["resync_interval"] = "5s"
-            op["node_grace"] = "30s"
-            # Two ENIs a node from the start, one free ahead of demand.
-            op["watermarks"] = {"pre_allocate": 1, "min_allocate": 2, "max_above_watermark": 2}
-            config["cloud"] = {
-                "type": "aws",
-                "region": cloud["region"],
-                "detach_timeout": "30s",
-                "api": {"endpoint": cloud["url"]},
-            }
-            doc["data"]["operator.toml"] = "\n".join(pod.toml_dump(config)) + "\n"
-        elif doc["kind"] == "Deployment":
-            doc["spec"]["replicas"] = replicas
+
+    def edit(config):
+        op = config["operator"]
+        op["subnets"] = [cloud["pod_subnet"]]
+        op["security_groups"] = [cloud["security_group"]]
+        op["node_grace"] = "30s"
+        # Two ENIs a node from the start, one free ahead of demand.
+        op["watermarks"] = {"pre_allocate": 1, "min_allocate": 2, "max_above_watermark": 2}
+        config["cloud"] = {
+            "type": "aws",
+            "region": cloud["region"],
+            "detach_timeout": "30s",
+            "api": {"endpoint": cloud["url"]},
+        }
+
+    docs = operator_docs(deploy_dir, mode, replicas, edit)
     key = cloud["keys"]["operator"]
     docs.append({
         "apiVersion": "v1",

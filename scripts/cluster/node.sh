@@ -326,10 +326,11 @@ start_containerd() {
   wait_for containerd 60 on_node test -S /run/containerd/containerd.sock
 }
 
+# NODE_LABELS (optional): the labels the kubelet registers its node with.
 start_kubelet() {
   start kubelet "$bin/kubelet" --config="$nw/etc/kubelet.yaml" \
     --kubeconfig="$nw/pki/kubelet.kubeconfig" --hostname-override="$NODE_NAME" \
-    --node-ip="$NODE_IP" --v=2
+    --node-ip="$NODE_IP" --v=2 ${NODE_LABELS:+"--node-labels=$NODE_LABELS"}
 }
 
 start_kube_proxy() {
