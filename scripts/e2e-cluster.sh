@@ -88,7 +88,11 @@ ENIM_IMAGE=docker.io/library/enim:0.1.0
 down=cluster_down
 cleanup() {
   local rc=$?
-  if [ "$keep" = 1 ] && [ -n "$work" ]; then
+  if [ "$keep" = 1 ] && [ -n "$work" ] && [ "$down" = cloud_down ]; then
+    echo "kept: $work; reach it with:"
+    echo "  nsenter --net=/run/netns/$vpc -- $bin/kubectl --kubeconfig $work/pki/admin.kubeconfig get pods -A"
+    echo "remove with: bash -c 'repo=$repo; . $repo/scripts/cluster/node.sh; . $repo/scripts/cluster/cloud.sh; work=$work tag=$tag vpc=$vpc; cloud_down; rm -rf $work'"
+  elif [ "$keep" = 1 ] && [ -n "$work" ]; then
     echo "kept: $work; reach it with:"
     echo "  nsenter --mount=$work/ns/mnt --net=/run/netns/$node -- $bin/kubectl --kubeconfig $work/pki/admin.kubeconfig get pods -A"
     echo "remove with: bash -c '. $repo/scripts/cluster/node.sh; work=$work node=$node gw=$gw cgroot=$cgroot; cluster_down'"
