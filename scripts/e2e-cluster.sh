@@ -9,14 +9,17 @@
 # `cluster` provider (primary mode), and a fourth with DRA: pods claim ENIs
 # by their attributes through ResourceClaims (primary mode, [dra] on, the
 # device plugin's DaemonSet deleted; scripts/cluster/dra-scenarios.sh).
+# Opt-in, not in the default list yet: `cloud`, several nodes whose ENIs
+# come from the EC2 API (moto) through enim-operator and hot-plug into them
+# through the VPC simulator (scripts/cluster/cloud.sh).
 #
 #   scripts/e2e-cluster.sh [--debug] [--no-build] [--mode LIST] [--keep]
 #                          [--restarts N] [--only SCENARIO,...]
 #
 #   --debug       enim's image from dev-profile binaries (CI) instead of release
 #   --no-build    use what target/ holds; do not run cargo
-#   --mode LIST   primary, secondary, operator, dra: these runs only, in this
-#                 order (comma-separated; default: all four)
+#   --mode LIST   primary, secondary, operator, dra, cloud: these runs only,
+#                 in this order (comma-separated; default: the first four)
 #   --keep        leave the last cluster running and print how to reach it
 #   --restarts N  enimd restarts of each kind in the admission scenario
 #                 (default 20)
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
     --mode) IFS=, read -ra modes <<<"${2:?}"; shift 2 ;;
     --restarts) restarts=${2:?}; shift 2 ;;
     --only) only=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "e2e-cluster.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +54,7 @@ done
 repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/scripts/lib.sh"
 . "$repo/scripts/cluster/node.sh"
+. "$repo/scripts/cluster/cloud.sh"
 need_root e2e-cluster.sh "it creates namespaces, mounts and cgroups"
 for tool in go podman runc openssl nsenter unshare ip nft conntrack /usr/bin/python3 /bin/busybox /usr/bin/catatonit; do
   command -v "$tool" >/dev/null || { echo "e2e-cluster.sh: $tool is missing" >&2; exit 1; }
@@ -80,14 +84,20 @@ PAUSE_IMAGE=localhost/enim-e2e/pause:1
 BUSYBOX=localhost/enim-e2e/busybox:1
 ENIM_IMAGE=docker.io/library/enim:0.1.0
 
+# What removes the current run's cluster (cloud.sh's cloud_down for a cloud run).
+down=cluster_down
 cleanup() {
   local rc=$?
-  if [ "$keep" = 1 ] && [ -n "$work" ]; then
+  if [ "$keep" = 1 ] && [ -n "$work" ] && [ "$down" = cloud_down ]; then
+    echo "kept: $work; reach it with:"
+    echo "  nsenter --net=/run/netns/$vpc -- $bin/kubectl --kubeconfig $work/pki/admin.kubeconfig get pods -A"
+    echo "remove with: bash -c 'repo=$repo; . $repo/scripts/cluster/node.sh; . $repo/scripts/cluster/cloud.sh; work=$work tag=$tag vpc=$vpc; cloud_down; rm -rf $work'"
+  elif [ "$keep" = 1 ] && [ -n "$work" ]; then
     echo "kept: $work; reach it with:"
     echo "  nsenter --mount=$work/ns/mnt --net=/run/netns/$node -- $bin/kubectl --kubeconfig $work/pki/admin.kubeconfig get pods -A"
     echo "remove with: bash -c '. $repo/scripts/cluster/node.sh; work=$work node=$node gw=$gw cgroot=$cgroot; cluster_down'"
   elif [ -n "$work" ]; then
-    cluster_down
+    "$down"
     rm -rf "$work"
   fi
   rm -rf "$images"
@@ -125,6 +135,11 @@ build_args=("${debug[@]}")
 [ "$build" = 1 ] || build_args+=(--no-build)
 "$repo/scripts/build-image.sh" "${build_args[@]}" "$ENIM_IMAGE"
 podman save -q -o "$images/enim.tar" "$ENIM_IMAGE"
+if [[ " ${modes[*]} " == *" cloud "* ]]; then
+  step "enim-vpcsim ($(elapsed))"
+  if [ "$build" = 1 ]; then (cd "$repo" && cargo build --quiet -p enim-testkit --features vpc --bin enim-vpcsim); fi
+  [ -x "$(vpcsim_bin)" ] || { echo "e2e-cluster.sh: $(vpcsim_bin) is not built" >&2; exit 1; }
+fi
 
 # enim_install MODE PROVIDER [dra]: deploy/ as a user applies it, the
 # ConfigMap's provider replaced by the sandbox's static ENIs (PROVIDER
@@ -165,7 +180,7 @@ diagnose() {
     grep 'RegisterPlugin' "$work/logs/kubelet.log" 2>/dev/null | tail -n 2 || true
     grep -i 'dra\|resourceclaim\|prepare' "$work/logs/kubelet.log" 2>/dev/null | tail -n 8 || true
   fi
-  if [ "$provider" = cluster ]; then
+  if [ "$provider" = cluster ] || [ "$provider" = aws ]; then
     echo "--- netresourcesets"; k get nrs -o wide 2>&1 || true
     echo "--- enim-operator's log"; k -n enim-system logs deploy/enim-operator --tail=15 2>&1 || true
   fi
@@ -182,8 +197,10 @@ for run in "${modes[@]}"; do
     *) mode=$run provider=static ;;
   esac
   step "[$run] cluster up ($(elapsed))"
-  if [ -n "$work" ]; then cluster_down; rm -rf "$work"; fi
+  if [ -n "$work" ]; then "$down"; rm -rf "$work"; fi
+  down=cluster_down
   cluster_init "$bin"
+  if [ "$run" = cloud ]; then cloud_run; continue; fi
   # primary: 4 ENIs, each a pod's. secondary: 2 ENIs with 6 secondary
   # addresses each, 12 pods' worth.
   . "$repo/scripts/cluster/scenarios.sh"
@@ -195,7 +212,7 @@ for run in "${modes[@]}"; do
   run_scenarios
 done
 
-[ "$keep" = 1 ] || { cluster_down; rm -rf "$work"; work=""; }
+[ "$keep" = 1 ] || { "$down"; rm -rf "$work"; work=""; }
 step "results ($(elapsed); components $BUILD_S s)"
 printf '%s\n' "${results[@]}"
 [ -s "$PERF_OUT" ] && { echo "performance:"; cat "$PERF_OUT"; }

@@ -84,8 +84,9 @@ sys.exit(bad)
 ' "${DRA_SUBNET[*]}" "${DRA_ZONE[*]}" "${DRA_GROUPS[*]}" "${DRA_CARD[*]}" "$DRA_MTU"
 }
 
-# claim_template NAME [CEL]: a ResourceClaimTemplate for one ENI of
-# DeviceClass eni.enim.io, narrowed by CEL (none: any ENI).
+# claim_template NAME [CEL] [PARAMETERS]: a ResourceClaimTemplate for one
+# ENI of DeviceClass eni.enim.io, narrowed by CEL (none: any ENI), with
+# PARAMETERS (YAML flow map) as its enim.io opaque config.
 claim_template() {
   {
     cat <<EOF
@@ -106,6 +107,11 @@ EOF
       echo "              - cel:"
       echo "                  expression: >-"
       echo "                    $2"
+    fi
+    if [ -n "${3:-}" ]; then
+      echo "      config:"
+      echo "        - requests: [eni]"
+      echo "          opaque: {driver: enim.io, parameters: $3}"
     fi
   } | k apply -f - >/dev/null
 }

@@ -24,8 +24,13 @@
 #
 # Needs: ip, nsenter, unshare, openssl, runc, python3, podman (image builds).
 
-# Set by cluster_init.
-tag="" work="" node="" gw="" bin="" cgroot=""
+# Set by cluster_init. The per-node functions (on_node, start, stop,
+# mnt_up, cgroups_up, node_configs, start_containerd, start_kubelet,
+# start_kube_proxy, cluster_down) act on the node that node (its netns),
+# nw (its dir: mount namespace, root, logs, pids, configs), NODE_NAME,
+# NODE_IP and cgroot name; the one-node cluster's nw is $work itself, and
+# scripts/cluster/cloud.sh points them at each of its nodes in turn.
+tag="" work="" nw="" node="" gw="" bin="" cgroot=""
 ENI_COUNT=0
 NODE_IP=10.250.0.2
 GW_IP=10.250.0.1
@@ -44,6 +49,7 @@ cluster_init() {
   bin=$1
   tag=enimk8s$$
   work=/var/tmp/$tag
+  nw=$work
   node=$tag-node
   gw=$tag-gw
   cgroot=/$tag
@@ -54,28 +60,28 @@ cluster_init() {
 }
 
 # Runs a command on the node: its network and mount namespaces.
-on_node() { nsenter --mount="$work/ns/mnt" --net="/run/netns/$node" -- "$@"; }
+on_node() { nsenter --mount="$nw/ns/mnt" --net="/run/netns/$node" -- "$@"; }
 k() { on_node "$bin/kubectl" --kubeconfig "$work/pki/admin.kubeconfig" "$@"; }
 ctr_node() { on_node "$bin/ctr" --address /run/containerd/containerd.sock "$@"; }
 
 # start NAME CMD...: a component on the node, in the background, logging to
-# $work/logs/NAME.log. exec, so that $! is the component itself.
+# $nw/logs/NAME.log. exec, so that $! is the component itself.
 start() {
   local name=$1; shift
-  (exec nsenter --mount="$work/ns/mnt" --net="/run/netns/$node" -- "$@") >> "$work/logs/$name.log" 2>&1 &
-  echo $! > "$work/pids/$name"
+  (exec nsenter --mount="$nw/ns/mnt" --net="/run/netns/$node" -- "$@") >> "$nw/logs/$name.log" 2>&1 &
+  echo $! > "$nw/pids/$name"
 }
 
 # stop NAME [SIGNAL]: stops a component and waits for it to exit.
 stop() {
   local name=$1 sig=${2:-TERM} pid i
-  [ -f "$work/pids/$name" ] || return 0
-  pid=$(cat "$work/pids/$name")
+  [ -f "$nw/pids/$name" ] || return 0
+  pid=$(cat "$nw/pids/$name")
   kill "-$sig" "$pid" 2>/dev/null || true
   for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  rm -f "$work/pids/$name"
+  rm -f "$nw/pids/$name"
 }
 
 # wait_for WHAT TRIES CMD...: CMD until it succeeds, 0.5 s apart.
@@ -150,19 +156,19 @@ metadata_up() {
 # mnt_up: the node's mount namespace, with per-run dirs over NODE_DIRS.
 mnt_up() {
   local d
-  mkdir -p "$work/ns" "$work/root"
-  mount --bind "$work/ns" "$work/ns"
-  mount --make-private "$work/ns"
-  touch "$work/ns/mnt"
-  unshare --mount="$work/ns/mnt" --propagation private true
+  mkdir -p "$nw/ns" "$nw/root"
+  mount --bind "$nw/ns" "$nw/ns"
+  mount --make-private "$nw/ns"
+  touch "$nw/ns/mnt"
+  unshare --mount="$nw/ns/mnt" --propagation private true
   for d in "${NODE_DIRS[@]}"; do
-    mkdir -p "$work/root$d"
+    mkdir -p "$nw/root$d"
     # The mount point must exist on this machine; an empty dir made here is
     # removed again by cluster_down.
-    if [ ! -e "$d" ]; then mkdir -p "$d"; echo "$d" >> "$work/made-dirs"; fi
+    if [ ! -e "$d" ]; then mkdir -p "$d"; echo "$d" >> "$nw/made-dirs"; fi
   done
-  nsenter --mount="$work/ns/mnt" -- sh -ec "
-    for d in ${NODE_DIRS[*]}; do mount --bind '$work/root'\$d \$d; done
+  nsenter --mount="$nw/ns/mnt" -- sh -ec "
+    for d in ${NODE_DIRS[*]}; do mount --bind '$nw/root'\$d \$d; done
     mount --make-rshared /
   "
 }
@@ -188,8 +194,14 @@ configs() {
   for c in admin kubelet controller-manager scheduler kube-proxy; do
     pki_kubeconfig "$work/pki" "$c" "$server"
   done
-  echo "nameserver $GW_IP" > "$work/etc/resolv.conf"
-  cat > "$work/etc/containerd.toml" <<EOF
+  node_configs
+}
+
+# node_configs: the node's own configs (resolver, containerd, kubelet) in
+# $nw/etc.
+node_configs() {
+  echo "nameserver $GW_IP" > "$nw/etc/resolv.conf"
+  cat > "$nw/etc/containerd.toml" <<EOF
 version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -212,7 +224,7 @@ state = "/run/containerd"
   SystemdCgroup = false
   BinaryName = "$(command -v runc)"
 EOF
-  cat > "$work/etc/kubelet.yaml" <<EOF
+  cat > "$nw/etc/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -229,7 +241,7 @@ authentication:
 authorization: {mode: Webhook}
 clusterDNS: [$DNS_IP]
 clusterDomain: cluster.local
-resolvConf: $work/etc/resolv.conf
+resolvConf: $nw/etc/resolv.conf
 # A sandbox on a shared disk: never evict for disk or image space.
 evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%"}
 imageGCHighThresholdPercent: 100
@@ -241,7 +253,7 @@ EOF
   # hour. A test-rig setting: the window it tests is the same or longer
   # without it. kubelet_default_backoff puts the kubelet's own back
   # (scenarios.sh s_restarts_default_backoff).
-  cat >> "$work/etc/kubelet.yaml" <<EOF
+  cat >> "$nw/etc/kubelet.yaml" <<EOF
 featureGates: {KubeletCrashLoopBackOffMax: true}
 crashLoopBackOff: {maxContainerRestartPeriod: 2s}
 EOF
@@ -252,7 +264,7 @@ EOF
 # afresh: the scenarios run before it kill enimd often, and under the
 # default back-off each kill would leave the next scenario waiting minutes.
 kubelet_default_backoff() {
-  sed -i '/^featureGates: {KubeletCrashLoopBackOffMax: true}$/d; /^crashLoopBackOff: /d' "$work/etc/kubelet.yaml"
+  sed -i '/^featureGates: {KubeletCrashLoopBackOffMax: true}$/d; /^crashLoopBackOff: /d' "$nw/etc/kubelet.yaml"
   stop kubelet
   start_kubelet
   wait_for "the kubelet back, node Ready" 240 k wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
@@ -271,7 +283,7 @@ kube_proxy_config() { # CLUSTER_CIDR (empty: unset)
     # conntrack's table size is the machine's, not the sandbox's: leave it.
     echo "conntrack: {maxPerCore: 0, min: 0}"
     if [ -n "$1" ]; then echo "clusterCIDR: $1"; fi
-  } > "$work/etc/kube-proxy.yaml"
+  } > "$nw/etc/kube-proxy.yaml"
 }
 
 start_etcd() {
@@ -310,18 +322,19 @@ start_controllers() {
 }
 
 start_containerd() {
-  start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$work/etc/containerd.toml"
+  start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$nw/etc/containerd.toml"
   wait_for containerd 60 on_node test -S /run/containerd/containerd.sock
 }
 
+# NODE_LABELS (optional): the labels the kubelet registers its node with.
 start_kubelet() {
-  start kubelet "$bin/kubelet" --config="$work/etc/kubelet.yaml" \
-    --kubeconfig="$work/pki/kubelet.kubeconfig" --hostname-override="$NODE_NAME" \
-    --node-ip="$NODE_IP" --v=2
+  start kubelet "$bin/kubelet" --config="$nw/etc/kubelet.yaml" \
+    --kubeconfig="$nw/pki/kubelet.kubeconfig" --hostname-override="$NODE_NAME" \
+    --node-ip="$NODE_IP" --v=2 ${NODE_LABELS:+"--node-labels=$NODE_LABELS"}
 }
 
 start_kube_proxy() {
-  start kube-proxy "$bin/kube-proxy" --config="$work/etc/kube-proxy.yaml"
+  start kube-proxy "$bin/kube-proxy" --config="$nw/etc/kube-proxy.yaml"
 }
 
 # images_import: the images the cluster runs (IMAGES_DIR/*.tar, built here), imported.
@@ -344,7 +357,7 @@ cluster_up() {
   kube_proxy_config "$3"
   # The reference plugins on the node, as on any node: containerd's CRI
   # runs loopback for every sandbox; portmap serves hostPort.
-  cp "$bin"/cni/* "$work/root/opt/cni/bin/"
+  cp "$bin"/cni/* "$nw/root/opt/cni/bin/"
   start_etcd
   wait_for etcd 60 on_node "$bin/etcd" --version
   start_apiserver
@@ -362,7 +375,7 @@ cluster_up() {
 sandbox_pids() {
   local netns mntns p
   netns=$(stat -L -c %i "/run/netns/$node" 2>/dev/null || echo none)
-  mntns=$(stat -L -c %i "$work/ns/mnt" 2>/dev/null || echo none)
+  mntns=$(stat -L -c %i "$nw/ns/mnt" 2>/dev/null || echo none)
   for p in /proc/[0-9]*; do
     [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$netns" ] ||
       [ "$(stat -L -c %i "$p/ns/mnt" 2>/dev/null)" = "$mntns" ] ||
@@ -372,8 +385,10 @@ sandbox_pids() {
   done
 }
 
-cluster_down() {
-  local p d h i
+# sandbox_stop: every process of the node ended (its components first, by
+# their pids), its namespaces, mounts and cgroups left in place.
+sandbox_stop() {
+  local p i
   for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd metadata; do
     stop "$p"
   done
@@ -384,18 +399,23 @@ cluster_down() {
     kill -KILL $p 2>/dev/null || true
     sleep 0.5
   done
+}
+
+cluster_down() {
+  local d h
+  sandbox_stop
   # Cgroups, deepest first, once their processes are gone.
   for h in /sys/fs/cgroup/*/; do
     [ -d "$h$cgroot" ] || continue
     find "$h$cgroot" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
-  if [ -e "$work/ns/mnt" ]; then
-    umount "$work/ns/mnt" 2>/dev/null || true
-    umount "$work/ns" 2>/dev/null || true
+  if [ -e "$nw/ns/mnt" ]; then
+    umount "$nw/ns/mnt" 2>/dev/null || true
+    umount "$nw/ns" 2>/dev/null || true
   fi
   ip netns del "$node" 2>/dev/null || true
   ip netns del "$gw" 2>/dev/null || true
-  if [ -f "$work/made-dirs" ]; then
-    while read -r d; do rmdir -p "$d" 2>/dev/null || true; done < "$work/made-dirs"
+  if [ -f "$nw/made-dirs" ]; then
+    while read -r d; do rmdir -p "$d" 2>/dev/null || true; done < "$nw/made-dirs"
   fi
 }

@@ -14,12 +14,13 @@ allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # serves its own name over HTTP on 8080, with an HTTP readiness probe.
 # Keys: cmd (replaces the server), probe (path; "none" for no probe),
 # hostport, restart (restartPolicy), res (0: no enim resource), claim (a
-# ResourceClaimTemplate: the pod's ENI claimed through DRA instead), ns
-# (its namespace; default: default).
+# ResourceClaimTemplate: the pod's ENI claimed through DRA instead),
+# claimname (likewise, an existing ResourceClaim), ns (its namespace;
+# default: default), node (the node it must run on).
 pod() {
   local name=$1; shift
   local cmd="mkdir -p /www && echo $name > /www/index.html && exec httpd -f -p 8080 -h /www"
-  local probe=/ hostport="" restart=Always res=1 claim="" ns=default kv
+  local probe=/ hostport="" restart=Always res=1 claim="" claim_key="" ns=default on="" kv
   for kv in "$@"; do
     case $kv in
       ns=*) ns=${kv#ns=} ;;
@@ -28,7 +29,9 @@ pod() {
       hostport=*) hostport=${kv#hostport=} ;;
       restart=*) restart=${kv#restart=} ;;
       res=*) res=${kv#res=} ;;
-      claim=*) claim=${kv#claim=} res=0 ;;
+      claim=*) claim=${kv#claim=} claim_key=resourceClaimTemplateName res=0 ;;
+      claimname=*) claim=${kv#claimname=} claim_key=resourceClaimName res=0 ;;
+      node=*) on=${kv#node=} ;;
     esac
   done
   {
@@ -53,8 +56,9 @@ EOF
     [ "$res" = 0 ] || echo "      resources: {limits: {$(resource): 1}}"
     if [ -n "$claim" ]; then
       echo "      resources: {claims: [{name: eni}]}"
-      echo "  resourceClaims: [{name: eni, resourceClaimTemplateName: $claim}]"
+      echo "  resourceClaims: [{name: eni, $claim_key: $claim}]"
     fi
+    [ -z "$on" ] || echo "  nodeSelector: {kubernetes.io/hostname: $on}"
   } | k apply -f - >/dev/null
 }
 

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""The cloud of scripts/e2e-cluster.sh's `cloud` run, made in moto (run it
+where moto is reached: inside the VPC namespace).
+
+    cloud.py setup MOTO_URL NODES OUT.json   IAM users, a VPC, its subnets and
+                                             a security group, NODES instances
+    cloud.py sg STATE.json NAME              a new security group in the VPC;
+                                             prints its id
+    cloud.py enis STATE.json                 every ENI: id, instance, device
+                                             index, MAC, addresses (JSON)
+
+The IAM users are allowed what enim documents: the operator the fleet's
+actions, a node (the late one, per-node provider) the node's, the VPC
+simulator ec2:Describe*; the rig itself (admin) everything. The actions are
+read from provider/aws/src/iam.rs, so the rig never keeps its own copy.
+Signature checks are on from the first EC2 call on, as in the Rust rig
+(testkit/src/moto/mod.rs).
+"""
+
+import json
+import os
+import re
+import sys
+import urllib.request
+
+import boto3
+
+REGION = "us-east-1"
+ZONE = "us-east-1a"
+VPC_CIDR = "10.0.0.0/16"
+# The nodes' own subnet (their primary ENIs) and the one enim makes pods'
+# ENIs in, as EKS custom networking keeps them apart.
+NODE_SUBNET = "10.0.1.0/24"
+POD_SUBNET = "10.0.32.0/19"
+# DescribeInstanceTypes in moto: 4 interfaces, 15 addresses each.
+INSTANCE_TYPE = "m5.xlarge"
+IAM_RS = os.path.join(os.path.dirname(__file__), "..", "..", "provider", "aws", "src", "iam.rs")
+
+
+def fail(msg):
+    sys.exit(f"cloud.py: {msg}")
+
+
+def iam_actions():
+    """(node's actions, the operator's): REQUIRED_IAM_ACTIONS and it plus
+    FLEET_EXTRA_IAM_ACTIONS, as iam.rs lists them."""
+    with open(IAM_RS) as f:
+        text = f.read()
+
+    def listed(name):
+        m = re.search(name + r": &\[&str\] = &\[(.*?)\];", text, re.S)
+        if not m:
+            fail(f"{name} not found in {IAM_RS}")
+        return re.findall(r'"(ec2:\w+)"', m.group(1))
+
+    node = listed("REQUIRED_IAM_ACTIONS")
+    return node, node + listed("FLEET_EXTRA_IAM_ACTIONS")
+
+
+def moto_auth(url, after):
+    """Signature checks off ("inf") or on after `after` more actions."""
+    req = urllib.request.Request(f"{url}/moto-api/reset-auth", data=after.encode(),
+                                 headers={"content-type": "text/plain"}, method="POST")
+    urllib.request.urlopen(req, timeout=10).read()
+
+
+def client(service, url, key):
+    return boto3.client(service, endpoint_url=url, region_name=REGION,
+                        aws_access_key_id=key["id"], aws_secret_access_key=key["secret"])
+
+
+def iam_user(iam, name, actions):
+    iam.create_user(UserName=name)
+    policy = {"Version": "2012-10-17",
+              "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+    iam.put_user_policy(UserName=name, PolicyName="enim", PolicyDocument=json.dumps(policy))
+    k = iam.create_access_key(UserName=name)["AccessKey"]
+    return {"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
+
+
+def run_instance(ec2, subnet):
+    i = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+                          InstanceType=INSTANCE_TYPE, SubnetId=subnet)["Instances"][0]
+    return {"instance_id": i["InstanceId"], "ip": i["PrivateIpAddress"], "zone": ZONE,
+            "instance_type": INSTANCE_TYPE}
+
+
+def setup(url, nodes, out):
+    moto_auth(url, "inf")
+    bootstrap = {"id": "AKIABOOTSTRAP", "secret": "bootstrap"}
+    iam = client("iam", url, bootstrap)
+    node_actions, fleet_actions = iam_actions()
+    keys = {
+        "admin": iam_user(iam, "enim-rig", ["ec2:*", "iam:*"]),
+        "operator": iam_user(iam, "enim-operator", fleet_actions),
+        "node": iam_user(iam, "enim-node", node_actions),
+        "vpcsim": iam_user(iam, "enim-vpcsim", ["ec2:Describe*"]),
+    }
+    moto_auth(url, "0")
+    ec2 = client("ec2", url, keys["admin"])
+    vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
+    subnet = lambda cidr: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    node_subnet, pod_subnet = subnet(NODE_SUBNET), subnet(POD_SUBNET)
+    sg = ec2.create_security_group(GroupName="enim-pods", Description="enim e2e pods", VpcId=vpc)["GroupId"]
+    state = {
+        "url": url, "region": REGION, "keys": keys, "vpc": vpc,
+        "node_subnet": node_subnet, "node_subnet_cidr": NODE_SUBNET,
+        "pod_subnet": pod_subnet, "pod_subnet_cidr": POD_SUBNET,
+        "security_group": sg,
+        "nodes": [run_instance(ec2, node_subnet) for _ in range(nodes)],
+    }
+    with open(out, "w") as f:
+        json.dump(state, f, indent=1)
+
+
+def enis(state):
+    ec2 = client("ec2", state["url"], state["keys"]["admin"])
+    found = []
+    for page in ec2.get_paginator("describe_network_interfaces").paginate():
+        for e in page["NetworkInterfaces"]:
+            att = e.get("Attachment") or {}
+            found.append({
+                "id": e["NetworkInterfaceId"],
+                "instance": att.get("InstanceId", ""),
+                "device_index": att.get("DeviceIndex", -1),
+                "mac": e["MacAddress"],
+                "subnet": e["SubnetId"],
+                "groups": sorted(g["GroupId"] for g in e.get("Groups", [])),
+                "addresses": [a["PrivateIpAddress"] for a in e.get("PrivateIpAddresses", [])],
+                "tags": {t["Key"]: t["Value"] for t in e.get("TagSet", [])},
+            })
+    print(json.dumps(found))
+
+
+def main():
+    args = sys.argv[1:]
+    if args[:1] == ["setup"] and len(args) == 4:
+        setup(args[1], int(args[2]), args[3])
+    elif args[:1] == ["sg"] and len(args) == 3:
+        with open(args[1]) as f:
+            state = json.load(f)
+        ec2 = client("ec2", state["url"], state["keys"]["admin"])
+        print(ec2.create_security_group(GroupName=args[2], Description="enim e2e",
+                                        VpcId=state["vpc"])["GroupId"])
+    elif args[:1] == ["enis"] and len(args) == 2:
+        with open(args[1]) as f:
+            enis(json.load(f))
+    else:
+        fail("usage: cloud.py setup MOTO_URL NODES OUT.json | sg STATE.json NAME | enis STATE.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+# The cloud run of scripts/e2e-cluster.sh (`--mode cloud`): several nodes
+# whose ENIs come from the EC2 API (moto) and hot-plug into them through
+# the VPC simulator (enim-vpcsim, testkit/src/vpc). Sourced after node.sh,
+# whose per-node functions it points at each node in turn (node.sh's
+# header: node, nw, NODE_NAME, NODE_IP, cgroot).
+#
+# Layout (TAG as in node.sh):
+#
+#   $TAG-vpc   netns: the VPC. moto ($MOTO_IP:5000) and the control plane
+#              (etcd on its loopback, kube-apiserver on $API_IP), both on
+#              its lo, as a cloud's own endpoints; enim-vpcsim routes every
+#              address moto assigned to the far end of its ENI here, holds
+#              each subnet's gateway, and serves instance metadata at
+#              169.254.169.254 by the caller's source address. Nothing
+#              leaves it. A mount namespace of its own ($work/cp, no
+#              binds), so that its processes are found and ended as a
+#              node's are.
+#   $TAG-nI    netns and mount namespace of node I (as node.sh's one node):
+#              eth0 is moto's primary ENI of instance I, addressed by
+#              enim-vpcsim with moto's address, default route via the node
+#              subnet's gateway; every ENI moto attaches to instance I
+#              appears here as eth<device index>. containerd, the kubelet
+#              (--provider-id aws:///<zone>/<instance>) and kube-proxy
+#              (clusterCIDR unset). Its dir is $work/nI.
+#
+# Every node netns is made before the VPC's mount namespace: a netns
+# mounted on /run/netns later would not show in that (private) namespace,
+# and enim-vpcsim opens the nodes' netns from there.
+
+CLOUD_NODES=3
+# The late node, CLOUD_NODES + 1: its instance runs from the start (the
+# simulator plugs its eth0), its kubelet joins in a scenario.
+CLOUD_LATE=$((CLOUD_NODES + 1))
+# enim's node pools (the node label enim.io/pool), one enimd DaemonSet and
+# config each (cloud-pools.py): nodes 1 and 2 primary mode, node 3 primary
+# mode with DRA, the late node primary mode; all through the operator.
+CLOUD_POOLS=(primary primary primary-dra primary)
+# Addresses on the VPC's lo: in the VPC's range, in none of its subnets.
+API_IP=10.0.255.1
+MOTO_IP=10.0.255.2
+MOTO_URL=http://$MOTO_IP:5000
+# The node subnet's gateway (cloud.py's NODE_SUBNET, first host).
+NODE_GW=10.0.1.1
+vpc=""
+
+# phase_time WHAT T0_NS: prints how long WHAT took, and keeps it for the
+# results (e2e-cluster.sh prints PERF_OUT at the end).
+phase_time() {
+  local line
+  line="time: $1: $((($(date +%s%N) - $2) / 1000000)) ms"
+  echo "$line"
+  echo "[cloud] $line" >> "$PERF_OUT"
+}
+
+vpcsim_bin() { echo "${CARGO_TARGET_DIR:-$repo/target}/debug/enim-vpcsim"; }
+
+# cloud_field JQ: a field of cloud.py's state.
+cloud_field() { jq -r "$1" "$work/cloud.json"; }
+
+# cloud_cp: the per-node functions act on the VPC namespace (control plane,
+# moto, the simulator).
+cloud_cp() {
+  node=$vpc nw=$work/cp NODE_NAME=enim-e2e-cp NODE_IP=$API_IP cgroot=/$tag-cp
+}
+# cloud_node I: ... on node I (1-based).
+cloud_node() {
+  node=$tag-n$1 nw=$work/n$1 NODE_NAME=enim-e2e-node$1 cgroot=/$tag-n$1
+  NODE_IP=$(jq -r ".nodes[$(($1 - 1))].ip // empty" "$work/cloud.json" 2>/dev/null || true)
+}
+
+# cp_mnt_up: the VPC's mount namespace, with none of a node's binds.
+cp_mnt_up() {
+  # shellcheck disable=SC2034 # read by mnt_up (dynamic scope)
+  local NODE_DIRS=()
+  mnt_up
+}
+
+vpcsim_config() {
+  python3 - "$work/cloud.json" "/run/netns/$vpc" "$tag" <<'EOF'
+import json, sys
+state, vpc, tag = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+key = state["keys"]["vpcsim"]
+print(f'vpc_netns = "{vpc}"')
+print("[moto]")
+print(f'endpoint = "{state["url"]}"\nregion = "{state["region"]}"')
+print(f'access_key_id = "{key["id"]}"\nsecret_access_key = "{key["secret"]}"')
+for i, n in enumerate(state["nodes"], 1):
+    print(f'[[node]]\ninstance_id = "{n["instance_id"]}"\nnetns = "/run/netns/{tag}-n{i}"\nprimary = "address"')
+EOF
+}
+
+# cloud_logs: the tails of the VPC's logs (moto, the simulator, the control
+# plane) and of each node's, when the bring-up fails.
+cloud_logs() {
+  local f
+  for f in "$work"/cp/logs/*.log "$work"/n*/logs/*.log; do
+    [ -f "$f" ] || continue
+    echo "--- ${f#"$work"/}"
+    tail -n 12 "$f"
+  done
+}
+
+eth0_has() { ip -n "$node" -4 -o addr show dev eth0 | grep -q " $1/"; }
+
+# node_pki: the node's kubelet client cert (its own CN, as the Node
+# authorizer and NodeRestriction want) and kubeconfig, in $nw/pki.
+node_pki() {
+  (cd "$work/pki" && pki_cert "kubelet-$NODE_NAME" "/O=system:nodes/CN=system:node:$NODE_NAME" "" client)
+  mkdir -p "$nw/pki"
+  mv "$work/pki/kubelet-$NODE_NAME.crt" "$nw/pki/kubelet.crt"
+  mv "$work/pki/kubelet-$NODE_NAME.key" "$nw/pki/kubelet.key"
+  cp "$work/pki/ca.crt" "$nw/pki/ca.crt"
+  pki_kubeconfig "$nw/pki" kubelet "https://$API_IP:6443"
+}
+
+# cloud_node_up I: node I's namespaces, uplink route, configs and
+# components (containerd, the kubelet, kube-proxy).
+cloud_node_up() {
+  local i=$1 zone instance
+  cloud_node "$i"
+  zone=$(cloud_field ".nodes[$((i - 1))].zone")
+  instance=$(cloud_field ".nodes[$((i - 1))].instance_id")
+  mkdir -p "$nw"/{logs,pids,etc}
+  wait_for "enim-vpcsim to give $NODE_NAME's eth0 $NODE_IP" 120 eth0_has "$NODE_IP" || { cloud_logs; return 1; }
+  ip -n "$node" route add default via "$NODE_GW" dev eth0
+  mnt_up
+  cgroups_up
+  node_pki
+  node_configs
+  echo "providerID: aws:///$zone/$instance" >> "$nw/etc/kubelet.yaml"
+  kube_proxy_config ""
+  cp "$bin"/cni/* "$nw/root/opt/cni/bin/"
+  start_containerd
+  images_import
+  # Registered with what a cloud-aware kubelet sets (the operator reads
+  # the instance type and zone) and its pool.
+  local NODE_LABELS
+  NODE_LABELS="node.kubernetes.io/instance-type=$(cloud_field ".nodes[$((i - 1))].instance_type")"
+  NODE_LABELS+=",topology.kubernetes.io/zone=$zone,enim.io/pool=$(cloud_pool "$i")"
+  start_kubelet
+  start_kube_proxy
+}
+
+# cloud_up: the VPC, moto and its cloud, the simulator, the control plane,
+# CLOUD_NODES nodes registered and labelled.
+cloud_up() {
+  local i c
+  vpc=$tag-vpc
+  ip netns add "$vpc"
+  ip -n "$vpc" link set lo up
+  ip netns exec "$vpc" sysctl -qw net.ipv4.ip_forward=1
+  ip -n "$vpc" addr add "$API_IP/32" dev lo
+  ip -n "$vpc" addr add "$MOTO_IP/32" dev lo
+  for i in $(seq 1 "$CLOUD_LATE"); do
+    ip netns add "$tag-n$i"
+    ip -n "$tag-n$i" link set lo up
+    ip netns exec "$tag-n$i" sysctl -qw net.ipv4.ip_forward=1
+  done
+  cloud_cp
+  mkdir -p "$nw"/{logs,pids,etc}
+  cp_mnt_up
+  start moto env INITIAL_NO_AUTH_ACTION_COUNT=0 PYTHONUNBUFFERED=1 \
+    python3 "$repo/testkit/src/moto/launch.py" -H "$MOTO_IP" -p 5000
+  wait_for moto 120 on_node curl -sf "$MOTO_URL/moto-api/data.json" || { cloud_logs; return 1; }
+  on_node python3 "$repo/scripts/cluster/cloud.py" setup "$MOTO_URL" "$CLOUD_LATE" "$work/cloud.json"
+  vpcsim_config > "$work/vpcsim.toml"
+  start vpcsim "$(vpcsim_bin)" --config "$work/vpcsim.toml"
+
+  # The control plane, once.
+  pki_make "$work/pki" "$NODE_NAME" "$API_IP" "$SERVICE_IP"
+  for c in admin controller-manager scheduler kube-proxy; do
+    pki_kubeconfig "$work/pki" "$c" "https://$API_IP:6443"
+  done
+  start_etcd
+  wait_for etcd 60 on_node "$bin/etcd" --version
+  start_apiserver
+  wait_for kube-apiserver 240 k get --raw /readyz || { cloud_logs; return 1; }
+  start_controllers
+
+  for i in $(seq 1 "$CLOUD_NODES"); do cloud_node_up "$i"; done
+  cloud_cp
+  for i in $(seq 1 "$CLOUD_NODES"); do
+    wait_for "node enim-e2e-node$i" 240 k get node "enim-e2e-node$i" || { cloud_logs; return 1; }
+  done
+}
+
+cloud_pool() { echo "${CLOUD_POOLS[$(($1 - 1))]}"; }
+
+cloud_down() {
+  local i
+  for i in $(seq 1 "$CLOUD_LATE"); do
+    cloud_node "$i"
+    if [ -d "$nw" ]; then cluster_down; else ip netns del "$node" 2>/dev/null || true; fi
+  done
+  [ -n "$vpc" ] || return 0
+  cloud_cp
+  stop vpcsim
+  stop moto
+  cluster_down
+}
+
+# cloud_install: deploy/ as a user applies it for the operator on EC2
+# (enim-config.py's PROVIDER aws), enimd per pool (cloud-pools.py), CoreDNS
+# on the cluster's DNS address.
+cloud_install() {
+  local f config=("$repo/deploy" primary "$work/cloud.json" aws - "$work/etc/operator.yaml"
+    --service-cidr "$SERVICE_CIDR" --replicas 2)
+  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" > "$work/etc/configmap.yaml"
+  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" --dra > "$work/etc/configmap-dra.yaml"
+  python3 "$repo/scripts/cluster/cloud-pools.py" "$repo/deploy" "$work/etc/configmap-dra.yaml" primary-dra \
+    > "$work/etc/pools.yaml"
+  for f in "$repo"/deploy/*.yaml; do
+    case $f in
+      */20-configmap.yaml) f=$work/etc/configmap.yaml ;;
+      */30-daemonset.yaml) f=$work/etc/pools.yaml ;;
+      */40-device-plugin.yaml) continue ;;
+      */50-operator.yaml) f=$work/etc/operator.yaml ;;
+    esac
+    k apply -f - < "$f" >/dev/null
+    case $f in */05-crd-*) k wait --for=condition=Established crd/netresourcesets.enim.io --timeout=60s >/dev/null ;; esac
+  done
+  sed "s/clusterIP: 10.96.0.10/clusterIP: $DNS_IP/" "$repo/scripts/cluster/coredns.yaml" | k apply -f - >/dev/null
+}
+
+# cloud_run: the whole run, each phase timed. Its settings are local, so a
+# run of another mode after it keeps node.sh's.
+cloud_run() {
+  local SERVICE_CIDR=10.100.0.0/16 SERVICE_IP=10.100.0.1 DNS_IP=10.100.0.10 GW_IP=$NODE_GW
+  local NODE_NAME NODE_IP t0
+  mode=primary provider=aws
+  down=cloud_down
+  t0=$(date +%s%N)
+  cloud_up
+  phase_time "bring-up: VPC, moto, simulator, control plane, $CLOUD_NODES nodes" "$t0"
+  t0=$(date +%s%N)
+  cloud_install
+  phase_time "enim installed (kubectl apply)" "$t0"
+  . "$repo/scripts/cluster/cloud-scenarios.sh"
+  run_cloud_scenarios
+}
