@@ -254,6 +254,22 @@ pub struct Quarantined {
 
 /// The condition type an agent sets: True once it serves from this spec.
 pub const CONDITION_READY: &str = "Ready";
+/// The condition type an agent sets: True exactly when its DRA driver is
+/// on (enimd's `[dra]`), so that pods get this node's ENIs through
+/// ResourceClaims. The operator makes an ENI for a claim only on such a
+/// node: on a device-plugin node no claim's pod could ever use it. An
+/// agent that predates this condition never sets it, and gets none.
+pub const CONDITION_SERVES_CLAIMS: &str = "ServesClaims";
+
+impl NetResourceSetStatus {
+    /// Whether the agent says it serves DRA claims
+    /// ([`CONDITION_SERVES_CLAIMS`] is True); absent means no.
+    pub fn serves_claims(&self) -> bool {
+        self.conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_SERVES_CLAIMS && c.status == "True")
+    }
+}
 
 /// The CRD as YAML, as `crdgen` writes it and `deploy/` holds it.
 pub fn crd_yaml() -> String {
@@ -351,5 +367,31 @@ mod tests {
         assert_eq!(json["mode"], "secondary");
         let back: NetResourceSetSpec = serde_json::from_value(json).unwrap();
         assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn only_a_true_serves_claims_condition_says_the_agent_serves_claims() {
+        let condition = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        let with = |conditions| NetResourceSetStatus {
+            conditions,
+            ..Default::default()
+        };
+        // An older agent writes no such condition: no.
+        assert!(!with(vec![]).serves_claims());
+        assert!(!with(vec![condition(CONDITION_READY, "True")]).serves_claims());
+        assert!(!with(vec![condition(CONDITION_SERVES_CLAIMS, "False")]).serves_claims());
+        assert!(!with(vec![condition(CONDITION_SERVES_CLAIMS, "Unknown")]).serves_claims());
+        assert!(with(vec![
+            condition(CONDITION_READY, "False"),
+            condition(CONDITION_SERVES_CLAIMS, "True")
+        ])
+        .serves_claims());
     }
 }

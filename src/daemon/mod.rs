@@ -78,7 +78,9 @@ pub async fn build_provider(
 }
 
 /// The provider's config with what enimd fills in: BCE's ENI id cache
-/// and the cluster provider's spec cache beside the checkpoint unless set.
+/// and the cluster provider's spec cache beside the checkpoint unless set,
+/// and whether the cluster provider's status says this node serves DRA
+/// claims (`[dra] enabled`: the operator makes claims' ENIs only there).
 fn provider_config(config: &Config) -> ProviderConfig {
     let mut provider = config.provider.clone();
     let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
@@ -86,8 +88,11 @@ fn provider_config(config: &Config) -> ProviderConfig {
         ProviderConfig::Bce(bce) if bce.eni_id_cache.is_none() => {
             bce.eni_id_cache = Some(dir.join("bce-eni-ids.json"));
         }
-        ProviderConfig::Cluster(cluster) if cluster.cache.is_none() => {
-            cluster.cache = Some(dir.join(enim_provider_cluster::CACHE_FILE));
+        ProviderConfig::Cluster(cluster) => {
+            cluster.serves_claims = config.dra.enabled;
+            if cluster.cache.is_none() {
+                cluster.cache = Some(dir.join(enim_provider_cluster::CACHE_FILE));
+            }
         }
         _ => {}
     }
@@ -459,5 +464,30 @@ impl Node {
         let _ = std::fs::remove_file(&config.socket);
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cluster provider's status says the node serves DRA claims
+    /// exactly when `[dra]` is on: the operator makes claims' ENIs only
+    /// on such nodes.
+    #[test]
+    fn the_cluster_provider_serves_claims_exactly_when_dra_is_on() {
+        let cluster = "[provider]\ntype = \"cluster\"\nnode_name = \"n1\"\n";
+        let serves = |text: &str| match provider_config(&Config::parse(text).unwrap()) {
+            ProviderConfig::Cluster(c) => c.serves_claims,
+            other => panic!("{other:?}"),
+        };
+        assert!(!serves(cluster));
+        assert!(!serves(&format!("[dra]\nenabled = false\n{cluster}")));
+        assert!(serves(&format!(
+            "[dra]\nenabled = true\nnode_name = \"n1\"\n{cluster}"
+        )));
+        // Not something a config file can say.
+        let forged = format!("{cluster}serves_claims = true\n");
+        assert!(Config::parse(&forged).is_err());
     }
 }

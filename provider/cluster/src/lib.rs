@@ -74,6 +74,11 @@ pub struct ClusterConfig {
     /// How long changes gather before one status write.
     #[serde(default = "default_debounce", with = "humantime_serde")]
     pub status_debounce: Duration,
+    /// The agent's DRA driver is on: its status says so (condition
+    /// [`enim_crd::CONDITION_SERVES_CLAIMS`]). enimd fills it in from
+    /// `[dra] enabled`; never read from the file.
+    #[serde(skip)]
+    pub serves_claims: bool,
 }
 
 fn default_debounce() -> Duration {
@@ -88,6 +93,7 @@ impl ClusterConfig {
             kubeconfig: None,
             cache: None,
             status_debounce: default_debounce(),
+            serves_claims: false,
         }
     }
 
@@ -315,19 +321,21 @@ impl ClusterProvider {
             cache,
             mode,
             config.status_debounce,
+            config.serves_claims,
         ))
     }
 
-    /// The provider over `client`, for `node`. Must run in a tokio
-    /// runtime.
+    /// The provider over `client`, for `node`; `serves_claims`: the
+    /// agent's DRA driver is on. Must run in a tokio runtime.
     pub fn with_client(
         client: kube::Client,
         node: String,
         cache: PathBuf,
         mode: Mode,
         debounce: Duration,
+        serves_claims: bool,
     ) -> ClusterProvider {
-        let mut state = State::new(mode);
+        let mut state = State::new(mode).serving_claims(serves_claims);
         let mut link = Link {
             api_error: None,
             source: Source::None,

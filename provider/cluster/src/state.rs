@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use enim_core::reserved::{EXCLUDED_NETWORK, MISSING_NETWORK};
 use enim_core::{Eni, EniOwner, MacAddr, ProviderError, StoredAddresses};
 use enim_crd::{EniSpec, EniUse, Mode, NetResourceSetSpec, NetResourceSetStatus, Quarantined};
-use enim_crd::{Summary, CONDITION_READY};
+use enim_crd::{Summary, CONDITION_READY, CONDITION_SERVES_CLAIMS};
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde::{Deserialize, Serialize};
@@ -146,6 +146,12 @@ pub struct State {
     /// The Ready condition last written, kept so its transition time
     /// moves only when its status does.
     ready: Option<Condition>,
+    /// The agent's DRA driver is on: the status says so, for the operator
+    /// to make ENIs for claims here. Fixed for the agent's life.
+    serves_claims: bool,
+    /// When this agent first wrote its `ServesClaims` condition: it never
+    /// changes while the agent runs.
+    claims_since: Option<Time>,
 }
 
 impl State {
@@ -159,7 +165,16 @@ impl State {
             held: BTreeMap::new(),
             stored: None,
             ready: None,
+            serves_claims: false,
+            claims_since: None,
         }
+    }
+
+    /// This state, saying in its status whether the agent serves DRA
+    /// claims (its `[dra]` is on).
+    pub fn serving_claims(mut self, on: bool) -> State {
+        self.serves_claims = on;
+        self
     }
 
     pub fn seen(&self) -> Option<&SeenSpec> {
@@ -584,6 +599,7 @@ impl State {
             observed_generation: generation,
         };
         self.ready = Some(condition.clone());
+        let claims = self.claims_condition(&now);
         NetResourceSetStatus {
             used: self.used(),
             quarantined: self.quarantined(),
@@ -591,7 +607,34 @@ impl State {
             summary: self.summary(),
             last_sync: Some(now),
             observed_generation: generation,
-            conditions: vec![condition],
+            conditions: vec![condition, claims],
+        }
+    }
+
+    /// The `ServesClaims` condition: True exactly when the agent's DRA
+    /// driver is on. Written either way, so that False (DRA off) reads
+    /// apart from an agent too old to say.
+    fn claims_condition(&mut self, now: &Time) -> Condition {
+        let since = self.claims_since.get_or_insert_with(|| now.clone()).clone();
+        let (status, reason, message) = match self.serves_claims {
+            true => (
+                "True",
+                "DraDriverOn",
+                "the DRA driver publishes this node's ENIs for ResourceClaims",
+            ),
+            false => (
+                "False",
+                "DraDriverOff",
+                "no DRA driver on this node: the operator makes no ENI for a claim here",
+            ),
+        };
+        Condition {
+            type_: CONDITION_SERVES_CLAIMS.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: since,
+            observed_generation: None,
         }
     }
 }

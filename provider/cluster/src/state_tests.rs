@@ -333,3 +333,31 @@ fn a_spec_eni_carries_its_placement() {
     let got = parse_eni_in(&e, &spec).unwrap().placement;
     assert_eq!(got.security_groups, ["sg-claim"]);
 }
+
+/// The operator makes ENIs for DRA claims only where the agent says it
+/// serves them: the status says so exactly when the agent's `[dra]` is on,
+/// before any spec is seen too, and the condition's time holds still.
+#[test]
+fn the_status_says_it_serves_claims_exactly_when_dra_is_on() {
+    for on in [false, true] {
+        let mut s = State::new(Mode::Primary).serving_claims(on);
+        let first = s.status("n1", now());
+        assert_eq!(first.serves_claims(), on, "no spec yet, dra {on}");
+        s.apply(seen(Mode::Primary, 3, vec![eni(1)], &[]));
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap());
+        let st = s.status("n1", later);
+        assert_eq!(st.serves_claims(), on, "dra {on}");
+        let claims = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == enim_crd::CONDITION_SERVES_CLAIMS)
+            .expect("written either way, apart from an agent too old to say");
+        assert_eq!(claims.status, if on { "True" } else { "False" });
+        assert_eq!(claims.last_transition_time, now());
+        assert_eq!(st.conditions[0].type_, CONDITION_READY);
+    }
+    // Off unless asked.
+    assert!(!State::new(Mode::Secondary)
+        .status("n1", now())
+        .serves_claims());
+}
