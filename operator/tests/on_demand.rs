@@ -1,8 +1,8 @@
 //! ENIs made on demand for DRA claims, on a real API server and moto (see
 //! common/mod.rs): a pending claim of DeviceClass eni.enim.io asking for
 //! security groups no node's ENIs have gets an ENI created in moto with
-//! exactly those groups, attached to a node and published marked with the
-//! claim; never a second one; the agent sees its groups (what its DRA
+//! exactly those groups, attached to a node whose agent serves claims and
+//! published marked with the claim; never a second one; the agent sees its groups (what its DRA
 //! driver publishes); and once the claim is deleted the ENI is drained,
 //! released by the agent, detached and deleted.
 
@@ -34,6 +34,21 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
         .into_iter()
         .collect();
     let creates = rig.env.proxy.calls("CreateNetworkInterface");
+    // The node's agent, its DRA driver on: the operator makes claims'
+    // ENIs only where the status says so.
+    let agent = rig.agent_serving(NODE, true).await;
+    wait_for(
+        "the agent's status says it serves claims",
+        Duration::from_secs(20),
+        || async {
+            let set = rig.set(NODE).await.ok_or_else(|| "no set".to_string())?;
+            set.status
+                .is_some_and(|s| s.serves_claims())
+                .then_some(())
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await;
 
     let claim_uid = apply_claim(&rig, "db", &group);
     let asked = Instant::now();
@@ -77,7 +92,6 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
 
     // The agent serves it with its own groups: what its DRA driver
     // publishes as sg.enim.io attributes.
-    let agent = rig.agent(NODE).await;
     wait_for(
         "the agent lists the claim's ENI",
         Duration::from_secs(20),

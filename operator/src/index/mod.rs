@@ -22,6 +22,9 @@
 //! - a deleted node's set is released only when no pod holds its ENIs
 //!   and the listing shows none of them attached or detaching, after the
 //!   deletes.
+//! - an ENI for a DRA claim is made only on a live node whose agent says,
+//!   in its status, that it serves claims (condition `ServesClaims`): no
+//!   claim's pod could use one on a device-plugin node.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

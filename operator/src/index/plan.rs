@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec};
+use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
 
 use super::node_plan::{plan_gone, NodePlan, Placed};
-use super::{Index, Phase, Task};
+use super::{Index, Phase, SetInfo, Task};
 
 /// Every task of this pass: a node's tasks together and in running order,
 /// nodes by deficit descending (surplus last), then leaked ENIs.
@@ -74,8 +74,10 @@ fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String]
 }
 
 /// Pending claims no node has a free ENI for, each given to the live node
-/// with the most free device slots. A claim with an ENI or an intent
-/// already (anywhere) gets nothing more: one ENI per claim, whoever made it.
+/// with the most free device slots among those whose agent serves DRA
+/// claims (a device-plugin node, or an agent too old to say, would hold an
+/// ENI no claim's pod can use). A claim with an ENI or an intent already
+/// (anywhere) gets nothing more: one ENI per claim, whoever made it.
 fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     let mut placed: HashMap<String, Vec<Placed>> = HashMap::new();
     let Some(claims) = index.claims else {
@@ -112,7 +114,7 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     let mut room: Vec<(usize, &str)> = index
         .nodes
         .iter()
-        .filter(|e| e.phase == Phase::Live && e.set.is_some())
+        .filter(|e| e.phase == Phase::Live && e.set.is_some_and(serves_claims))
         .map(|e| (NodePlan::new(index, e).slots().left(), e.name))
         .collect();
     for (c, want) in asking {
@@ -137,8 +139,16 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     placed
 }
 
-/// Whether a live node has a free ENI, made for no claim, in `subnet`
-/// with exactly `groups`: the scheduler can give the claim that one.
+/// Whether the set's agent says it serves DRA claims.
+fn serves_claims(set: &SetInfo) -> bool {
+    set.status
+        .as_ref()
+        .is_some_and(NetResourceSetStatus::serves_claims)
+}
+
+/// Whether a live node serving DRA claims has a free ENI, made for no
+/// claim, in `subnet` with exactly `groups`: the scheduler can give the
+/// claim that one (a device-plugin node's ENI is no DRA device).
 fn free_match_exists(index: &Index, subnet: &str, groups: &[String]) -> bool {
     let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
     index
@@ -146,6 +156,7 @@ fn free_match_exists(index: &Index, subnet: &str, groups: &[String]) -> bool {
         .iter()
         .filter(|e| e.phase == Phase::Live)
         .filter_map(|e| e.set)
+        .filter(|set| serves_claims(set))
         .any(|set| {
             let st = set.status.as_ref();
             let held = |id: &str| st.is_some_and(|st| st.used.iter().any(|u| u.eni == id));

@@ -416,6 +416,12 @@ read_rate = {{ every = "1ms", burst = 1000 }}
     /// token of `enimd` bound to a pod on the node (as the kubelet gives
     /// it), so deploy/'s admission policy lets it write that node's status.
     pub async fn agent(&self, node: &str) -> ClusterProvider {
+        self.agent_serving(node, false).await
+    }
+
+    /// [`Rig::agent`], with its DRA driver on or off (`dra`): its status
+    /// says whether it serves claims.
+    pub async fn agent_serving(&self, node: &str, dra: bool) -> ClusterProvider {
         let pod = format!("enimd-{node}");
         let token = blocking(|| {
             self.cp.apply(&format!(
@@ -449,6 +455,7 @@ read_rate = {{ every = "1ms", burst = 1000 }}
             self.dir.join(format!("{node}-cache.json")),
             Mode::Primary,
             Duration::from_millis(200),
+            dra,
         )
     }
 }

@@ -3,7 +3,26 @@
 //! claim is gone.
 
 use super::*;
-use enim_crd::{ClaimRef, EniParameters};
+use enim_crd::{ClaimRef, EniParameters, CONDITION_SERVES_CLAIMS};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// The set's agent says whether its DRA driver is on, as enimd's cluster
+/// provider does.
+fn says_dra(set: &mut SetInfo, on: bool) {
+    status(set).conditions.push(Condition {
+        type_: CONDITION_SERVES_CLAIMS.into(),
+        status: if on { "True" } else { "False" }.into(),
+        reason: "Test".into(),
+        message: String::new(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    });
+}
+
+/// A node whose agent serves DRA claims.
+fn live_dra(w: &mut World, name: &str, enis: &[&str]) {
+    says_dra(w.live(name, enis), true);
+}
 
 fn claim(uid: &str) -> ClaimRef {
     ClaimRef {
@@ -51,8 +70,8 @@ fn for_claim(tasks: &[Task]) -> Vec<(&str, &str, &[String], u32)> {
 #[test]
 fn a_claim_for_groups_no_node_has_gets_an_eni_on_the_roomiest_node() {
     let mut w = World::new(Mode::Primary);
-    w.live("a", &["a1", "a2"]);
-    w.live("b", &["b1", "b2"]);
+    live_dra(&mut w, "a", &["a1", "a2"]);
+    live_dra(&mut w, "b", &["b1", "b2"]);
     // a has one slot fewer.
     w.set("a").spec.enis.push(spec_eni("a3", 3));
     status(w.set("a")).used.push(used("a3", None));
@@ -65,7 +84,7 @@ fn a_claim_for_groups_no_node_has_gets_an_eni_on_the_roomiest_node() {
 #[test]
 fn nothing_is_made_while_claims_are_unknown_or_a_free_eni_matches() {
     let mut w = World::new(Mode::Primary);
-    w.live("a", &["a1", "a2"]);
+    live_dra(&mut w, "a", &["a1", "a2"]);
     w.claims = None;
     assert!(for_claim(&w.plan()).is_empty());
     // The node's own groups: its free ENIs already match.
@@ -82,9 +101,43 @@ fn nothing_is_made_while_claims_are_unknown_or_a_free_eni_matches() {
 }
 
 #[test]
+fn a_claims_eni_goes_only_to_a_node_whose_agent_serves_claims() {
+    let mut w = World::new(Mode::Primary);
+    // a serves claims; b, the roomier, runs the device plugin.
+    live_dra(&mut w, "a", &["a1", "a2"]);
+    status(w.set("a")).used.push(used("a1", None));
+    says_dra(w.live("b", &["b1"]), false);
+    w.claims = Some(vec![pending("u1", &["sg-db"])]);
+    let groups = ["sg-db".to_string()];
+    assert_eq!(for_claim(&w.plan()), [("a", "u1", &groups[..], 3)]);
+    // No node serves claims: none is made (an old agent says nothing).
+    w.set("a").status.as_mut().unwrap().conditions.clear();
+    assert!(for_claim(&w.plan()).is_empty(), "{:?}", w.plan());
+    w.set("a").status = None;
+    assert!(for_claim(&w.plan()).is_empty(), "{:?}", w.plan());
+}
+
+#[test]
+fn a_free_eni_on_a_device_plugin_node_is_no_match_for_a_claim() {
+    let mut w = World::new(Mode::Primary);
+    // b has free ENIs with the claim's groups, but no DRA driver to
+    // publish them: a's agent serves claims, so the ENI is made there.
+    live_dra(&mut w, "a", &["a1"]);
+    status(w.set("a")).used.push(used("a1", None));
+    says_dra(w.live("b", &["b1", "b2"]), false);
+    w.claims = Some(vec![pending("u1", &["sg-1"])]);
+    let groups = ["sg-1".to_string()];
+    assert_eq!(for_claim(&w.plan()), [("a", "u1", &groups[..], 2)]);
+    // Once b serves claims too, its free ENI is the claim's to take.
+    w.set("b").status.as_mut().unwrap().conditions.clear();
+    says_dra(w.set("b"), true);
+    assert!(for_claim(&w.plan()).is_empty(), "{:?}", w.plan());
+}
+
+#[test]
 fn one_eni_per_claim_whoever_made_it() {
     let mut w = World::new(Mode::Primary);
-    w.live("a", &["a1", "a2"]);
+    live_dra(&mut w, "a", &["a1", "a2"]);
     w.claims = Some(vec![pending("u1", &["sg-db"]), pending("u2", &["sg-db"])]);
     // u1's create is recorded as an intent; u2's ENI is published.
     let mut i = intent("t1");
