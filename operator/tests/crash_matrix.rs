@@ -115,6 +115,8 @@ async fn claim_point(point: &str) {
         ..OperatorOpts::new("op-crash", &config)
     });
     rig.node(NODE, &instance);
+    // Claims' ENIs go only to a node whose agent serves claims.
+    let _agent = rig.dra_agent(NODE).await;
     let uid = apply_claim(&rig, "db", &group);
     crashing.assert_crashed_at(point, CRASH).await;
 

@@ -36,19 +36,7 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
     let creates = rig.env.proxy.calls("CreateNetworkInterface");
     // The node's agent, its DRA driver on: the operator makes claims'
     // ENIs only where the status says so.
-    let agent = rig.agent_serving(NODE, true).await;
-    wait_for(
-        "the agent's status says it serves claims",
-        Duration::from_secs(20),
-        || async {
-            let set = rig.set(NODE).await.ok_or_else(|| "no set".to_string())?;
-            set.status
-                .is_some_and(|s| s.serves_claims())
-                .then_some(())
-                .ok_or_else(|| "not yet".to_string())
-        },
-    )
-    .await;
+    let agent = rig.dra_agent(NODE).await;
 
     let claim_uid = apply_claim(&rig, "db", &group);
     let asked = Instant::now();

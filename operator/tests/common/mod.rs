@@ -419,6 +419,26 @@ read_rate = {{ every = "1ms", burst = 1000 }}
         self.agent_serving(node, false).await
     }
 
+    /// [`Rig::agent`] with its DRA driver on, once its status says it
+    /// serves claims: the operator makes claims' ENIs only on such nodes.
+    /// Needs the node's NetResourceSet (the operator makes it).
+    pub async fn dra_agent(&self, node: &str) -> ClusterProvider {
+        let agent = self.agent_serving(node, true).await;
+        wait_for(
+            "the agent's status says it serves claims",
+            Duration::from_secs(30),
+            || async {
+                let set = self.set(node).await.ok_or_else(|| "no set".to_string())?;
+                set.status
+                    .is_some_and(|s| s.serves_claims())
+                    .then_some(())
+                    .ok_or_else(|| "not yet".to_string())
+            },
+        )
+        .await;
+        agent
+    }
+
     /// [`Rig::agent`], with its DRA driver on or off (`dra`): its status
     /// says whether it serves claims.
     pub async fn agent_serving(&self, node: &str, dra: bool) -> ClusterProvider {
