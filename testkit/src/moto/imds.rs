@@ -350,15 +350,10 @@ async fn owner_of(ec2: &Ec2Client, ip: IpAddr) -> Result<Option<String>, String>
         .describe_network_interfaces(&[])
         .await
         .map_err(|e| e.to_string())?;
+    // The primary IPv4, then the rest as the EC2 client reads them.
     let holds = |e: &NetworkInterface| {
-        let v4 = e.private_ip_address.iter().chain(
-            e.private_ip_addresses_set
-                .item
-                .iter()
-                .map(|i| &i.private_ip_address),
-        );
-        let v6 = e.ipv6_addresses_set.item.iter().map(|i| &i.ipv6_address);
-        v4.chain(v6).any(|a| a.parse::<IpAddr>().ok() == Some(ip))
+        e.private_ip_address.as_deref().and_then(|a| a.parse().ok()) == Some(ip)
+            || e.secondary_ips().contains(&ip)
     };
     Ok(enis
         .iter()
