@@ -27,7 +27,7 @@ nrs_filled() {
 
 # mac_on_node I MAC: the device with MAC is in node I's netns (not in a
 # pod's).
-mac_on_node() { ip -n "$tag-n$1" -o link show | grep -qi "link/ether $2 "; }
+mac_on_node() { ip -n "$tag-n$1" -o link show | grep -i "link/ether $2 " >/dev/null; }
 
 # (1) Each node's NetResourceSet fills from moto to the watermarks; each
 # ENI is in moto attached to that node's instance, tagged for the cluster,
@@ -143,7 +143,7 @@ spec:
   ports: [{port: 80, targetPort: 8080}]
 EOF
   svc=$(k get svc across -o jsonpath='{.spec.clusterIP}')
-  wait_for "the Service's endpoints" 60 in_pod x-1 "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 $svc 80 | grep -q x-2" || return 1
+  wait_for "the Service's endpoints" 60 in_pod x-1 "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 $svc 80 | grep x-2 >/dev/null" || return 1
   echo "ClusterIP $svc (in $SERVICE_CIDR) from node 1 -> backend x-2 on node 2"
   dns_node=$(k -n kube-system get pod -l k8s-app=kube-dns -o jsonpath='{.items[0].spec.nodeName}')
   for a in 1 2; do

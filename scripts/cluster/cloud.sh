@@ -100,7 +100,7 @@ cloud_logs() {
   done
 }
 
-eth0_has() { ip -n "$node" -4 -o addr show dev eth0 | grep -q " $1/"; }
+eth0_has() { ip -n "$node" -4 -o addr show dev eth0 | grep " $1/" >/dev/null; }
 
 # node_pki: the node's kubelet client cert (its own CN, as the Node
 # authorizer and NodeRestriction want) and kubeconfig, in $nw/pki.
