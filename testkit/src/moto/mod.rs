@@ -7,7 +7,7 @@ mod imds;
 mod proxy;
 
 pub use imds::{CardKey, FakeImds, NewInterfaceHook};
-pub use proxy::FaultProxy;
+pub use proxy::{FaultProxy, Outage};
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv6Addr, SocketAddr, TcpListener};

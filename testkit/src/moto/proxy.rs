@@ -18,10 +18,32 @@ struct Fault {
     code: String,
 }
 
+/// A cloud-wide fault: every call answers it while it lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outage {
+    #[default]
+    None,
+    /// 503 `Unavailable`: the API is down.
+    Unavailable,
+    /// 503 `RequestLimitExceeded`: the account's calls are throttled.
+    Throttled,
+}
+
+impl Outage {
+    /// The EC2 error code it answers with, if any.
+    fn code(self) -> Option<&'static str> {
+        match self {
+            Outage::None => None,
+            Outage::Unavailable => Some("Unavailable"),
+            Outage::Throttled => Some("RequestLimitExceeded"),
+        }
+    }
+}
+
 /// Public only as [`Fake`]'s parameter: its fields stay private.
 pub struct ProxyState {
-    /// An outage: every call answers 503 `Unavailable` while set.
-    down: std::sync::atomic::AtomicBool,
+    /// While not `None`, every call answers it.
+    outage: Mutex<Outage>,
     upstream: String,
     http: reqwest::Client,
     faults: Mutex<Vec<Fault>>,
@@ -37,15 +59,13 @@ pub type FaultProxy = Fake<ProxyState>;
 
 impl Fake<ProxyState> {
     pub async fn start(upstream: &str) -> FaultProxy {
-        let state = ProxyState {
-            down: Default::default(),
-            upstream: upstream.trim_end_matches('/').into(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
-            faults: Mutex::new(Vec::new()),
-            calls: Mutex::new(Vec::new()),
-            held: tokio::sync::watch::Sender::new(Default::default()),
-        };
-        Fake::serve(state, proxy_handler).await
+        Fake::serve(ProxyState::new(upstream), proxy_handler).await
+    }
+
+    /// As [`FaultProxy::start`], on `listener` (bound where the caller
+    /// chose: the VPC simulator's namespace, for a cluster's operator).
+    pub fn start_on(listener: tokio::net::TcpListener, upstream: &str) -> FaultProxy {
+        Fake::serve_on(listener, ProxyState::new(upstream), proxy_handler)
     }
 
     /// The next `times` calls of `action` fail with `status` and `code`
@@ -62,9 +82,16 @@ impl Fake<ProxyState> {
     /// Starts (`true`) or ends an outage of the whole API: meanwhile every
     /// call answers 503 with the EC2 error code `Unavailable`.
     pub fn set_down(&self, down: bool) {
-        self.state
-            .down
-            .store(down, std::sync::atomic::Ordering::SeqCst);
+        self.set_outage(if down {
+            Outage::Unavailable
+        } else {
+            Outage::None
+        });
+    }
+
+    /// Starts, changes or (with [`Outage::None`]) ends a cloud-wide fault.
+    pub fn set_outage(&self, outage: Outage) {
+        *self.state.outage.lock().unwrap() = outage;
     }
 
     /// Holds (`true`) or releases calls of `action`: while held, each call
@@ -102,6 +129,17 @@ impl Fake<ProxyState> {
             .collect()
     }
 
+    /// Calls answered with a fault, of any action.
+    pub fn faulted_total(&self) -> usize {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, f, _)| *f)
+            .count()
+    }
+
     /// Calls of `action` answered with an injected fault.
     pub fn faulted(&self, action: &str) -> usize {
         self.state
@@ -114,6 +152,19 @@ impl Fake<ProxyState> {
     }
 }
 
+impl ProxyState {
+    fn new(upstream: &str) -> ProxyState {
+        ProxyState {
+            outage: Mutex::new(Outage::None),
+            upstream: upstream.trim_end_matches('/').into(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            faults: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            held: tokio::sync::watch::Sender::new(Default::default()),
+        }
+    }
+}
+
 async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
@@ -121,15 +172,12 @@ async fn proxy_handler(State(st): State<Arc<ProxyState>>, req: Request) -> Respo
         .find(|(k, _)| k == "Action")
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default();
-    let outage = st
-        .down
-        .load(std::sync::atomic::Ordering::SeqCst)
-        .then(|| Fault {
-            action: action.clone(),
-            remaining: 0,
-            status: 503,
-            code: "Unavailable".into(),
-        });
+    let outage = st.outage.lock().unwrap().code().map(|code| Fault {
+        action: action.clone(),
+        remaining: 0,
+        status: 503,
+        code: code.into(),
+    });
     let fault = outage.or_else(|| {
         let mut faults = st.faults.lock().unwrap();
         let f = faults
