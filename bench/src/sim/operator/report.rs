@@ -77,7 +77,6 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     );
     let na = || "not run".to_string();
     let f_start = fleet.map_or_else(na, |f| format!("{:.1}", f.start_done.as_secs_f64()));
-    let f_ratio = fleet.map_or_else(na, |f| format!("{:.2} ×", f.start_ratio()));
     let f_thr = fleet.map_or_else(na, |f| format!("{:.2} %", throttled_pct(&f.start_counts)));
     let f_err = fleet.map_or_else(na, |f| {
         (f.start_pods.other_errors + f.churn_pods.other_errors).to_string()
@@ -103,19 +102,21 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
         c.start_nodes,
         t.start_done.as_secs_f64()
     );
+    let f_bound = fleet.map_or_else(na, |f| {
+        format!(
+            "{:.2} × ({:.0} s, {} attaches)",
+            f.start_ratio(),
+            f.bound().as_secs_f64(),
+            f.start_attaches()
+        )
+    });
     let _ = writeln!(
         s,
-        "| … ÷ bound ({:.0} s: the buckets' refill for the new nodes' calls, or the attaches) | {f_ratio} | {:.2} × | ≤ {START_TARGET} × | {} |",
+        "| … ÷ bound (the buckets' floor for the ENIs the window attached, the new nodes' pods' and the churn's included: {:.0} s for {} attaches) | {f_bound} | {:.2} × | ≤ {START_TARGET} × | {} |",
         t.bound().as_secs_f64(),
+        t.start_attaches(),
         t.start_ratio(),
         met(smoke, t.start_ratio() <= START_TARGET)
-    );
-    let _ = writeln!(
-        s,
-        "| … ÷ attach floor for all ENIs actually attached ({:.0} s: the attach bucket's refill for the window's {} attaches, the new nodes' pods' and the churn's included) | — | {:.2} × | | |",
-        o.start_attach_floor.as_secs_f64(),
-        o.start_attaches(),
-        o.start_floor_ratio(),
     );
     let _ = writeln!(
         s,
@@ -203,9 +204,7 @@ pub fn json(o: &OperatorRun) -> Value {
             "bucket_bound_s": t.start_bucket_bound.as_secs_f64(),
             "latency_bound_s": t.start_latency_bound.as_secs_f64(),
             "over_bound": t.start_ratio(),
-            "attach_floor_s": o.start_attach_floor.as_secs_f64(),
-            "attaches": o.start_attaches(),
-            "over_attach_floor": o.start_floor_ratio(),
+            "attaches": t.start_attaches(),
             "per_node_p50_s": t.start_per_node.p50 / 1e3,
             "per_node_max_s": t.start_per_node.max / 1e3,
             "all_pods_ready_s": t.pods_ready.as_secs_f64(),
