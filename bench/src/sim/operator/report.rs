@@ -11,7 +11,7 @@ use super::{
 };
 use crate::sim::cloud::Counts;
 use crate::sim::fleet::Fleet;
-use crate::sim::{describe_peak_pct, met};
+use crate::sim::{counts_json, describe_peak_pct, met, per_node_hour};
 use crate::stats::float;
 
 fn mib(bytes: usize) -> f64 {
@@ -25,10 +25,6 @@ fn ms(d: Duration) -> f64 {
 fn throttled_pct(c: &Counts) -> f64 {
     let calls = c.calls(true) + c.calls(false);
     100.0 * float(c.throttled()) / float(calls.max(1))
-}
-
-fn per_node_hour(n: u64, nodes: usize, w: Duration) -> f64 {
-    float(n) / float(u64::try_from(nodes).unwrap_or(1)) / (w.as_secs_f64() / 3600.0)
 }
 
 /// The steady describe figure of the operator: the churn window.
@@ -213,6 +209,7 @@ pub fn json(o: &OperatorRun) -> Value {
             "calls": t.start_counts.calls(true) + t.start_counts.calls(false),
             "pods_try_again_11": t.start_pods.try_again,
             "pods_ready_max_s": t.start_pods.ready.max / 1e3,
+            "counts": counts_json(&t.start_counts),
         },
         "churn": {
             "describe_peak_pct_of_refill": describe_pct(o),
