@@ -140,10 +140,11 @@ pub struct Timeline {
     /// The start-up's calls (the whole account's, churn included).
     pub start_counts: Counts,
     pub start_pods: PodStats,
-    /// The buckets' bound on the start-up: the longest refill any action
-    /// needs for the new nodes' calls.
+    /// The buckets' floor on the start-up ([`bucket_floor`] of
+    /// `start_counts`).
     pub start_bucket_bound: Duration,
-    /// One node's creates one after another at the mean attach time.
+    /// One node's `min_free` creates, the pool's parallelism at a time, at
+    /// the mean attach time.
     pub start_latency_bound: Duration,
 }
 
@@ -157,7 +158,7 @@ impl Timeline {
         start: StartUp,
         (churn_pods, start_pods): (PodStats, PodStats),
     ) -> Timeline {
-        let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg);
+        let (start_bucket_bound, start_latency_bound) = start_bounds(&cfg, &start.counts);
         Timeline {
             warmup,
             warmup_counts,
@@ -184,6 +185,12 @@ impl Timeline {
     /// The start-up over its [`Self::bound`].
     pub fn start_ratio(&self) -> f64 {
         self.start_done.as_secs_f64() / self.bound().as_secs_f64()
+    }
+
+    /// AttachNetworkInterface calls carried out in the start-up window
+    /// (the new pools', their pods' and the churn's).
+    pub fn start_attaches(&self) -> u64 {
+        self.start_counts.get(Action::AttachNetworkInterface).ok
     }
 }
 
@@ -308,30 +315,46 @@ impl Sim {
     }
 }
 
-/// The start-up's bound: per node, its `min_free` creates, the pool's
-/// parallelism at a time, at the mean attach time; for the account, the
-/// refill of each action's bucket for the new nodes' calls. (The buckets'
-/// bound, the latency bound.)
-pub fn start_bounds(cfg: &FleetCfg) -> (Duration, Duration) {
-    let per_node = cfg.min_free;
-    let creates = cfg.start_nodes * per_node;
-    let bucket = [
-        (Action::DescribeInstanceTypes, cfg.start_nodes),
-        (
-            Action::DescribeNetworkInterfacesFiltered,
-            cfg.start_nodes + 2 * creates,
-        ),
-        (Action::CreateNetworkInterface, creates),
-        (Action::AttachNetworkInterface, creates),
-        (Action::ModifyNetworkInterfaceAttribute, creates),
+/// The start-up's bounds: the buckets' floor for the window's calls
+/// ([`bucket_floor`] of `counts`), and one node's `min_free` creates, the
+/// pool's parallelism at a time, at the mean attach time.
+pub fn start_bounds(cfg: &FleetCfg, counts: &Counts) -> (Duration, Duration) {
+    let latency = cfg.params.mean_attach()
+        * u32::try_from(cfg.min_free.div_ceil(super::burst::pool_parallelism()))
+            .unwrap_or(u32::MAX);
+    (bucket_floor(counts), latency)
+}
+
+/// The time the account's buckets need, at the least, to grant the calls
+/// a window that made `counts` could not do without: one
+/// AttachNetworkInterface per ENI attached, and for each such ENI at most
+/// one CreateNetworkInterface and one ModifyNetworkInterfaceAttribute
+/// (DeleteOnTermination) of those the window made; the longest of them.
+///
+/// Why no allocator could beat it: a bucket full at the window's start
+/// (the best case) grants its capacity and then its refill each second,
+/// whoever calls and in whatever order, so `n` calls of one action take
+/// at least [`bucket_time`]. Only the calls the ENIs need count: a
+/// throttled call took no token, and a refused one, or a create whose ENI
+/// was deleted again, is waste an allocator could avoid. Describes are
+/// left out (how often to look is the allocator's choice), and so are the
+/// churn's detaches and deletes (they could wait for the start-up to end).
+/// The create and modify buckets refill as fast as the attach bucket and
+/// hold more, so the attaches set the floor.
+pub fn bucket_floor(counts: &Counts) -> Duration {
+    let attached = counts.get(Action::AttachNetworkInterface).ok;
+    [
+        Action::AttachNetworkInterface,
+        Action::CreateNetworkInterface,
+        Action::ModifyNetworkInterfaceAttribute,
     ]
     .iter()
-    .map(|(a, n)| bucket_time(*a, *n))
+    .map(|a| {
+        let needed = counts.get(*a).ok.min(attached);
+        bucket_time(*a, usize::try_from(needed).unwrap_or(usize::MAX))
+    })
     .max()
-    .unwrap_or_default();
-    let latency = cfg.params.mean_attach()
-        * u32::try_from(per_node.div_ceil(super::burst::pool_parallelism())).unwrap_or(u32::MAX);
-    (bucket, latency)
+    .unwrap_or_default()
 }
 
 /// After the warm-up: `settle`, then the idle window; its calls.
@@ -650,6 +673,50 @@ async fn fleet(cfg: FleetCfg) -> R<Fleet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::cloud::Count;
+
+    fn counts(calls: &[(Action, u64, u64)]) -> Counts {
+        Counts {
+            by_action: calls
+                .iter()
+                .map(|(a, ok, throttled)| {
+                    let c = Count {
+                        ok: *ok,
+                        throttled: *throttled,
+                        ..Count::default()
+                    };
+                    (*a, c)
+                })
+                .collect(),
+            imds_reads: 0,
+        }
+    }
+
+    #[test]
+    fn the_bucket_floor_counts_the_attached_enis_and_no_waste() {
+        use Action::*;
+        // 1,096 attached: the attach bucket's 50, then 5 a second.
+        let made = counts(&[
+            (AttachNetworkInterface, 1096, 0),
+            (CreateNetworkInterface, 1318, 6701),
+            (ModifyNetworkInterfaceAttribute, 1096, 0),
+            (DeleteNetworkInterface, 314, 0),
+            (DescribeNetworkInterfacesFiltered, 3710, 10032),
+        ]);
+        assert_eq!(bucket_floor(&made), Duration::from_secs(210));
+        // Creates beyond one per ENI attached, deletes and describes would
+        // each bind alone; none is needed.
+        let wasteful = counts(&[
+            (AttachNetworkInterface, 60, 0),
+            (CreateNetworkInterface, 900, 0),
+            (DeleteNetworkInterface, 800, 0),
+            (DescribeNetworkInterfacesFiltered, 5000, 0),
+        ]);
+        assert_eq!(bucket_floor(&wasteful), Duration::from_secs(2));
+        // Throttled attaches took no token.
+        let throttled = counts(&[(AttachNetworkInterface, 50, 400)]);
+        assert_eq!(bucket_floor(&throttled), Duration::ZERO);
+    }
 
     #[test]
     fn smoke_fleet_holds_its_invariants_and_repeats() {

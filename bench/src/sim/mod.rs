@@ -364,8 +364,8 @@ pub fn markdown(r: &Report) -> String {
             "\n{} nodes start at once with empty pools while the churn goes on; {} pods land on \
              each within {} s. Every new pool had reached `min_free` after {} s (per node p50 {} \
              s, max {} s); every pod on them was running after {} s. Bound: one node's {} creates, \
-             {} at a time, × {} s = {} s; \
-             the buckets' refill for the new nodes' calls {} s; ratio {:.2} ×. Meanwhile the \
+             {} at a time, × {} s = {} s; the buckets' floor for the {} ENIs the window attached \
+             (the new pools', their pods' and the churn's) {} s; ratio {:.2} ×. Meanwhile the \
              account answered {} `RequestLimitExceeded` ({} calls given up after the client's \
              retries, surfacing to the pool as a failed round it retries with backoff), {} agent \
              restarts (pool start failed). New nodes' pods: ADD-to-ready p50 {} s, max {} s; {} \
@@ -381,6 +381,7 @@ pub fn markdown(r: &Report) -> String {
             burst::pool_parallelism(),
             secs(p.mean_attach()),
             secs(f.start_latency_bound),
+            f.start_attaches(),
             secs(f.start_bucket_bound),
             f.start_ratio(),
             f.start_counts.throttled(),
@@ -557,6 +558,8 @@ pub fn json(r: &Report) -> Value {
                 "per_node": summary_s(&f.start_per_node),
                 "latency_bound_s": f.start_latency_bound.as_secs_f64(),
                 "bucket_bound_s": f.start_bucket_bound.as_secs_f64(),
+                "attaches": f.start_attaches(),
+                "over_bound": f.start_ratio(),
                 "calls": counts_json(&f.start_counts),
                 "agent_restarts": run.agent_restarts,
                 "pods": pods_json(&f.start_pods),

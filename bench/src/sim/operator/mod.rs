@@ -24,8 +24,6 @@ use enim_operator::config::{ApiRates, OperatorConfig};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::bucket::Action;
-use super::burst::bucket_time;
 use super::cloud::{paused_runtime, Account, SimFleet};
 use super::fleet::{
     checked_pods, churn_drivers, churn_results, churn_window, settle_and_idle, started_up,
@@ -44,7 +42,7 @@ pub const DEBOUNCE: Duration = Duration::from_secs(1);
 /// As the agent's pool default (`allocate_wait`).
 pub const ALLOCATE_WAIT: Duration = Duration::from_secs(20);
 /// Targets.
-pub const START_TARGET: f64 = 1.2;
+pub const START_TARGET: f64 = 1.1;
 pub const THROTTLED_TARGET_PCT: f64 = 2.0;
 pub const DESCRIBE_TARGET_PCT: f64 = 2.0;
 pub const HEAP_TARGET_MIB: f64 = 100.0;
@@ -54,29 +52,11 @@ pub const CPU_TARGET: Duration = Duration::from_secs(1);
 pub struct OperatorRun {
     pub timeline: Timeline,
     pub op: OperatorConfig,
-    /// The attach bucket's floor for every attach the start-up window made
-    /// (the new pools', their pods' and the churn's): its refill for them
-    /// after its capacity, or the attach latency bound if longer.
-    pub start_attach_floor: Duration,
     pub resyncs: u64,
     pub listings: u64,
     pub tasks_failed: u64,
     pub spec_writes: u64,
     pub measure: Measure,
-}
-
-impl OperatorRun {
-    /// The start-up over [`Self::start_attach_floor`].
-    pub fn start_floor_ratio(&self) -> f64 {
-        self.timeline.start_done.as_secs_f64() / self.start_attach_floor.as_secs_f64()
-    }
-    /// AttachNetworkInterface calls answered in the start-up window.
-    pub fn start_attaches(&self) -> u64 {
-        self.timeline
-            .start_counts
-            .get(Action::AttachNetworkInterface)
-            .ok
-    }
 }
 
 /// The operator's config in the simulation: the pool of the per-node run
@@ -286,17 +266,9 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
     store.changed.notify_one();
     runtime.await?;
     let pods = checked_pods("operator", &churn_results, &start.results, &ledger)?;
-    let timeline = Timeline::new(cfg, warmup, idle, churn, start, pods);
-    let attaches = timeline.start_counts.get(Action::AttachNetworkInterface).ok;
-    let start_attach_floor = bucket_time(
-        Action::AttachNetworkInterface,
-        usize::try_from(attaches).unwrap_or(usize::MAX),
-    )
-    .max(timeline.start_latency_bound);
     Ok(OperatorRun {
-        timeline,
+        timeline: Timeline::new(cfg, warmup, idle, churn, start, pods),
         op,
-        start_attach_floor,
         resyncs: stats.resyncs.load(Ordering::Relaxed),
         listings: stats.listings.load(Ordering::Relaxed),
         tasks_failed: stats.tasks_failed.load(Ordering::Relaxed),
@@ -308,6 +280,7 @@ async fn simulate(cfg: FleetCfg) -> R<OperatorRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::bucket::Action;
 
     /// A small fleet through every phase: `simulate` itself fails on a
     /// pool that never reaches min_free, a stuck pod or an ENI two pods
@@ -348,7 +321,7 @@ mod tests {
             "{:?}",
             r.churn
         );
-        assert!(run.start_attaches() >= 3 * u64::try_from(cfg.min_free).unwrap());
-        assert!(run.start_floor_ratio() > 0.0);
+        assert!(r.start_attaches() >= 3 * u64::try_from(cfg.min_free).unwrap());
+        assert!(r.start_ratio() > 0.0);
     }
 }

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::sim::cloud::Counts;
 use crate::sim::fleet::Fleet;
-use crate::sim::{describe_peak_pct, met};
+use crate::sim::{counts_json, describe_peak_pct, met, per_node_hour};
 use crate::stats::float;
 
 fn mib(bytes: usize) -> f64 {
@@ -25,10 +25,6 @@ fn ms(d: Duration) -> f64 {
 fn throttled_pct(c: &Counts) -> f64 {
     let calls = c.calls(true) + c.calls(false);
     100.0 * float(c.throttled()) / float(calls.max(1))
-}
-
-fn per_node_hour(n: u64, nodes: usize, w: Duration) -> f64 {
-    float(n) / float(u64::try_from(nodes).unwrap_or(1)) / (w.as_secs_f64() / 3600.0)
 }
 
 /// The steady describe figure of the operator: the churn window.
@@ -77,7 +73,6 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
     );
     let na = || "not run".to_string();
     let f_start = fleet.map_or_else(na, |f| format!("{:.1}", f.start_done.as_secs_f64()));
-    let f_ratio = fleet.map_or_else(na, |f| format!("{:.2} ×", f.start_ratio()));
     let f_thr = fleet.map_or_else(na, |f| format!("{:.2} %", throttled_pct(&f.start_counts)));
     let f_err = fleet.map_or_else(na, |f| {
         (f.start_pods.other_errors + f.churn_pods.other_errors).to_string()
@@ -103,19 +98,21 @@ pub fn markdown(o: &OperatorRun, fleet: Option<&Fleet>, smoke: bool) -> String {
         c.start_nodes,
         t.start_done.as_secs_f64()
     );
+    let f_bound = fleet.map_or_else(na, |f| {
+        format!(
+            "{:.2} × ({:.0} s, {} attaches)",
+            f.start_ratio(),
+            f.bound().as_secs_f64(),
+            f.start_attaches()
+        )
+    });
     let _ = writeln!(
         s,
-        "| … ÷ bound ({:.0} s: the buckets' refill for the new nodes' calls, or the attaches) | {f_ratio} | {:.2} × | ≤ {START_TARGET} × | {} |",
+        "| … ÷ bound (the buckets' floor for the ENIs the window attached, the new nodes' pods' and the churn's included: {:.0} s for {} attaches) | {f_bound} | {:.2} × | ≤ {START_TARGET} × | {} |",
         t.bound().as_secs_f64(),
+        t.start_attaches(),
         t.start_ratio(),
         met(smoke, t.start_ratio() <= START_TARGET)
-    );
-    let _ = writeln!(
-        s,
-        "| … ÷ attach floor for all ENIs actually attached ({:.0} s: the attach bucket's refill for the window's {} attaches, the new nodes' pods' and the churn's included) | — | {:.2} × | | |",
-        o.start_attach_floor.as_secs_f64(),
-        o.start_attaches(),
-        o.start_floor_ratio(),
     );
     let _ = writeln!(
         s,
@@ -203,9 +200,7 @@ pub fn json(o: &OperatorRun) -> Value {
             "bucket_bound_s": t.start_bucket_bound.as_secs_f64(),
             "latency_bound_s": t.start_latency_bound.as_secs_f64(),
             "over_bound": t.start_ratio(),
-            "attach_floor_s": o.start_attach_floor.as_secs_f64(),
-            "attaches": o.start_attaches(),
-            "over_attach_floor": o.start_floor_ratio(),
+            "attaches": t.start_attaches(),
             "per_node_p50_s": t.start_per_node.p50 / 1e3,
             "per_node_max_s": t.start_per_node.max / 1e3,
             "all_pods_ready_s": t.pods_ready.as_secs_f64(),
@@ -214,6 +209,7 @@ pub fn json(o: &OperatorRun) -> Value {
             "calls": t.start_counts.calls(true) + t.start_counts.calls(false),
             "pods_try_again_11": t.start_pods.try_again,
             "pods_ready_max_s": t.start_pods.ready.max / 1e3,
+            "counts": counts_json(&t.start_counts),
         },
         "churn": {
             "describe_peak_pct_of_refill": describe_pct(o),
