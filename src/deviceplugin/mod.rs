@@ -94,8 +94,11 @@ pub enum DevicePluginError {
     Register { path: PathBuf, why: String },
 }
 
-/// How often the plugin looks whether the kubelet restarted.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How often the plugin looks whether the kubelet restarted: a stat of
+/// two paths. Short, because a restarted kubelet that admits a pod
+/// before the plugin registers again refuses it (UnexpectedAdmissionError:
+/// no healthy devices), and that window is this long at least.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// The longest wait between registration attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
