@@ -221,6 +221,7 @@ impl OperatorConfig {
             watermarks: self.watermarks,
             subnets: self.subnets.clone(),
             security_groups: self.security_groups.clone(),
+            pools: Vec::new(),
             node_grace: self.node_grace,
             reap_cooldown: self.reap_cooldown,
         }

@@ -33,6 +33,7 @@ pub(super) fn policy(mode: Mode) -> Policy {
         },
         subnets: vec!["subnet-1".into()],
         security_groups: vec!["sg-1".into()],
+        pools: Vec::new(),
         node_grace: Duration::from_secs(300),
         reap_cooldown: Duration::from_secs(600),
     }
@@ -45,6 +46,7 @@ pub(crate) fn node(name: &str) -> NodeInfo {
         provider_id: format!("aws:///z1/i-{name}"),
         instance_type: "m5".into(),
         zone: "z1".into(),
+        labels: Default::default(),
     }
 }
 
