@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::*;
 
 mod claims;
+mod pools;
 mod properties;
 
 pub(super) const T0: u64 = 1_800_000_000;
@@ -178,8 +179,8 @@ impl World {
         self.sets.iter_mut().find(|s| s.name == name).unwrap()
     }
 
-    pub fn plan(&self) -> Vec<Task> {
-        plan(&Index::build(Input {
+    pub fn input(&self) -> Input<'_> {
+        Input {
             policy: &self.policy,
             nodes: &self.nodes,
             sets: &self.sets,
@@ -189,7 +190,11 @@ impl World {
             reap_leaks: self.reap,
             now: self.now,
             claims: self.claims.as_deref(),
-        }))
+        }
+    }
+
+    pub fn plan(&self) -> Vec<Task> {
+        plan(&Index::build(self.input()))
     }
 }
 
