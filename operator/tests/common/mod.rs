@@ -165,6 +165,20 @@ impl Rig {
         ec2_endpoint: &str,
         extra: &str,
     ) -> PathBuf {
+        self.config_with_tables(name, marks, node_grace, ec2_endpoint, extra, "")
+    }
+
+    /// [`Rig::config_at`] with `tables` (e.g. `[[operator.pools]]`) after
+    /// `[operator.watermarks]`.
+    pub fn config_with_tables(
+        &self,
+        name: &str,
+        marks: Marks,
+        node_grace: &str,
+        ec2_endpoint: &str,
+        extra: &str,
+        tables: &str,
+    ) -> PathBuf {
         let text = format!(
             r#"[operator]
 cluster = "{CLUSTER}"
@@ -179,7 +193,7 @@ api = {{ mutating_rate = {{ every = "5ms", burst = 100 }}, read_rate = {{ every 
 pre_allocate = {pre}
 min_allocate = {min}
 max_above_watermark = {above}
-
+{tables}
 [cloud]
 type = "aws"
 region = "{REGION}"
@@ -234,9 +248,20 @@ read_rate = {{ every = "1ms", burst = 1000 }}
     /// Creates Node `name` as the kubelet and the cloud controller would
     /// show it: providerID, instance type and zone. Returns its uid.
     pub fn node(&self, name: &str, instance: &str) -> String {
+        let labels = [("node.kubernetes.io/instance-type", INSTANCE_TYPE)];
+        self.node_labelled(name, instance, &labels)
+    }
+
+    /// Creates Node `name` with providerID and zone, and `labels` (the
+    /// instance type only if among them). Returns its uid.
+    pub fn node_labelled(&self, name: &str, instance: &str, labels: &[(&str, &str)]) -> String {
+        let labels: String = labels
+            .iter()
+            .map(|(k, v)| format!("    {k}: {v}\n"))
+            .collect();
         blocking(|| {
             self.cp.apply(&format!(
-                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    node.kubernetes.io/instance-type: {INSTANCE_TYPE}\n    topology.kubernetes.io/zone: {ZONE}\nspec:\n  providerID: aws:///{ZONE}/{instance}\n"
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}    topology.kubernetes.io/zone: {ZONE}\nspec:\n  providerID: aws:///{ZONE}/{instance}\n"
             ));
             self.cp
                 .kubectl(&["get", "node", name, "-o", "jsonpath={.metadata.uid}"])
