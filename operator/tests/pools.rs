@@ -15,8 +15,10 @@ use enim_testkit::moto::INSTANCE_TYPE;
 const POOL: &str = "enim.io/pool";
 const TYPE: &str = "node.kubernetes.io/instance-type";
 
-/// Two pools; the top level (mode primary, [`TWO`]) fills in what they
-/// leave out. Watermarks of the secondary pool count addresses.
+/// Two pools, after the rest of the file (TOML lets a table of
+/// `[operator]` follow `[cloud]`); the top level (mode primary, [`TWO`])
+/// fills in what they leave out. The secondary pool's watermarks count
+/// addresses.
 const POOLS: &str = r#"
 [[operator.pools]]
 name = "prim"
@@ -42,7 +44,7 @@ async fn each_pool_sets_its_nodes_a_node_in_none_is_left_alone_and_a_late_type_f
     let sec = rig.run_instance().await;
     let none = rig.run_instance().await;
     let late = rig.run_instance().await;
-    let config = rig.config_with_tables("op", TWO, "5m", &rig.env.proxy.url, "", POOLS);
+    let config = rig.config_with_tables("op", TWO, "5m", POOLS);
     let op = rig.operator(OperatorOpts::new("op-1", &config));
 
     rig.node_labelled("n-prim", &prim, &[(TYPE, INSTANCE_TYPE), (POOL, "prim")]);

@@ -531,19 +531,15 @@ async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
     late.labels.insert("enim.io/pool".into(), "prim".into());
     late.instance_type.clear();
     rig.cloud.fail_next("limits", 1);
+    let type_and_enis = |rig: &Rig| {
+        let spec = rig.store.set("late").unwrap().spec;
+        (spec.instance.instance_type, spec.enis.len())
+    };
     let r = rig.resync().await;
     assert_eq!(r.by_kind.get("create-set"), Some(&1), "{r:?}");
-    let spec = rig.store.set("late").unwrap().spec;
-    assert_eq!(
-        (spec.instance.instance_type.as_str(), spec.enis.len()),
-        ("", 0)
-    );
+    assert_eq!(type_and_enis(&rig), (String::new(), 0));
     rig.nodes.last_mut().unwrap().instance_type = "m5".into();
     let r = rig.resync().await;
     assert_eq!(r.by_kind.get("fill-instance-type"), Some(&1), "{r:?}");
-    let spec = rig.store.set("late").unwrap().spec;
-    assert_eq!(
-        (spec.instance.instance_type.as_str(), spec.enis.len()),
-        ("m5", 2)
-    );
+    assert_eq!(type_and_enis(&rig), ("m5".to_string(), 2));
 }

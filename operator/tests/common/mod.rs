@@ -165,20 +165,6 @@ impl Rig {
         ec2_endpoint: &str,
         extra: &str,
     ) -> PathBuf {
-        self.config_with_tables(name, marks, node_grace, ec2_endpoint, extra, "")
-    }
-
-    /// [`Rig::config_at`] with `tables` (e.g. `[[operator.pools]]`) after
-    /// `[operator.watermarks]`.
-    pub fn config_with_tables(
-        &self,
-        name: &str,
-        marks: Marks,
-        node_grace: &str,
-        ec2_endpoint: &str,
-        extra: &str,
-        tables: &str,
-    ) -> PathBuf {
         let text = format!(
             r#"[operator]
 cluster = "{CLUSTER}"
@@ -193,7 +179,7 @@ api = {{ mutating_rate = {{ every = "5ms", burst = 100 }}, read_rate = {{ every 
 pre_allocate = {pre}
 min_allocate = {min}
 max_above_watermark = {above}
-{tables}
+
 [cloud]
 type = "aws"
 region = "{REGION}"
@@ -217,6 +203,22 @@ read_rate = {{ every = "1ms", burst = 1000 }}
             secret = self.secret_access_key,
         );
         let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// [`Rig::config`] with `tables` (e.g. `[[operator.pools]]`) at the
+    /// end of the file.
+    pub fn config_with_tables(
+        &self,
+        name: &str,
+        marks: Marks,
+        node_grace: &str,
+        tables: &str,
+    ) -> PathBuf {
+        let path = self.config(name, marks, node_grace);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(tables);
         std::fs::write(&path, text).unwrap();
         path
     }

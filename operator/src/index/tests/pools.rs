@@ -47,6 +47,13 @@ fn relabel(w: &mut World, name: &str, value: &str) {
     n.labels.insert(LABEL.into(), value.into());
 }
 
+/// How the index serves node `name`.
+fn serving<'w>(w: &'w World, name: &str) -> Serving<'w> {
+    let index = Index::build(w.input());
+    let e = index.nodes.iter().find(|e| e.name == name).unwrap();
+    e.serving
+}
+
 fn created_spec<'t>(tasks: &'t [Task], name: &str) -> &'t NetResourceSetSpec {
     tasks
         .iter()
@@ -168,20 +175,25 @@ fn served_primary(w: &mut World) {
     assert!(kinds(&tasks).contains(&("reclaim", Some("a"))), "{tasks:?}");
 }
 
-#[test]
-fn a_node_that_leaves_every_pool_is_frozen_until_its_node_is_deleted() {
+/// [`served_primary`]'s node relabelled `enim.io/pool=value`: frozen, so
+/// its released drain stays where it is.
+fn relabelled_served_primary(value: &str) -> World {
     let mut w = World::new(Mode::Primary);
     served_primary(&mut w);
-    relabel(&mut w, "a", "per-node");
-    // Short of its watermarks, a released drain, a surplus: nothing moves.
+    relabel(&mut w, "a", value);
     assert!(w.plan().is_empty(), "{:?}", w.plan());
+    w
+}
+
+#[test]
+fn a_node_that_leaves_every_pool_is_frozen_until_its_node_is_deleted() {
+    let mut w = relabelled_served_primary("per-node");
+    // Short of its watermarks, or a surplus: nothing moves either.
     status(w.set("a")).used.clear();
     w.set("a").spec.enis.push(spec_eni("e4", 4));
     assert!(w.plan().is_empty(), "{:?}", w.plan());
-    let index = Index::build(w.input());
-    let e = index.nodes.iter().find(|e| e.name == "a").unwrap();
-    let Serving::Frozen(why) = e.serving else {
-        panic!("{:?}", e.serving)
+    let Serving::Frozen(why) = serving(&w, "a") else {
+        panic!("{:?}", serving(&w, "a"))
     };
     assert_eq!(
         why.to_string(),
@@ -201,21 +213,17 @@ fn a_node_that_leaves_every_pool_is_frozen_until_its_node_is_deleted() {
 
 #[test]
 fn a_node_moved_to_a_pool_of_another_mode_keeps_its_set_frozen() {
-    let mut w = World::new(Mode::Primary);
-    served_primary(&mut w);
-    relabel(&mut w, "a", "sec");
-    assert!(w.plan().is_empty(), "{:?}", w.plan());
-    let index = Index::build(w.input());
-    let e = index.nodes.iter().find(|e| e.name == "a").unwrap();
+    let mut w = relabelled_served_primary("sec");
+    let frozen = serving(&w, "a");
     assert_eq!(
-        e.serving,
+        frozen,
         Serving::Frozen(Frozen {
             now: Some(("sec", Mode::Secondary)),
             set_mode: Mode::Primary,
             made_by: Some("prim"),
         })
     );
-    let Serving::Frozen(why) = e.serving else {
+    let Serving::Frozen(why) = frozen else {
         unreachable!()
     };
     assert!(why.to_string().starts_with(
