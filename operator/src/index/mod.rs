@@ -78,16 +78,6 @@ impl Policy {
     pub fn new_spec(&self, instance: Instance) -> NetResourceSetSpec {
         self.top_level().new_spec(instance)
     }
-
-    /// Whether `spec` carries the top-level settings.
-    pub fn matches(&self, spec: &NetResourceSetSpec) -> bool {
-        self.top_level().matches(spec)
-    }
-
-    /// Writes the top-level settings into `spec`.
-    pub fn stamp(&self, spec: &mut NetResourceSetSpec) {
-        self.top_level().stamp(spec);
-    }
 }
 
 /// What one index is built from.
