@@ -1,7 +1,8 @@
 //! The operator's config (`enim-operator.toml`): the cluster it serves, the
-//! pool policy it writes into every NetResourceSet, and the pace of its
-//! cloud calls (its `api` table, [`ApiRates`], with the rate keys of the
-//! clouds' `api` tables).
+//! pool policy it writes into every NetResourceSet (the top-level
+//! settings, and per node pool, `[[operator.pools]]`: [`PoolConfig`]), and
+//! the pace of its cloud calls (its `api` table, [`ApiRates`], with the
+//! rate keys of the clouds' `api` tables).
 //!
 //! The flat rate keys of before ([`MOVES`]) are still read, with a
 //! deprecation warning, through the same [`serde_with_moved_keys!`] the
@@ -12,7 +13,8 @@
 //! fits a cloud tag; every interval is above zero; `workers` is at least
 //! one; both API rates are usable token buckets; `reap_cooldown` is at
 //! least [`MIN_REAP_COOLDOWN`], so a new ENI (unattached between its create
-//! and its attach) is never taken for a leak.
+//! and its attach) is never taken for a leak; the pools are valid (see
+//! `pools`).
 //!
 //! [`serde_with_moved_keys!`]: enim_core::serde_with_moved_keys
 
@@ -23,6 +25,10 @@ use enim_core::ratelimit::RateLimit;
 use enim_core::{Mode, Watermarks};
 use enim_provider::cloud::validate_cluster_name;
 use serde::{Deserialize, Serialize};
+
+mod pools;
+
+pub use pools::PoolConfig;
 
 /// The shortest `reap_cooldown` accepted (as the agents' pool).
 pub const MIN_REAP_COOLDOWN: Duration = Duration::from_secs(60);
@@ -45,6 +51,14 @@ pub enum ConfigError {
     Parse(String),
     #[error("operator config: {key}: {why}")]
     Invalid { key: &'static str, why: String },
+    /// A key of one `[[operator.pools]]` table: the pool by its name, or
+    /// by its place in the file when it has none.
+    #[error("operator config: pool {pool}: {key}: {why}")]
+    Pool {
+        pool: String,
+        key: &'static str,
+        why: String,
+    },
 }
 
 /// The pool's watermarks when the config leaves them out: as the agents'
@@ -109,6 +123,10 @@ pub struct OperatorConfig {
     /// Subnets new ENIs are created in (the first is used).
     pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
+    /// Node pools, first match wins; none: every node, with the settings
+    /// above.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolConfig>,
     /// Nodes worked on at once in a resync.
     pub workers: usize,
     /// The pace of the whole cluster's cloud calls.
@@ -147,6 +165,7 @@ impl Default for OperatorConfig {
             watermarks: DEFAULT_WATERMARKS,
             subnets: Vec::new(),
             security_groups: Vec::new(),
+            pools: Vec::new(),
             workers: 8,
             api: ApiRates::default(),
             resync_interval: Duration::from_secs(30),
@@ -210,7 +229,7 @@ impl OperatorConfig {
         {
             return bad("subnets", "an empty subnet or security group id".into());
         }
-        Ok(())
+        pools::validate(&self.pools)
     }
 
     /// The policy [`crate::index`] plans with.
@@ -221,6 +240,7 @@ impl OperatorConfig {
             watermarks: self.watermarks,
             subnets: self.subnets.clone(),
             security_groups: self.security_groups.clone(),
+            pools: self.pools.iter().map(|p| p.resolve(self)).collect(),
             node_grace: self.node_grace,
             reap_cooldown: self.reap_cooldown,
         }

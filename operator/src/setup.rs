@@ -146,6 +146,75 @@ mod tests {
         );
     }
 
+    /// The cloud run's pools (scripts/cluster/cloud.sh labels its nodes
+    /// enim.io/pool), as a whole file: three served pools, `per-node` in none.
+    #[test]
+    fn a_file_with_pools_parses() {
+        let text = r#"
+[operator]
+cluster = "enim-e2e"
+mode = "primary"
+subnets = ["subnet-pods"]
+security_groups = ["sg-pods"]
+
+[operator.watermarks]
+pre_allocate = 1
+min_allocate = 2
+max_above_watermark = 2
+
+[[operator.pools]]
+name = "primary"
+node_selector = { "enim.io/pool" = "primary" }
+mode = "primary"
+
+[[operator.pools]]
+name = "secondary"
+node_selector = { "enim.io/pool" = "secondary" }
+mode = "secondary"
+[operator.pools.watermarks]
+pre_allocate = 4
+min_allocate = 8
+max_above_watermark = 8
+
+[[operator.pools]]
+name = "primary-dra"
+node_selector = { "enim.io/pool" = "primary-dra" }
+mode = "primary"
+
+[cloud]
+type = "aws"
+region = "us-east-1"
+"#;
+        let policy = parse(text).unwrap().operator.policy();
+        let pool_of = |value: &str| {
+            let labels = [("enim.io/pool".to_string(), value.to_string())].into();
+            policy
+                .pool_of(&labels)
+                .map(|p| (p.pool, p.mode, p.watermarks))
+        };
+        let top = policy.watermarks;
+        assert_eq!(
+            pool_of("primary"),
+            Some(("primary", enim_core::Mode::Primary, top))
+        );
+        let (name, mode, marks) = pool_of("secondary").unwrap();
+        assert_eq!((name, mode), ("secondary", enim_core::Mode::Secondary));
+        assert_eq!(
+            (
+                marks.pre_allocate,
+                marks.min_allocate,
+                marks.max_above_watermark
+            ),
+            (4, 8, 8)
+        );
+        assert_eq!(
+            pool_of("primary-dra"),
+            Some(("primary-dra", enim_core::Mode::Primary, top))
+        );
+        assert_eq!(pool_of("per-node"), None);
+        assert_eq!(policy.pool_of(&Default::default()), None);
+    }
+
     #[test]
     fn a_cloud_of_another_cluster_and_unknown_keys_are_refused() {
         let other = "[operator]\ncluster = \"a\"\n[cloud]\ntype = \"aws\"\nregion = \"r\"\ncluster = \"b\"\n";

@@ -1,9 +1,10 @@
 //! One node's tasks, run one after another on one working copy of its
 //! spec (see the allocator's invariants). Spec-only changes (drain,
-//! adopt, policy) are written once at the end of the job; an intent is
-//! written before its create, and a publish right after its attach. An
-//! ENI leaving is detached in one resync (the call only asks) and deleted
-//! in a later one, when the listing shows it attached nowhere.
+//! adopt, the pool's settings, a late instance type) are written once at
+//! the end of the job; an intent is written before its create, and a
+//! publish right after its attach. An ENI leaving is detached in one
+//! resync (the call only asks) and deleted in a later one, when the
+//! listing shows it attached nowhere.
 
 use std::net::IpAddr;
 
@@ -17,7 +18,7 @@ use enim_provider::fleet::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
-use crate::index::{eni_spec, NodeInfo, Task, ACTION_CREATE_ATTACH};
+use crate::index::{eni_spec, NodeInfo, PoolSettings, Task, ACTION_CREATE_ATTACH};
 
 pub(super) struct Job<'a> {
     pub alloc: &'a Allocator,
@@ -92,16 +93,38 @@ impl<'a> Job<'a> {
         Ok(())
     }
 
+    /// The settings of the node's pool: what the plan planned it with
+    /// (the same policy, the same Node).
+    fn pool(&self) -> Result<PoolSettings<'a>, TaskError> {
+        let alloc: &'a Allocator = self.alloc;
+        let info = self
+            .info
+            .ok_or_else(|| TaskError::Missing("a pool's task for a node that is gone".into()))?;
+        alloc
+            .policy
+            .pool_of(&info.labels)
+            .ok_or_else(|| TaskError::Missing(format!("node {} is in no pool", info.name)))
+    }
+
     async fn one(&mut self, task: Task, dirty: &mut bool) -> Result<(), TaskError> {
-        let policy = &self.alloc.policy;
         match task {
             Task::CreateSet { spec, .. } => {
                 self.spec = Some(spec);
                 self.flush().await
             }
             Task::RefreshPolicy { .. } => {
-                policy.stamp(self.spec()?);
+                let pool = self.pool()?;
+                pool.stamp(self.spec()?);
                 *dirty = true;
+                Ok(())
+            }
+            Task::FillInstanceType { instance_type, .. } => {
+                let instance = &mut self.spec()?.instance;
+                // A type already there is what its ENIs were made for.
+                if instance.instance_type.is_empty() {
+                    instance.instance_type = instance_type;
+                    *dirty = true;
+                }
                 Ok(())
             }
             Task::FinishIntent {
@@ -320,7 +343,7 @@ impl<'a> Job<'a> {
     }
 
     /// `fresh`: `token` was made by this process and never sent.
-    /// `params`: the subnet and groups (a claim's); else the policy's.
+    /// `params`: the subnet and groups (a claim's); else the node's pool's.
     async fn create(
         &mut self,
         token: &str,
@@ -329,13 +352,13 @@ impl<'a> Job<'a> {
         params: Option<(String, Vec<String>)>,
     ) -> Result<FleetEni, TaskError> {
         let instance = self.spec()?.instance.id.clone();
-        let policy = &self.alloc.policy;
-        let (subnet, security_groups) = params.unwrap_or_else(|| {
-            (
-                policy.subnets.first().cloned().unwrap_or_default(),
-                policy.security_groups.clone(),
-            )
-        });
+        let (subnet, security_groups) = match params {
+            Some(p) => p,
+            None => {
+                let pool = self.pool()?;
+                (pool.subnet(), pool.security_groups.to_vec())
+            }
+        };
         let req = CreateEni {
             instance,
             subnet,
@@ -513,7 +536,7 @@ impl<'a> Job<'a> {
 type ForClaim = (enim_crd::ClaimRef, String, Vec<String>);
 
 /// What a create for `intent` asks of the cloud: a claim's subnet and
-/// groups; `None` (the policy's) for the pool.
+/// groups; `None` (the node's pool's) for the pool.
 fn claim_params(intent: &Intent) -> Option<(String, Vec<String>)> {
     intent
         .claim

@@ -35,7 +35,9 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
-use crate::index::{plan, ClaimInfo, Index, Input, NodeInfo, Policy, SetInfo, Task};
+use crate::index::{
+    plan, ClaimInfo, Index, Input, NodeInfo, Phase, Policy, Serving, SetInfo, Task,
+};
 use crate::store::{Store, StoreError};
 
 mod gate;
@@ -149,6 +151,9 @@ struct Cache {
     /// static cloud) reported by the last resync: told once, not again at
     /// every resync while they last.
     told: HashSet<String>,
+    /// Frozen nodes (see `crate::index`'s pools), and why, as last told:
+    /// each told once, and again only when the reason changes.
+    frozen: HashMap<String, String>,
 }
 
 /// What one job's tasks came to, in order.
@@ -354,6 +359,7 @@ impl Allocator {
                 now,
                 claims,
             });
+            tell_frozen(&mut cache.frozen, &index);
             let tasks = plan(&index);
             let base: HashMap<String, NetResourceSetSpec> =
                 sets.into_iter().map(|s| (s.name, s.spec)).collect();
@@ -427,8 +433,10 @@ impl Allocator {
         counters: &Counters,
         report: &mut ResyncReport,
     ) -> Result<(), Error> {
+        // A node in no pool gets no ENI: its type is not asked for.
         let wanted: HashSet<&str> = nodes
             .iter()
+            .filter(|n| self.policy.pool_of(&n.labels).is_some())
             .map(|n| n.instance_type.as_str())
             .chain(sets.iter().map(|s| s.spec.instance.instance_type.as_str()))
             .collect();
@@ -483,6 +491,29 @@ impl Allocator {
             f(&mut l.enis);
         }
     }
+}
+
+/// Logs each live node newly frozen (or frozen for another reason), and
+/// each that thawed since the last resync; `told` keeps what was told.
+fn tell_frozen(told: &mut HashMap<String, String>, index: &Index) {
+    let now: HashMap<String, String> = index
+        .nodes
+        .iter()
+        .filter(|e| e.phase == Phase::Live)
+        .filter_map(|e| match &e.serving {
+            Serving::Frozen(why) => Some((e.name.to_string(), why.to_string())),
+            Serving::Pool(_) | Serving::Unserved => None,
+        })
+        .collect();
+    for (node, why) in &now {
+        if told.get(node) != Some(why) {
+            tracing::warn!(node = %node, "node frozen: {why}");
+        }
+    }
+    for node in told.keys().filter(|n| !now.contains_key(*n)) {
+        tracing::info!(node = %node, "node no longer frozen (served by its pool again, or gone)");
+    }
+    *told = now;
 }
 
 /// Sets whose Node is gone get a first-seen time; others lose theirs.

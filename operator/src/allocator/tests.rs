@@ -459,3 +459,87 @@ async fn a_node_without_inventory_in_a_static_cloud_is_told_once() {
         assert!(again.errors.is_empty(), "told again: {again:?}");
     }
 }
+
+/// Pools end to end over the in-memory cloud: each node's set and ENIs
+/// as its pool says (the pool's subnet and groups on the cloud's ENIs),
+/// nothing for a node in no pool, a pool's changed settings written, and a
+/// late instance type filled in, then the node filled up.
+#[tokio::test]
+async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
+    let pool = |name: &str, mode: &str, pre: u32| {
+        format!(
+            "[[pools]]\nname = \"{name}\"\nnode_selector = {{ \"enim.io/pool\" = \"{name}\" }}\n\
+             mode = \"{mode}\"\nsubnets = [\"subnet-{name}\"]\nsecurity_groups = [\"sg-{name}\"]\n\
+             [pools.watermarks]\npre_allocate = {pre}\n"
+        )
+    };
+    let text = format!(
+        "cluster = \"c\"\n{}{}",
+        pool("prim", "primary", 1),
+        pool("sec", "secondary", 12)
+    );
+    let cfg = OperatorConfig {
+        api: config().api,
+        ..OperatorConfig::from_toml(&text).unwrap()
+    };
+    let mut rig = Rig::with(cfg.clone(), &["p", "s", "own"]);
+    for (n, value) in rig.nodes.iter_mut().zip(["prim", "sec", "per-node"]) {
+        n.labels.insert("enim.io/pool".into(), value.into());
+    }
+    let r = rig.resync().await;
+    assert_eq!(r.tasks_failed, 0, "{r:?}");
+    let p = rig.store.set("p").unwrap().spec;
+    assert_eq!((p.mode, p.enis.len()), (enim_core::Mode::Primary, 1));
+    let s = rig.store.set("s").unwrap().spec;
+    assert_eq!(s.mode, enim_core::Mode::Secondary);
+    // 12 addresses: MemCloud's ENIs hold 9 besides their primary one.
+    let ips: usize = s.enis.iter().map(|e| e.secondary_ips.len()).sum();
+    assert_eq!((s.enis.len(), ips), (2, 12));
+    assert!(
+        rig.store.set("own").is_none(),
+        "no set for a node in no pool"
+    );
+    assert_eq!(rig.attached_to("own"), 0);
+    for (node, pool) in [("i-p", "prim"), ("i-s", "sec")] {
+        for e in rig
+            .cloud
+            .enis()
+            .iter()
+            .filter(|e| e.node.as_deref() == Some(node))
+        {
+            assert_eq!(e.subnet, format!("subnet-{pool}"));
+            assert_eq!(e.security_groups, [format!("sg-{pool}")]);
+        }
+    }
+
+    // The primary pool keeps two free: its set is rewritten, one more made.
+    let mut more = cfg.clone();
+    more.pools[0].watermarks = Some(enim_core::Watermarks {
+        pre_allocate: 2,
+        ..crate::config::DEFAULT_WATERMARKS
+    });
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), more).unwrap();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("refresh-policy"), Some(&1), "{r:?}");
+    let p = rig.store.set("p").unwrap().spec;
+    assert_eq!((p.watermarks.pre_allocate, p.enis.len()), (2, 2));
+
+    // A node registered before the cloud controller labelled its type:
+    // the cloud knows no limits for no type (as EC2), so it gets no ENI.
+    rig.nodes.push(node("late"));
+    let late = rig.nodes.last_mut().unwrap();
+    late.labels.insert("enim.io/pool".into(), "prim".into());
+    late.instance_type.clear();
+    rig.cloud.fail_next("limits", 1);
+    let type_and_enis = |rig: &Rig| {
+        let spec = rig.store.set("late").unwrap().spec;
+        (spec.instance.instance_type, spec.enis.len())
+    };
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("create-set"), Some(&1), "{r:?}");
+    assert_eq!(type_and_enis(&rig), (String::new(), 0));
+    rig.nodes.last_mut().unwrap().instance_type = "m5".into();
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("fill-instance-type"), Some(&1), "{r:?}");
+    assert_eq!(type_and_enis(&rig), ("m5".to_string(), 2));
+}

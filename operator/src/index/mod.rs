@@ -24,7 +24,14 @@
 //!   deletes.
 //! - an ENI for a DRA claim is made only on a live node whose agent says,
 //!   in its status, that it serves claims (condition `ServesClaims`): no
-//!   claim's pod could use one on a device-plugin node.
+//!   claim's pod could use one on a device-plugin node;
+//! - each node is planned with its pool's settings (the `pool` module: the
+//!   first pool whose selector its labels match); a node in no pool gets
+//!   no set, and a frozen one (its set's mode is not its pool's, or it is
+//!   in no pool any more) no task while its Node lives: neither gets, nor
+//!   loses, nor has reaped an ENI, nor takes a DRA claim;
+//! - a set made without an instance type gets the one its Node is later
+//!   labelled with (never another over it), and is planned with it.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -36,19 +43,23 @@ use enim_provider::fleet::{DeleteCheck, FleetEni};
 
 mod node_plan;
 mod plan;
+mod pool;
 mod provider_id;
 #[cfg(test)]
 pub(crate) mod tests;
 mod view;
 
 pub use plan::plan;
+pub use pool::{Frozen, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
 pub use view::{ClaimInfo, NodeInfo, SetInfo};
 
 /// `Intent::action` of a create followed by an attach.
 pub const ACTION_CREATE_ATTACH: &str = "create-attach";
 
-/// What the operator wants of every node, from its config.
+/// What the operator wants of the nodes, from its config: the top-level
+/// settings (the implicit pool, and what a pool leaves out), the pools,
+/// and the cluster-wide keys.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Policy {
     pub cluster: String,
@@ -56,35 +67,16 @@ pub struct Policy {
     pub watermarks: Watermarks,
     pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
+    /// In the config's order; empty: one implicit pool of the top level.
+    pub pools: Vec<PoolPolicy>,
     pub node_grace: Duration,
     pub reap_cooldown: Duration,
 }
 
 impl Policy {
-    /// The spec of a node that has none yet: no ENIs.
+    /// The spec of a node of the implicit pool that has none yet.
     pub fn new_spec(&self, instance: Instance) -> NetResourceSetSpec {
-        let mut spec = NetResourceSetSpec {
-            instance,
-            ..Default::default()
-        };
-        self.stamp(&mut spec);
-        spec
-    }
-
-    /// Whether `spec` carries the policy's current fields.
-    pub fn matches(&self, spec: &NetResourceSetSpec) -> bool {
-        spec.mode == self.mode
-            && spec.watermarks == self.watermarks
-            && spec.subnets == self.subnets
-            && spec.security_groups == self.security_groups
-    }
-
-    /// Writes the policy's fields into `spec`.
-    pub fn stamp(&self, spec: &mut NetResourceSetSpec) {
-        spec.mode = self.mode;
-        spec.watermarks = self.watermarks;
-        spec.subnets.clone_from(&self.subnets);
-        spec.security_groups.clone_from(&self.security_groups);
+        self.top_level().new_spec(instance)
     }
 }
 
@@ -128,10 +120,26 @@ pub struct NodeEntry<'a> {
     pub node: Option<&'a NodeInfo>,
     pub set: Option<&'a SetInfo>,
     pub phase: Phase,
+    /// The set's instance (what its ENIs were made for), else the Node's.
     pub instance: Instance,
     pub limits: Option<AddressLimits>,
     /// The listing's ENIs attached to this instance or tagged for it.
     pub listed: Vec<&'a FleetEni>,
+    /// Its pool's settings, or why it is not served (see [`Serving`]);
+    /// a set without its Node is [`Serving::Unserved`] (its phase says
+    /// what becomes of it).
+    pub serving: Serving<'a>,
+    /// The set was made without an instance type and the Node's label now
+    /// gives one: `instance` carries it, the set is to get it.
+    pub late_type: bool,
+}
+
+impl NodeEntry<'_> {
+    /// Whether the operator leaves this Node's instance alone: it is in
+    /// no pool, or frozen.
+    fn left_alone(&self) -> bool {
+        self.node.is_some() && self.serving.pool().is_none()
+    }
 }
 
 /// The cluster at one instant.
@@ -165,6 +173,8 @@ impl<'a> Index<'a> {
                     limits: input.limits.get(&instance.instance_type).copied(),
                     instance,
                     listed: Vec::new(),
+                    serving: Serving::Unserved,
+                    late_type: false,
                 },
             );
         }
@@ -181,10 +191,19 @@ impl<'a> Index<'a> {
                 instance: Instance::default(),
                 limits: None,
                 listed: Vec::new(),
+                serving: Serving::Unserved,
+                late_type: false,
             });
             entry.set = Some(s);
             // The spec's instance is what the ENIs were made for.
             entry.instance = s.spec.instance.clone();
+            // But for a type the Node got labelled with after its set was
+            // made: without one no ENI could be made, so none was.
+            let labelled = entry.node.map_or("", |n| n.instance_type.as_str());
+            if entry.instance.instance_type.is_empty() && !labelled.is_empty() {
+                entry.instance.instance_type = labelled.to_string();
+                entry.late_type = true;
+            }
             entry.limits = input.limits.get(&entry.instance.instance_type).copied();
             entry.phase = match (entry.node, s.deleting_since) {
                 (Some(_), None) => Phase::Live,
@@ -193,6 +212,11 @@ impl<'a> Index<'a> {
         }
         let mut nodes: Vec<NodeEntry<'a>> = by_name.into_values().collect();
         nodes.sort_unstable_by(|a, b| a.name.cmp(b.name));
+        for e in &mut nodes {
+            if let Some(n) = e.node {
+                e.serving = input.policy.serving(n, e.set);
+            }
+        }
 
         let by_instance: HashMap<String, usize> = nodes
             .iter()
@@ -222,11 +246,18 @@ impl<'a> Index<'a> {
                 in_spec.extend(s.spec.enis.iter().map(|e| e.id.as_str()));
                 tokens.extend(s.spec.intents.iter().map(|i| i.client_token.as_str()));
             }
+            // Another manager's, perhaps (a per-node agent's): not ours to reap.
+            let left_alone: HashSet<&str> = nodes
+                .iter()
+                .filter(|e| e.left_alone())
+                .map(|e| e.instance.id.as_str())
+                .collect();
             unclaimed = input
                 .enis
                 .iter()
                 .filter(|e| e.attachment.is_none() && !in_spec.contains(e.id.as_str()))
                 .filter(|e| e.intent.as_deref().is_none_or(|t| !tokens.contains(t)))
+                .filter(|e| e.node.as_deref().is_none_or(|i| !left_alone.contains(i)))
                 .collect();
         }
         Index {
@@ -270,8 +301,12 @@ pub enum Task {
         node: String,
         spec: NetResourceSetSpec,
     },
-    /// Write the policy's current watermarks, subnets and groups.
+    /// Write the node's pool's current mode, watermarks, subnets and
+    /// groups.
     RefreshPolicy { node: String },
+    /// Write the instance type the Node's label gives into a set made
+    /// without one (never over another type).
+    FillInstanceType { node: String, instance_type: String },
     /// Finish a create+attach recorded in `spec.intents`: create with the
     /// same token unless the listing shows the ENI it made (`made`), attach
     /// it unless attached here, publish it, drop the intent.
@@ -361,6 +396,7 @@ impl Task {
         match self {
             Task::CreateSet { node, .. }
             | Task::RefreshPolicy { node }
+            | Task::FillInstanceType { node, .. }
             | Task::FinishIntent { node, .. }
             | Task::DropIntent { node, .. }
             | Task::Adopt { node, .. }
@@ -380,6 +416,7 @@ impl Task {
         match self {
             Task::CreateSet { .. } => "create-set",
             Task::RefreshPolicy { .. } => "refresh-policy",
+            Task::FillInstanceType { .. } => "fill-instance-type",
             Task::FinishIntent { .. } => "finish-intent",
             Task::DropIntent { .. } => "drop-intent",
             Task::Adopt { .. } => "adopt",

@@ -12,7 +12,7 @@ use enim_core::Mode;
 use enim_crd::{ClaimRef, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
-use super::{eni_spec, Index, NodeEntry, Task, ACTION_CREATE_ATTACH};
+use super::{eni_spec, Index, NodeEntry, PoolSettings, Task, ACTION_CREATE_ATTACH};
 
 /// A claim's ENI to make on a node: the claim, subnet, groups.
 pub(super) type Placed = (ClaimRef, String, Vec<String>);
@@ -108,6 +108,8 @@ impl Slots {
 pub(super) struct NodePlan<'i, 'a> {
     index: &'i Index<'a>,
     e: &'i NodeEntry<'a>,
+    /// The node's pool: what it is planned with.
+    pool: PoolSettings<'a>,
     spec: std::borrow::Cow<'a, NetResourceSetSpec>,
     status: Option<&'a NetResourceSetStatus>,
     name: String,
@@ -163,14 +165,15 @@ enum Balance {
 }
 
 impl<'i, 'a> NodePlan<'i, 'a> {
-    pub(super) fn new(index: &'i Index<'a>, e: &'i NodeEntry<'a>) -> Self {
+    pub(super) fn new(index: &'i Index<'a>, e: &'i NodeEntry<'a>, pool: PoolSettings<'a>) -> Self {
         let spec = match e.set {
             Some(s) => std::borrow::Cow::Borrowed(&s.spec),
-            None => std::borrow::Cow::Owned(index.policy.new_spec(e.instance.clone())),
+            None => std::borrow::Cow::Owned(pool.new_spec(e.instance.clone())),
         };
         NodePlan {
             index,
             e,
+            pool,
             spec,
             status: e.set.and_then(|s| s.status.as_ref()),
             name: e.name.to_string(),
@@ -221,9 +224,9 @@ impl<'i, 'a> NodePlan<'i, 'a> {
     }
 
     fn facts(&self) -> Facts<'_> {
-        let secondary = self.index.policy.mode == Mode::Secondary;
+        let secondary = self.pool.mode == Mode::Secondary;
         let per_eni = self.e.limits.map_or(0, |l| l.secondary_ipv4_per_eni());
-        let pre = self.index.policy.watermarks.pre_allocate;
+        let pre = self.pool.watermarks.pre_allocate;
         Facts {
             held: self.held(),
             in_spec: self.spec.enis.iter().map(|s| (s.id.as_str(), s)).collect(),
@@ -259,17 +262,24 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         }
     }
 
-    /// The set: the first one of a new node, or the policy's current fields.
+    /// The set: the first one of a new node, or its pool's current fields
+    /// and an instance type learnt late.
     fn create_or_refresh_set(&self, tasks: &mut Vec<Task>) {
         match self.e.set {
             None => tasks.push(Task::CreateSet {
                 node: self.name.clone(),
                 spec: self.spec.as_ref().clone(),
             }),
-            Some(_) if !self.index.policy.matches(&self.spec) => tasks.push(Task::RefreshPolicy {
+            Some(_) if !self.pool.matches(&self.spec) => tasks.push(Task::RefreshPolicy {
                 node: self.name.clone(),
             }),
             Some(_) => {}
+        }
+        if self.e.late_type {
+            tasks.push(Task::FillInstanceType {
+                node: self.name.clone(),
+                instance_type: self.e.instance.instance_type.clone(),
+            });
         }
     }
 
@@ -530,7 +540,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 .count();
             (free + coming.enis, pool.len() + coming.enis)
         };
-        let wm = self.index.policy.watermarks;
+        let wm = self.pool.watermarks;
         let level = Level {
             free,
             total,

@@ -7,7 +7,7 @@ use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus}
 use enim_provider::cloud::CreatedAt;
 
 use super::node_plan::{plan_gone, NodePlan, Placed};
-use super::{Index, Phase, SetInfo, Task};
+use super::{Index, NodeEntry, Phase, PoolSettings, SetInfo, Task};
 
 /// Every task of this pass: a node's tasks together and in running order,
 /// nodes by deficit descending (surplus last), then leaked ENIs.
@@ -22,10 +22,14 @@ pub fn plan(index: &Index) -> Vec<Task> {
                 plan_gone(index, e, since, &mut tasks, &mut releasing);
                 0
             }
-            Phase::New | Phase::Live => {
-                let claims = placed.remove(e.name).unwrap_or_default();
-                NodePlan::new(index, e).run(&mut tasks, claims)
-            }
+            // Unserved or frozen: nothing.
+            Phase::New | Phase::Live => match e.serving.pool() {
+                Some(pool) => {
+                    let claims = placed.remove(e.name).unwrap_or_default();
+                    NodePlan::new(index, e, pool).run(&mut tasks, claims)
+                }
+                None => 0,
+            },
         };
         if !tasks.is_empty() {
             groups.push((need, e.name, tasks));
@@ -50,16 +54,12 @@ pub fn plan(index: &Index) -> Vec<Task> {
     out
 }
 
-/// The subnet and groups a claim's ENI gets: what it asks, else the
-/// operator's.
-fn wanted(index: &Index, want: &EniParameters) -> (String, Vec<String>) {
-    let policy = index.policy;
-    let subnet = want
-        .subnet
-        .clone()
-        .unwrap_or_else(|| policy.subnets.first().cloned().unwrap_or_default());
+/// The subnet and groups a claim's ENI gets on a node of `pool`: what it
+/// asks, else the pool's.
+fn wanted(pool: PoolSettings, want: &EniParameters) -> (String, Vec<String>) {
+    let subnet = want.subnet.clone().unwrap_or_else(|| pool.subnet());
     let groups = match want.security_groups.is_empty() {
-        true => policy.security_groups.clone(),
+        true => pool.security_groups.to_vec(),
         false => want.security_groups.clone(),
     };
     (subnet, groups)
@@ -74,10 +74,12 @@ fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String]
 }
 
 /// Pending claims no node has a free ENI for, each given to the live node
-/// with the most free device slots among those whose agent serves DRA
-/// claims (a device-plugin node, or an agent too old to say, would hold an
-/// ENI no claim's pod can use). A claim with an ENI or an intent already
-/// (anywhere) gets nothing more: one ENI per claim, whoever made it.
+/// with the most free device slots among those the operator serves (in a
+/// pool, not frozen) whose agent serves DRA claims (a device-plugin node,
+/// or an agent too old to say, would hold an ENI no claim's pod can use).
+/// A claim with an ENI or an intent already (anywhere) gets nothing more:
+/// one ENI per claim, whoever made it. What a claim leaves out, its ENI
+/// takes from the chosen node's pool.
 fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     let mut placed: HashMap<String, Vec<Placed>> = HashMap::new();
     let Some(claims) = index.claims else {
@@ -111,18 +113,14 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
             );
         }
     }
-    let mut room: Vec<(usize, &str)> = index
-        .nodes
-        .iter()
-        .filter(|e| e.phase == Phase::Live && e.set.is_some_and(serves_claims))
-        .map(|e| (NodePlan::new(index, e).slots().left(), e.name))
+    let mut room: Vec<(usize, &str, PoolSettings)> = claim_nodes(index)
+        .map(|(e, pool)| (NodePlan::new(index, e, pool).slots().left(), e.name, pool))
         .collect();
     for (c, want) in asking {
         if served.contains(c.claim.uid.as_str()) {
             continue;
         }
-        let (subnet, groups) = wanted(index, want);
-        if free_match_exists(index, &subnet, &groups) {
+        if free_match_exists(index, want) {
             continue;
         }
         // Most room first, then by name: the same choice every resync.
@@ -131,12 +129,25 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
             continue;
         };
         best.0 -= 1;
+        let (subnet, groups) = wanted(best.2, want);
         placed
             .entry(best.1.to_string())
             .or_default()
             .push((c.claim.clone(), subnet, groups));
     }
     placed
+}
+
+/// The live nodes a claim's ENI may go to, with their pools: served by the
+/// operator, their agent serving DRA claims.
+fn claim_nodes<'i, 'a>(
+    index: &'i Index<'a>,
+) -> impl Iterator<Item = (&'i NodeEntry<'a>, PoolSettings<'a>)> {
+    index
+        .nodes
+        .iter()
+        .filter(|e| e.phase == Phase::Live && e.set.is_some_and(serves_claims))
+        .filter_map(|e| Some((e, e.serving.pool()?)))
 }
 
 /// Whether the set's agent says it serves DRA claims.
@@ -146,18 +157,16 @@ fn serves_claims(set: &SetInfo) -> bool {
         .is_some_and(NetResourceSetStatus::serves_claims)
 }
 
-/// Whether a live node serving DRA claims has a free ENI, made for no
-/// claim, in `subnet` with exactly `groups`: the scheduler can give the
+/// Whether a live node the operator serves, its agent serving DRA claims,
+/// has a free ENI, made for no claim, in the subnet with exactly the
+/// groups the claim gets there (`wanted`): the scheduler can give the
 /// claim that one (a device-plugin node's ENI is no DRA device).
-fn free_match_exists(index: &Index, subnet: &str, groups: &[String]) -> bool {
-    let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
-    index
-        .nodes
-        .iter()
-        .filter(|e| e.phase == Phase::Live)
-        .filter_map(|e| e.set)
-        .filter(|set| serves_claims(set))
-        .any(|set| {
+fn free_match_exists(index: &Index, asked: &EniParameters) -> bool {
+    claim_nodes(index)
+        .filter_map(|(e, pool)| Some((e.set?, pool)))
+        .any(|(set, pool)| {
+            let (subnet, groups) = wanted(pool, asked);
+            let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
             let st = set.status.as_ref();
             let held = |id: &str| st.is_some_and(|st| st.used.iter().any(|u| u.eni == id));
             set.spec.enis.iter().any(|s| {

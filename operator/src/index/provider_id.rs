@@ -54,6 +54,7 @@ mod tests {
             provider_id: provider_id.into(),
             instance_type: "m5.large".into(),
             zone: zone.into(),
+            labels: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::*;
 
 mod claims;
+mod pools;
 mod properties;
 
 pub(super) const T0: u64 = 1_800_000_000;
@@ -33,6 +34,7 @@ pub(super) fn policy(mode: Mode) -> Policy {
         },
         subnets: vec!["subnet-1".into()],
         security_groups: vec!["sg-1".into()],
+        pools: Vec::new(),
         node_grace: Duration::from_secs(300),
         reap_cooldown: Duration::from_secs(600),
     }
@@ -45,6 +47,7 @@ pub(crate) fn node(name: &str) -> NodeInfo {
         provider_id: format!("aws:///z1/i-{name}"),
         instance_type: "m5".into(),
         zone: "z1".into(),
+        labels: Default::default(),
     }
 }
 
@@ -176,8 +179,8 @@ impl World {
         self.sets.iter_mut().find(|s| s.name == name).unwrap()
     }
 
-    pub fn plan(&self) -> Vec<Task> {
-        plan(&Index::build(Input {
+    pub fn input(&self) -> Input<'_> {
+        Input {
             policy: &self.policy,
             nodes: &self.nodes,
             sets: &self.sets,
@@ -187,7 +190,11 @@ impl World {
             reap_leaks: self.reap,
             now: self.now,
             claims: self.claims.as_deref(),
-        }))
+        }
+    }
+
+    pub fn plan(&self) -> Vec<Task> {
+        plan(&Index::build(self.input()))
     }
 }
 

@@ -4,6 +4,7 @@
 //! converts the API server's objects into them (`crate::runtime`), the
 //! tests and the bench build them by hand.
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use enim_crd::{ClaimRef, EniParameters, NetResourceSetSpec, NetResourceSetStatus};
@@ -20,6 +21,8 @@ pub struct NodeInfo {
     pub instance_type: String,
     /// The `topology.kubernetes.io/zone` label.
     pub zone: String,
+    /// Every label: what the pools' selectors match.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A NetResourceSet as the operator needs it.

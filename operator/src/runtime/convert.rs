@@ -36,6 +36,7 @@ pub fn node_info(node: &Node) -> NodeInfo {
             .unwrap_or_default(),
         instance_type: label(LABEL_INSTANCE_TYPE),
         zone: label(LABEL_ZONE),
+        labels: node.labels().clone(),
     }
 }
 

@@ -207,6 +207,22 @@ read_rate = {{ every = "1ms", burst = 1000 }}
         path
     }
 
+    /// [`Rig::config`] with `tables` (e.g. `[[operator.pools]]`) at the
+    /// end of the file.
+    pub fn config_with_tables(
+        &self,
+        name: &str,
+        marks: Marks,
+        node_grace: &str,
+        tables: &str,
+    ) -> PathBuf {
+        let path = self.config(name, marks, node_grace);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(tables);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// Starts an `enim-operator` process.
     pub fn operator(&self, opts: OperatorOpts<'_>) -> Operator {
         Operator::spawn(self, opts)
@@ -234,9 +250,20 @@ read_rate = {{ every = "1ms", burst = 1000 }}
     /// Creates Node `name` as the kubelet and the cloud controller would
     /// show it: providerID, instance type and zone. Returns its uid.
     pub fn node(&self, name: &str, instance: &str) -> String {
+        let labels = [("node.kubernetes.io/instance-type", INSTANCE_TYPE)];
+        self.node_labelled(name, instance, &labels)
+    }
+
+    /// Creates Node `name` with providerID and zone, and `labels` (the
+    /// instance type only if among them). Returns its uid.
+    pub fn node_labelled(&self, name: &str, instance: &str, labels: &[(&str, &str)]) -> String {
+        let labels: String = labels
+            .iter()
+            .map(|(k, v)| format!("    {k}: {v}\n"))
+            .collect();
         blocking(|| {
             self.cp.apply(&format!(
-                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    node.kubernetes.io/instance-type: {INSTANCE_TYPE}\n    topology.kubernetes.io/zone: {ZONE}\nspec:\n  providerID: aws:///{ZONE}/{instance}\n"
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n{labels}    topology.kubernetes.io/zone: {ZONE}\nspec:\n  providerID: aws:///{ZONE}/{instance}\n"
             ));
             self.cp
                 .kubectl(&["get", "node", name, "-o", "jsonpath={.metadata.uid}"])

@@ -101,6 +101,7 @@ async fn measure(n: usize) -> R<Measure> {
             provider_id: format!("aws:///us-east-1a/i-{i:017x}"),
             instance_type: "m5.large".into(),
             zone: "us-east-1a".into(),
+            labels: Default::default(),
         })
         .collect();
     let mut m = Measure {

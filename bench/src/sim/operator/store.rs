@@ -61,6 +61,7 @@ impl SimStore {
             provider_id: format!("aws:///us-east-1a/{}", instance_id(i)),
             instance_type: "m5.large".into(),
             zone: "us-east-1a".into(),
+            labels: Default::default(),
         };
         self.state().nodes.insert(name, (i, info));
         self.changed.notify_one();
