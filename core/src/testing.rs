@@ -15,6 +15,7 @@ use crate::sync::lock;
 /// Runs `f` and returns what it returned and the lines it logged at
 /// `WARN` or above on this thread.
 pub fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    always_asks_the_current_subscriber();
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = log.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -79,4 +80,44 @@ impl io::Write for LogSink {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// Sets, once per process, a global subscriber that records nothing but
+/// answers every callsite "sometimes". Why: `tracing` caches each
+/// callsite's interest over every live subscriber. A callsite first hit
+/// while no subscriber wanted it (another test's thread, with none of its
+/// own) could be cached as "never" and then stay silent under this
+/// thread's `with_default`: the deprecation warnings went missing in about
+/// one run in twenty. A "sometimes" from the global one makes every event
+/// ask the subscriber of its own thread.
+fn always_asks_the_current_subscriber() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err when a global one is set already: its answers then stand.
+        let _ = tracing::subscriber::set_global_default(AsksEveryTime);
+        tracing::callsite::rebuild_interest_cache();
+    });
+}
+
+/// The subscriber of [`always_asks_the_current_subscriber`].
+struct AsksEveryTime;
+
+impl tracing::Subscriber for AsksEveryTime {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }
