@@ -9,21 +9,37 @@
 # `cluster` provider (primary mode), and a fourth with DRA: pods claim ENIs
 # by their attributes through ResourceClaims (primary mode, [dra] on, the
 # device plugin's DaemonSet deleted; scripts/cluster/dra-scenarios.sh).
-# Opt-in, not in the default list yet: `cloud`, several nodes whose ENIs
-# come from the EC2 API (moto) through enim-operator and hot-plug into them
-# through the VPC simulator (scripts/cluster/cloud.sh).
+# And `cloud`: several nodes whose ENIs come from the EC2 API (moto)
+# through enim-operator and hot-plug into them through the VPC simulator
+# (scripts/cluster/cloud.sh).
+#
+# The default runs them all in two lanes at once, each its own clusters:
+# the scenarios mostly wait (on the kubelet's back-off, on restarts), so
+# two lanes on two cores take about half the time of one. The second lane
+# ([lane 2] in the log, printed whole at the end) runs the cloud cluster,
+# the primary run's admission scenarios, the secondary run's crash
+# back-off and the operator run; the first the rest of primary and
+# secondary, and DRA. A performance scenario waits until the other lane is
+# between scenarios, and holds it there while it measures (a lock file):
+# its figures are taken with the other lane's clusters idle.
 #
 #   scripts/e2e-cluster.sh [--debug] [--no-build] [--mode LIST] [--keep]
-#                          [--restarts N] [--only SCENARIO,...]
+#                          [--restarts N] [--only SCENARIO,...] [--serial]
 #
 #   --debug       enim's image from dev-profile binaries (CI) instead of release
 #   --no-build    use what target/ holds; do not run cargo
 #   --mode LIST   primary, secondary, operator, dra, cloud: these runs only,
-#                 in this order (comma-separated; default: the first four)
+#                 in this order, in one lane (comma-separated)
 #   --keep        leave the last cluster running and print how to reach it
+#                 (one lane)
 #   --restarts N  enimd restarts of each kind in the admission scenario
 #                 (default 20)
-#   --only LIST   run only these scenarios (names as printed), for debugging
+#   --only LIST   run only these scenarios (function names), for debugging
+#                 (one lane)
+#   --skip LIST   run all but these scenarios (function names)
+#   --serial      the default runs, one after the other in one lane
+#   --images DIR  (the lanes' own) use the images in DIR, built by the
+#                 first lane, and leave DIR in place
 #
 # Needs root, Go (the components), podman (builds the images, FROM scratch:
 # nothing is pulled), runc, openssl, Debian's busybox-static and catatonit,
@@ -35,18 +51,26 @@ set -euo pipefail
 debug=()
 build=1
 keep=0
-modes=(primary secondary operator dra)
+modes=(primary secondary operator dra cloud)
+# Lanes only for the default runs, in full.
+lanes=1
+lane2_pid=""
 restarts=20
 only=""
+skip=""
+shared_images=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --debug) debug=(--debug); shift ;;
     --no-build) build=0; shift ;;
-    --keep) keep=1; shift ;;
-    --mode) IFS=, read -ra modes <<<"${2:?}"; shift 2 ;;
+    --keep) keep=1; lanes=0; shift ;;
+    --mode) IFS=, read -ra modes <<<"${2:?}"; lanes=0; shift 2 ;;
     --restarts) restarts=${2:?}; shift 2 ;;
-    --only) only=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --only) only=${2:?}; lanes=0; shift 2 ;;
+    --skip) skip=${2:?}; shift 2 ;;
+    --serial) lanes=0; shift ;;
+    --images) shared_images=${2:?}; build=0; lanes=0; shift 2 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "e2e-cluster.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +80,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/scripts/cluster/node.sh"
 . "$repo/scripts/cluster/cloud.sh"
 need_root e2e-cluster.sh "it creates namespaces, mounts and cgroups"
-for tool in go podman runc openssl nsenter unshare ip nft conntrack /usr/bin/python3 /bin/busybox /usr/bin/catatonit; do
+for tool in go podman runc openssl nsenter unshare ip nft conntrack jq flock /usr/bin/python3 /bin/busybox /usr/bin/catatonit; do
   command -v "$tool" >/dev/null || { echo "e2e-cluster.sh: $tool is missing" >&2; exit 1; }
 done
 
@@ -66,17 +90,58 @@ failures=0
 results=()
 pass() { results+=("PASS  [$run] $1"); echo "PASS: [$run] $1"; }
 fail() { results+=("FAIL  [$run] $1"); echo "FAIL: [$run] $1" >&2; failures=$((failures + 1)); }
-wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+wanted() {
+  { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; } && [[ ",$skip," != *",$1,"* ]]
+}
 # scenario NAME FUNCTION: runs it (when wanted), PASS when it returns 0.
 scenario() {
   local name=$1 f=$2
   wanted "$f" || return 0
+  lane_enter "$f"
   step "[$run] $name ($(elapsed))"
   if "$f"; then pass "$name"; else fail "$name"; diagnose; fi
   clean
+  lane_leave
 }
 
-images=/var/tmp/enimk8s-images-$$
+# The lanes' lock ($images/quiet.lock): a performance scenario holds it
+# alone (and says so in quiet.wanted, so that the other lane starts no new
+# scenario meanwhile); every other scenario shares it, but those that
+# mostly wait (QUIET_SCENARIOS: enimd away for minutes), which measure
+# nothing and disturb nothing. The lock is held by a `flock` process of its
+# own (lane_holder), not by a descriptor of this shell: the components a
+# scenario restarts would inherit that and hold the lock for good.
+QUIET_SCENARIOS=",s_restarts_default_backoff,"
+lane_holder=""
+lane_alone=0
+lane_enter() {
+  [ -d "$images" ] || return 0
+  [[ $QUIET_SCENARIOS != *",$1,"* ]] || return 0
+  local how=-s held=$images/quiet.held.$BASHPID waited=0
+  if [[ $1 == *perf* ]]; then
+    echo "$run $1" > "$images/quiet.wanted"
+    how=-x lane_alone=1
+  else
+    # Bounded: a lane that died measuring must not stop the other.
+    while [ -e "$images/quiet.wanted" ] && [ $waited -lt 900 ]; do sleep 1; waited=$((waited + 1)); done
+  fi
+  rm -f "$held"
+  # -o: the lock's descriptor is flock's alone, not the sleep's.
+  flock -o "$how" "$images/quiet.lock" sh -c 'touch "$1"; exec sleep 86400' _ "$held" &
+  lane_holder=$!
+  while [ ! -e "$held" ] && kill -0 "$lane_holder" 2>/dev/null; do sleep 0.2; done
+  rm -f "$held"
+}
+lane_leave() {
+  [ -n "$lane_holder" ] || return 0
+  pkill -P "$lane_holder" sleep 2>/dev/null || true
+  kill "$lane_holder" 2>/dev/null || true
+  wait "$lane_holder" 2>/dev/null || true
+  lane_holder=""
+  if [ "$lane_alone" = 1 ]; then rm -f "$images/quiet.wanted"; lane_alone=0; fi
+}
+
+images=${shared_images:-/var/tmp/enimk8s-images-$$}
 IMAGES_DIR=$images
 # The performance scenario's figures, printed again at the end.
 PERF_OUT=$images/perf.txt
@@ -88,6 +153,7 @@ ENIM_IMAGE=docker.io/library/enim:0.1.0
 down=cluster_down
 cleanup() {
   local rc=$?
+  lane_leave
   if [ "$keep" = 1 ] && [ -n "$work" ] && [ "$down" = cloud_down ]; then
     echo "kept: $work; reach it with:"
     echo "  nsenter --net=/run/netns/$vpc -- $bin/kubectl --kubeconfig $work/pki/admin.kubeconfig get pods -A"
@@ -100,7 +166,19 @@ cleanup() {
     "$down"
     rm -rf "$work"
   fi
-  rm -rf "$images"
+  if [ -n "$lane2_pid" ]; then
+    # Lane 2 first (no next run), then its run, which cleans up after
+    # itself on TERM (its EXIT trap): waited for, as it is not our child.
+    local kids k
+    kids=$(pgrep -P "$lane2_pid" || true)
+    kill -TERM "$lane2_pid" 2>/dev/null || true
+    for k in $kids; do kill -TERM "$k" 2>/dev/null || true; done
+    for k in $kids; do while kill -0 "$k" 2>/dev/null; do sleep 1; done; done
+  fi
+  if [ -z "$shared_images" ] && [ -f "$images/made-dirs" ]; then
+    while read -r d; do rmdir -p "$d" 2>/dev/null || true; done < "$images/made-dirs"
+  fi
+  [ -n "$shared_images" ] || rm -rf "$images"
   exit "$rc"
 }
 trap cleanup EXIT
@@ -111,31 +189,40 @@ t0=$(date +%s)
 bin=$("$repo/scripts/cluster/build.sh" --print-dir)
 BUILD_S=$(($(date +%s) - t0))
 
-step "images: pause, busybox, coredns, enim ($(elapsed))"
-mkdir -p "$images"
-# image NAME DIR: podman builds DIR's Containerfile; saved for ctr import.
-image() {
-  podman build --pull=never -q -t "$1" "$2" >/dev/null
-  podman save -q -o "$images/$(echo "$1" | tr '/:' '__').tar" "$1"
+# images_build: pause, busybox, CoreDNS and enim's, saved in $images for
+# each node's containerd to import.
+images_build() {
+  step "images: pause, busybox, coredns, enim ($(elapsed))"
+  mkdir -p "$images"
+  # image NAME DIR: podman builds DIR's Containerfile; saved for ctr import.
+  image() {
+    podman build --pull=never -q -t "$1" "$2" >/dev/null
+    podman save -q -o "$images/$(echo "$1" | tr '/:' '__').tar" "$1"
+  }
+  mkdir -p "$images/pause" "$images/busybox/bin" "$images/coredns"
+  cp /usr/bin/catatonit "$images/pause/pause"
+  printf 'FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause", "-P"]\n' > "$images/pause/Containerfile"
+  image "$PAUSE_IMAGE" "$images/pause"
+  cp /bin/busybox "$images/busybox/bin/busybox"
+  for applet in sh ip ping sleep cat echo nc nslookup httpd hostname wget ls mkdir true; do
+    ln -s busybox "$images/busybox/bin/$applet"
+  done
+  printf 'FROM scratch\nCOPY bin/ /bin/\nENTRYPOINT ["/bin/sh", "-c"]\n' > "$images/busybox/Containerfile"
+  image "$BUSYBOX" "$images/busybox"
+  cp "$bin/coredns" "$images/coredns/coredns"
+  printf 'FROM scratch\nCOPY coredns /coredns\nENTRYPOINT ["/coredns"]\n' > "$images/coredns/Containerfile"
+  image localhost/enim-e2e/coredns:1 "$images/coredns"
+  build_args=("${debug[@]}")
+  [ "$build" = 1 ] || build_args+=(--no-build)
+  "$repo/scripts/build-image.sh" "${build_args[@]}" "$ENIM_IMAGE"
+  podman save -q -o "$images/enim.tar" "$ENIM_IMAGE"
 }
-mkdir -p "$images/pause" "$images/busybox/bin" "$images/coredns"
-cp /usr/bin/catatonit "$images/pause/pause"
-printf 'FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause", "-P"]\n' > "$images/pause/Containerfile"
-image "$PAUSE_IMAGE" "$images/pause"
-cp /bin/busybox "$images/busybox/bin/busybox"
-for applet in sh ip ping sleep cat echo nc nslookup httpd hostname wget ls mkdir true; do
-  ln -s busybox "$images/busybox/bin/$applet"
-done
-printf 'FROM scratch\nCOPY bin/ /bin/\nENTRYPOINT ["/bin/sh", "-c"]\n' > "$images/busybox/Containerfile"
-image "$BUSYBOX" "$images/busybox"
-cp "$bin/coredns" "$images/coredns/coredns"
-printf 'FROM scratch\nCOPY coredns /coredns\nENTRYPOINT ["/coredns"]\n' > "$images/coredns/Containerfile"
-image localhost/enim-e2e/coredns:1 "$images/coredns"
-build_args=("${debug[@]}")
-[ "$build" = 1 ] || build_args+=(--no-build)
-"$repo/scripts/build-image.sh" "${build_args[@]}" "$ENIM_IMAGE"
-podman save -q -o "$images/enim.tar" "$ENIM_IMAGE"
-if [[ " ${modes[*]} " == *" cloud "* ]]; then
+if [ -n "$shared_images" ]; then
+  [ -s "$images/enim.tar" ] || { echo "e2e-cluster.sh: no images in $images" >&2; exit 1; }
+else
+  images_build
+fi
+if [[ " ${modes[*]} " == *" cloud "* ]] && [ -z "$shared_images" ]; then
   step "enim-vpcsim ($(elapsed))"
   if [ "$build" = 1 ]; then (cd "$repo" && cargo build --quiet -p enim-testkit --features vpc --bin enim-vpcsim); fi
   [ -x "$(vpcsim_bin)" ] || { echo "e2e-cluster.sh: $(vpcsim_bin) is not built" >&2; exit 1; }
@@ -187,6 +274,33 @@ diagnose() {
   if [ "$keep" = 1 ]; then echo "(--keep: stopping here for a look)"; exit 1; fi
 }
 
+# The lanes. Lane 2 is this script again, once per run, in the
+# background, on the images built above; lane 1 is this process, on the
+# default runs less lane 2's scenarios.
+LANE2_SCENARIOS=s_admission_kill9,s_admission_crashloop,s_admission_rollout,s_restarts_default_backoff
+lane2_log=$images/lane2.log
+lane2() {
+  local me=("$repo/scripts/e2e-cluster.sh" "${debug[@]}" --images "$images" --restarts "$restarts")
+  local rc=0
+  "${me[@]}" --mode cloud || rc=1
+  "${me[@]}" --mode secondary --only s_ready,s_restarts_default_backoff || rc=1
+  "${me[@]}" --mode primary --only s_ready,s_admission_kill9,s_admission_crashloop,s_admission_rollout || rc=1
+  "${me[@]}" --mode operator || rc=1
+  return $rc
+}
+if [ "$lanes" = 1 ]; then
+  # The nodes' mount points, made here for both lanes: a run that made one
+  # would remove it when done, and with it the other lane's mount there.
+  for d in "${NODE_DIRS[@]}"; do
+    if [ ! -e "$d" ]; then mkdir -p "$d"; echo "$d" >> "$images/made-dirs"; fi
+  done
+  step "[lane 2] cloud, secondary's crash back-off, primary's admission, operator: in the background, its log at the end ($(elapsed))"
+  lane2 > "$lane2_log" 2>&1 &
+  lane2_pid=$!
+  modes=(primary secondary dra)
+  skip=${skip:+$skip,}$LANE2_SCENARIOS
+fi
+
 # One cluster per mode.
 for run in "${modes[@]}"; do
   # The operator's run is primary mode, its ENIs through NetResourceSets;
@@ -213,6 +327,23 @@ for run in "${modes[@]}"; do
 done
 
 [ "$keep" = 1 ] || { "$down"; rm -rf "$work"; work=""; }
+if [ -n "$lane2_pid" ]; then
+  step "[lane 2] waiting for it ($(elapsed))"
+  lane2_rc=0
+  wait "$lane2_pid" || lane2_rc=$?
+  lane2_pid=""
+  step "[lane 2] its log ($(elapsed))"
+  cat "$lane2_log"
+  # Its results: each run's PASS and FAIL lines as it printed them last.
+  while IFS= read -r line; do
+    results+=("$line")
+    [[ $line == FAIL* ]] && failures=$((failures + 1))
+  done < <(grep -E '^(PASS|FAIL)  \[' "$lane2_log" || true)
+  if [ "$lane2_rc" != 0 ] && ! grep -E '^FAIL  \[' "$lane2_log" >/dev/null; then
+    results+=("FAIL  [lane 2] exited $lane2_rc with no FAIL line (see its log)")
+    failures=$((failures + 1))
+  fi
+fi
 step "results ($(elapsed); components $BUILD_S s)"
 printf '%s\n' "${results[@]}"
 [ -s "$PERF_OUT" ] && { echo "performance:"; cat "$PERF_OUT"; }

@@ -45,7 +45,9 @@ test does not follow is an error, not a silent skip.
 """
 
 import copy
+import json
 import os
+import re
 import sys
 import tomllib
 
@@ -95,6 +97,11 @@ def toml_value(v):
     fail(f"cannot write {v!r} as TOML")
 
 
+def toml_key(k):
+    """A bare key, or a quoted one (a label such as enim.io/pool)."""
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
 def toml_dump(table, path=()):
     """Plain values first, then sub-tables, then arrays of tables."""
     lines = []
@@ -105,12 +112,13 @@ def toml_dump(table, path=()):
         elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
             arrays.append((k, v))
         else:
-            lines.append(f"{k} = {toml_value(v)}")
+            lines.append(f"{toml_key(k)} = {toml_value(v)}")
+    header = lambda keys: ".".join(toml_key(k) for k in keys)
     for k, v in subs:
-        lines += ["", f"[{'.'.join(path + (k,))}]"] + toml_dump(v, path + (k,))
+        lines += ["", f"[{header(path + (k,))}]"] + toml_dump(v, path + (k,))
     for k, items in arrays:
         for item in items:
-            lines += ["", f"[[{'.'.join(path + (k,))}]]"] + toml_dump(item, path + (k,))
+            lines += ["", f"[[{header(path + (k,))}]]"] + toml_dump(item, path + (k,))
     return lines
 
 

@@ -8,6 +8,8 @@
 # What the operator keeps on every node (enim-config.py's PROVIDER aws:
 # min_allocate 2, pre_allocate 1).
 CLOUD_MIN_ENIS=2
+# The secondary pool's, in addresses (min_allocate 8).
+CLOUD_MIN_ADDRESSES=8
 
 # cloud_nrs NODE JSONPATH: a field of NODE's NetResourceSet.
 cloud_nrs() { k get nrs "$1" -o "jsonpath=$2"; }
@@ -16,13 +18,30 @@ moto_enis() { on_vpc python3 "$repo/scripts/cluster/cloud.py" enis "$work/cloud.
 on_vpc() { nsenter --net="/run/netns/$vpc" -- "$@"; }
 node_instance() { cloud_field ".nodes[$(($1 - 1))].instance_id"; }
 
-# nrs_filled I: node I's set lists at least CLOUD_MIN_ENIS ENIs and its
-# agent counts them all.
+# nrs_filled I: node I's set holds its pool's minimum (CLOUD_MIN_ENIS
+# ENIs; secondary mode: CLOUD_MIN_ADDRESSES addresses) and its agent counts
+# every ENI.
 nrs_filled() {
   local n=enim-e2e-node$1 spec status
   spec=$(cloud_nrs "$n" '{.spec.enis[*].id}' | wc -w)
   status=$(cloud_nrs "$n" '{.status.summary.enis}')
-  [ "$spec" -ge "$CLOUD_MIN_ENIS" ] && [ "$status" = "$spec" ]
+  [ "$status" = "$spec" ] || return 1
+  if [ "$(pool_mode "$1")" = secondary ]; then
+    [ "$(set_units "$1")" -ge "$CLOUD_MIN_ADDRESSES" ]
+  else
+    [ "$spec" -ge "$CLOUD_MIN_ENIS" ]
+  fi
+}
+# pool_mode I: the mode of node I's pool.
+pool_mode() { [ "$(cloud_pool "$1")" = secondary ] && echo secondary || echo primary; }
+# set_units I: what node I's set holds in its pool's unit: ENIs, or in
+# secondary mode the addresses pods get.
+set_units() {
+  if [ "$(pool_mode "$1")" = secondary ]; then
+    cloud_nrs "enim-e2e-node$1" '{.spec.enis[*].secondaryIps[*]}' | wc -w
+  else
+    cloud_nrs "enim-e2e-node$1" '{.spec.enis[*].id}' | wc -w
+  fi
 }
 
 # mac_on_node I MAC: the device with MAC is in node I's netns (not in a
@@ -33,12 +52,14 @@ mac_on_node() { ip -n "$tag-n$1" -o link show | grep -i "link/ether $2 " >/dev/n
 # ENI is in moto attached to that node's instance, tagged for the cluster,
 # in the pod subnet, and its device is on that node and on no other.
 s_cloud_nrs() {
-  local i j id mac enis line rc=0 t0
+  local i j id mac enis line rc=0 t0 ds
   k -n enim-system rollout status deployment/enim-operator --timeout=180s || return 1
-  k -n enim-system rollout status daemonset/enimd --timeout=180s || return 1
+  for ds in enimd enimd-secondary enimd-primary-dra; do
+    k -n enim-system rollout status "daemonset/$ds" --timeout=180s || return 1
+  done
   for i in $(seq 1 "$CLOUD_NODES"); do
     t0=$(date +%s%N)
-    wait_for "enim-e2e-node$i's set to fill to $CLOUD_MIN_ENIS ENIs" 240 nrs_filled "$i" || return 1
+    wait_for "enim-e2e-node$i's set to fill" 240 nrs_filled "$i" || return 1
     echo "enim-e2e-node$i: filled $((($(date +%s%N) - t0) / 1000000)) ms after the operator and agents were up"
   done
   enis=$(moto_enis)
@@ -67,7 +88,8 @@ s_cloud_nrs() {
 
 # pod_on NODE NAME [NAMESPACE]: scenarios.sh's pod (busybox serving its
 # name on 8080, one enim.io/eni), pinned to node NODE.
-pod_on() { pod "$2" node="enim-e2e-node$1" ns="${3:-default}"; }
+# The resource is the node's pool's: enim.io/eni, or enim.io/ip.
+pod_on() { local mode; mode=$(pool_mode "$1"); pod "$2" node="enim-e2e-node$1" ns="${3:-default}"; }
 
 # (2) A pod on each node runs on an ENI from moto: its podIP is the primary
 # address moto assigned to an ENI attached to that node's instance, and
@@ -80,17 +102,34 @@ s_cloud_pods() {
   for i in $(plugin_nodes); do on_moto_eni "web-$i" "$i" || rc=1; done
   return $rc
 }
-# The nodes of pool primary (the device plugin's), and of primary-dra.
-plugin_nodes() { local i; for i in $(seq 1 "$CLOUD_NODES"); do [ "$(cloud_pool "$i")" = primary ] && echo "$i"; done; }
+# The nodes the device plugin serves (pools primary and secondary), those
+# of them in primary mode, and the nodes of pool primary-dra.
+plugin_nodes() {
+  local i
+  for i in $(seq 1 "$CLOUD_NODES"); do
+    case $(cloud_pool "$i") in primary|secondary) echo "$i" ;; esac
+  done
+}
+primary_plugin_nodes() { local i; for i in $(plugin_nodes); do [ "$(pool_mode "$i")" = primary ] && echo "$i"; done; }
 dra_nodes() { local i; for i in $(seq 1 "$CLOUD_NODES"); do [ "$(cloud_pool "$i")" = primary-dra ] && echo "$i"; done; }
 
 # on_moto_eni POD I: POD runs on node I, on an ENI moto attached to node
-# I's instance: its podIP is that ENI's primary address, eth0 its MAC.
+# I's instance: its podIP is that ENI's primary address, eth0 its MAC; in
+# secondary mode, one of that ENI's secondary addresses.
 on_moto_eni() {
   local pod=$1 i=$2 ip line id mac dev on
   on=$(k get pod "$pod" -o jsonpath='{.spec.nodeName}')
   [ "$on" = "enim-e2e-node$i" ] || { echo "$pod runs on '$on', not enim-e2e-node$i"; return 1; }
   ip=$(pod_ip "$pod")
+  if [ "$(pool_mode "$i")" = secondary ]; then
+    line=$(moto_enis | jq -c --arg ip "$ip" '.[] | select(.addresses[1:] | index($ip))')
+    [ -n "$line" ] || { echo "$pod: podIP $ip is no ENI's secondary address in moto"; return 1; }
+    id=$(jq -r .id <<<"$line")
+    [ "$(jq -r .instance <<<"$line")" = "$(node_instance "$i")" ] ||
+      { echo "$pod: $ip is $id's, attached to $(jq -r .instance <<<"$line"), not node $i's instance"; return 1; }
+    echo "$pod on $on: $ip = a secondary address of moto's $id (secondary mode)"
+    return 0
+  fi
   line=$(moto_enis | jq -c --arg ip "$ip" '.[] | select(.addresses[0] == $ip)')
   [ -n "$line" ] || { echo "$pod: podIP $ip is no ENI's primary address in moto"; return 1; }
   id=$(jq -r .id <<<"$line")
@@ -300,10 +339,12 @@ s_cloud_on_demand() {
 }
 
 # (4) The late node joins: its kubelet starts (its instance ran from the
-# start), the operator makes its ENIs, and a pod applied before it
-# registered runs on one of them. Timed from registration.
+# start). It is of pool per-node, which no operator pool selects: its own
+# agent's `aws` provider makes its ENIs in moto through the node's keys
+# and metadata, and a pod applied before it registered runs on one. No
+# NetResourceSet is made for it. Timed from registration.
 s_cloud_late_node() {
-  local i=$CLOUD_LATE t0 t_reg
+  local i=$CLOUD_LATE t0 t_reg enis
   pod_on "$i" late-1
   t0=$(date +%s%N)
   cloud_node_up "$i"
@@ -313,8 +354,159 @@ s_cloud_late_node() {
   echo "enim-e2e-node$i registered $((($t_reg - t0) / 1000000)) ms after its containerd started"
   ready late-1 240 || return 1
   echo "registration -> first pod Ready: $(ms_since "$t_reg") ms"
-  nrs_filled "$i" || { echo "its set: $(cloud_nrs "enim-e2e-node$i" '{.spec.enis[*].id}')"; return 1; }
-  on_moto_eni late-1 "$i"
+  on_moto_eni late-1 "$i" || return 1
+  enis=$(node_enis_in_moto "$(node_instance "$i")" | tr '\n' ' ')
+  echo "its agent's ENIs in moto, tagged for its instance: $enis"
+  ! k get nrs "enim-e2e-node$i" >/dev/null 2>&1 || { echo "the operator made it a set: $(cloud_nrs "enim-e2e-node$i" '{.spec.enis[*].id}')"; return 1; }
+  echo "no NetResourceSet for it: the operator leaves a node of no pool alone"
+}
+
+# lease_holder: the operator replica that leads (its pod's name).
+lease_holder() { k -n enim-system get lease enim-operator -o jsonpath='{.spec.holderIdentity}'; }
+holder_is_not() { local h; h=$(lease_holder) && [ -n "$h" ] && [ "$h" != "$1" ]; }
+# set_enis I: the ENI ids of node I's set, one a line.
+set_enis() { cloud_nrs "enim-e2e-node$1" '{range .spec.enis[*]}{.id}{"\n"}{end}'; }
+set_has_at_least() { [ "$(set_units "$1")" -ge "$2" ]; }
+units_of() { [ "$(pool_mode "$1")" = secondary ] && echo addresses || echo ENIs; }
+# sets_agree_with_moto: every cluster ENI in moto (but the per-node late
+# node's, which no set holds) is in exactly one set, and every set's ENI
+# is in moto.
+sets_agree_with_moto() {
+  local sets cloud dup
+  sets=$(k get nrs -o json | jq -r '.items[].spec.enis[]?.id' | sort)
+  dup=$(uniq -d <<<"$sets")
+  [ -z "$dup" ] || { echo "in two sets: $dup"; return 1; }
+  cloud=$(moto_enis | jq -r --arg late "$(node_instance "$CLOUD_LATE")" \
+    '.[] | select(.tags["enim.io/cluster"] == "enim-e2e" and .instance != $late and .tags["enim.io/node"] != $late) | .id' | sort)
+  [ "$sets" = "$cloud" ] || { echo "sets: $(echo $sets); moto: $(echo $cloud)"; return 1; }
+}
+container_id() { k get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}'; }
+restarted_and_ready() {
+  local c
+  c=$(container_id "$1") && [ -n "$c" ] && [ "$c" != "$2" ] &&
+    [ "$(k get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+set_users() { cloud_nrs "enim-e2e-node$1" '{.status.used[*].podName}'; }
+
+# (6, 11) The operator's leader's node dies as by a power cut, every
+# process of it at once, its pods' netns gone without a DEL:
+# - the other replica leads within the lease (10 s) and a renewal;
+# - churn goes on: two pods on another node take its free ENIs, and the
+#   new leader makes it one more in moto;
+# - the node boots again: its pod runs again on an ENI of its own (the
+#   checkpoint's record of it survives on disk), the set's status names
+#   it, and no ENI is in two sets, none in moto outside the sets.
+s_cloud_leader_reboot() {
+  local leader on l other t0 t_lost before cid i
+  leader=$(lease_holder)
+  on=$(k -n enim-system get pod "$leader" -o jsonpath='{.spec.nodeName}')
+  l=${on#enim-e2e-node}
+  [ -n "$leader" ] && [ -n "$l" ] || { echo "no leader ('$leader') or its node ('$on')"; return 1; }
+  # Churn goes to a device-plugin node the leader is not on.
+  other=$(plugin_nodes | grep -vx "$l" | sed -n 1p)
+  # A pod of the leader's node, if it serves pods by the device plugin.
+  if plugin_nodes | grep -x "$l" >/dev/null; then
+    pod_on "$l" reb-1
+    ready reb-1 120 || return 1
+    cid=$(container_id reb-1)
+    on_moto_eni reb-1 "$l" || return 1
+  fi
+  before=$(set_units "$other")
+  echo "leader $leader on $on; churn on enim-e2e-node$other ($before $(units_of "$other"))"
+  t0=$(date +%s%N)
+  cloud_power_off "$l"
+  echo "enim-e2e-node$l powered off"
+  wait_for "another replica to lead" 60 holder_is_not "$leader" || return 1
+  t_lost=$(ms_since "$t0")
+  echo "$(lease_holder) leads $t_lost ms after the power cut (lease 10 s)"
+  # As many pods as it has free ENIs (addresses): none left free, the new
+  # leader must make more (pre_allocate).
+  local free j
+  free=$(cloud_nrs "enim-e2e-node$other" '{.status.summary.available}')
+  for j in $(seq 1 "${free:-1}"); do pod_on "$other" "churn-$j"; done
+  for j in $(seq 1 "${free:-1}"); do ready "churn-$j" 120 || return 1; done
+  wait_for "the new leader to give enim-e2e-node$other more $(units_of "$other")" 120 set_has_at_least "$other" $((before + 1)) || {
+    echo "its set: $(set_enis "$other" | tr '\n' ' ')"; return 1; }
+  echo "churn: $free pods run on enim-e2e-node$other's $free free $(units_of "$other"); its set grew to $(set_units "$other") $(units_of "$other"), $(ms_since "$t0") ms after the power cut"
+  cloud_power_on "$l"
+  t0=$(date +%s%N)
+  wait_for "enim-e2e-node$l Ready again" 240 node_ready "$l" || return 1
+  echo "enim-e2e-node$l Ready $(ms_since "$t0") ms after power-on"
+  if [ -n "$cid" ]; then
+    wait_for "reb-1 to run again in a new sandbox" 240 restarted_and_ready reb-1 "$cid" || return 1
+    echo "reb-1 runs again $(ms_since "$t0") ms after power-on"
+    on_moto_eni reb-1 "$l" || return 1
+    wait_for "enim-e2e-node$l's status to name reb-1 alone" 120 test_eq "$(echo reb-1)" set_users "$l" || {
+      echo "status.used: $(set_users "$l")"; return 1; }
+  fi
+  k -n enim-system rollout status deployment/enim-operator --timeout=240s >/dev/null || return 1
+  wait_for "moto and the sets to agree" 120 sets_agree_with_moto || { sets_agree_with_moto; return 1; }
+  for i in $(seq 1 "$CLOUD_NODES"); do echo "enim-e2e-node$i: $(set_enis "$i" | tr '\n' ' ')"; done
+  echo "no ENI in two sets; moto's ENIs are the sets'"
+}
+node_ready() {
+  [ "$(k get node "enim-e2e-node$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+# test_eq WANT CMD...: CMD prints WANT.
+test_eq() { local want=$1; shift; [ "$("$@")" = "$want" ]; }
+
+# (8) A cloud outage: for 60 s every EC2 call of the operator's answers
+# 503, 30 s `Unavailable` and then 30 s `RequestLimitExceeded`, while pods
+# come and go on the device-plugin nodes: each pod runs from a warm ENI,
+# and no pod fails other than with "try again later". The demand that
+# outlasts the pool (two pods on a node with one free ENI) waits for the
+# cloud; once it is back the pools refill, and moto's ENIs are the sets'.
+s_cloud_outage() {
+  local i t0 n=0 round bad before faulted
+  before=$(grep -c 'fault proxy: outage' "$work/cp/logs/vpcsim.log" || true)
+  t0=$(date +%s%N)
+  cloud_outage unavailable
+  for round in 1 2 3 4; do
+    [ "$round" = 3 ] && cloud_outage throttled
+    for i in $(plugin_nodes); do pod_on "$i" "out-$i-$round"; n=$((n + 1)); done
+    for i in $(plugin_nodes); do ready "out-$i-$round" 120 || { cloud_outage none; return 1; }; done
+    for i in $(plugin_nodes); do k delete pod "out-$i-$round" --wait=false >/dev/null; done
+    # The rest of each quarter of the minute.
+    while [ "$(ms_since "$t0")" -lt $((round * 15000)) ]; do sleep 1; done
+  done
+  echo "$n pods came and went in $(ms_since "$t0") ms of outage, each on a warm ENI"
+  # Demand beyond the pool, still throttled: on the primary-mode
+  # device-plugin node with the fewest ENIs (one must fit under its instance type's limit), a
+  # pod for every free ENI and one more. The one more waits (Pending: the
+  # node has no ENI for it) until the cloud is back and the operator makes
+  # one.
+  local have j
+  i=$(for j in $(primary_plugin_nodes); do echo "$(set_enis "$j" | wc -l) $j"; done | sort -n | sed -n '1s/.* //p')
+  [ "$(set_enis "$i" | wc -l)" -lt "$CLOUD_MAX_ENIS" ] || {
+    echo "every device-plugin node is at its $CLOUD_MAX_ENIS ENIs: no room for demand beyond the pool"; cloud_outage none; return 1; }
+  k wait --for=delete pod -l e2e=1 --timeout=60s >/dev/null 2>&1 || true
+  sleep 2
+  have=$(cloud_nrs "enim-e2e-node$i" '{.status.summary.available}')
+  [ "${have:-0}" -ge 1 ] || { echo "node $i has no free ENI: $(cloud_nrs "enim-e2e-node$i" '{.status.summary}')"; cloud_outage none; return 1; }
+  for j in $(seq 1 $((have + 1))); do pod_on "$i" "more-$j"; done
+  for j in $(seq 1 "$have"); do ready "more-$j" 120 || { cloud_outage none; return 1; }; done
+  sleep 5
+  [ "$(k get pod "more-$((have + 1))" -o jsonpath='{.status.phase}')" = Pending ] || {
+    echo "more-$((have + 1)) is $(k get pod "more-$((have + 1))" -o jsonpath='{.status.phase}') with the cloud down"; cloud_outage none; return 1; }
+  echo "node $i: $have pods on its $have free ENIs (of $(set_enis "$i" | wc -l)); more-$((have + 1)) Pending while the cloud is down"
+  cloud_outage none
+  t0=$(date +%s%N)
+  ready "more-$((have + 1))" 180 || { echo "its set: $(set_enis "$i" | tr '\n' ' ')"; return 1; }
+  echo "the cloud back: more-$((have + 1)) runs $(ms_since "$t0") ms later, on an ENI made for it"
+  on_moto_eni "more-$((have + 1))" "$i" || return 1
+  faulted=$(grep 'fault proxy: outage Throttled -> None' "$work/cp/logs/vpcsim.log" | tail -n 1 | grep -o '([0-9]* calls' | tr -dc 0-9)
+  [ "$(grep -c 'fault proxy: outage' "$work/cp/logs/vpcsim.log")" -ge $((before + 3)) ] && [ "${faulted:-0}" -gt 0 ] || {
+    echo "the proxy faulted no call: $(grep 'fault proxy' "$work/cp/logs/vpcsim.log" | tail -n 3)"; return 1; }
+  echo "the proxy answered $faulted of the operator's calls with a fault"
+  bad=$(k get events -A --field-selector reason=FailedCreatePodSandBox -o jsonpath='{range .items[*]}{.involvedObject.name}: {.message}{"\n"}{end}' |
+    grep '^out-' | grep -v 'try again later' || true)
+  [ -z "$bad" ] || { echo "pods that failed otherwise: $bad"; return 1; }
+  t0=$(date +%s%N)
+  wait_for "moto and the sets to agree again" 120 sets_agree_with_moto || { sets_agree_with_moto; return 1; }
+  for i in $(plugin_nodes); do
+    wait_for "enim-e2e-node$i's set to fill again" 120 nrs_filled "$i" || return 1
+  done
+  echo "after the outage: the sets full and moto's ENIs the sets' $(ms_since "$t0") ms later"
 }
 
 cloud_clean() {
@@ -326,22 +518,26 @@ cloud_clean() {
 cloud_scenario() {
   local name=$1 f=$2 t0
   wanted "$f" || return 0
+  lane_enter "$f"
   step "[$run] $name ($(elapsed))"
   t0=$(date +%s%N)
   if "$f"; then pass "$name"; else fail "$name"; diagnose; fi
   phase_time "scenario $f" "$t0"
   cloud_clean
+  lane_leave
 }
 
 run_cloud_scenarios() {
-  cloud_scenario "each node's NetResourceSet fills from moto to $CLOUD_MIN_ENIS ENIs; each ENI hot-plugs into its node only" s_cloud_nrs
-  cloud_scenario "a pod on each node of pool primary runs on an ENI from moto, with the address moto assigned" s_cloud_pods
+  cloud_scenario "each operator pool's node has its NetResourceSet filled from moto ($CLOUD_MIN_ENIS ENIs; secondary: $CLOUD_MIN_ADDRESSES addresses); each ENI hot-plugs into its node only" s_cloud_nrs
+  cloud_scenario "a pod on each device-plugin node runs on an ENI from moto: node 1's pod on a whole ENI with its address, node 2's (secondary mode) on one of an ENI's secondary addresses" s_cloud_pods
   cloud_scenario "DRA (pool primary-dra): a pod's claim is allocated an ENI from moto on that node, and the pod runs on it" s_cloud_dra
-  cloud_scenario "across nodes: pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
+  cloud_scenario "across nodes and modes (node 1 primary, node 2 secondary): pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
-  cloud_scenario "the late node joins: the operator makes its ENIs, a pod applied before it registered runs on one" s_cloud_late_node
+  cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage
+  cloud_scenario "the operator's leader's node powered off: the other replica leads, churn goes on, the new leader makes ENIs; powered on, its pod runs again, no ENI in two sets, moto's ENIs are the sets'" s_cloud_leader_reboot
+  cloud_scenario "the late node joins (pool per-node, no operator): its agent's aws provider makes its ENIs in moto, a pod applied before it registered runs on one, and it has no NetResourceSet" s_cloud_late_node
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
 }

@@ -33,7 +33,8 @@ VPC_CIDR = "10.0.0.0/16"
 NODE_SUBNET = "10.0.1.0/24"
 POD_SUBNET = "10.0.32.0/19"
 # DescribeInstanceTypes in moto: 4 interfaces, 15 addresses each.
-INSTANCE_TYPE = "m5.xlarge"
+# 8 ENIs (7 besides the primary): room for every scenario's demand.
+INSTANCE_TYPE = "m5.4xlarge"
 IAM_RS = os.path.join(os.path.dirname(__file__), "..", "..", "provider", "aws", "src", "iam.rs")
 
 

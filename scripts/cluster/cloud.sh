@@ -32,13 +32,20 @@ CLOUD_NODES=3
 # simulator plugs its eth0), its kubelet joins in a scenario.
 CLOUD_LATE=$((CLOUD_NODES + 1))
 # enim's node pools (the node label enim.io/pool), one enimd DaemonSet and
-# config each (cloud-pools.py): nodes 1 and 2 primary mode, node 3 primary
-# mode with DRA, the late node primary mode; all through the operator.
-CLOUD_POOLS=(primary primary primary-dra primary)
+# config each (cloud-pools.py): node 1 primary mode and node 2 secondary
+# mode, both through the operator with the device plugin; node 3 primary
+# mode with DRA through the operator; the late node primary mode on its
+# own agent's `aws` provider, which no operator pool selects.
+CLOUD_POOLS=(primary secondary primary-dra per-node)
+# ENIs a node can take besides its primary (cloud.py's m5.4xlarge: 8).
+CLOUD_MAX_ENIS=7
 # Addresses on the VPC's lo: in the VPC's range, in none of its subnets.
 API_IP=10.0.255.1
 MOTO_IP=10.0.255.2
 MOTO_URL=http://$MOTO_IP:5000
+# The fault proxy in front of moto (enim-vpcsim's): the operator's EC2
+# endpoint. What $work/outage says (cloud_outage) is what it answers.
+PROXY_IP=10.0.255.3
 # The node subnet's gateway (cloud.py's NODE_SUBNET, first host).
 NODE_GW=10.0.1.1
 vpc=""
@@ -50,6 +57,12 @@ phase_time() {
   line="time: $1: $((($(date +%s%N) - $2) / 1000000)) ms"
   echo "$line"
   echo "[cloud] $line" >> "$PERF_OUT"
+}
+
+# cloud_outage unavailable|throttled|none: what every EC2 call through the
+# fault proxy answers from now on (within 200 ms).
+cloud_outage() {
+  if [ "$1" = none ]; then rm -f "$work/outage"; else echo "$1" > "$work/outage"; fi
 }
 
 vpcsim_bin() { echo "${CARGO_TARGET_DIR:-$repo/target}/debug/enim-vpcsim"; }
@@ -84,6 +97,8 @@ print(f'vpc_netns = "{vpc}"')
 print("[moto]")
 print(f'endpoint = "{state["url"]}"\nregion = "{state["region"]}"')
 print(f'access_key_id = "{key["id"]}"\nsecret_access_key = "{key["secret"]}"')
+proxy = state["proxy_url"].removeprefix("http://")
+print(f'[fault_proxy]\nlisten = "{proxy}"\ncontrol_file = "{state["outage_file"]}"')
 for i, n in enumerate(state["nodes"], 1):
     print(f'[[node]]\ninstance_id = "{n["instance_id"]}"\nnetns = "/run/netns/{tag}-n{i}"\nprimary = "address"')
 EOF
@@ -132,13 +147,52 @@ cloud_node_up() {
   cp "$bin"/cni/* "$nw/root/opt/cni/bin/"
   start_containerd
   images_import
-  # Registered with what a cloud-aware kubelet sets (the operator reads
-  # the instance type and zone) and its pool.
   local NODE_LABELS
-  NODE_LABELS="node.kubernetes.io/instance-type=$(cloud_field ".nodes[$((i - 1))].instance_type")"
-  NODE_LABELS+=",topology.kubernetes.io/zone=$zone,enim.io/pool=$(cloud_pool "$i")"
+  NODE_LABELS=$(cloud_node_labels "$i")
   start_kubelet
   start_kube_proxy
+}
+
+# cloud_node_labels I: what node I registers with: what a cloud-aware
+# kubelet sets (the operator reads the instance type and zone), and its
+# pool.
+cloud_node_labels() {
+  echo "node.kubernetes.io/instance-type=$(cloud_field ".nodes[$(($1 - 1))].instance_type")\
+,topology.kubernetes.io/zone=$(cloud_field ".nodes[$(($1 - 1))].zone"),enim.io/pool=$(cloud_pool "$1")"
+}
+
+# cloud_power_off I, cloud_power_on I: node I stopped as by a power cut (every process of it
+# killed at once, its tmpfs state gone: pods' netns, containerd's and
+# enimd's run dirs) and booted again: containerd, the kubelet, kube-proxy.
+# The ENIs in its pods' netns die with them; the simulator plugs them
+# again, as the cloud keeps them attached. Two halves, for scenarios that
+# act while the node is down.
+cloud_power_off() {
+  local p i
+  cloud_node "$1"
+  for p in kubelet kube-proxy containerd; do stop "$p" KILL; done
+  for i in 1 2 3; do
+    p=$(sandbox_pids)
+    [ -z "$p" ] && break
+    # shellcheck disable=SC2086
+    kill -KILL $p 2>/dev/null || true
+    sleep 0.5
+  done
+  on_node sh -c '
+    grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+      case $m in /run/netns/cni-*|/run/containerd/*) umount -l "$m" ;; esac
+    done
+    rm -rf /run/netns/* /run/containerd/* /run/enim/*'
+  cloud_cp
+}
+cloud_power_on() {
+  local NODE_LABELS
+  cloud_node "$1"
+  NODE_LABELS=$(cloud_node_labels "$1")
+  start_containerd
+  start_kubelet
+  start_kube_proxy
+  cloud_cp
 }
 
 # cloud_up: the VPC, moto and its cloud, the simulator, the control plane,
@@ -151,6 +205,7 @@ cloud_up() {
   ip netns exec "$vpc" sysctl -qw net.ipv4.ip_forward=1
   ip -n "$vpc" addr add "$API_IP/32" dev lo
   ip -n "$vpc" addr add "$MOTO_IP/32" dev lo
+  ip -n "$vpc" addr add "$PROXY_IP/32" dev lo
   for i in $(seq 1 "$CLOUD_LATE"); do
     ip netns add "$tag-n$i"
     ip -n "$tag-n$i" link set lo up
@@ -163,6 +218,8 @@ cloud_up() {
     python3 "$repo/testkit/src/moto/launch.py" -H "$MOTO_IP" -p 5000
   wait_for moto 120 on_node curl -sf "$MOTO_URL/moto-api/data.json" || { cloud_logs; return 1; }
   on_node python3 "$repo/scripts/cluster/cloud.py" setup "$MOTO_URL" "$CLOUD_LATE" "$work/cloud.json"
+  jq --arg p "http://$PROXY_IP:5000" --arg f "$work/outage" '.proxy_url = $p | .outage_file = $f' \
+    "$work/cloud.json" > "$work/cloud.json.new" && mv "$work/cloud.json.new" "$work/cloud.json"
   vpcsim_config > "$work/vpcsim.toml"
   start vpcsim "$(vpcsim_bin)" --config "$work/vpcsim.toml"
 
@@ -200,19 +257,31 @@ cloud_down() {
 }
 
 # cloud_install: deploy/ as a user applies it for the operator on EC2
-# (enim-config.py's PROVIDER aws), enimd per pool (cloud-pools.py), CoreDNS
-# on the cluster's DNS address.
+# (enim-config.py's PROVIDER aws, its node pools), enimd per pool
+# (cloud-pools.py: primary with the device plugin, secondary with it,
+# primary-dra with DRA, per-node on its own `aws` provider with the node
+# keys in the Secret enim-node-cloud), CoreDNS on the cluster's DNS address.
 cloud_install() {
-  local f config=("$repo/deploy" primary "$work/cloud.json" aws - "$work/etc/operator.yaml"
-    --service-cidr "$SERVICE_CIDR" --replicas 2)
-  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" > "$work/etc/configmap.yaml"
-  python3 "$repo/scripts/cluster/enim-config.py" "${config[@]}" --dra > "$work/etc/configmap-dra.yaml"
-  python3 "$repo/scripts/cluster/cloud-pools.py" "$repo/deploy" "$work/etc/configmap-dra.yaml" primary-dra \
-    > "$work/etc/pools.yaml"
+  local f config=("$work/cloud.json" aws - "$work/etc/operator.yaml" --service-cidr "$SERVICE_CIDR" --replicas 2)
+  local gen=("$repo/scripts/cluster/enim-config.py" "$repo/deploy")
+  python3 "${gen[@]}" primary "${config[@]}" > "$work/etc/configmap.yaml"
+  python3 "${gen[@]}" primary "${config[@]}" --dra > "$work/etc/configmap-dra.yaml"
+  python3 "${gen[@]}" secondary "$work/cloud.json" aws - /dev/null --service-cidr "$SERVICE_CIDR" \
+    > "$work/etc/configmap-secondary.yaml"
+  python3 "${gen[@]}" primary "$work/cloud.json" aws-node - /dev/null --service-cidr "$SERVICE_CIDR" \
+    > "$work/etc/configmap-per-node.yaml"
+  python3 "$repo/scripts/cluster/cloud-pools.py" "$repo/deploy" primary \
+    "secondary:$work/etc/configmap-secondary.yaml:plugin" \
+    "primary-dra:$work/etc/configmap-dra.yaml:dra" \
+    "per-node:$work/etc/configmap-per-node.yaml:plugin:enim-node-cloud" > "$work/etc/pools.yaml"
   for f in "$repo"/deploy/*.yaml; do
     case $f in
       */20-configmap.yaml) f=$work/etc/configmap.yaml ;;
-      */30-daemonset.yaml) f=$work/etc/pools.yaml ;;
+      */30-daemonset.yaml)
+        f=$work/etc/pools.yaml
+        k -n enim-system create secret generic enim-node-cloud \
+          --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.node.id)" \
+          --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.node.secret)" >/dev/null ;;
       */40-device-plugin.yaml) continue ;;
       */50-operator.yaml) f=$work/etc/operator.yaml ;;
     esac

@@ -14,9 +14,14 @@ What a user edits when installing on their cloud, done for the sandbox:
   replica (the two of deploy/ are spread over nodes; this cluster has one).
 - PROVIDER aws (the cloud run, scripts/cluster/cloud.sh): the `cluster`
   provider, and OPERATOR_OUT gets deploy/50-operator.yaml with the `aws`
-  cloud on moto, its keys in the Secret enim-operator-cloud, and the
+  cloud on moto, its keys in the Secret enim-operator-cloud, its node pools
+  (primary, secondary, primary-dra: the node label enim.io/pool), and the
   replicas --replicas says (default 2); ENIS_TOML is then cloud.py's state
   (JSON) and NODE is unused.
+- PROVIDER aws-node (the cloud run's per-node pool): enimd's own `aws`
+  provider on moto and the node's metadata, its keys from the environment
+  (the DaemonSet's Secret); ENIS_TOML as for aws, NODE and OPERATOR_OUT
+  unused.
 With --dra, [dra] enabled = true and [device_plugin] off: pods claim ENIs
 through DRA (README "Claiming an ENI (DRA)"). --service-cidr CIDR sets
 [host_path] service_cidrs (default: deploy/'s).
@@ -68,6 +73,10 @@ def main():
         config["provider"] = {"type": "cluster"}
         with open(a.operator_out, "w") as out:
             aws_operator_manifests(a.deploy_dir, a.mode, cloud, a.replicas, out)
+    elif a.provider == "aws-node":
+        with open(a.enis_file) as f:
+            cloud = json.load(f)
+        config["provider"] = per_node_aws(cloud)
     else:
         with open(a.enis_file, "rb") as f:
             sandbox = tomllib.load(f)
@@ -78,7 +87,7 @@ def main():
             with open(a.operator_out, "w") as out:
                 operator_manifests(a.deploy_dir, a.mode, a.node, sandbox["provider"]["enis"], out)
         else:
-            fail(f"PROVIDER {a.provider!r}: static, cluster or aws")
+            fail(f"PROVIDER {a.provider!r}: static, cluster, aws or aws-node")
     if a.service_cidr:
         config["host_path"]["service_cidrs"] = [a.service_cidr]
     # The metadata scenario's opted-in namespace (scenarios.sh s_metadata);
@@ -134,11 +143,22 @@ def aws_operator_manifests(deploy_dir, mode, cloud, replicas, out):
         op["node_grace"] = "30s"
         # Two ENIs a node from the start, one free ahead of demand.
         op["watermarks"] = {"pre_allocate": 1, "min_allocate": 2, "max_above_watermark": 2}
+        # The node label enim.io/pool picks the pool; per-node matches none
+        # (its agent runs the `aws` provider itself).
+        selector = lambda pool: {"enim.io/pool": pool}
+        op["pools"] = [
+            {"name": "primary", "node_selector": selector("primary"), "mode": "primary"},
+            {"name": "secondary", "node_selector": selector("secondary"), "mode": "secondary",
+             # In addresses: eight from the start, four free ahead of demand.
+             "watermarks": {"pre_allocate": 4, "min_allocate": 8, "max_above_watermark": 8}},
+            {"name": "primary-dra", "node_selector": selector("primary-dra"), "mode": "primary"},
+        ]
         config["cloud"] = {
             "type": "aws",
             "region": cloud["region"],
             "detach_timeout": "30s",
-            "api": {"endpoint": cloud["url"]},
+            # Through the fault proxy, where the run has one.
+            "api": {"endpoint": cloud.get("proxy_url", cloud["url"])},
         }
 
     docs = operator_docs(deploy_dir, mode, replicas, edit)
@@ -150,6 +170,23 @@ def aws_operator_manifests(deploy_dir, mode, cloud, replicas, out):
         "stringData": {"AWS_ACCESS_KEY_ID": key["id"], "AWS_SECRET_ACCESS_KEY": key["secret"]},
     })
     yaml.dump_all(docs, out, sort_keys=False)
+
+
+def per_node_aws(cloud):
+    """enimd's own `aws` provider for the cloud run's per-node pool: EC2 on
+    moto (its keys in the environment), the node's metadata from the VPC
+    simulator, ENIs in the pod subnet with the cluster's group and tag, one
+    free ahead of demand."""
+    return {
+        "type": "aws",
+        "region": cloud["region"],
+        "subnet_id": cloud["pod_subnet"],
+        "security_group_ids": [cloud["security_group"]],
+        "cluster": "enim-e2e",
+        "detach_timeout": "30s",
+        "api": {"endpoint": cloud["url"]},
+        "pool": {"pre_allocate": 1, "max_above_watermark": 2},
+    }
 
 
 def static_inventory(node, enis):
