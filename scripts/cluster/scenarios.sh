@@ -684,6 +684,9 @@ s_netns_gone() {
   local cid ns
   pod gone
   ready gone || return 1
+  # One record, the pod's: a sandbox of an earlier scenario still being
+  # taken apart would be listed too, and the first line could be its.
+  wait_for "enim to hold the pod's one attachment" 120 holds 1 || return 1
   cid=$(attachments | sed -n 1p)
   ns=$(enimctl --json attachments | python3 -c 'import json,sys; print(json.load(sys.stdin)["attachments"][0]["netns"])')
   # Every process in it dies and it is unmounted and removed, so the
