@@ -33,7 +33,7 @@ s_operator_status() {
 
 # The operator killed (-9) during pod churn: pods keep their ENIs, new pods
 # run, and its restart changes nothing in the spec.
-operator_pid() { on_node pgrep -f '^/usr/local/bin/enim-operator' | sed -n 1p; }
+operator_pid() { node_pid '^/usr/local/bin/enim-operator'; }
 operator_back() { local p; p=$(operator_pid) && [ -n "$p" ] && [ "$p" != "$1" ]; }
 s_operator_kill9() {
   local old enis

@@ -219,7 +219,13 @@ services_with() {
   services_up || rc=1
   [ $rc = 0 ] && kube_proxy_with "$1" || rc=1
   [ $rc = 0 ] && { services_check || { services_diagnose; false; }; } || rc=1
-  pkill -f "busybox httpd -p $GW_IP:8080" || true
+  # This cluster's off-node backend only (another lane's has the same
+  # address, in its own namespace).
+  local ino p
+  ino=$(stat -L -c %i "/run/netns/$gw")
+  for p in $(pgrep -f "busybox httpd -p $GW_IP:8080"); do
+    [ "$(stat -L -c %i "/proc/$p/ns/net" 2>/dev/null)" = "$ino" ] && kill "$p"
+  done
   return $rc
 }
 s_services_cidr_set() { services_with 10.244.0.0/16; }
@@ -329,11 +335,19 @@ s_rollout() {
 
 # --- faults -------------------------------------------------------------
 
-# enimd_pid: the running agent's pid; fails when none runs.
-enimd_pid() {
-  local p
-  p=$(on_node pgrep -f '^/usr/local/bin/enimd --config' | sed -n 1p)
-  [ -n "$p" ] && echo "$p"
+# enimd_pid: the running agent's pid; fails when none runs. Its process
+# in this node's network namespace: pgrep sees every node's agents (there
+# is no pid namespace), and another lane's cluster runs one too.
+enimd_pid() { node_pid '^/usr/local/bin/enimd --config'; }
+# node_pid PATTERN: the first process matching PATTERN (pgrep -f) in this
+# node's network namespace.
+node_pid() {
+  local ino p
+  ino=$(stat -L -c %i "/run/netns/$node") || return 1
+  for p in $(pgrep -f "$1"); do
+    [ "$(stat -L -c %i "/proc/$p/ns/net" 2>/dev/null)" = "$ino" ] && { echo "$p"; return 0; }
+  done
+  return 1
 }
 # kill_enimd: kill -9 the running agent and print its pid; fails when none runs.
 kill_enimd() { local p; p=$(enimd_pid) && kill -9 "$p" && echo "$p"; }
