@@ -36,13 +36,7 @@ nrs_filled() {
 pool_mode() { [ "$(cloud_pool "$1")" = secondary ] && echo secondary || echo primary; }
 # set_units I: what node I's set holds in its pool's unit: ENIs, or in
 # secondary mode the addresses pods get.
-set_units() {
-  if [ "$(pool_mode "$1")" = secondary ]; then
-    cloud_nrs "enim-e2e-node$1" '{.spec.enis[*].secondaryIps[*]}' | wc -w
-  else
-    cloud_nrs "enim-e2e-node$1" '{.spec.enis[*].id}' | wc -w
-  fi
-}
+set_units() { set_items "$1" | grep -c . || true; }
 
 # mac_on_node I MAC: the device with MAC is in node I's netns (not in a
 # pod's).
@@ -396,29 +390,7 @@ set_users() { cloud_nrs "enim-e2e-node$1" '{.status.used[*].podName}'; }
 # device plugin registers again (UnexpectedAdmissionError, upstream's rule
 # at boot, whatever the plugin), so what survives a reboot is what a
 # controller replaces.
-reb_deployment() {
-  local mode; mode=$(pool_mode "$1")
-  k apply -f - >/dev/null <<EOF
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: reb, labels: {e2e: "1"}}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: reb}}
-  template:
-    metadata: {labels: {app: reb, e2e: "1"}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      nodeSelector: {kubernetes.io/hostname: enim-e2e-node$1}
-      containers:
-        - name: c
-          image: $BUSYBOX
-          imagePullPolicy: Never
-          args: ["mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
-          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
-          resources: {limits: {$(resource): 1}}
-EOF
-}
+reb_deployment() { local mode; mode=$(pool_mode "$1"); httpd_deployment reb 1 "enim-e2e-node$1"; }
 # reb_pod: the Deployment's Running, Ready pod.
 reb_pod() {
   k get pods -l app=reb --field-selector=status.phase=Running \

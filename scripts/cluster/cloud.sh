@@ -168,21 +168,11 @@ cloud_node_labels() {
 # again, as the cloud keeps them attached. Two halves, for scenarios that
 # act while the node is down.
 cloud_power_off() {
-  local p i
+  local p
   cloud_node "$1"
   for p in kubelet kube-proxy containerd; do stop "$p" KILL; done
-  for i in 1 2 3; do
-    p=$(sandbox_pids)
-    [ -z "$p" ] && break
-    # shellcheck disable=SC2086
-    kill -KILL $p 2>/dev/null || true
-    sleep 0.5
-  done
-  on_node sh -c '
-    grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
-      case $m in /run/netns/cni-*|/run/containerd/*) umount -l "$m" ;; esac
-    done
-    rm -rf /run/netns/* /run/containerd/* /run/enim/*'
+  kill_node_procs
+  clear_node_run
   cloud_cp
 }
 cloud_power_on() {

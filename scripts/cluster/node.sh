@@ -388,17 +388,36 @@ sandbox_pids() {
 # sandbox_stop: every process of the node ended (its components first, by
 # their pids), its namespaces, mounts and cgroups left in place.
 sandbox_stop() {
-  local p i
+  local p
   for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver containerd etcd metadata; do
     stop "$p"
   done
+  kill_node_procs
+}
+
+# kill_node_procs [KEEP]: kill -9 every process of the node (sandbox_pids)
+# but those in KEEP (" pid pid "), again while any is left (at most 3
+# rounds: a dying shim may start one more).
+kill_node_procs() {
+  local keep=${1:- } p i left
   for i in 1 2 3; do
-    p=$(sandbox_pids)
-    [ -z "$p" ] && break
+    left=""
+    for p in $(sandbox_pids); do [[ $keep == *" $p "* ]] || left+=" $p"; done
+    [ -z "$left" ] && break
     # shellcheck disable=SC2086
-    kill -KILL $p 2>/dev/null || true
+    kill -KILL $left 2>/dev/null || true
     sleep 0.5
   done
+}
+
+# clear_node_run: the node's tmpfs state gone, as a power cut leaves it:
+# the pods' netns, containerd's and enimd's run dirs (mounts first).
+clear_node_run() {
+  on_node sh -c '
+    grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
+      case $m in /run/netns/cni-*|/run/containerd/*) umount -l "$m" ;; esac
+    done
+    rm -rf /run/netns/* /run/containerd/* /run/enim/*'
 }
 
 cluster_down() {

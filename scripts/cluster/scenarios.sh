@@ -426,20 +426,13 @@ churn_stop() { rm -f "$work/churn"; wait "$churn_pid" 2>/dev/null || true; }
 # The reboot-like stop: everything on the node stops at once, the pods'
 # namespaces are deleted without DEL, and the node's /run is emptied.
 reboot_node() {
-  local p cp
   stop kubelet KILL
   stop kube-proxy KILL
   stop containerd KILL
-  cp=" $(cat "$work"/pids/* 2>/dev/null | tr '\n' ' ') "
-  for p in $(sandbox_pids); do
-    [[ $cp == *" $p "* ]] || kill -9 "$p" 2>/dev/null || true
-  done
+  # The control plane lives on this one node and survives the "reboot".
+  kill_node_procs " $(cat "$work"/pids/* 2>/dev/null | tr '\n' ' ') "
   sleep 1
-  on_node sh -c '
-    grep -o " /run/[^ ]*" /proc/mounts | sort -r | while read -r m; do
-      case $m in /run/netns/cni-*|/run/containerd/*) umount -l "$m" ;; esac
-    done
-    rm -rf /run/netns/* /run/containerd/* /run/enim/*'
+  clear_node_run
   # A physical ENI comes home when its pod's namespace goes; a veth is
   # destroyed instead, so the sandbox's cloud puts it back.
   reattach_enis
@@ -474,25 +467,7 @@ s_fault_containerd() { s_fault containerd; }
 # Deployment, rolled during the stop, whose refused pods are replaced.
 s_fault_reboot() {
   local failed
-  k apply -f - >/dev/null <<EOF
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: churn, labels: {e2e: "1"}}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: churn}}
-  template:
-    metadata: {labels: {app: churn, e2e: "1"}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-        - name: c
-          image: $BUSYBOX
-          imagePullPolicy: Never
-          args: ["mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
-          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
-          resources: {limits: {$(resource): 1}}
-EOF
+  httpd_deployment churn 3
   k rollout status deployment/churn --timeout=120s >/dev/null || return 1
   k rollout restart deployment/churn >/dev/null
   sleep 1
@@ -506,6 +481,32 @@ EOF
 
 
 # --- no pod rejected while enimd restarts ---------------------------------
+
+# httpd_deployment NAME REPLICAS [NODE]: a Deployment of busybox pods
+# serving their hostname on 8080, each with one $(resource), on NODE when
+# given.
+httpd_deployment() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1, labels: {e2e: "1"}}
+spec:
+  replicas: $2
+  selector: {matchLabels: {app: $1}}
+  template:
+    metadata: {labels: {app: $1, e2e: "1"}}
+    spec:
+      terminationGracePeriodSeconds: 1
+$([ -n "${3:-}" ] && echo "      nodeSelector: {kubernetes.io/hostname: $3}")
+      containers:
+        - name: c
+          image: $BUSYBOX
+          imagePullPolicy: Never
+          args: ["mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
+          resources: {limits: {$(resource): 1}}
+EOF
+}
 
 # A short-lived pod that asks for the resource and succeeds once it runs.
 adm_pod() { pod "$1" cmd="exit 0" probe=none restart=Never; }
