@@ -120,8 +120,9 @@ impl MemCloud {
 
 #[async_trait]
 impl FleetCloud for MemCloud {
+    // Its nodes carry `aws:///` providerIDs, as the tests' Nodes do.
     fn name(&self) -> &str {
-        "mem"
+        "aws"
     }
 
     async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {

@@ -44,6 +44,11 @@ impl CloudGate {
         }
     }
 
+    /// The provider of the cloud's instances (no call).
+    pub(super) fn cloud_name(&self) -> &str {
+        self.cloud.name()
+    }
+
     /// `Ok` while this replica may call the cloud and write.
     pub(super) fn lead(&self) -> Result<(), TaskError> {
         Ok(self.store.leadership()?)

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{
-    plan, ClaimInfo, Index, Input, NodeInfo, Phase, Policy, Serving, SetInfo, Task,
+    instance_of, plan, ClaimInfo, Index, Input, NodeInfo, Phase, Policy, Serving, SetInfo, Task,
 };
 use crate::store::{Store, StoreError};
 
@@ -151,9 +151,10 @@ struct Cache {
     /// static cloud) reported by the last resync: told once, not again at
     /// every resync while they last.
     told: HashSet<String>,
-    /// Frozen nodes (see `crate::index`'s pools), and why, as last told:
-    /// each told once, and again only when the reason changes.
-    frozen: HashMap<String, String>,
+    /// Nodes held back (frozen, see `crate::index`'s pools, or waiting for
+    /// an instance of the cloud), and why, as last told: each told once,
+    /// and again only when the reason changes.
+    held_back: HashMap<String, String>,
 }
 
 /// What one job's tasks came to, in order.
@@ -358,8 +359,9 @@ impl Allocator {
                 reap_leaks: reap,
                 now,
                 claims,
+                cloud: self.gate.cloud_name(),
             });
-            tell_frozen(&mut cache.frozen, &index);
+            tell_held_back(&mut cache.held_back, &index);
             let tasks = plan(&index);
             let base: HashMap<String, NetResourceSetSpec> =
                 sets.into_iter().map(|s| (s.name, s.spec)).collect();
@@ -433,12 +435,17 @@ impl Allocator {
         counters: &Counters,
         report: &mut ResyncReport,
     ) -> Result<(), Error> {
-        // A node in no pool gets no ENI: its type is not asked for.
+        // A node in no pool, or not (yet) an instance of this cloud, gets
+        // no ENI: its type is not asked for. Nor is a type not known yet
+        // (no label): the cloud refuses "" at every resync.
+        let cloud = self.gate.cloud_name();
         let wanted: HashSet<&str> = nodes
             .iter()
             .filter(|n| self.policy.pool_of(&n.labels).is_some())
+            .filter(|n| instance_of(n).provider == cloud)
             .map(|n| n.instance_type.as_str())
             .chain(sets.iter().map(|s| s.spec.instance.instance_type.as_str()))
+            .filter(|t| !t.is_empty())
             .collect();
         let missing: Vec<&str> = {
             let cache = self.cache();
@@ -493,25 +500,30 @@ impl Allocator {
     }
 }
 
-/// Logs each live node newly frozen (or frozen for another reason), and
-/// each that thawed since the last resync; `told` keeps what was told.
-fn tell_frozen(told: &mut HashMap<String, String>, index: &Index) {
+/// Logs each live node newly held back (frozen, or waiting for an
+/// instance of the cloud), or held back for another reason, and each let
+/// go since the last resync; `told` keeps what was told.
+fn tell_held_back(told: &mut HashMap<String, String>, index: &Index) {
     let now: HashMap<String, String> = index
         .nodes
         .iter()
-        .filter(|e| e.phase == Phase::Live)
+        .filter(|e| matches!(e.phase, Phase::Live | Phase::New))
         .filter_map(|e| match &e.serving {
-            Serving::Frozen(why) => Some((e.name.to_string(), why.to_string())),
+            Serving::Frozen(why) => Some((e.name.to_string(), format!("node frozen: {why}"))),
+            Serving::NoInstance(why) => Some((
+                e.name.to_string(),
+                format!("node waits, nothing is made for it: {why}"),
+            )),
             Serving::Pool(_) | Serving::Unserved => None,
         })
         .collect();
-    for (node, why) in &now {
-        if told.get(node) != Some(why) {
-            tracing::warn!(node = %node, "node frozen: {why}");
+    for (node, what) in &now {
+        if told.get(node) != Some(what) {
+            tracing::warn!(node = %node, "{what}");
         }
     }
     for node in told.keys().filter(|n| !now.contains_key(*n)) {
-        tracing::info!(node = %node, "node no longer frozen (served by its pool again, or gone)");
+        tracing::info!(node = %node, "node no longer held back (served by its pool, or gone)");
     }
     *told = now;
 }

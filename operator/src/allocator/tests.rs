@@ -94,6 +94,29 @@ fn uses(ids: &[&str]) -> NetResourceSetStatus {
     }
 }
 
+/// A node's instance type is asked of the cloud only once it is known
+/// and the node is the cloud's instance: "" is an error on EC2, at every
+/// resync, and a node without a providerID yet has no instance to serve.
+#[tokio::test]
+async fn limits_are_asked_only_for_a_known_type_of_the_clouds_instances() {
+    let mut rig = Rig::new(&["a", "b"]);
+    rig.nodes[0].instance_type.clear();
+    rig.nodes[1].provider_id.clear();
+    rig.nodes[1].instance_type = "m6".into();
+    let r = rig.resync().await;
+    assert_eq!(rig.cloud.calls("limits"), 0, "{r:?}");
+    assert!(r.errors.is_empty(), "{r:?}");
+    // Node b gets no set while it waits; node a's waits for its type.
+    assert!(rig.store.set("b").is_none());
+    assert!(rig.store.set("a").is_some_and(|s| s.spec.enis.is_empty()));
+
+    rig.nodes[0].instance_type = "m5".into();
+    rig.nodes[1].provider_id = "aws:///z1/i-b".into();
+    rig.resync().await;
+    assert_eq!(rig.cloud.calls("limits"), 2, "m5 and m6, once each");
+    assert_eq!(rig.attached_to("b"), 2);
+}
+
 #[tokio::test]
 async fn new_nodes_get_sets_and_enis_and_a_second_resync_does_nothing() {
     let rig = Rig::new(&["a", "b"]);
@@ -442,7 +465,10 @@ async fn a_node_without_inventory_in_a_static_cloud_is_told_once() {
     let cloud = enim_provider_static::StaticFleet::new(&inventory).unwrap();
     let store = Arc::new(MemStore::default());
     let alloc = Allocator::new(Arc::new(cloud), store.clone(), config()).unwrap();
-    let nodes = [node("node-a")];
+    // A static cloud's node, known by name: no providerID.
+    let mut static_node = node("node-a");
+    static_node.provider_id.clear();
+    let nodes = [static_node];
     let resync = || async { alloc.resync(&nodes, &store.sets()).await.unwrap() };
     let first = resync().await;
     assert!(first.tasks_failed > 0, "{first:?}");

@@ -50,7 +50,7 @@ pub(crate) mod tests;
 mod view;
 
 pub use plan::plan;
-pub use pool::{Frozen, PoolPolicy, PoolSettings, Serving};
+pub use pool::{Frozen, NoInstance, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
 pub use view::{ClaimInfo, NodeInfo, SetInfo};
 
@@ -101,6 +101,10 @@ pub struct Input<'a> {
     /// operator does not know them (its watch is not synced): then no ENI
     /// is made for a claim, and none made for one is taken back.
     pub claims: Option<&'a [ClaimInfo]>,
+    /// The provider of the instances the operator's cloud serves
+    /// ([`enim_provider::fleet::FleetCloud::name`]). A node without a set
+    /// whose providerID names another (or none yet) gets nothing.
+    pub cloud: &'a str,
 }
 
 /// What a node is, as far as planning goes.
@@ -214,7 +218,16 @@ impl<'a> Index<'a> {
         nodes.sort_unstable_by(|a, b| a.name.cmp(b.name));
         for e in &mut nodes {
             if let Some(n) = e.node {
-                e.serving = input.policy.serving(n, e.set);
+                e.serving = match e.set {
+                    // Its instance is the cloud's to make ENIs for: an EC2
+                    // call for a node named like a static one would fail at
+                    // each pass, and its set would name the wrong instance.
+                    None if e.instance.provider != input.cloud => Serving::NoInstance(NoInstance {
+                        provider_id: &n.provider_id,
+                        cloud: input.cloud,
+                    }),
+                    _ => input.policy.serving(n, e.set),
+                };
             }
         }
 

@@ -165,6 +165,10 @@ pub enum Serving<'a> {
     Unserved,
     /// Its set is left exactly as it is.
     Frozen(Frozen<'a>),
+    /// Without a set, and its providerID names no instance of the
+    /// operator's cloud (a cloud controller may set it after the Node
+    /// registers): nothing is made for it until it does.
+    NoInstance(NoInstance<'a>),
 }
 
 impl<'a> Serving<'a> {
@@ -172,7 +176,24 @@ impl<'a> Serving<'a> {
     pub fn pool(&self) -> Option<PoolSettings<'a>> {
         match self {
             Serving::Pool(p) => Some(*p),
-            Serving::Unserved | Serving::Frozen(_) => None,
+            Serving::Unserved | Serving::Frozen(_) | Serving::NoInstance(_) => None,
+        }
+    }
+}
+
+/// A node the operator's cloud has no instance for, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoInstance<'a> {
+    pub provider_id: &'a str,
+    /// The provider the operator's cloud serves.
+    pub cloud: &'a str,
+}
+
+impl fmt::Display for NoInstance<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.provider_id {
+            "" => write!(f, "it has no providerID yet, so no {} instance", self.cloud),
+            id => write!(f, "its providerID {id:?} names no {} instance", self.cloud),
         }
     }
 }

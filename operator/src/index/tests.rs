@@ -136,6 +136,8 @@ pub(super) struct World {
     pub reap: bool,
     pub now: SystemTime,
     pub claims: Option<Vec<ClaimInfo>>,
+    /// The provider the operator's cloud serves.
+    pub cloud: &'static str,
 }
 
 impl World {
@@ -157,6 +159,7 @@ impl World {
             reap: false,
             now: now(),
             claims: None,
+            cloud: "aws",
         }
     }
 
@@ -190,6 +193,7 @@ impl World {
             reap_leaks: self.reap,
             now: self.now,
             claims: self.claims.as_deref(),
+            cloud: self.cloud,
         }
     }
 
@@ -232,6 +236,63 @@ fn a_new_node_gets_its_set_and_its_preallocation() {
     // An unknown instance type: the set, but nothing to create with.
     w.limits.clear();
     assert_eq!(kinds(&w.plan()), [("create-set", Some("a"))]);
+}
+
+#[test]
+fn a_node_gets_a_set_only_once_its_provider_id_names_an_instance_of_the_cloud() {
+    let mut w = World::new(Mode::Primary);
+    // Registered before a cloud controller set its providerID.
+    let mut n = node("a");
+    n.provider_id.clear();
+    w.nodes.push(n);
+    assert_eq!(w.plan(), []);
+    let index = Index::build(w.input());
+    let Serving::NoInstance(why) = index.nodes[0].serving else {
+        panic!("{:?}", index.nodes[0].serving)
+    };
+    assert_eq!(
+        why.to_string(),
+        "it has no providerID yet, so no aws instance"
+    );
+    // Another cloud's instance: not this operator's either.
+    w.nodes[0].provider_id = "bce://i-x".into();
+    assert_eq!(w.plan(), []);
+
+    // Once set, the node is served with its instance.
+    w.nodes[0].provider_id = "aws:///z1/i-a".into();
+    let tasks = w.plan();
+    let Task::CreateSet { spec, .. } = &tasks[0] else {
+        panic!("{tasks:?}")
+    };
+    assert_eq!(
+        (spec.instance.provider.as_str(), spec.instance.id.as_str()),
+        ("aws", "i-a")
+    );
+
+    // A static cloud knows nodes by name, with no providerID.
+    w.cloud = "static";
+    w.nodes[0].provider_id.clear();
+    let tasks = w.plan();
+    let Task::CreateSet { spec, .. } = &tasks[0] else {
+        panic!("{tasks:?}")
+    };
+    assert_eq!(
+        (spec.instance.provider.as_str(), spec.instance.id.as_str()),
+        ("static", "a")
+    );
+}
+
+#[test]
+fn a_set_keeps_being_served_whatever_the_nodes_provider_id_says_now() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["eni-1"]);
+    w.nodes[0].provider_id.clear();
+    let index = Index::build(w.input());
+    assert!(
+        index.nodes[0].serving.pool().is_some(),
+        "{:?}",
+        index.nodes[0].serving
+    );
 }
 
 #[test]

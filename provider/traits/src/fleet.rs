@@ -207,7 +207,9 @@ pub enum DeleteCheck {
 
 #[async_trait]
 pub trait FleetCloud: Send + Sync {
-    /// "aws", "bce", "static".
+    /// The provider of the instances this cloud serves, as a node's
+    /// providerID names it: "aws", "bce", "static". The operator serves
+    /// only nodes whose providerID names that provider.
     fn name(&self) -> &str;
 
     /// Every ENI tagged for this cluster, attached or not, in one batched

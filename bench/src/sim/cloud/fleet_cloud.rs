@@ -194,8 +194,9 @@ struct Look {
 
 #[async_trait]
 impl FleetCloud for SimFleet {
+    // The simulated nodes carry `aws:///` providerIDs.
     fn name(&self) -> &str {
-        "sim-aws"
+        "aws"
     }
 
     async fn list_cluster_enis(&self) -> Result<Vec<FleetEni>, ProviderError> {
