@@ -395,6 +395,14 @@ s_dra_perf() {
   claim_template any
   d=$(one_at_a_time perf-dra- 10 claim=any) || return 1
   echo "[dra] apply->Ready one at a time (10 pods), ms p50/p95: enim (DRA claim) $d" | tee -a "$PERF_OUT"
+  # Where it went: the whole-second steps of apply->Ready are the kubelet's
+  # PLEG relist (once a second), not the claim (pod-phases.py).
+  k -n enim-system logs ds/enimd -c enimd > "$work/logs/enimd-dra-perf.log" 2>/dev/null || true
+  python3 "$repo/scripts/cluster/pod-phases.py" "$work/logs/kubelet.log" "$work/logs/containerd.log" \
+    perf-dra- "$work/logs/enimd-dra-perf.log" | awk '
+      { v[$1] = $3 "/" $4; n = $2 }
+      END { printf "[dra] where a claim pod'"'"'s start went (%d pods), ms p50/p95: kubelet before the sandbox %s (of it enimd'"'"'s prepare %s), RunPodSandbox %s, containers %s, waiting for the PLEG relist %s\n",
+              n, v["kubelet"], v["prepare"], v["sandbox"], v["container"], v["pleg"] }' | tee -a "$PERF_OUT"
   dp=$(grep -F '[primary] apply->Ready one at a time' "$PERF_OUT" | sed 's/.*ms p50\/p95: //' || true)
   if [ -n "$dp" ]; then
     echo "beside the primary run's (device plugin, 20 pods): $dp"

@@ -65,8 +65,11 @@ impl Preparer {
             claim: format!("{}/{}", claim.namespace, claim.name),
             reason,
         };
+        // Timed for the log: the claim pods' apply->Ready is split by it.
+        let started = std::time::Instant::now();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
         let rc = api.get(&claim.name).await?;
+        let read_ms = started.elapsed().as_millis();
         if rc.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
             return Err(bad(format!(
                 "its uid is {:?}, the kubelet asked for {}: the claim was replaced",
@@ -120,7 +123,14 @@ impl Preparer {
             pods,
         };
         self.claims.record(prepared.clone())?;
-        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), enis = ?prepared.devices.iter().map(|d| &d.eni_id).collect::<Vec<_>>(), pods = ?prepared.pods, "prepared claim");
+        tracing::info!(
+            claim = %format!("{}/{}", claim.namespace, claim.name),
+            enis = ?prepared.devices.iter().map(|d| &d.eni_id).collect::<Vec<_>>(),
+            pods = ?prepared.pods,
+            read_ms,
+            took_ms = started.elapsed().as_millis(),
+            "prepared claim"
+        );
         Ok(wire_devices(&self.node, &prepared))
     }
 
