@@ -187,6 +187,41 @@ EOF
   echo "CoreDNS ($DNS_IP, on $dns_node) from both nodes: across.default -> $svc; x-1's $out"
 }
 
+# (IPv6) The pod subnet has an IPv6 block and the operator asks one address
+# for each ENI: a pod on a whole ENI (node 1 through the device plugin, the
+# DRA node through a claim) has on eth0 the IPv6 address moto assigned that
+# ENI, the kubelet reports it among the podIPs, and the two pods, on two
+# nodes, reach each other over IPv6 through the VPC's router.
+pod_ipv6() { in_pod "$1" "ip -6 -o addr show dev eth0 scope global" | awk '{ print $4 }' | cut -d/ -f1; }
+on_moto_ipv6() {
+  local pod=$1 v6 mac want
+  v6=$(pod_ipv6 "$pod")
+  [ -n "$v6" ] || { echo "$pod: no global IPv6 address on eth0"; return 1; }
+  mac=$(in_pod "$pod" "cat /sys/class/net/eth0/address")
+  want=$(moto_enis | jq -r --arg mac "$mac" '.[] | select(.mac == $mac) | .ipv6[]')
+  [ "$v6" = "$want" ] || { echo "$pod: eth0 ($mac) has $v6, moto gave its ENI '$want'"; return 1; }
+  k get pod "$pod" -o jsonpath='{.status.podIPs[*].ip}' | tr ' ' '\n' | grep -Fx "$v6" >/dev/null ||
+    { echo "$pod: podIPs $(k get pod "$pod" -o jsonpath='{.status.podIPs[*].ip}') lack $v6"; return 1; }
+  echo "$pod on $(k get pod "$pod" -o jsonpath='{.spec.nodeName}'): eth0 $v6 = moto's IPv6 for its ENI ($mac), in its podIPs"
+}
+s_cloud_ipv6() {
+  local a=1 d pods=(v6-a v6-d) p q
+  d=$(dra_nodes | sed -n 1p)
+  [ "$(pool_mode "$a")" = primary ] && [ -n "$d" ] || { echo "needs node 1 in primary mode and a DRA node"; return 1; }
+  echo "the pod subnet's IPv6 block: $(cloud_field .pod_subnet_v6)"
+  pod_on "$a" v6-a
+  claim_template any-eni
+  pod v6-d claim=any-eni node="enim-e2e-node$d"
+  for p in "${pods[@]}"; do ready "$p" 120 || return 1; done
+  for p in "${pods[@]}"; do on_moto_ipv6 "$p" || return 1; done
+  for p in "${pods[@]}"; do
+    q=v6-a; [ "$p" = v6-a ] && q=v6-d
+    in_pod "$p" "ping -6 -c 2 -W 2 $(pod_ipv6 "$q")" >/dev/null ||
+      { echo "ping -6 $p -> $q ($(pod_ipv6 "$q")) failed"; return 1; }
+  done
+  echo "node $a <-> node $d over IPv6: ping both ways"
+}
+
 # (3, from outside) A NodePort from the VPC namespace (outside the
 # cluster) to either node, its one backend on node 2.
 s_cloud_nodeport() {
@@ -546,6 +581,7 @@ run_cloud_scenarios() {
   cloud_scenario "a pod on each device-plugin node runs on an ENI from moto: node 1's pod on a whole ENI with its address, node 2's (secondary mode) on one of an ENI's secondary addresses" s_cloud_pods
   cloud_scenario "DRA (pool primary-dra): a pod's claim is allocated an ENI from moto on that node, and the pod runs on it" s_cloud_dra
   cloud_scenario "across nodes and modes (node 1 primary, node 2 secondary): pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
+  cloud_scenario "IPv6: the pod subnet's block gives each ENI an address; pods on a whole ENI (node 1 by the device plugin, the DRA node by a claim) have moto's address on eth0 and in podIPs, and ping each other across nodes" s_cloud_ipv6
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand

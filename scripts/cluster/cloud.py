@@ -2,12 +2,13 @@
 """The cloud of scripts/e2e-cluster.sh's `cloud` run, made in moto (run it
 where moto is reached: inside the VPC namespace).
 
-    cloud.py setup MOTO_URL NODES OUT.json   IAM users, a VPC, its subnets and
+    cloud.py setup MOTO_URL NODES OUT.json   IAM users, a dual-stack VPC, its subnets and
                                              a security group, NODES instances
     cloud.py sg STATE.json NAME              a new security group in the VPC;
                                              prints its id
     cloud.py enis STATE.json                 every ENI: id, instance, device
-                                             index, MAC, addresses (JSON)
+                                             index, MAC, addresses, IPv6
+                                             addresses (JSON)
 
 The IAM users are allowed what enim documents: the operator the fleet's
 actions, a node (the late one, per-node provider) the node's, the VPC
@@ -99,14 +100,21 @@ def setup(url, nodes, out):
     }
     moto_auth(url, "0")
     ec2 = client("ec2", url, keys["admin"])
-    vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
-    subnet = lambda cidr: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    node_subnet, pod_subnet = subnet(NODE_SUBNET), subnet(POD_SUBNET)
+    # Dual stack, as EC2 gives it: an Amazon-provided /56 for the VPC, and
+    # its first /64 for the pod subnet (the nodes' own stays IPv4 only).
+    # The addresses are global, but no packet leaves the VPC namespace.
+    made = ec2.create_vpc(CidrBlock=VPC_CIDR, AmazonProvidedIpv6CidrBlock=True)["Vpc"]
+    vpc = made["VpcId"]
+    vpc_v6 = made["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"]
+    pod_subnet_v6 = vpc_v6.replace("/56", "/64")
+    subnet = lambda cidr, **v6: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=ZONE, **v6)["Subnet"]["SubnetId"]
+    node_subnet = subnet(NODE_SUBNET)
+    pod_subnet = subnet(POD_SUBNET, Ipv6CidrBlock=pod_subnet_v6)
     sg = ec2.create_security_group(GroupName="enim-pods", Description="enim e2e pods", VpcId=vpc)["GroupId"]
     state = {
         "url": url, "region": REGION, "keys": keys, "vpc": vpc,
         "node_subnet": node_subnet, "node_subnet_cidr": NODE_SUBNET,
-        "pod_subnet": pod_subnet, "pod_subnet_cidr": POD_SUBNET,
+        "pod_subnet": pod_subnet, "pod_subnet_cidr": POD_SUBNET, "pod_subnet_v6": pod_subnet_v6,
         "security_group": sg,
         "nodes": [run_instance(ec2, node_subnet) for _ in range(nodes)],
     }
@@ -128,6 +136,7 @@ def enis(state):
                 "subnet": e["SubnetId"],
                 "groups": sorted(g["GroupId"] for g in e.get("Groups", [])),
                 "addresses": [a["PrivateIpAddress"] for a in e.get("PrivateIpAddresses", [])],
+                "ipv6": [a["Ipv6Address"] for a in e.get("Ipv6Addresses", [])],
                 "tags": {t["Key"]: t["Value"] for t in e.get("TagSet", [])},
             })
     print(json.dumps(found))

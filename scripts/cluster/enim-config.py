@@ -157,6 +157,8 @@ def aws_operator_manifests(deploy_dir, mode, cloud, replicas, out):
             "type": "aws",
             "region": cloud["region"],
             "detach_timeout": "30s",
+            # The pod subnet has an IPv6 block: each ENI gets one address.
+            "assign_ipv6": True,
             # Through the fault proxy, where the run has one.
             "api": {"endpoint": cloud.get("proxy_url", cloud["url"])},
         }

@@ -379,6 +379,81 @@ async fn hot_plug_routes_metadata_and_unplug_from_a_pod() {
     rig.stop().await;
 }
 
+/// Two ENIs of one dual-stack subnet on two nodes, each with its IPv6
+/// address on the subnet's on-link /64 (as EC2's router advertisement
+/// gives it): they reach each other directly, the VPC answering each
+/// neighbour solicitation for the other, as the cloud's fabric does. A
+/// detached ENI's address is answered no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_neighbours_of_one_subnet_on_two_nodes_answer_through_the_vpc() {
+    let Some(mut rig) = Rig::new().await else {
+        return;
+    };
+    let mut cfg = rig.config();
+    cfg.nodes[0].primary = PrimaryMode::Skip;
+    rig.start(cfg).await;
+    let (a, b) = (
+        rig.create_eni(&rig.subnet2).await,
+        rig.create_eni(&rig.subnet2).await,
+    );
+    let mut v6 = Vec::new();
+    for e in [&a, &b] {
+        rig.ec2()
+            .assign_addresses(Family::V6, &e.network_interface_id, 1)
+            .await
+            .unwrap();
+        let now = rig.eni(&e.network_interface_id).await;
+        v6.push(
+            now.secondary_ips()
+                .into_iter()
+                .find(IpAddr::is_ipv6)
+                .unwrap(),
+        );
+    }
+    rig.attach(&a.network_interface_id, &rig.instance_a, 1)
+        .await;
+    let att_b = rig
+        .attach(&b.network_interface_id, &rig.instance_b, 1)
+        .await;
+    until(FOLLOW, "both ENIs plugged", || {
+        link(&rig.node_a, &a.mac_address).is_some() && link(&rig.node_b, &b.mac_address).is_some()
+    })
+    .await;
+    for (node, addr) in [(&rig.node_a, v6[0]), (&rig.node_b, v6[1])] {
+        node.ip(&["addr", "add", &format!("{addr}/64"), "dev", "eth1", "nodad"]);
+        node.ip(&["link", "set", "eth1", "up"]);
+    }
+    let proxied = |addr: IpAddr| {
+        let v: Value = rig.vpc.ip_json(&["-6", "neigh", "show", "proxy"]);
+        v.as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n["dst"].as_str() == Some(addr.to_string().as_str()))
+    };
+    until(
+        FOLLOW,
+        "each address answered for by the other's far end",
+        || proxied(v6[0]) && proxied(v6[1]),
+    )
+    .await;
+    let (from, to) = (v6[0].to_string(), v6[1].to_string());
+    assert!(
+        rig.node_a
+            .exec_ok(&["ping", "-6", "-c", "2", "-W", "2", "-I", &from, &to]),
+        "ping -6 {from} -> {to}, on-link through the VPC"
+    );
+
+    rig.ec2().detach_network_interface(&att_b).await.unwrap();
+    until(
+        FOLLOW,
+        "the detached ENI's address no longer answered",
+        || !proxied(v6[1]),
+    )
+    .await;
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_and_detach_delays_and_a_restart_adopts() {
     let Some(mut rig) = Rig::new().await else {

@@ -2,8 +2,9 @@
 //! VPC and node namespaces, the far ends (veths in the VPC namespace whose
 //! alias names their attachment; their peers are the ENIs), the gateway
 //! addresses on them, the /32 and /128 routes (marked [`ROUTE_PROTO`], so
-//! they are told from any other route), and the VPC namespace's sysctls and
-//! metadata listener.
+//! they are told from any other route), the proxy neighbour entries by which
+//! a far end answers IPv6 neighbour solicitations for the subnet's other
+//! addresses, and the VPC namespace's sysctls and metadata listener.
 //!
 //! `setns` switches only the calling thread, and a socket stays in the
 //! namespace it was made in: so sockets (and sysctl writes) for another
@@ -22,9 +23,13 @@ use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage,
 };
+use rtnetlink::packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
+};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
 };
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 
 /// The routing protocol number on the simulator's routes: unused by any
@@ -425,12 +430,68 @@ pub async fn del_route(h: &Handle, msg: RouteMessage) -> Result<(), KernelError>
     unless_errno(r, "delete route", nix::libc::ESRCH, ())
 }
 
+/// One IPv6 proxy neighbour entry: link `index` answers neighbour
+/// solicitations for `addr` (with `proxy_ndp` on, as [`prepare_vpc`] sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProxyNeighbour {
+    pub addr: Ipv6Addr,
+    pub index: u32,
+}
+
+/// Every IPv6 proxy neighbour entry of the namespace, each with the
+/// message that deletes it. The VPC namespace holds the simulator's only.
+pub async fn proxy_neighbours(
+    h: &Handle,
+) -> Result<Vec<(ProxyNeighbour, NeighbourMessage)>, KernelError> {
+    let answers = h
+        .neighbours()
+        .get()
+        .proxies()
+        .set_address_family(AddressFamily::Inet6)
+        .execute();
+    let msgs = dump(answers, "dump proxy neighbours").await?;
+    Ok(msgs
+        .into_iter()
+        .filter_map(|m| {
+            let addr = m.attributes.iter().find_map(|a| match a {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(*a),
+                _ => None,
+            })?;
+            let index = m.header.ifindex;
+            Some((ProxyNeighbour { addr, index }, m))
+        })
+        .collect())
+}
+
+pub async fn add_proxy_neighbour(h: &Handle, p: ProxyNeighbour) -> Result<(), KernelError> {
+    let r = h
+        .neighbours()
+        .add(p.index, IpAddr::V6(p.addr))
+        .flags(NeighbourFlags::Proxy)
+        .execute()
+        .await;
+    unless_errno(
+        r,
+        format!("proxy neighbour {} on link {}", p.addr, p.index),
+        nix::libc::EEXIST,
+        (),
+    )
+}
+
+pub async fn del_proxy_neighbour(h: &Handle, msg: NeighbourMessage) -> Result<(), KernelError> {
+    // ENOENT: gone with its link already.
+    let r = h.neighbours().del(msg).execute().await;
+    unless_errno(r, "delete proxy neighbour", nix::libc::ENOENT, ())
+}
+
 /// Makes the VPC namespace a router between its far ends: forwarding on,
 /// no reverse-path filter (a pod's address arrives on an ENI the kernel
 /// has no route back through until the route is made), proxy ARP on every
 /// new link (an on-link neighbour in another node answers through the
-/// VPC, as in a VPC), no DAD (gateways answer at once). Then loopback up
-/// with the metadata address on it.
+/// VPC, as in a VPC; IPv6 has no such switch for a whole subnet, so proxy
+/// NDP is on and answers the addresses [`add_proxy_neighbour`] lists), no
+/// DAD (gateways answer at once). Then loopback up with the metadata
+/// address on it.
 pub async fn prepare_vpc(vpc: &Ns) -> Result<(), KernelError> {
     let written = vpc
         .run(|| {
@@ -442,6 +503,7 @@ pub async fn prepare_vpc(vpc: &Ns) -> Result<(), KernelError> {
                 ("ipv6/conf/all/forwarding", "1"),
                 ("ipv6/conf/default/forwarding", "1"),
                 ("ipv6/conf/default/accept_dad", "0"),
+                ("ipv6/conf/all/proxy_ndp", "1"),
             ];
             for (key, value) in settings {
                 let path = format!("/proc/sys/net/{key}");

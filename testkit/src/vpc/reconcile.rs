@@ -14,7 +14,7 @@ use enim_provider_aws::client::{Ec2Client, NetworkInterface, Subnet};
 
 use super::config::{PrimaryMode, VpcConfig};
 use super::desired::{self, parse_alias, Plug, Skip};
-use super::kernel::{self, HostRoute, KernelError, Ns, PairSpec};
+use super::kernel::{self, HostRoute, KernelError, Ns, PairSpec, ProxyNeighbour};
 
 /// What one tick did (tests read it; the loop only logs).
 #[derive(Debug, Default)]
@@ -170,6 +170,9 @@ impl Reconciler {
         if let Err(e) = self.sync_routes(&live).await {
             tick.errors.push(e.to_string());
         }
+        if let Err(e) = self.sync_proxy_neighbours(&live).await {
+            tick.errors.push(e.to_string());
+        }
         self.log(&tick);
         tick
     }
@@ -250,6 +253,38 @@ impl Reconciler {
         }
         for route in want.difference(&have) {
             kernel::add_route(h, *route).await?;
+        }
+        Ok(())
+    }
+
+    /// Each live far end answers neighbour solicitations for every IPv6
+    /// address of the other ENIs in its subnet: a pod's on-link /64 then
+    /// reaches another node's pod through the VPC, as the cloud's fabric
+    /// answers for the whole subnet. The simulator's other entries go.
+    async fn sync_proxy_neighbours(&self, live: &[(&Plug, u32)]) -> Result<(), KernelError> {
+        let h = self.vpc.handle();
+        let mut want: HashSet<ProxyNeighbour> = HashSet::new();
+        for (p, index) in live {
+            let Some(subnet) = p.subnet_v6 else { continue };
+            for (q, _) in live {
+                if q.eni_id != p.eni_id && q.subnet_v6 == Some(subnet) {
+                    want.extend(q.ipv6.iter().map(|addr| ProxyNeighbour {
+                        addr: *addr,
+                        index: *index,
+                    }));
+                }
+            }
+        }
+        let mut have = HashSet::new();
+        for (entry, msg) in kernel::proxy_neighbours(h).await? {
+            if want.contains(&entry) {
+                have.insert(entry);
+            } else {
+                kernel::del_proxy_neighbour(h, msg).await?;
+            }
+        }
+        for entry in want.difference(&have) {
+            kernel::add_proxy_neighbour(h, *entry).await?;
         }
         Ok(())
     }
