@@ -499,6 +499,22 @@ node_ready() {
 # test_eq WANT CMD...: CMD prints WANT.
 test_eq() { local want=$1; shift; [ "$("$@")" = "$want" ]; }
 
+# (10) enimd's crashes on a cloud node: node 1's agent (primary mode, its
+# ENIs from moto through its NetResourceSet) killed with -9, and its
+# DaemonSet restarted, CLOUD_RESTARTS times each, with pods admitted through
+# each restart: every pod runs (to Succeeded). The one-node primary run
+# does 20 of each kind on a static inventory; here fewer, on the cloud's
+# path (scenarios.sh's s_admission, on node 1).
+CLOUD_RESTARTS=${CLOUD_RESTARTS:-10}
+s_cloud_admission() {
+  local rc=0 restarts=$CLOUD_RESTARTS
+  [ "$(pool_mode 1)" = primary ] || { echo "needs node 1 in primary mode"; return 1; }
+  cloud_node 1
+  s_admission kill9 && s_admission rollout || rc=1
+  cloud_cp
+  return $rc
+}
+
 # (8) A cloud outage: for 60 s every EC2 call of the operator's answers
 # 503, 30 s `Unavailable` and then 30 s `RequestLimitExceeded`, while pods
 # come and go on the device-plugin nodes: each pod runs from a warm ENI,
@@ -585,6 +601,7 @@ run_cloud_scenarios() {
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
+  cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage
   cloud_scenario "the operator's leader's node powered off: the other replica leads, churn goes on, the new leader makes ENIs; powered on, its pod runs again, no ENI in two sets, moto's ENIs are the sets'" s_cloud_leader_reboot
   cloud_scenario "the late node joins (pool per-node, no operator): its agent's aws provider makes its ENIs in moto, a pod applied before it registered runs on one, and it has no NetResourceSet" s_cloud_late_node
