@@ -3,8 +3,8 @@
 //!
 //! ADD: find the device, move + rename it into the pod in one message, then
 //! in the pod find it again (the ifindex may change), add the address, set
-//! it up, add the default route. DEL: in the pod find it, set it down, move
-//! it home + rename in one message. A socket is opened in each pod's
+//! it up, add the default route. DEL: in the pod find it, move it home +
+//! rename in one message (the move closes it). A socket is opened in each pod's
 //! namespace per operation, as any agent must for a namespace it has not
 //! seen before.
 
@@ -113,8 +113,8 @@ impl Floor {
         let pod_ns = Netns::open(pod_path)?;
         let pod = handle_in(&pod_ns).await?;
         let index = index_of(&pod, ifname).await?;
-        let down = LinkUnspec::new_with_index(index).down().build();
-        set_link(&pod, down, "link down").await?;
+        // No `link down` first: the move closes the device itself, and the
+        // floor is the least a DEL can send.
         let home = LinkUnspec::new_with_index(index)
             .setns_by_fd(self.host.file().as_raw_fd())
             .name(host_name)
