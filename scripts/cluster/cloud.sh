@@ -50,14 +50,14 @@ PROXY_IP=10.0.255.3
 NODE_GW=10.0.1.1
 vpc=""
 
-# phase_time WHAT T0_NS: prints how long WHAT took, and keeps it for the
-# results (e2e-cluster.sh prints PERF_OUT at the end).
-phase_time() {
-  local line
-  line="time: $1: $((($(date +%s%N) - $2) / 1000000)) ms"
-  echo "$line"
-  echo "[cloud] $line" >> "$PERF_OUT"
+# cloud_perf LINE: prints LINE and keeps it for the results (e2e-cluster.sh
+# prints PERF_OUT at the end).
+cloud_perf() {
+  echo "$1"
+  echo "[cloud] $1" >> "$PERF_OUT"
 }
+# phase_time WHAT T0_NS: how long WHAT took, as cloud_perf.
+phase_time() { cloud_perf "time: $1: $((($(date +%s%N) - $2) / 1000000)) ms"; }
 
 # cloud_outage unavailable|throttled|none: what every EC2 call through the
 # fault proxy answers from now on (within 200 ms).

@@ -840,16 +840,32 @@ at_once() {
   k delete pod -l e2e=1 --wait=true >/dev/null
 }
 
-# add_seconds: enimd's ADD count and total seconds, from its /metrics.
-add_seconds() {
-  on_node curl -fsS http://127.0.0.1:9464/metrics | python3 -c '
-import re, sys
+# timer_seconds URL NAME [LABELS]: a Prometheus histogram's count and total
+# seconds (NAME_count, NAME_sum with exactly LABELS, case aside; none when
+# empty) from URL, read on the node.
+timer_seconds() {
+  on_node curl -fsS "$1" | python3 -c '
+import sys
+name, labels = sys.argv[1], sys.argv[2].lower()
+braces = f"{{{labels}}}" if labels else ""
 v = {}
 for line in sys.stdin:
-    m = re.match(r"enim_request_duration_seconds_(sum|count)\{verb=\"(?i:add)\"\} (\S+)", line)
-    if m:
-        v[m.group(1)] = float(m.group(2))
-print(v.get("count", 0), v.get("sum", 0))'
+    for k in ("sum", "count"):
+        if line.lower().startswith(f"{name}_{k}{braces} "):
+            v[k] = float(line.split()[1])
+print(v.get("count", 0), v.get("sum", 0))' "$2" "${3:-}"
+}
+# add_seconds: enimd's ADD count and total seconds, from its /metrics.
+add_seconds() { timer_seconds http://127.0.0.1:9464/metrics enim_request_duration_seconds 'verb="add"'; }
+
+# add_since "COUNT SECONDS" "COUNT SECONDS": enimd's ADDs between two
+# add_seconds readings: how many, and their mean.
+add_since() {
+  python3 -c "
+import sys
+c0, s0 = map(float, sys.argv[1].split()); c1, s1 = map(float, sys.argv[2].split())
+print(f'{int(c1 - c0)} ADDs, mean {(s1 - s0) / max(c1 - c0, 1) * 1000:.1f} ms')
+" "$1" "$2"
 }
 
 s_perf() {
@@ -872,18 +888,15 @@ s_perf() {
   # The DRA run compares its claims' figure with this one (device plugin).
   echo "apply->Ready ms p50/p95: enim $e, bridge $b (one at a time)"
   echo "[$mode] apply->Ready one at a time (20 pods), ms p50/p95: enim (device plugin) $e, bridge $b" >> "$PERF_OUT"
-  python3 -c "
-import sys
-c0, s0 = map(float, sys.argv[1].split()); c1, s1 = map(float, sys.argv[2].split())
-print(f'enimd ADD (server side, from its /metrics): {int(c1 - c0)} ADDs, mean {(s1 - s0) / max(c1 - c0, 1) * 1000:.1f} ms')
-" "$a0" "$a1" | tee -a "$PERF_OUT"
+  echo "enimd ADD (server side, from its /metrics): $(add_since "$a0" "$a1")" | tee -a "$PERF_OUT"
   if [ "$mode" = secondary ]; then
     se=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-enim-) || return 1
     sb=$(python3 "$repo/scripts/cluster/sandbox-times.py" "$log" perfx-bridge-) || return 1
     perf_line "10 at once" "$se" "$sb"
   fi
 }
-# perf_line WHAT "N P50 P95" "N P50 P95": the RunPodSandbox comparison.
+# perf_line WHAT "N P50 P95" "N P50 P95": the RunPodSandbox comparison,
+# kept in PERF_OUT under [PERF_TAG] (default: the mode).
 perf_line() {
   local line
   line=$(python3 -c "
@@ -892,7 +905,7 @@ e = sys.argv[2].split(); b = sys.argv[3].split()
 print(f'RunPodSandbox {sys.argv[1]} ({e[0]} pods each): enim p50 {e[1]} ms p95 {e[2]} ms; bridge p50 {b[1]} ms p95 {b[2]} ms; enim/bridge p50 {float(e[1]) / float(b[1]):.2f} x, p95 {float(e[2]) / float(b[2]):.2f} x')
 " "$@")
   echo "$line"
-  echo "[$mode] $line" >> "$PERF_OUT"
+  echo "[${PERF_TAG:-$mode}] $line" >> "$PERF_OUT"
 }
 
 # tests/k8s_cluster.rs against this cluster, through testkit::cluster.

@@ -304,6 +304,17 @@ impl<'a> Job<'a> {
             .extend(intents.iter().map(|(i, _)| i.clone()));
         self.flush().await?;
         crash_point("operator-after-intent");
+        // Where a pass's cloud calls begin (the e2e rig's phase breakdowns).
+        let claims: Vec<String> = intents
+            .iter()
+            .filter_map(|(i, _)| i.claim.as_ref())
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect();
+        tracing::info!(
+            enis = intents.len(),
+            ?claims,
+            "intents recorded; creating and attaching"
+        );
         let mut first_err = None;
         let mut published = 0;
         for (intent, ix) in intents {

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use enim_provider_aws::client::{Ec2Client, NetworkInterface, Subnet};
 
@@ -290,13 +290,14 @@ impl Reconciler {
     }
 
     /// Prints what is new since the last tick: every plug and unplug, and
-    /// each skip or error once while it lasts (a tick is 200 ms).
+    /// each skip or error once while it lasts (a tick is 200 ms). Plugs and
+    /// unplugs carry the time, for the e2e rig's phase breakdowns.
     fn log(&mut self, tick: &Tick) {
         for eni in &tick.plugged {
-            eprintln!("enim-vpcsim: plugged {eni}");
+            eprintln!("enim-vpcsim: @{} plugged {eni}", epoch_stamp());
         }
         for eni in &tick.unplugged {
-            eprintln!("enim-vpcsim: unplugged {eni}");
+            eprintln!("enim-vpcsim: @{} unplugged {eni}", epoch_stamp());
         }
         let now: HashSet<String> = tick
             .skipped
@@ -309,6 +310,15 @@ impl Reconciler {
         }
         self.said = now;
     }
+}
+
+/// Now, as seconds since the epoch to the microsecond (a clock any log
+/// reader can line up with RFC 3339 stamps, with no calendar code here).
+fn epoch_stamp() -> String {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:06}", t.as_secs(), t.subsec_micros())
 }
 
 /// Whether `path` still names the namespace `ns` holds open.
