@@ -15,6 +15,7 @@ mod error;
 pub mod fault;
 mod mac;
 mod mode;
+pub mod pacing;
 pub mod ratelimit;
 pub mod reserved;
 pub mod retry;

@@ -6,19 +6,25 @@
 //! - `eni_limit`: DescribeInstanceTypes, once per node (cached on success);
 //! - `attached`: instance metadata (IMDS), not an EC2 call, never throttled;
 //! - `tagged`: DescribeNetworkInterfaces with tag filters;
-//! - `create_and_attach`: DescribeNetworkInterfaces (filtered, the free
-//!   device slots), CreateNetworkInterface, then under the node's attach
+//! - `create_and_attach`: an ENI kept from a throttled attach if there is
+//!   one, else IMDS (the interfaces shown, to refuse early) and
+//!   CreateNetworkInterface; then under the node's attach
 //!   lock DescribeNetworkInterfaces (filtered) again and
 //!   AttachNetworkInterface (after a failed attach, a DescribeNetworkInterfaces
 //!   by id to see whether it went through), then
 //!   ModifyNetworkInterfaceAttribute (DeleteOnTermination; a failure is only
 //!   logged), then IMDS polls until the interface shows (50 ms doubling to
-//!   1 s, jittered, up to `metadata_wait`); a failed attach or metadata wait
-//!   deletes the ENI again;
+//!   1 s, jittered, up to `metadata_wait`); an attach throttled past the
+//!   client's retries keeps the ENI for the next create, any other failed
+//!   attach or metadata wait deletes it again;
 //! - `detach_and_delete`: DescribeNetworkInterfaces by id, DetachNetworkInterface,
 //!   DescribeNetworkInterfaces by id polled (the backend's `DETACH_BACKOFF`,
 //!   jittered, up to `detach_timeout`) until `available`, then
 //!   DeleteNetworkInterface.
+//!
+//! A node's calls are paced by its throttle replies, per action, as the
+//! agent's EC2 client paces them ([`enim_core::pacing`], `AGENT_PACING`);
+//! the operator's are not.
 //!
 //! Every EC2 call goes through the client's retry as the real one does
 //! (`provider/aws/src/client/query.rs`): a throttled reply is retried after
@@ -37,6 +43,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use enim_core::pacing::Pacing;
 use enim_core::{Eni, MacAddr, ProviderError};
 use enim_provider_aws::client::RetryPolicy;
 use enim_provider_aws::AwsConfig;
@@ -400,12 +407,27 @@ impl Account {
     async fn call<T>(
         &self,
         action: Action,
+        effect: impl FnMut(&mut State, Instant) -> Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        self.call_paced(action, None, effect).await
+    }
+
+    /// As [`Self::call`], each attempt first waiting for its slot in the
+    /// caller's `pacing` (by the action's API name, as the client keys it),
+    /// which each reply adjusts as the client's does.
+    async fn call_paced<T>(
+        &self,
+        action: Action,
+        pacing: Option<&Pacing>,
         mut effect: impl FnMut(&mut State, Instant) -> Result<T, ProviderError>,
     ) -> Result<T, ProviderError> {
         let policy = &self.params.retry;
         let mut delays = policy.backoff().delays();
         let mut attempt = 1;
         loop {
+            if let Some(p) = pacing {
+                p.wait(action.api()).await;
+            }
             let granted = {
                 let mut st = self.state();
                 let since = Instant::now() - self.start;
@@ -416,6 +438,13 @@ impl Account {
             tokio::time::sleep(self.params.api_rtt).await;
             let gave_up = {
                 let mut st = self.state();
+                if let Some(p) = pacing {
+                    if granted {
+                        p.answered(action.api());
+                    } else {
+                        p.throttled(action.api());
+                    }
+                }
                 if granted {
                     let result = effect(&mut st, Instant::now());
                     let c = st.counts.by_action.entry(action).or_default();

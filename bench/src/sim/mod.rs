@@ -434,11 +434,13 @@ pub fn markdown(r: &Report) -> String {
 /// What the simulation does and does not model.
 pub const MODEL: &str =
     "Modelled: the real warm pool (unchanged) on a paused clock; per node, the \
-EC2 calls enim's AWS backend makes, in its order (DescribeInstanceTypes once; a filtered \
-DescribeNetworkInterfaces before CreateNetworkInterface and again before AttachNetworkInterface; \
+EC2 calls enim's AWS backend makes, in its order (DescribeInstanceTypes once; metadata read \
+before CreateNetworkInterface, a filtered DescribeNetworkInterfaces before AttachNetworkInterface; \
+an ENI whose attach was throttled past the client's retries kept for the node's next create; \
 ModifyNetworkInterfaceAttribute for DeleteOnTermination; metadata polled until the ENI shows; \
 for a delete, DescribeNetworkInterfaces by id, DetachNetworkInterface, by-id describes polled \
-until available, DeleteNetworkInterface); the EC2 client's retry of throttled calls; one \
+until available, DeleteNetworkInterface); the EC2 client's retry of throttled calls, and the \
+agent's pacing of each action by its throttle replies (the operator's calls are not paced); one \
 account's buckets shared by every node; the kubelet's retry of a failed ADD (10–15 s). \
 Not modelled: network failures and 5xx answers; metadata lag (an attached ENI shows in \
 metadata at once and whole); eventual consistency of Describe (it sees every change at once); \

@@ -438,12 +438,14 @@ impl Imds {
     }
 
     /// Every interface attached now. One whose fields are not readable yet
-    /// (an attach in progress) is retried for up to `wait`, then left out.
+    /// (an attach in progress) is retried for up to `wait`, then left out;
+    /// with no `wait`, left out at once.
     pub async fn interfaces(&self, wait: Duration) -> Result<Vec<InterfaceInfo>, ImdsError> {
         let mut out = Vec::new();
         for mac in self.macs().await? {
             match self.interface(mac).await {
                 Ok(info) => out.push(info),
+                Err(e) if e.is_lag() && wait.is_zero() => {}
                 Err(e) if e.is_lag() => match self.interface_settled(mac, None, wait).await {
                     Ok(info) => out.push(info),
                     Err(e) => {

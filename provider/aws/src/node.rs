@@ -14,10 +14,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
 use enim_core::fault::crash_point;
+use enim_core::pacing::{Pacing, AGENT_PACING};
 use enim_core::{AddressCount, AddressLimits, Eni, MacAddr, ProviderError};
 use enim_provider::cloud::{
     format_created_at, CloudBackend, Reaped, TaggedEni, UnattachedEni, TAG_CLUSTER, TAG_CREATED_AT,
 };
+use enim_provider::kept::{keeps, KeptEnis};
 use enim_provider::EniProvider;
 use enim_provider_pool::{PoolRole, WarmPool};
 use tokio::sync::{Mutex, OnceCell};
@@ -73,6 +75,9 @@ pub struct AwsBackend {
     /// Device-index choice and attach happen one at a time, so two creates
     /// never pick the same index.
     attach_lock: Mutex<()>,
+    /// ENIs made here whose attach was throttled, with their MACs: the
+    /// next create attaches one of them instead of making another.
+    kept: KeptEnis<(String, String)>,
 }
 
 impl AwsBackend {
@@ -124,9 +129,11 @@ impl AwsBackend {
             None => CredentialsProvider::default_chain(imds_client.clone()).await?,
         });
         // One set of buckets for the agent: the backend is its only EC2
-        // client.
-        let ec2_client =
-            Ec2Client::configured(&region, creds, &config.api).map_err(ec2("EC2 client"))?;
+        // client. Paced by throttle replies: the agent shares the account's
+        // buckets with every other node's and can see only its own replies.
+        let ec2_client = Ec2Client::configured(&region, creds, &config.api)
+            .map_err(ec2("EC2 client"))?
+            .with_pacing(Arc::new(Pacing::new(AGENT_PACING)));
         tracing::info!(
             instance = %instance_id,
             %instance_type,
@@ -145,6 +152,7 @@ impl AwsBackend {
             config: config.clone(),
             limits: OnceCell::new(),
             attach_lock: Mutex::new(()),
+            kept: KeptEnis::default(),
         })
     }
 
@@ -232,6 +240,18 @@ impl AwsBackend {
         Ok(self.limits().await?.enis)
     }
 
+    /// Interfaces on card 0 (the primary included) as instance metadata
+    /// shows them now, not waiting for one it shows only in part.
+    async fn attached_on_card0(&self) -> Result<usize, AwsError> {
+        let shown = self
+            .imds
+            .interfaces(Duration::ZERO)
+            .await
+            .map_err(imds("listing attached interfaces"))?;
+        let on_card0 = shown.iter().filter(|i| i.network_card == 0).count();
+        Ok(on_card0.max(1))
+    }
+
     /// Interfaces on card 0 now and the lowest free device index there,
     /// from EC2 (metadata may not show an attach in progress yet).
     async fn device_slots(&self) -> Result<(usize, u32), AwsError> {
@@ -317,10 +337,45 @@ impl AwsBackend {
         }
     }
 
-    async fn do_create_and_attach(&self) -> Result<Eni, AwsError> {
-        // Refuse early rather than create an ENI that cannot be attached.
+    /// A kept ENI (see [`KeptEnis`]) attached, else a new one created and
+    /// attached. An attach the cloud throttled keeps the ENI for the next
+    /// call; any other failure deletes it again.
+    async fn do_create_and_attach(&self) -> Result<Eni, ProviderError> {
+        let (id, mac) = match self.kept.take() {
+            Some(kept) => kept,
+            None => self.create().await?,
+        };
+        if let Err(e) = self.attach(&id).await {
+            let e = ProviderError::from(e);
+            if keeps(&e) {
+                tracing::info!(eni = %id, error = %e, "attach throttled: ENI kept for the next create");
+                self.kept.keep((id, mac));
+            } else {
+                self.delete_quietly(&id).await;
+            }
+            return Err(e);
+        }
+        crash_point("cloud:after-attach");
+        match self.await_metadata(&id, &mac).await {
+            Ok(eni) => Ok(eni),
+            Err(e) => {
+                // Attached but invisible to the node: the pool would never
+                // use it, so take it away again rather than hold the slot.
+                self.delete_quietly(&id).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A new ENI tagged for this node, not attached: its id and MAC.
+    async fn create(&self) -> Result<(String, String), AwsError> {
+        // Refuse early rather than create an ENI that cannot be attached,
+        // by instance metadata: it costs no call of the account's describe
+        // bucket, which a fleet starting together drains. Metadata may not
+        // show an attach in progress yet, so it can only count too few;
+        // the look from EC2 before the attach is the one that decides.
         let limit = self.limit().await?;
-        let (attached, _) = self.device_slots().await?;
+        let attached = self.attached_on_card0().await?;
         if attached >= limit {
             return Err(AwsError::NoFreeSlot {
                 instance: self.instance_id.clone(),
@@ -345,24 +400,10 @@ impl AwsBackend {
             })
             .await
             .map_err(ec2(format!("creating an ENI in {}", self.subnet_id)))?;
-        let id = created.network_interface_id.clone();
+        let id = created.network_interface_id;
         tracing::info!(eni = %id, mac = %created.mac_address, subnet = %self.subnet_id, "created ENI");
-
         crash_point("cloud:after-create");
-        if let Err(e) = self.attach(&id).await {
-            self.delete_quietly(&id).await;
-            return Err(e);
-        }
-        crash_point("cloud:after-attach");
-        match self.await_metadata(&id, &created.mac_address).await {
-            Ok(eni) => Ok(eni),
-            Err(e) => {
-                // Attached but invisible to the node: the pool would never
-                // use it, so take it away again rather than hold the slot.
-                self.delete_quietly(&id).await;
-                Err(e)
-            }
-        }
+        Ok((id, created.mac_address))
     }
 
     async fn do_attach_existing(&self, eni_id: &str) -> Result<Eni, AwsError> {
@@ -511,7 +552,7 @@ impl CloudBackend for AwsBackend {
     }
 
     async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
-        Ok(self.do_create_and_attach().await?)
+        self.do_create_and_attach().await
     }
 
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {

@@ -345,6 +345,79 @@ async fn throttling_and_server_errors_are_retried_then_bounded() {
 }
 
 #[tokio::test]
+async fn a_throttled_attach_keeps_the_eni_for_the_next_create() {
+    let Some((env, b)) = rig().await else {
+        return;
+    };
+    // Throttled past the attempts (4): the "try again later" kind.
+    env.proxy
+        .inject("AttachNetworkInterface", 4, 503, "RequestLimitExceeded");
+    let e = b.create_and_attach().await.unwrap_err();
+    assert!(matches!(e, ProviderError::Throttled(_)), "{e:?}");
+    // Kept, not deleted: tagged for this node, attached nowhere, so an
+    // agent restarted now would find it (an orphan it deletes).
+    assert_eq!(env.proxy.calls("DeleteNetworkInterface"), 0);
+    let restarted = backend(&env, &env.config()).await;
+    let kept = restarted.tagged().await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(!kept[0].attached);
+    // The next create attaches that one and creates none.
+    let eni = b.create_and_attach().await.unwrap();
+    assert_eq!(eni.id, kept[0].id);
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
+    assert_eq!(attached_ids(&b).await, vec![eni.id.clone()]);
+    delete_and_check_none_left(&env, &b, &eni.id).await;
+}
+
+#[tokio::test]
+async fn a_create_looks_at_ec2_once_and_refuses_early_by_metadata() {
+    let Some((env, b)) = rig().await else {
+        return;
+    };
+    b.eni_limit().await.unwrap();
+    // Only the look before the attach (the free device index) asks EC2;
+    // the check before the create reads instance metadata.
+    let described = env.proxy.calls("DescribeNetworkInterfaces");
+    let eni = b.create_and_attach().await.unwrap();
+    assert_eq!(env.proxy.calls("DescribeNetworkInterfaces") - described, 1);
+    // A full instance (by metadata) is refused before any create.
+    let mut made = vec![eni.id];
+    while attached_ids(&b).await.len() + 1 < INSTANCE_ENI_LIMIT {
+        made.push(b.create_and_attach().await.unwrap().id);
+    }
+    let creates = env.proxy.calls("CreateNetworkInterface");
+    let e = b.create_and_attach().await.unwrap_err();
+    assert!(e.to_string().contains("its limit is"), "{e}");
+    assert_eq!(env.proxy.calls("CreateNetworkInterface"), creates);
+    for id in made {
+        b.detach_and_delete(&id).await.unwrap();
+    }
+    assert!(env.tagged_ids().await.is_empty());
+}
+
+#[tokio::test]
+async fn throttle_replies_pace_the_agents_calls_of_that_action() {
+    let Some((env, b)) = rig().await else {
+        return;
+    };
+    b.tagged().await.unwrap();
+    // Two throttles: paced from then on (a first gap of 0.5 s, then 1 s),
+    // though the retries (20 ms, 40 ms) alone would take under 0.1 s.
+    env.proxy
+        .inject("DescribeNetworkInterfaces", 2, 503, "RequestLimitExceeded");
+    let t = Instant::now();
+    b.tagged().await.unwrap();
+    let first = t.elapsed();
+    assert!(first >= Duration::from_millis(250), "{first:?}");
+    // The next call waits for its slot too, half a gap at least.
+    let t = Instant::now();
+    b.tagged().await.unwrap();
+    let second = t.elapsed();
+    assert!(second >= Duration::from_millis(300), "{second:?}");
+    assert_eq!(env.proxy.faulted("DescribeNetworkInterfaces"), 2);
+}
+
+#[tokio::test]
 async fn attachment_limit_exceeded_is_typed_and_leaks_nothing() {
     let Some((env, b)) = rig().await else {
         return;

@@ -9,6 +9,7 @@
 
 pub mod cloud;
 pub mod fleet;
+pub mod kept;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -5,12 +5,16 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use enim_core::pacing::{Pacing, AGENT_PACING};
 use enim_core::retry::Poll;
 use enim_core::{AddressCount, AddressLimits, Eni, ProviderError};
 use enim_provider::cloud::{CloudBackend, TaggedEni};
+use enim_provider::kept::{keeps, KeptEnis};
 use enim_provider_aws::{DETACH_BACKOFF, SETTLE_BACKOFF};
 
-use super::Account;
+use tokio::time::Instant;
+
+use super::{Account, State};
 use crate::sim::bucket::Action;
 
 /// The [`CloudBackend`] of one simulated node.
@@ -22,6 +26,10 @@ pub struct SimCloud {
     limit: Mutex<Option<usize>>,
     /// Device-index choice and attach, one at a time (as the AWS backend).
     attach_lock: tokio::sync::Mutex<()>,
+    /// New ENIs whose attach was throttled (as the AWS backend).
+    kept: KeptEnis<String>,
+    /// The agent's client's pacing of its EC2 calls.
+    pacing: Pacing,
 }
 
 fn unavailable(what: String) -> ProviderError {
@@ -36,7 +44,20 @@ impl SimCloud {
             instance: super::instance_id(node),
             limit: Mutex::new(None),
             attach_lock: tokio::sync::Mutex::new(()),
+            kept: KeptEnis::default(),
+            pacing: Pacing::new(AGENT_PACING),
         }
+    }
+
+    /// One EC2 call of this node's, paced as the agent's client paces it.
+    async fn ec2<T>(
+        &self,
+        action: Action,
+        effect: impl FnMut(&mut State, Instant) -> Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        self.account
+            .call_paced(action, Some(&self.pacing), effect)
+            .await
     }
 
     async fn limit(&self) -> Result<usize, ProviderError> {
@@ -45,8 +66,7 @@ impl SimCloud {
             return Ok(l);
         }
         let limit = self.account.params.eni_limit;
-        self.account
-            .call(Action::DescribeInstanceTypes, |_, _| Ok(limit))
+        self.ec2(Action::DescribeInstanceTypes, |_, _| Ok(limit))
             .await?;
         *self.limit.lock().unwrap_or_else(|p| p.into_inner()) = Some(limit);
         Ok(limit)
@@ -56,30 +76,28 @@ impl SimCloud {
     /// free device index, from DescribeNetworkInterfaces (filtered).
     async fn device_slots(&self) -> Result<(usize, u32), ProviderError> {
         let node = self.node;
-        self.account
-            .call(Action::DescribeNetworkInterfacesFiltered, |st, now| {
-                let mut used = vec![0u32];
-                for (_, e) in st.of_node(node, now) {
-                    if let Some(a) = e.attachment.as_ref().filter(|a| a.node == node) {
-                        used.push(a.device_index);
-                    }
+        self.ec2(Action::DescribeNetworkInterfacesFiltered, |st, now| {
+            let mut used = vec![0u32];
+            for (_, e) in st.of_node(node, now) {
+                if let Some(a) = e.attachment.as_ref().filter(|a| a.node == node) {
+                    used.push(a.device_index);
                 }
-                let free = (1..).find(|i| !used.contains(i)).unwrap_or(u32::MAX);
-                Ok((used.len(), free))
-            })
-            .await
+            }
+            let free = (1..).find(|i| !used.contains(i)).unwrap_or(u32::MAX);
+            Ok((used.len(), free))
+        })
+        .await
     }
 
     /// DescribeNetworkInterfaces by id: `Some(available)` when it exists.
     async fn describe(&self, id: &str) -> Result<Option<bool>, ProviderError> {
-        self.account
-            .call(Action::DescribeNetworkInterfacesById, |st, now| {
-                Ok(st.enis.get_mut(id).map(|e| {
-                    e.settle(now);
-                    e.available()
-                }))
-            })
-            .await
+        self.ec2(Action::DescribeNetworkInterfacesById, |st, now| {
+            Ok(st.enis.get_mut(id).map(|e| {
+                e.settle(now);
+                e.available()
+            }))
+        })
+        .await
     }
 
     fn no_slot(&self, attached: usize, limit: usize) -> ProviderError {
@@ -99,8 +117,7 @@ impl SimCloud {
             }
             let (node, (lo, hi)) = (self.node, self.account.params.attach);
             let result = self
-                .account
-                .call(Action::AttachNetworkInterface, |st, now| {
+                .ec2(Action::AttachNetworkInterface, |st, now| {
                     st.start_attach(id, node, index, now, (lo, hi))
                 })
                 .await;
@@ -113,8 +130,7 @@ impl SimCloud {
         }
         // DeleteOnTermination; the backend only logs a failure.
         let _ = self
-            .account
-            .call(Action::ModifyNetworkInterfaceAttribute, |st, _| {
+            .ec2(Action::ModifyNetworkInterfaceAttribute, |st, _| {
                 if st.enis.contains_key(id) {
                     Ok(())
                 } else {
@@ -150,6 +166,21 @@ impl SimCloud {
         }
     }
 
+    /// A new ENI tagged for this node (after the slot check), not attached.
+    async fn create(&self) -> Result<String, ProviderError> {
+        let limit = self.limit().await?;
+        // By metadata, the primary included.
+        let attached = self.attached().await?.len() + 1;
+        if attached >= limit {
+            return Err(self.no_slot(attached, limit));
+        }
+        let node = self.node;
+        self.ec2(Action::CreateNetworkInterface, |st, now| {
+            st.new_eni(node, None, now)
+        })
+        .await
+    }
+
     async fn delete_quietly(&self, id: &str) {
         // Tagged, so the pool finds and deletes it later if this fails.
         let _ = self.do_detach_and_delete(id).await;
@@ -159,8 +190,7 @@ impl SimCloud {
         // ours(): the ENI as EC2 has it now.
         let node = self.node;
         let found = self
-            .account
-            .call(Action::DescribeNetworkInterfacesById, |st, now| {
+            .ec2(Action::DescribeNetworkInterfacesById, |st, now| {
                 Ok(st.enis.get_mut(id).map(|e| {
                     e.settle(now);
                     (
@@ -190,15 +220,14 @@ impl SimCloud {
             }
             if !detaching {
                 let (lo, hi) = self.account.params.detach;
-                self.account
-                    .call(Action::DetachNetworkInterface, |st, now| {
-                        let took = st.rng.between(lo, hi);
-                        if let Some(a) = st.enis.get_mut(id).and_then(|e| e.attachment.as_mut()) {
-                            a.detached_at.get_or_insert(now + took);
-                        }
-                        Ok(())
-                    })
-                    .await?;
+                self.ec2(Action::DetachNetworkInterface, |st, now| {
+                    let took = st.rng.between(lo, hi);
+                    if let Some(a) = st.enis.get_mut(id).and_then(|e| e.attachment.as_mut()) {
+                        a.detached_at.get_or_insert(now + took);
+                    }
+                    Ok(())
+                })
+                .await?;
             }
             // Poll until available or gone.
             let mut poll = Poll::within(&DETACH_BACKOFF, self.account.params.detach_timeout);
@@ -220,23 +249,22 @@ impl SimCloud {
             }
         }
         debug_assert!(available);
-        self.account
-            .call(Action::DeleteNetworkInterface, |st, now| {
-                match st.enis.get_mut(id) {
-                    // Already gone: the backend treats not-found as done.
-                    None => Ok(()),
-                    Some(e) => {
-                        e.settle(now);
-                        if e.available() {
-                            st.remove(id);
-                            Ok(())
-                        } else {
-                            Err(unavailable(format!("ENI {id} is in use")))
-                        }
+        self.ec2(Action::DeleteNetworkInterface, |st, now| {
+            match st.enis.get_mut(id) {
+                // Already gone: the backend treats not-found as done.
+                None => Ok(()),
+                Some(e) => {
+                    e.settle(now);
+                    if e.available() {
+                        st.remove(id);
+                        Ok(())
+                    } else {
+                        Err(unavailable(format!("ENI {id} is in use")))
                     }
                 }
-            })
-            .await
+            }
+        })
+        .await
     }
 }
 
@@ -261,18 +289,17 @@ impl CloudBackend for SimCloud {
 
     async fn tagged(&self) -> Result<Vec<TaggedEni>, ProviderError> {
         let node = self.node;
-        self.account
-            .call(Action::DescribeNetworkInterfacesFiltered, |st, now| {
-                Ok(st
-                    .of_node(node, now)
-                    .into_iter()
-                    .map(|(id, e)| TaggedEni {
-                        attached: e.attachment.as_ref().is_some_and(|a| a.node == node),
-                        id,
-                    })
-                    .collect())
-            })
-            .await
+        self.ec2(Action::DescribeNetworkInterfacesFiltered, |st, now| {
+            Ok(st
+                .of_node(node, now)
+                .into_iter()
+                .map(|(id, e)| TaggedEni {
+                    attached: e.attachment.as_ref().is_some_and(|a| a.node == node),
+                    id,
+                })
+                .collect())
+        })
+        .await
     }
 
     async fn eni_limit(&self) -> Result<usize, ProviderError> {
@@ -280,20 +307,16 @@ impl CloudBackend for SimCloud {
     }
 
     async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
-        let limit = self.limit().await?;
-        let (attached, _) = self.device_slots().await?;
-        if attached >= limit {
-            return Err(self.no_slot(attached, limit));
-        }
-        let node = self.node;
-        let id = self
-            .account
-            .call(Action::CreateNetworkInterface, |st, now| {
-                st.new_eni(node, None, now)
-            })
-            .await?;
+        let id = match self.kept.take() {
+            Some(id) => id,
+            None => self.create().await?,
+        };
         if let Err(e) = self.attach(&id).await {
-            self.delete_quietly(&id).await;
+            if keeps(&e) {
+                self.kept.keep(id);
+            } else {
+                self.delete_quietly(&id).await;
+            }
             return Err(e);
         }
         match self.await_metadata(&id).await {

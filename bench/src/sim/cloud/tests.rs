@@ -30,8 +30,9 @@ fn create_attach_detach_delete_make_the_aws_backends_calls() {
         let c = account.counts();
         let n = |a| c.get(a).ok;
         assert_eq!(n(Action::DescribeInstanceTypes), 1);
-        // Two slot checks and the tagged() list.
-        assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 3);
+        // The slot check before the attach and the tagged() list (the
+        // check before the create reads metadata).
+        assert_eq!(n(Action::DescribeNetworkInterfacesFiltered), 2);
         assert_eq!(n(Action::CreateNetworkInterface), 1);
         assert_eq!(n(Action::AttachNetworkInterface), 1);
         assert_eq!(n(Action::ModifyNetworkInterfaceAttribute), 1);
@@ -81,15 +82,9 @@ fn an_empty_bucket_throttles_and_the_client_retries_then_gives_up() {
     rt().block_on(async {
         let account = Account::new(CloudParams::default(), 1);
         // 200 describes at once against 100 tokens + 20/s: the first 100
-        // pass, the rest are throttled and retried with backoff.
-        let nodes: Vec<_> = (0..200).map(|i| account.node(i)).collect();
-        let tasks: Vec<_> = nodes
-            .iter()
-            .map(|n| {
-                let n = n.clone();
-                tokio::spawn(async move { n.tagged().await })
-            })
-            .collect();
+        // pass, the rest are throttled and retried with backoff (the
+        // client's retry alone: unpaced, as the operator's calls are).
+        let tasks = describes_at_once(&account, 200);
         let mut ok = 0;
         let mut throttled = 0;
         for t in tasks {
@@ -119,6 +114,58 @@ fn an_empty_bucket_throttles_and_the_client_retries_then_gives_up() {
             Count::default()
         );
     });
+}
+
+/// `n` filtered describes at once through the account's unpaced client.
+fn describes_at_once(
+    account: &Arc<Account>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<(), ProviderError>>> {
+    (0..n)
+        .map(|_| {
+            let account = account.clone();
+            tokio::spawn(async move {
+                account
+                    .call(Action::DescribeNetworkInterfacesFiltered, |_, _| Ok(()))
+                    .await
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn paced_nodes_get_more_through_an_empty_bucket_with_fewer_throttles() {
+    let describe = Action::DescribeNetworkInterfacesFiltered;
+    let unpaced = rt().block_on(async {
+        let account = Account::new(CloudParams::default(), 1);
+        for t in describes_at_once(&account, 200) {
+            let _ = t.await.unwrap();
+        }
+        account.counts().get(describe)
+    });
+    // The same 200 describes, each node's own client pacing its retries
+    // by the throttles it got.
+    let paced = rt().block_on(async {
+        let account = Account::new(CloudParams::default(), 1);
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let node = account.node(i);
+                tokio::spawn(async move { node.tagged().await })
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await.unwrap();
+        }
+        account.counts().get(describe)
+    });
+    assert_eq!(unpaced.ok + unpaced.gave_up, 200);
+    assert_eq!(paced.ok + paced.gave_up, 200);
+    assert!(paced.ok > unpaced.ok, "{paced:?} {unpaced:?}");
+    // Fewer throttled replies per success.
+    assert!(
+        paced.throttled * unpaced.ok < unpaced.throttled * paced.ok,
+        "{paced:?} {unpaced:?}"
+    );
 }
 
 #[test]

@@ -17,6 +17,7 @@ mod xml;
 use std::sync::Arc;
 
 use enim_core::api_config::ApiConfig;
+use enim_core::pacing::Pacing;
 use enim_core::AddressLimits;
 use serde::de::DeserializeOwned;
 
@@ -130,6 +131,13 @@ impl Ec2Client {
     pub fn with_limits(self, limits: Arc<ActionLimits>) -> Self {
         Ec2Client {
             query: self.query.with_limits(limits),
+        }
+    }
+
+    /// Every call waits for its action's slot in `pacing`.
+    pub fn with_pacing(self, pacing: Arc<Pacing>) -> Self {
+        Ec2Client {
+            query: self.query.with_pacing(pacing),
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
+use enim_core::pacing::Pacing;
 use enim_core::ratelimit::{RateLimit, TokenBucket};
 pub use enim_core::retry::RetryPolicy;
 
@@ -72,6 +73,8 @@ pub struct QueryClient {
     retry: RetryPolicy,
     /// Client-side rate limits; `None`: unlimited (the test rig's admin).
     limits: Option<Arc<ActionLimits>>,
+    /// Pacing by throttle replies, per action; `None`: none.
+    pacing: Option<Arc<Pacing>>,
 }
 
 impl QueryClient {
@@ -114,6 +117,7 @@ impl QueryClient {
             creds,
             retry,
             limits: None,
+            pacing: None,
         })
     }
 
@@ -121,6 +125,13 @@ impl QueryClient {
     /// with other clients holding the same `Arc`).
     pub fn with_limits(mut self, limits: Arc<ActionLimits>) -> Self {
         self.limits = Some(limits);
+        self
+    }
+
+    /// Every request waits for its action's slot in `pacing`, which every
+    /// throttled and successful reply adjusts.
+    pub fn with_pacing(mut self, pacing: Arc<Pacing>) -> Self {
+        self.pacing = Some(pacing);
         self
     }
 
@@ -168,6 +179,23 @@ impl QueryClient {
     }
 
     async fn send_once(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
+        let Some(pacing) = &self.pacing else {
+            return self.send_unpaced(action, body).await;
+        };
+        let waited = pacing.wait(action).await;
+        if !waited.is_zero() {
+            tracing::debug!(action, ?waited, "paced after throttle replies");
+        }
+        let sent = self.send_unpaced(action, body).await;
+        match &sent {
+            Ok(_) => pacing.answered(action),
+            Err(Ec2Error::Throttled { .. }) => pacing.throttled(action),
+            Err(_) => {}
+        }
+        sent
+    }
+
+    async fn send_unpaced(&self, action: &str, body: &str) -> Result<String, Ec2Error> {
         // Every request goes out with a token, retries too: a retry spends
         // the account's bucket like any call. The wait is a timer, never a
         // blocked thread.
