@@ -243,16 +243,12 @@ impl Reconciler {
                 })
             })
             .collect();
-        let mut have = HashSet::new();
-        for (route, msg) in kernel::routes(h).await? {
-            if want.contains(&route) {
-                have.insert(route);
-            } else {
-                kernel::del_route(h, msg).await?;
-            }
+        let (stale, missing) = changes(&want, kernel::routes(h).await?);
+        for msg in stale {
+            kernel::del_route(h, msg).await?;
         }
-        for route in want.difference(&have) {
-            kernel::add_route(h, *route).await?;
+        for route in missing {
+            kernel::add_route(h, route).await?;
         }
         Ok(())
     }
@@ -275,16 +271,12 @@ impl Reconciler {
                 }
             }
         }
-        let mut have = HashSet::new();
-        for (entry, msg) in kernel::proxy_neighbours(h).await? {
-            if want.contains(&entry) {
-                have.insert(entry);
-            } else {
-                kernel::del_proxy_neighbour(h, msg).await?;
-            }
+        let (stale, missing) = changes(&want, kernel::proxy_neighbours(h).await?);
+        for msg in stale {
+            kernel::del_proxy_neighbour(h, msg).await?;
         }
-        for entry in want.difference(&have) {
-            kernel::add_proxy_neighbour(h, *entry).await?;
+        for entry in missing {
+            kernel::add_proxy_neighbour(h, entry).await?;
         }
         Ok(())
     }
@@ -310,6 +302,26 @@ impl Reconciler {
         }
         self.said = now;
     }
+}
+
+/// What makes the kernel's entries of one kind (`have`, each with the
+/// message that deletes it) exactly `want`: the messages of the unwanted
+/// ones, to delete first, and the wanted ones missing, to add.
+fn changes<K, M>(want: &HashSet<K>, have: Vec<(K, M)>) -> (Vec<M>, Vec<K>)
+where
+    K: Copy + Eq + std::hash::Hash,
+{
+    let mut kept = HashSet::new();
+    let mut stale = Vec::new();
+    for (entry, msg) in have {
+        if want.contains(&entry) {
+            kept.insert(entry);
+        } else {
+            stale.push(msg);
+        }
+    }
+    let missing = want.difference(&kept).copied().collect();
+    (stale, missing)
 }
 
 /// Now, as seconds since the epoch to the microsecond (a clock any log
