@@ -24,14 +24,11 @@ import json
 import re
 import sys
 
+from logtimes import containerd_time, percentile
+
 CONTAINERD = re.compile(r'time="([^"]+)".*msg="(.*)"')
 KLOG = re.compile(r"^I(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+)\s")
 POD_FIELD = re.compile(r'pod="[^/"]+/([^"]+)"|pods=\["[^/"]+/([^"]+)"\]')
-
-
-def containerd_time(stamp):
-    stamp = re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")
-    return datetime.datetime.fromisoformat(stamp)
 
 
 def klog_time(line, year):
@@ -41,11 +38,6 @@ def klog_time(line, year):
     month, day, clock = m.groups()
     t = datetime.datetime.strptime(f"{year}-{month}-{day} {clock[:15]}", "%Y-%m-%d %H:%M:%S.%f")
     return t.replace(tzinfo=datetime.timezone.utc)
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def read_containerd(path, prefix):

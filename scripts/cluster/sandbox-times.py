@@ -9,22 +9,12 @@ done, each with its time. Prints, for the pods whose name starts with
 PREFIX: count, p50 and p95 in milliseconds, one line.
 """
 
-import datetime
 import re
 import sys
 
+from logtimes import containerd_time, percentile
+
 LINE = re.compile(r'time="([^"]+)".*RunPodSandbox for name:\\"([^\\]+)\\"')
-
-
-def when(stamp):
-    # containerd writes RFC 3339 with nanoseconds; Python keeps microseconds.
-    stamp = re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")
-    return datetime.datetime.fromisoformat(stamp)
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def main():
@@ -38,9 +28,9 @@ def main():
             name = m.group(2)
             if "returns sandbox id" in line:
                 if name in started:
-                    took.append((when(m.group(1)) - started.pop(name)).total_seconds() * 1000)
+                    took.append((containerd_time(m.group(1)) - started.pop(name)).total_seconds() * 1000)
             elif "returns" not in line:
-                started[name] = when(m.group(1))
+                started[name] = containerd_time(m.group(1))
     if not took:
         sys.exit(f"sandbox-times.py: no RunPodSandbox for {prefix}* in {log}")
     print(f"{len(took)} {percentile(took, 50):.1f} {percentile(took, 95):.1f}")
