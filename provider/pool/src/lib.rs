@@ -112,6 +112,9 @@ struct State {
     /// when: pods the runtime will retry, so ENIs to create on top of
     /// `pre_allocate` (each forgotten once served, or after [`WAITING_TTL`]).
     waiting: HashMap<(String, String, String), Waiting>,
+    /// ENIs of the pool's own created and taken in, ever: a round that
+    /// failed after taking one in made progress (see [`run`]).
+    created: u64,
 }
 
 struct Member {
@@ -414,6 +417,7 @@ impl Inner {
             tracing::warn!(eni = %eni.id, "cloud returned an ENI the pool already holds");
             return;
         }
+        st.created += 1;
         st.members.push(Member {
             eni: Eni { owner: None, ..eni },
             ours: true,
@@ -530,6 +534,7 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     // allocation must not cost a metadata walk.
     let mut reconcile = false;
     loop {
+        let created_before = inner.state().created;
         let delay = match inner.round(&stop, reconcile).await {
             Ok(()) => {
                 backoff.reset();
@@ -545,6 +550,14 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                     let mut st = inner.state();
                     let since = st.cloud_down.as_ref().map_or_else(SystemTime::now, |d| d.0);
                     st.cloud_down = Some((since, e.to_string()));
+                }
+                // A round that created an ENI before it failed was served,
+                // only not in full (a throttled call given up): the cloud is
+                // not down, so the step starts over. Doubling it would leave
+                // the node idle for up to `max_backoff` while the account's
+                // buckets refill unused (the fleet simulation's late nodes).
+                if e.is_transient() && inner.state().created > created_before {
+                    backoff.reset();
                 }
                 let delay = backoff.next_delay();
                 tracing::warn!(error = %e, transient = e.is_transient(), retry_in = ?delay, "warm pool round failed");

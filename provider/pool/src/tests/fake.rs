@@ -39,6 +39,8 @@ pub(super) struct FakeState {
     pub(super) enis: BTreeMap<String, FakeEni>,
     /// The next this many create/delete calls fail with `Throttled`.
     pub(super) fail_next: usize,
+    /// Every this many-th create fails with `Throttled` (0: none).
+    pub(super) fail_every: usize,
     /// The cloud API (not instance metadata) answers `Unavailable`.
     pub(super) api_down: bool,
     pub(super) hold_creates: bool,
@@ -252,6 +254,9 @@ impl CloudBackend for FakeCloud {
         .await;
         let result = self.injected_failure().and_then(|()| {
             let mut st = self.st();
+            if st.fail_every > 0 && st.creates_started % st.fail_every == 0 {
+                return Err(ProviderError::Throttled("injected, every n-th".into()));
+            }
             let attached = st.enis.values().filter(|e| e.attached).count();
             if attached + 1 >= st.limit {
                 st.over_limit += 1;

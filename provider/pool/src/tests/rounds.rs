@@ -213,3 +213,47 @@ async fn pod_role_offers_no_address_verbs() {
     let pool = start(&cloud, config(0, 0)).await;
     assert!(pool.secondary_ips().is_none());
 }
+
+/// A round that took an ENI in before a throttled create failed it was
+/// served, only not in full: the next round follows after the first retry
+/// step, not a doubled one. (Doubling left the fleet simulation's late
+/// nodes sitting out steps of up to a minute while the account's buckets
+/// refilled unused.) A round that created nothing still doubles the step.
+#[tokio::test(start_paused = true)]
+async fn a_failed_round_that_created_retries_at_the_first_step() {
+    let cloud = FakeCloud::new(16);
+    // Every second create is throttled.
+    cloud.st().fail_every = 2;
+    let cfg = PoolConfig {
+        initial_retry: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(60),
+        ..config(5, 7)
+    };
+    let pool = start(&cloud, cfg).await;
+    wait_stats(&pool, |s| s.available == 5).await;
+    // Creates by round (the instant they started), numbered from 1 as the
+    // fake counts them: the even ones failed.
+    let mut rounds: Vec<(Instant, Vec<usize>)> = Vec::new();
+    for (i, t) in cloud.st().create_times.iter().enumerate() {
+        match rounds.last_mut() {
+            Some((at, n)) if at == t => n.push(i + 1),
+            _ => rounds.push((*t, vec![i + 1])),
+        }
+    }
+    let mut after_progress = 0;
+    let mut after_none = 0;
+    for w in rounds.windows(2) {
+        let gap = w[1].0 - w[0].0;
+        if w[0].1.iter().any(|n| n % 2 == 1) {
+            assert!(gap <= Duration::from_secs(1), "{gap:?} after {:?}", w[0].1);
+            after_progress += 1;
+        } else {
+            let doubled = Duration::from_secs(1)..=Duration::from_secs(2);
+            assert!(doubled.contains(&gap), "{gap:?} after {:?}", w[0].1);
+            after_none += 1;
+        }
+    }
+    assert!(after_progress >= 2 && after_none >= 1, "{rounds:?}");
+    assert_eq!(cloud.st().creates, 5);
+    pool.shutdown().await;
+}
