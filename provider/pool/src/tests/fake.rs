@@ -254,7 +254,7 @@ impl CloudBackend for FakeCloud {
         .await;
         let result = self.injected_failure().and_then(|()| {
             let mut st = self.st();
-            if st.fail_every > 0 && st.creates_started % st.fail_every == 0 {
+            if st.fail_every > 0 && st.creates_started.is_multiple_of(st.fail_every) {
                 return Err(ProviderError::Throttled("injected, every n-th".into()));
             }
             let attached = st.enis.values().filter(|e| e.attached).count();
