@@ -57,7 +57,7 @@ mod rbac;
 use checks::{check, run_install_cni};
 
 /// Until enimd's config has `metrics_address`, the address the probes are
-/// written for (README, "Operating enim").
+/// written for (docs/deploy.md, "Kubernetes: deploy/").
 const ASSUMED_METRICS_ADDRESS: &str = "127.0.0.1:9464";
 /// Where the runtime on the node looks for plugins and network configs.
 const HOST_CNI_BIN_DIR: &str = install::DEFAULT_CNI_BIN_DIR;

@@ -259,7 +259,7 @@ async fn a_pod_whose_claim_no_node_can_serve_runs_on_an_eni_made_for_it() {
     );
     assert_eq!(in_moto.attached_instance(), Some(env.instance_id.as_str()));
     // Its far end in the "VPC", as a NIC's is: enim never hands out a veth
-    // whose peer is in the host (README "Security").
+    // whose peer is in the host (docs/security.md).
     let vpc = NamedNetns::new("odvpc");
     host.ip(&[
         "link", "add", "od0", "address", &mac, "type", "veth", "peer", "name", "od0p", "netns",

@@ -280,7 +280,7 @@ pub struct Status {
     pub serving: Option<Serving>,
 }
 
-/// `GET /v1/devices`: the device plugin's list (README "Scheduling"), for
+/// `GET /v1/devices`: the device plugin's list (docs/architecture.md, "Scheduling"), for
 /// `enimd device-plugin`. Answered 503 ([`code::TRY_AGAIN_LATER`]) until
 /// enimd has its first list, after startup recovery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
-//! `enim-operator`: see the crate's documentation (src/lib.rs) and the
-//! README's "The control plane".
+//! `enim-operator`: see the crate's documentation (src/lib.rs) and
+//! docs/architecture.md, "The control plane".
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -37,7 +37,7 @@ pub enum SetupError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum FleetProviderConfig {
-    /// EC2 (README: "AWS provider").
+    /// EC2 (docs/providers.md, "AWS provider").
     Aws(Box<AwsFleetConfig>),
     /// Baidu BCE.
     Bce(Box<BceFleetConfig>),

@@ -23,7 +23,7 @@ What a user edits when installing on their cloud, done for the sandbox:
   (the DaemonSet's Secret); ENIS_TOML as for aws, NODE and OPERATOR_OUT
   unused.
 With --dra, [dra] enabled = true and [device_plugin] off: pods claim ENIs
-through DRA (README "Claiming an ENI (DRA)"). --service-cidr CIDR sets
+through DRA (docs/dra.md). --service-cidr CIDR sets
 [host_path] service_cidrs (default: deploy/'s).
 Every other key stays as deploy/ has it.
 """

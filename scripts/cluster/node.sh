@@ -142,7 +142,7 @@ net_up() {
 
 # METADATA_IP in the VPC: the instance metadata stand-in, an HTTP server
 # answering "instance-id: <node>" (the node reaches it through its default
-# route, a pod through its ENI unless enim refuses it; README "Security").
+# route, a pod through its ENI unless enim refuses it; docs/security.md).
 METADATA_IP=169.254.169.254
 metadata_up() {
   mkdir -p "$work/imds/latest/meta-data"

@@ -249,7 +249,7 @@ fn run_agent(args: Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("enimd: {e}");
-            // Still a sign of life for STATUS (README "Restarts"): a
+            // Still a sign of life for STATUS (docs/architecture.md, "Restarts"): a
             // crash loop on a broken config must not make the node
             // NotReady. The socket's path is the flag's or the default.
             let socket = args

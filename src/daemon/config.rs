@@ -41,9 +41,9 @@ pub enum LogFormat {
 pub enum ProviderConfig {
     /// ENIs declared right here (bare metal, labs, tests).
     Static { enis: Vec<StaticEniConfig> },
-    /// Baidu BCE ENIs kept warm by the pool (README: "Baidu BCE provider").
+    /// Baidu BCE ENIs kept warm by the pool (docs/providers.md, "Baidu BCE provider").
     Bce(Box<enim_provider_bce::BceConfig>),
-    /// EC2 ENIs kept warm by the pool (README: "AWS provider").
+    /// EC2 ENIs kept warm by the pool (docs/providers.md, "AWS provider").
     Aws(Box<enim_provider_aws::AwsConfig>),
     /// The ENIs (secondary mode: addresses) the node's NetResourceSet
     /// lists, allocated by enim-operator; no cloud credentials here.
@@ -107,25 +107,25 @@ pub struct Config {
     #[serde(default)]
     pub exclude: crate::support::exclusion::ExclusionConfig,
     /// How pods get ENIs: a whole ENI each (primary), or a secondary
-    /// address of a host ENI each (secondary; README "Secondary mode").
+    /// address of a host ENI each (secondary; docs/architecture.md, "Secondary mode").
     #[serde(default)]
     pub mode: Mode,
     /// Secondary mode's knobs (used only with `mode = "secondary"`).
     #[serde(default)]
     pub secondary: crate::secondary::SecondaryConfig,
-    /// Primary mode's host path (README "The host path"): a veth to the
+    /// Primary mode's host path (docs/architecture.md, "The host path"): a veth to the
     /// host for Services, DNS and the node; off while `service_cidrs` is
     /// empty.
     #[serde(default)]
     pub host_path: crate::primary::HostPathConfig,
-    /// The instance metadata service, refused to pods by default (README
-    /// "Security"); namespaces listed here opt in.
+    /// The instance metadata service, refused to pods by default
+    /// (docs/security.md, "The instance metadata service"); namespaces listed here opt in.
     #[serde(default)]
     pub pod_metadata: crate::support::metadata::MetadataConfig,
-    /// The kubelet device plugin (README "Scheduling"); off by default.
+    /// The kubelet device plugin (docs/architecture.md, "Scheduling"); off by default.
     #[serde(default)]
     pub device_plugin: crate::deviceplugin::DevicePluginConfig,
-    /// The DRA driver (README "Claiming an ENI (DRA)"); off by default,
+    /// The DRA driver (docs/dra.md); off by default,
     /// and never on together with the device plugin.
     #[serde(default)]
     pub dra: crate::dra::DraConfig,

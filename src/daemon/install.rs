@@ -1,6 +1,6 @@
 //! `enimd install-cni`: puts the `enim` plugin binary into the CNI bin dir
 //! and the conflist into net.d on the node (the DaemonSet's init container
-//! runs it; see README "Operating enim").
+//! runs it; see docs/deploy.md, "Kubernetes: deploy/").
 //!
 //! Both files are replaced atomically: the new content goes to a temporary
 //! file in the same directory, is fsynced, then renamed over the final name,

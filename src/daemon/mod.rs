@@ -163,7 +163,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
     // Before anything else can fail: a crash loop keeps STATUS answering
-    // for the node (README "Restarts").
+    // for the node (docs/architecture.md, "Restarts").
     let note = match note::NoteWriter::new(&config.socket, config.away_bound) {
         Ok(writer) => {
             if let Err(e) = writer.renew() {

@@ -97,8 +97,8 @@ impl PrimaryDriver {
         }
     }
 
-    /// Refuses pods the metadata service as `config` says (README
-    /// "Security").
+    /// Refuses pods the metadata service as `config` says
+    /// (docs/security.md, "The instance metadata service").
     pub fn with_pod_metadata(self, config: MetadataConfig) -> Self {
         PrimaryDriver {
             pod_metadata: config,
@@ -106,7 +106,7 @@ impl PrimaryDriver {
         }
     }
 
-    /// Gives pods a host path (README "The host path") under `config`.
+    /// Gives pods a host path (docs/architecture.md, "The host path") under `config`.
     pub fn with_host_path(self, config: HostPathConfig) -> Self {
         PrimaryDriver {
             host_path: config,

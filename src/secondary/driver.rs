@@ -88,8 +88,8 @@ impl SecondaryDriver {
         })
     }
 
-    /// Refuses pods the metadata service as `config` says (README
-    /// "Security").
+    /// Refuses pods the metadata service as `config` says
+    /// (docs/security.md, "The instance metadata service").
     pub fn with_pod_metadata(self, config: MetadataConfig) -> Self {
         SecondaryDriver {
             pod_metadata: config,

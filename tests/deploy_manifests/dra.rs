@@ -30,7 +30,7 @@ impl Dra {
 }
 
 /// enimd's own `[dra]` settings once its config has the table, else the
-/// defaults the manifests are written for (README "Claiming an ENI (DRA)").
+/// defaults the manifests are written for (docs/dra.md).
 pub(crate) fn settings(config: &Config) -> Dra {
     let v = serde_json::to_value(config).unwrap();
     let dra = v.get("dra");
@@ -92,7 +92,7 @@ pub(crate) fn check_class(m: &Manifests, dra: &Dra, p: &mut Problems) {
     };
     let name = class.metadata.name.as_deref().unwrap_or_default();
     p.check(name == DEVICE_CLASS, || {
-        format!("DeviceClass {name:?} is not {DEVICE_CLASS}, the class the README's claims name")
+        format!("DeviceClass {name:?} is not {DEVICE_CLASS}, the class docs/dra.md's claims name")
     });
     let what = format!("DeviceClass {name}");
     let selectors = class.spec.selectors.as_deref().unwrap_or_default();

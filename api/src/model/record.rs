@@ -74,7 +74,7 @@ pub struct PrimaryPayload {
     pub ipv6: Option<Ipv6Net>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway6: Option<Ipv6Addr>,
-    /// The veth pair to the host (README "The host path"), when the node
+    /// The veth pair to the host (docs/architecture.md, "The host path"), when the node
     /// routes service traffic through the host. Recorded, name and routes,
     /// before it is made, so teardown removes exactly what was made even if
     /// the config changed since.

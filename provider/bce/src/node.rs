@@ -21,7 +21,7 @@
 //! the description word `enim.io/device-index=<n>`: it survives agent
 //! restarts, a lost checkpoint and reboots, and moves with nothing.
 //! ENIs attached from outside carry no such word and get no index (see
-//! README "Baidu BCE provider").
+//! docs/providers.md, "Secondary mode on BCE").
 //!
 //! BCE's instance metadata names no ENI ids: they come from the OpenAPI,
 //! matched by MAC. So that an agent started while that API is down can
