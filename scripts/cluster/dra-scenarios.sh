@@ -407,7 +407,7 @@ s_dra_perf() {
   if [ -n "$dp" ]; then
     echo "beside the primary run's (device plugin, 20 pods): $dp"
   else
-    echo "(no primary run in this invocation: no device plugin figure to set it beside)"
+    echo "(no device plugin figure to set it beside: the one-node primary run's s_perf is left out of the default, run it with --mode primary --only s_ready,s_perf)"
   fi
 }
 
