@@ -6,6 +6,8 @@
 pub mod sink;
 pub mod spam;
 
+/// Who posts (controller and instance), as kube-runtime names it.
+pub use kube::runtime::events::Reporter;
 pub use sink::{
     node_ref, object_ref, pod_ref, EventCounts, EventSink, Notice, Outcome, Severity, SinkLimits,
 };

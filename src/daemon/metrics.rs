@@ -118,6 +118,13 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// [`Metrics::new`] with `events`' counters (`enim_events_total`).
+    pub fn with_events(events: &enim_events::EventSink) -> Self {
+        let mut m = Metrics::new();
+        events.register(&mut m.registry);
+        m
+    }
+
     pub fn observe_request(&self, verb: &str, started: Instant, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.requests
