@@ -68,6 +68,7 @@ pub struct Metrics {
     gc_actions: Family<Kind, Counter>,
     provider_seconds: Family<Operation, Histogram, fn() -> Histogram>,
     provider_errors: Family<Operation, Counter>,
+    provider_throttled: Family<Operation, Counter>,
     checkpoint_write_seconds: Histogram,
     enis: Family<StateLabel, Gauge>,
     attachments: Gauge,
@@ -90,6 +91,7 @@ impl Metrics {
             gc_actions: Family::default(),
             provider_seconds: Family::new_with_constructor(latency_histogram),
             provider_errors: Family::default(),
+            provider_throttled: Family::default(),
             checkpoint_write_seconds: latency_histogram(),
             enis: Family::default(),
             attachments: Gauge::default(),
@@ -109,6 +111,7 @@ impl Metrics {
             "gc_actions" => gc_actions, "GC actions by kind";
             "provider_call_duration_seconds" => provider_seconds, "Provider call latency by operation";
             "provider_errors" => provider_errors, "Provider call errors by operation";
+            "provider_throttled" => provider_throttled, "Provider calls the cloud answered throttled (after the client's retries), by operation";
             "checkpoint_write_duration_seconds" => checkpoint_write_seconds, "Checkpoint write latency";
             "enis" => enis, "ENIs by state";
             "attachments" => attachments, "Attachments recorded";
@@ -249,6 +252,9 @@ impl MeteredProvider {
             .observe(started.elapsed().as_secs_f64());
         if result.is_err() {
             self.metrics.provider_errors.get_or_create(&label).inc();
+        }
+        if matches!(result, Err(ProviderError::Throttled(_))) {
+            self.metrics.provider_throttled.get_or_create(&label).inc();
         }
     }
 }
