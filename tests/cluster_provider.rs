@@ -150,19 +150,25 @@ fn used(status: &Value) -> Vec<String> {
     out
 }
 
+/// Two ENIs in the spec (primary mode), two pods; ENI 1 is attached (in
+/// the spec) but its device is not on the node (yet), as right after the
+/// operator attached it: enimd quarantines it.
+fn second_device_missing(cp: &ControlPlane, dir: &Path) -> (Sandbox, [NamedNetns; 2]) {
+    let sb = Sandbox::new(2);
+    sb.host.ip(&["link", "del", "eni1"]);
+    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+    operator_writes(cp, dir, "primary", spec_enis(&sb), &[]);
+    (sb, pods)
+}
+
 #[test]
 fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
     require_kernel!();
     let Some(cp) = control_plane() else {
         return;
     };
-    let sb = Sandbox::new(2);
-    // ENI 1 is attached (in the spec) but its device is not on the node
-    // yet, as right after the operator attached it.
-    sb.host.ip(&["link", "del", "eni1"]);
-    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
     let dir = tempfile::tempdir().unwrap();
-    operator_writes(&cp, dir.path(), "primary", spec_enis(&sb), &[]);
+    let (sb, pods) = second_device_missing(&cp, dir.path());
     let extra = "gc_interval = \"1s\"\ngc_grace = \"0s\"";
     let mut agent = start_enimd(&cp, &sb, dir.path(), extra);
     let conf = agent.net_conf("1.1.0");
@@ -298,12 +304,8 @@ fn enimd_tells_a_quarantine_on_the_node_and_a_refused_add_on_the_pod() {
     let Some(mut cp) = control_plane() else {
         return;
     };
-    let sb = Sandbox::new(2);
-    // ENI 1's device is not on the node: quarantined.
-    sb.host.ip(&["link", "del", "eni1"]);
-    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
     let dir = tempfile::tempdir().unwrap();
-    operator_writes(&cp, dir.path(), "primary", spec_enis(&sb), &[]);
+    let (sb, pods) = second_device_missing(&cp, dir.path());
     // enimd runs in this namespace: a port free here.
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
