@@ -141,10 +141,6 @@ impl EventSink {
     pub fn start(client: Client, reporter: Reporter, limits: SinkLimits) -> EventSink {
         let (tx, rx) = mpsc::channel(limits.queue.max(1));
         let counts = EventCounts::default();
-        // Every outcome is on /metrics from the start, at 0.
-        for o in Outcome::ALL {
-            counts.counter(o);
-        }
         let recorder = Recorder::new(client, reporter);
         tokio::spawn(post_all(
             rx,
@@ -183,7 +179,12 @@ impl EventSink {
 
     /// Registers `events` (with the registry's prefix, e.g.
     /// `enim_events_total`), by outcome.
+    /// Every outcome is served from the start, at 0 (off too: the family
+    /// is on `/metrics` either way).
     pub fn register(&self, registry: &mut Registry) {
+        for o in Outcome::ALL {
+            self.counts.counter(o);
+        }
         registry.register(
             "events",
             "Kubernetes Events handed to the sink, by outcome (posted, queue_full, rate_limited, failed)",

@@ -56,6 +56,19 @@ pub struct Statistic {
     pub statistic: String,
 }
 
+/// Every operation [`MeteredProvider`] records: their error and throttle
+/// counters are served from the start, at 0.
+const PROVIDER_OPERATIONS: [&str; 8] = [
+    "list",
+    "allocate",
+    "release",
+    "restore",
+    "address_limits",
+    "assign",
+    "unassign",
+    "attach_eni",
+];
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~26 s: netlink steps to slow cloud calls.
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -117,6 +130,13 @@ impl Metrics {
             "attachments" => attachments, "Attachments recorded";
             "pool" => pool, "Warm-pool statistics";
             "secondary_addresses" => secondary_addresses, "Secondary mode: ENI secondary addresses by state";
+        }
+        for op in PROVIDER_OPERATIONS {
+            let label = Operation {
+                operation: op.into(),
+            };
+            let _ = m.provider_errors.get_or_create(&label);
+            let _ = m.provider_throttled.get_or_create(&label);
         }
         Metrics { registry, ..m }
     }
@@ -243,6 +263,7 @@ impl MeteredProvider {
     }
 
     fn record<T>(&self, op: &str, started: Instant, result: &Result<T, ProviderError>) {
+        debug_assert!(PROVIDER_OPERATIONS.contains(&op), "{op} is not listed");
         let label = Operation {
             operation: op.into(),
         };
