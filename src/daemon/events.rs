@@ -1,6 +1,6 @@
 //! The agent's Kubernetes Events (`[events]`, off by default): a pod's ADD
-//! refused, and why (no free ENI, a quarantined ENI, no claim), on the
-//! Pod; an ENI quarantined, on the Node. They go through
+//! refused, and why (no free ENI or, in secondary mode, address; a
+//! quarantined ENI; no claim), on the Pod; an ENI quarantined, on the Node. They go through
 //! [`EventSink`]: an ADD's reply never waits on the API server, and a
 //! storm of refusals is held to the spam filter's bounds.
 
@@ -192,6 +192,8 @@ pub fn refusal(
             Some(("NoFreeEni", error.to_string()))
         }
         EngineError::DeviceMissing { .. } => Some(("EniQuarantined", error.to_string())),
+        // Secondary mode: every address of the node's ENIs held or cooling.
+        EngineError::NoFreeAddress(_) => Some(("NoFreeAddress", error.to_string())),
         // On a DRA node the provider refuses a pod without a prepared
         // claim as a configuration error (permanent for that pod).
         EngineError::Provider(ProviderError::Config(_)) if dra => {
@@ -251,6 +253,8 @@ mod tests {
             mac: "02:00:00:00:00:01".into(),
         };
         assert_eq!(reason(&missing, false, 0), Some("EniQuarantined"));
+        let no_address = EngineError::NoFreeAddress("every address held".into());
+        assert_eq!(reason(&no_address, false, 0), Some("NoFreeAddress"));
         let config = EngineError::Provider(ProviderError::Config("no claim".into()));
         assert_eq!(reason(&config, true, 0), Some("NoClaim"));
         assert_eq!(
