@@ -76,6 +76,9 @@ pub enum Told {
     /// No node can take an ENI for a pending claim (told once while it
     /// lasts).
     ClaimNotServable { claim: ClaimRef, why: String },
+    /// Listing the cluster's ENIs was throttled: the resync stopped before
+    /// any node's task (told on the operator's own Pod).
+    ListingThrottled { error: String },
 }
 
 #[async_trait]

@@ -2,8 +2,8 @@
 //! common/mod.rs), the operator authenticated with deploy/'s RBAC: a
 //! throttled ENI create is told on the node's NetResourceSet and on its
 //! Node (both as Warnings, the Node's with its uid), the throttling is
-//! counted in `/metrics`, and a pending claim no node can serve is told
-//! on the claim.
+//! counted in `/metrics`, a pending claim no node can serve is told on
+//! the claim, and a throttled listing (no node's) on the operator's Pod.
 
 mod common;
 
@@ -14,7 +14,7 @@ use common::*;
 const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_throttled_create_is_told_on_the_set_and_its_node_and_an_unservable_claim_on_the_claim() {
+async fn a_throttled_create_is_told_on_the_set_and_its_node_an_unservable_claim_on_the_claim() {
     let Some((_one, rig)) = lone_rig(false).await else {
         return;
     };
@@ -107,5 +107,13 @@ async fn a_throttled_create_is_told_on_the_set_and_its_node_and_an_unservable_cl
         "told again: {:?}",
         again[0].series
     );
+
+    // A throttled listing concerns no node: told on the operator's Pod.
+    rig.env
+        .proxy
+        .inject("DescribeNetworkInterfaces", 8, 503, "RequestLimitExceeded");
+    let on_pod = wait_told(&rig, NS, "Pod", "op-1", "CloudThrottled").await;
+    assert_eq!(on_pod.action.as_deref(), Some("ListEnis"));
+    assert_eq!(on_pod.type_.as_deref(), Some("Warning"));
     drop(op);
 }

@@ -356,7 +356,13 @@ impl Allocator {
                 .map_err(|e| match e.deposed() {
                     Some(deposed) => deposed,
                     None => match e {
-                        TaskError::Cloud(e) => Error::Listing(e),
+                        TaskError::Cloud(e) => {
+                            if let ProviderError::Throttled(why) = &e {
+                                self.store
+                                    .tell(Told::ListingThrottled { error: why.clone() });
+                            }
+                            Error::Listing(e)
+                        }
                         other => Error::Listing(ProviderError::Unavailable(other.to_string())),
                     },
                 })?;

@@ -14,11 +14,21 @@ use crate::store::{EniStep, Told};
 pub(super) struct Teller {
     sink: EventSink,
     sets: Cache<NetResourceSet>,
+    /// This replica's Pod: what concerns no node is told there.
+    operator: ObjectReference,
 }
 
 impl Teller {
-    pub(super) fn new(sink: EventSink, sets: Cache<NetResourceSet>) -> Teller {
-        Teller { sink, sets }
+    pub(super) fn new(
+        sink: EventSink,
+        sets: Cache<NetResourceSet>,
+        operator: ObjectReference,
+    ) -> Teller {
+        Teller {
+            sink,
+            sets,
+            operator,
+        }
     }
 
     pub(super) fn tell(&self, told: Told) {
@@ -29,7 +39,7 @@ impl Teller {
                 .and_then(|s| s.meta().uid.clone());
             set_ref(node, uid.as_deref())
         };
-        for n in notices(told, set) {
+        for n in notices(told, set, &self.operator) {
             self.sink.tell(n);
         }
     }
@@ -80,8 +90,13 @@ fn on_both(
     vec![one(&first, &second), one(&second, &first)]
 }
 
-/// The events of `told`; `set` makes the reference of a node's set.
-fn notices(told: Told, set: impl Fn(&str) -> ObjectReference) -> Vec<Notice> {
+/// The events of `told`; `set` makes the reference of a node's set,
+/// `operator` is this replica's Pod.
+fn notices(
+    told: Told,
+    set: impl Fn(&str) -> ObjectReference,
+    operator: &ObjectReference,
+) -> Vec<Notice> {
     match told {
         Told::EniStepFailed {
             node,
@@ -135,6 +150,16 @@ fn notices(told: Told, set: impl Fn(&str) -> ObjectReference) -> Vec<Notice> {
             action: "PlaceClaim",
             note: format!("no ENI can be made for this claim now: {why}"),
         }],
+        Told::ListingThrottled { error } => vec![Notice {
+            regarding: operator.clone(),
+            related: None,
+            severity: Severity::Warning,
+            reason: "CloudThrottled",
+            action: "ListEnis",
+            note: format!(
+                "the cloud throttled the listing of the cluster's ENIs: no node's ENIs are made or released until it answers: {error}"
+            ),
+        }],
     }
 }
 
@@ -146,6 +171,10 @@ mod tests {
         set_ref(node, Some("set-uid"))
     }
 
+    fn me() -> ObjectReference {
+        object_ref("v1", "Pod", Some("enim-system"), "op-1", None)
+    }
+
     #[test]
     fn a_failed_step_is_told_on_the_set_and_on_the_node_each_naming_the_other() {
         let told = Told::EniStepFailed {
@@ -155,7 +184,7 @@ mod tests {
             eni: Some("eni-1".into()),
             error: "boom".into(),
         };
-        let out = notices(told, set);
+        let out = notices(told, set, &me());
         assert_eq!(out.len(), 2);
         let kinds: Vec<_> = out
             .iter()
@@ -189,6 +218,7 @@ mod tests {
                 eni: "eni-9".into(),
             },
             set,
+            &me(),
         );
         assert_eq!(served[0].regarding.namespace.as_deref(), Some("apps"));
         assert_eq!(served[0].regarding.kind.as_deref(), Some("ResourceClaim"));
@@ -200,8 +230,20 @@ mod tests {
                 why: "no room".into(),
             },
             set,
+            &me(),
         );
         assert_eq!(unservable.len(), 1);
         assert_eq!(unservable[0].reason, "ClaimNotServable");
+    }
+
+    #[test]
+    fn a_throttled_listing_is_told_on_the_operators_pod() {
+        let told = Told::ListingThrottled {
+            error: "RequestLimitExceeded".into(),
+        };
+        let out = notices(told, set, &me());
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].regarding, me());
+        assert_eq!(out[0].reason, "CloudThrottled");
     }
 }

@@ -78,7 +78,14 @@ where
         .map_err(lease_err)?;
     let (flag, lease_task) = manager.watch().await;
     let leadership = Leadership::new(flag, deadline);
-    let teller = Teller::new(sink, caches.sets.clone());
+    let me = enim_events::object_ref(
+        "v1",
+        "Pod",
+        Some(&config.namespace),
+        &config.identity,
+        config.pod_uid.as_deref(),
+    );
+    let teller = Teller::new(sink, caches.sets.clone(), me);
     let store: Arc<dyn Store> =
         Arc::new(KubeStore::new(client.clone(), leadership.clone(), teller));
     let resync = make(store.clone())?;

@@ -77,6 +77,8 @@ pub struct RuntimeConfig {
     pub lease_name: String,
     /// This replica's name in the Lease (its pod name).
     pub identity: String,
+    /// Its pod's uid (the downward API's), for the events told on it.
+    pub pod_uid: Option<String>,
     /// A leader that has not renewed for this long loses the lease; a
     /// follower takes over within it (plus one renew period).
     pub lease_duration: Duration,
