@@ -61,13 +61,13 @@ fn claim_ref(c: &ClaimRef) -> ObjectReference {
     )
 }
 
-/// The reason and action of a failed step.
-fn step_names(step: EniStep) -> (&'static str, &'static str) {
+/// The reason, action and verb of a failed step.
+fn step_names(step: EniStep) -> (&'static str, &'static str, &'static str) {
     match step {
-        EniStep::Create => ("EniCreateFailed", "CreateEni"),
-        EniStep::Attach => ("EniAttachFailed", "AttachEni"),
-        EniStep::Detach => ("EniDetachFailed", "DetachEni"),
-        EniStep::Delete => ("EniDeleteFailed", "DeleteEni"),
+        EniStep::Create => ("EniCreateFailed", "CreateEni", "creating"),
+        EniStep::Attach => ("EniAttachFailed", "AttachEni", "attaching"),
+        EniStep::Detach => ("EniDetachFailed", "DetachEni", "detaching"),
+        EniStep::Delete => ("EniDeleteFailed", "DeleteEni", "deleting"),
     }
 }
 
@@ -105,15 +105,16 @@ fn notices(
             eni,
             error,
         } => {
+            let (reason, action, verb) = step_names(step);
             let what = match &eni {
-                Some(eni) => format!("{step:?} of ENI {eni} failed (retried at the next resync): {error}"),
-                None => format!("{step:?} of an ENI failed (retried at the next resync): {error}"),
+                Some(eni) => format!("{verb} ENI {eni} failed (retried at the next resync): {error}"),
+                None => format!("{verb} an ENI failed (retried at the next resync): {error}"),
             };
             on_both(
                 set(&node),
                 node_ref(&node, node_uid.as_deref()),
                 Severity::Warning,
-                step_names(step),
+                (reason, action),
                 what,
             )
         }
