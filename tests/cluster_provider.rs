@@ -150,19 +150,25 @@ fn used(status: &Value) -> Vec<String> {
     out
 }
 
+/// Two ENIs in the spec (primary mode), two pods; ENI 1 is attached (in
+/// the spec) but its device is not on the node (yet), as right after the
+/// operator attached it: enimd quarantines it.
+fn second_device_missing(cp: &ControlPlane, dir: &Path) -> (Sandbox, [NamedNetns; 2]) {
+    let sb = Sandbox::new(2);
+    sb.host.ip(&["link", "del", "eni1"]);
+    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
+    operator_writes(cp, dir, "primary", spec_enis(&sb), &[]);
+    (sb, pods)
+}
+
 #[test]
 fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
     require_kernel!();
     let Some(cp) = control_plane() else {
         return;
     };
-    let sb = Sandbox::new(2);
-    // ENI 1 is attached (in the spec) but its device is not on the node
-    // yet, as right after the operator attached it.
-    sb.host.ip(&["link", "del", "eni1"]);
-    let pods = [NamedNetns::new("pod"), NamedNetns::new("pod")];
     let dir = tempfile::tempdir().unwrap();
-    operator_writes(&cp, dir.path(), "primary", spec_enis(&sb), &[]);
+    let (sb, pods) = second_device_missing(&cp, dir.path());
     let extra = "gc_interval = \"1s\"\ngc_grace = \"0s\"";
     let mut agent = start_enimd(&cp, &sb, dir.path(), extra);
     let conf = agent.net_conf("1.1.0");
@@ -267,5 +273,116 @@ fn enimd_in_secondary_mode_serves_spec_addresses_and_hands_back_drained_ones() {
         },
     );
     enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
+    agent.stop();
+}
+
+/// The events of `kind` `name` with `reason` in "default", as kubectl
+/// lists them (events.k8s.io/v1).
+fn events_about(cp: &ControlPlane, kind: &str, name: &str, reason: &str) -> Vec<Value> {
+    let text = cp.kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"]);
+    let all: Value = serde_json::from_str(&text).unwrap();
+    all["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["reason"] == reason
+                && e["regarding"]["kind"] == kind
+                && e["regarding"]["name"] == name
+        })
+        .cloned()
+        .collect()
+}
+
+/// `[events]` on: a quarantined ENI is told on the Node, a refused ADD on
+/// its Pod with why, a storm of refusals makes one Event whose count stays
+/// within the spam filter's burst, and with the API server down a refused
+/// ADD is answered as fast as ever.
+#[test]
+fn enimd_tells_a_quarantine_on_the_node_and_a_refused_add_on_the_pod() {
+    require_kernel!();
+    let Some(mut cp) = control_plane() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (sb, pods) = second_device_missing(&cp, dir.path());
+    // enimd runs in this namespace: a port free here.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let extra = format!(
+        "metrics_address = \"{addr}\"\n[events]\nenabled = true\nnode_name = {NODE:?}\nkubeconfig = {kc:?}\nquarantine_check = \"200ms\"",
+        kc = cp.admin_kubeconfig().display().to_string(),
+    );
+    let mut agent = start_enimd(&cp, &sb, dir.path(), &extra);
+    let conf = agent.net_conf("1.1.0");
+    add_eventually(&pods[0], "c1", &conf);
+    // The ADD above quarantined eni-0001 or found it so: told on the Node.
+    let mut on_node = Vec::new();
+    eventually(
+        "an EniQuarantined event on the Node",
+        Duration::from_secs(20),
+        || {
+            on_node = events_about(&cp, "Node", NODE, "EniQuarantined");
+            !on_node.is_empty()
+        },
+    );
+    assert_eq!(on_node[0]["type"], "Warning");
+    assert_eq!(on_node[0]["reportingController"], "enimd");
+    assert!(
+        on_node[0]["note"].as_str().unwrap().contains("eni-0001"),
+        "{on_node:?}"
+    );
+
+    // The next pod is refused: told on the pod, with the quarantine.
+    let msg = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
+    assert!(msg.contains("no free ENI"), "{msg}");
+    let mut on_pod = Vec::new();
+    eventually(
+        "an EniQuarantined event on the Pod",
+        Duration::from_secs(20),
+        || {
+            on_pod = events_about(&cp, "Pod", "pod-c2", "EniQuarantined");
+            !on_pod.is_empty()
+        },
+    );
+    assert_eq!(on_pod[0]["regarding"]["uid"], "uid-c2");
+    assert_eq!(on_pod[0]["regarding"]["namespace"], "default");
+    assert!(
+        on_pod[0]["note"]
+            .as_str()
+            .unwrap()
+            .contains("1 of the node's ENIs are quarantined"),
+        "{on_pod:?}"
+    );
+
+    // A storm: 40 more refusals of the same pod. One Event, its count
+    // within the burst (25); the rest are held back.
+    for _ in 0..40 {
+        enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
+    }
+    let limited = "enim_events_total{outcome=\"rate_limited\"}";
+    eventually(
+        "refusals past the burst held back",
+        Duration::from_secs(20),
+        || {
+            let (_, text) = http_get_in(Path::new("/proc/self/ns/net"), addr, "/metrics");
+            metric(&text, limited) >= 16.0
+        },
+    );
+    let storm = events_about(&cp, "Pod", "pod-c2", "EniQuarantined");
+    assert_eq!(storm.len(), 1, "{storm:?}");
+    let count = storm[0]["series"]["count"].as_u64().unwrap_or(1);
+    assert!((2..=25).contains(&count), "series count {count}");
+
+    // The API server goes: a refused ADD is answered as fast, its event
+    // queued (and dropped or failed later), never awaited.
+    cp.stop_apiserver();
+    for _ in 0..5 {
+        let started = Instant::now();
+        enim("ADD", "c3", Some(&pods[1].path()), "eth0", &conf).err(11);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "a refused ADD took {took:?}");
+    }
     agent.stop();
 }

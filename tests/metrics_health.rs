@@ -1,5 +1,7 @@
 //! Metrics, health and readiness scraped over HTTP from a real enimd, and
-//! checked against the actions performed.
+//! checked against the actions performed; what it serves checked against
+//! docs/operations.md (both ways) and the alerts' and dashboard's
+//! expressions; the listener serves nothing but three GETs.
 
 mod common;
 
@@ -67,6 +69,85 @@ fn metrics_match_the_actions_performed() {
             ("enim_requests_total{verb=\"GC\",result=\"ok\"}", 1.0),
         ],
     );
+}
+
+#[test]
+fn enimd_serves_exactly_the_documented_metrics_and_only_reads() {
+    use enim_testkit::metrics_doc::*;
+    require_kernel!();
+    let addr: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
+    let (sb, pods, _dir, agent) = agent_rig_with_pods(1, &format!("metrics_address = \"{addr}\""));
+    let host = sb.host.path();
+    // One ADD served, one refused (no free ENI left), one GC: each family
+    // with labels has a sample.
+    let conf = agent.net_conf("1.1.0");
+    enim("ADD", "c0", Some(&pods[0].path()), "eth0", &conf).ok();
+    enim("ADD", "c1", Some(&pods[0].path()), "eth1", &conf).err(11);
+    agent.ctl(&["gc"]);
+    let (status, text) = http_get_in(&host, addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let served = served(&text);
+    let docs = repo_file("docs/operations.md");
+    let mut documented = documented(&docs, "enimd");
+    assert!(documented.len() >= 10, "{documented:?}");
+    // Served only where they mean something, which this rig (static
+    // provider, primary mode) is not: a cloud warm pool's statistics and
+    // secondary mode's addresses. Documented as such, and not served here.
+    let elsewhere = [
+        ("enim_pool", "warm pool"),
+        ("enim_secondary_addresses", "Secondary mode"),
+    ];
+    for (name, only) in elsewhere {
+        let row = docs
+            .lines()
+            .find(|l| l.contains(&format!("`{name}`")))
+            .unwrap();
+        assert!(
+            row.contains(only),
+            "{name}'s row says where it is served: {row}"
+        );
+        assert!(
+            !served.contains_key(name),
+            "{name} served by a static primary node"
+        );
+        documented.remove(name);
+    }
+    let wrong = differences(&documented, &served);
+    assert!(
+        wrong.is_empty(),
+        "docs/operations.md vs /metrics: {wrong:#?}"
+    );
+
+    // Every enimd metric the alerts and the dashboard use is served (the
+    // operator's: operator/tests/metrics_docs.rs).
+    let exprs = rule_exprs(&repo_file("monitoring/prometheus-rules.yaml"))
+        .into_iter()
+        .chain(dashboard_exprs(&repo_file(
+            "monitoring/grafana-dashboard.json",
+        )));
+    let known: std::collections::BTreeSet<&str> = served
+        .keys()
+        .map(String::as_str)
+        .chain(elsewhere.map(|(name, _)| name))
+        .collect();
+    for expr in exprs {
+        for name in metrics_named(&expr)
+            .into_iter()
+            .filter(|n| !n.starts_with("enim_operator_"))
+        {
+            assert!(
+                known.contains(name.as_str()),
+                "{expr}: {name} is not served"
+            );
+        }
+    }
+
+    // Read-only: another method, or another path, is refused.
+    let (code, _) = http_method_in(&host, addr, "POST", "/metrics");
+    assert_eq!(code, 405);
+    let (code, _) = http_method_in(&host, addr, "DELETE", "/readyz");
+    assert_eq!(code, 405);
+    assert_eq!(http_get_in(&host, addr, "/v1/enis").0, 404);
 }
 
 #[cfg(feature = "fault-injection")]

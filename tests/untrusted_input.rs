@@ -703,6 +703,7 @@ mod server {
             metrics: Arc::new(enim::daemon::metrics::Metrics::new()),
             heap: Arc::default(),
             started: Instant::now(),
+            events: Arc::new(enim::daemon::events::AgentEvents::off()),
         }))
     }
 

@@ -33,6 +33,10 @@ struct Args {
     /// This replica's identity in the Lease (the downward API's pod name).
     #[arg(long, env = "POD_NAME")]
     identity: String,
+    /// This replica's pod uid (the downward API's): what concerns no node
+    /// (a throttled listing) is told as an Event on the pod.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
     #[arg(long, default_value = "enim-operator")]
     lease_name: String,
     /// A leader that has not renewed for this long loses the lease.
@@ -98,6 +102,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         namespace: args.namespace,
         lease_name: args.lease_name,
         identity: args.identity,
+        pod_uid: args.pod_uid,
         lease_duration: args.lease_duration,
         lease_grace: args.lease_grace,
         resync_interval: file.operator.resync_interval,

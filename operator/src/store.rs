@@ -1,11 +1,12 @@
 //! The operator's only way to write, so that the allocator runs the same
 //! over a real API server ([`crate::runtime`]) and over the bench's
-//! in-memory fleet simulation.
+//! in-memory fleet simulation; and what it tells the cluster as
+//! Kubernetes Events ([`Told`]).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use enim_crd::NetResourceSetSpec;
+use enim_crd::{ClaimRef, NetResourceSetSpec};
 
 use crate::index::NodeInfo;
 
@@ -34,6 +35,52 @@ pub enum StoreError {
     },
 }
 
+/// A cloud step on a node's ENI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EniStep {
+    Create,
+    Attach,
+    Detach,
+    Delete,
+}
+
+/// What the allocator tells the cluster: the runtime posts each as Events
+/// on the NetResourceSet and on the Node or ResourceClaim it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Told {
+    /// A cloud call on node `node`'s ENI failed (the next resync retries).
+    EniStepFailed {
+        node: String,
+        /// The Node's uid; `None` once the Node is gone.
+        node_uid: Option<String>,
+        step: EniStep,
+        /// The ENI, when it exists already.
+        eni: Option<String>,
+        error: String,
+    },
+    /// The cloud answered a call for node `node` "throttled" (after the
+    /// client's own retries).
+    Throttled {
+        node: String,
+        node_uid: Option<String>,
+        error: String,
+    },
+    /// A deleted node's ENIs are all back to the cloud: its set goes.
+    NodeReleased { node: String },
+    /// An ENI was made for a DRA claim on node `node`.
+    ClaimServed {
+        claim: ClaimRef,
+        node: String,
+        eni: String,
+    },
+    /// No node can take an ENI for a pending claim (told once while it
+    /// lasts).
+    ClaimNotServable { claim: ClaimRef, why: String },
+    /// Listing the cluster's ENIs was throttled: the resync stopped before
+    /// any node's task (told on the operator's own Pod).
+    ListingThrottled { error: String },
+}
+
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Creates or updates node `node`'s NetResourceSet spec (server-side
@@ -51,6 +98,12 @@ pub trait Store: Send + Sync {
 
     /// Whether this replica still leads.
     fn is_leader(&self) -> bool;
+
+    /// Tells `told` to the cluster, never waiting (the runtime queues it;
+    /// a store with nobody to tell drops it).
+    fn tell(&self, told: Told) {
+        let _ = told;
+    }
 
     /// `Ok` while this replica may call the cloud and write, else why not
     /// ([`StoreError::NotLeader`] or [`StoreError::PastDeadline`]). The

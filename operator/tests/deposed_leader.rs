@@ -21,7 +21,6 @@ use enim_provider_aws::{TAG_MANAGED, TAG_NODE};
 use enim_testkit::moto::FaultProxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -73,37 +72,6 @@ impl Drop for Relay {
     }
 }
 
-/// `GET path` from an operator's health endpoint: (status line, body).
-async fn http_get(addr: &str, path: &str) -> Result<(String, String), String> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (head, body) = out.split_once("\r\n\r\n").ok_or("no body")?;
-    Ok((head.lines().next().unwrap_or("").into(), body.into()))
-}
-
-/// Where an operator serves /metrics, from its log.
-fn health_addr(op: &Operator) -> Option<String> {
-    let out = op.stdout();
-    let line = out.lines().find(|l| l.contains("serving /healthz"))?;
-    let at = line.find("127.0.0.1:")?;
-    let rest = &line[at..];
-    let end = rest
-        .char_indices()
-        .skip("127.0.0.1:".len())
-        .find(|(_, c)| !c.is_ascii_digit())
-        .map_or(rest.len(), |(i, _)| i);
-    Some(rest[..end].to_string())
-}
-
 /// The instant of wall-clock time `t` (the API server and the operators
 /// share this machine's clock).
 fn instant_of(t: SystemTime) -> Instant {
@@ -112,12 +80,6 @@ fn instant_of(t: SystemTime) -> Instant {
         Ok(ahead) => now + ahead,
         Err(behind) => now.checked_sub(behind.duration()).unwrap_or(now),
     }
-}
-
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -269,4 +269,9 @@ async fn a_deleted_node_loses_its_enis_after_the_grace_and_its_set_goes() {
             .collect::<Vec<_>>()
     );
     assert_eq!(rig.env.proxy.calls("DeleteNetworkInterface"), 2);
+    // Told on the set (gone since; its events stay) and on the Node.
+    for kind in ["NetResourceSet", "Node"] {
+        let e = wait_told(&rig, "default", kind, NODE, "NodeEnisReleased").await;
+        assert_eq!(e.type_.as_deref(), Some("Normal"), "{e:?}");
+    }
 }

@@ -3,7 +3,7 @@
 //! security groups no node's ENIs have gets an ENI created in moto with
 //! exactly those groups, attached to a node whose agent serves claims and
 //! published marked with the claim; never a second one; the agent sees its groups (what its DRA
-//! driver publishes); and once the claim is deleted the ENI is drained,
+//! driver publishes); it is told on the claim as an Event; and once the claim is deleted the ENI is drained,
 //! released by the agent, detached and deleted.
 
 mod common;
@@ -65,6 +65,18 @@ async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
         (claim.namespace.as_str(), claim.name.as_str()),
         ("default", "db")
     );
+    // Told on the claim (and on the node's set).
+    let served = wait_told(&rig, "default", "ResourceClaim", "db", "ClaimServed").await;
+    assert_eq!(served.type_.as_deref(), Some("Normal"));
+    assert!(
+        served
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&made.id),
+        "{served:?}"
+    );
+    wait_told(&rig, "default", "NetResourceSet", NODE, "ClaimServed").await;
     // In moto: exactly the claim's group, attached to the node's instance.
     let in_moto = rig.env.eni(&made.id).await;
     let groups = in_moto.group_ids();

@@ -1,6 +1,7 @@
 //! deploy/'s RBAC and admission policies on a real API server: an agent
 //! writes only its own node's NetResourceSet status, its node's
-//! ResourceSlice (by name, nodeName and pool) and, in the status of claims
+//! ResourceSlice (by name, nodeName and pool), Events (create and patch,
+//! nothing more) and, in the status of claims
 //! already allocated its node's devices, those devices' entries; and the
 //! operator's and the agent's service accounts are refused everything they
 //! were not given.
@@ -197,6 +198,24 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
     }
     // Reads of NetResourceSets are allowed (see 11-rbac-agent.yaml).
     as_user(&cp, &agent_a, &["get", "nrs", "node-b"]).expect("read another node's set");
+    // Events: create and patch (a pod's refusal in its namespace, the
+    // Node's in "default"); no read, no delete, not the core group's.
+    let agent_can = |verb: &str, what: &str, ns: &str| {
+        as_user(&cp, &agent_a, &["auth", "can-i", verb, what, "-n", ns]).is_ok()
+    };
+    for (verb, ns) in [("create", "apps"), ("patch", "default")] {
+        assert!(
+            agent_can(verb, "events.events.k8s.io", ns),
+            "agent cannot {verb} events in {ns}"
+        );
+    }
+    for (verb, what) in [
+        ("list", "events.events.k8s.io"),
+        ("delete", "events.events.k8s.io"),
+        ("create", "events"),
+    ] {
+        assert!(!agent_can(verb, what, "default"), "agent may {verb} {what}");
+    }
 
     // A token bound to no pod carries no node: it writes nothing.
     let unbound = token(&cp, "enimd", None);
@@ -223,10 +242,16 @@ fn an_agent_writes_only_its_own_nodes_status_and_each_account_only_what_it_was_g
         ("patch", "netresourcesets.enim.io", None),
         ("patch", "leases.coordination.k8s.io", Some(NS)),
         ("watch", "resourceclaims.resource.k8s.io", None),
+        // Events on sets and Nodes ("default") and on claims (theirs).
+        ("create", "events.events.k8s.io", Some("default")),
+        ("patch", "events.events.k8s.io", Some("apps")),
     ] {
         assert!(can(verb, what, ns), "operator cannot {verb} {what}");
     }
     for (verb, what, ns) in [
+        ("delete", "events.events.k8s.io", Some("default")),
+        ("list", "events.events.k8s.io", None),
+        ("create", "events", Some("default")),
         ("delete", "netresourcesets.enim.io", None),
         ("patch", "nodes", None),
         ("get", "secrets", Some(NS)),

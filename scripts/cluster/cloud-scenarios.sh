@@ -600,6 +600,71 @@ s_cloud_outage() {
   echo "after the outage: the sets full and moto's ENIs the sets' $(ms_since "$t0") ms later"
 }
 
+# events_of KIND NAME [NAMESPACE]: "TYPE REASON" of each event about KIND
+# NAME, as `kubectl get events` lists them.
+events_of() {
+  k get events -n "${3:-default}" \
+    --field-selector "involvedObject.kind=$1,involvedObject.name=$2" \
+    -o jsonpath='{range .items[*]}{.type} {.reason}{"\n"}{end}'
+}
+# refused_pod_event: some ev-* pod has a Warning NoFreeEni event.
+refused_pod_event() {
+  k get events -n default --field-selector reason=NoFreeEni \
+    -o jsonpath='{range .items[*]}{.type} {.involvedObject.name}{"\n"}{end}' | grep '^Warning ev-' >/dev/null
+}
+# set_event I WHAT: node I's NetResourceSet has an event "TYPE REASON"
+# matching the extended regex WHAT.
+set_event() { events_of NetResourceSet "enim-e2e-node$1" | grep -E "^($2)\$" >/dev/null; }
+
+# operator_throttled I: a Warning of the operator's throttled calls, on
+# node I's set or on an operator Pod.
+operator_throttled() {
+  set_event "$1" 'Warning (EniCreateFailed|CloudThrottled)' ||
+    k get events -n enim-system --field-selector reason=CloudThrottled,involvedObject.kind=Pod \
+      -o jsonpath='{range .items[*]}{.type}{"\n"}{end}' | grep '^Warning$' >/dev/null
+}
+
+# Events. enimd: with the cloud throttling the operator, pods without the
+# resource (the device plugin does not hold them back) on a primary-mode
+# node, one more than its free ENIs: the one left over is refused, a
+# Warning NoFreeEni on its Pod; the operator's throttled calls a Warning
+# CloudThrottled (on the node's set for a create, on the operator's Pod for
+# the listing). The cloud back, every pod runs. The operator: an ENI made on demand for a claim
+# is told on the claim and on the DRA node's NetResourceSet.
+s_cloud_events() {
+  local i d j have rc=0 t0 sg claim
+  i=$(primary_plugin_nodes | sed -n 1p)
+  [ -n "$i" ] || { echo "no primary-mode device-plugin node"; return 1; }
+  cloud_outage throttled
+  have=$(cloud_nrs "enim-e2e-node$i" '{.status.summary.available}')
+  t0=$(date +%s%N)
+  for j in $(seq 1 $((${have:-0} + 1))); do pod "ev-$j" "node=enim-e2e-node$i" res=0 probe=none; done
+  wait_for "a Warning NoFreeEni event on a refused pod" 120 refused_pod_event || rc=1
+  echo "node $i: $have free ENIs, $((${have:-0} + 1)) pods; refused and told within $(ms_since "$t0") ms:"
+  k get events -n default --field-selector reason=NoFreeEni
+  # The operator's throttled calls: a create for node 1 (on its set), or
+  # the listing of the cluster's ENIs (no node's: on the operator's Pod).
+  wait_for "a Warning CloudThrottled of the operator" 90 operator_throttled "$i" || rc=1
+  k get events -n default --field-selector "involvedObject.kind=NetResourceSet,involvedObject.name=enim-e2e-node$i"
+  k get events -n enim-system --field-selector reason=CloudThrottled
+  cloud_outage none
+  for j in $(seq 1 $((${have:-0} + 1))); do ready "ev-$j" 180 || rc=1; done
+  [ "$rc" = 0 ] && echo "the cloud back: every ev-* pod runs"
+  d=$(dra_nodes | sed -n 1p)
+  [ -n "$d" ] || { echo "no DRA node"; return 1; }
+  sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-claim-ev)
+  claim_template ev-db "device.attributes[\"sg.enim.io\"].?${sg//-/_}.orValue(false)" \
+    "{apiVersion: enim.io/v1alpha1, kind: EniParameters, securityGroups: [$sg]}"
+  pod ev-claim claim=ev-db
+  ready ev-claim 180 || return 1
+  wait_for "a ClaimServed event on enim-e2e-node$d's NetResourceSet" 60 set_event "$d" 'Normal ClaimServed' || rc=1
+  claim=$(pod_claim ev-claim)
+  events_of ResourceClaim "$claim" | grep '^Normal ClaimServed$' >/dev/null || { echo "no ClaimServed event on claim $claim"; rc=1; }
+  k get events -n default --field-selector "involvedObject.kind=ResourceClaim,involvedObject.name=$claim"
+  k get events -n default --field-selector "involvedObject.kind=NetResourceSet,involvedObject.name=enim-e2e-node$d"
+  return $rc
+}
+
 # --- performance ----------------------------------------------------------
 
 # on_cloud_node I CMD...: CMD with node.sh's per-node functions (on_node,
@@ -811,6 +876,7 @@ run_cloud_scenarios() {
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage
   cloud_scenario "the operator's leader's node powered off: the other replica leads, churn goes on, the new leader makes ENIs; powered on, its pod runs again, no ENI in two sets, moto's ENIs are the sets'" s_cloud_leader_reboot
   cloud_scenario "the late node joins (pool per-node, no operator): its agent's aws provider makes its ENIs in moto, a pod applied before it registered runs on one, and it has no NetResourceSet" s_cloud_late_node
+  cloud_scenario "events: the cloud throttling, pods beyond a node's free ENIs: the refused one has a Warning NoFreeEni event on its Pod, the operator a Warning CloudThrottled; the cloud back, every pod runs; an ENI made for a claim has a ClaimServed event on the claim and on the DRA node's NetResourceSet" s_cloud_events
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
 }

@@ -116,6 +116,11 @@ struct Args {
     /// Log format (overrides the config).
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. the
+    /// node's IP, the downward API's status.hostIP) at metrics_address's
+    /// port, for Prometheus in the cluster.
+    #[arg(long, env = "ENIMD_METRICS_HOST")]
+    metrics_host: Option<std::net::IpAddr>,
 }
 
 fn main() -> ExitCode {
@@ -280,6 +285,12 @@ fn run_agent(args: Args) -> ExitCode {
     }
     if let Some(v) = args.log_format {
         config.log_format = v;
+    }
+    if let Some(host) = args.metrics_host {
+        if let Err(e) = config.serve_metrics_on(host) {
+            eprintln!("enimd: {e}");
+            return ExitCode::from(2);
+        }
     }
     init_logging(config.log_format);
 

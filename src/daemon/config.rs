@@ -99,9 +99,15 @@ pub struct Config {
     #[serde(default)]
     pub log_format: LogFormat,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (TCP), e.g.
-    /// "127.0.0.1:9464". Off when unset.
+    /// "127.0.0.1:9464". Off when unset. Read-only: GET of those three
+    /// paths, nothing else. `--metrics-host` (`ENIMD_METRICS_HOST`, e.g.
+    /// the node's IP from the downward API's `status.hostIP`) serves it on
+    /// that address instead, at this port, for Prometheus in the cluster.
     #[serde(default)]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Kubernetes Events (README "Operations"); off by default.
+    #[serde(default)]
+    pub events: crate::daemon::events::EventsConfig,
     /// ENIs (by id or MAC) and addresses never handed out. The node's
     /// primary interface is always excluded as well.
     #[serde(default)]
@@ -213,6 +219,7 @@ impl Config {
             .dra
             .check(config.device_plugin.enabled, config.mode == Mode::Secondary)
             .map_err(|e| invalid(&e))?;
+        config.events.validate().map_err(|e| invalid(&e))?;
         if config
             .host_path
             .veth_prefix
@@ -228,6 +235,19 @@ impl Config {
             )));
         }
         Ok(config)
+    }
+
+    /// Serves the metrics on `host` (`--metrics-host`) at
+    /// `metrics_address`'s port.
+    pub fn serve_metrics_on(&mut self, host: std::net::IpAddr) -> Result<(), ConfigError> {
+        let Some(address) = self.metrics_address.as_mut() else {
+            return Err(ConfigError::Invalid(format!(
+                "--metrics-host {host} (ENIMD_METRICS_HOST) needs metrics_address in the config: \
+                 the metrics are served at its port"
+            )));
+        };
+        address.set_ip(host);
+        Ok(())
     }
 }
 
@@ -472,5 +492,27 @@ service_cidrs = [\"10.96.0.0/12\"]
             // Refused and routed to the host at once: every ADD would fail.
             "[host_path]\nservice_cidrs = [\"10.96.0.0/12\"]\nhost_stack_cidrs = [\"169.254.169.254/32\"]\n",
         ]);
+    }
+
+    #[test]
+    fn the_metrics_host_keeps_the_configured_port_and_needs_one() {
+        let mut c =
+            Config::parse(&format!("metrics_address = \"127.0.0.1:9464\"\n{STATIC}")).unwrap();
+        c.serve_metrics_on("10.0.3.7".parse().unwrap()).unwrap();
+        assert_eq!(c.metrics_address, Some("10.0.3.7:9464".parse().unwrap()));
+        c.serve_metrics_on("fd00::7".parse().unwrap()).unwrap();
+        assert_eq!(c.metrics_address, Some("[fd00::7]:9464".parse().unwrap()));
+        let mut off = Config::parse(STATIC).unwrap();
+        let e = off
+            .serve_metrics_on("10.0.3.7".parse().unwrap())
+            .unwrap_err();
+        assert!(e.to_string().contains("needs metrics_address"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_events_table_is_refused_with_its_key() {
+        let e =
+            Config::parse(&format!("[events]\nquarantine_check = \"0s\"\n{STATIC}")).unwrap_err();
+        assert!(e.to_string().contains("quarantine_check"), "{e}");
     }
 }

@@ -56,6 +56,19 @@ pub struct Statistic {
     pub statistic: String,
 }
 
+/// Every operation [`MeteredProvider`] records: their error and throttle
+/// counters are served from the start, at 0.
+const PROVIDER_OPERATIONS: [&str; 8] = [
+    "list",
+    "allocate",
+    "release",
+    "restore",
+    "address_limits",
+    "assign",
+    "unassign",
+    "attach_eni",
+];
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~26 s: netlink steps to slow cloud calls.
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -68,6 +81,7 @@ pub struct Metrics {
     gc_actions: Family<Kind, Counter>,
     provider_seconds: Family<Operation, Histogram, fn() -> Histogram>,
     provider_errors: Family<Operation, Counter>,
+    provider_throttled: Family<Operation, Counter>,
     checkpoint_write_seconds: Histogram,
     enis: Family<StateLabel, Gauge>,
     attachments: Gauge,
@@ -90,6 +104,7 @@ impl Metrics {
             gc_actions: Family::default(),
             provider_seconds: Family::new_with_constructor(latency_histogram),
             provider_errors: Family::default(),
+            provider_throttled: Family::default(),
             checkpoint_write_seconds: latency_histogram(),
             enis: Family::default(),
             attachments: Gauge::default(),
@@ -109,13 +124,28 @@ impl Metrics {
             "gc_actions" => gc_actions, "GC actions by kind";
             "provider_call_duration_seconds" => provider_seconds, "Provider call latency by operation";
             "provider_errors" => provider_errors, "Provider call errors by operation";
+            "provider_throttled" => provider_throttled, "Provider calls the cloud answered throttled (after the client's retries), by operation";
             "checkpoint_write_duration_seconds" => checkpoint_write_seconds, "Checkpoint write latency";
             "enis" => enis, "ENIs by state";
             "attachments" => attachments, "Attachments recorded";
             "pool" => pool, "Warm-pool statistics";
             "secondary_addresses" => secondary_addresses, "Secondary mode: ENI secondary addresses by state";
         }
+        for op in PROVIDER_OPERATIONS {
+            let label = Operation {
+                operation: op.into(),
+            };
+            let _ = m.provider_errors.get_or_create(&label);
+            let _ = m.provider_throttled.get_or_create(&label);
+        }
         Metrics { registry, ..m }
+    }
+
+    /// [`Metrics::new`] with `events`' counters (`enim_events_total`).
+    pub fn with_events(events: &enim_events::EventSink) -> Self {
+        let mut m = Metrics::new();
+        events.register(&mut m.registry);
+        m
     }
 
     pub fn observe_request(&self, verb: &str, started: Instant, ok: bool) {
@@ -233,6 +263,7 @@ impl MeteredProvider {
     }
 
     fn record<T>(&self, op: &str, started: Instant, result: &Result<T, ProviderError>) {
+        debug_assert!(PROVIDER_OPERATIONS.contains(&op), "{op} is not listed");
         let label = Operation {
             operation: op.into(),
         };
@@ -242,6 +273,9 @@ impl MeteredProvider {
             .observe(started.elapsed().as_secs_f64());
         if result.is_err() {
             self.metrics.provider_errors.get_or_create(&label).inc();
+        }
+        if matches!(result, Err(ProviderError::Throttled(_))) {
+            self.metrics.provider_throttled.get_or_create(&label).inc();
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod devices;
+pub mod events;
 pub mod heap;
 pub mod install;
 pub mod metrics;
@@ -56,6 +57,8 @@ pub enum DaemonError {
     Masquerade(#[from] MasqueradeError),
     #[error("DRA driver: {0}")]
     Dra(#[from] crate::dra::DraError),
+    #[error("{0}")]
+    Events(#[from] events::EventsError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
@@ -176,7 +179,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             None
         }
     };
-    let metrics = Arc::new(metrics::Metrics::new());
+    let events = Arc::new(events::AgentEvents::start(&config.events).await?);
+    let metrics = Arc::new(metrics::Metrics::with_events(events.sink()));
     // Before the provider: a DRA node that cannot reach the API server or
     // read its claims record must not start handing out ENIs.
     let dra = match config.dra.enabled {
@@ -218,6 +222,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         started,
         dra,
         note,
+        events,
     };
     match mode {
         config::Mode::Primary => {
@@ -302,6 +307,7 @@ struct Node {
     started: Instant,
     dra: Option<crate::dra::DraNode>,
     note: Option<note::NoteWriter>,
+    events: Arc<events::AgentEvents>,
 }
 
 impl Node {
@@ -318,6 +324,7 @@ impl Node {
             started,
             dra,
             note,
+            events,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
 
@@ -345,6 +352,7 @@ impl Node {
             metrics: metrics.clone(),
             heap: heap.clone(),
             started,
+            events: events.clone(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let app = server::router(state).into_make_service_with_connect_info::<PeerCred>();
@@ -394,6 +402,14 @@ impl Node {
         let _ = ready_tx.send(true);
         if let Some(writer) = note {
             tokio::spawn(keep_note(writer, engine.clone(), stop_rx.clone()));
+        }
+        if config.events.enabled {
+            tokio::spawn(events::watch_quarantines(
+                events,
+                engine.provider().clone(),
+                config.events.quarantine_check,
+                stop_rx.clone(),
+            ));
         }
 
         // Listed, and advertised, only once recovery is done: before, the

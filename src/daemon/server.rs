@@ -51,6 +51,8 @@ pub struct AppState<D: Driver> {
     /// Operations in flight, for trimming the heap after bursts.
     pub heap: Arc<crate::daemon::heap::Trimmer>,
     pub started: Instant,
+    /// A refused ADD is told on its pod (queued, never awaited).
+    pub events: Arc<crate::daemon::events::AgentEvents>,
 }
 
 /// A handler's error: an HTTP status and the CNI-coded body.
@@ -234,6 +236,9 @@ async fn add<D: Driver>(
         )
     })?;
     unclaimed.done = None; // answered: the caller gets the result
+    if let Err(e) = &result {
+        s.events.add_refused(&owner.pod, e, s.dra);
+    }
     Ok(Json(result?))
 }
 

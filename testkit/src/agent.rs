@@ -331,8 +331,19 @@ pub fn status(socket: &Path) -> Option<Value> {
 /// `netns` (the agent's loopback is the sandbox's, not ours). Returns the
 /// status code and body.
 pub fn http_get_in(netns: &Path, addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_method_in(netns, addr, "GET", path)
+}
+
+/// [`http_get_in`] with another method (no body).
+pub fn http_method_in(
+    netns: &Path,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> (u16, String) {
     let netns = std::fs::File::open(netns).unwrap();
     let path = path.to_string();
+    let method = method.to_string();
     std::thread::spawn(move || {
         nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         let mut stream =
@@ -342,7 +353,7 @@ pub fn http_get_in(netns: &Path, addr: std::net::SocketAddr, path: &str) -> (u16
             .unwrap();
         write!(
             stream,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         .unwrap();
         let mut raw = String::new();

@@ -33,6 +33,7 @@ pub mod cni;
 pub mod fixtures;
 pub mod invariant;
 pub mod metadata_stub;
+pub mod metrics_doc;
 pub mod netns;
 pub mod plugin;
 pub mod sandbox;

@@ -18,7 +18,9 @@ use enim_provider::EniProvider;
 use enim_provider_static::{StaticEniConfig, StaticProvider};
 
 pub mod cloud_node;
-pub use enim_testkit::agent::{assert_metrics, crash_env, http_get_in, metric, NETWORK};
+pub use enim_testkit::agent::{
+    assert_metrics, crash_env, http_get_in, http_method_in, metric, NETWORK,
+};
 pub use enim_testkit::cni::CniOutput;
 pub use enim_testkit::*;
 

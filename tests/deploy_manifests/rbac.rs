@@ -258,7 +258,10 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
     // Its DRA plugin reads its Node (the slice's owner), applies its
     // node's ResourceSlice (no delete: the kubelet's, once the plugin is
     // gone), reads the claims it prepares (by name, never a list) and
-    // patches their status with the ENI's networkData.
+    // patches their status with the ENI's networkData. Both components post
+    // Events (events.k8s.io: create, and patch to fold a repeat), in every
+    // namespace (a pod's event goes to the pod's), and never read them.
+    let events = grants(None, "events.k8s.io", "events", &["create", "patch"]);
     let nrs = CRD_PLURAL;
     let status = format!("{CRD_PLURAL}/status");
     let agent: BTreeSet<Grant> = [
@@ -273,6 +276,7 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
         ),
         grants(None, DRA_GROUP, "resourceclaims", &["get"]),
         grants(None, DRA_GROUP, "resourceclaims/status", &["patch"]),
+        events.clone(),
     ]
     .concat()
     .into_iter()
@@ -305,6 +309,7 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
             "leases",
             &["get", "list", "watch", "create", "patch"],
         ),
+        events,
     ]
     .concat()
     .into_iter()

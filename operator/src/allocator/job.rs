@@ -19,10 +19,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
 use crate::index::{eni_spec, NodeInfo, PoolSettings, Task, ACTION_CREATE_ATTACH};
+use crate::store::{EniStep, Told};
 
 pub(super) struct Job<'a> {
     pub alloc: &'a Allocator,
     pub counters: &'a Counters,
+    /// The node the tasks are for; `None` for a leaked ENI's job.
+    pub node: Option<String>,
     /// The node's Node; `None` for a set whose Node is gone.
     pub info: Option<&'a NodeInfo>,
     /// The working spec: the last written or observed one.
@@ -62,7 +65,30 @@ impl<'a> Job<'a> {
         Fut: std::future::Future<Output = Result<T, ProviderError>>,
     {
         let alloc: &'a Allocator = self.alloc;
-        alloc.gate.call(Class::Mutating, self.counters, call).await
+        let r = alloc.gate.call(Class::Mutating, self.counters, call).await;
+        if let (Err(TaskError::Cloud(ProviderError::Throttled(e))), Some(node)) = (&r, &self.node) {
+            alloc.store.tell(Told::Throttled {
+                node: node.clone(),
+                node_uid: self.info.map(|i| i.uid.clone()),
+                error: e.clone(),
+            });
+        }
+        r
+    }
+
+    /// Tells that `step` on this job's node failed with `e` (a lost
+    /// leadership is no failure of the step, a leaked ENI has no node).
+    fn tell_failed(&self, step: EniStep, eni: Option<&str>, e: &TaskError) {
+        let Some(node) = self.node.as_ref().filter(|_| !e.is_deposed()) else {
+            return;
+        };
+        self.alloc.store.tell(Told::EniStepFailed {
+            node: node.clone(),
+            node_uid: self.info.map(|i| i.uid.clone()),
+            step,
+            eni: eni.map(str::to_string),
+            error: e.to_string(),
+        });
     }
 
     fn spec(&mut self) -> Result<&mut NetResourceSetSpec, TaskError> {
@@ -331,6 +357,13 @@ impl<'a> Job<'a> {
                 Ok(s) => {
                     if let Some(c) = &intent.claim {
                         tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), eni = %s.id, "made an ENI for a claim");
+                        if let Some(node) = &self.node {
+                            self.alloc.store.tell(Told::ClaimServed {
+                                claim: c.clone(),
+                                node: node.clone(),
+                                eni: s.id.clone(),
+                            });
+                        }
                     }
                     let spec = self.spec()?;
                     spec.enis.push(s);
@@ -378,7 +411,11 @@ impl<'a> Job<'a> {
             secondary_ipv4: ips,
             fresh,
         };
-        let eni = self.mutate(|c| c.create(&req)).await?;
+        let created = self.mutate(|c| c.create(&req)).await;
+        if let Err(e) = &created {
+            self.tell_failed(EniStep::Create, None, e);
+        }
+        let eni = created?;
         crash_point("operator-after-create");
         self.alloc.amend(|l| {
             if !l.iter().any(|f| f.id == eni.id) {
@@ -390,8 +427,13 @@ impl<'a> Job<'a> {
 
     async fn attach(&mut self, eni: &FleetEni, device_index: u32) -> Result<(), TaskError> {
         let instance = self.spec()?.instance.id.clone();
-        self.mutate(|c| c.attach(eni, Slot::new(&instance, device_index)))
-            .await?;
+        let attached = self
+            .mutate(|c| c.attach(eni, Slot::new(&instance, device_index)))
+            .await;
+        if let Err(e) = &attached {
+            self.tell_failed(EniStep::Attach, Some(&eni.id), e);
+        }
+        attached?;
         crash_point("operator-after-attach");
         self.alloc.amend(|l| {
             if let Some(f) = l.iter_mut().find(|f| f.id == eni.id) {
@@ -427,6 +469,7 @@ impl<'a> Job<'a> {
                 }
                 Err(e) if e.is_deposed() => return Err(e),
                 Err(e) => {
+                    self.tell_failed(EniStep::Detach, Some(&eni.id), &e);
                     first_err.get_or_insert(e);
                 }
             }
@@ -463,6 +506,7 @@ impl<'a> Job<'a> {
                 }
                 Err(e) if e.is_deposed() => return Err(e),
                 Err(e) => {
+                    self.tell_failed(EniStep::Delete, Some(&eni), &e);
                     first_err.get_or_insert(e);
                 }
             }
@@ -524,6 +568,9 @@ impl<'a> Job<'a> {
         if first_err.is_none() && release_set {
             self.alloc.lead()?;
             self.alloc.store.release_set(node).await?;
+            self.alloc.store.tell(Told::NodeReleased {
+                node: node.to_string(),
+            });
             self.counters
                 .writes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

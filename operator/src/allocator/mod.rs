@@ -36,9 +36,10 @@ use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{
-    instance_of, plan, ClaimInfo, Index, Input, NodeInfo, Phase, Policy, Serving, SetInfo, Task,
+    instance_of, plan, unservable_claims, ClaimInfo, Index, Input, NodeInfo, Phase, Policy,
+    Serving, SetInfo, Task,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Told};
 
 mod gate;
 mod job;
@@ -155,6 +156,29 @@ struct Cache {
     /// an instance of the cloud), and why, as last told: each told once,
     /// and again only when the reason changes.
     held_back: HashMap<String, String>,
+    /// The uids of pending claims told not servable: told once while
+    /// they last.
+    unservable: HashSet<String>,
+}
+
+/// What every resync of this allocator did, summed (the operator's
+/// `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub cloud_calls: u64,
+    /// Calls answered "throttled" after the client's own retries.
+    pub throttled: u64,
+    /// Leaked ENIs the reaper found (each pass that plans their delete).
+    pub leaked_found: u64,
+    pub tasks_failed: u64,
+}
+
+#[derive(Default)]
+struct TotalCounters {
+    cloud_calls: AtomicU64,
+    throttled: AtomicU64,
+    leaked_found: AtomicU64,
+    tasks_failed: AtomicU64,
 }
 
 /// What one job's tasks came to, in order.
@@ -186,6 +210,7 @@ pub struct Allocator {
     /// Makes client tokens unique: a per-process salt and a counter.
     salt: u64,
     tokens: AtomicU64,
+    totals: TotalCounters,
 }
 
 impl Allocator {
@@ -216,7 +241,38 @@ impl Allocator {
             one_at_a_time: tokio::sync::Mutex::new(()),
             salt,
             tokens: AtomicU64::new(0),
+            totals: TotalCounters::default(),
         })
+    }
+
+    /// Every resync's counts, summed.
+    pub fn totals(&self) -> Totals {
+        let t = &self.totals;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Totals {
+            cloud_calls: get(&t.cloud_calls),
+            throttled: get(&t.throttled),
+            leaked_found: get(&t.leaked_found),
+            tasks_failed: get(&t.tasks_failed),
+        }
+    }
+
+    /// Adds one resync's calls (made even when it stopped early) and, when
+    /// it ran to its end, its report's leaks and failures.
+    fn add_to_totals(&self, counters: &Counters, report: Option<&ResyncReport>) {
+        let t = &self.totals;
+        let add = |a: &AtomicU64, n: usize| {
+            a.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+        };
+        add(&t.cloud_calls, counters.calls.load(Ordering::Relaxed));
+        add(&t.throttled, counters.throttled.load(Ordering::Relaxed));
+        if let Some(r) = report {
+            add(
+                &t.leaked_found,
+                r.by_kind.get("delete-leaked").copied().unwrap_or(0),
+            );
+            add(&t.tasks_failed, r.tasks_failed);
+        }
     }
 
     /// Plans with `clock` instead of the system's wall clock.
@@ -266,6 +322,7 @@ impl Allocator {
         let _one = self.one_at_a_time.lock().await;
         let counters = Counters::default();
         let result = self.resync_locked(nodes, sets, claims, &counters).await;
+        self.add_to_totals(&counters, result.as_ref().ok());
         if matches!(result, Err(Error::NotLeader | Error::PastDeadline(_))) {
             self.forget();
         }
@@ -299,7 +356,13 @@ impl Allocator {
                 .map_err(|e| match e.deposed() {
                     Some(deposed) => deposed,
                     None => match e {
-                        TaskError::Cloud(e) => Error::Listing(e),
+                        TaskError::Cloud(e) => {
+                            if let ProviderError::Throttled(why) = &e {
+                                self.store
+                                    .tell(Told::ListingThrottled { error: why.clone() });
+                            }
+                            Error::Listing(e)
+                        }
                         other => Error::Listing(ProviderError::Unavailable(other.to_string())),
                     },
                 })?;
@@ -363,6 +426,8 @@ impl Allocator {
             });
             tell_held_back(&mut cache.held_back, &index);
             let tasks = plan(&index);
+            let unservable = unservable_claims(&index, &tasks);
+            self.tell_unservable(&mut cache.unservable, unservable);
             let base: HashMap<String, NetResourceSetSpec> =
                 sets.into_iter().map(|s| (s.name, s.spec)).collect();
             (tasks, base)
@@ -383,6 +448,7 @@ impl Allocator {
                 let job = job::Job {
                     alloc: self,
                     counters,
+                    node: node.clone(),
                     info,
                     spec,
                 };
@@ -473,6 +539,23 @@ impl Allocator {
             }
         }
         Ok(())
+    }
+
+    /// Tells each claim of `now` not told yet; `told` keeps those still
+    /// unservable, so one served since is told again should it return.
+    fn tell_unservable(&self, told: &mut HashSet<String>, now: Vec<(enim_crd::ClaimRef, String)>) {
+        let mut still = HashSet::new();
+        for (claim, why) in now {
+            if !told.contains(&claim.uid) {
+                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), why, "claim not servable");
+                self.store.tell(Told::ClaimNotServable {
+                    claim: claim.clone(),
+                    why,
+                });
+            }
+            still.insert(claim.uid);
+        }
+        *told = still;
     }
 
     /// `Ok` while this replica may call the cloud and write.

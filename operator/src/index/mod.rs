@@ -49,7 +49,7 @@ mod provider_id;
 pub(crate) mod tests;
 mod view;
 
-pub use plan::plan;
+pub use plan::{plan, unservable_claims};
 pub use pool::{Frozen, NoInstance, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
 pub use view::{ClaimInfo, NodeInfo, SetInfo};

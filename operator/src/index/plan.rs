@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
+use enim_crd::{ClaimRef, EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
 
 use super::node_plan::{plan_gone, NodePlan, Placed};
-use super::{Index, NodeEntry, Phase, PoolSettings, SetInfo, Task};
+use super::{ClaimInfo, Index, NodeEntry, Phase, PoolSettings, SetInfo, Task};
 
 /// Every task of this pass: a node's tasks together and in running order,
 /// nodes by deficit descending (surplus last), then leaked ENIs.
@@ -82,37 +82,12 @@ fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String]
 /// takes from the chosen node's pool.
 fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
     let mut placed: HashMap<String, Vec<Placed>> = HashMap::new();
-    let Some(claims) = index.claims else {
-        return placed;
-    };
+    let asking = asking_claims(index);
     // Most resyncs have none: then nothing below is worth computing.
-    let asking: Vec<_> = claims
-        .iter()
-        .filter(|c| c.pending)
-        .filter_map(|c| Some((c, c.want.as_ref()?)))
-        .collect();
     if asking.is_empty() {
         return placed;
     }
-    let mut served: HashSet<&str> = HashSet::new();
-    for e in &index.nodes {
-        if let Some(set) = e.set {
-            served.extend(
-                set.spec
-                    .enis
-                    .iter()
-                    .filter_map(|s| s.claim.as_ref())
-                    .map(|c| c.uid.as_str()),
-            );
-            served.extend(
-                set.spec
-                    .intents
-                    .iter()
-                    .filter_map(|i| i.claim.as_ref())
-                    .map(|c| c.uid.as_str()),
-            );
-        }
-    }
+    let served = claimed_uids(index);
     let mut room: Vec<(usize, &str, PoolSettings)> = claim_nodes(index)
         .map(|(e, pool)| (NodePlan::new(index, e, pool).slots().left(), e.name, pool))
         .collect();
@@ -136,6 +111,59 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
             .push((c.claim.clone(), subnet, groups));
     }
     placed
+}
+
+/// Pending claims that ask for an ENI the operator could make.
+fn asking_claims<'i>(index: &Index<'i>) -> Vec<(&'i ClaimInfo, &'i EniParameters)> {
+    index
+        .claims
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.pending)
+        .filter_map(|c| Some((c, c.want.as_ref()?)))
+        .collect()
+}
+
+/// The uids of the claims an ENI, or an intent to make one, is for.
+fn claimed_uids<'i>(index: &Index<'i>) -> HashSet<&'i str> {
+    let mut served: HashSet<&str> = HashSet::new();
+    for set in index.nodes.iter().filter_map(|e| e.set) {
+        let enis = set.spec.enis.iter().filter_map(|s| s.claim.as_ref());
+        let intents = set.spec.intents.iter().filter_map(|i| i.claim.as_ref());
+        served.extend(enis.chain(intents).map(|c| c.uid.as_str()));
+    }
+    served
+}
+
+/// Pending claims that get nothing from `tasks` (the plan of `index`):
+/// no ENI or intent is theirs, no free ENI matches them, and the plan
+/// makes none for them. Each with why, for the claim's owner to read.
+pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimRef, String)> {
+    let asking = asking_claims(index);
+    if asking.is_empty() {
+        return Vec::new();
+    }
+    let served = claimed_uids(index);
+    let placed: HashSet<&str> = tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::CreateForClaim { claim, .. } => Some(claim.uid.as_str()),
+            _ => None,
+        })
+        .collect();
+    let why = match claim_nodes(index).next() {
+        None => "no live node the operator serves has an agent serving DRA claims",
+        Some(_) => "no node the operator serves has a free device slot for another ENI",
+    };
+    asking
+        .into_iter()
+        .filter(|(c, _)| {
+            let uid = c.claim.uid.as_str();
+            !served.contains(uid) && !placed.contains(uid)
+        })
+        .filter(|(_, want)| !free_match_exists(index, want))
+        .map(|(c, _)| (c.claim.clone(), why.to_string()))
+        .collect()
 }
 
 /// The live nodes a claim's ENI may go to, with their pools: served by the

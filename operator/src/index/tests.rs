@@ -200,6 +200,15 @@ impl World {
     pub fn plan(&self) -> Vec<Task> {
         plan(&Index::build(self.input()))
     }
+
+    /// The claims its plan leaves unservable, by uid, with why.
+    pub fn unservable(&self) -> Vec<(String, String)> {
+        let index = Index::build(self.input());
+        unservable_claims(&index, &plan(&index))
+            .into_iter()
+            .map(|(c, why)| (c.uid, why))
+            .collect()
+    }
 }
 
 fn kinds(tasks: &[Task]) -> Vec<(&'static str, Option<&str>)> {

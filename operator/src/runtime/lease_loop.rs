@@ -5,14 +5,15 @@
 //! leadership drops the pass in flight: what it leaves half done is what
 //! a crash leaves, and its intents let the next leader finish it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use enim_crd::OPERATOR_MANAGER;
+use enim_events::{EventSink, SinkLimits};
 use kube::Client;
 use tokio::sync::Notify;
 
+use super::events::Teller;
 use super::health::{serve_health, Health};
 use super::resync::{resync_once, Resync};
 use super::store::KubeStore;
@@ -32,7 +33,14 @@ where
     // default action's death.
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    let health = Arc::new(Health::default());
+    // Events are queued and posted by a task of their own: a resync never
+    // waits on them.
+    let reporter = kube::runtime::events::Reporter {
+        controller: OPERATOR_MANAGER.into(),
+        instance: Some(config.identity.clone()),
+    };
+    let sink = EventSink::start(client.clone(), reporter, SinkLimits::default());
+    let health = Arc::new(Health::new(&sink));
     let listener = tokio::net::TcpListener::bind(config.health_addr)
         .await
         .map_err(|source| RuntimeError::Health {
@@ -70,14 +78,23 @@ where
         .map_err(lease_err)?;
     let (flag, lease_task) = manager.watch().await;
     let leadership = Leadership::new(flag, deadline);
-    let store: Arc<dyn Store> = Arc::new(KubeStore::new(client.clone(), leadership.clone()));
+    let me = enim_events::object_ref(
+        "v1",
+        "Pod",
+        Some(&config.namespace),
+        &config.identity,
+        config.pod_uid.as_deref(),
+    );
+    let teller = Teller::new(sink, caches.sets.clone(), me);
+    let store: Arc<dyn Store> =
+        Arc::new(KubeStore::new(client.clone(), leadership.clone(), teller));
     let resync = make(store.clone())?;
 
     let mut was_leader = false;
     loop {
         let lead = leadership.check();
         let is_leader = lead.is_ok();
-        health.leader.store(is_leader, Ordering::Relaxed);
+        health.leader.set(i64::from(is_leader));
         if is_leader != was_leader {
             match &lead {
                 Ok(_) => {
@@ -86,7 +103,7 @@ where
                 Err(e) => {
                     tracing::warn!(identity = %config.identity, leader = false, reason = %e, "leadership changed");
                     if matches!(e, StoreError::PastDeadline(_)) {
-                        health.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                        health.deadline_misses.inc();
                     }
                     resync.deposed();
                 }
@@ -96,7 +113,8 @@ where
         let pass = async {
             let synced = caches.nodes.wait_until_ready().await.is_ok()
                 && caches.sets.wait_until_ready().await.is_ok();
-            health.synced.store(synced, Ordering::Relaxed);
+            health.synced.set(i64::from(synced));
+            health.observe_sets(&caches.sets.state());
             if is_leader && synced {
                 resync_once(&*resync, &caches, &health).await;
             }

@@ -24,13 +24,15 @@
 //! The parts: `lease_loop` (the process's loop, [`run`]), `watch` (the
 //! caches and the Lease's deadline), `convert` (API objects into the
 //! index's views), `store` ([`KubeStore`]: the writes), `resync` (one
-//! pass: the [`Resync`] trait and the allocator behind it) and `health`
-//! (`/healthz`, `/readyz`, `/metrics`).
+//! pass: the [`Resync`] trait and the allocator behind it), `events` (what
+//! the allocator tells, as Kubernetes Events) and `health` (`/healthz`,
+//! `/readyz`, `/metrics`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 mod convert;
+mod events;
 mod health;
 mod lease_loop;
 mod resync;
@@ -75,6 +77,8 @@ pub struct RuntimeConfig {
     pub lease_name: String,
     /// This replica's name in the Lease (its pod name).
     pub identity: String,
+    /// Its pod's uid (the downward API's), for the events told on it.
+    pub pod_uid: Option<String>,
     /// A leader that has not renewed for this long loses the lease; a
     /// follower takes over within it (plus one renew period).
     pub lease_duration: Duration,

@@ -4,15 +4,13 @@
 //! allocator, and [`resync_once`]: the caches converted into the index's
 //! views, one pass, its outcome counted in [`Health`] and logged.
 
-use std::sync::atomic::Ordering;
-
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::convert::{claim_info, node_info, set_info};
 use super::health::Health;
 use super::watch::Caches;
-use crate::allocator::Allocator;
+use crate::allocator::{Allocator, Totals};
 use crate::index::{ClaimInfo, NodeInfo, SetInfo};
 
 /// Why a resync failed.
@@ -49,6 +47,11 @@ pub trait Resync: Send + Sync {
     /// This replica stopped leading (perhaps mid-pass): whatever it cached
     /// of the cluster may be stale by the time it leads again.
     fn deposed(&self);
+
+    /// Every pass's counts, summed (for `/metrics`).
+    fn totals(&self) -> Totals {
+        Totals::default()
+    }
 }
 
 #[async_trait]
@@ -87,6 +90,10 @@ impl Resync for Allocator {
     fn deposed(&self) {
         self.forget();
     }
+
+    fn totals(&self) -> Totals {
+        Allocator::totals(self)
+    }
 }
 
 /// One pass over what the caches hold now; counted and logged, never
@@ -108,15 +115,15 @@ pub(super) async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &H
     let started = Instant::now();
     let result = resync.resync(nodes, sets, claims).await;
     let took = started.elapsed();
-    health.resyncs.fetch_add(1, Ordering::Relaxed);
-    health.last_resync_us.store(
-        u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-        Ordering::Relaxed,
-    );
+    health.resyncs.inc();
+    health
+        .last_resync_us
+        .set(i64::try_from(took.as_micros()).unwrap_or(i64::MAX));
+    health.add_totals(resync.totals());
     match result {
         Ok(summary) => tracing::info!(took = ?took, "resync: {summary}"),
         Err(e) => {
-            health.resync_errors.fetch_add(1, Ordering::Relaxed);
+            health.resync_errors.inc();
             tracing::warn!(took = ?took, error = %e, "resync failed");
         }
     }

@@ -1,28 +1,32 @@
 //! [`KubeStore`]: [`Store`] over the API server. A spec is written by
 //! server-side apply under the operator's field manager, owned by its
 //! Node and held by the finalizer; a set is released by removing that
-//! finalizer only. Every write first asks [`Store::leadership`].
+//! finalizer only. Every write first asks [`Store::leadership`]. What the
+//! allocator tells goes to the event queue (`super::events`).
 
 use async_trait::async_trait;
 use enim_crd::{NetResourceSet, NetResourceSetSpec, FINALIZER, OPERATOR_MANAGER};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
+use super::events::Teller;
 use crate::index::NodeInfo;
 use crate::leader::Leadership;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Told};
 
 /// [`Store`] over the API server.
 pub struct KubeStore {
     api: Api<NetResourceSet>,
     leadership: Leadership,
+    teller: Teller,
 }
 
 impl KubeStore {
-    pub fn new(client: Client, leadership: Leadership) -> KubeStore {
+    pub(super) fn new(client: Client, leadership: Leadership, teller: Teller) -> KubeStore {
         KubeStore {
             api: Api::all(client),
             leadership,
+            teller,
         }
     }
 }
@@ -105,5 +109,9 @@ impl Store for KubeStore {
 
     fn leadership(&self) -> Result<(), StoreError> {
         self.leadership.check().map(|_deadline| ())
+    }
+
+    fn tell(&self, told: Told) {
+        self.teller.tell(told);
     }
 }

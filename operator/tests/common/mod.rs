@@ -25,6 +25,7 @@ use enim_provider_aws::{fleet_iam_actions, TAG_MANAGED, TAG_NODE};
 use enim_provider_cluster::{ClusterProvider, Mode};
 use enim_testkit::apiserver::ControlPlane;
 use enim_testkit::moto::{Env, INSTANCE_TYPE, REGION};
+use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 
 pub const NS: &str = "enim-system";
@@ -768,4 +769,72 @@ pub fn apply_claim(rig: &Rig, name: &str, group: &str) -> String {
             "jsonpath={.metadata.uid}",
         ])
     })
+}
+
+/// `GET path` from an operator's health endpoint: (status line, body).
+pub async fn http_get(addr: &str, path: &str) -> Result<(String, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (head, body) = out.split_once("\r\n\r\n").ok_or("no body")?;
+    Ok((head.lines().next().unwrap_or("").into(), body.into()))
+}
+
+/// Where an operator serves /metrics, from its log (it binds port 0).
+pub fn health_addr(op: &Operator) -> Option<String> {
+    let out = op.stdout();
+    let line = out.lines().find(|l| l.contains("serving /healthz"))?;
+    let at = line.find("127.0.0.1:")?;
+    let rest = &line[at..];
+    let end = rest
+        .char_indices()
+        .skip("127.0.0.1:".len())
+        .find(|(_, c)| !c.is_ascii_digit())
+        .map_or(rest.len(), |(i, _)| i);
+    Some(rest[..end].to_string())
+}
+
+/// The events about `kind` `name` with `reason` in `namespace`, as the
+/// admin lists them.
+pub async fn told(rig: &Rig, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(rig.admin.clone(), namespace);
+    let all = api.list(&Default::default()).await.expect("list events");
+    all.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name))
+        })
+        .collect()
+}
+
+/// Waits (30 s at most) for one event about `kind` `name` with `reason`.
+pub async fn wait_told(rig: &Rig, namespace: &str, kind: &str, name: &str, reason: &str) -> Event {
+    let what = format!("a {reason} event on {kind} {namespace}/{name}");
+    wait_for(&what, Duration::from_secs(30), || async {
+        told(rig, namespace, kind, name, reason)
+            .await
+            .into_iter()
+            .next()
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await
+}
+
+/// The value of unlabelled metric `name` in `text`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -201,3 +201,37 @@ fn a_claims_eni_is_not_pool_and_goes_back_once_the_claim_is_gone() {
         .iter()
         .any(|t| matches!(t, Task::Undrain { items, .. } if items.contains(&"c1".to_string()))));
 }
+
+#[test]
+fn a_claim_no_node_can_take_is_unservable_and_says_why() {
+    let mut w = World::new(Mode::Primary);
+    // No node serves claims yet.
+    says_dra(w.live("a", &["a1"]), false);
+    status(w.set("a")).used.push(used("a1", None));
+    w.claims = Some(vec![pending("u1", &["sg-db"])]);
+    let none = w.unservable();
+    assert_eq!(none.len(), 1, "{none:?}");
+    assert!(none[0].1.contains("serving DRA claims"), "{none:?}");
+    // It does now, with room: placed, not unservable.
+    w.set("a").status.as_mut().unwrap().conditions.clear();
+    says_dra(w.set("a"), true);
+    assert_eq!(for_claim(&w.plan()).len(), 1);
+    assert!(w.unservable().is_empty());
+    // Its every slot taken (m5: 3 besides the primary): no room.
+    for (id, ix) in [("a2", 2), ("a3", 3)] {
+        w.set("a").spec.enis.push(spec_eni(id, ix));
+        status(w.set("a")).used.push(used(id, None));
+    }
+    assert!(for_claim(&w.plan()).is_empty(), "{:?}", w.plan());
+    let full = w.unservable();
+    assert_eq!(full.len(), 1, "{full:?}");
+    assert!(full[0].1.contains("free device slot"), "{full:?}");
+    // Served by an ENI made for it: nothing to say. Allocated: nor.
+    let mut e = spec_eni("c1", 3);
+    e.claim = Some(claim("u1"));
+    w.set("a").spec.enis.push(e);
+    assert!(w.unservable().is_empty());
+    w.set("a").spec.enis.pop();
+    w.claims.as_mut().unwrap()[0].pending = false;
+    assert!(w.unservable().is_empty());
+}
