@@ -813,4 +813,6 @@ run_cloud_scenarios() {
   cloud_scenario "helm upgrade to a new image tag while pods hold ENIs (a whole ENI, a secondary address, a DRA claim): the DaemonSets and the operator roll; each pod keeps its ENI (same pod, eth0, set entry, moto attachment); a new pod runs" s_cloud_helm_upgrade
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
+  # Last of all: it removes enim.
+  cloud_scenario "helm uninstall: every object of the release gone, the kubelet deletes enim's ResourceSlices, the CRD stays" s_cloud_helm_uninstall
 }

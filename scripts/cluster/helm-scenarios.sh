@@ -101,3 +101,37 @@ s_cloud_helm_upgrade() {
   on_moto_eni web-new 1 || return 1
   return $rc
 }
+
+# release_objects: what the release made that is still there (kind/name).
+release_objects() {
+  k -n enim-system get daemonset,deployment,configmap,serviceaccount,role,rolebinding,pod \
+    -l app.kubernetes.io/name=enim -o name
+  k get clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,deviceclass \
+    -l app.kubernetes.io/name=enim -o name
+}
+enim_slices() { k get resourceslice -o jsonpath='{range .items[?(@.spec.driver=="enim.io")]}{.metadata.name}{"\n"}{end}'; }
+# node_enim_files I: enim's files on node I: its conflist and plugin.
+node_enim_files() { on_cloud_node "$1" on_node sh -c 'ls /etc/cni/net.d/*enim* /opt/cni/bin/enim 2>/dev/null' || true; }
+
+# (helm 2) `helm uninstall`, last (it removes enim). Every object of the
+# release goes, and the kubelet deletes the DRA ResourceSlices once the
+# agent's plugin is gone; the CRD stays (the chart's crds/: helm never
+# deletes it). Printed, not asserted: what enim leaves on the nodes and in
+# the cloud (docs/install.md, "Uninstalling").
+s_cloud_helm_uninstall() {
+  local i t0 rc=0 left
+  cloud_clean
+  t0=$(date +%s%N)
+  helm_e2e uninstall enim --namespace enim-system --wait --timeout 120s >/dev/null || return 1
+  echo "helm uninstall returned after $(ms_since "$t0") ms"
+  wait_for "every object of the release gone" 120 test_eq "" release_objects ||
+    { echo "left: $(release_objects | tr '\n' ' ')"; rc=1; }
+  wait_for "the kubelet to delete enim's ResourceSlices" 120 test_eq "" enim_slices ||
+    { echo "slices left: $(enim_slices | tr '\n' ' ')"; rc=1; }
+  k get crd netresourcesets.enim.io >/dev/null || { echo "the CRD went"; rc=1; }
+  echo "gone $(ms_since "$t0") ms after: the release's objects and enim's ResourceSlices; the CRD stays"
+  echo "left for the user: sets $(k get nrs -o name | tr '\n' ' ')"
+  echo "left for the user: ENIs in moto beyond the nodes' own: $(moto_enis | jq -r '[.[] | select(.device_index != 0)] | length')"
+  for i in $(cloud_nodes_up); do echo "left for the user: enim-e2e-node$i: $(node_enim_files "$i" | tr '\n' ' ')"; done
+  return $rc
+}
