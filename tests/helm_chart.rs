@@ -356,3 +356,107 @@ fn each_pool_gets_an_agent_with_a_config_enimd_accepts() {
     // The chart makes no Namespace unless asked: helm needs it first.
     assert!(!docs.iter().any(|d| d["kind"] == "Namespace"));
 }
+
+/// `helm` on the control plane `cp`, as its admin, with its own state in
+/// `home`.
+fn helm_on(
+    helm: &Path,
+    cp: &enim_testkit::apiserver::ControlPlane,
+    home: &Path,
+    args: &[&str],
+) -> Output {
+    Command::new(helm)
+        .arg(format!("--kubeconfig={}", cp.admin_kubeconfig().display()))
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap()
+}
+
+/// The images of a namespaced object's pod template, as the API has them.
+fn images(cp: &enim_testkit::apiserver::ControlPlane, kind: &str, name: &str) -> String {
+    cp.kubectl(&[
+        "-n",
+        "enim-system",
+        "get",
+        kind,
+        name,
+        "-o",
+        "jsonpath={.spec.template.spec.initContainers[*].image} {.spec.template.spec.containers[*].image}",
+    ])
+    .trim()
+    .to_string()
+}
+
+/// Install, upgrade and uninstall against a real API server (no nodes: the
+/// objects, not their pods): the API accepts every object the cloud run's
+/// values render (admission policies' CEL included), an upgrade changes the
+/// image of every workload, and an uninstall removes all but the CRD.
+#[test]
+fn the_release_installs_upgrades_and_uninstalls_on_a_real_api_server() {
+    let Some(helm) = helm() else { return };
+    let Some(cp) = enim_testkit::apiserver::ControlPlane::start() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let values = home.path().join("values.yaml");
+    std::fs::write(&values, format!("{REQUIRED}{POOLS}")).unwrap();
+    let values = values.to_str().unwrap();
+    let chart = repo().join("charts/enim");
+    let chart = chart.to_str().unwrap();
+    cp.kubectl(&["create", "namespace", "enim-system"]);
+    let run = |args: &[&str]| {
+        let out = helm_on(&helm, &cp, home.path(), args);
+        assert!(out.status.success(), "helm {args:?}: {}", stderr(&out));
+    };
+    run(&["install", "enim", chart, "-n", "enim-system", "-f", values]);
+    let workloads = [
+        ("daemonset", "enimd"),
+        ("daemonset", "enimd-secondary"),
+        ("daemonset", "enimd-primary-dra"),
+        ("daemonset", "enimd-per-node"),
+        ("daemonset", "enim-device-plugin"),
+        ("deployment", "enim-operator"),
+    ];
+    for (kind, name) in workloads {
+        let got = images(&cp, kind, name);
+        assert!(
+            got.split_whitespace().all(|i| i == "enim:0.1.0"),
+            "{kind} {name}: {got}"
+        );
+    }
+    run(&[
+        "upgrade",
+        "enim",
+        chart,
+        "-n",
+        "enim-system",
+        "-f",
+        values,
+        "--set",
+        "image.tag=0.2.0",
+    ]);
+    for (kind, name) in workloads {
+        let got = images(&cp, kind, name);
+        assert!(
+            !got.is_empty() && got.split_whitespace().all(|i| i == "enim:0.2.0"),
+            "{kind} {name} after the upgrade: {got}"
+        );
+    }
+    run(&["uninstall", "enim", "-n", "enim-system", "--wait"]);
+    let left = cp.kubectl(&[
+        "get",
+        "daemonset,deployment,configmap,serviceaccount,role,rolebinding,clusterrole,clusterrolebinding,\
+         validatingadmissionpolicy,validatingadmissionpolicybinding,deviceclass",
+        "-A",
+        "-l",
+        "app.kubernetes.io/name=enim",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(left.trim(), "", "left after helm uninstall");
+    // The CRD stays: helm never deletes what crds/ installed.
+    cp.kubectl(&["get", "crd", "netresourcesets.enim.io"]);
+}
