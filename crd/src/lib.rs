@@ -18,7 +18,8 @@
 //! detach and delete it.
 //!
 //! Names and fields are serialised in camelCase, as Kubernetes APIs are.
-//! `crdgen` writes the CRD into `deploy/`, and a test fails when the
+//! `crdgen` writes the CRD into the Helm chart's `crds/` (deploy/ gets it
+//! from there, scripts/render-deploy.sh), and a test fails when the
 //! committed copy differs from these types.
 
 use std::net::IpAddr;
@@ -42,7 +43,7 @@ pub const AGENT_MANAGER: &str = "enimd";
 /// operator has detached and deleted its ENIs.
 pub const FINALIZER: &str = "enim.io/release-enis";
 /// Where the committed CRD lives, relative to the workspace root.
-pub const CRD_PATH: &str = "deploy/05-crd-netresourceset.yaml";
+pub const CRD_PATH: &str = "charts/enim/crds/05-crd-netresourceset.yaml";
 
 /// The ENIs one node may use, and who uses them.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -271,7 +272,7 @@ impl NetResourceSetStatus {
     }
 }
 
-/// The CRD as YAML, as `crdgen` writes it and `deploy/` holds it.
+/// The CRD as YAML, as `crdgen` writes it and the chart's `crds/` holds it.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
     let header =

@@ -25,11 +25,17 @@ COREDNS_VERSION=v1.15.0
 CONTAINERD_VERSION=v2.2.9
 CNI_PLUGINS_VERSION=v1.9.0
 CNITOOL_VERSION=v1.3.1
+# Helm installs enim in the cloud run (charts/enim) and renders deploy/ from
+# the chart (scripts/render-deploy.sh). Its release builds with the
+# Kubernetes minor of its client-go (v0.37 here) as `helm template`'s
+# default cluster version; set the same.
+HELM_VERSION=v3.22.0
+HELM_K8S_MINOR=37
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ENIM_E2E_CACHE:-/var/cache/enim-e2e}
 key=$( {
-  echo "$K8S_VERSION $ETCD_VERSION $COREDNS_VERSION $CONTAINERD_VERSION $CNI_PLUGINS_VERSION $CNITOOL_VERSION"
+  echo "$K8S_VERSION $ETCD_VERSION $COREDNS_VERSION $CONTAINERD_VERSION $CNI_PLUGINS_VERSION $CNITOOL_VERSION $HELM_VERSION"
   go version
   cat "$0" "$here"/k8s/go.* "$here"/etcd/go.*
 } | sha256sum | cut -c1-12)
@@ -95,8 +101,16 @@ for p in main/bridge main/loopback main/host-device main/ptp \
 done
 gobin "github.com/containernetworking/cni/cnitool@$CNITOOL_VERSION" ""
 
+phase "helm $HELM_VERSION"
+hpkg=helm.sh/helm/v3
+gobin "$hpkg/cmd/helm@$HELM_VERSION" "-X $hpkg/internal/version.version=$HELM_VERSION \
+  -X $hpkg/internal/version.metadata= -X $hpkg/internal/version.gitTreeState=clean \
+  -X $hpkg/pkg/chartutil.k8sVersionMajor=1 -X $hpkg/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR \
+  -X $hpkg/pkg/lint/rules.k8sVersionMajor=1 -X $hpkg/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR"
+
 phase "done"
 for b in "$tmp"/kubelet "$tmp"/etcd "$tmp"/containerd; do "$b" --version | sed -n 1p; done
+"$tmp/helm" version --short
 touch "$tmp/.complete"
 rm -rf "$out"
 mv "$tmp" "$out"

@@ -4,8 +4,9 @@
 # in_pod, http_get, clean's parts); each s_* returns 0 for PASS.
 
 . "$repo/scripts/cluster/scenarios.sh"
+. "$repo/scripts/cluster/helm-scenarios.sh"
 
-# What the operator keeps on every node (enim-config.py's PROVIDER aws:
+# What the operator keeps on every node (cloud-values.py's operator config:
 # min_allocate 2, pre_allocate 1).
 CLOUD_MIN_ENIS=2
 # The secondary pool's, in addresses (min_allocate 8).
@@ -262,7 +263,7 @@ imds_reads() { [ "$(k -n "$IMDS_NS" exec "$1" -- sh -c "$IMDS_GET")" = "$2" ]; }
 # (9) Metadata: node 1 reaches the simulator's IMDS and is told its own
 # instance; a pod on an ENI of node 1 (whose address moto gave to that
 # instance, so the IMDS would answer as node 1) is refused by enim; a pod
-# of the namespace enim-config.py opts in reaches it.
+# of the namespace cloud-values.py opts in (imds) reaches it.
 s_cloud_metadata() {
   local want out="" tok rc=0
   want=$(node_instance 1)
@@ -877,6 +878,9 @@ run_cloud_scenarios() {
   cloud_scenario "the operator's leader's node powered off: the other replica leads, churn goes on, the new leader makes ENIs; powered on, its pod runs again, no ENI in two sets, moto's ENIs are the sets'" s_cloud_leader_reboot
   cloud_scenario "the late node joins (pool per-node, no operator): its agent's aws provider makes its ENIs in moto, a pod applied before it registered runs on one, and it has no NetResourceSet" s_cloud_late_node
   cloud_scenario "events: the cloud throttling, pods beyond a node's free ENIs: the refused one has a Warning NoFreeEni event on its Pod, the operator a Warning CloudThrottled; the cloud back, every pod runs; an ENI made for a claim has a ClaimServed event on the claim and on the DRA node's NetResourceSet" s_cloud_events
+  cloud_scenario "helm upgrade to a new image tag while pods hold ENIs (a whole ENI, a secondary address, a DRA claim): the DaemonSets and the operator roll; each pod keeps its ENI (same pod, eth0, set entry, moto attachment); a new pod runs" s_cloud_helm_upgrade
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
+  # Last of all: it removes enim.
+  cloud_scenario "helm uninstall: every object of the release gone, the kubelet deletes enim's ResourceSlices, the CRD stays" s_cloud_helm_uninstall
 }

@@ -32,7 +32,7 @@ CLOUD_NODES=3
 # simulator plugs its eth0), its kubelet joins in a scenario.
 CLOUD_LATE=$((CLOUD_NODES + 1))
 # enim's node pools (the node label enim.io/pool), one enimd DaemonSet and
-# config each (cloud-pools.py): node 1 primary mode and node 2 secondary
+# config each (the chart's pools, cloud-values.py): node 1 primary mode and node 2 secondary
 # mode, both through the operator with the device plugin; node 3 primary
 # mode with DRA through the operator; the late node primary mode on its
 # own agent's `aws` provider, which no operator pool selects.
@@ -246,38 +246,33 @@ cloud_down() {
   cluster_down
 }
 
-# cloud_install: deploy/ as a user applies it for the operator on EC2
-# (enim-config.py's PROVIDER aws, its node pools), enimd per pool
-# (cloud-pools.py: primary with the device plugin, secondary with it,
-# primary-dra with DRA, per-node on its own `aws` provider with the node
-# keys in the Secret enim-node-cloud), CoreDNS on the cluster's DNS address.
+# helm_e2e ARGS...: the cached helm (build.sh's) on the cluster, from the
+# VPC namespace as kubectl; its own state under $work/helm.
+helm_e2e() {
+  (cloud_cp
+    on_node env HELM_CACHE_HOME="$work/helm/cache" HELM_CONFIG_HOME="$work/helm/config" \
+      HELM_DATA_HOME="$work/helm/data" "$bin/helm" --kubeconfig "$work/pki/admin.kubeconfig" "$@")
+}
+
+# cloud_install: enim as a user installs it: the namespace with its Pod
+# Security label and the two Secrets of cloud keys first (the operator's,
+# enim-operator-cloud; the per-node pool's agent's, enim-node-cloud), then
+# `helm install` of charts/enim with values from cloud.py's state
+# (cloud-values.py: the node pools primary, secondary, primary-dra and
+# per-node, the operator on EC2 at moto with 2 replicas); CoreDNS on the
+# cluster's DNS address.
 cloud_install() {
-  local f config=("$work/cloud.json" aws - "$work/etc/operator.yaml" --service-cidr "$SERVICE_CIDR" --replicas 2)
-  local gen=("$repo/scripts/cluster/enim-config.py" "$repo/deploy")
-  python3 "${gen[@]}" primary "${config[@]}" > "$work/etc/configmap.yaml"
-  python3 "${gen[@]}" primary "${config[@]}" --dra > "$work/etc/configmap-dra.yaml"
-  python3 "${gen[@]}" secondary "$work/cloud.json" aws - /dev/null --service-cidr "$SERVICE_CIDR" \
-    > "$work/etc/configmap-secondary.yaml"
-  python3 "${gen[@]}" primary "$work/cloud.json" aws-node - /dev/null --service-cidr "$SERVICE_CIDR" \
-    > "$work/etc/configmap-per-node.yaml"
-  python3 "$repo/scripts/cluster/cloud-pools.py" "$repo/deploy" primary \
-    "secondary:$work/etc/configmap-secondary.yaml:plugin" \
-    "primary-dra:$work/etc/configmap-dra.yaml:dra" \
-    "per-node:$work/etc/configmap-per-node.yaml:plugin:enim-node-cloud" > "$work/etc/pools.yaml"
-  for f in "$repo"/deploy/*.yaml; do
-    case $f in
-      */20-configmap.yaml) f=$work/etc/configmap.yaml ;;
-      */30-daemonset.yaml)
-        f=$work/etc/pools.yaml
-        k -n enim-system create secret generic enim-node-cloud \
-          --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.node.id)" \
-          --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.node.secret)" >/dev/null ;;
-      */40-device-plugin.yaml) continue ;;
-      */50-operator.yaml) f=$work/etc/operator.yaml ;;
-    esac
-    k apply -f - < "$f" >/dev/null
-    case $f in */05-crd-*) k wait --for=condition=Established crd/netresourcesets.enim.io --timeout=60s >/dev/null ;; esac
-  done
+  python3 "$repo/scripts/cluster/cloud-values.py" "$work/cloud.json" --service-cidr "$SERVICE_CIDR" \
+    --replicas 2 --tag "${ENIM_IMAGE##*:}" > "$work/etc/values.json"
+  k create namespace enim-system >/dev/null
+  k label namespace enim-system app.kubernetes.io/name=enim pod-security.kubernetes.io/enforce=privileged >/dev/null
+  k -n enim-system create secret generic enim-operator-cloud \
+    --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.operator.id)" \
+    --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.operator.secret)" >/dev/null
+  k -n enim-system create secret generic enim-node-cloud \
+    --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.node.id)" \
+    --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.node.secret)" >/dev/null
+  helm_e2e install enim "$repo/charts/enim" --namespace enim-system --values "$work/etc/values.json" >/dev/null
   sed "s/clusterIP: 10.96.0.10/clusterIP: $DNS_IP/" "$repo/scripts/cluster/coredns.yaml" | k apply -f - >/dev/null
 }
 
@@ -293,7 +288,7 @@ cloud_run() {
   phase_time "bring-up: VPC, moto, simulator, control plane, $CLOUD_NODES nodes" "$t0"
   t0=$(date +%s%N)
   cloud_install
-  phase_time "enim installed (kubectl apply)" "$t0"
+  phase_time "enim installed (helm install)" "$t0"
   . "$repo/scripts/cluster/cloud-scenarios.sh"
   run_cloud_scenarios
 }

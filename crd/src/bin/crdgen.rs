@@ -1,5 +1,5 @@
 //! Prints the NetResourceSet CRD as YAML; CI compares it with the copy in
-//! `deploy/` (`enim_crd::CRD_PATH`).
+//! the Helm chart's `crds/` (`enim_crd::CRD_PATH`).
 fn main() {
     print!("{}", enim_crd::crd_yaml());
 }
