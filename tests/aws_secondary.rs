@@ -75,6 +75,8 @@ fn secondary_config(
     set(&mut config, "log_format", s("text"));
     config.remove("metrics_address");
     config.remove("device_plugin");
+    // Events need the cluster's API server, which this node has none of.
+    config.remove("events");
     let table = |config: &mut toml::Table, key: &str| -> toml::Table {
         config
             .get(key)
