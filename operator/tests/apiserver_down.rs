@@ -10,7 +10,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_outlives_an_api_server_outage_and_resumes() {
-    let Some((_one, mut rig)) = lone_rig(false).await else {
+    let Some((_one, mut rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -48,7 +48,7 @@ async fn left(rig: &Rig) -> Left {
 
 /// A new node's first ENIs, with a crash at `point`.
 async fn create_point(point: &str) {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
@@ -99,7 +99,7 @@ async fn create_point(point: &str) {
 /// crash at `point`: the clean operator finishes the claim's intent with
 /// the same group, and the claim has exactly one ENI.
 async fn claim_point(point: &str) {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
@@ -176,7 +176,7 @@ async fn claim_point(point: &str) {
 /// A drain of two of three ENIs, with a crash at `point` in the first
 /// reclaim.
 async fn drain_point(point: &str) {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -15,7 +15,7 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_create_is_told_on_the_set_and_its_node_an_unservable_claim_on_the_claim() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -14,7 +14,7 @@ use enim_testkit::metrics_doc::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_serves_exactly_the_documented_metrics() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

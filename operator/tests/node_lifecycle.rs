@@ -17,7 +17,7 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gets_its_set_and_enis_pods_use_them_and_the_surplus_is_drained() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();
@@ -177,7 +177,7 @@ async fn a_node_gets_its_set_and_enis_pods_use_them_and_the_surplus_is_drained()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_loses_its_enis_after_the_grace_and_its_set_goes() {
-    let Some((_one, rig)) = lone_rig(true).await else {
+    let Some((_one, rig)) = slotted_rig(true).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -18,7 +18,7 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_no_node_can_serve_gets_an_eni_made_with_its_groups() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -37,7 +37,7 @@ max_above_watermark = 2
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_pool_sets_its_nodes_a_node_in_none_is_left_alone_and_a_late_type_fills_up() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let prim = rig.env.instance_id.clone();

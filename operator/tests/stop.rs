@@ -14,7 +14,7 @@ const CREATE: &str = "CreateNetworkInterface";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_does_not_wait_for_a_hung_cloud_call() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

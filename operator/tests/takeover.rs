@@ -16,7 +16,7 @@ const NODE: &str = "node-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_follower_finishes_what_the_leader_died_creating_without_a_duplicate() {
-    let Some((_one, rig)) = lone_rig(false).await else {
+    let Some((_one, rig)) = slotted_rig(false).await else {
         return;
     };
     let instance = rig.env.instance_id.clone();

@@ -709,20 +709,27 @@ where
     }
 }
 
-/// A lock the tests of one file take so that at most one rig (an API
-/// server, etcd, moto and operators) runs at a time on a small machine.
-/// (A tokio lock: it is held across awaits, and a failed test leaves it
-/// free, not poisoned.)
-pub async fn one_rig_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
+/// How many rigs (each an API server, etcd, moto and operators) the tests
+/// of one file run at once. Two: a rig mostly waits (on leases, on its
+/// operator's passes, on a crash), so two overlap well on two cores, and
+/// more would starve their API servers' start-up.
+const RIGS_AT_ONCE: usize = 2;
+
+/// A permit the tests of one file take so that at most [`RIGS_AT_ONCE`]
+/// rigs run at a time on a small machine. (A tokio semaphore: held across
+/// awaits, and a failed test gives its permit back.)
+pub async fn rig_slot() -> tokio::sync::SemaphorePermit<'static> {
+    static RIGS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(RIGS_AT_ONCE);
+    RIGS.acquire().await.expect("the semaphore is never closed")
 }
 
-/// A test's rig, started once [`one_rig_at_a_time`] lets it: the lock's
+/// A test's rig, started once [`rig_slot`] lets it: the slot's
 /// guard (hold it for the whole test; the rig is dropped before it) and
 /// the rig, or `None` where the rig cannot start (the test skips).
-pub async fn lone_rig(controllers: bool) -> Option<(tokio::sync::MutexGuard<'static, ()>, Rig)> {
-    let one = one_rig_at_a_time().await;
+pub async fn slotted_rig(
+    controllers: bool,
+) -> Option<(tokio::sync::SemaphorePermit<'static>, Rig)> {
+    let one = rig_slot().await;
     let rig = Rig::start(controllers).await?;
     Some((one, rig))
 }
