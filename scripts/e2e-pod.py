@@ -22,8 +22,9 @@ Reads the manifests as they are and changes only what a sandbox must:
   reason; tests/deploy_manifests.rs checks it); `enimd device-plugin` is
   given that path with --socket (its default is the ConfigMap's socket);
 - in enimd.toml, [provider] becomes the sandbox's static ENIs (ENIS_TOML: a
-  TOML file with `mode`, optional `[secondary]`, and `[provider]`); every other
-  key stays as the ConfigMap has it.
+  TOML file with `mode`, optional `[secondary]`, and `[provider]`), and
+  [events] goes (there is no API server to post to); every other key stays
+  as the ConfigMap has it.
 
 - podman 4.3's own limits:
   - `ports` is dropped: podman makes port mappings of them, which it
@@ -155,6 +156,8 @@ def main():
     with open(enis_file, "rb") as f:
         sandbox = tomllib.load(f)
     config.pop("provider", None)
+    # Events need the cluster's API server; the podman node has none.
+    config.pop("events", None)
     # One config for both modes: in secondary mode enimd ignores
     # [host_path] (its pods reach the host over their veth already).
     config.update(sandbox)
