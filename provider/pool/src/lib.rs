@@ -550,14 +550,15 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                     let mut st = inner.state();
                     let since = st.cloud_down.as_ref().map_or_else(SystemTime::now, |d| d.0);
                     st.cloud_down = Some((since, e.to_string()));
-                }
-                // A round that created an ENI before it failed was served,
-                // only not in full (a throttled call given up): the cloud is
-                // not down, so the step starts over. Doubling it would leave
-                // the node idle for up to `max_backoff` while the account's
-                // buckets refill unused (the fleet simulation's late nodes).
-                if e.is_transient() && inner.state().created > created_before {
-                    backoff.reset();
+                    // A round that created an ENI before it failed was
+                    // served, only not in full (a throttled call given up):
+                    // the cloud is not down, so the step starts over.
+                    // Doubling it would leave the node idle for up to
+                    // `max_backoff` while the account's buckets refill
+                    // unused (the fleet simulation's late nodes).
+                    if st.created > created_before {
+                        backoff.reset();
+                    }
                 }
                 let delay = backoff.next_delay();
                 tracing::warn!(error = %e, transient = e.is_transient(), retry_in = ?delay, "warm pool round failed");
