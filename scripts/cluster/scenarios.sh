@@ -696,7 +696,7 @@ s_status_full() {
 # A sandbox whose netns is destroyed without DEL: its record goes (GC or
 # the DEL the kubelet sends for the dead sandbox), and the pod runs again.
 s_netns_gone() {
-  local cid ns
+  local cid ns ino
   pod gone
   ready gone || return 1
   # One record, the pod's: a sandbox of an earlier scenario still being
@@ -704,11 +704,14 @@ s_netns_gone() {
   wait_for "enim to hold the pod's one attachment" 120 holds 1 || return 1
   cid=$(attachments | sed -n 1p)
   ns=$(enimctl --json attachments | python3 -c 'import json,sys; print(json.load(sys.stdin)["attachments"][0]["netns"])')
-  # Every process in it dies and it is unmounted and removed, so the
+  # It is unmounted and removed first, then every process in it dies, so the
   # namespace is destroyed at once (with it the veth standing in for the ENI,
-  # which the rig then puts back as a cloud's device would come home).
-  kill_netns_procs "$ns"
-  on_node sh -c "umount -l '$ns'; rm -f '$ns'"
+  # which the rig then puts back as a cloud's device would come home). In the
+  # other order the kubelet could see the pause process die and send its DEL
+  # while the netns was still there: a clean DEL, not the case under test.
+  ino=$(on_node stat -L -c %i "$ns")
+  on_node sh -c "umount -l '$ns' && rm -f '$ns'" || return 1
+  kill_netns_procs "$ino"
   if [ "$mode" = primary ]; then
     wait_for "the ENI's veth to go with the namespace" 20 eni_gone || return 1
   fi
@@ -718,10 +721,10 @@ s_netns_gone() {
   echo "sandbox ${cid:0:12}: netns destroyed without DEL; record collected; pod Running again on $(pod_ip gone)"
 }
 not_recorded() { ! attachments | grep "$1" >/dev/null; }
-# kill_netns_procs NETNS: kill -9 every process in that network namespace.
+# kill_netns_procs INODE: kill -9 every process in the network namespace
+# with that inode.
 kill_netns_procs() {
-  local ino p
-  ino=$(on_node stat -L -c %i "$1")
+  local ino=$1 p
   for p in /proc/[0-9]*; do
     [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$ino" ] && kill -9 "${p#/proc/}" 2>/dev/null
   done
