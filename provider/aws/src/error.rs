@@ -73,7 +73,7 @@ impl From<AwsError> for ProviderError {
         let msg = e.to_string();
         match &e {
             AwsError::Ec2 { source, .. } => (source.provider_kind())(msg),
-            AwsError::Credentials(CredentialsError::Imds(_)) => ProviderError::Unavailable(msg),
+            AwsError::Credentials(c) if c.is_transient() => ProviderError::Unavailable(msg),
             AwsError::Missing(id) => ProviderError::UnknownEni(id.clone()),
             AwsError::Credentials(_)
             | AwsError::Config(_)

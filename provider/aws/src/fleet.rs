@@ -37,7 +37,7 @@ use enim_provider::fleet::{
 
 use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
 use crate::config::{AwsCredentialsConfig, AwsFleetConfig};
-use crate::credentials::{from_env, CredentialsProvider};
+use crate::credentials::{from_env, CredentialsProvider, WebIdentity};
 use crate::error::{ec2, imds, AwsError};
 use crate::metadata::{Imds, InterfaceInfo};
 use crate::steps;
@@ -73,6 +73,7 @@ pub struct AwsFleet {
 /// checked to exist (the instance role's).
 async fn credentials_provider(
     config: &AwsCredentialsConfig,
+    region: &str,
 ) -> Result<Arc<CredentialsProvider>, AwsError> {
     let provider = match config {
         AwsCredentialsConfig::Environment => {
@@ -102,6 +103,25 @@ async fn credentials_provider(
             provider.get().await?;
             provider
         }
+        AwsCredentialsConfig::WebIdentity {
+            role_arn,
+            token_file,
+            session_name,
+        } => {
+            let settings = WebIdentity {
+                role_arn: role_arn.clone(),
+                token_file: token_file.clone(),
+                session_name: session_name.clone(),
+            };
+            let provider = CredentialsProvider::web_identity(region, &settings)?;
+            provider.get().await?;
+            provider
+        }
+        AwsCredentialsConfig::Container => {
+            let provider = CredentialsProvider::container(region);
+            provider.get().await?;
+            provider
+        }
     };
     Ok(Arc::new(provider))
 }
@@ -111,7 +131,7 @@ impl AwsFleet {
     /// it names.
     pub async fn connect(config: &AwsFleetConfig) -> Result<AwsFleet, AwsError> {
         config.validate().map_err(AwsError::Config)?;
-        let creds = credentials_provider(&config.credentials).await?;
+        let creds = credentials_provider(&config.credentials, &config.region).await?;
         let client =
             Ec2Client::configured(&config.region, creds, &config.api).map_err(ec2("EC2 client"))?;
         tracing::info!(cluster = %config.cluster, region = %config.region, "AWS fleet backend ready");

@@ -126,7 +126,7 @@ impl AwsBackend {
         };
         let creds = Arc::new(match credentials {
             Some(c) => CredentialsProvider::fixed(c),
-            None => CredentialsProvider::default_chain(imds_client.clone()).await?,
+            None => CredentialsProvider::default_chain(imds_client.clone(), &region).await?,
         });
         // One set of buckets for the agent: the backend is its only EC2
         // client. Paced by throttle replies: the agent shares the account's

@@ -152,10 +152,10 @@ impl Ec2Error {
             | Ec2Error::AttachmentLimitExceeded { .. }
             | Ec2Error::Decode { .. }
             | Ec2Error::Request { .. } => ProviderError::Unavailable,
-            Ec2Error::Credentials { source, .. } => match source {
-                CredentialsError::Imds(_) => ProviderError::Unavailable,
-                _ => ProviderError::Config,
-            },
+            Ec2Error::Credentials { source, .. } if source.is_transient() => {
+                ProviderError::Unavailable
+            }
+            Ec2Error::Credentials { .. } => ProviderError::Config,
             Ec2Error::Api { status, .. } if *status >= 500 => ProviderError::Unavailable,
             // Bad credentials, missing permissions, invalid parameters:
             // retrying does not help until someone fixes the setup.
