@@ -44,6 +44,10 @@ pub enum AwsError {
     },
     #[error("ENI {0} is this instance's primary interface; enim never detaches it")]
     Primary(String),
+    /// EC2 lists no interface at device 0 of this instance (yet: a listing
+    /// can lag a launch), whose groups new ENIs would take.
+    #[error("instance {0} has no primary interface (device 0) in EC2's listing")]
+    NoPrimaryInterface(String),
     #[error("ENI {eni_id} still {status} after {waited:?}")]
     StateTimeout {
         eni_id: String,
@@ -88,6 +92,7 @@ impl From<AwsError> for ProviderError {
             // clear up: the pool retries with backoff.
             AwsError::Imds { .. }
             | AwsError::NoPrimary
+            | AwsError::NoPrimaryInterface(_)
             | AwsError::StateTimeout { .. }
             | AwsError::NoFreeSlot { .. } => ProviderError::Unavailable(msg),
         }

@@ -67,6 +67,9 @@ pub struct AwsFleet {
     subnets: Mutex<HashMap<String, SubnetBlocks>>,
     /// Instance type to its limits: instance types do not change.
     limits: Mutex<HashMap<String, AddressLimits>>,
+    /// Instance to its primary interface's security groups: the groups of
+    /// the ENIs made for it when none are configured.
+    primary_groups: Mutex<HashMap<String, Vec<String>>>,
 }
 
 /// The credentials `config` names, read now (the environment's) or
@@ -132,9 +135,10 @@ impl AwsFleet {
     pub async fn connect(config: &AwsFleetConfig) -> Result<AwsFleet, AwsError> {
         config.validate().map_err(AwsError::Config)?;
         let creds = credentials_provider(&config.credentials, &config.region).await?;
+        let source = creds.describe();
         let client =
             Ec2Client::configured(&config.region, creds, &config.api).map_err(ec2("EC2 client"))?;
-        tracing::info!(cluster = %config.cluster, region = %config.region, "AWS fleet backend ready");
+        tracing::info!(cluster = %config.cluster, region = %config.region, credentials = source, "AWS fleet backend ready");
         Ok(AwsFleet {
             ec2: client,
             cluster: config.cluster.clone(),
@@ -142,11 +146,41 @@ impl AwsFleet {
             detach_timeout: config.detach_timeout,
             subnets: Mutex::new(HashMap::new()),
             limits: Mutex::new(HashMap::new()),
+            primary_groups: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn cluster(&self) -> &str {
         &self.cluster
+    }
+
+    /// The security groups of `instance`'s primary interface (device 0),
+    /// asked once: what its ENIs get when no groups are configured, as AWS
+    /// VPC CNI gives them, rather than the VPC's default group EC2 would.
+    async fn primary_groups(&self, instance: &str) -> Result<Vec<String>, AwsError> {
+        if let Some(groups) = lock(&self.primary_groups).get(instance) {
+            return Ok(groups.clone());
+        }
+        let attached = self
+            .ec2
+            .describe_network_interfaces(&[("attachment.instance-id", &[instance])])
+            .await
+            .map_err(ec2(format!("listing {instance}'s interfaces")))?;
+        let groups: Vec<String> = attached
+            .into_iter()
+            .find(|e| {
+                e.attachment.as_ref().is_some_and(|a| {
+                    a.device_index == Some(0) && a.network_card_index.unwrap_or(0) == 0
+                })
+            })
+            .ok_or_else(|| AwsError::NoPrimaryInterface(instance.to_string()))?
+            .group_ids()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        tracing::info!(%instance, ?groups, "new ENIs take the primary interface's security groups");
+        lock(&self.primary_groups).insert(instance.to_string(), groups.clone());
+        Ok(groups)
     }
 
     pub fn ec2(&self) -> &Ec2Client {
@@ -334,12 +368,16 @@ impl AwsFleet {
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
         let description = format!("enim pod ENI of {}", req.instance);
+        let security_groups = match req.security_groups.is_empty() {
+            true => self.primary_groups(&req.instance).await?,
+            false => req.security_groups.clone(),
+        };
         crash_point("cloud:before-create");
         let created = self
             .ec2
             .create_network_interface(&client::CreateEni {
                 subnet_id: &req.subnet,
-                security_group_ids: &req.security_groups,
+                security_group_ids: &security_groups,
                 description: &description,
                 client_token: token,
                 tags: &tags,

@@ -318,6 +318,21 @@ impl Imds {
         self.value("meta-data/placement/region").await
     }
 
+    /// The security groups of the interface with `mac`, one id a line;
+    /// none when the key is absent.
+    pub async fn security_groups(&self, mac: MacAddr) -> Result<Vec<String>, ImdsError> {
+        let path = format!("meta-data/network/interfaces/macs/{mac}/security-group-ids");
+        Ok(self
+            .optional(&path)
+            .await?
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|g| !g.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
     pub async fn instance_type(&self) -> Result<String, ImdsError> {
         self.value("meta-data/instance-type").await
     }

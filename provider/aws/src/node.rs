@@ -69,6 +69,8 @@ pub struct AwsBackend {
     instance_type: String,
     region: String,
     subnet_id: String,
+    /// New ENIs' groups: the config's, else the primary interface's.
+    security_group_ids: Vec<String>,
     config: AwsConfig,
     /// The instance type's limits, asked once.
     limits: OnceCell<AddressLimits>,
@@ -110,19 +112,33 @@ impl AwsBackend {
             .instance_type()
             .await
             .map_err(imds("discovering the instance type"))?;
-        let subnet_id = match &config.subnet_id {
-            Some(s) => s.clone(),
-            None => {
-                let interfaces = imds_client
+        // What the config leaves out comes from the instance's own
+        // interface, as AWS VPC CNI's defaults do: its subnet, and its
+        // security groups (not the VPC's default group, which EC2 would
+        // give an ENI made without any).
+        let primary = match config.subnet_id.is_none() || config.security_group_ids.is_empty() {
+            true => Some(
+                imds_client
                     .interfaces(LIST_LAG_WAIT)
                     .await
-                    .map_err(imds("discovering the primary interface"))?;
-                interfaces
+                    .map_err(imds("discovering the primary interface"))?
                     .into_iter()
                     .find(InterfaceInfo::is_primary)
-                    .ok_or(AwsError::NoPrimary)?
-                    .subnet_id
-            }
+                    .ok_or(AwsError::NoPrimary)?,
+            ),
+            false => None,
+        };
+        let subnet_id = config
+            .subnet_id
+            .clone()
+            .or_else(|| primary.as_ref().map(|p| p.subnet_id.clone()))
+            .ok_or(AwsError::NoPrimary)?;
+        let security_group_ids = match &primary {
+            Some(p) if config.security_group_ids.is_empty() => imds_client
+                .security_groups(p.mac)
+                .await
+                .map_err(imds("reading the primary interface's security groups"))?,
+            _ => config.security_group_ids.clone(),
         };
         let creds = Arc::new(match credentials {
             Some(c) => CredentialsProvider::fixed(c),
@@ -139,6 +155,7 @@ impl AwsBackend {
             %instance_type,
             %region,
             subnet = %subnet_id,
+            security_groups = ?security_group_ids,
             cluster = config.cluster.as_deref().unwrap_or("-"),
             "AWS backend discovered the instance",
         );
@@ -149,6 +166,7 @@ impl AwsBackend {
             instance_type,
             region,
             subnet_id,
+            security_group_ids,
             config: config.clone(),
             limits: OnceCell::new(),
             attach_lock: Mutex::new(()),
@@ -391,7 +409,7 @@ impl AwsBackend {
             .ec2
             .create_network_interface(&CreateEni {
                 subnet_id: &self.subnet_id,
-                security_group_ids: &self.config.security_group_ids,
+                security_group_ids: &self.security_group_ids,
                 description: &description,
                 client_token: &token,
                 tags: &tags,

@@ -743,3 +743,30 @@ async fn secondary_addresses_assign_unassign_and_limits() {
     );
     delete_and_check_none_left(&env, &b, &eni.id).await;
 }
+
+/// With no `security_group_ids`, a node's ENIs take its primary
+/// interface's groups (read from instance metadata at discovery); with
+/// them, exactly those.
+#[tokio::test]
+async fn an_eni_without_configured_groups_takes_the_primary_interfaces() {
+    let Some(env) = Env::start().await else {
+        return;
+    };
+    let node_sg = env.create_security_group("enim-node-sg").await;
+    let pods_sg = env.create_security_group("enim-pods-sg").await;
+    env.set_primary_groups(&[&node_sg]).await;
+
+    let b = backend(&env, &env.config()).await;
+    let eni = b.create_and_attach().await.expect("create_and_attach");
+    assert_eq!(env.eni(&eni.id).await.group_ids(), [node_sg.as_str()]);
+    delete_and_check_none_left(&env, &b, &eni.id).await;
+
+    let configured = AwsConfig {
+        security_group_ids: vec![pods_sg.clone()],
+        ..env.config()
+    };
+    let b = backend(&env, &configured).await;
+    let eni = b.create_and_attach().await.expect("create_and_attach");
+    assert_eq!(env.eni(&eni.id).await.group_ids(), [pods_sg.as_str()]);
+    delete_and_check_none_left(&env, &b, &eni.id).await;
+}

@@ -552,3 +552,29 @@ async fn throttling_is_retried_then_reported_as_throttled() {
     })
     .await;
 }
+
+/// With no groups configured, an ENI takes its instance's primary
+/// interface's groups (as AWS VPC CNI's do), not the VPC's default group
+/// EC2 gives an ENI made without any; configured groups are taken as given.
+#[tokio::test]
+async fn an_eni_without_configured_groups_takes_the_primary_interfaces() {
+    let Some((env, fleet)) = rig().await else {
+        return;
+    };
+    let node_sg = env.create_security_group("enim-node-sg").await;
+    let other_sg = env.create_security_group("enim-pods-sg").await;
+    env.set_primary_groups(&[&node_sg]).await;
+
+    let made = fleet
+        .create(&fresh(&env, "groups-default", 0))
+        .await
+        .unwrap();
+    assert_eq!(env.eni(&made.id).await.group_ids(), [node_sg.as_str()]);
+
+    let given = CreateEni {
+        security_groups: vec![other_sg.clone()],
+        ..fresh(&env, "groups-given", 0)
+    };
+    let made = fleet.create(&given).await.unwrap();
+    assert_eq!(env.eni(&made.id).await.group_ids(), [other_sg.as_str()]);
+}

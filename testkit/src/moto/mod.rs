@@ -434,6 +434,22 @@ impl Env {
         r.group_id
     }
 
+    /// Gives the instance's primary interface exactly `groups` (as the
+    /// node's own security groups): what ENIs made with no configured
+    /// groups take.
+    pub async fn set_primary_groups(&self, groups: &[&str]) {
+        let mut params = vec![("NetworkInterfaceId", self.primary_eni.as_str())];
+        let keys: Vec<String> = (1..=groups.len())
+            .map(|i| format!("SecurityGroupId.{i}"))
+            .collect();
+        params.extend(keys.iter().map(String::as_str).zip(groups.iter().copied()));
+        self.admin_ec2
+            .query()
+            .call("ModifyNetworkInterfaceAttribute", &p(&params))
+            .await
+            .unwrap();
+    }
+
     /// Creates an ENI as enim would (tagged for this node) without attaching
     /// it: what a crash between create and attach leaves behind.
     pub async fn create_tagged_eni(&self) -> NetworkInterface {
