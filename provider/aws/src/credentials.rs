@@ -20,7 +20,7 @@ use aws_credential_types::provider::error::CredentialsError as SdkCredentialsErr
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
-use aws_smithy_http_client::tls::Provider;
+use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
 use tokio::sync::Mutex;
 
 use crate::metadata::{Imds, ImdsError};
@@ -179,13 +179,35 @@ enum Fetch {
 /// The `aws-config` settings of the providers it builds: the region (STS
 /// is regional) and the process environment, which also gives the STS
 /// endpoint (`AWS_ENDPOINT_URL_STS`, or `AWS_ENDPOINT_URL`).
-fn provider_config(region: &str) -> ProviderConfig {
+fn provider_config(region: &str) -> Result<ProviderConfig, CredentialsError> {
+    let tls = TlsContext::builder()
+        .with_trust_store(bundled_roots())
+        .build()
+        .map_err(|e| CredentialsError::Sdk {
+            source_name: "the STS client",
+            message: format!("TLS setup: {e}"),
+            transient: false,
+        })?;
     let https = aws_smithy_http_client::Builder::new()
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .tls_context(tls)
         .build_https();
-    ProviderConfig::without_region()
+    Ok(ProviderConfig::without_region()
         .with_region(Some(Region::new(region.to_string())))
-        .with_http_client(https)
+        .with_http_client(https))
+}
+
+/// The Mozilla roots bundled in the binary, the same the EC2 client trusts
+/// (reqwest's webpki roots), not the image's: enim's image carries no CA
+/// bundle, and aws-config's client, left to look for the system's, panics
+/// without one.
+fn bundled_roots() -> TrustStore {
+    webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().fold(
+        TrustStore::empty().with_native_roots(false),
+        |roots, der| {
+            roots.with_pem_certificate(pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec())))
+        },
+    )
 }
 
 impl CredentialsProvider {
@@ -214,7 +236,7 @@ impl CredentialsProvider {
     pub fn web_identity(region: &str, settings: &WebIdentity) -> Result<Self, CredentialsError> {
         let config = settings.resolve(&|k| std::env::var(k).ok())?;
         let provider = WebIdentityTokenCredentialsProvider::builder()
-            .configure(&provider_config(region))
+            .configure(&provider_config(region)?)
             .static_configuration(config)
             .build();
         Ok(Self::refreshed(Fetch::Sdk {
@@ -225,14 +247,14 @@ impl CredentialsProvider {
 
     /// The container credentials endpoint the environment names (EKS Pod
     /// Identity, ECS task roles).
-    pub fn container(region: &str) -> Self {
+    pub fn container(region: &str) -> Result<Self, CredentialsError> {
         let provider = EcsCredentialsProvider::builder()
-            .configure(&provider_config(region))
+            .configure(&provider_config(region)?)
             .build();
-        Self::refreshed(Fetch::Sdk {
+        Ok(Self::refreshed(Fetch::Sdk {
             name: "container",
             provider: SharedCredentialsProvider::new(provider),
-        })
+        }))
     }
 
     /// The default chain, as the AWS SDKs order it: the process
@@ -249,7 +271,7 @@ impl CredentialsProvider {
             Self::web_identity(region, &WebIdentity::default())?
         } else if env(ENV_CONTAINER_FULL_URI).is_some() || env(ENV_CONTAINER_RELATIVE_URI).is_some()
         {
-            Self::container(region)
+            Self::container(region)?
         } else {
             Self::instance_role(imds)
         };

@@ -121,7 +121,7 @@ async fn credentials_provider(
             provider
         }
         AwsCredentialsConfig::Container => {
-            let provider = CredentialsProvider::container(region);
+            let provider = CredentialsProvider::container(region)?;
             provider.get().await?;
             provider
         }
