@@ -1,5 +1,5 @@
-//! Generates the kubelet's gRPC APIs with tonic-build (needs `protoc`,
-//! Debian: protobuf-compiler): the device plugin API
+//! Generates the kubelet's gRPC APIs with tonic-build, the .proto files
+//! parsed by protox (in Rust: no `protoc` to install): the device plugin API
 //! (proto/deviceplugin/v1beta1), and the plugin registration and DRA APIs
 //! the DRA driver speaks (proto/pluginregistration/v1, proto/dra/v1).
 
@@ -17,10 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (proto, dir) in protos {
         println!("cargo:rerun-if-changed={proto}");
+        let descriptors = protox::compile([proto], [dir])?;
         tonic_build::configure()
             .build_server(true)
             .build_client(true)
-            .compile_protos(&[proto], &[dir])?;
+            .compile_fds(descriptors)?;
     }
     Ok(())
 }

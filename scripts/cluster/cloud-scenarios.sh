@@ -78,6 +78,28 @@ s_cloud_nrs() {
     done
   done
   k get nrs -o wide
+  operator_irsa || rc=1
+  return $rc
+}
+
+# operator_irsa: the operator made those ENIs with no key anywhere: no
+# Secret of keys, no key in its pods' environment, and each replica took
+# web identity credentials (its ServiceAccount token exchanged at moto's
+# STS for cloud.py's role, which moto then judged every EC2 call by).
+operator_irsa() {
+  local p env rc=0
+  ! k -n enim-system get secret enim-operator-cloud >/dev/null 2>&1 || { echo "a Secret of operator keys exists"; rc=1; }
+  for p in $(k -n enim-system get pods -l app.kubernetes.io/component=operator -o name); do
+    env=$(k -n enim-system get "$p" -o jsonpath='{.spec.containers[0].env[*].name} {.spec.containers[0].envFrom}')
+    case " $env " in
+      *AWS_ACCESS_KEY_ID*|*secretRef*) echo "$p has keys in its environment: $env"; rc=1 ;;
+      *AWS_WEB_IDENTITY_TOKEN_FILE*) ;;
+      *) echo "$p has no web identity token file: $env"; rc=1 ;;
+    esac
+    k -n enim-system logs "$p" | grep '"message":"AWS fleet backend ready"' | grep -q '"credentials":"web identity (IRSA) credentials from STS"' ||
+      { echo "$p did not log web identity credentials"; rc=1; }
+  done
+  [ $rc = 0 ] && echo "the operator: IRSA (role $(cloud_field .roles.operator)), no key anywhere"
   return $rc
 }
 
@@ -864,7 +886,7 @@ cloud_scenario() {
 }
 
 run_cloud_scenarios() {
-  cloud_scenario "each operator pool's node has its NetResourceSet filled from moto ($CLOUD_MIN_ENIS ENIs; secondary: $CLOUD_MIN_ADDRESSES addresses); each ENI hot-plugs into its node only" s_cloud_nrs
+  cloud_scenario "each operator pool's node has its NetResourceSet filled from moto ($CLOUD_MIN_ENIS ENIs; secondary: $CLOUD_MIN_ADDRESSES addresses) by an operator with no key (IRSA against moto's STS); each ENI hot-plugs into its node only" s_cloud_nrs
   cloud_scenario "a pod on each device-plugin node runs on an ENI from moto: node 1's pod on a whole ENI with its address, node 2's (secondary mode) on one of an ENI's secondary addresses" s_cloud_pods
   cloud_scenario "DRA (pool primary-dra): a pod's claim is allocated an ENI from moto on that node, and the pod runs on it" s_cloud_dra
   cloud_scenario "across nodes and modes (node 1 primary, node 2 secondary): pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross

@@ -11,8 +11,9 @@ kinds of nodes sets on EC2, for moto and the VPC simulator:
   primary-dra (DRA claims), all on the operator's NetResourceSets; and
   per-node, on its agent's own `aws` provider (its keys in the Secret
   enim-node-cloud), which no operator pool selects;
-- the operator on the `aws` cloud through the fault proxy, its keys in the
-  Secret enim-operator-cloud, N replicas;
+- the operator on the `aws` cloud through the fault proxy, N replicas, with
+  no key anywhere: IRSA, its ServiceAccount token (projected by the chart)
+  exchanged at moto's STS for cloud.py's role;
 - the image tag TAG, the cluster's Service CIDR, and the metadata
   scenario's opted-in namespace (scenarios.sh s_metadata).
 """
@@ -52,6 +53,7 @@ def operator_config(cloud):
             "assign_ipv6": True,
             # Through the fault proxy, where the run has one.
             "api": {"endpoint": cloud.get("proxy_url", cloud["url"])},
+            "credentials": {"source": "web_identity"},
         },
     }
 
@@ -94,7 +96,10 @@ def main():
                   pool("primary-dra", "primary-dra"), per_node],
         "operator": {
             "replicas": a.replicas,
-            "credentials": {"secretName": "enim-operator-cloud"},
+            # STS straight at moto: an EC2 outage of the fault proxy is not
+            # an STS outage.
+            "credentials": {"webIdentity": {"roleArn": cloud["roles"]["operator"]},
+                            "env": {"AWS_ENDPOINT_URL_STS": cloud["url"]}},
             "config": operator_config(cloud),
         },
     }

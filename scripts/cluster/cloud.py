@@ -80,6 +80,19 @@ def iam_user(iam, name, actions):
     return {"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
 
 
+def irsa_role(iam, name, actions):
+    """A role the operator assumes with its ServiceAccount token (IRSA):
+    trusted for web identities, allowed `actions`. Its ARN."""
+    trust = {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRoleWithWebIdentity",
+                            "Principal": {"Federated": "arn:aws:iam::123456789012:oidc-provider/enim-e2e"}}]}
+    arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    policy = {"Version": "2012-10-17",
+              "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+    iam.put_role_policy(RoleName=name, PolicyName="enim", PolicyDocument=json.dumps(policy))
+    return arn
+
+
 def run_instance(ec2, subnet):
     i = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                           InstanceType=INSTANCE_TYPE, SubnetId=subnet)["Instances"][0]
@@ -94,10 +107,11 @@ def setup(url, nodes, out):
     node_actions, fleet_actions = iam_actions()
     keys = {
         "admin": iam_user(iam, "enim-rig", ["ec2:*", "iam:*"]),
-        "operator": iam_user(iam, "enim-operator", fleet_actions),
         "node": iam_user(iam, "enim-node", node_actions),
         "vpcsim": iam_user(iam, "enim-vpcsim", ["ec2:Describe*"]),
     }
+    # The operator has no key: IRSA, its ServiceAccount token for this role.
+    roles = {"operator": irsa_role(iam, "enim-operator", fleet_actions)}
     moto_auth(url, "0")
     ec2 = client("ec2", url, keys["admin"])
     # Dual stack, as EC2 gives it: an Amazon-provided /56 for the VPC, and
@@ -112,7 +126,7 @@ def setup(url, nodes, out):
     pod_subnet = subnet(POD_SUBNET, Ipv6CidrBlock=pod_subnet_v6)
     sg = ec2.create_security_group(GroupName="enim-pods", Description="enim e2e pods", VpcId=vpc)["GroupId"]
     state = {
-        "url": url, "region": REGION, "keys": keys, "vpc": vpc,
+        "url": url, "region": REGION, "keys": keys, "roles": roles, "vpc": vpc,
         "node_subnet": node_subnet, "node_subnet_cidr": NODE_SUBNET,
         "pod_subnet": pod_subnet, "pod_subnet_cidr": POD_SUBNET, "pod_subnet_v6": pod_subnet_v6,
         "security_group": sg,

@@ -255,8 +255,8 @@ helm_e2e() {
 }
 
 # cloud_install: enim as a user installs it: the namespace with its Pod
-# Security label and the two Secrets of cloud keys first (the operator's,
-# enim-operator-cloud; the per-node pool's agent's, enim-node-cloud), then
+# Security label and the per-node pool's agent's Secret of cloud keys
+# (enim-node-cloud; the operator has none: IRSA) first, then
 # `helm install` of charts/enim with values from cloud.py's state
 # (cloud-values.py: the node pools primary, secondary, primary-dra and
 # per-node, the operator on EC2 at moto with 2 replicas); CoreDNS on the
@@ -266,9 +266,6 @@ cloud_install() {
     --replicas 2 --tag "${ENIM_IMAGE##*:}" > "$work/etc/values.json"
   k create namespace enim-system >/dev/null
   k label namespace enim-system app.kubernetes.io/name=enim pod-security.kubernetes.io/enforce=privileged >/dev/null
-  k -n enim-system create secret generic enim-operator-cloud \
-    --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.operator.id)" \
-    --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.operator.secret)" >/dev/null
   k -n enim-system create secret generic enim-node-cloud \
     --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.node.id)" \
     --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.node.secret)" >/dev/null
