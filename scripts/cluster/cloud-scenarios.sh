@@ -96,7 +96,7 @@ operator_irsa() {
       *AWS_WEB_IDENTITY_TOKEN_FILE*) ;;
       *) echo "$p has no web identity token file: $env"; rc=1 ;;
     esac
-    k -n enim-system logs "$p" | grep '"message":"AWS fleet backend ready"' | grep -q '"credentials":"web identity (IRSA) credentials from STS"' ||
+    k -n enim-system logs "$p" | grep '"message":"AWS fleet backend ready"' | grep '"credentials":"web identity (IRSA) credentials from STS"' >/dev/null ||
       { echo "$p did not log web identity credentials"; rc=1; }
   done
   [ $rc = 0 ] && echo "the operator: IRSA (role $(cloud_field .roles.operator)), no key anywhere"
