@@ -16,6 +16,7 @@
 //! client in `enim-api` (`api/`); the CNI plugin `enim` in `enim-cni`
 //! (`cni/`); providers (where ENIs come from) in the `provider/` crates.
 
+pub mod clusterview;
 pub mod daemon;
 pub mod deviceplugin;
 pub mod dra;

@@ -69,17 +69,6 @@ fn operator_writes(cp: &ControlPlane, dir: &Path, mode: &str, enis: Value, drain
     ]);
 }
 
-/// A control plane with the committed CRD established, or `None`.
-fn control_plane() -> Option<ControlPlane> {
-    let cp = ControlPlane::start()?;
-    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/05-crd-netresourceset.yaml");
-    cp.apply_crd(
-        &std::fs::read_to_string(crd).unwrap(),
-        "crd/netresourcesets.enim.io",
-    );
-    Some(cp)
-}
-
 /// A ready enimd with the cluster provider for [`NODE`], in this
 /// namespace (it reaches the API server on loopback) with its ENIs in the
 /// sandbox's host netns; `extra` goes into the top-level table.
@@ -164,7 +153,7 @@ fn second_device_missing(cp: &ControlPlane, dir: &Path) -> (Sandbox, [NamedNetns
 #[test]
 fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
     require_kernel!();
-    let Some(cp) = control_plane() else {
+    let Some(cp) = control_plane_with_nrs_crd() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -225,7 +214,7 @@ fn enimd_serves_the_enis_of_its_netresourceset_and_reports_its_pods() {
 #[test]
 fn enimd_in_secondary_mode_serves_spec_addresses_and_hands_back_drained_ones() {
     require_kernel!();
-    let Some(cp) = control_plane() else {
+    let Some(cp) = control_plane_with_nrs_crd() else {
         return;
     };
     let mut sb = Sandbox::new(1);
@@ -301,7 +290,7 @@ fn events_about(cp: &ControlPlane, kind: &str, name: &str, reason: &str) -> Vec<
 #[test]
 fn enimd_tells_a_quarantine_on_the_node_and_a_refused_add_on_the_pod() {
     require_kernel!();
-    let Some(mut cp) = control_plane() else {
+    let Some(mut cp) = control_plane_with_nrs_crd() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use enim::clusterview;
 use enim_api::model::Payload;
 use enim_api::{AttachmentList, Client, ClientError, EniList, GcReport, GcRequest, Status};
 
@@ -42,10 +43,48 @@ enum Command {
         #[arg(long)]
         network: Option<String>,
     },
+    /// The whole cluster from the API server: who leads the operators,
+    /// every node's ENIs and who holds each, what is quarantined. Exits 0
+    /// when all is ready, 2 when something is not (each reason printed),
+    /// 1 when the API server cannot be read.
+    Cluster {
+        /// Else $KUBECONFIG, ~/.kube/config, or the pod's ServiceAccount.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// The operator's namespace (its leader Lease).
+        #[arg(long, default_value = "enim-system")]
+        namespace: String,
+        /// The operator's leader Lease.
+        #[arg(long, default_value = "enim-operator")]
+        lease: String,
+        /// table, json or yaml (--json is json).
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
 }
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// `enimctl cluster`'s exit when something is not ready (1 is an error).
+const EXIT_NOT_READY: u8 = 2;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Command::Cluster {
+        kubeconfig,
+        namespace,
+        lease,
+        output,
+    } = &args.command
+    {
+        let output = if args.json { Output::Json } else { *output };
+        return cluster(kubeconfig.as_deref(), namespace, lease, output);
+    }
     let client = Client::new(&args.socket, Duration::from_secs(args.timeout));
     match run(&client, &args) {
         Ok(out) => {
@@ -62,6 +101,76 @@ fn main() -> ExitCode {
             eprintln!("enimctl: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `enimctl cluster`: reads, prints, and exits by readiness.
+fn cluster(
+    kubeconfig: Option<&std::path::Path>,
+    namespace: &str,
+    lease: &str,
+    output: Output,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("enimctl: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let view = runtime.block_on(async {
+        let client = match kubeconfig {
+            Some(path) => enim_provider_cluster::kube_client(Some(path))
+                .await
+                .map_err(|e| e.to_string())?,
+            None => kube::Client::try_default()
+                .await
+                .map_err(|e| format!("no kubeconfig and not in a pod: {e}"))?,
+        };
+        clusterview::gather(
+            client,
+            namespace,
+            lease,
+            k8s_openapi::jiff::Timestamp::now(),
+        )
+        .await
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut cause = std::error::Error::source(&e).and_then(|c| c.source());
+            while let Some(c) = cause {
+                msg += &format!(": {c}");
+                cause = c.source();
+            }
+            msg
+        })
+    });
+    let view = match view {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("enimctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let printed = match output {
+        Output::Table => Ok(clusterview::table(&view)),
+        Output::Json => serde_json::to_string_pretty(&view)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string()),
+        Output::Yaml => serde_yaml::to_string(&view).map_err(|e| e.to_string()),
+    };
+    match printed {
+        Ok(s) => print!("{s}"),
+        Err(e) => {
+            eprintln!("enimctl: printing the view: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match view.not_ready.is_empty() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(EXIT_NOT_READY),
     }
 }
 
@@ -245,6 +354,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
                 ]],
             ))
         }
+        Command::Cluster { .. } => unreachable!("main runs `cluster` itself"),
     }
 }
 

@@ -345,3 +345,15 @@ pub fn print_add_del_medians(
         dels[n / 2]
     );
 }
+
+/// A real control plane with the committed NetResourceSet CRD
+/// established, or `None` (the test skips) where its binaries are missing.
+pub fn control_plane_with_nrs_crd() -> Option<enim_testkit::apiserver::ControlPlane> {
+    let cp = enim_testkit::apiserver::ControlPlane::start()?;
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/05-crd-netresourceset.yaml");
+    cp.apply_crd(
+        &std::fs::read_to_string(crd).unwrap(),
+        "crd/netresourcesets.enim.io",
+    );
+    Some(cp)
+}

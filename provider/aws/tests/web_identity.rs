@@ -20,60 +20,6 @@ use enim_testkit::moto::{Env, REGION};
 
 const ROLE: &str = "enim-operator-irsa";
 
-fn p(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// Makes the role IRSA assumes: trusted for web identities, allowed
-/// exactly `actions`. Returns its ARN.
-async fn role(env: &Env, actions: &[&str]) -> String {
-    let trust = serde_json::json!({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Effect": "Allow",
-            "Principal": {"Federated": "arn:aws:iam::123456789012:oidc-provider/kubernetes.default.svc"},
-            "Action": "sts:AssumeRoleWithWebIdentity",
-        }],
-    });
-    let created = env
-        .iam
-        .call(
-            "CreateRole",
-            &p(&[
-                ("RoleName", ROLE),
-                ("AssumeRolePolicyDocument", &trust.to_string()),
-            ]),
-        )
-        .await
-        .expect("CreateRole");
-    let policy = serde_json::json!({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
-    });
-    env.iam
-        .call(
-            "PutRolePolicy",
-            &p(&[
-                ("RoleName", ROLE),
-                ("PolicyName", "enim"),
-                ("PolicyDocument", &policy.to_string()),
-            ]),
-        )
-        .await
-        .expect("PutRolePolicy");
-    let arn = created
-        .split("<Arn>")
-        .nth(1)
-        .and_then(|s| s.split("</Arn>").next())
-        .expect("CreateRole answers the role's ARN")
-        .to_string();
-    assert!(arn.ends_with(&format!(":role/{ROLE}")), "{arn}");
-    arn
-}
-
 fn fleet_config(env: &Env, credentials: AwsCredentialsConfig) -> AwsFleetConfig {
     AwsFleetConfig {
         region: REGION.into(),
@@ -98,7 +44,8 @@ async fn web_identity_credentials_come_from_sts_and_carry_the_roles_policy() {
     std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6ZW5pbS1zeXN0ZW06ZW5pbS1vcGVyYXRvciJ9.c2ln").unwrap();
     // Only the operator's describe: creating an ENI must then be refused,
     // which shows EC2 saw the role's credentials and judged its policy.
-    let arn = role(&env, &["ec2:DescribeNetworkInterfaces"]).await;
+    let arn = env.iam_role(ROLE, &["ec2:DescribeNetworkInterfaces"]).await;
+    assert!(arn.ends_with(&format!(":role/{ROLE}")), "{arn}");
     // The only test in its binary: no other test reads these variables.
     std::env::set_var("AWS_ENDPOINT_URL_STS", &env.moto.url);
     for k in [

@@ -369,6 +369,47 @@ impl Env {
         iam_user(&self.iam, name, actions).await
     }
 
+    /// A new IAM role trusted for web identities (IRSA), allowed exactly
+    /// `actions`; its ARN.
+    pub async fn iam_role(&self, name: &str, actions: &[&str]) -> String {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct R {
+            create_role_result: CreateRoleResult,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct CreateRoleResult {
+            role: Role,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Role {
+            arn: String,
+        }
+        let trust = serde_json::json!({
+            "Version": "2012-10-17",
+            "Statement": [{
+                "Effect": "Allow",
+                "Principal": {"Federated": "arn:aws:iam::123456789012:oidc-provider/kubernetes.default.svc"},
+                "Action": "sts:AssumeRoleWithWebIdentity",
+            }],
+        });
+        let created: R = xml(&self
+            .iam
+            .call(
+                "CreateRole",
+                &p(&[
+                    ("RoleName", name),
+                    ("AssumeRolePolicyDocument", &trust.to_string()),
+                ]),
+            )
+            .await
+            .unwrap());
+        put_policy(&self.iam, "PutRolePolicy", ("RoleName", name), actions).await;
+        created.create_role_result.role.arn
+    }
+
     /// Every ENI moto holds (the rig's view, not through the proxy).
     pub async fn all_enis(&self) -> Vec<NetworkInterface> {
         self.admin_ec2
@@ -561,21 +602,27 @@ async fn iam_user(iam: &QueryClient, name: &str, actions: &[&str]) -> Credential
         .call("CreateAccessKey", &p(&[("UserName", name)]))
         .await
         .unwrap());
+    put_policy(iam, "PutUserPolicy", ("UserName", name), actions).await;
+    Credentials::new(key.result.key.id, key.result.key.secret, None, None, "test")
+}
+
+/// `action` (PutUserPolicy, PutRolePolicy) of a policy allowing exactly
+/// `actions` to `whom` (its key and name).
+async fn put_policy(iam: &QueryClient, action: &str, whom: (&str, &str), actions: &[&str]) {
     let policy = serde_json::json!({
         "Version": "2012-10-17",
         "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
     });
     iam.call(
-        "PutUserPolicy",
+        action,
         &p(&[
-            ("UserName", name),
+            whom,
             ("PolicyName", "enim"),
             ("PolicyDocument", &policy.to_string()),
         ]),
     )
     .await
     .unwrap();
-    Credentials::new(key.result.key.id, key.result.key.secret, None, None, "test")
 }
 
 /// A loopback fake (the IMDS, the fault proxy): its URL, the state its
