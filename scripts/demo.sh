@@ -7,12 +7,34 @@
 # interfaces and pings the gateway from each, DELs them, shows the ENIs back
 # home, and removes everything. It never touches this machine's own
 # interfaces.
+#
+#   scripts/demo.sh          as yourself: builds, then asks sudo for the sandbox
+#   sudo scripts/demo.sh     the same; the build still runs as you ($SUDO_USER)
+#
+# The build never runs as root: cargo and its caches live in your home,
+# and a root-owned target/ would lock your own builds out of it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
+build() { (cd "$root" && cargo build --quiet -p enim -p enim-cni --bins); }
+if [ "${1:-}" = --built ]; then
+  shift
+elif [ "$(id -u)" != 0 ]; then
+  echo "== building as $(id -un)"
+  build
+  command -v sudo >/dev/null || { echo "demo.sh: the sandbox needs root (network namespaces): run it as root" >&2; exit 1; }
+  echo "== the sandbox needs root (network namespaces): sudo"
+  exec sudo "$0" --built "$@"
+elif [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+  echo "== building as $SUDO_USER"
+  # A login shell, for the PATH (~/.cargo/bin) of that user's profile;
+  # runuser (util-linux) is there wherever root is, sudo or not.
+  runuser -u "$SUDO_USER" -- bash -lc "cd '$root' && cargo build --quiet -p enim -p enim-cni --bins"
+else
+  echo "== building (as root: no other user ran sudo)"
+  build
+fi
 need_root demo.sh "it creates network namespaces"
-echo "== building"
-(cd "$root" && cargo build --quiet -p enim -p enim-cni --bins)
 bin="$root/target/debug"
 
 tag="enimdemo$$"
