@@ -239,7 +239,7 @@ wait_ready() {
 }
 
 installed() {
-  local conflist="$root/etc/cni/net.d/10-enim.conflist"
+  local conflist="$root/etc/cni/net.d/05-enim.conflist"
   [ -x "$root/opt/cni/bin/enim" ] && [ -f "$conflist" ] &&
     [ "$(stat -c %a "$root/opt/cni/bin/enim")" = 755 ] &&
     /usr/bin/python3 - "$conflist" "$root/run/enim/enimd.sock" <<'PY'

@@ -71,8 +71,15 @@ cat > "$conflist" <<'JSON'
   ]
 }
 JSON
-place "$conflist" "$net_d_dir" 10-enim.conflist 0644
+place "$conflist" "$net_d_dir" 05-enim.conflist 0644
 rm -f "$conflist"
+# enim's conflist under its previous name (before 05-, so that it sorts
+# ahead of AWS VPC CNI's 10-aws.conflist): gone once the new one is there.
+previous="$net_d_dir/10-enim.conflist"
+if [ -f "$previous" ] && grep -q '"type": *"enim"' "$previous"; then
+  rm -f "$previous"
+  echo "removed enim's previous conflist $previous"
+fi
 
 install -d "$config_dir"
 if [ ! -e "$config_dir/enimd.toml" ]; then
@@ -113,7 +120,7 @@ if [ -n "$systemd_dir" ]; then
 fi
 
 echo "installed: $cni_bin_dir/enim, $bin_dir/enimd, $bin_dir/enimctl"
-echo "conflist:  $net_d_dir/10-enim.conflist"
+echo "conflist:  $net_d_dir/05-enim.conflist"
 echo "config:    $config_dir/enimd.toml (edit the ENIs, then start enimd)"
 if [ -n "$systemd_dir" ]; then
   echo "unit:      $systemd_dir/enimd.service; start it now and at every boot with"

@@ -73,7 +73,7 @@ impl Dirs {
     }
 
     fn conflist(&self) -> PathBuf {
-        self.netd.join("10-enim.conflist")
+        self.netd.join("05-enim.conflist")
     }
 
     /// Runs install-cni into these dirs with `extra` flags; it must succeed.
@@ -170,7 +170,7 @@ fn socket_comes_from_the_config_unless_given() {
 
     // --socket wins, and replaces the existing conflist.
     let out = d.install(&["--config", cfg, "--socket", "/run/x/y.sock"]);
-    assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
+    assert!(text(&out.stdout).contains("05-enim.conflist: replaced"));
     assert_eq!(
         plugin_netconf(&d.conflist()).socket,
         PathBuf::from("/run/x/y.sock")
@@ -240,7 +240,7 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
         v
     };
     assert_eq!(names(&d.bin), ["bridge", "enim"]);
-    assert_eq!(names(&d.netd), ["10-enim.conflist", "99-other.conflist"]);
+    assert_eq!(names(&d.netd), ["05-enim.conflist", "99-other.conflist"]);
 }
 
 /// The `type`s of the installed conflist's plugins, in order, and the
@@ -284,9 +284,9 @@ fn portmap_auto_chains_a_portmap_that_speaks_every_version() {
 
     // Again: unchanged. Then never: the conflist is replaced by enim alone.
     let out = enimd(&d.args(&[]));
-    assert!(text(&out.stdout).contains("10-enim.conflist: unchanged"));
+    assert!(text(&out.stdout).contains("05-enim.conflist: unchanged"));
     let out = d.install(&["--portmap", "never"]);
-    assert!(text(&out.stdout).contains("10-enim.conflist: replaced"));
+    assert!(text(&out.stdout).contains("05-enim.conflist: replaced"));
     assert!(
         !text(&out.stdout).contains("portmap"),
         "{}",
@@ -401,4 +401,50 @@ fn portmap_auto_with_debians_reference_plugin() {
     let out = d.install(&["--portmap", "always"]);
     assert!(text(&out.stdout).contains("portmap: chained after enim"));
     assert_eq!(chain(&d).0, ["enim", "portmap"]);
+}
+
+/// An upgraded node: enim's conflist under its previous name (10-) is
+/// removed once the new one (05-, before AWS VPC CNI's 10-aws) is in
+/// place; another CNI's conflist, and a file under the old name that is
+/// not enim's, are left alone.
+#[test]
+fn enims_conflist_under_its_previous_name_goes_other_cnis_stay() {
+    let d = Dirs::new();
+    std::fs::create_dir_all(&d.netd).unwrap();
+    let aws = r#"{"cniVersion":"0.4.0","name":"aws-cni","plugins":[{"type":"aws-cni"}]}"#;
+    std::fs::write(d.netd.join("10-aws.conflist"), aws).unwrap();
+    let old = r#"{"cniVersion":"1.0.0","name":"enim","plugins":[{"type":"enim","socket":"/run/enim/enimd.sock"}]}"#;
+    std::fs::write(d.netd.join("10-enim.conflist"), old).unwrap();
+
+    let out = d.install(&[]);
+    assert!(
+        text(&out.stdout).contains("10-enim.conflist: removed (enim's previous conflist name)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&d.netd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    // The runtime takes the first: enim's.
+    assert_eq!(names, ["05-enim.conflist", "10-aws.conflist"]);
+    assert_eq!(
+        std::fs::read_to_string(d.netd.join("10-aws.conflist")).unwrap(),
+        aws
+    );
+
+    // Not enim's (another plugin under that name): left alone.
+    let other = r#"{"cniVersion":"1.0.0","name":"enim","plugins":[{"type":"bridge"}]}"#;
+    std::fs::write(d.netd.join("10-enim.conflist"), other).unwrap();
+    let out = d.install(&[]);
+    assert!(
+        !text(&out.stdout).contains("removed"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.netd.join("10-enim.conflist")).unwrap(),
+        other
+    );
 }

@@ -176,6 +176,9 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
                 done.conflist.display(),
                 word(done.conflist_outcome)
             );
+            for old in &done.removed {
+                println!("{}: removed (enim's previous conflist name)", old.display());
+            }
             match &done.portmap {
                 PortmapChoice::Chained { path } => {
                     println!("{}: chained after enim (hostPort)", path.display())

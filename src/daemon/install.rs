@@ -35,7 +35,14 @@ pub use portmap::{
 pub const PLUGIN_NAME: &str = "enim";
 pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_NET_D_DIR: &str = "/etc/cni/net.d";
-pub const DEFAULT_CONFLIST_NAME: &str = "10-enim.conflist";
+/// Runtimes use the lexicographically first conflist in net.d: "05-"
+/// sorts before AWS VPC CNI's `10-aws.conflist` and Terway's
+/// `10-terway.conflist`, so on a node migrating from them new pods get
+/// enim while the pods already running keep their network.
+pub const DEFAULT_CONFLIST_NAME: &str = "05-enim.conflist";
+/// Names enim's conflist had before, removed at install when they hold an
+/// enim conflist of this network (an upgraded node keeps one conflist).
+pub const PREVIOUS_CONFLIST_NAMES: [&str; 1] = ["10-enim.conflist"];
 pub const DEFAULT_NETWORK_NAME: &str = "enim";
 /// The conflist's `cniVersion`: the newest that runtimes with a libcni
 /// older than 1.2 can read results of (podman 4.3 refuses a 1.1.0 result
@@ -79,7 +86,7 @@ pub struct CniInstall {
     pub cni_bin_dir: PathBuf,
     pub net_d_dir: PathBuf,
     /// File name of the conflist in net.d; the runtime uses the
-    /// lexicographically first file, hence the "10-" prefix.
+    /// lexicographically first file (see [`DEFAULT_CONFLIST_NAME`]).
     pub conflist_name: String,
     /// The CNI network name (part of every attachment's key).
     pub network_name: String,
@@ -120,6 +127,8 @@ pub struct Installed {
     pub conflist: PathBuf,
     pub conflist_outcome: Outcome,
     pub portmap: PortmapChoice,
+    /// enim's conflists under a previous name, removed.
+    pub removed: Vec<PathBuf>,
 }
 
 /// The default plugin source: `enim` next to the running executable.
@@ -228,13 +237,50 @@ pub fn install_cni(opts: &CniInstall) -> Result<Installed, InstallError> {
         CONFLIST_MODE,
         conflist.as_bytes(),
     )?;
+    // After the new one is in place: the node is never without one.
+    let removed = remove_previous(opts)?;
     Ok(Installed {
         plugin: opts.cni_bin_dir.join(PLUGIN_NAME),
         plugin_outcome,
         conflist: opts.net_d_dir.join(&opts.conflist_name),
         conflist_outcome,
         portmap,
+        removed,
     })
+}
+
+/// Removes enim's conflists of this network under a previous default name
+/// ([`PREVIOUS_CONFLIST_NAMES`]). A file there that is not one (another
+/// CNI's, unreadable, not JSON) is left alone.
+fn remove_previous(opts: &CniInstall) -> Result<Vec<PathBuf>, InstallError> {
+    let mut removed = Vec::new();
+    for name in PREVIOUS_CONFLIST_NAMES {
+        if name == opts.conflist_name {
+            continue;
+        }
+        let path = opts.net_d_dir.join(name);
+        let Ok(text) = std::fs::read(&path) else {
+            continue;
+        };
+        if !is_enim_conflist(&text, &opts.network_name) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("removing enim's previous conflist", &path)(e)),
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether `text` is a conflist of network `network` whose first plugin
+/// is enim.
+fn is_enim_conflist(text: &[u8], network: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(text) else {
+        return false;
+    };
+    v["name"] == network && v["plugins"][0]["type"] == PLUGIN_NAME
 }
 
 /// Makes `dir/name` hold exactly `contents` with `mode`, atomically; leaves
@@ -330,7 +376,7 @@ mod tests {
         std::fs::set_permissions(&opts.plugin, std::fs::Permissions::from_mode(0o600)).unwrap();
         let done = install_cni(&opts).unwrap();
         assert_eq!(done.plugin, opts.cni_bin_dir.join("enim"));
-        assert_eq!(done.conflist, opts.net_d_dir.join("10-enim.conflist"));
+        assert_eq!(done.conflist, opts.net_d_dir.join("05-enim.conflist"));
         assert_eq!(done.plugin_outcome, Outcome::Created);
         assert_eq!(done.conflist_outcome, Outcome::Created);
         assert_eq!(std::fs::read(&done.plugin).unwrap(), b"\x7fELF plugin v1");
@@ -338,7 +384,7 @@ mod tests {
         assert_eq!(mode_of(&done.conflist), 0o644);
         // No temporary files left behind.
         assert_eq!(dir_names(&opts.cni_bin_dir), ["enim"]);
-        assert_eq!(dir_names(&opts.net_d_dir), ["10-enim.conflist"]);
+        assert_eq!(dir_names(&opts.net_d_dir), ["05-enim.conflist"]);
 
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&done.conflist).unwrap()).unwrap();
@@ -508,9 +554,9 @@ mod tests {
         }
 
         // A directory in the way of the conflist: named in the error.
-        std::fs::create_dir_all(opts.net_d_dir.join("10-enim.conflist")).unwrap();
+        std::fs::create_dir_all(opts.net_d_dir.join("05-enim.conflist")).unwrap();
         let err = install_cni(&opts).unwrap_err().to_string();
-        assert!(err.contains("10-enim.conflist"), "{err}");
+        assert!(err.contains("05-enim.conflist"), "{err}");
     }
     #[test]
     fn conflist_text_alone_and_with_portmap() {
