@@ -119,6 +119,35 @@ s_cloud_pods() {
   for i in $(plugin_nodes); do on_moto_eni "web-$i" "$i" || rc=1; done
   return $rc
 }
+# Migrating from AWS VPC CNI: node 1 had that CNI's conflist (the bridge
+# stand-in 10-aws.conflist) and the pod `legacy` on it before enim was
+# installed (cloud.sh's cloud_legacy_cni). enim's conflist sorts first, so
+# a new pod there runs on an ENI from moto; `legacy` keeps running on its
+# old network, never restarted, and answers there; deleted, it is torn
+# down through enim's conflist (which knows no attachment of it) and goes.
+s_cloud_migration() {
+  local files first ip rc=0
+  files=$(on_cloud_node 1 on_node ls /etc/cni/net.d | grep 'conflist$' | sort)
+  first=$(sed -n 1p <<<"$files")
+  [ "$first" = 05-enim.conflist ] || { echo "node 1's first conflist is '$first' ($files)"; rc=1; }
+  grep -x 10-aws.conflist <<<"$files" >/dev/null || { echo "the old CNI's conflist is gone ($files)"; rc=1; }
+  ip=$(k get pod legacy -o jsonpath='{.status.podIP}')
+  case $ip in
+    "${LEGACY_SUBNET%.*/*}".*) ;;
+    *) echo "legacy's address '$ip' is not the old CNI's ($LEGACY_SUBNET)"; rc=1 ;;
+  esac
+  [ "$(k get pod legacy -o jsonpath='{.status.containerStatuses[0].restartCount} {.status.phase}')" = "0 Running" ] ||
+    { echo "legacy: $(k get pod legacy -o wide --no-headers)"; rc=1; }
+  [ "$(http_get nsenter --net="/run/netns/$tag-n1" busybox nc -w 3 "$ip" 8080)" = legacy ] ||
+    { echo "legacy does not answer on $ip from its node"; rc=1; }
+  pod_on 1 after-migration
+  ready after-migration 120 || return 1
+  on_moto_eni after-migration 1 || rc=1
+  k delete pod legacy --wait=true --timeout=60s >/dev/null || { echo "legacy was not torn down within 60 s"; rc=1; }
+  [ $rc = 0 ] && echo "node 1: conflists $(tr '\n' ' ' <<<"$files"); legacy kept $ip on the old CNI through the install, never restarted; after-migration on an ENI from moto; legacy deleted after the switch"
+  return $rc
+}
+
 # The nodes the device plugin serves (pools primary and secondary), those
 # of them in primary mode, and the nodes of pool primary-dra.
 plugin_nodes() {
@@ -888,6 +917,7 @@ cloud_scenario() {
 run_cloud_scenarios() {
   cloud_scenario "each operator pool's node has its NetResourceSet filled from moto ($CLOUD_MIN_ENIS ENIs; secondary: $CLOUD_MIN_ADDRESSES addresses) by an operator with no key (IRSA against moto's STS); each ENI hot-plugs into its node only" s_cloud_nrs
   cloud_scenario "a pod on each device-plugin node runs on an ENI from moto: node 1's pod on a whole ENI with its address, node 2's (secondary mode) on one of an ENI's secondary addresses" s_cloud_pods
+  cloud_scenario "migration from AWS VPC CNI: on node 1, whose old CNI's conflist (10-aws) and pod predate enim, enim's 05-enim conflist comes first; the old pod keeps its network and runs on, a new pod runs on an ENI, the old pod is deleted through enim" s_cloud_migration
   cloud_scenario "DRA (pool primary-dra): a pod's claim is allocated an ENI from moto on that node, and the pod runs on it" s_cloud_dra
   cloud_scenario "across nodes and modes (node 1 primary, node 2 secondary): pod to pod, a ClusterIP Service with its backend on the other node, CoreDNS" s_cloud_cross
   cloud_scenario "IPv6: the pod subnet's block gives each ENI an address; pods on a whole ENI (node 1 by the device plugin, the DRA node by a claim) have moto's address on eth0 and in podIPs, and ping each other across nodes" s_cloud_ipv6

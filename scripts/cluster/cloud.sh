@@ -273,6 +273,36 @@ cloud_install() {
   sed "s/clusterIP: 10.96.0.10/clusterIP: $DNS_IP/" "$repo/scripts/cluster/coredns.yaml" | k apply -f - >/dev/null
 }
 
+# cloud_legacy_cni: node 1 as a node of a cluster moving from AWS VPC CNI.
+# That CNI's conflist, 10-aws.conflist (the reference bridge stands in for
+# it), makes the node Ready, and the pod `legacy` runs on it, before enim
+# is installed. s_cloud_migration follows that pod through the switch. It
+# carries no e2e label: clean() between scenarios leaves it.
+LEGACY_SUBNET=10.244.9.0/24
+cloud_legacy_cni() {
+  (cloud_node 1
+    on_node sh -c 'cat > /etc/cni/net.d/.10-aws.tmp && mv /etc/cni/net.d/.10-aws.tmp /etc/cni/net.d/10-aws.conflist') <<JSON
+{"cniVersion": "1.0.0", "name": "aws-cni", "plugins": [
+  {"type": "bridge", "bridge": "cni-aws", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$LEGACY_SUBNET"}]]}}]}
+JSON
+  k wait --for=condition=Ready node/enim-e2e-node1 --timeout=120s >/dev/null || return 1
+  k apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: legacy, namespace: default, labels: {app: legacy}}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: enim-e2e-node1}
+  containers:
+    - name: c
+      image: $BUSYBOX
+      imagePullPolicy: Never
+      args: ["mkdir -p /www && echo legacy > /www/index.html && exec httpd -f -p 8080 -h /www"]
+YAML
+  k wait --for=condition=Ready pod/legacy --timeout=120s >/dev/null
+}
+
 # cloud_run: the whole run, each phase timed. Its settings are local, so a
 # run of another mode after it keeps node.sh's.
 cloud_run() {
@@ -283,6 +313,9 @@ cloud_run() {
   t0=$(date +%s%N)
   cloud_up
   phase_time "bring-up: VPC, moto, simulator, control plane, $CLOUD_NODES nodes" "$t0"
+  t0=$(date +%s%N)
+  cloud_legacy_cni || { echo "the old CNI's pod did not run on enim-e2e-node1"; cloud_logs; return 1; }
+  phase_time "node 1 on the old CNI (10-aws.conflist), a pod on it" "$t0"
   t0=$(date +%s%N)
   cloud_install
   phase_time "enim installed (helm install)" "$t0"
