@@ -29,6 +29,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod policy;
+pub use policy::{EniPolicy, EniPolicySpec, EniPolicyStatus, ZoneSubnet, POLICY_ANNOTATION};
+
 /// How pods use a node's ENIs, and the pool's watermarks: enim-core's,
 /// with their JSON schemas.
 pub use enim_core::{Mode, Watermarks};
