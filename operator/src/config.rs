@@ -26,6 +26,8 @@ use enim_core::{Mode, Watermarks};
 use enim_provider::cloud::validate_cluster_name;
 use serde::{Deserialize, Serialize};
 
+use crate::policy::DefaultPolicy;
+
 mod pools;
 
 pub use pools::PoolConfig;
@@ -145,6 +147,34 @@ pub struct OperatorConfig {
     /// Between two passes over leaked ENIs.
     #[serde(with = "humantime_serde")]
     pub reap_interval: Duration,
+    /// EniPolicy and the admission webhook.
+    pub policy: PolicyConfig,
+}
+
+/// The `[operator.policy]` table. A key left out keeps its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// What a pod no EniPolicy selects gets: `none`, `secondary` or
+    /// `primary`.
+    pub default: DefaultPolicy,
+    /// How long the webhook's serving certificate is valid; it is renewed
+    /// at two thirds of it.
+    #[serde(with = "humantime_serde")]
+    pub cert_lifetime: Duration,
+}
+
+/// The webhook's serving certificate's lifetime when the config leaves it
+/// out: a year.
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            default: DefaultPolicy::None,
+            cert_lifetime: DEFAULT_CERT_LIFETIME,
+        }
+    }
 }
 
 enim_core::serde_with_moved_keys!(
@@ -172,6 +202,7 @@ impl Default for OperatorConfig {
             node_grace: Duration::from_secs(300),
             reap_cooldown: Duration::from_secs(600),
             reap_interval: Duration::from_secs(3600),
+            policy: PolicyConfig::default(),
         }
     }
 }
@@ -207,6 +238,7 @@ impl OperatorConfig {
         for (key, d) in [
             ("resync_interval", self.resync_interval),
             ("reap_interval", self.reap_interval),
+            ("policy.cert_lifetime", self.policy.cert_lifetime),
         ] {
             if d.is_zero() {
                 return bad(key, "must be above zero".into());
@@ -284,6 +316,23 @@ mod tests {
         let p = c.policy();
         assert_eq!(p.watermarks.pre_allocate, 8);
         assert_eq!(p.cluster, "prod");
+        assert_eq!(c.policy, PolicyConfig::default());
+    }
+
+    #[test]
+    fn the_policy_table_sets_the_cluster_default_and_the_cert_lifetime() {
+        let c = OperatorConfig::from_toml(
+            "cluster = \"c\"\n[policy]\ndefault = \"secondary\"\ncert_lifetime = \"6s\"",
+        )
+        .unwrap();
+        assert_eq!(c.policy.default, DefaultPolicy::Secondary);
+        assert_eq!(c.policy.cert_lifetime, Duration::from_secs(6));
+        let e =
+            OperatorConfig::from_toml("cluster = \"c\"\n[policy]\ndefault = \"all\"").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Parse(m) if m.contains("none") && m.contains("primary")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -310,6 +359,10 @@ mod tests {
                 "api.read_rate",
             ),
             ("cluster = \"c\"\nsubnets = [\"\"]", "subnets"),
+            (
+                "cluster = \"c\"\n[policy]\ncert_lifetime = \"0s\"",
+                "policy.cert_lifetime",
+            ),
         ];
         for (text, key) in cases {
             match OperatorConfig::from_toml(text) {

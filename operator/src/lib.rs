@@ -33,6 +33,7 @@ pub mod allocator;
 pub mod config;
 pub mod index;
 pub mod leader;
+pub mod policy;
 pub mod runtime;
 pub mod setup;
 pub mod store;
