@@ -5,6 +5,7 @@
 use enim_core::Mode;
 use serde::{Deserialize, Serialize};
 
+pub mod admit;
 pub mod select;
 
 /// What a pod no EniPolicy selects gets.

@@ -1,0 +1,176 @@
+//! The webhook's decision for one pod, pure: which resource (if any) to
+//! add, the annotation naming why, or a refusal.
+//!
+//! A pod being created that asks for no enim resource (no `enim.io/eni` or
+//! `enim.io/ip` in any container's requests or limits, no
+//! `resourceClaims`) gets the mode of the policy [`select`] picks, or the
+//! cluster default's: the resource in its first container's limits and
+//! requests (an extended resource must be equal in both), and the
+//! `enim.io/policy` annotation. A pod that asks already is only annotated
+//! `(explicit)`. A policy naming security groups or subnets is refused:
+//! phase 1 serves pods through the node's device plugin, whose ENIs are the
+//! node pool's.
+
+use std::collections::BTreeMap;
+
+use enim_core::Mode;
+use enim_crd::policy::{DEFAULT_POLICY, EXPLICIT, POLICY_ANNOTATION};
+use enim_crd::EniPolicy;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use super::select::{select, PodFacts};
+use super::DefaultPolicy;
+
+/// The extended resource of a whole ENI, as the device plugin advertises it.
+pub const ENI_RESOURCE: &str = "enim.io/eni";
+/// The extended resource of a secondary address.
+pub const IP_RESOURCE: &str = "enim.io/ip";
+
+/// What the webhook knows of the cluster when a pod comes in.
+#[derive(Debug, Clone, Copy)]
+pub struct Cluster<'a> {
+    pub policies: &'a [EniPolicy],
+    /// The labels of the pod's namespace (empty when unknown).
+    pub namespace_labels: &'a BTreeMap<String, String>,
+    pub default: DefaultPolicy,
+}
+
+/// The extended resource a mode asks for.
+pub fn resource_of(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Primary => ENI_RESOURCE,
+        Mode::Secondary => IP_RESOURCE,
+    }
+}
+
+/// Whether phase 1 can serve a policy, and if not why.
+pub fn unserved_reason(policy: &EniPolicy) -> Option<String> {
+    let spec = &policy.spec;
+    let mut named = Vec::new();
+    if !spec.security_groups.is_empty() {
+        named.push("securityGroups");
+    }
+    if !spec.subnets.is_empty() {
+        named.push("subnets");
+    }
+    (!named.is_empty()).then(|| {
+        format!(
+            "it names {}: ENIs of their own per pod are not served yet (only the node pool's, through enim.io/eni and enim.io/ip)",
+            named.join(" and ")
+        )
+    })
+}
+
+/// The response to one AdmissionReview request for a pod.
+pub fn admit(req: &AdmissionRequest<Pod>, cluster: Cluster<'_>) -> AdmissionResponse {
+    let response = AdmissionResponse::from(req);
+    let Some(pod) = req
+        .object
+        .as_ref()
+        .filter(|_| req.operation == Operation::Create)
+    else {
+        return response;
+    };
+    let (annotation, add) = if asks_for_enim(pod) {
+        (EXPLICIT.to_string(), None)
+    } else {
+        let labels = pod.labels();
+        let facts = PodFacts {
+            labels,
+            namespace_labels: cluster.namespace_labels,
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.as_deref())
+                .unwrap_or("default"),
+        };
+        match select(cluster.policies, &facts).0 {
+            Some(policy) => {
+                if let Some(why) = unserved_reason(policy) {
+                    return response.deny(format!(
+                        "EniPolicy {} selects this pod but cannot be served: {why}",
+                        policy.name_any()
+                    ));
+                }
+                (policy.name_any(), Some(resource_of(policy.spec.mode)))
+            }
+            None => (
+                DEFAULT_POLICY.to_string(),
+                cluster.default.mode().map(resource_of),
+            ),
+        }
+    };
+    let patch = patch_for(pod, &annotation, add);
+    match response.clone().with_patch(patch) {
+        Ok(r) => r,
+        Err(e) => response.deny(format!("enim's webhook could not write its patch: {e}")),
+    }
+}
+
+/// Whether the pod asks for enim itself: an enim resource in any
+/// container, or a ResourceClaim (the DRA path).
+pub fn asks_for_enim(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        return true;
+    }
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| r.requests.iter().chain(r.limits.iter()))
+        .any(|m| m.contains_key(ENI_RESOURCE) || m.contains_key(IP_RESOURCE))
+}
+
+/// The JSON patch: the annotation, and `resource: "1"` in the first
+/// container's limits and requests. Each map is added whole when absent
+/// (a JSON patch cannot add a key under a missing parent).
+pub fn patch_for(pod: &Pod, annotation: &str, resource: Option<&str>) -> Patch {
+    let mut ops = Vec::new();
+    let add = |path: String, value: Value| {
+        PatchOperation::Add(AddOperation {
+            path: path.parse().expect("a valid JSON pointer"),
+            value,
+        })
+    };
+    if pod.metadata.annotations.is_none() {
+        ops.push(add("/metadata/annotations".into(), json!({})));
+    }
+    ops.push(add(
+        format!("/metadata/annotations/{}", escape(POLICY_ANNOTATION)),
+        json!(annotation),
+    ));
+    let first = pod.spec.as_ref().and_then(|s| s.containers.first());
+    if let (Some(resource), Some(container)) = (resource, first) {
+        let resources = container.resources.as_ref();
+        if resources.is_none() {
+            ops.push(add("/spec/containers/0/resources".into(), json!({})));
+        }
+        for (field, present) in [
+            ("limits", resources.is_some_and(|r| r.limits.is_some())),
+            ("requests", resources.is_some_and(|r| r.requests.is_some())),
+        ] {
+            let path = format!("/spec/containers/0/resources/{field}");
+            if present {
+                ops.push(add(format!("{path}/{}", escape(resource)), json!("1")));
+            } else {
+                ops.push(add(path, json!({ resource: "1" })));
+            }
+        }
+    }
+    Patch(ops)
+}
+
+/// A key as one JSON pointer segment (RFC 6901: `~` and `/` escaped).
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests;
