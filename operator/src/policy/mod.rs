@@ -6,7 +6,9 @@ use enim_core::Mode;
 use serde::{Deserialize, Serialize};
 
 pub mod admit;
+pub mod certs;
 pub mod select;
+pub mod webhook;
 
 /// What a pod no EniPolicy selects gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -1,0 +1,435 @@
+//! EniPolicy admission against the real kube-apiserver: the operator's
+//! webhook runs in this process on 127.0.0.1 with its self-made
+//! certificate, and a MutatingWebhookConfiguration points the API server
+//! at it by URL. The pods are only created (no scheduler, no nodes): what
+//! is checked is what the API server stores.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use enim_crd::{EniPolicy, EniPolicySpec, Mode};
+use enim_operator::policy::certs::{self, CertResolver, Pem};
+use enim_operator::policy::webhook::{self, ClusterView};
+use enim_operator::policy::DefaultPolicy;
+use enim_testkit::apiserver::ControlPlane;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// The API server with the EniPolicy CRD, and an admin client.
+async fn control_plane() -> Option<(ControlPlane, Client)> {
+    let cp = blocking(ControlPlane::start)?;
+    blocking(|| {
+        cp.apply_crd(
+            &enim_crd::policy::policy_crd_yaml(),
+            "crd/enipolicies.enim.io",
+        )
+    });
+    let kubeconfig = kube::config::Kubeconfig::read_from(cp.admin_kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(config).unwrap();
+    Some((cp, client))
+}
+
+/// One webhook server, stopped when dropped.
+struct Server {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(
+        addr: SocketAddr,
+        resolver: &Arc<CertResolver>,
+        client: &Client,
+        default: DefaultPolicy,
+    ) -> Server {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let (view, watches) = ClusterView::watch(client.clone(), default).await.unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let tls = Arc::new(resolver.server_config());
+        let task = tokio::spawn(async move {
+            webhook::serve(listener, tls, view, stopped).await.unwrap();
+            watches.abort();
+        });
+        Server { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.send_replace(true);
+        self.task.await.unwrap();
+    }
+}
+
+/// The webhook's registration as the chart writes it, but by URL.
+async fn register(client: &Client, port: u16, ca: &Pem) {
+    let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "enim-policy"},
+        "webhooks": [{
+            "name": "pods.policy.enim.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}{}", webhook::PATH),
+                "caBundle": base64(ca.cert.as_bytes()),
+            },
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "Never",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "enim-system"]},
+                {"key": "enim.io/admission", "operator": "NotIn", "values": ["ignore"]},
+            ]},
+        }],
+    }))
+    .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A namespace with these labels and its default ServiceAccount (no
+/// controller manager makes it here, and pods need it).
+async fn namespace(client: &Client, name: &str, labels: serde_json::Value) {
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+}
+
+fn policy(name: &str, mode: Mode, priority: i32, team: &str) -> EniPolicy {
+    EniPolicy::new(
+        name,
+        EniPolicySpec {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([("team".to_string(), team.to_string())].into()),
+                match_expressions: None,
+            }),
+            mode,
+            priority,
+            ..EniPolicySpec::default()
+        },
+    )
+}
+
+fn pod(name: &str, resources: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": resources}]},
+    }))
+    .unwrap()
+}
+
+/// What the API server returns for a created pod: its policy annotation and
+/// the first container's resources.
+fn outcome(p: &Pod) -> (Option<String>, serde_json::Value) {
+    let c = &p.spec.as_ref().unwrap().containers[0];
+    (
+        p.annotations().get("enim.io/policy").cloned(),
+        serde_json::to_value(&c.resources).unwrap(),
+    )
+}
+
+/// Dry-run creates until the webhook's watches show `annotation` (they
+/// follow the API server a moment behind), then the real create.
+async fn create_expecting(pods: &Api<Pod>, p: &Pod, annotation: &str) -> Pod {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    loop {
+        let seen = pods.create(&dry, p).await.map(|p| outcome(&p).0);
+        if seen.as_ref().ok().and_then(|s| s.as_deref()) == Some(annotation) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never {annotation}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pods.create(&PostParams::default(), p).await.unwrap()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn percentiles(mut v: Vec<Duration>) -> String {
+    v.sort();
+    // The nearest rank below, in whole percents.
+    let at = |percent: usize| ms(v[(v.len() - 1) * percent / 100]);
+    format!(
+        "p50 {:.1} ms, p99 {:.1} ms over {}",
+        at(50),
+        at(99),
+        v.len()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
+    let Some((_cp, client)) = control_plane().await else {
+        return;
+    };
+    let ca = certs::new_ca().unwrap();
+    let serving =
+        certs::new_serving(&ca, &["127.0.0.1".into()], Duration::from_secs(3600)).unwrap();
+    let resolver = Arc::new(CertResolver::new(&serving).unwrap());
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    namespace(&client, "team-a", json!({"team": "a"})).await;
+    namespace(&client, "other", json!({})).await;
+    namespace(
+        &client,
+        "quiet",
+        json!({"team": "a", "enim.io/admission": "ignore"}),
+    )
+    .await;
+    let policies = Api::<EniPolicy>::all(client.clone());
+    policies
+        .create(
+            &PostParams::default(),
+            &policy("fast", Mode::Primary, 0, "a"),
+        )
+        .await
+        .unwrap();
+    let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
+    register(&client, addr.port(), &ca).await;
+    let team_a = Api::<Pod>::namespaced(client.clone(), "team-a");
+    let other = Api::<Pod>::namespaced(client.clone(), "other");
+
+    // A namespace a policy selects: the whole ENI, in limits and requests.
+    let created = create_expecting(&team_a, &pod("p1", json!({})), "fast").await;
+    let (_, r) = outcome(&created);
+    assert_eq!(r["limits"]["enim.io/eni"], "1", "{r}");
+    assert_eq!(r["requests"]["enim.io/eni"], "1", "{r}");
+
+    // Two policies: the higher priority wins; deleted, the other again.
+    policies
+        .create(
+            &PostParams::default(),
+            &policy("wide", Mode::Secondary, 5, "a"),
+        )
+        .await
+        .unwrap();
+    let created = create_expecting(&team_a, &pod("p2", json!({})), "wide").await;
+    assert_eq!(outcome(&created).1["limits"]["enim.io/ip"], "1");
+    assert!(outcome(&created).1["limits"].get("enim.io/eni").is_none());
+    policies
+        .delete("wide", &DeleteParams::default())
+        .await
+        .unwrap();
+    let created = create_expecting(&team_a, &pod("p3", json!({})), "fast").await;
+    assert_eq!(outcome(&created).1["requests"]["enim.io/eni"], "1");
+
+    // No policy selects, default "none": annotated, resources untouched.
+    let created = create_expecting(&other, &pod("p4", json!({})), "(default)").await;
+    assert_eq!(outcome(&created).1, json!({}));
+
+    // A pod that asks itself: as it asked.
+    let asks = json!({"limits": {"enim.io/ip": "1"}, "requests": {"enim.io/ip": "1"}});
+    let created = create_expecting(&team_a, &pod("p5", asks.clone()), "(explicit)").await;
+    assert_eq!(outcome(&created).1, asks);
+
+    // A policy naming security groups: refused, and the message names it.
+    let mut isolated = policy("isolated", Mode::Primary, 10, "a");
+    isolated.spec.security_groups = vec!["sg-1".into()];
+    policies
+        .create(&PostParams::default(), &isolated)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refusal = loop {
+        match team_a
+            .create(&PostParams::default(), &pod("p6", json!({})))
+            .await
+        {
+            Err(kube::Error::Api(e)) => break e,
+            Ok(p) => {
+                assert_eq!(outcome(&p).0.as_deref(), Some("fast"));
+                team_a.delete("p6", &DeleteParams::default()).await.unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "never refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        refusal.message.contains("EniPolicy isolated")
+            && refusal.message.contains("securityGroups"),
+        "{refusal:?}"
+    );
+    policies
+        .delete("isolated", &DeleteParams::default())
+        .await
+        .unwrap();
+    create_expecting(&team_a, &pod("p6", json!({})), "fast").await;
+
+    // Latency: the create round trip with the webhook and without it.
+    let quiet = Api::<Pod>::namespaced(client.clone(), "quiet");
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..30 {
+        let t = Instant::now();
+        team_a
+            .create(&PostParams::default(), &pod(&format!("l{i}"), json!({})))
+            .await
+            .unwrap();
+        with.push(t.elapsed());
+        let t = Instant::now();
+        quiet
+            .create(&PostParams::default(), &pod(&format!("l{i}"), json!({})))
+            .await
+            .unwrap();
+        without.push(t.elapsed());
+    }
+    println!("pod create with the webhook: {}", percentiles(with));
+    println!("pod create without it:       {}", percentiles(without));
+
+    // Default "secondary": a pod no policy selects gets an address.
+    server.stop().await;
+    let server = Server::start(addr, &resolver, &client, DefaultPolicy::Secondary).await;
+    let created = create_expecting(&other, &pod("p7", json!({})), "(default)").await;
+    assert_eq!(outcome(&created).1["requests"]["enim.io/ip"], "1");
+
+    // No replica answers: a pod in scope is refused and not created; one in
+    // an ignored namespace is created.
+    server.stop().await;
+    let e = team_a
+        .create(&PostParams::default(), &pod("p8", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.message.contains("pods.policy.enim.io")),
+        "{e}"
+    );
+    assert!(team_a.get_opt("p8").await.unwrap().is_none());
+    let created = quiet
+        .create(&PostParams::default(), &pod("p9", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&created), (None, json!({})));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_is_renewed_under_load_without_a_refusal() {
+    let Some((_cp, client)) = control_plane().await else {
+        return;
+    };
+    let ca = certs::new_ca().unwrap();
+    let lifetime = Duration::from_secs(3);
+    let names = vec!["127.0.0.1".to_string()];
+    let resolver =
+        Arc::new(CertResolver::new(&certs::new_serving(&ca, &names, lifetime).unwrap()).unwrap());
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    namespace(&client, "team-a", json!({"team": "a"})).await;
+    Api::<EniPolicy>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &policy("fast", Mode::Primary, 0, "a"),
+        )
+        .await
+        .unwrap();
+    let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
+    register(&client, addr.port(), &ca).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
+    create_expecting(&pods, &pod("warm", json!({})), "fast").await;
+
+    // Renewal at two thirds of the lifetime (2 s), as the operator does.
+    let renewals = Arc::new(AtomicUsize::new(0));
+    let renewer = {
+        let (resolver, renewals, ca, names) = (
+            resolver.clone(),
+            renewals.clone(),
+            ca.clone(),
+            names.clone(),
+        );
+        tokio::spawn(async move {
+            let mut issued = SystemTime::now();
+            loop {
+                let wait = certs::renew_at(issued, lifetime)
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default();
+                tokio::time::sleep(wait).await;
+                resolver
+                    .install(&certs::new_serving(&ca, &names, lifetime).unwrap())
+                    .unwrap();
+                issued = SystemTime::now();
+                renewals.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut times = Vec::new();
+    for i in 0..50 {
+        let t = Instant::now();
+        let created = pods
+            .create(&PostParams::default(), &pod(&format!("r{i}"), json!({})))
+            .await;
+        times.push(t.elapsed());
+        let created = created.unwrap_or_else(|e| panic!("pod r{i}: {e}"));
+        assert_eq!(outcome(&created).0.as_deref(), Some("fast"));
+        // Spread the creates over several renewals.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    renewer.abort();
+    let renewed = renewals.load(Ordering::SeqCst);
+    println!(
+        "50 pods in {:.1} s across {renewed} renewals: {}",
+        started.elapsed().as_secs_f64(),
+        percentiles(times)
+    );
+    assert!(renewed >= 3, "only {renewed} renewals");
+    server.stop().await;
+}
