@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use enim_crd::{EniPolicy, EniPolicySpec, Mode};
 use enim_operator::policy::certs::{self, CertResolver, Pem};
+use enim_operator::policy::status;
 use enim_operator::policy::webhook::{self, ClusterView};
 use enim_operator::policy::DefaultPolicy;
 use enim_testkit::apiserver::ControlPlane;
@@ -307,6 +308,50 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
             && refusal.message.contains("securityGroups"),
         "{refusal:?}"
     );
+    // The leader's status: the policy says it is not served yet, and why.
+    let (view, watches) = ClusterView::watch(client.clone(), DefaultPolicy::None)
+        .await
+        .unwrap();
+    let (_leader_tx, leader) = watch::channel(true);
+    let (stop_status, stopped) = watch::channel(false);
+    let judging = tokio::spawn(status::run(client.clone(), view, leader, stopped));
+    let ready = |p: &EniPolicy| {
+        let s = p.status.as_ref()?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some((
+            c.status.clone(),
+            c.reason.clone(),
+            c.message.clone(),
+            s.observed_generation,
+        ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (isolated_ready, fast_ready) = loop {
+        let i = ready(&policies.get("isolated").await.unwrap());
+        let f = ready(&policies.get("fast").await.unwrap());
+        if let (Some(i), Some(f)) = (i, f) {
+            break (i, f);
+        }
+        assert!(Instant::now() < deadline, "no Ready conditions written");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (
+            isolated_ready.0.as_str(),
+            isolated_ready.1.as_str(),
+            isolated_ready.3
+        ),
+        ("False", "NotServedYet", Some(1)),
+        "{isolated_ready:?}"
+    );
+    assert!(
+        isolated_ready.2.contains("securityGroups"),
+        "{isolated_ready:?}"
+    );
+    assert_eq!(fast_ready.0, "True", "{fast_ready:?}");
+    stop_status.send_replace(true);
+    judging.await.unwrap();
+    watches.abort();
     policies
         .delete("isolated", &DeleteParams::default())
         .await

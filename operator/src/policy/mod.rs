@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 pub mod admit;
 pub mod certs;
 pub mod select;
+pub mod status;
 pub mod webhook;
 
 /// What a pod no EniPolicy selects gets.

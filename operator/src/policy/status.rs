@@ -1,0 +1,153 @@
+//! The leader's judgement of each EniPolicy, in its status: a `Ready`
+//! condition and the `observedGeneration` it was made for. A policy that
+//! phase 1 cannot serve (it names security groups or subnets) is
+//! `Ready=False`, reason `NotServedYet`; one with a malformed selector,
+//! reason `InvalidSelector`.
+
+use std::time::Duration;
+
+use enim_crd::{EniPolicy, EniPolicyStatus, OPERATOR_MANAGER};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::api::{Patch, PatchParams};
+use kube::core::Selector;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::admit::unserved_reason;
+use super::webhook::ClusterView;
+
+/// Between two passes over the policies.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+/// The `Ready` condition a policy should carry: (status, reason, message).
+pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
+    let selectors = [
+        ("namespaceSelector", &policy.spec.namespace_selector),
+        ("podSelector", &policy.spec.pod_selector),
+    ];
+    for (which, selector) in selectors {
+        if let Some(e) = selector
+            .as_ref()
+            .and_then(|s: &LabelSelector| Selector::try_from(s.clone()).err())
+        {
+            return ("False", "InvalidSelector", format!("{which}: {e}"));
+        }
+    }
+    match unserved_reason(policy) {
+        Some(why) => ("False", "NotServedYet", why),
+        None => (
+            "True",
+            "Served",
+            "new pods it selects are given its mode".into(),
+        ),
+    }
+}
+
+/// Writes the status of each policy whose judgement or generation changed;
+/// the number written.
+pub async fn write_statuses(client: &Client, policies: &[EniPolicy]) -> Result<usize, kube::Error> {
+    let api = Api::<EniPolicy>::all(client.clone());
+    let mut written = 0;
+    for policy in policies {
+        let (status, reason, message) = judge(policy);
+        let generation = policy.metadata.generation;
+        let old = policy.status.as_ref();
+        let current = old.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+        let unchanged = old.and_then(|s| s.observed_generation) == generation
+            && current
+                .is_some_and(|c| c.status == status && c.reason == reason && c.message == message);
+        if unchanged {
+            continue;
+        }
+        // The transition time moves only when the status does.
+        let since = current.filter(|c| c.status == status).map_or_else(
+            || Time(k8s_openapi::jiff::Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+        let new = EniPolicyStatus {
+            observed_generation: generation,
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: reason.into(),
+                message,
+                observed_generation: generation,
+                last_transition_time: since,
+            }],
+        };
+        api.patch_status(
+            &policy.name_any(),
+            &PatchParams::apply(OPERATOR_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "enim.io/v1alpha1",
+                "kind": "EniPolicy",
+                "status": new,
+            })),
+        )
+        .await?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// While `leader` is true, judges the policies `view` sees every
+/// [`INTERVAL`]; returns when `stop` turns true.
+pub async fn run(
+    client: Client,
+    view: ClusterView,
+    leader: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        if *leader.borrow() {
+            if let Err(e) = write_statuses(&client, &view.policies()).await {
+                tracing::warn!(error = %e, "EniPolicy status: not written, retried");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(INTERVAL) => {}
+            _ = stop.changed() => if *stop.borrow() { return },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use enim_crd::{EniPolicySpec, Mode, ZoneSubnet};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    use super::*;
+
+    #[test]
+    fn groups_and_subnets_are_not_served_yet_and_bad_selectors_are_named() {
+        let plain = EniPolicy::new(
+            "plain",
+            EniPolicySpec {
+                mode: Mode::Secondary,
+                ..EniPolicySpec::default()
+            },
+        );
+        assert_eq!(judge(&plain).0, "True");
+        let mut subnets = plain.clone();
+        subnets.spec.subnets = vec![ZoneSubnet {
+            zone: "z".into(),
+            subnet_id: "s".into(),
+        }];
+        let (status, reason, message) = judge(&subnets);
+        assert_eq!((status, reason), ("False", "NotServedYet"));
+        assert!(message.contains("subnets"), "{message}");
+        let mut bad = plain;
+        bad.spec.pod_selector = Some(LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "a".into(),
+                operator: "Near".into(),
+                values: None,
+            }]),
+        });
+        let (status, reason, message) = judge(&bad);
+        assert_eq!((status, reason), ("False", "InvalidSelector"));
+        assert!(message.starts_with("podSelector"), "{message}");
+    }
+}
