@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use enim_crd::{EniPolicy, EniPolicySpec, Mode};
 use enim_operator::policy::certs::{self, CertResolver, Pem};
+use enim_operator::policy::keeper::{self, Keeper};
 use enim_operator::policy::status;
 use enim_operator::policy::webhook::{self, ClusterView};
 use enim_operator::policy::DefaultPolicy;
@@ -75,8 +76,9 @@ impl Server {
     }
 }
 
-/// The webhook's registration as the chart writes it, but by URL.
-async fn register(client: &Client, port: u16, ca: &Pem) {
+/// The webhook's registration as the chart writes it, but by URL; no CA:
+/// an empty caBundle, as the chart leaves it for the operator.
+async fn register(client: &Client, port: u16, ca: Option<&Pem>) {
     let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -86,7 +88,7 @@ async fn register(client: &Client, port: u16, ca: &Pem) {
             "admissionReviewVersions": ["v1"],
             "clientConfig": {
                 "url": format!("https://127.0.0.1:{port}{}", webhook::PATH),
-                "caBundle": base64(ca.cert.as_bytes()),
+                "caBundle": ca.map(|ca| base64(ca.cert.as_bytes())),
             },
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
             "failurePolicy": "Fail",
@@ -243,7 +245,7 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
         .await
         .unwrap();
     let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
-    register(&client, addr.port(), &ca).await;
+    register(&client, addr.port(), Some(&ca)).await;
     let team_a = Api::<Pod>::namespaced(client.clone(), "team-a");
     let other = Api::<Pod>::namespaced(client.clone(), "other");
 
@@ -427,7 +429,7 @@ async fn the_serving_certificate_is_renewed_under_load_without_a_refusal() {
         .await
         .unwrap();
     let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
-    register(&client, addr.port(), &ca).await;
+    register(&client, addr.port(), Some(&ca)).await;
     let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
     create_expecting(&pods, &pod("warm", json!({})), "fast").await;
 
@@ -477,4 +479,100 @@ async fn the_serving_certificate_is_renewed_under_load_without_a_refusal() {
     );
     assert!(renewed >= 3, "only {renewed} renewals");
     server.stop().await;
+}
+
+/// The operator's own certificate keeping: the leader makes the CA and
+/// serving certificate into the Secret and the caBundle, and renews; a
+/// follower, which alone is registered here, serves the leader's
+/// certificates and their renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_keeps_the_certificates_and_a_follower_serves_them() {
+    let Some((_cp, client)) = control_plane().await else {
+        return;
+    };
+    namespace(&client, "enim-system", json!({})).await;
+    namespace(&client, "team-a", json!({"team": "a"})).await;
+    Api::<EniPolicy>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &policy("fast", Mode::Primary, 0, "a"),
+        )
+        .await
+        .unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    register(&client, addr.port(), None).await;
+    let lifetime = Duration::from_secs(3);
+    let keeper = Keeper {
+        client: client.clone(),
+        namespace: "enim-system".into(),
+        secret: "enim-operator-webhook".into(),
+        webhook_config: "enim-policy".into(),
+        names: vec!["127.0.0.1".into()],
+        lifetime,
+    };
+    let (_leads, leader) = watch::channel(true);
+    let (_follows, follower) = watch::channel(false);
+    let (stop, stopped) = watch::channel(false);
+    let period = keeper::check_period(lifetime);
+    let mut replicas = Vec::new();
+    let mut follower_server = None;
+    // The leader first: the follower waits for its Secret.
+    for role in [leader, follower] {
+        let first = keeper.initial(&role).await.unwrap();
+        let resolver = Arc::new(CertResolver::new(&first.serving).unwrap());
+        if !*role.borrow() {
+            follower_server =
+                Some(Server::start(addr, &resolver, &client, DefaultPolicy::None).await);
+        }
+        replicas.push(tokio::spawn(keeper.clone().run(
+            resolver,
+            first.serving,
+            role,
+            stopped.clone(),
+            period,
+        )));
+    }
+    let (first, _) = keeper.load().await.unwrap().unwrap();
+
+    let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
+    create_expecting(&pods, &pod("warm", json!({})), "fast").await;
+    for i in 0..40 {
+        let created = pods
+            .create(&PostParams::default(), &pod(&format!("k{i}"), json!({})))
+            .await
+            .unwrap_or_else(|e| panic!("pod k{i}: {e}"));
+        assert_eq!(outcome(&created).0.as_deref(), Some("fast"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (last, _) = keeper.load().await.unwrap().unwrap();
+    assert_eq!(last.ca, first.ca, "the CA is kept");
+    assert_ne!(
+        last.serving, first.serving,
+        "the serving certificate was renewed"
+    );
+    assert!(
+        last.issued >= first.issued + Duration::from_secs(4),
+        "{:?} {:?}",
+        first.issued,
+        last.issued
+    );
+    let config = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("enim-policy")
+        .await
+        .unwrap();
+    let bundle = config.webhooks.unwrap()[0]
+        .client_config
+        .ca_bundle
+        .clone()
+        .unwrap();
+    assert_eq!(bundle.0, first.ca.cert.as_bytes());
+    stop.send_replace(true);
+    for r in replicas {
+        r.await.unwrap();
+    }
+    follower_server.unwrap().stop().await;
 }
