@@ -52,6 +52,20 @@ struct Args {
     health_addr: SocketAddr,
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Where this replica serves the EniPolicy admission webhook (HTTPS);
+    /// left out: no webhook.
+    #[arg(long)]
+    webhook_addr: Option<SocketAddr>,
+    /// The Service in front of the replicas' webhooks: the serving
+    /// certificate is made for its DNS names.
+    #[arg(long, default_value = "enim-operator-webhook")]
+    webhook_service: String,
+    /// The Secret (in the operator's namespace) the certificates are kept in.
+    #[arg(long, default_value = "enim-operator-webhook")]
+    webhook_secret: String,
+    /// The MutatingWebhookConfiguration whose caBundle the leader writes.
+    #[arg(long, default_value = "enim-operator")]
+    webhook_config: String,
 }
 
 fn init_logging(format: LogFormat) {
@@ -99,7 +113,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         .await
         .map_err(RuntimeError::Client)?;
     let rt = RuntimeConfig {
-        namespace: args.namespace,
+        namespace: args.namespace.clone(),
         lease_name: args.lease_name,
         identity: args.identity,
         pod_uid: args.pod_uid,
@@ -108,6 +122,17 @@ async fn run(args: Args) -> Result<(), MainError> {
         resync_interval: file.operator.resync_interval,
         debounce: Duration::from_millis(500),
         health_addr: args.health_addr,
+        webhook: args
+            .webhook_addr
+            .map(|addr| enim_operator::policy::WebhookSettings {
+                addr,
+                namespace: args.namespace.clone(),
+                service: args.webhook_service,
+                secret: args.webhook_secret,
+                webhook_config: args.webhook_config,
+                default: file.operator.policy.default,
+                cert_lifetime: file.operator.policy.cert_lifetime,
+            }),
     };
     let policy = file.operator;
     runtime::run(rt, client, move |store| {

@@ -576,3 +576,119 @@ async fn the_leader_keeps_the_certificates_and_a_follower_serves_them() {
     }
     follower_server.unwrap().stop().await;
 }
+
+/// The chart's webhook template (templates/55-webhook.yaml), with the
+/// release's namespace and port filled in as helm would: its RBAC, Service,
+/// MutatingWebhookConfiguration and PodDisruptionBudget.
+fn webhook_manifests() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/enim/templates/55-webhook.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("{{-"))
+        .map(|l| {
+            l.replace("{{ .Release.Namespace | quote }}", "\"enim-system\"")
+                .replace("{{ .Release.Namespace }}", "enim-system")
+                .replace("{{ .Values.operator.webhook.port }}", "9471")
+                + "\n"
+        })
+        .collect();
+    assert!(!text.contains("{{"), "an unfilled template: {text}");
+    text
+}
+
+/// With only the chart's RBAC, the operator's service account can keep
+/// the certificates, write the caBundle and the policies' status, and
+/// watch what the webhook reads; and no other Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_rbac_is_what_the_webhook_needs() {
+    let Some((cp, admin)) = control_plane().await else {
+        return;
+    };
+    namespace(&admin, "enim-system", json!({})).await;
+    namespace(&admin, "team-a", json!({"team": "a"})).await;
+    blocking(|| {
+        cp.kubectl(&[
+            "create",
+            "serviceaccount",
+            "enim-operator",
+            "-n",
+            "enim-system",
+        ]);
+        cp.apply(&webhook_manifests());
+    });
+    let token = blocking(|| cp.kubectl(&["create", "token", "enim-operator", "-n", "enim-system"]));
+    let kubeconfig = cp.token_kubeconfig("enim-operator", token.trim());
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let operator = Client::try_from(config).unwrap();
+    let mut isolated = policy("isolated", Mode::Primary, 0, "a");
+    isolated.spec.subnets = vec![enim_crd::ZoneSubnet {
+        zone: "z1".into(),
+        subnet_id: "subnet-1".into(),
+    }];
+    let policies = Api::<EniPolicy>::all(admin.clone());
+    policies
+        .create(&PostParams::default(), &isolated)
+        .await
+        .unwrap();
+
+    let keeper = Keeper {
+        client: operator.clone(),
+        namespace: "enim-system".into(),
+        secret: "enim-operator-webhook".into(),
+        webhook_config: "enim-operator".into(),
+        names: vec!["enim-operator-webhook.enim-system.svc".into()],
+        lifetime: Duration::from_secs(3),
+    };
+    let first = keeper.lead().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let renewed = keeper.lead().await.unwrap();
+    assert_ne!(
+        renewed.serving, first.serving,
+        "renewed with the chart's RBAC"
+    );
+    let (view, watches) = ClusterView::watch(operator.clone(), DefaultPolicy::None)
+        .await
+        .unwrap();
+    assert_eq!(view.policies().len(), 1);
+    assert_eq!(
+        status::write_statuses(&operator, &view.policies())
+            .await
+            .unwrap(),
+        1
+    );
+    watches.abort();
+    let written = policies.get("isolated").await.unwrap();
+    assert_eq!(written.status.unwrap().conditions[0].reason, "NotServedYet");
+
+    // Nothing more: another Secret, another webhook configuration.
+    for args in [
+        ["auth", "can-i", "get", "secrets/other"],
+        ["auth", "can-i", "update", "secrets/other"],
+        [
+            "auth",
+            "can-i",
+            "patch",
+            "mutatingwebhookconfigurations/other",
+        ],
+        ["auth", "can-i", "update", "enipolicies"],
+    ] {
+        let mut full: Vec<&str> = args.to_vec();
+        full.extend([
+            "-n",
+            "enim-system",
+            "--as",
+            "system:serviceaccount:enim-system:enim-operator",
+        ]);
+        let out = blocking(|| cp.kubectl_output(&full));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "{args:?}"
+        );
+    }
+}

@@ -36,3 +36,78 @@ impl DefaultPolicy {
         }
     }
 }
+
+/// How a replica serves the webhook (the command line's `--webhook-*`).
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    pub addr: std::net::SocketAddr,
+    /// The operator's namespace: the Secret's and the Service's.
+    pub namespace: String,
+    /// The Service in front of the replicas: the certificate's names.
+    pub service: String,
+    pub secret: String,
+    /// The MutatingWebhookConfiguration whose caBundle the leader writes.
+    pub webhook_config: String,
+    pub default: DefaultPolicy,
+    pub cert_lifetime: std::time::Duration,
+}
+
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Keeper(#[from] keeper::KeeperError),
+    #[error(transparent)]
+    Cert(#[from] certs::CertError),
+    #[error(transparent)]
+    Webhook(#[from] webhook::WebhookError),
+}
+
+/// A replica's whole part in EniPolicy: the certificates (kept by the
+/// leader, read by all), the webhook server, and while leading the
+/// policies' status. Returns when `stop` turns true.
+pub async fn run(
+    client: kube::Client,
+    settings: WebhookSettings,
+    leader: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), PolicyError> {
+    let (svc, ns) = (&settings.service, &settings.namespace);
+    let keeper = keeper::Keeper {
+        client: client.clone(),
+        namespace: ns.clone(),
+        secret: settings.secret.clone(),
+        webhook_config: settings.webhook_config.clone(),
+        names: vec![
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+        ],
+        lifetime: settings.cert_lifetime,
+    };
+    let first = keeper.initial(&leader).await?;
+    let resolver = std::sync::Arc::new(certs::CertResolver::new(&first.serving)?);
+    let (view, watches) = webhook::ClusterView::watch(client.clone(), settings.default).await?;
+    let listener = tokio::net::TcpListener::bind(settings.addr)
+        .await
+        .map_err(webhook::WebhookError::from)?;
+    tracing::info!(addr = %settings.addr, "serving the EniPolicy webhook at {}", webhook::PATH);
+    let period = keeper::check_period(settings.cert_lifetime);
+    let keeping = tokio::spawn(keeper.run(
+        resolver.clone(),
+        first.serving,
+        leader.clone(),
+        stop.clone(),
+        period,
+    ));
+    let judging = tokio::spawn(status::run(client, view.clone(), leader, stop.clone()));
+    let served = webhook::serve(
+        listener,
+        std::sync::Arc::new(resolver.server_config()),
+        view,
+        stop,
+    )
+    .await;
+    let _ = tokio::join!(keeping, judging);
+    watches.abort();
+    Ok(served?)
+}

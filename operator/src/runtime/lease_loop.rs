@@ -90,10 +90,24 @@ where
         Arc::new(KubeStore::new(client.clone(), leadership.clone(), teller));
     let resync = make(store.clone())?;
 
+    // The webhook runs on every replica; what only the leader does in it
+    // follows this flag.
+    let (webhook_leader, leading) = tokio::sync::watch::channel(false);
+    let (stop_webhook, webhook_stop) = tokio::sync::watch::channel(false);
+    let webhook = config.webhook.clone().map(|settings| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::policy::run(client, settings, leading, webhook_stop).await {
+                tracing::error!(error = %e, "the EniPolicy webhook stopped");
+            }
+        })
+    });
+
     let mut was_leader = false;
     loop {
         let lead = leadership.check();
         let is_leader = lead.is_ok();
+        webhook_leader.send_replace(is_leader);
         health.leader.set(i64::from(is_leader));
         if is_leader != was_leader {
             match &lead {
@@ -148,6 +162,10 @@ where
     }
     // Dropping the receivers makes the lease manager release the lease, so
     // the follower takes over at once instead of after its expiry.
+    stop_webhook.send_replace(true);
+    if let Some(webhook) = webhook {
+        let _ = tokio::time::timeout(Duration::from_secs(5), webhook).await;
+    }
     drop(resync);
     drop(store);
     drop(leadership);

@@ -91,4 +91,6 @@ pub struct RuntimeConfig {
     pub debounce: Duration,
     /// `/healthz`, `/readyz` and `/metrics`.
     pub health_addr: SocketAddr,
+    /// The EniPolicy webhook, served by every replica; `None`: off.
+    pub webhook: Option<crate::policy::WebhookSettings>,
 }
