@@ -288,18 +288,28 @@ pub fn crd_yaml() -> String {
 mod tests {
     use super::*;
 
-    /// CI's check that the committed CRD is what these types generate.
+    /// CI's check that each committed CRD is what these types generate
+    /// (NetResourceSet, and EniPolicy from `policy`).
     #[test]
     fn the_committed_crd_matches_the_types() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join(CRD_PATH);
-        let committed =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(
-            committed == crd_yaml(),
-            "{CRD_PATH} is stale: run `cargo run -p enim-crd --bin crdgen > {CRD_PATH}`"
-        );
+        for (file, generated, crdgen) in [
+            (CRD_PATH, crd_yaml(), "crdgen"),
+            (
+                policy::POLICY_CRD_PATH,
+                policy::policy_crd_yaml(),
+                "crdgen -- enipolicy",
+            ),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(file);
+            let committed = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                committed == generated,
+                "{file} is stale: run `cargo run -p enim-crd --bin {crdgen} > {file}`"
+            );
+        }
     }
 
     #[test]

@@ -214,21 +214,59 @@ fn percentiles(mut v: Vec<Duration>) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
-    let Some((_cp, client)) = control_plane().await else {
-        return;
-    };
-    let ca = certs::new_ca().unwrap();
-    let serving =
-        certs::new_serving(&ca, &["127.0.0.1".into()], Duration::from_secs(3600)).unwrap();
-    let resolver = Arc::new(CertResolver::new(&serving).unwrap());
-    let addr = TcpListener::bind("127.0.0.1:0")
+/// A control plane with the namespace team-a (labelled team=a) and the
+/// policy "fast" (whole ENIs) that selects it.
+async fn with_fast_policy() -> Option<(ControlPlane, Client)> {
+    let (cp, client) = control_plane().await?;
+    namespace(&client, "team-a", json!({"team": "a"})).await;
+    Api::<EniPolicy>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &policy("fast", Mode::Primary, 0, "a"),
+        )
+        .await
+        .unwrap();
+    Some((cp, client))
+}
+
+/// A port of 127.0.0.1 free a moment ago.
+async fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap()
         .local_addr()
-        .unwrap();
-    namespace(&client, "team-a", json!({"team": "a"})).await;
+        .unwrap()
+}
+
+/// A webhook with a new CA's certificate for 127.0.0.1, valid for
+/// `lifetime`, registered with that CA.
+struct Registered {
+    ca: Pem,
+    resolver: Arc<CertResolver>,
+    addr: SocketAddr,
+    server: Server,
+}
+
+async fn serve_registered(client: &Client, lifetime: Duration) -> Registered {
+    let ca = certs::new_ca().unwrap();
+    let serving = certs::new_serving(&ca, &["127.0.0.1".into()], lifetime).unwrap();
+    let resolver = Arc::new(CertResolver::new(&serving).unwrap());
+    let addr = free_addr().await;
+    let server = Server::start(addr, &resolver, client, DefaultPolicy::None).await;
+    register(client, addr.port(), Some(&ca)).await;
+    Registered {
+        ca,
+        resolver,
+        addr,
+        server,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
+    let Some((_cp, client)) = with_fast_policy().await else {
+        return;
+    };
     namespace(&client, "other", json!({})).await;
     namespace(
         &client,
@@ -237,15 +275,12 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     )
     .await;
     let policies = Api::<EniPolicy>::all(client.clone());
-    policies
-        .create(
-            &PostParams::default(),
-            &policy("fast", Mode::Primary, 0, "a"),
-        )
-        .await
-        .unwrap();
-    let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
-    register(&client, addr.port(), Some(&ca)).await;
+    let Registered {
+        resolver,
+        addr,
+        server,
+        ..
+    } = serve_registered(&client, Duration::from_secs(3600)).await;
     let team_a = Api::<Pod>::namespaced(client.clone(), "team-a");
     let other = Api::<Pod>::namespaced(client.clone(), "other");
 
@@ -407,29 +442,17 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_serving_certificate_is_renewed_under_load_without_a_refusal() {
-    let Some((_cp, client)) = control_plane().await else {
+    let Some((_cp, client)) = with_fast_policy().await else {
         return;
     };
-    let ca = certs::new_ca().unwrap();
     let lifetime = Duration::from_secs(3);
     let names = vec!["127.0.0.1".to_string()];
-    let resolver =
-        Arc::new(CertResolver::new(&certs::new_serving(&ca, &names, lifetime).unwrap()).unwrap());
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    namespace(&client, "team-a", json!({"team": "a"})).await;
-    Api::<EniPolicy>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &policy("fast", Mode::Primary, 0, "a"),
-        )
-        .await
-        .unwrap();
-    let server = Server::start(addr, &resolver, &client, DefaultPolicy::None).await;
-    register(&client, addr.port(), Some(&ca)).await;
+    let Registered {
+        ca,
+        resolver,
+        server,
+        ..
+    } = serve_registered(&client, lifetime).await;
     let pods = Api::<Pod>::namespaced(client.clone(), "team-a");
     create_expecting(&pods, &pod("warm", json!({})), "fast").await;
 
@@ -487,23 +510,11 @@ async fn the_serving_certificate_is_renewed_under_load_without_a_refusal() {
 /// certificates and their renewals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_keeps_the_certificates_and_a_follower_serves_them() {
-    let Some((_cp, client)) = control_plane().await else {
+    let Some((_cp, client)) = with_fast_policy().await else {
         return;
     };
     namespace(&client, "enim-system", json!({})).await;
-    namespace(&client, "team-a", json!({"team": "a"})).await;
-    Api::<EniPolicy>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &policy("fast", Mode::Primary, 0, "a"),
-        )
-        .await
-        .unwrap();
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = free_addr().await;
     register(&client, addr.port(), None).await;
     let lifetime = Duration::from_secs(3);
     let keeper = Keeper {
