@@ -102,6 +102,9 @@ struct Manifests {
     policies: Vec<ValidatingAdmissionPolicy>,
     policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     crds: Vec<CustomResourceDefinition>,
+    /// The EniPolicy CRD (docs/policy.md), apart from NetResourceSet's,
+    /// which the RBAC and admission checks are about.
+    policy_crds: Vec<CustomResourceDefinition>,
     device_classes: Vec<DeviceClass>,
     containerfile: String,
 }
@@ -155,6 +158,11 @@ fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
             (RBAC, "RoleBinding") => typed(&raw, &mut m.role_bindings)?,
             (ADMISSION, "ValidatingAdmissionPolicy") => typed(&raw, &mut m.policies)?,
             (ADMISSION, "ValidatingAdmissionPolicyBinding") => typed(&raw, &mut m.policy_bindings)?,
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+                if raw["metadata"]["name"] == POLICY_CRD =>
+            {
+                typed(&raw, &mut m.policy_crds)?
+            }
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => typed(&raw, &mut m.crds)?,
             ("resource.k8s.io/v1", "DeviceClass") => typed(&raw, &mut m.device_classes)?,
             _ => {
@@ -178,6 +186,8 @@ fn parse_into(m: &mut Manifests, text: &str) -> Result<(), String> {
 }
 
 const RBAC: &str = "rbac.authorization.k8s.io/v1";
+/// The EniPolicy CRD's name.
+const POLICY_CRD: &str = "enipolicies.enim.io";
 const ADMISSION: &str = "admissionregistration.k8s.io/v1";
 
 fn typed<T>(raw: &Value, into: &mut Vec<T>) -> Result<Value, String>

@@ -67,6 +67,7 @@ fn objects_in_place(m: &Manifests, p: &mut Problems) {
         .chain(
             m.crds
                 .iter()
+                .chain(&m.policy_crds)
                 .map(|o| ("CustomResourceDefinition", &o.metadata)),
         )
         .chain(
@@ -81,6 +82,19 @@ fn objects_in_place(m: &Manifests, p: &mut Problems) {
                 meta.name, meta.namespace
             )
         });
+    }
+    // EniPolicy: cluster-wide (it selects namespaces), with a status the
+    // operator writes.
+    if let Some(crd) = one(&m.policy_crds, "EniPolicy CustomResourceDefinition", p) {
+        p.check(crd.spec.scope == "Cluster", || {
+            format!("{POLICY_CRD} is {}-scoped, not Cluster", crd.spec.scope)
+        });
+        let status = crd
+            .spec
+            .versions
+            .iter()
+            .all(|v| v.subresources.as_ref().is_some_and(|s| s.status.is_some()));
+        p.check(status, || format!("{POLICY_CRD} has no status subresource"));
     }
     if let Some(n) = m.namespaces.first() {
         let level = n
