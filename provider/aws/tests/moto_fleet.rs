@@ -165,8 +165,18 @@ async fn create_is_idempotent_by_client_token_and_tags_the_intent() {
     let Some((env, fleet)) = rig_with(|c| c.assign_ipv6 = true).await else {
         return;
     };
+    // Groups given, as an operator pool's are: no look-up of the primary
+    // interface's groups either (that default has its own test).
+    let sg = env.create_security_group("enim-intent").await;
+    let with_group = |r: CreateEni| CreateEni {
+        security_groups: vec![sg.clone()],
+        ..r
+    };
     // A fresh intent: created with no look-up by its tag first.
-    let first = fleet.create(&fresh(&env, "intent-1", 2)).await.unwrap();
+    let first = fleet
+        .create(&with_group(fresh(&env, "intent-1", 2)))
+        .await
+        .unwrap();
     assert_eq!(
         env.proxy.calls(DESCRIBE),
         0,
@@ -174,7 +184,10 @@ async fn create_is_idempotent_by_client_token_and_tags_the_intent() {
     );
     assert_eq!(env.proxy.calls("CreateNetworkInterface"), 1);
     // The same intent again (a retry, a successor): looked up, found.
-    let again = fleet.create(&request(&env, "intent-1", 2)).await.unwrap();
+    let again = fleet
+        .create(&with_group(request(&env, "intent-1", 2)))
+        .await
+        .unwrap();
     assert_eq!(again.id, first.id, "the same intent, the same ENI");
     assert_eq!(again, first);
     assert_eq!(env.proxy.calls(DESCRIBE), 1, "the look-up by intent");
