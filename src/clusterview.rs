@@ -22,12 +22,10 @@ use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-/// The DRA driver's name in its ResourceSlices.
-const DRA_DRIVER: &str = "enim.io";
-
-/// Reading the cluster failed (as opposed to it being not ready).
+/// Reading the cluster failed (as opposed to it being not ready). Its
+/// text leaves the cause out: [`enim_core::with_causes`] tells them all.
 #[derive(Debug, thiserror::Error)]
-#[error("reading {what} from the API server: {source}")]
+#[error("reading {what} from the API server")]
 pub struct ClusterViewError {
     what: &'static str,
     #[source]
@@ -133,7 +131,10 @@ pub fn judge(
         Some(_) => {}
     }
     let mut devices: BTreeMap<String, usize> = BTreeMap::new();
-    for s in slices.iter().filter(|s| s.spec.driver == DRA_DRIVER) {
+    for s in slices
+        .iter()
+        .filter(|s| s.spec.driver == crate::dra::DRIVER)
+    {
         if let Some(node) = &s.spec.node_name {
             *devices.entry(node.clone()).or_default() +=
                 s.spec.devices.as_ref().map_or(0, Vec::len);
@@ -223,7 +224,7 @@ fn node_view(set: &NetResourceSet, dra_devices: Option<usize>) -> NodeView {
         .collect();
     NodeView {
         node: set.name_any(),
-        mode: format!("{:?}", set.spec.mode).to_lowercase(),
+        mode: set.spec.mode.to_string(),
         instance: set.spec.instance.id.clone(),
         ready: ready.map_or("Unknown".into(), |c| c.status.clone()),
         ready_message: ready.map(|c| c.message.clone()).unwrap_or_default(),

@@ -1,5 +1,6 @@
 //! [`ProviderError`]: how getting, freeing or naming an ENI or address
-//! fails, in one type every provider, pool and caller shares.
+//! fails, in one type every provider, pool and caller shares; and
+//! [`with_causes`], how any error is told with what lies under it.
 
 /// Provider failures. `is_transient` tells the caller whether a retry may
 /// succeed (CNI code 11) or not.
@@ -31,6 +32,20 @@ impl ProviderError {
             ProviderError::Unavailable(_) | ProviderError::Throttled(_)
         )
     }
+}
+
+/// The error and each error under it, joined by ": ", e.g. "enimd is not
+/// reachable at /run/enim/enimd.sock: Connection refused (os error 111)".
+/// For errors whose own text leaves their source out.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ pub use eni::{
     AddressCount, AddressLimits, Eni, EniOwner, LimitsConfig, Placement, PodRef, PoolStatistics,
     StoredAddresses,
 };
-pub use error::ProviderError;
+pub use error::{with_causes, ProviderError};
 pub use mac::{MacAddr, MacParseError};
 pub use mode::Mode;
 pub use secret::Secret;

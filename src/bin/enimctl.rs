@@ -137,15 +137,7 @@ fn cluster(
             k8s_openapi::jiff::Timestamp::now(),
         )
         .await
-        .map_err(|e| {
-            let mut msg = e.to_string();
-            let mut cause = std::error::Error::source(&e).and_then(|c| c.source());
-            while let Some(c) = cause {
-                msg += &format!(": {c}");
-                cause = c.source();
-            }
-            msg
-        })
+        .map_err(|e| enim_core::with_causes(&e))
     });
     let view = match view {
         Ok(v) => v,
@@ -191,13 +183,7 @@ fn explain(e: &ClientError) -> String {
         {
             out += &format!(": {details}")
         }
-        _ => {
-            let mut cause = std::error::Error::source(e);
-            while let Some(c) = cause {
-                out += &format!(": {c}");
-                cause = c.source();
-            }
-        }
+        _ => out = enim_core::with_causes(e),
     }
     out
 }

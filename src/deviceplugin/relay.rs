@@ -151,21 +151,9 @@ fn finished(
 async fn ask(enimd: &Arc<dyn ListDevices>) -> Result<DeviceList, String> {
     let enimd = enimd.clone();
     match tokio::task::spawn_blocking(move || enimd.list()).await {
-        Ok(r) => r.map_err(|e| with_causes(&e)),
+        Ok(r) => r.map_err(|e| enim_core::with_causes(&e)),
         Err(e) => Err(format!("asking enimd failed: {e}")),
     }
-}
-
-/// The error and what caused it, e.g. "enimd is not reachable at
-/// /run/enim/enimd.sock: Connection refused (os error 111)".
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text = format!("{text}: {c}");
-        cause = c.source();
-    }
-    text
 }
 
 /// Serves enimd's list to the kubelet until `stop` turns true (or its

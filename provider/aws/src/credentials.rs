@@ -75,6 +75,17 @@ impl CredentialsError {
     }
 }
 
+/// A variable `lookup` has set to something other than blanks; blank
+/// counts as unset, as the AWS SDKs read their variables.
+fn set_in(lookup: &impl Fn(&str) -> Option<String>, key: &str) -> Option<String> {
+    lookup(key).filter(|v| !v.trim().is_empty())
+}
+
+/// The process environment, for [`set_in`].
+fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
 /// What a web identity (IRSA) source is given; each field left out is read
 /// from its AWS variable ([`ENV_ROLE_ARN`], [`ENV_TOKEN_FILE`],
 /// [`ENV_SESSION_NAME`]), as EKS's pod identity webhook sets them.
@@ -92,7 +103,7 @@ impl WebIdentity {
         &self,
         lookup: &impl Fn(&str) -> Option<String>,
     ) -> Result<StaticConfiguration, CredentialsError> {
-        let get = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        let get = |k: &str| set_in(lookup, k);
         let role_arn = self.role_arn.clone().or_else(|| get(ENV_ROLE_ARN));
         let token_file = self
             .token_file
@@ -102,14 +113,14 @@ impl WebIdentity {
             (Some(r), Some(t)) => (r, t),
             (None, _) => {
                 return Err(CredentialsError::Sdk {
-                    source_name: "web identity",
+                    source_name: SdkSource::WebIdentity.name(),
                     message: format!("no role: set {ENV_ROLE_ARN} or role_arn"),
                     transient: false,
                 })
             }
             (_, None) => {
                 return Err(CredentialsError::Sdk {
-                    source_name: "web identity",
+                    source_name: SdkSource::WebIdentity.name(),
                     message: format!("no token file: set {ENV_TOKEN_FILE} or token_file"),
                     transient: false,
                 })
@@ -132,7 +143,7 @@ impl WebIdentity {
 pub fn from_env(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Credentials>, CredentialsError> {
-    let get = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+    let get = |k: &str| set_in(&lookup, k);
     match (get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY")) {
         (None, None) => Ok(None),
         (Some(_), None) => Err(CredentialsError::PartialEnv(
@@ -169,11 +180,36 @@ enum Source {
 
 enum Fetch {
     InstanceRole(Arc<Imds>),
-    /// One of `aws-config`'s providers; `name` says which in messages.
+    /// One of `aws-config`'s providers.
     Sdk {
-        name: &'static str,
+        source: SdkSource,
         provider: SharedCredentialsProvider,
     },
+}
+
+/// Which `aws-config` provider a [`Fetch::Sdk`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SdkSource {
+    WebIdentity,
+    Container,
+}
+
+impl SdkSource {
+    /// Its name in errors.
+    fn name(self) -> &'static str {
+        match self {
+            SdkSource::WebIdentity => "web identity",
+            SdkSource::Container => "container",
+        }
+    }
+
+    /// What [`CredentialsProvider::describe`] says of it.
+    fn describe(self) -> &'static str {
+        match self {
+            SdkSource::WebIdentity => "web identity (IRSA) credentials from STS",
+            SdkSource::Container => "container (EKS Pod Identity) credentials",
+        }
+    }
 }
 
 /// The `aws-config` settings of the providers it builds: the region (STS
@@ -234,13 +270,13 @@ impl CredentialsProvider {
 
     /// A web identity token exchanged with STS for `settings`' role (IRSA).
     pub fn web_identity(region: &str, settings: &WebIdentity) -> Result<Self, CredentialsError> {
-        let config = settings.resolve(&|k| std::env::var(k).ok())?;
+        let config = settings.resolve(&process_env)?;
         let provider = WebIdentityTokenCredentialsProvider::builder()
             .configure(&provider_config(region)?)
             .static_configuration(config)
             .build();
         Ok(Self::refreshed(Fetch::Sdk {
-            name: "web identity",
+            source: SdkSource::WebIdentity,
             provider: SharedCredentialsProvider::new(provider),
         }))
     }
@@ -252,7 +288,7 @@ impl CredentialsProvider {
             .configure(&provider_config(region)?)
             .build();
         Ok(Self::refreshed(Fetch::Sdk {
-            name: "container",
+            source: SdkSource::Container,
             provider: SharedCredentialsProvider::new(provider),
         }))
     }
@@ -263,8 +299,8 @@ impl CredentialsProvider {
     /// set, and its credentials are fetched once here, so a wrong setup
     /// fails at start with what is wrong.
     pub async fn default_chain(imds: Arc<Imds>, region: &str) -> Result<Self, CredentialsError> {
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        if let Some(creds) = from_env(|k| std::env::var(k).ok())? {
+        let env = |k: &str| set_in(&process_env, k);
+        if let Some(creds) = from_env(process_env)? {
             return Ok(Self::fixed(creds));
         }
         let provider = if env(ENV_TOKEN_FILE).is_some() {
@@ -288,12 +324,9 @@ impl CredentialsProvider {
                 ..
             } => "the instance role's credentials",
             Source::Refreshed {
-                fetch: Fetch::Sdk { name, .. },
+                fetch: Fetch::Sdk { source, .. },
                 ..
-            } => match *name {
-                "web identity" => "web identity (IRSA) credentials from STS",
-                _ => "container (EKS Pod Identity) credentials",
-            },
+            } => source.describe(),
         }
     }
 
@@ -313,10 +346,10 @@ impl CredentialsProvider {
         }
         let creds = match fetch {
             Fetch::InstanceRole(imds) => role_credentials(imds).await?,
-            Fetch::Sdk { name, provider } => provider
+            Fetch::Sdk { source, provider } => provider
                 .provide_credentials()
                 .await
-                .map_err(|e| sdk_error(name, e))?,
+                .map_err(|e| sdk_error(source.name(), e))?,
         };
         *cached = Some(creds.clone());
         Ok(creds)
@@ -358,16 +391,9 @@ fn sdk_error(source_name: &'static str, e: SdkCredentialsError) -> CredentialsEr
         e,
         SdkCredentialsError::InvalidConfiguration(_) | SdkCredentialsError::CredentialsNotLoaded(_)
     );
-    let mut message = e.to_string();
-    let mut cause = std::error::Error::source(&e);
-    while let Some(c) = cause {
-        message.push_str(": ");
-        message.push_str(&c.to_string());
-        cause = c.source();
-    }
     CredentialsError::Sdk {
         source_name,
-        message,
+        message: enim_core::with_causes(&e),
         transient,
     }
 }

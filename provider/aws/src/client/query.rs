@@ -255,7 +255,7 @@ impl QueryClient {
             Err(e) => {
                 return Err(Ec2Error::Unavailable {
                     action: action.into(),
-                    detail: format!("{}: {}", self.endpoint, error_chain(&e)),
+                    detail: format!("{}: {}", self.endpoint, enim_core::with_causes(&e)),
                     attempts: 1,
                 })
             }
@@ -263,7 +263,7 @@ impl QueryClient {
         let status = resp.status().as_u16();
         let text = resp.text().await.map_err(|e| Ec2Error::Unavailable {
             action: action.into(),
-            detail: format!("reading the reply: {}", error_chain(&e)),
+            detail: format!("reading the reply: {}", enim_core::with_causes(&e)),
             attempts: 1,
         })?;
         if (200..300).contains(&status) {
@@ -297,17 +297,6 @@ fn form_encode(s: &str) -> String {
         }
     }
     out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]
