@@ -167,12 +167,8 @@ impl AwsFleet {
             .await
             .map_err(ec2(format!("listing {instance}'s interfaces")))?;
         let groups: Vec<String> = attached
-            .into_iter()
-            .find(|e| {
-                e.attachment.as_ref().is_some_and(|a| {
-                    a.device_index == Some(0) && a.network_card_index.unwrap_or(0) == 0
-                })
-            })
+            .iter()
+            .find(|e| steps::is_primary(e))
             .ok_or_else(|| AwsError::NoPrimaryInterface(instance.to_string()))?
             .group_ids()
             .into_iter()
