@@ -231,16 +231,18 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
         std::fs::read(d.bin.join("bridge")).unwrap(),
         b"another plugin"
     );
-    let names = |dir: &Path| {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(names(&d.bin), ["bridge", "enim"]);
     assert_eq!(names(&d.netd), ["05-enim.conflist", "99-other.conflist"]);
+}
+
+/// The file names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
 }
 
 /// The `type`s of the installed conflist's plugins, in order, and the
@@ -422,13 +424,8 @@ fn enims_conflist_under_its_previous_name_goes_other_cnis_stay() {
         "{}",
         text(&out.stdout)
     );
-    let mut names: Vec<String> = std::fs::read_dir(&d.netd)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
     // The runtime takes the first: enim's.
-    assert_eq!(names, ["05-enim.conflist", "10-aws.conflist"]);
+    assert_eq!(names(&d.netd), ["05-enim.conflist", "10-aws.conflist"]);
     assert_eq!(
         std::fs::read_to_string(d.netd.join("10-aws.conflist")).unwrap(),
         aws

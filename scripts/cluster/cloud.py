@@ -71,11 +71,15 @@ def client(service, url, key):
                         aws_access_key_id=key["id"], aws_secret_access_key=key["secret"])
 
 
+def allowing(actions):
+    """An IAM policy document allowing exactly `actions`."""
+    return json.dumps({"Version": "2012-10-17",
+                       "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]})
+
+
 def iam_user(iam, name, actions):
     iam.create_user(UserName=name)
-    policy = {"Version": "2012-10-17",
-              "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
-    iam.put_user_policy(UserName=name, PolicyName="enim", PolicyDocument=json.dumps(policy))
+    iam.put_user_policy(UserName=name, PolicyName="enim", PolicyDocument=allowing(actions))
     k = iam.create_access_key(UserName=name)["AccessKey"]
     return {"id": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
 
@@ -87,9 +91,7 @@ def irsa_role(iam, name, actions):
              "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRoleWithWebIdentity",
                             "Principal": {"Federated": "arn:aws:iam::123456789012:oidc-provider/enim-e2e"}}]}
     arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    policy = {"Version": "2012-10-17",
-              "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
-    iam.put_role_policy(RoleName=name, PolicyName="enim", PolicyDocument=json.dumps(policy))
+    iam.put_role_policy(RoleName=name, PolicyName="enim", PolicyDocument=allowing(actions))
     return arn
 
 

@@ -280,8 +280,7 @@ cloud_install() {
 # carries no e2e label: clean() between scenarios leaves it.
 LEGACY_SUBNET=10.244.9.0/24
 cloud_legacy_cni() {
-  (cloud_node 1
-    on_node sh -c 'cat > /etc/cni/net.d/.10-aws.tmp && mv /etc/cni/net.d/.10-aws.tmp /etc/cni/net.d/10-aws.conflist') <<JSON
+  (cloud_node 1; put_conflist 10-aws.conflist) <<JSON
 {"cniVersion": "1.0.0", "name": "aws-cni", "plugins": [
   {"type": "bridge", "bridge": "cni-aws", "isGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$LEGACY_SUBNET"}]]}}]}

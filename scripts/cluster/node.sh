@@ -62,6 +62,11 @@ cluster_init() {
 # Runs a command on the node: its network and mount namespaces.
 on_node() { nsenter --mount="$nw/ns/mnt" --net="/run/netns/$node" -- "$@"; }
 k() { on_node "$bin/kubectl" --kubeconfig "$work/pki/admin.kubeconfig" "$@"; }
+# put_conflist NAME: stdin becomes the node's /etc/cni/net.d/NAME, whole
+# (written aside, then renamed): the runtime never reads half a conflist.
+put_conflist() {
+  on_node sh -c "cat > /etc/cni/net.d/.$1.tmp && mv /etc/cni/net.d/.$1.tmp /etc/cni/net.d/$1"
+}
 ctr_node() { on_node "$bin/ctr" --address /run/containerd/containerd.sock "$@"; }
 
 # start NAME CMD...: a component on the node, in the background, logging to

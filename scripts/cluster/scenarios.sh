@@ -804,7 +804,7 @@ s_status_unavailable() {
 # enim's conflist chains it) as the node's network, for the baseline: its
 # conflist sorts before enim's, so containerd uses it while it is there.
 bridge_on() {
-  on_node sh -c 'cat > /etc/cni/net.d/.05-bridge.tmp && mv /etc/cni/net.d/.05-bridge.tmp /etc/cni/net.d/05-bridge.conflist' <<'JSON'
+  put_conflist 05-bridge.conflist <<'JSON'
 {"cniVersion": "1.0.0", "name": "bridge-e2e", "plugins": [
   {"type": "bridge", "bridge": "cni-e2e", "isGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
