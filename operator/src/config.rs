@@ -71,6 +71,9 @@ pub const DEFAULT_WATERMARKS: Watermarks = Watermarks {
     max_above_watermark: 2,
 };
 
+/// `drain_delay` when the config leaves it out.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(30);
+
 /// The `[watermarks]` table: [`Watermarks`] as the config file spells
 /// them (snake case); a key left out keeps [`DEFAULT_WATERMARKS`]'s value.
 #[derive(Serialize, Deserialize)]
@@ -144,6 +147,15 @@ pub struct OperatorConfig {
     /// Leaked ENIs younger than this (by their creation tag) are spared.
     #[serde(with = "humantime_serde")]
     pub reap_cooldown: Duration,
+    /// How long a node's free ENIs must stay above its watermarks before
+    /// the surplus is drained. Zero drains at once. A drained ENI leaves
+    /// the kubelet's count of the node's devices before the scheduler
+    /// hears of it (the node's status, up to 10 s later): a pod bound in
+    /// between is rejected for good (`UnexpectedAdmissionError`), so a
+    /// pool that shrinks the moment a burst of short pods ends loses the
+    /// next burst's pods. Waiting out the burst makes that rare.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
     /// Between two passes over leaked ENIs.
     #[serde(with = "humantime_serde")]
     pub reap_interval: Duration,
@@ -201,6 +213,7 @@ impl Default for OperatorConfig {
             resync_interval: Duration::from_secs(30),
             node_grace: Duration::from_secs(300),
             reap_cooldown: Duration::from_secs(600),
+            drain_delay: DEFAULT_DRAIN_DELAY,
             reap_interval: Duration::from_secs(3600),
             policy: PolicyConfig::default(),
         }
@@ -275,6 +288,7 @@ impl OperatorConfig {
             pools: self.pools.iter().map(|p| p.resolve(self)).collect(),
             node_grace: self.node_grace,
             reap_cooldown: self.reap_cooldown,
+            drain_delay: self.drain_delay,
         }
     }
 }

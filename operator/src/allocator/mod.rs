@@ -22,7 +22,7 @@
 //!   spec, so two writes of one spec never race; nodes run in parallel;
 //! - resyncs never overlap: they queue on one lock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -36,8 +36,8 @@ use tokio::time::Instant;
 
 use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{
-    instance_of, plan, unservable_claims, ClaimInfo, Index, Input, NodeInfo, Phase, Policy,
-    Serving, SetInfo, Task,
+    instance_of, plan_pass, unservable_claims, ClaimInfo, Index, Input, NodeInfo, Phase, Planned,
+    Policy, Serving, SetInfo, Task,
 };
 use crate::store::{Store, StoreError, Told};
 
@@ -147,6 +147,9 @@ struct Cache {
     written: HashMap<String, NetResourceSetSpec>,
     /// Sets seen without their Node, since when.
     gone_since: HashMap<String, SystemTime>,
+    /// Nodes above their watermarks at every pass since when
+    /// (`drain_delay`).
+    surplus_since: HashMap<String, SystemTime>,
     last_reap: Option<Instant>,
     /// Refusals for want of configuration (a node with no inventory in a
     /// static cloud) reported by the last resync: told once, not again at
@@ -411,6 +414,7 @@ impl Allocator {
                 }
             }
             let listing: &[FleetEni] = cache.listing.as_ref().map_or(&[], |l| &l.enis);
+            let mut surplus_since = std::mem::take(&mut cache.surplus_since);
             report.enis = listing.len();
             let index = Index::build(Input {
                 policy: &self.policy,
@@ -419,15 +423,19 @@ impl Allocator {
                 enis: listing,
                 limits: &cache.limits,
                 gone_since: &cache.gone_since,
+                surplus_since: &surplus_since,
                 reap_leaks: reap,
                 now,
                 claims,
                 cloud: self.gate.cloud_name(),
             });
             tell_held_back(&mut cache.held_back, &index);
-            let tasks = plan(&index);
+            let Planned { tasks, surplus } = plan_pass(&index);
             let unservable = unservable_claims(&index, &tasks);
             self.tell_unservable(&mut cache.unservable, unservable);
+            drop(index);
+            track_surplus(&mut surplus_since, surplus, now);
+            cache.surplus_since = surplus_since;
             let base: HashMap<String, NetResourceSetSpec> =
                 sets.into_iter().map(|s| (s.name, s.spec)).collect();
             (tasks, base)
@@ -627,6 +635,19 @@ fn track_gone(
     gone.retain(|name, _| orphaned.contains(name.as_str()));
     for name in orphaned {
         gone.entry(name.to_string()).or_insert(now);
+    }
+}
+
+/// Keeps since when each node of `surplus` has been in surplus; a node
+/// that was not in this pass starts again from zero.
+fn track_surplus(
+    since: &mut HashMap<String, SystemTime>,
+    surplus: BTreeSet<String>,
+    now: SystemTime,
+) {
+    since.retain(|name, _| surplus.contains(name));
+    for name in surplus {
+        since.entry(name).or_insert(now);
     }
 }
 

@@ -242,10 +242,22 @@ async fn the_surplus_is_drained_and_only_released_enis_leave() {
     let mut rig = Rig::with(cfg, &["a"]);
     rig.resync().await;
     assert_eq!(rig.spec_ids("a").len(), 5);
-    // The policy drops to 2 free (+1 above): with one used, one must go.
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config()).unwrap();
+    // The policy drops to 2 free (+1 above): with one used, one must go,
+    // once the surplus has lasted drain_delay (30 s).
+    let start = rig.cloud.now.lock().unwrap().to_owned();
+    let clock = Arc::new(std::sync::Mutex::new(start));
+    let c = clock.clone();
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
+        .unwrap()
+        .with_clock(Arc::new(move || *c.lock().unwrap()));
     let ids = rig.spec_ids("a");
     rig.store.edit("a", |s| s.status = Some(uses(&[&ids[4]])));
+    rig.resync().await;
+    *clock.lock().unwrap() = start + Duration::from_secs(29);
+    rig.resync().await;
+    let s = rig.store.set("a").unwrap();
+    assert!(s.spec.draining.is_empty(), "drained within drain_delay");
+    *clock.lock().unwrap() = start + Duration::from_secs(30);
     rig.resync().await;
     let s = rig.store.set("a").unwrap();
     assert_eq!(s.spec.draining.len(), 1, "{:?}", s.spec.draining);

@@ -15,6 +15,10 @@
 //! - a leaked ENI is deleted only when the listing shows it attached
 //!   nowhere, in no spec, made by no live intent, and older than
 //!   `reap_cooldown` by a readable creation tag;
+//! - a node's free ENIs (secondary: addresses) above its watermarks are
+//!   drained only once they have been above them at every pass for
+//!   `drain_delay` (by [`Input::surplus_since`]); an ENI made for a claim
+//!   that is gone is not surplus and goes at once;
 //! - tasks come neediest node first (deficit descending, surplus last, as
 //!   CCE's `GetNodesByIPWatermark`), a node's tasks next to each other and
 //!   in the order they must run: its set, finish intents, adopt, reclaim,
@@ -49,7 +53,7 @@ mod provider_id;
 pub(crate) mod tests;
 mod view;
 
-pub use plan::{plan, unservable_claims};
+pub use plan::{plan, plan_pass, unservable_claims, Planned};
 pub use pool::{Frozen, NoInstance, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
 pub use view::{ClaimInfo, NodeInfo, SetInfo};
@@ -71,6 +75,8 @@ pub struct Policy {
     pub pools: Vec<PoolPolicy>,
     pub node_grace: Duration,
     pub reap_cooldown: Duration,
+    /// See [`crate::config::OperatorConfig::drain_delay`].
+    pub drain_delay: Duration,
 }
 
 impl Policy {
@@ -93,6 +99,9 @@ pub struct Input<'a> {
     /// Sets whose Node the allocator found gone, and since when (a set
     /// being deleted counts from its `deleting_since`).
     pub gone_since: &'a HashMap<String, SystemTime>,
+    /// Nodes whose free ENIs were above their watermarks at the last
+    /// passes, since when (see [`Planned::surplus`]).
+    pub surplus_since: &'a HashMap<String, SystemTime>,
     /// Look for leaked ENIs in this pass (the listing is fresh and the
     /// reap interval has passed).
     pub reap_leaks: bool,
@@ -160,6 +169,8 @@ pub struct Index<'a> {
     pub claims: Option<&'a [ClaimInfo]>,
     /// The uids of `claims`, once for every node's plan.
     pub claim_uids: Option<HashSet<&'a str>>,
+    /// See [`Input::surplus_since`].
+    pub surplus_since: &'a HashMap<String, SystemTime>,
 }
 
 impl<'a> Index<'a> {
@@ -282,6 +293,7 @@ impl<'a> Index<'a> {
             claim_uids: input
                 .claims
                 .map(|all| all.iter().map(|c| c.claim.uid.as_str()).collect()),
+            surplus_since: input.surplus_since,
         }
     }
 }

@@ -161,7 +161,17 @@ enum Balance {
     Short(usize),
     /// Above them: this many asked back.
     Surplus(usize),
+    /// Above them for less than `drain_delay`: nothing asked back yet.
+    SurplusHeld,
     Even,
+}
+
+/// What a node's plan tells the pass.
+pub(super) struct NodeOutcome {
+    /// Deficit above zero, surplus below: the pass's order.
+    pub need: i64,
+    /// Above its watermarks (drained or held back).
+    pub surplus: bool,
 }
 
 impl<'i, 'a> NodePlan<'i, 'a> {
@@ -241,8 +251,8 @@ impl<'i, 'a> NodePlan<'i, 'a> {
     }
 
     /// Pushes the node's tasks (with an ENI for each of `claims`), phase
-    /// by phase; returns its need (deficit > 0, surplus < 0).
-    pub(super) fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> i64 {
+    /// by phase.
+    pub(super) fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> NodeOutcome {
         self.create_or_refresh_set(tasks);
         let facts = self.facts();
         let mut slots = self.slots();
@@ -255,10 +265,14 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             ips: finishing.ips + adopted.ips,
         };
         let need = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        match self.grow_or_drain(&facts, &draining, coming, &mut slots, tasks) {
-            Balance::Short(want) => need(want + claimed),
-            Balance::Surplus(drained) => -need(drained),
-            Balance::Even => need(claimed),
+        let balance = self.grow_or_drain(&facts, &draining, coming, &mut slots, tasks);
+        NodeOutcome {
+            need: match balance {
+                Balance::Short(want) => need(want + claimed),
+                Balance::Surplus(drained) => -need(drained),
+                Balance::SurplusHeld | Balance::Even => need(claimed),
+            },
+            surplus: matches!(balance, Balance::Surplus(_) | Balance::SurplusHeld),
         }
     }
 
@@ -553,12 +567,32 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         }
         let surplus = wm.surplus(level);
         if surplus > 0 {
+            if !self.drain_due() {
+                return Balance::SurplusHeld;
+            }
             let drained = self.drain(surplus, &pool, facts, draining, tasks);
             if drained > 0 {
                 return Balance::Surplus(drained);
             }
         }
         Balance::Even
+    }
+
+    /// The node has been above its watermarks for `drain_delay` (the
+    /// passes before this one saw it so since then).
+    fn drain_due(&self) -> bool {
+        let delay = self.index.policy.drain_delay;
+        delay.is_zero()
+            || self
+                .index
+                .surplus_since
+                .get(self.e.name)
+                .is_some_and(|since| {
+                    self.index
+                        .now
+                        .duration_since(*since)
+                        .is_ok_and(|d| d >= delay)
+                })
     }
 
     /// Short by `want` ENIs (secondary: addresses): drains not answered

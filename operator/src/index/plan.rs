@@ -12,6 +12,23 @@ use super::{ClaimInfo, Index, NodeEntry, Phase, PoolSettings, SetInfo, Task};
 /// Every task of this pass: a node's tasks together and in running order,
 /// nodes by deficit descending (surplus last), then leaked ENIs.
 pub fn plan(index: &Index) -> Vec<Task> {
+    plan_pass(index).tasks
+}
+
+/// One pass's plan and what the next pass must know of it.
+#[derive(Debug, Default)]
+pub struct Planned {
+    /// As [`plan`].
+    pub tasks: Vec<Task>,
+    /// The nodes above their watermarks in this pass, drained or held
+    /// back by `drain_delay`: the caller keeps since when each has been
+    /// (the next pass's [`super::Input::surplus_since`]).
+    pub surplus: BTreeSet<String>,
+}
+
+/// [`plan`], with the nodes in surplus.
+pub fn plan_pass(index: &Index) -> Planned {
+    let mut surplus = BTreeSet::new();
     let mut groups: Vec<(i64, &str, Vec<Task>)> = Vec::new();
     let mut releasing: HashSet<&str> = HashSet::new();
     let mut placed = place_claims(index);
@@ -26,7 +43,11 @@ pub fn plan(index: &Index) -> Vec<Task> {
             Phase::New | Phase::Live => match e.serving.pool() {
                 Some(pool) => {
                     let claims = placed.remove(e.name).unwrap_or_default();
-                    NodePlan::new(index, e, pool).run(&mut tasks, claims)
+                    let planned = NodePlan::new(index, e, pool).run(&mut tasks, claims);
+                    if planned.surplus {
+                        surplus.insert(e.name.to_string());
+                    }
+                    planned.need
                 }
                 None => 0,
             },
@@ -51,7 +72,10 @@ pub fn plan(index: &Index) -> Vec<Task> {
             });
         }
     }
-    out
+    Planned {
+        tasks: out,
+        surplus,
+    }
 }
 
 /// The subnet and groups a claim's ENI gets on a node of `pool`: what it

@@ -1,6 +1,6 @@
 //! `plan` on plain data: clusters in, tasks out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -37,6 +37,7 @@ pub(super) fn policy(mode: Mode) -> Policy {
         pools: Vec::new(),
         node_grace: Duration::from_secs(300),
         reap_cooldown: Duration::from_secs(600),
+        drain_delay: Duration::ZERO,
     }
 }
 
@@ -133,6 +134,7 @@ pub(super) struct World {
     pub enis: Vec<FleetEni>,
     pub limits: HashMap<String, AddressLimits>,
     pub gone: HashMap<String, SystemTime>,
+    pub surplus_since: HashMap<String, SystemTime>,
     pub reap: bool,
     pub now: SystemTime,
     pub claims: Option<Vec<ClaimInfo>>,
@@ -156,6 +158,7 @@ impl World {
                 },
             )]),
             gone: HashMap::new(),
+            surplus_since: HashMap::new(),
             reap: false,
             now: now(),
             claims: None,
@@ -190,6 +193,7 @@ impl World {
             enis: &self.enis,
             limits: &self.limits,
             gone_since: &self.gone,
+            surplus_since: &self.surplus_since,
             reap_leaks: self.reap,
             now: self.now,
             claims: self.claims.as_deref(),
@@ -374,6 +378,49 @@ fn a_surplus_is_drained_from_the_last_attached_never_a_used_one() {
             node: "a".into(),
             items: vec!["e5".into()]
         }]
+    );
+}
+
+/// With `drain_delay`, a surplus is held back until the passes have seen
+/// it for that long; a pass without it starts the wait again.
+#[test]
+fn a_surplus_is_drained_only_once_it_has_lasted_drain_delay() {
+    let mut w = World::new(Mode::Primary);
+    w.policy.drain_delay = Duration::from_secs(30);
+    w.limits.get_mut("m5").unwrap().enis = 10;
+    let s = w.live("a", &["e1", "e2", "e3", "e4", "e5", "e6"]);
+    status(s).used.push(used("e6", None));
+    let pass = |w: &World| plan_pass(&Index::build(w.input()));
+    // First seen: nothing asked back, the node reported in surplus.
+    let first = pass(&w);
+    assert_eq!(first.tasks, []);
+    assert_eq!(first.surplus, BTreeSet::from(["a".to_string()]));
+    // 29 s on: still held.
+    w.surplus_since
+        .insert("a".into(), w.now - Duration::from_secs(29));
+    assert_eq!(pass(&w).tasks, []);
+    // 30 s on: drained, as without the delay.
+    w.surplus_since
+        .insert("a".into(), w.now - Duration::from_secs(30));
+    let due = pass(&w);
+    assert_eq!(
+        due.tasks,
+        [Task::Drain {
+            node: "a".into(),
+            items: vec!["e5".into(), "e4".into()]
+        }]
+    );
+    assert!(due.surplus.contains("a"));
+    // Pods take the free ENIs: no surplus, so the next one waits afresh.
+    for id in ["e2", "e3", "e4", "e5"] {
+        status(w.set("a")).used.push(used(id, None));
+    }
+    let busy = pass(&w);
+    assert!(busy.surplus.is_empty(), "{:?}", busy.surplus);
+    assert!(
+        !busy.tasks.iter().any(|t| matches!(t, Task::Drain { .. })),
+        "{:?}",
+        busy.tasks
     );
 }
 

@@ -173,6 +173,7 @@ mode = "primary"
 subnets = ["{subnet}"]
 resync_interval = "1s"
 node_grace = "{node_grace}"
+drain_delay = "1s"
 {extra}
 api = {{ mutating_rate = {{ every = "5ms", burst = 100 }}, read_rate = {{ every = "5ms", burst = 100 }} }}
 
