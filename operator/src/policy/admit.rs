@@ -12,6 +12,7 @@
 //! node pool's.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use enim_core::Mode;
 use enim_crd::policy::{DEFAULT_POLICY, EXPLICIT, POLICY_ANNOTATION};
@@ -33,7 +34,8 @@ pub const IP_RESOURCE: &str = "enim.io/ip";
 /// What the webhook knows of the cluster when a pod comes in.
 #[derive(Debug, Clone, Copy)]
 pub struct Cluster<'a> {
-    pub policies: &'a [EniPolicy],
+    /// The watch's store's own: an admission copies none.
+    pub policies: &'a [Arc<EniPolicy>],
     /// The labels of the pod's namespace (empty when unknown).
     pub namespace_labels: &'a BTreeMap<String, String>,
     pub default: DefaultPolicy,

@@ -8,6 +8,7 @@
 //! `matchExpressions` term (In, NotIn, Exists, DoesNotExist); an empty or
 //! absent selector selects every pod.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use enim_crd::EniPolicy;
@@ -85,13 +86,14 @@ pub fn specificity(policy: &EniPolicy) -> usize {
 /// A policy being deleted selects nothing. A policy with a malformed
 /// selector selects nothing either; its error is returned beside the
 /// choice so that the caller can report it.
-pub fn select<'p>(
-    policies: &'p [EniPolicy],
+pub fn select<'p, P: Borrow<EniPolicy>>(
+    policies: &'p [P],
     pod: &PodFacts<'_>,
 ) -> (Option<&'p EniPolicy>, Vec<InvalidSelector>) {
     let mut invalid = Vec::new();
     let mut best: Option<&EniPolicy> = None;
     for p in policies {
+        let p = p.borrow();
         if p.metadata.deletion_timestamp.is_some() {
             continue;
         }

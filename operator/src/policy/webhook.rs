@@ -124,7 +124,7 @@ impl ClusterView {
                     .as_ref()
                     .and_then(|ns| ns.metadata.labels.as_ref())
                     .unwrap_or(&empty);
-                let policies = self.policies();
+                let policies = self.policies.state();
                 admit(
                     &req,
                     Cluster {

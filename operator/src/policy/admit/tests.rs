@@ -66,7 +66,7 @@ fn run(pod: &Value, cluster: Cluster<'_>) -> AdmissionResponse {
 #[test]
 fn a_selected_pod_gets_the_resource_in_limits_and_requests_and_the_policy_name() {
     let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
-    let policies = [policy("fast", Mode::Primary, "a")];
+    let policies = [Arc::new(policy("fast", Mode::Primary, "a"))];
     let cluster = Cluster {
         policies: &policies,
         namespace_labels: &ns,
@@ -98,7 +98,7 @@ fn a_selected_pod_gets_the_resource_in_limits_and_requests_and_the_policy_name()
 #[test]
 fn the_default_applies_when_no_policy_selects() {
     let ns: BTreeMap<String, String> = [("team".to_string(), "b".to_string())].into();
-    let policies = [policy("fast", Mode::Primary, "a")];
+    let policies = [Arc::new(policy("fast", Mode::Primary, "a"))];
     let before = pod(json!([{"name": "c", "image": "i"}]));
     let secondary = Cluster {
         policies: &policies,
@@ -130,7 +130,7 @@ fn the_default_applies_when_no_policy_selects() {
 #[test]
 fn a_pod_that_asks_already_is_only_annotated_and_other_operations_pass() {
     let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
-    let policies = [policy("fast", Mode::Primary, "a")];
+    let policies = [Arc::new(policy("fast", Mode::Primary, "a"))];
     let cluster = Cluster {
         policies: &policies,
         namespace_labels: &ns,
@@ -164,7 +164,7 @@ fn a_policy_with_groups_or_subnets_refuses_the_pod_and_names_itself() {
         zone: "z1".into(),
         subnet_id: "subnet-1".into(),
     }];
-    let policies = [p];
+    let policies = [Arc::new(p)];
     let cluster = Cluster {
         policies: &policies,
         namespace_labels: &ns,
