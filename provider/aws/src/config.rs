@@ -220,14 +220,7 @@ pub enum AwsCredentialsConfig {
     /// `AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_SESSION_NAME`), as EKS's
     /// pod identity webhook sets them; STS's endpoint from
     /// `AWS_ENDPOINT_URL_STS` when set.
-    WebIdentity {
-        #[serde(default)]
-        role_arn: Option<String>,
-        #[serde(default)]
-        token_file: Option<std::path::PathBuf>,
-        #[serde(default)]
-        session_name: Option<String>,
-    },
+    WebIdentity(crate::credentials::WebIdentity),
     /// The container credentials endpoint the environment names
     /// (`AWS_CONTAINER_CREDENTIALS_FULL_URI` and
     /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`: EKS Pod Identity).
@@ -270,26 +263,9 @@ impl AwsFleetConfig {
             AwsCredentialsConfig::InstanceRole { imds_endpoint } => {
                 check_url("credentials.imds_endpoint", imds_endpoint).map_err(bad)
             }
-            AwsCredentialsConfig::WebIdentity {
-                role_arn,
-                token_file,
-                session_name,
-            } => {
-                let blank = |v: Option<&str>| v.is_some_and(|v| v.trim().is_empty());
-                if blank(role_arn.as_deref())
-                    || blank(session_name.as_deref())
-                    || token_file
-                        .as_ref()
-                        .is_some_and(|p| p.as_os_str().is_empty())
-                {
-                    return Err(bad(
-                        "credentials: source \"web_identity\": role_arn, token_file and \
-                         session_name are each left out (read from the environment) or not empty"
-                            .into(),
-                    ));
-                }
-                Ok(())
-            }
+            AwsCredentialsConfig::WebIdentity(settings) => settings
+                .validate()
+                .map_err(|e| bad(format!("credentials: source \"web_identity\": {e}"))),
             AwsCredentialsConfig::Container => Ok(()),
         }
     }

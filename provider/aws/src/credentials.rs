@@ -89,7 +89,9 @@ fn process_env(key: &str) -> Option<String> {
 /// What a web identity (IRSA) source is given; each field left out is read
 /// from its AWS variable ([`ENV_ROLE_ARN`], [`ENV_TOKEN_FILE`],
 /// [`ENV_SESSION_NAME`]), as EKS's pod identity webhook sets them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Also the config's `credentials = { source = "web_identity", ... }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct WebIdentity {
     pub role_arn: Option<String>,
     pub token_file: Option<PathBuf>,
@@ -97,6 +99,25 @@ pub struct WebIdentity {
 }
 
 impl WebIdentity {
+    /// Each field is left out (read from the environment) or not empty.
+    pub fn validate(&self) -> Result<(), String> {
+        let blank = |v: Option<&str>| v.is_some_and(|v| v.trim().is_empty());
+        if blank(self.role_arn.as_deref())
+            || blank(self.session_name.as_deref())
+            || self
+                .token_file
+                .as_ref()
+                .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(
+                "role_arn, token_file and session_name are each left out (read from the \
+                 environment) or not empty"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The settings with the environment's values filled in; `Err` names
     /// the variable that is missing.
     fn resolve(

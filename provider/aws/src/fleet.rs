@@ -37,7 +37,7 @@ use enim_provider::fleet::{
 
 use crate::client::{self, Ec2Client, NetworkInterface, Subnet};
 use crate::config::{AwsCredentialsConfig, AwsFleetConfig};
-use crate::credentials::{from_env, CredentialsProvider, WebIdentity};
+use crate::credentials::{from_env, CredentialsProvider};
 use crate::error::{ec2, imds, AwsError};
 use crate::metadata::{Imds, InterfaceInfo};
 use crate::steps;
@@ -106,17 +106,8 @@ async fn credentials_provider(
             provider.get().await?;
             provider
         }
-        AwsCredentialsConfig::WebIdentity {
-            role_arn,
-            token_file,
-            session_name,
-        } => {
-            let settings = WebIdentity {
-                role_arn: role_arn.clone(),
-                token_file: token_file.clone(),
-                session_name: session_name.clone(),
-            };
-            let provider = CredentialsProvider::web_identity(region, &settings)?;
+        AwsCredentialsConfig::WebIdentity(settings) => {
+            let provider = CredentialsProvider::web_identity(region, settings)?;
             provider.get().await?;
             provider
         }

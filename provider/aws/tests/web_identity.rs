@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use enim_provider::fleet::{CreateEni, FleetCloud};
-use enim_provider_aws::credentials::CredentialsProvider;
+use enim_provider_aws::credentials::{CredentialsProvider, WebIdentity};
 use enim_provider_aws::metadata::Imds;
 use enim_provider_aws::{AwsCredentialsConfig, AwsFleet, AwsFleetConfig};
 use enim_testkit::moto::{Env, REGION};
@@ -61,11 +61,11 @@ async fn web_identity_credentials_come_from_sts_and_carry_the_roles_policy() {
     // Everything in the config: the role and the token file.
     let fleet = AwsFleet::connect(&fleet_config(
         &env,
-        AwsCredentialsConfig::WebIdentity {
+        AwsCredentialsConfig::WebIdentity(WebIdentity {
             role_arn: Some(arn.clone()),
             token_file: Some(token.clone()),
             session_name: None,
-        },
+        }),
     ))
     .await
     .expect("connect with web identity credentials");
@@ -100,11 +100,11 @@ async fn web_identity_credentials_come_from_sts_and_carry_the_roles_policy() {
     std::env::set_var("AWS_WEB_IDENTITY_TOKEN_FILE", &token);
     let fleet = AwsFleet::connect(&fleet_config(
         &env,
-        AwsCredentialsConfig::WebIdentity {
+        AwsCredentialsConfig::WebIdentity(WebIdentity {
             role_arn: None,
             token_file: None,
             session_name: None,
-        },
+        }),
     ))
     .await
     .expect("connect with web identity from the environment");
@@ -128,11 +128,11 @@ async fn web_identity_credentials_come_from_sts_and_carry_the_roles_policy() {
     std::env::remove_var("AWS_WEB_IDENTITY_TOKEN_FILE");
     let missing = AwsFleet::connect(&fleet_config(
         &env,
-        AwsCredentialsConfig::WebIdentity {
+        AwsCredentialsConfig::WebIdentity(WebIdentity {
             role_arn: Some(arn),
             token_file: Some(dir.path().join("no-such-token")),
             session_name: None,
-        },
+        }),
     ))
     .await;
     let e = missing.err().expect("a missing token file fails connect");
@@ -142,11 +142,11 @@ async fn web_identity_credentials_come_from_sts_and_carry_the_roles_policy() {
     std::env::remove_var("AWS_ROLE_ARN");
     let no_role = AwsFleet::connect(&fleet_config(
         &env,
-        AwsCredentialsConfig::WebIdentity {
+        AwsCredentialsConfig::WebIdentity(WebIdentity {
             role_arn: None,
             token_file: Some(token),
             session_name: None,
-        },
+        }),
     ))
     .await;
     let e = no_role.err().expect("no role fails connect");

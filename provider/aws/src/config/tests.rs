@@ -210,6 +210,19 @@ fn minimal_and_full_fleet_configs() {
             imds_endpoint: DEFAULT_IMDS_ENDPOINT.into()
         }
     );
+    // Web identity: each key may be left out (read from the environment).
+    let c = parse_fleet(
+        "region = \"r\"\ncluster = \"c\"\ncredentials = { source = \"web_identity\", role_arn = \"arn:aws:iam::1:role/enim\" }",
+    )
+    .unwrap();
+    assert_eq!(
+        c.credentials,
+        AwsCredentialsConfig::WebIdentity(crate::credentials::WebIdentity {
+            role_arn: Some("arn:aws:iam::1:role/enim".into()),
+            ..Default::default()
+        })
+    );
+    c.validate().unwrap();
 }
 
 #[test]
@@ -225,12 +238,16 @@ fn fleet_unknown_keys_and_bad_values_are_named() {
             "region = \"r\"\ncluster = \"c\"\ncredentials = { source = \"vault\" }",
             "vault",
         ),
+        (
+            "region = \"r\"\ncluster = \"c\"\ncredentials = { source = \"web_identity\", role = \"x\" }",
+            "role",
+        ),
     ] {
         let e = parse_fleet(text).unwrap_err();
         assert!(e.contains(needle), "{needle}: {e}");
     }
     type Change = fn(&mut AwsFleetConfig);
-    let cases: [(Change, &str); 7] = [
+    let cases: [(Change, &str); 8] = [
         (|c| c.region.clear(), "region must be set"),
         (|c| c.cluster.clear(), "cluster"),
         (|c| c.cluster = "a b".into(), "cluster"),
@@ -249,6 +266,15 @@ fn fleet_unknown_keys_and_bad_values_are_named() {
                 }
             },
             "secret_access_key",
+        ),
+        (
+            |c| {
+                c.credentials = AwsCredentialsConfig::WebIdentity(crate::credentials::WebIdentity {
+                    role_arn: Some(" ".into()),
+                    ..Default::default()
+                })
+            },
+            "web_identity",
         ),
     ];
     for (change, needle) in cases {
