@@ -11,6 +11,10 @@
 CLOUD_MIN_ENIS=2
 # The secondary pool's, in addresses (min_allocate 8).
 CLOUD_MIN_ADDRESSES=8
+# The most free ones kept before the operator drains (pre_allocate +
+# max_above_watermark), per pool.
+CLOUD_HIGH_ENIS=3
+CLOUD_HIGH_ADDRESSES=12
 
 # cloud_nrs NODE JSONPATH: a field of NODE's NetResourceSet.
 cloud_nrs() { k get nrs "$1" -o "jsonpath=$2"; }
@@ -481,6 +485,14 @@ set_items() {
   fi
 }
 # set_gained I BEFORE: node I's set holds something BEFORE did not.
+# no_surplus I: node I's set drains nothing and keeps no more free than
+# its pool's high watermark.
+no_surplus() {
+  local high=$CLOUD_HIGH_ENIS free
+  [ "$(pool_mode "$1")" = secondary ] && high=$CLOUD_HIGH_ADDRESSES
+  free=$(cloud_nrs "enim-e2e-node$1" '{.status.summary.available}')
+  [ -z "$(cloud_nrs "enim-e2e-node$1" '{.spec.draining[*]}')" ] && [ "${free:-0}" -le "$high" ]
+}
 set_gained() { [ -n "$(comm -13 <(sort <<<"$2") <(set_items "$1" | sort))" ]; }
 units_of() { [ "$(pool_mode "$1")" = secondary ] && echo addresses || echo ENIs; }
 # sets_agree_with_moto: every cluster ENI in moto (but the per-node late
@@ -533,6 +545,11 @@ s_cloud_leader_reboot() {
     old=$(reb_pod)
     on_moto_eni "$old" "$l" || return 1
   fi
+  # The outage's pods left a surplus there, which the operator drains
+  # once it has lasted drain_delay (30 s); until then the node may be at
+  # its instance's ENI limit, with no room for one more.
+  wait_for "enim-e2e-node$other's surplus to be drained" 120 no_surplus "$other" || {
+    echo "its set: $(cloud_nrs "enim-e2e-node$other" '{.status.summary} draining: {.spec.draining}')"; return 1; }
   before=$(set_items "$other")
   echo "leader $leader on $on; churn on enim-e2e-node$other ($(wc -w <<<"$before") $(units_of "$other"))"
   t0=$(date +%s%N)
@@ -585,10 +602,17 @@ test_eq() { local want=$1; shift; [ "$("$@")" = "$want" ]; }
 # the kubelet's device manager saw no free enim.io/eni; not yet explained.)
 CLOUD_RESTARTS=${CLOUD_RESTARTS:-10}
 s_cloud_admission() {
-  local rc=0 restarts=$CLOUD_RESTARTS
+  local rc=0 restarts=$CLOUD_RESTARTS from
   [ "$(pool_mode 1)" = primary ] || { echo "needs node 1 in primary mode"; return 1; }
   cloud_node 1
+  from=$(wc -l < "$nw/logs/kubelet.log")
   s_admission kill9 && s_admission rollout || rc=1
+  # The kubelet's count of the node's ENIs through it: a drop is a
+  # drained ENI (the operator's drain_delay), and a pod bound while the
+  # scheduler still counted it fails UnexpectedAdmissionError.
+  tail -n +"$from" "$nw/logs/kubelet.log" | grep -o 'State pushed for device plugin" resource="enim.io/eni" resourceCapacity=[0-9]*' |
+    awk -F= '{ n = $NF + 0; if (seen && n < last) drops++; last = n; seen = 1; counts = counts (counts ? " " : "") n }
+      END { printf "the kubelet'"'"'s enim.io/eni count through it: %s (%d drops)\n", counts ? counts : "unchanged", drops }'
   cloud_cp
   return $rc
 }
