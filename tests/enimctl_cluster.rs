@@ -34,6 +34,41 @@ fn json_of(out: &Output) -> Value {
     })
 }
 
+/// A kubeconfig of the service account `viewer`, bound to deploy/'s
+/// `enim:viewer` ClusterRole and Role (the chart's, rendered) and nothing
+/// else.
+fn viewer_kubeconfig(cp: &ControlPlane) -> std::path::PathBuf {
+    let roles = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/12-rbac-viewer.yaml");
+    cp.apply(&std::fs::read_to_string(&roles).expect("deploy/12-rbac-viewer.yaml"));
+    let account = "--serviceaccount=enim-system:viewer";
+    cp.kubectl(&["-n", "enim-system", "create", "serviceaccount", "viewer"]);
+    cp.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "viewer",
+        "--clusterrole=enim:viewer",
+        account,
+    ]);
+    cp.kubectl(&[
+        "-n",
+        "enim-system",
+        "create",
+        "rolebinding",
+        "viewer",
+        "--role=enim:viewer",
+        account,
+    ]);
+    let token = cp.kubectl(&[
+        "-n",
+        "enim-system",
+        "create",
+        "token",
+        "viewer",
+        "--duration=1h",
+    ]);
+    cp.token_kubeconfig("viewer", token.trim())
+}
+
 /// A set as the operator writes it (spec), then its agent (status).
 fn write_set(cp: &ControlPlane, dir: &Path, node: &str, enis: &[&str], status: Value) {
     let spec_enis: Vec<Value> = enis
@@ -168,6 +203,49 @@ fn enimctl_cluster_shows_the_leader_and_each_nodes_enis_and_exits_by_readiness()
     );
     assert!(table.contains("eni-a3 free"), "{table}");
     assert!(table.contains("not ready: node-b"), "{table}");
+
+    // The chart's read-only enim:viewer roles are all it needs: the same
+    // answer with a token of an account bound to them, and no write.
+    let viewer = viewer_kubeconfig(&cp);
+    let mut out = enimctl(&viewer, &["-o", "json"]);
+    for _ in 0..50 {
+        // RBAC's caches may lag the bindings by a moment.
+        if out.status.code() != Some(1) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        out = enimctl(&viewer, &["-o", "json"]);
+    }
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let seen = json_of(&out);
+    for key in ["nodes", "notReady"] {
+        assert_eq!(seen[key], v[key], "{key}");
+    }
+    assert_eq!(seen["leader"]["holder"], v["leader"]["holder"]);
+    for args in [
+        &[
+            "patch",
+            "netresourceset",
+            "node-a",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"draining":["eni-a1"]}}"#,
+        ][..],
+        &["delete", "netresourceset", "node-b"][..],
+        &["-n", "enim-system", "get", "secrets"][..],
+        &["get", "pods", "-A"][..],
+        &["-n", "enim-system", "get", "lease", "another"][..],
+    ] {
+        let kc = format!("--kubeconfig={}", viewer.display());
+        let mut all = vec![kc.as_str()];
+        all.extend_from_slice(args);
+        let refused = cp.kubectl_output(&all);
+        assert!(
+            !refused.status.success()
+                && String::from_utf8_lossy(&refused.stderr).contains("forbidden"),
+            "the viewer may {args:?}: {refused:?}"
+        );
+    }
 
     // node-b's agent says Ready: all ready, exit 0.
     cp.kubectl(&[

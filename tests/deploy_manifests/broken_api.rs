@@ -318,7 +318,8 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         (
             "operator's leases in every namespace",
             |m| {
-                let role = m.roles.remove(0);
+                let lease = |r: &Role| r.metadata.name.as_deref() == Some("enim:operator-lease");
+                let role = m.roles.remove(m.roles.iter().position(lease).unwrap());
                 m.role_bindings.clear();
                 let mut cr = m.cluster_roles[0].clone();
                 cr.metadata.name = role.metadata.name.clone();
@@ -357,7 +358,11 @@ fn each_control_plane_check_fails_on_a_broken_manifest() {
         // Where objects live.
         (
             "lease Role in kube-system",
-            |m| m.roles[0].metadata.namespace = Some("kube-system".into()),
+            |m| {
+                by_name_mut(&mut m.roles, "enim:operator-lease")
+                    .metadata
+                    .namespace = Some("kube-system".into())
+            },
             "Role Some(\"enim:operator-lease\") is in namespace Some(\"kube-system\")",
         ),
         (
