@@ -253,6 +253,13 @@ async fn a_leader_cut_off_from_the_api_server_stops_calling_the_cloud_at_its_dea
     );
     let (_, ready) = http_get(&addr, "/readyz").await.unwrap();
     assert!(ready.contains("leader deadline passed"), "{ready}");
+    // No webhook here: said so, and not what readiness waits on.
+    assert_eq!(
+        metric(&deposed, "enim_operator_webhook_serving"),
+        Some(-1.0),
+        "{deposed}"
+    );
+    assert!(!ready.contains("webhook"), "{ready}");
 
     // Back in touch, op-a learns it follows and stays quiet.
     relay.set_cut(false);

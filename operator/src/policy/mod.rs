@@ -71,6 +71,7 @@ pub async fn run(
     settings: WebhookSettings,
     leader: tokio::sync::watch::Receiver<bool>,
     stop: tokio::sync::watch::Receiver<bool>,
+    serving: prometheus_client::metrics::gauge::Gauge,
 ) -> Result<(), PolicyError> {
     let (svc, ns) = (&settings.service, &settings.namespace);
     let keeper = keeper::Keeper {
@@ -91,6 +92,8 @@ pub async fn run(
         .await
         .map_err(webhook::WebhookError::from)?;
     tracing::info!(addr = %settings.addr, "serving the EniPolicy webhook at {}", webhook::PATH);
+    // Ready from here (/readyz): the certificate, the caches and the socket.
+    serving.set(1);
     let period = keeper::check_period(settings.cert_lifetime);
     let keeping = tokio::spawn(keeper.run(
         resolver.clone(),
@@ -107,6 +110,7 @@ pub async fn run(
         stop,
     )
     .await;
+    serving.set(0);
     let _ = tokio::join!(keeping, judging);
     watches.abort();
     Ok(served?)

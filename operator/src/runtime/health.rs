@@ -33,6 +33,10 @@ pub struct Health {
     registry: Registry,
     /// 1 once the caches of Nodes and NetResourceSets are listed.
     pub synced: Gauge,
+    /// The EniPolicy webhook: 1 while this replica serves it (its
+    /// certificate in hand, its caches listed, its socket bound), 0 before
+    /// and after, -1 when it is off.
+    pub webhook: Gauge,
     /// 1 while leading: the lease manager's flag and the deadline not
     /// passed.
     pub leader: Gauge,
@@ -61,6 +65,7 @@ impl Health {
         let mut h = Health {
             registry: Registry::with_prefix("enim_operator"),
             synced: Gauge::default(),
+            webhook: Gauge::default(),
             leader: Gauge::default(),
             leader_deadline_seconds: Gauge::default(),
             deadline_misses: Counter::default(),
@@ -88,6 +93,7 @@ impl Health {
             "leader_deadline_seconds" => leader_deadline_seconds, "Seconds before this leader stops calling the cloud unless the Lease is renewed; 0 when not leading";
             "leader_deadline_misses" => deadline_misses, "Times leadership was lost because the Lease was not renewed in time";
             "caches_synced" => synced, "1 once the Node and NetResourceSet caches are listed";
+            "webhook_serving" => webhook, "1 while this replica serves the EniPolicy webhook, 0 before and after, -1 when it is off";
             "resyncs" => resyncs, "Resyncs run";
             "resync_errors" => resync_errors, "Resyncs that failed or had a task fail";
             "last_resync_microseconds" => last_resync_us, "How long the last resync took";
@@ -196,6 +202,27 @@ fn leadership_line(h: &Health, deadline: &watch::Receiver<Option<Instant>>) -> S
     }
 }
 
+/// `/readyz`: the caches' (a follower is ready too) and, where the
+/// EniPolicy webhook is on, the webhook's: a replica behind the webhook's
+/// Service that cannot answer it must not get admissions (they fail
+/// closed). The body also says where leadership stands.
+fn readiness(synced: bool, webhook: i64, lead: &str) -> (axum::http::StatusCode, String) {
+    use axum::http::StatusCode;
+    let hook = match webhook {
+        1 => "webhook: serving\n",
+        0 => "webhook: not serving (certificate, caches or socket not ready, or stopped)\n",
+        _ => "",
+    };
+    match (synced, webhook) {
+        (true, 0) => (StatusCode::SERVICE_UNAVAILABLE, format!("{hook}{lead}\n")),
+        (true, _) => (StatusCode::OK, format!("ok\n{hook}{lead}\n")),
+        (false, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("caches not synced\n{hook}{lead}\n"),
+        ),
+    }
+}
+
 pub(super) async fn serve_health(
     listener: tokio::net::TcpListener,
     health: Arc<Health>,
@@ -210,18 +237,12 @@ pub(super) async fn serve_health(
         let openmetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8";
         ([(header::CONTENT_TYPE, openmetrics)], body).into_response()
     };
-    // Readiness is the caches' (a follower is ready too); the body also
-    // says where leadership stands.
     let ready = |h: Arc<Health>, deadline: watch::Receiver<Option<Instant>>| async move {
-        let lead = leadership_line(&h, &deadline);
-        if h.synced.get() == 1 {
-            (axum::http::StatusCode::OK, format!("ok\n{lead}\n"))
-        } else {
-            (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                format!("caches not synced\n{lead}\n"),
-            )
-        }
+        readiness(
+            h.synced.get() == 1,
+            h.webhook.get(),
+            &leadership_line(&h, &deadline),
+        )
     };
     let (h1, h2) = (health.clone(), health);
     let d1 = deadline.clone();
@@ -234,5 +255,29 @@ pub(super) async fn serve_health(
         );
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "health endpoint stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[test]
+    fn ready_needs_the_caches_and_a_webhook_that_is_on_to_serve() {
+        let (off, on, not_yet) = (-1, 1, 0);
+        assert_eq!(readiness(true, off, "follower").0, StatusCode::OK);
+        let (code, body) = readiness(true, on, "follower");
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("webhook: serving"), "{body}");
+        let (code, body) = readiness(true, not_yet, "leader: deadline in 9.0s");
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("webhook: not serving"), "{body}");
+        assert!(body.contains("leader"), "{body}");
+        for webhook in [off, on, not_yet] {
+            let (code, body) = readiness(false, webhook, "follower");
+            assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(body.starts_with("caches not synced"), "{body}");
+        }
     }
 }

@@ -94,10 +94,16 @@ where
     // follows this flag.
     let (webhook_leader, leading) = tokio::sync::watch::channel(false);
     let (stop_webhook, webhook_stop) = tokio::sync::watch::channel(false);
+    health
+        .webhook
+        .set(if config.webhook.is_some() { 0 } else { -1 });
     let webhook = config.webhook.clone().map(|settings| {
         let client = client.clone();
+        let serving = health.webhook.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::policy::run(client, settings, leading, webhook_stop).await {
+            if let Err(e) =
+                crate::policy::run(client, settings, leading, webhook_stop, serving).await
+            {
                 tracing::error!(error = %e, "the EniPolicy webhook stopped");
             }
         })
