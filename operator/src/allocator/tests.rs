@@ -36,6 +36,18 @@ struct Rig {
 }
 
 impl Rig {
+    /// A new allocator with `config()` on a clock the test sets, started
+    /// at the cloud's now: the clock, and that start.
+    fn manual_clock(&mut self) -> (Arc<std::sync::Mutex<SystemTime>>, SystemTime) {
+        let start = self.cloud.now.lock().unwrap().to_owned();
+        let clock = Arc::new(std::sync::Mutex::new(start));
+        let c = clock.clone();
+        self.alloc = Allocator::new(self.cloud.clone(), self.store.clone(), config())
+            .unwrap()
+            .with_clock(Arc::new(move || *c.lock().unwrap()));
+        (clock, start)
+    }
+
     fn new(nodes: &[&str]) -> Rig {
         Rig::with(config(), nodes)
     }
@@ -244,12 +256,7 @@ async fn the_surplus_is_drained_and_only_released_enis_leave() {
     assert_eq!(rig.spec_ids("a").len(), 5);
     // The policy drops to 2 free (+1 above): with one used, one must go,
     // once the surplus has lasted drain_delay (30 s).
-    let start = rig.cloud.now.lock().unwrap().to_owned();
-    let clock = Arc::new(std::sync::Mutex::new(start));
-    let c = clock.clone();
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
-        .unwrap()
-        .with_clock(Arc::new(move || *c.lock().unwrap()));
+    let (clock, start) = rig.manual_clock();
     let ids = rig.spec_ids("a");
     rig.store.edit("a", |s| s.status = Some(uses(&[&ids[4]])));
     rig.resync().await;
@@ -324,12 +331,7 @@ async fn the_surplus_is_drained_and_only_released_enis_leave() {
 #[tokio::test]
 async fn a_gone_node_is_released_after_its_grace() {
     let mut rig = Rig::new(&["a", "b"]);
-    let start = rig.cloud.now.lock().unwrap().to_owned();
-    let clock = Arc::new(std::sync::Mutex::new(start));
-    let c = clock.clone();
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
-        .unwrap()
-        .with_clock(Arc::new(move || *c.lock().unwrap()));
+    let (clock, start) = rig.manual_clock();
     rig.resync().await;
     rig.nodes.retain(|n| n.name != "a");
     rig.resync().await;
