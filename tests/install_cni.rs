@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use enim_cni::NetConf;
-use enim_testkit::cni::fake_portmap;
+use enim_testkit::cni::{dir_names, fake_portmap};
 
 const ENIMD: &str = env!("CARGO_BIN_EXE_enimd");
 
@@ -231,18 +231,11 @@ fn existing_files_are_replaced_whole_and_dirs_are_kept() {
         std::fs::read(d.bin.join("bridge")).unwrap(),
         b"another plugin"
     );
-    assert_eq!(names(&d.bin), ["bridge", "enim"]);
-    assert_eq!(names(&d.netd), ["05-enim.conflist", "99-other.conflist"]);
-}
-
-/// The file names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    v.sort();
-    v
+    assert_eq!(dir_names(&d.bin), ["bridge", "enim"]);
+    assert_eq!(
+        dir_names(&d.netd),
+        ["05-enim.conflist", "99-other.conflist"]
+    );
 }
 
 /// The `type`s of the installed conflist's plugins, in order, and the
@@ -425,7 +418,7 @@ fn enims_conflist_under_its_previous_name_goes_other_cnis_stay() {
         text(&out.stdout)
     );
     // The runtime takes the first: enim's.
-    assert_eq!(names(&d.netd), ["05-enim.conflist", "10-aws.conflist"]);
+    assert_eq!(dir_names(&d.netd), ["05-enim.conflist", "10-aws.conflist"]);
     assert_eq!(
         std::fs::read_to_string(d.netd.join("10-aws.conflist")).unwrap(),
         aws

@@ -341,19 +341,10 @@ mod tests {
 
     use super::portmap::tests::{NEW, OLD};
     use super::*;
-    use enim_testkit::cni::fake_portmap;
+    use enim_testkit::cni::{dir_names, fake_portmap};
 
     fn mode_of(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().mode() & 0o7777
-    }
-
-    fn dir_names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        v.sort();
-        v
     }
 
     fn setup() -> (tempfile::TempDir, CniInstall) {

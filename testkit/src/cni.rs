@@ -9,6 +9,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The file names in `dir`, sorted: what an install left in a CNI bin or
+/// net.d directory. Panics when it cannot be read.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
 /// Everything one plugin invocation needs. `None` leaves a variable unset.
 pub struct Call<'a> {
     pub plugin: &'a Path,
