@@ -22,7 +22,7 @@
 //!   spec, so two writes of one spec never race; nodes run in parallel;
 //! - resyncs never overlap: they queue on one lock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -434,7 +434,8 @@ impl Allocator {
             let unservable = unservable_claims(&index, &tasks);
             self.tell_unservable(&mut cache.unservable, unservable);
             drop(index);
-            track_surplus(&mut surplus_since, surplus, now);
+            // Since when each node has been in surplus (drain_delay).
+            track_since(&mut surplus_since, surplus, now);
             cache.surplus_since = surplus_since;
             let base: HashMap<String, NetResourceSetSpec> =
                 sets.into_iter().map(|s| (s.name, s.spec)).collect();
@@ -627,26 +628,27 @@ fn track_gone(
     now: SystemTime,
 ) {
     let live: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    let orphaned: HashSet<&str> = sets
+    let orphaned = sets
         .iter()
-        .filter(|s| !live.contains(s.name.as_str()))
         .map(|s| s.name.as_str())
-        .collect();
-    gone.retain(|name, _| orphaned.contains(name.as_str()));
-    for name in orphaned {
-        gone.entry(name.to_string()).or_insert(now);
-    }
+        .filter(|name| !live.contains(name));
+    track_since(gone, orphaned, now);
 }
 
-/// Keeps since when each node of `surplus` has been in surplus; a node
-/// that was not in this pass starts again from zero.
-fn track_surplus(
+/// Keeps since when each of `current` has been so at every pass: a name
+/// new to it starts at `now`, one no longer in it is forgotten (and would
+/// start again from zero).
+fn track_since<S: AsRef<str>>(
     since: &mut HashMap<String, SystemTime>,
-    surplus: BTreeSet<String>,
+    current: impl IntoIterator<Item = S>,
     now: SystemTime,
 ) {
-    since.retain(|name, _| surplus.contains(name));
-    for name in surplus {
+    let current: HashSet<String> = current
+        .into_iter()
+        .map(|s| s.as_ref().to_string())
+        .collect();
+    since.retain(|name, _| current.contains(name));
+    for name in current {
         since.entry(name).or_insert(now);
     }
 }
