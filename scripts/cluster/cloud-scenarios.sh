@@ -484,7 +484,6 @@ set_items() {
     set_enis "$1"
   fi
 }
-# set_gained I BEFORE: node I's set holds something BEFORE did not.
 # no_surplus I: node I's set drains nothing and keeps no more free than
 # its pool's high watermark.
 no_surplus() {
@@ -493,6 +492,7 @@ no_surplus() {
   free=$(cloud_nrs "enim-e2e-node$1" '{.status.summary.available}')
   [ -z "$(cloud_nrs "enim-e2e-node$1" '{.spec.draining[*]}')" ] && [ "${free:-0}" -le "$high" ]
 }
+# set_gained I BEFORE: node I's set holds something BEFORE did not.
 set_gained() { [ -n "$(comm -13 <(sort <<<"$2") <(set_items "$1" | sort))" ]; }
 units_of() { [ "$(pool_mode "$1")" = secondary ] && echo addresses || echo ENIs; }
 # sets_agree_with_moto: every cluster ENI in moto (but the per-node late
@@ -597,9 +597,11 @@ test_eq() { local want=$1; shift; [ "$("$@")" = "$want" ]; }
 # DaemonSet restarted, CLOUD_RESTARTS times each, with pods admitted through
 # each restart: every pod runs (to Succeeded). The one-node primary run
 # does 20 of each kind on a static inventory; here fewer, on the cloud's
-# path (scenarios.sh's s_admission, on node 1). (At 20 each, one run on a
-# machine at load 20 had a rollout round's 3 pods fail UnexpectedAdmissionError:
-# the kubelet's device manager saw no free enim.io/eni; not yet explained.)
+# path (scenarios.sh's s_admission, on node 1). Pods here failed
+# UnexpectedAdmissionError while the operator drained the moment a round's
+# pods were done: a drained ENI leaves the kubelet's count before the
+# scheduler's, and the next round's pod was bound in between. The
+# operator's drain_delay waits a burst out; the count is printed below.
 CLOUD_RESTARTS=${CLOUD_RESTARTS:-10}
 s_cloud_admission() {
   local rc=0 restarts=$CLOUD_RESTARTS from
