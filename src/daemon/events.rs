@@ -194,6 +194,8 @@ pub fn refusal(
         EngineError::DeviceMissing { .. } => Some(("EniQuarantined", error.to_string())),
         // Secondary mode: every address of the node's ENIs held or cooling.
         EngineError::NoFreeAddress(_) => Some(("NoFreeAddress", error.to_string())),
+        // The host path's service CIDRs are to come from the API, not yet listed.
+        EngineError::ServiceCidrsUnknown(_) => Some(("ServiceCIDRsUnknown", error.to_string())),
         // On a DRA node the provider refuses a pod without a prepared
         // claim as a configuration error (permanent for that pod).
         EngineError::Provider(ProviderError::Config(_)) if dra => {

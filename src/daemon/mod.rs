@@ -31,6 +31,7 @@ use crate::engine::{Driver, Engine, EngineError};
 use crate::netlink::rtnl::RtnlPlumbing;
 use crate::netlink::PlumbingError;
 use crate::primary::masquerade::{self, MasqueradeError};
+use crate::primary::servicecidrs::{self, ServiceCidrs};
 use crate::primary::PrimaryDriver;
 use crate::secondary::SecondaryDriver;
 use crate::store::checkpoint::{Checkpoint, CheckpointError};
@@ -59,6 +60,8 @@ pub enum DaemonError {
     Dra(#[from] crate::dra::DraError),
     #[error("{0}")]
     Events(#[from] events::EventsError),
+    #[error("[host_path] service_cidrs_from_api: {0}")]
+    ServiceCidrsClient(#[source] enim_provider_cluster::ClusterError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DaemonError + 'a {
@@ -223,6 +226,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         dra,
         note,
         events,
+        service_cidrs: None,
     };
     match mode {
         config::Mode::Primary => {
@@ -231,9 +235,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             // already needs it. Start-up state, made whole by every start,
             // so no ADD step and no crash point (see primary::masquerade).
             masquerade::apply(&host_path, plumbing.host_netns()).await?;
-            let driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
-                .with_host_path(host_path)
+            let mut driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
                 .with_pod_metadata(pod_metadata);
+            let mut node = node;
+            if host_path.service_cidrs_from_api {
+                let client = enim_provider_cluster::kube_client(host_path.kubeconfig.as_deref())
+                    .await
+                    .map_err(DaemonError::ServiceCidrsClient)?;
+                let listing = servicecidrs::follow(client);
+                node.service_cidrs = Some(listing.clone());
+                driver = driver
+                    .with_host_path(host_path)
+                    .with_service_cidrs(ServiceCidrs::FromApi(listing));
+            } else {
+                driver = driver.with_host_path(host_path);
+            }
             node.serve(driver, stop).await
         }
         config::Mode::Secondary => {
@@ -299,6 +315,46 @@ async fn keep_note<D: Driver>(
     }
 }
 
+/// Refreshes every attachment (their host paths' routes) at the first
+/// listing of the API's service CIDRs and at each change after it, so a
+/// range added to the cluster reaches running pods too; failures are
+/// retried every [`REFRESH_RETRY`].
+async fn follow_service_cidrs<D: Driver>(
+    engine: Arc<Engine<D>>,
+    mut listing: watch::Receiver<servicecidrs::ApiState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::select! {
+        listed = listing.wait_for(|s| s.cidrs.is_some()) => if listed.is_err() { return },
+        _ = stop.changed() => return,
+    }
+    loop {
+        listing.mark_unchanged();
+        let (changed, failed) = engine.refresh().await;
+        if changed > 0 || failed > 0 {
+            tracing::info!(
+                changed,
+                failed,
+                "attachments refreshed for the service CIDRs"
+            );
+        }
+        let retry = async {
+            match failed {
+                0 => std::future::pending().await,
+                _ => tokio::time::sleep(REFRESH_RETRY).await,
+            }
+        };
+        tokio::select! {
+            changed = listing.changed() => if changed.is_err() { return },
+            _ = retry => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// How soon a refresh that failed for some attachment is tried again.
+const REFRESH_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What serving needs besides the driver.
 struct Node {
     config: Config,
@@ -308,6 +364,9 @@ struct Node {
     dra: Option<crate::dra::DraNode>,
     note: Option<note::NoteWriter>,
     events: Arc<events::AgentEvents>,
+    /// The API's service CIDRs, when host paths follow them: each change
+    /// refreshes the attachments.
+    service_cidrs: Option<watch::Receiver<servicecidrs::ApiState>>,
 }
 
 impl Node {
@@ -325,6 +384,7 @@ impl Node {
             dra,
             note,
             events,
+            service_cidrs,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
 
@@ -408,6 +468,14 @@ impl Node {
                 events,
                 engine.provider().clone(),
                 config.events.quarantine_check,
+                stop_rx.clone(),
+            ));
+        }
+
+        if let Some(listing) = service_cidrs {
+            tokio::spawn(follow_service_cidrs(
+                engine.clone(),
+                listing,
                 stop_rx.clone(),
             ));
         }

@@ -98,6 +98,9 @@ fn classify(e: &EngineError) -> (StatusCode, u32) {
         EngineError::AttachmentConflict { .. } => (StatusCode::CONFLICT, code::ATTACHMENT_CONFLICT),
         EngineError::CheckFailed { .. } => (StatusCode::CONFLICT, code::CHECK_MISMATCH),
         EngineError::NoFreeAddress(_) => (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER),
+        EngineError::ServiceCidrsUnknown(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, code::TRY_AGAIN_LATER)
+        }
         EngineError::AddressStore(_) => (StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL),
         EngineError::Shared(e) => classify(e),
     }

@@ -126,6 +126,14 @@ pub trait Driver: Send + Sync + 'static {
     /// objects of enim's shape that `records` do not explain.
     async fn gc_host(&self, records: &[Record], request: &GcRequest, report: &mut GcReport);
 
+    /// Brings a ready attachment's kernel state up to what an ADD would
+    /// make now, and returns the record to write when it changed it
+    /// (primary mode: the host path's routes after the service CIDRs
+    /// changed). Called under the attachment's key lock.
+    async fn refresh(&self, _record: &Record) -> Result<Option<Record>, EngineError> {
+        Ok(None)
+    }
+
     /// Every ENI of the node and its state (`/v1/enis`).
     async fn enis(&self) -> Result<Vec<EniStatus>, EngineError>;
 

@@ -90,6 +90,9 @@ pub enum EngineError {
     /// Secondary mode: every address is held or cooling down.
     #[error("{0}")]
     NoFreeAddress(String),
+    /// A host path needs the API's service CIDRs, which are not listed yet.
+    #[error("{0}")]
+    ServiceCidrsUnknown(String),
     /// Secondary mode: the address store refused for another reason.
     #[error("{0}")]
     AddressStore(String),
@@ -129,6 +132,7 @@ impl EngineError {
             EngineError::Shared(e) => e.is_transient(),
             // Cooling addresses come back, and DELs free others.
             EngineError::NoFreeAddress(_) => true,
+            EngineError::ServiceCidrsUnknown(_) => true,
             _ => false,
         }
     }
@@ -318,6 +322,49 @@ impl<D: Driver> Engine<D> {
             tracing::warn!(%key, ttl = ?ttl, "the ADD's caller went away before its result; keeping the attachment for a retry or DEL");
         }
         Ok(())
+    }
+
+    /// Refreshes every ready attachment of this mode ([`Driver::refresh`]),
+    /// one at a time under its key lock, writing the record after the
+    /// kernel changed. Returns how many changed and how many failed (each
+    /// failure logged); the next refresh tries a failed one again.
+    pub async fn refresh(&self) -> (usize, usize) {
+        let (mut changed, mut failed) = (0, 0);
+        for key in self
+            .checkpoint
+            .list_mode(D::MODE)
+            .await
+            .into_iter()
+            .map(|r| r.key)
+        {
+            let _fence = self.fence.read().await;
+            let _guard = self.locks.lock(&key).await;
+            // Read again under the lock: a DEL may have come first.
+            let Some(record) = self.record(&key).await.filter(|r| r.phase == Phase::Ready) else {
+                continue;
+            };
+            let result = match self.driver.refresh(&record).await {
+                Ok(Some(updated)) => {
+                    crash_point("refresh:after-kernel");
+                    self.checkpoint
+                        .put(updated)
+                        .await
+                        .map(|()| true)
+                        .map_err(EngineError::from)
+                }
+                Ok(None) => Ok(false),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(true) => changed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(%key, error = %e, "could not refresh the attachment; the next refresh retries");
+                }
+            }
+        }
+        (changed, failed)
     }
 
     /// Every attachment on record.

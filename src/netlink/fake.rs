@@ -463,6 +463,31 @@ impl Plumbing for FakePlumbing {
         Ok(())
     }
 
+    async fn reroute_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        add: &[IpNet],
+        remove: &[IpNet],
+    ) -> Result<(), PlumbingError> {
+        self.fault("reroute_host_path")?;
+        let mut w = self.world.lock().unwrap();
+        let hp = w
+            .host_paths
+            .get_mut(spec.host_veth)
+            .ok_or_else(|| PlumbingError::Io {
+                what: "host path",
+                source: std::io::Error::other(format!("{} is missing", spec.host_veth)),
+            })?;
+        hp.routes.retain(|r| !remove.contains(r));
+        for r in add {
+            if !hp.routes.contains(r) {
+                hp.routes.push(*r);
+            }
+        }
+        hp.routes.sort();
+        Ok(())
+    }
+
     async fn check_host_path(
         &self,
         spec: &HostPathSpec<'_>,

@@ -122,6 +122,60 @@ pub async fn add(host: &Host, spec: &HostPathSpec<'_>) -> Result<MacAddr, Plumbi
     Ok(pod_end.mac)
 }
 
+/// Changes the prefixes `spec`'s pod routes through its host path: routes
+/// `add` (with the gateway of a family it routes for the first time) and
+/// drops `remove`. Each step is idempotent, so a repeat after a crash
+/// finishes the change.
+pub async fn reroute(
+    host: &Host,
+    spec: &HostPathSpec<'_>,
+    add: &[IpNet],
+    remove: &[IpNet],
+) -> Result<(), PlumbingError> {
+    let host_end = link::must_exist(
+        link::by_name(host.handle(), spec.host_veth).await?,
+        "host end of the host path",
+        format!("{} is missing", spec.host_veth),
+    )?;
+    let ns = Netns::open(spec.netns)?;
+    let pod = handle_in(&ns).await?;
+    let pod_end = link::must_exist(
+        link::by_name(&pod, spec.ifname).await?,
+        "pod end of the host path",
+        format!("{} is missing from {}", spec.ifname, spec.netns.display()),
+    )?;
+    let adding = HostPathSpec {
+        routes: add,
+        ..spec.clone()
+    };
+    for gw in adding.gateways() {
+        route::veth_gateway(&pod, pod_end.index, gw, host_end.mac).await?;
+    }
+    for dst in add {
+        let gw = HostPath::gateway_for(dst);
+        let r = route::via(
+            *dst,
+            gw,
+            pod_end.index,
+            route::MAIN_TABLE,
+            spec.pod_ip_like(gw),
+        );
+        route::replace(&pod, r, "add host path route in pod").await?;
+    }
+    if remove.is_empty() {
+        return Ok(());
+    }
+    for r in route::dump(&pod).await? {
+        let gone = remove
+            .iter()
+            .any(|dst| r.is_via(*dst, HostPath::gateway_for(dst), pod_end.index));
+        if gone {
+            route::delete(&pod, r, "delete host path route in pod").await?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes a host path by its host end: deleting one end deletes both, and
 /// the routes and neighbour entries through them. Done already when the
 /// veth is gone (it dies with the pod's netns too).

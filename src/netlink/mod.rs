@@ -314,6 +314,15 @@ pub trait Plumbing: Send + Sync {
     /// when it is gone.
     async fn remove_host_path(&self, host_veth: &str) -> Result<(), PlumbingError>;
 
+    /// Makes `spec`'s pod route `add` through its host path too, and no
+    /// longer `remove` ([`hostpath::reroute`]).
+    async fn reroute_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        add: &[IpNet],
+        remove: &[IpNet],
+    ) -> Result<(), PlumbingError>;
+
     /// The pod end's MAC when the kernel's host path is `spec` (with the
     /// pod end's MAC `mac`, when known), else why not ([`hostpath::check`]).
     async fn check_host_path(

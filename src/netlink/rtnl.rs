@@ -342,6 +342,15 @@ impl Plumbing for RtnlPlumbing {
         hostpath::remove(&self.host, host_veth).await
     }
 
+    async fn reroute_host_path(
+        &self,
+        spec: &HostPathSpec<'_>,
+        add: &[IpNet],
+        remove: &[IpNet],
+    ) -> Result<(), PlumbingError> {
+        hostpath::reroute(&self.host, spec, add, remove).await
+    }
+
     async fn check_host_path(
         &self,
         spec: &HostPathSpec<'_>,

@@ -4,12 +4,14 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use enim_api::model::{now_ms, Mode, Payload, Phase, PrimaryPayload, Record};
 use enim_api::{EniStatus, GcReport, GcRequest};
 use enim_core::{Eni, EniOwner, MacAddr};
 use enim_provider::EniProvider;
+use ipnet::IpNet;
 
 use crate::engine::{Driver, EngineError, Unplumbed};
 use crate::netlink::{
@@ -21,6 +23,11 @@ use crate::support::fault::crash_point;
 use crate::support::metadata::MetadataConfig;
 
 use super::hostpath::HostPathConfig;
+use super::servicecidrs::ServiceCidrs;
+
+/// How long an ADD waits for the first listing of the API's service CIDRs
+/// (an agent just started) before "try again later".
+const SERVICE_CIDRS_WAIT: Duration = Duration::from_secs(10);
 
 pub struct PrimaryDriver {
     pub(super) provider: Arc<dyn EniProvider>,
@@ -30,6 +37,8 @@ pub struct PrimaryDriver {
     // join them as they are found (netlink::handout).
     pub(super) exclusions: LiveExclusions,
     pub(super) host_path: HostPathConfig,
+    /// The service CIDRs host paths route: `host_path`'s, or the API's.
+    pub(super) service_cidrs: ServiceCidrs,
     pub(super) pod_metadata: MetadataConfig,
 }
 
@@ -93,6 +102,7 @@ impl PrimaryDriver {
             checkpoint,
             exclusions: LiveExclusions::new(exclusions),
             host_path: HostPathConfig::default(),
+            service_cidrs: ServiceCidrs::Configured(Arc::from([])),
             pod_metadata: MetadataConfig::default(),
         }
     }
@@ -106,12 +116,39 @@ impl PrimaryDriver {
         }
     }
 
-    /// Gives pods a host path (docs/architecture.md, "The host path") under `config`.
+    /// Gives pods a host path (docs/architecture.md, "The host path") under
+    /// `config`, routing its service CIDRs.
     pub fn with_host_path(self, config: HostPathConfig) -> Self {
         PrimaryDriver {
+            service_cidrs: ServiceCidrs::Configured(config.service_cidrs.as_slice().into()),
             host_path: config,
             ..self
         }
+    }
+
+    /// Routes the service CIDRs `source` says (the API's, followed)
+    /// instead of the configured ones.
+    pub fn with_service_cidrs(self, source: ServiceCidrs) -> Self {
+        PrimaryDriver {
+            service_cidrs: source,
+            ..self
+        }
+    }
+
+    /// The service CIDRs a host path routes now, less any prefix refused to
+    /// pods ([pod_metadata] blocked): its prohibit route would clash.
+    async fn service_cidrs(&self, wait: Duration) -> Result<Vec<IpNet>, EngineError> {
+        let cidrs = self
+            .service_cidrs
+            .current(wait)
+            .await
+            .map_err(|e| EngineError::ServiceCidrsUnknown(e.to_string()))?;
+        let blocked = &self.pod_metadata.blocked;
+        Ok(cidrs
+            .iter()
+            .filter(|c| !blocked.contains(c))
+            .copied()
+            .collect())
     }
 
     pub fn plumbing(&self) -> &Arc<dyn Plumbing> {
@@ -241,9 +278,10 @@ impl PrimaryDriver {
             .node_addresses()
             .await
             .map_err(EngineError::plumbing("list node addresses"))?;
+        let services = self.service_cidrs(SERVICE_CIDRS_WAIT).await?;
         let pod_ips = record.ips();
         if let Payload::Primary(p) = &mut record.payload {
-            p.host_path = self.host_path.plan(&record.key, &pod_ips, &node);
+            p.host_path = self.host_path.plan(&record.key, &services, &pod_ips, &node);
         }
         Ok(())
     }
@@ -429,6 +467,56 @@ impl Driver for PrimaryDriver {
             .map_err(EngineError::pod_side("make host path"))?;
         learn_host_path_mac(record, mac);
         Ok(())
+    }
+
+    /// Re-plans the host path with the service CIDRs and node addresses of
+    /// now, and routes the difference in the pod.
+    async fn refresh(&self, record: &Record) -> Result<Option<Record>, EngineError> {
+        let Some(spec) = host_path_spec(record) else {
+            return Ok(None);
+        };
+        let services = self.service_cidrs(Duration::ZERO).await?;
+        let node = self
+            .plumbing
+            .node_addresses()
+            .await
+            .map_err(EngineError::plumbing("list node addresses"))?;
+        let Some(new) = self
+            .host_path
+            .plan(&record.key, &services, &record.ips(), &node)
+        else {
+            return Ok(None);
+        };
+        let old = spec.routes;
+        if new.routes == old {
+            return Ok(None);
+        }
+        let add: Vec<IpNet> = new
+            .routes
+            .iter()
+            .filter(|r| !old.contains(r))
+            .copied()
+            .collect();
+        let remove: Vec<IpNet> = old
+            .iter()
+            .filter(|r| !new.routes.contains(r))
+            .copied()
+            .collect();
+        self.plumbing
+            .reroute_host_path(&spec, &add, &remove)
+            .await
+            .map_err(EngineError::plumbing("reroute host path"))?;
+        tracing::info!(key = %record.key, ?add, ?remove, "host path rerouted");
+        let mut updated = record.clone();
+        if let Payload::Primary(PrimaryPayload {
+            host_path: Some(hp),
+            ..
+        }) = &mut updated.payload
+        {
+            hp.routes = new.routes;
+        }
+        updated.updated_ms = now_ms();
+        Ok(Some(updated))
     }
 
     async fn verify(&self, record: &mut Record, want_mtu: Option<u32>) -> Option<String> {

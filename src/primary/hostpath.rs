@@ -26,13 +26,22 @@ pub const DEFAULT_CT_MARK: u32 = 0x0020_0000;
 pub struct HostPathConfigError(pub String);
 
 /// The `[host_path]` table of enimd's config. Off (no veth, results as
-/// without it) while `service_cidrs` is empty.
+/// without it) while `service_cidrs` is empty and `service_cidrs_from_api`
+/// is false.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HostPathConfig {
     /// The cluster's service CIDRs (kube-apiserver's
-    /// `--service-cluster-ip-range`), IPv4 and/or IPv6.
+    /// `--service-cluster-ip-range`), IPv4 and/or IPv6. Given, they are
+    /// used as they are and the API is not read.
     pub service_cidrs: Vec<IpNet>,
+    /// Read the service CIDRs from the cluster's `ServiceCIDR` objects
+    /// (networking.k8s.io/v1) and follow them: a range added or removed
+    /// reaches running pods' routes too ([`super::servicecidrs`]).
+    pub service_cidrs_from_api: bool,
+    /// The kubeconfig `service_cidrs_from_api` reads with; default: the
+    /// pod's ServiceAccount (in-cluster).
+    pub kubeconfig: Option<PathBuf>,
     /// More prefixes the pod reaches through the host, e.g. node-local-dns's
     /// link-local address `169.254.20.10/32`.
     pub host_stack_cidrs: Vec<IpNet>,
@@ -61,6 +70,8 @@ impl Default for HostPathConfig {
     fn default() -> Self {
         HostPathConfig {
             service_cidrs: Vec::new(),
+            service_cidrs_from_api: false,
+            kubeconfig: None,
             host_stack_cidrs: Vec::new(),
             interfaces: vec!["eth0".into()],
             veth_prefix: "enih".into(),
@@ -73,14 +84,22 @@ impl Default for HostPathConfig {
 
 impl HostPathConfig {
     pub fn enabled(&self) -> bool {
-        !self.service_cidrs.is_empty()
+        !self.service_cidrs.is_empty() || self.service_cidrs_from_api
     }
 
     pub fn validate(&self) -> Result<(), HostPathConfigError> {
         let bad = |m: String| Err(HostPathConfigError(m));
+        if self.service_cidrs_from_api && !self.service_cidrs.is_empty() {
+            return bad(
+                "service_cidrs and service_cidrs_from_api are both set: give the CIDRs, or read them from the API, not both".into(),
+            );
+        }
+        if self.kubeconfig.is_some() && !self.service_cidrs_from_api {
+            return bad("kubeconfig is read only with service_cidrs_from_api = true".into());
+        }
         if !self.enabled() && !self.host_stack_cidrs.is_empty() {
             return bad(
-                "host_stack_cidrs needs service_cidrs: without them there is no host path".into(),
+                "host_stack_cidrs needs service_cidrs or service_cidrs_from_api: without them there is no host path".into(),
             );
         }
         if !naming::valid_veth_prefix(&self.veth_prefix) {
@@ -132,19 +151,21 @@ impl HostPathConfig {
         self.enabled() && self.interfaces.contains(&key.ifname)
     }
 
-    /// The host path `key`'s attachment gets, routing the configured CIDRs
-    /// and `node_addrs` of the families the pod has (`pod_ips`); `None`
-    /// when it gets none.
+    /// The host path `key`'s attachment gets, routing `service_cidrs` (the
+    /// configured ones, or the API's), the host-stack CIDRs and
+    /// `node_addrs` of the families the pod has (`pod_ips`); `None` when it
+    /// gets none.
     pub fn plan(
         &self,
         key: &AttachmentKey,
+        service_cidrs: &[IpNet],
         pod_ips: &[IpAddr],
         node_addrs: &[IpAddr],
     ) -> Option<HostPath> {
         if !self.applies_to(key) {
             return None;
         }
-        let configured = || self.service_cidrs.iter().chain(&self.host_stack_cidrs);
+        let configured = || service_cidrs.iter().chain(&self.host_stack_cidrs);
         let mut routes: Vec<IpNet> = configured().copied().collect();
         // The node's addresses, unless a configured prefix covers them (an
         // IPVS node holds every ClusterIP on kube-ipvs0) or they are the
@@ -214,7 +235,9 @@ mod tests {
     fn off_without_service_cidrs() {
         let c = HostPathConfig::default();
         c.validate().unwrap();
-        assert!(c.plan(&key("eth0"), &ips(&["10.0.0.5"]), &[]).is_none());
+        assert!(c
+            .plan(&key("eth0"), &[], &ips(&["10.0.0.5"]), &[])
+            .is_none());
     }
 
     #[test]
@@ -222,7 +245,10 @@ mod tests {
         let c = config();
         c.validate().unwrap();
         let node = ips(&["192.168.1.10", "10.96.0.1", "fd00:1::10", "10.0.0.5"]);
-        let hp = c.plan(&key("eth0"), &ips(&["10.0.0.5"]), &node).unwrap();
+        let services = c.service_cidrs.clone();
+        let hp = c
+            .plan(&key("eth0"), &services, &ips(&["10.0.0.5"]), &node)
+            .unwrap();
         let routes: Vec<String> = hp.routes.iter().map(ToString::to_string).collect();
         // IPv4 only: the pod has no IPv6. 10.96.0.1 is inside the service
         // CIDR, 10.0.0.5 is the pod's own.
@@ -236,7 +262,12 @@ mod tests {
         assert!(hp.mac.is_none());
 
         let dual = c
-            .plan(&key("eth0"), &ips(&["10.0.0.5", "fd00:e1::5"]), &node)
+            .plan(
+                &key("eth0"),
+                &services,
+                &ips(&["10.0.0.5", "fd00:e1::5"]),
+                &node,
+            )
             .unwrap();
         assert!(dual.routes.contains(&"fd00:96::/112".parse().unwrap()));
         assert!(dual.routes.contains(&"fd00:1::10/128".parse().unwrap()));
@@ -246,7 +277,10 @@ mod tests {
     #[test]
     fn only_the_configured_interfaces_get_one() {
         let c = config();
-        assert!(c.plan(&key("net1"), &ips(&["10.0.0.5"]), &[]).is_none());
+        let services = c.service_cidrs.clone();
+        assert!(c
+            .plan(&key("net1"), &services, &ips(&["10.0.0.5"]), &[])
+            .is_none());
         assert_eq!(pod_ifname("averylongname1"), "averylongn-host");
         assert!(validate_ifname(&pod_ifname("averylongname1")).is_ok());
     }
@@ -291,6 +325,15 @@ mod tests {
                 nft: "sbin/nft".into(),
                 ..c.clone()
             },
+            // Both sources: which one wins would be a guess.
+            HostPathConfig {
+                service_cidrs_from_api: true,
+                ..c.clone()
+            },
+            HostPathConfig {
+                kubeconfig: Some("/etc/enim/kubeconfig".into()),
+                ..c.clone()
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -302,6 +345,12 @@ mod tests {
             },
             HostPathConfig {
                 masquerade: false,
+                ..c.clone()
+            },
+            HostPathConfig {
+                service_cidrs: vec![],
+                service_cidrs_from_api: true,
+                kubeconfig: Some("/etc/enim/kubeconfig".into()),
                 ..c.clone()
             },
         ] {

@@ -11,7 +11,8 @@
 //! `startup:before-recover` (listening, not yet ready).
 //!
 //! With the host path on, primary mode also passes
-//! [`HOST_PATH_CRASH_POINTS`]. Secondary mode has its own list ([`SECONDARY_CRASH_POINTS`]): the ADD
+//! [`HOST_PATH_CRASH_POINTS`] (`refresh:after-kernel` only when it follows
+//! the API's service CIDRs). Secondary mode has its own list ([`SECONDARY_CRASH_POINTS`]): the ADD
 //! points without the move, and `del:after-unplumb` (veth, rules and
 //! routes removed) in place of DEL's move and restore.
 
@@ -44,9 +45,14 @@ pub const CRASH_POINTS: &[&str] = &[
 ];
 
 /// The points primary mode passes besides [`CRASH_POINTS`] when pods get a
-/// host path: its veth made but not configured, and removed on DEL before
-/// the ENI moves home.
-pub const HOST_PATH_CRASH_POINTS: &[&str] = &["add:after-host-veth", "del:after-host-path"];
+/// host path: its veth made but not configured, removed on DEL before the
+/// ENI moves home, and a running pod rerouted for new service CIDRs before
+/// its record says so (tests/host_path_api.rs).
+pub const HOST_PATH_CRASH_POINTS: &[&str] = &[
+    "add:after-host-veth",
+    "del:after-host-path",
+    "refresh:after-kernel",
+];
 
 /// The crash points secondary mode passes, in order.
 pub const SECONDARY_CRASH_POINTS: &[&str] = &[

@@ -98,7 +98,9 @@ impl ControlPlane {
     }
 
     /// Also runs kube-controller-manager (the garbage collector, the
-    /// service-account token controller).
+    /// service-account token controller, and the ServiceCIDR controller,
+    /// which lets a deleted ServiceCIDR go once no Service holds an
+    /// address in it).
     pub fn with_controllers(mut self) -> ControlPlane {
         let kc = self.pki().join("controller-manager.kubeconfig");
         let mut cmd = Command::new(self.bin.join("kube-controller-manager"));
@@ -119,7 +121,7 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 "--profiling=false",
-                "--controllers=garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller",
+                "--controllers=garbage-collector-controller,serviceaccount-controller,serviceaccount-token-controller,service-cidr-controller",
             ]);
         self.controllers = Some(self.spawn("kube-controller-manager", cmd));
         self
