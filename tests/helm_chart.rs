@@ -107,7 +107,11 @@ fn required_settings_fail_with_a_message() {
     let Some(helm) = helm() else { return };
     let with_cidrs = "serviceCIDRs: [10.100.0.0/16]\n";
     let cases: &[(&str, String, &str)] = &[
-        ("the defaults", String::new(), "serviceCIDRs is required"),
+        (
+            "the defaults",
+            String::new(),
+            "operator.config.cloud.type is required",
+        ),
         (
             "no cloud",
             with_cidrs.into(),
@@ -239,6 +243,58 @@ fn wrong_values_and_what_enimd_refuses_fail() {
         ),
     ];
     each_fails_naming(&helm, cases);
+}
+
+/// serviceCIDRs unset: every pool's enimd follows the API's ServiceCIDRs,
+/// and only then may the agent list them; given, they are used as they
+/// are; `[]` turns the host path off.
+#[test]
+fn service_cidrs_come_from_the_api_unless_given() {
+    let Some(helm) = helm() else { return };
+    let from_api = REQUIRED.replace("serviceCIDRs: [\"10.100.0.0/16\"]\n", "");
+    assert_ne!(from_api, REQUIRED);
+    let reads_servicecidrs = |docs: &[Value]| {
+        let rules = named(docs, "ClusterRole", "enim:agent")["rules"].clone();
+        rules
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|r| r["resources"][0] == "servicecidrs")
+    };
+    for (values, api, cidrs, listed) in [
+        (from_api.clone(), true, vec![], true),
+        (
+            REQUIRED.to_string(),
+            false,
+            vec!["10.100.0.0/16".to_string()],
+            false,
+        ),
+        (
+            format!("{from_api}serviceCIDRs: []\n"),
+            false,
+            vec![],
+            false,
+        ),
+    ] {
+        let out = template(&helm, &format!("{values}{POOLS}"));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let docs = documents(&out);
+        for config_map in [
+            "enimd-config",
+            "enimd-config-secondary",
+            "enimd-config-per-node",
+        ] {
+            let text = named(&docs, "ConfigMap", config_map)["data"]["enimd.toml"]
+                .as_str()
+                .unwrap();
+            let config = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let hp = &config.host_path;
+            assert_eq!(hp.service_cidrs_from_api, api, "{config_map}: {text}");
+            let given: Vec<String> = hp.service_cidrs.iter().map(|c| c.to_string()).collect();
+            assert_eq!(given, cidrs, "{config_map}");
+        }
+        assert_eq!(reads_servicecidrs(&docs), listed, "{values}");
+    }
 }
 
 /// Every document of `helm template`'s output.

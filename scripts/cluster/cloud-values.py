@@ -2,7 +2,7 @@
 """The Helm values the cloud run (scripts/cluster/cloud.sh) installs
 charts/enim with, from cloud.py's state:
 
-    cloud-values.py CLOUD_JSON --service-cidr CIDR --replicas N --tag TAG > values.json
+    cloud-values.py CLOUD_JSON --replicas N --tag TAG > values.json
 
 (JSON is YAML, so helm reads it as a values file.) What a user with several
 kinds of nodes sets on EC2, for moto and the VPC simulator:
@@ -14,8 +14,9 @@ kinds of nodes sets on EC2, for moto and the VPC simulator:
 - the operator on the `aws` cloud through the fault proxy, N replicas, with
   no key anywhere: IRSA, its ServiceAccount token (projected by the chart)
   exchanged at moto's STS for cloud.py's role;
-- the image tag TAG, the cluster's Service CIDR, and the metadata
-  scenario's opted-in namespace (scenarios.sh s_metadata).
+- the image tag TAG, and the metadata scenario's opted-in namespace
+  (scenarios.sh s_metadata). serviceCIDRs is left unset: the agents read
+  the cluster's ranges (10.100.0.0/16, as on EKS) from its ServiceCIDRs.
 """
 
 import argparse
@@ -78,7 +79,6 @@ def per_node_aws(cloud):
 def main():
     ap = argparse.ArgumentParser(prog="cloud-values.py")
     ap.add_argument("cloud_json")
-    ap.add_argument("--service-cidr", required=True)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--tag", required=True)
     a = ap.parse_args()
@@ -90,7 +90,6 @@ def main():
     per_node["envFromSecret"] = "enim-node-cloud"
     values = {
         "image": {"repository": "enim", "tag": a.tag},
-        "serviceCIDRs": [a.service_cidr],
         "imds": {"allowedNamespaces": ["enim-e2e-imds"]},
         "pools": [pool("primary", "primary"), pool("secondary", "secondary"),
                   pool("primary-dra", "primary-dra"), per_node],

@@ -262,7 +262,7 @@ helm_e2e() {
 # per-node, the operator on EC2 at moto with 2 replicas); CoreDNS on the
 # cluster's DNS address.
 cloud_install() {
-  python3 "$repo/scripts/cluster/cloud-values.py" "$work/cloud.json" --service-cidr "$SERVICE_CIDR" \
+  python3 "$repo/scripts/cluster/cloud-values.py" "$work/cloud.json" \
     --replicas 2 --tag "${ENIM_IMAGE##*:}" > "$work/etc/values.json"
   k create namespace enim-system >/dev/null
   k label namespace enim-system app.kubernetes.io/name=enim pod-security.kubernetes.io/enforce=privileged >/dev/null

@@ -1,8 +1,7 @@
 #!/usr/bin/python3
 """Writes deploy/'s ConfigMap for the e2e cluster (scripts/e2e-cluster.sh):
 
-    enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT [--dra]
-                   [--service-cidr CIDR] > configmap.yaml
+    enim-config.py DEPLOY_DIR MODE ENIS_TOML PROVIDER NODE OPERATOR_OUT [--dra] > configmap.yaml
 
 What a user edits when installing on their cloud, done for the sandbox:
 `mode` is set, and [provider] becomes
@@ -14,9 +13,7 @@ What a user edits when installing on their cloud, done for the sandbox:
   replica (the two of deploy/ are spread over nodes; this cluster has one).
 (The cloud run installs the Helm chart instead: scripts/cluster/cloud-values.py.)
 With --dra, [dra] enabled = true and [device_plugin] off: pods claim ENIs
-through DRA (docs/dra.md). --service-cidr CIDR sets
-[host_path] service_cidrs (default: deploy/'s).
-Every other key stays as deploy/ has it.
+through DRA (docs/dra.md). Every other key stays as deploy/ has it.
 """
 
 import argparse
@@ -46,7 +43,6 @@ def main():
     for name in ("deploy_dir", "mode", "enis_file", "provider", "node", "operator_out"):
         ap.add_argument(name)
     ap.add_argument("--dra", action="store_true")
-    ap.add_argument("--service-cidr")
     a = ap.parse_args()
     pod = e2e_pod()
     with open(os.path.join(a.deploy_dir, "20-configmap.yaml")) as f:
@@ -66,8 +62,6 @@ def main():
             operator_manifests(a.deploy_dir, a.mode, a.node, sandbox["provider"]["enis"], out)
     else:
         fail(f"PROVIDER {a.provider!r}: static or cluster")
-    if a.service_cidr:
-        config["host_path"]["service_cidrs"] = [a.service_cidr]
     # The metadata scenario's opted-in namespace (scenarios.sh s_metadata);
     # the refused addresses stay enimd's defaults.
     config["pod_metadata"] = {"allowed_namespaces": ["enim-e2e-imds"]}

@@ -261,9 +261,22 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
     // patches their status with the ENI's networkData. Both components post
     // Events (events.k8s.io: create, and patch to fold a repeat), in every
     // namespace (a pod's event goes to the pod's), and never read them.
+    // With `[host_path] service_cidrs_from_api` it also lists and watches
+    // the cluster's ServiceCIDRs (cluster-scoped), and only then.
     let events = grants(None, "events.k8s.io", "events", &["create", "patch"]);
     let nrs = CRD_PLURAL;
     let status = format!("{CRD_PLURAL}/status");
+    let follows_service_cidrs = agent_config(m, &mut Problems::default())
+        .is_some_and(|(c, _)| c.host_path.service_cidrs_from_api);
+    let service_cidrs = match follows_service_cidrs {
+        true => grants(
+            None,
+            "networking.k8s.io",
+            "servicecidrs",
+            &["list", "watch"],
+        ),
+        false => vec![],
+    };
     let agent: BTreeSet<Grant> = [
         grants(None, CRD_GROUP, nrs, &["get", "list", "watch"]),
         grants(None, CRD_GROUP, &status, &["get", "patch", "update"]),
@@ -277,6 +290,7 @@ pub(crate) fn check(m: &Manifests, p: &mut Problems) {
         grants(None, DRA_GROUP, "resourceclaims", &["get"]),
         grants(None, DRA_GROUP, "resourceclaims/status", &["patch"]),
         events.clone(),
+        service_cidrs,
     ]
     .concat()
     .into_iter()

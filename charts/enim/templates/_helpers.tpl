@@ -95,7 +95,11 @@ Argument: dict "root" $ "pool" POOL. Output: the map as JSON.
 {{- end }}
 {{- $_ := set $config "metrics_address" (printf "%s:%d" $root.Values.metrics.address (int $root.Values.metrics.port)) }}
 {{- $hostPath := deepCopy ($config.host_path | default dict) }}
+{{- if kindIs "invalid" $root.Values.serviceCIDRs }}
+{{- $_ := set $hostPath "service_cidrs_from_api" true }}
+{{- else }}
 {{- $_ := set $hostPath "service_cidrs" $root.Values.serviceCIDRs }}
+{{- end }}
 {{- $_ := set $config "host_path" $hostPath }}
 {{- $imds := $root.Values.imds }}
 {{- if or $imds.allowedNamespaces (not (kindIs "invalid" $imds.blocked)) }}
@@ -123,9 +127,6 @@ Every setting a user must give, checked in one order by each template
 that needs them, so that `helm template` names the first one missing.
 */}}
 {{- define "enim.checks" -}}
-{{- if kindIs "invalid" .Values.serviceCIDRs }}
-{{- fail "enim: serviceCIDRs is required: your cluster's Service CIDRs (kube-apiserver --service-cluster-ip-range; EKS: 10.100.0.0/16 or 172.20.0.0/16), or [] to turn the host path off" }}
-{{- end }}
 {{- if .Values.operator.enabled }}
 {{- include "enim.operator.check" . }}
 {{- end }}
