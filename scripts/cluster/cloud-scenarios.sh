@@ -388,6 +388,87 @@ claim_enis() {
 eni_gone_from_moto() { [ -z "$(moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .id')" ]; }
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 
+# (policy) Pods get enim's network by an EniPolicy, through the operator's
+# admission webhook (both replicas serve it; the API server reaches them at
+# the Service's endpoints): a pod with no word of enim in it, in a
+# namespace the policy selects, gets enim.io/eni and the policy's
+# annotation, and runs on node 1 on an ENI from moto. Server-side dry runs
+# show the rest without taking ENIs: a pod of a namespace no policy selects
+# gets the cluster default (none: only the annotation); of two policies
+# selecting one pod the higher priority wins, and once it is deleted the
+# other; with no replica serving, a pod in scope is refused naming the
+# webhook (failurePolicy Fail) while one in an ignored namespace is not.
+POLICY_NS=enim-e2e-policy
+NO_POLICY_NS=enim-e2e-nopolicy
+policy_pod() {
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: $2, labels: {e2e: "1"}}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {enim.io/pool: primary}
+  containers:
+    - {name: c, image: $BUSYBOX, imagePullPolicy: Never, args: ["exec httpd -f -p 8080 -h /"]}
+EOF
+}
+eni_policy() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: $1}
+spec: {namespaceSelector: {matchLabels: {team: web}}, mode: $2, priority: $3}
+EOF
+}
+# admitted NAME NS: the policy annotation and the enim.io/eni and
+# enim.io/ip limits a dry-run creation of pod NAME in NS gets.
+admitted() {
+  policy_pod "$1" "$2" | k create --dry-run=server -o json -f - |
+    jq -r '"\(.metadata.annotations["enim.io/policy"]) eni=\(.spec.containers[0].resources.limits["enim.io/eni"] // "-") ip=\(.spec.containers[0].resources.limits["enim.io/ip"] // "-")"'
+}
+policy_ready() { k get enipolicy "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
+s_cloud_policy() {
+  local rc=0 got ip line t0
+  k create namespace "$POLICY_NS" >/dev/null && k label namespace "$POLICY_NS" team=web >/dev/null || return 1
+  k create namespace "$NO_POLICY_NS" >/dev/null || return 1
+  eni_policy e2e-web primary 0
+  wait_for "EniPolicy e2e-web Ready" 120 test_eq True policy_ready e2e-web || rc=1
+  t0=$(date +%s%N)
+  policy_pod by-policy "$POLICY_NS" | k apply -f - >/dev/null || return 1
+  k -n "$POLICY_NS" wait --for=condition=Ready pod/by-policy --timeout=120s >/dev/null ||
+    { echo "by-policy: $(k -n "$POLICY_NS" get pod by-policy -o wide --no-headers)"; rc=1; }
+  echo "by-policy: apply -> Ready $(ms_since "$t0") ms"
+  got=$(k -n "$POLICY_NS" get pod by-policy -o json |
+    jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.containers[0].resources.limits["enim.io/eni"])"')
+  [ "$got" = "e2e-web 1" ] || { echo "by-policy was admitted as '$got', not 'e2e-web 1'"; rc=1; }
+  ip=$(k -n "$POLICY_NS" get pod by-policy -o jsonpath='{.status.podIP}')
+  line=$(moto_enis | jq -c --arg ip "$ip" '.[] | select(.addresses[0] == $ip)')
+  [ -n "$ip" ] && [ "$(jq -r .instance <<<"$line")" = "$(node_instance 1)" ] ||
+    { echo "by-policy's address '$ip' is no primary address of an ENI of node 1's instance in moto: $line"; rc=1; }
+  got=$(admitted no-policy "$NO_POLICY_NS")
+  [ "$got" = "(default) eni=- ip=-" ] || { echo "a pod no policy selects: '$got'"; rc=1; }
+  eni_policy e2e-web-secondary secondary 10
+  wait_for "EniPolicy e2e-web-secondary Ready" 120 test_eq True policy_ready e2e-web-secondary || rc=1
+  got=$(admitted two "$POLICY_NS")
+  [ "$got" = "e2e-web-secondary eni=- ip=1" ] || { echo "two policies, priority 10 over 0: '$got'"; rc=1; }
+  k delete enipolicy e2e-web-secondary >/dev/null
+  wait_for "the deleted policy to leave the webhook's view" 120 test_eq "e2e-web eni=1 ip=-" admitted after "$POLICY_NS" ||
+    { echo "after deleting the winner: '$(admitted after "$POLICY_NS")'"; rc=1; }
+  # No replica serving: refused in scope, admitted where ignored.
+  k -n enim-system scale deployment/enim-operator --replicas=0 >/dev/null
+  k -n enim-system wait --for=delete pod -l app.kubernetes.io/component=operator --timeout=120s >/dev/null
+  got=$(policy_pod down "$POLICY_NS" | k create --dry-run=server -f - 2>&1)
+  grep 'pods.policy.enim.io' <<<"$got" >/dev/null || { echo "with no replica, a pod in scope got: $got"; rc=1; }
+  policy_pod down default | k create --dry-run=server -f - >/dev/null ||
+    { echo "with no replica, a pod in the ignored namespace default was refused"; rc=1; }
+  k -n enim-system scale deployment/enim-operator --replicas=2 >/dev/null
+  k -n enim-system rollout status deployment/enim-operator --timeout=180s >/dev/null || rc=1
+  wait_for "the webhook serving again" 120 test_eq "e2e-web eni=1 ip=-" admitted back "$POLICY_NS" || rc=1
+  k delete namespace "$POLICY_NS" "$NO_POLICY_NS" --wait=true --timeout=120s >/dev/null || rc=1
+  k delete enipolicy e2e-web >/dev/null || rc=1
+  return $rc
+}
+
 # (7) On demand: a claim asking for a security group no ENI has gets an
 # ENI made in moto with exactly that group, hot-plugged into the DRA node,
 # and its pod runs on it; deleting the pod (and so its claim) deletes the ENI.
@@ -950,6 +1031,7 @@ run_cloud_scenarios() {
   cloud_scenario "performance: RunPodSandbox of enim against bridge on node 1 (primary) and node 2 (secondary), the kernel's netns move; a warm pod's apply -> Running in phases on each" s_cloud_perf
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
+  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, and no replica serving (refused in scope, admitted where ignored)" s_cloud_policy
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
   cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage

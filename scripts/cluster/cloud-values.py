@@ -14,6 +14,7 @@ kinds of nodes sets on EC2, for moto and the VPC simulator:
 - the operator on the `aws` cloud through the fault proxy, N replicas, with
   no key anywhere: IRSA, its ServiceAccount token (projected by the chart)
   exchanged at moto's STS for cloud.py's role;
+- the EniPolicy admission webhook on (s_cloud_policy);
 - the image tag TAG, and the metadata scenario's opted-in namespace
   (scenarios.sh s_metadata). serviceCIDRs is left unset: the agents read
   the cluster's ranges (10.100.0.0/16, as on EKS) from its ServiceCIDRs.
@@ -95,6 +96,12 @@ def main():
                   pool("primary-dra", "primary-dra"), per_node],
         "operator": {
             "replicas": a.replicas,
+            # The EniPolicy webhook, served by both replicas; the API
+            # server reaches it at the Service's endpoints (node.sh's
+            # --enable-aggregator-routing: its control plane has no
+            # kube-proxy). Namespace default is labelled out of its scope
+            # (cloud.sh), so only s_cloud_policy's namespaces meet it.
+            "webhook": {"enabled": True},
             # STS straight at moto: an EC2 outage of the fault proxy is not
             # an STS outage.
             "credentials": {"webIdentity": {"roleArn": cloud["roles"]["operator"]},

@@ -269,6 +269,10 @@ cloud_install() {
   k -n enim-system create secret generic enim-node-cloud \
     --from-literal=AWS_ACCESS_KEY_ID="$(cloud_field .keys.node.id)" \
     --from-literal=AWS_SECRET_ACCESS_KEY="$(cloud_field .keys.node.secret)" >/dev/null
+  # The scenarios' pods live in default: out of the EniPolicy webhook's
+  # scope (failurePolicy Fail), so that the outage and leader scenarios,
+  # which take replicas away, never have their pods refused by it.
+  k label namespace default enim.io/admission=ignore >/dev/null
   helm_e2e install enim "$repo/charts/enim" --namespace enim-system --values "$work/etc/values.json" >/dev/null
   sed "s/clusterIP: 10.96.0.10/clusterIP: $DNS_IP/" "$repo/scripts/cluster/coredns.yaml" | k apply -f - >/dev/null
 }

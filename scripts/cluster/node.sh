@@ -301,6 +301,9 @@ start_etcd() {
     --initial-cluster e2e=http://127.0.0.1:2380 --unsafe-no-fsync
 }
 
+# --enable-aggregator-routing: the API server calls webhooks (enim's
+# EniPolicy webhook) at their Service's endpoints, not its ClusterIP: this
+# control plane runs outside the nodes, with no kube-proxy of its own.
 start_apiserver() {
   local p=$work/pki
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
@@ -313,7 +316,8 @@ start_apiserver() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --allow-privileged=true --profiling=false --endpoint-reconciler-type=lease
+    --allow-privileged=true --profiling=false --endpoint-reconciler-type=lease \
+    --enable-aggregator-routing=true
 }
 
 start_controllers() {
