@@ -398,6 +398,7 @@ ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 # selecting one pod the higher priority wins, and once it is deleted the
 # other; with no replica serving, a pod in scope is refused naming the
 # webhook (failurePolicy Fail) while one in an ignored namespace is not.
+# admission-times.py prints what the webhook adds to a creation.
 POLICY_NS=enim-e2e-policy
 NO_POLICY_NS=enim-e2e-nopolicy
 policy_pod() {
@@ -445,6 +446,10 @@ s_cloud_policy() {
   line=$(moto_enis | jq -c --arg ip "$ip" '.[] | select(.addresses[0] == $ip)')
   [ -n "$ip" ] && [ "$(jq -r .instance <<<"$line")" = "$(node_instance 1)" ] ||
     { echo "by-policy's address '$ip' is no primary address of an ENI of node 1's instance in moto: $line"; rc=1; }
+  # What the webhook adds: 1,000 dry-run creations in its scope against as
+  # many in the ignored namespace default, interleaved (#33's figures).
+  on_node python3 "$repo/scripts/cluster/admission-times.py" "$work/pki/admin.kubeconfig" \
+    "$POLICY_NS" default 1000 || rc=1
   got=$(admitted no-policy "$NO_POLICY_NS")
   [ "$got" = "(default) eni=- ip=-" ] || { echo "a pod no policy selects: '$got'"; rc=1; }
   eni_policy e2e-web-secondary secondary 10
