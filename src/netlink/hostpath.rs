@@ -23,6 +23,7 @@ use std::path::Path;
 use enim_api::model::HostPath;
 use enim_core::MacAddr;
 use ipnet::IpNet;
+use rtnetlink::Handle;
 
 use super::host::handle_in;
 use super::{link, neigh, route, Host, LinkInfo, Netns, PlumbingError};
@@ -90,22 +91,9 @@ pub async fn add(host: &Host, spec: &HostPathSpec<'_>) -> Result<MacAddr, Plumbi
     link::set_up(handle, host_end.index, None, "set host path up").await?;
 
     let pod = handle_in(&ns).await?;
-    let pod_end = link::must_exist(
-        link::by_name(&pod, spec.ifname).await?,
-        "pod end of the host path",
-        format!("{} vanished from {}", spec.ifname, spec.netns.display()),
-    )?;
+    let pod_end = pod_end(&pod, spec).await?;
     link::set_up(&pod, pod_end.index, None, "set pod end of host path up").await?;
-    for gw in spec.gateways() {
-        route::veth_gateway(&pod, pod_end.index, gw, host_end.mac).await?;
-    }
-    for dst in spec.routes {
-        let gw = HostPath::gateway_for(dst);
-        let src = spec.pod_ip_like(gw);
-        let op = "add host path route in pod";
-        let r = route::via(*dst, gw, pod_end.index, route::MAIN_TABLE, src);
-        route::replace(&pod, r, op).await?;
-    }
+    route_via_host(&pod, spec, pod_end.index, host_end.mac).await?;
     drop((pod, ns));
 
     for ip in &spec.pod_ips {
@@ -139,29 +127,12 @@ pub async fn reroute(
     )?;
     let ns = Netns::open(spec.netns)?;
     let pod = handle_in(&ns).await?;
-    let pod_end = link::must_exist(
-        link::by_name(&pod, spec.ifname).await?,
-        "pod end of the host path",
-        format!("{} is missing from {}", spec.ifname, spec.netns.display()),
-    )?;
+    let pod_end = pod_end(&pod, spec).await?;
     let adding = HostPathSpec {
         routes: add,
         ..spec.clone()
     };
-    for gw in adding.gateways() {
-        route::veth_gateway(&pod, pod_end.index, gw, host_end.mac).await?;
-    }
-    for dst in add {
-        let gw = HostPath::gateway_for(dst);
-        let r = route::via(
-            *dst,
-            gw,
-            pod_end.index,
-            route::MAIN_TABLE,
-            spec.pod_ip_like(gw),
-        );
-        route::replace(&pod, r, "add host path route in pod").await?;
-    }
+    route_via_host(&pod, &adding, pod_end.index, host_end.mac).await?;
     if remove.is_empty() {
         return Ok(());
     }
@@ -172,6 +143,35 @@ pub async fn reroute(
         if gone {
             route::delete(&pod, r, "delete host path route in pod").await?;
         }
+    }
+    Ok(())
+}
+
+/// The host path's pod end in the pod.
+async fn pod_end(pod: &Handle, spec: &HostPathSpec<'_>) -> Result<LinkInfo, PlumbingError> {
+    link::must_exist(
+        link::by_name(pod, spec.ifname).await?,
+        "pod end of the host path",
+        format!("{} is missing from {}", spec.ifname, spec.netns.display()),
+    )
+}
+
+/// Routes `spec.routes` in the pod through the host path: each family's
+/// gateway made reachable at the host end's MAC first, each route
+/// preferring the pod's address of its family as source.
+async fn route_via_host(
+    pod: &Handle,
+    spec: &HostPathSpec<'_>,
+    pod_end: u32,
+    host_mac: MacAddr,
+) -> Result<(), PlumbingError> {
+    for gw in spec.gateways() {
+        route::veth_gateway(pod, pod_end, gw, host_mac).await?;
+    }
+    for dst in spec.routes {
+        let gw = HostPath::gateway_for(dst);
+        let r = route::via(*dst, gw, pod_end, route::MAIN_TABLE, spec.pod_ip_like(gw));
+        route::replace(pod, r, "add host path route in pod").await?;
     }
     Ok(())
 }
