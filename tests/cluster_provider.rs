@@ -306,8 +306,12 @@ fn enimd_tells_a_quarantine_on_the_node_and_a_refused_add_on_the_pod() {
     let mut agent = start_enimd(&cp, &sb, dir.path(), &extra);
     let conf = agent.net_conf("1.1.0");
     add_eventually(&pods[0], "c1", &conf);
-    // The ADD above quarantined eni-0001 or found it so: told on the Node.
-    // (60 s: under a loaded test run, 20 s was once not enough.)
+    // The next pod is refused: eni-0001 is quarantined by now, either at
+    // start-up (when the spec came before recovery) or by this very ADD
+    // (when it came after: c1 then took eni-0000 and never tried eni-0001).
+    let msg = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
+    assert!(msg.contains("no free ENI"), "{msg}");
+    // The quarantine is told on the Node.
     let mut on_node = Vec::new();
     eventually(
         "an EniQuarantined event on the Node",
@@ -324,9 +328,10 @@ fn enimd_tells_a_quarantine_on_the_node_and_a_refused_add_on_the_pod() {
         "{on_node:?}"
     );
 
-    // The next pod is refused: told on the pod, with the quarantine.
-    let msg = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
-    assert!(msg.contains("no free ENI"), "{msg}");
+    // The refusal on the pod says why. Asked again now: the first refusal
+    // may have come before the quarantine check saw eni-0001 (then it was
+    // told as NoFreeEni).
+    enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).err(11);
     let mut on_pod = Vec::new();
     eventually(
         "an EniQuarantined event on the Pod",
