@@ -72,6 +72,14 @@ pub enum BceError {
     },
     #[error("ENI {eni_id}: BCE reports {what}")]
     BadReport { eni_id: String, what: String },
+    /// No security groups are configured and BCE lists none bound to the
+    /// instance: a new ENI would get BCE's default group.
+    #[error(
+        "instance {instance}: no security groups configured for new ENIs, and BCE lists none \
+         bound to the instance in VPC {vpc_id}; refusing to create one with BCE's default group \
+         (configure the groups, or bind one to the instance)"
+    )]
+    NoSecurityGroups { instance: String, vpc_id: String },
     #[error("subnet {subnet}: {value:?} is not a block")]
     BadSubnet { subnet: String, value: String },
     /// Every device index is taken by an ENI of the instance or a create
@@ -123,6 +131,7 @@ impl From<BceError> for ProviderError {
             | BceError::NotOursToDelete { .. }
             | BceError::NotInCluster { .. }
             | BceError::Primary(_)
+            | BceError::NoSecurityGroups { .. }
             | BceError::BadSubnet { .. } => ProviderError::Config(msg),
         }
     }
@@ -139,6 +148,10 @@ mod tests {
             BceError::Primary("eni-1".into()),
             BceError::Config("bce: x".into()),
             BceError::NoDeviceIndex { total: 255 },
+            BceError::NoSecurityGroups {
+                instance: "i-1".into(),
+                vpc_id: "vpc-1".into(),
+            },
             BceError::BadReport {
                 eni_id: "eni-1".into(),
                 what: "no primary IPv4".into(),

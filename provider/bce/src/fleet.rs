@@ -14,6 +14,10 @@
 //! and filtered here, once per listing. The subnets' blocks come from the
 //! VPC API once per subnet and are kept.
 //!
+//! A create whose request names no security groups gives the ENI its
+//! instance's (listed once per instance and kept), never BCE's default
+//! group.
+//!
 //! Idempotency of `create`: BCE answers a repeated clientToken with the
 //! first answer, and the name is made from the token, so a retry is the
 //! same request; the intent word lets a successor find the ENI in the
@@ -46,7 +50,7 @@ use crate::client::{self, client_token, ApiClient, ApiEni, ApiSubnet, EniStatus,
 use crate::config::BceFleetConfig;
 use crate::error::BceError;
 use crate::metadata::MetaInterface;
-use crate::steps;
+use crate::steps::{self, InstanceGroups};
 use crate::tags::{
     description_tag, device_index_of, eni_name_prefix, in_cluster, node_of, with_word,
     DEVICE_INDEXES, TAG_DEVICE_INDEX,
@@ -72,6 +76,9 @@ pub struct BceFleet {
     api: ApiClient,
     config: BceFleetConfig,
     subnets: Mutex<HashMap<String, SubnetBlocks>>,
+    /// Each instance's security groups, once listed: its new ENIs' when
+    /// the request names none.
+    groups: InstanceGroups,
 }
 
 /// A short stable digest of a token (FNV-1a), for the ENI's name: the
@@ -98,6 +105,7 @@ impl BceFleet {
             api,
             config: config.clone(),
             subnets: Mutex::new(HashMap::new()),
+            groups: InstanceGroups::new(&config.vpc_id, config.list_page_size),
         })
     }
 
@@ -235,6 +243,10 @@ impl BceFleet {
                 description.len()
             ));
         }
+        let security_groups = self
+            .groups
+            .for_new_eni(&self.api, &req.instance, &req.security_groups)
+            .await?;
         crash_point("cloud:before-create");
         let eni_id = self
             .api
@@ -242,7 +254,7 @@ impl BceFleet {
                 &client::CreateEni {
                     name: &name,
                     subnet_id: &req.subnet,
-                    security_group_ids: &req.security_groups,
+                    security_group_ids: &security_groups,
                     private_ip_set: vec![PrivateIp {
                         primary: true,
                         private_ip_address: String::new(),

@@ -54,7 +54,7 @@ use crate::config::BceConfig;
 use crate::error::BceError;
 use crate::idcache::IdCache;
 use crate::metadata::{self, MetaInterface, MetadataClient, MetadataError};
-use crate::steps;
+use crate::steps::{self, InstanceGroups};
 use crate::tags::{
     self, description_tag, device_index_of, eni_name_prefix, DEVICE_INDEXES, TAG_DEVICE_INDEX,
 };
@@ -65,6 +65,7 @@ pub struct BackendSettings {
     pub instance_id: String,
     pub vpc_id: String,
     pub subnet_id: String,
+    /// Security groups of new ENIs; empty: the instance's own.
     pub security_group_ids: Vec<String>,
     /// Between two status (or metadata) polls.
     pub poll_interval: Duration,
@@ -94,6 +95,9 @@ pub struct BceBackend {
     /// `totalQuantity`), once asked: it follows the instance's size, which
     /// does not change while the agent runs.
     ips_per_eni: Mutex<Option<usize>>,
+    /// The instance's security groups, once listed: new ENIs' when none
+    /// are configured.
+    groups: InstanceGroups,
     /// Attached ENIs without a device index, already warned about.
     warned_unindexed: Mutex<HashSet<String>>,
     /// What the API last said about the ENIs attached here, kept for a
@@ -104,6 +108,7 @@ pub struct BceBackend {
 impl BceBackend {
     pub fn new(api: ApiClient, meta: MetadataClient, settings: BackendSettings) -> Self {
         let name_prefix = eni_name_prefix(&settings.instance_id);
+        let groups = InstanceGroups::new(&settings.vpc_id, settings.page_size);
         BceBackend {
             api,
             meta,
@@ -111,6 +116,7 @@ impl BceBackend {
             name_prefix,
             reserved: Mutex::new(HashSet::new()),
             ips_per_eni: Mutex::new(None),
+            groups,
             warned_unindexed: Mutex::new(HashSet::new()),
             ids: None,
         }
@@ -444,6 +450,11 @@ impl CloudBackend for BceBackend {
             self.name_prefix,
             &client_token().replace('-', "")[..12]
         );
+        // Before the index is reserved: nothing to undo if it fails.
+        let security_groups = self
+            .groups
+            .for_new_eni(&self.api, &self.s.instance_id, &self.s.security_group_ids)
+            .await?;
         let device_index = self.reserve_device_index().await?;
         let description = self.description(SystemTime::now(), device_index);
         crash_point("cloud:before-create");
@@ -453,7 +464,7 @@ impl CloudBackend for BceBackend {
                 &CreateEni {
                     name: &name,
                     subnet_id: &self.s.subnet_id,
-                    security_group_ids: &self.s.security_group_ids,
+                    security_group_ids: &security_groups,
                     private_ip_set: vec![PrivateIp {
                         primary: true,
                         private_ip_address: String::new(),
@@ -651,7 +662,7 @@ impl BceBackend {
             None => meta.subnet_id().await?,
         };
         if config.security_group_ids.is_empty() {
-            tracing::warn!("bce: no security_group_ids configured; new ENIs get BCE's default");
+            tracing::info!(instance = %instance_id, "bce: no security_group_ids configured; new ENIs take the instance's security groups (listed at the first create)");
         }
         // One set of buckets for the agent: the backend is its only client.
         let api =

@@ -3,15 +3,19 @@
 //! ([`crate::fleet::BceFleet`]) take
 //! alike, written once over an [`ApiClient`]: attach and wait, detach and
 //! wait (or only ask, for the operator), delete (after a second look, or
-//! on BCE's refusal alone), and the private-IP verbs. What only
+//! on BCE's refusal alone), the private-IP verbs, and the security groups
+//! of a new ENI. What only
 //! one caller knows (metadata, which instance is "this" one, which ENIs
 //! are its own) comes in as arguments.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use enim_core::fault::crash_point;
 use enim_core::retry::{Backoff, Poll};
+use enim_core::sync::lock;
 use enim_core::AddressCount;
 use enim_provider::cloud::{
     assign_new, spared_on_second_look, unassign_present, Departed, Family, Reaped,
@@ -33,6 +37,58 @@ pub(crate) fn timed_out(eni_id: &str, what: &'static str, last: &str, limit: Dur
         what,
         last: last.into(),
         limit,
+    }
+}
+
+/// The security groups new ENIs get when none are configured: their
+/// instance's own (on BCC groups are bound to the instance and apply to its
+/// primary NIC), as AWS's backends take the primary interface's, rather
+/// than the default group BCE gives an ENI created with none. Listed once
+/// per instance and kept; an instance without any is an error, never an
+/// empty list.
+pub(crate) struct InstanceGroups {
+    vpc_id: String,
+    /// `maxKeys` of the listing.
+    page_size: u32,
+    known: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl InstanceGroups {
+    pub(crate) fn new(vpc_id: &str, page_size: u32) -> Self {
+        InstanceGroups {
+            vpc_id: vpc_id.to_string(),
+            page_size,
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The groups of a new ENI of `instance`: `configured` when it names
+    /// any, else the instance's.
+    pub(crate) async fn for_new_eni(
+        &self,
+        api: &ApiClient,
+        instance: &str,
+        configured: &[String],
+    ) -> Result<Vec<String>, BceError> {
+        if !configured.is_empty() {
+            return Ok(configured.to_vec());
+        }
+        if let Some(groups) = lock(&self.known).get(instance) {
+            return Ok(groups.clone());
+        }
+        let groups = api
+            .instance_security_groups(instance, &self.vpc_id, self.page_size)
+            .await?;
+        // Not kept: a group bound later is found on the next try.
+        if groups.is_empty() {
+            return Err(BceError::NoSecurityGroups {
+                instance: instance.to_string(),
+                vpc_id: self.vpc_id.clone(),
+            });
+        }
+        tracing::info!(%instance, ?groups, "new ENIs take the instance's security groups");
+        lock(&self.known).insert(instance.to_string(), groups.clone());
+        Ok(groups)
     }
 }
 

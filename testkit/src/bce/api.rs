@@ -180,6 +180,7 @@ fn route(w: &mut World, method: &Method, path: &str, query: &str, body: &[u8]) -
             )
         }
         (Method::GET, ["v1", "subnet", _]) => Err(fail(404, "NoSuchSubnet", "no such subnet")),
+        (Method::GET, ["v2", "securityGroup"]) => security_groups(w, &params),
         (Method::DELETE, ["v1", "eni", id]) => match w.enis.get(*id) {
             None => Err(fail(404, "EniNotFound", "no such ENI")),
             Some(e) if e.status != "available" => Err(fail(
@@ -232,6 +233,59 @@ fn list(w: &mut World, params: &HashMap<String, String>) -> Result<String, Fail>
                        "marker": params.get("marker").cloned().unwrap_or_default()});
     if truncated {
         v["nextMarker"] = json!(matching[max_keys].id);
+    }
+    Ok(v.to_string())
+}
+
+/// BCC's security group listing, by instance only: the groups bound to
+/// `instanceId` in `vpcId`, `maxKeys` (1 to 1000) a page from `marker` (a
+/// group id).
+fn security_groups(w: &World, params: &HashMap<String, String>) -> Result<String, Fail> {
+    if let Some(answer) = &w.security_groups_answer {
+        return Ok(answer.clone());
+    }
+    let given = |key: &str| params.get(key).filter(|v| !v.is_empty());
+    let Some(instance) = given("instanceId") else {
+        return Err(fail(400, "NotInFake", "the fake lists by instanceId only"));
+    };
+    let Some(vpc) = given("vpcId") else {
+        return Err(fail(
+            400,
+            "MissingParameter",
+            "vpcId is required with instanceId",
+        ));
+    };
+    let max_keys = match given("maxKeys").map(|m| m.parse::<usize>()) {
+        None => 1000,
+        Some(Ok(n @ 1..=1000)) => n,
+        Some(_) => return Err(fail(400, "InvalidParameter", "maxKeys must be 1 to 1000")),
+    };
+    let Some(bound) = w.instance_groups.get(instance) else {
+        return Err(fail(404, "NoSuchInstance", "no such instance"));
+    };
+    // Every group of the fake is in its one VPC.
+    let in_vpc: &[String] = if vpc == VPC { bound } else { &[] };
+    let start = match given("marker") {
+        None => 0,
+        Some(m) => in_vpc
+            .iter()
+            .position(|g| g == m)
+            .ok_or_else(|| fail(400, "InvalidMarker", "no such marker"))?,
+    };
+    let rest = &in_vpc[start..];
+    let page: Vec<Value> = rest
+        .iter()
+        .take(max_keys)
+        .map(|id| {
+            json!({"id": id, "name": format!("name-{id}"), "vpcId": VPC, "desc": "",
+                   "rules": [], "tags": [], "createdTime": "2024-01-01T00:00:00Z"})
+        })
+        .collect();
+    let truncated = rest.len() > max_keys;
+    let mut v = json!({"securityGroups": page, "isTruncated": truncated, "maxKeys": max_keys,
+                       "marker": given("marker").cloned().unwrap_or_default()});
+    if truncated {
+        v["nextMarker"] = json!(rest[max_keys]);
     }
     Ok(v.to_string())
 }

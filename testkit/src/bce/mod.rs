@@ -12,6 +12,12 @@
 //! ENIs can be renamed and redescribed (`modifyAttribute`), and the VPC
 //! API answers for its one subnet (its blocks).
 //!
+//! Security groups: BCC's listing by instance (`GET /v2/securityGroup`,
+//! `vpcId` required with `instanceId`, paged by `maxKeys`/`marker`)
+//! answers each instance's groups as `World::instance_groups` says (an
+//! instance it does not know is refused); `security_groups_answer` makes
+//! it answer any text instead.
+//!
 //! Secondary addresses: private-IP batch add and delete (at most 10 a
 //! call, up to `ips_per_eni` addresses per family per ENI, the primary
 //! counted), handed out from the subnet's free host addresses (never its
@@ -46,6 +52,8 @@ pub const PRIMARY_MAC: &str = "fa:f6:00:00:00:01";
 pub const PRIMARY_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 5);
 /// The subnet's gateway (its first host address): never handed out.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
+/// The security group bound to [`INSTANCE`] at start.
+pub const INSTANCE_GROUP: &str = "g-node";
 
 #[derive(Debug, Clone)]
 pub struct FakeEni {
@@ -127,6 +135,13 @@ pub struct World {
     /// An outage of the ENI OpenAPI: every request answers 503
     /// `ServiceUnavailable` while set (metadata still answers).
     pub down: bool,
+    /// Instance to the ids of the security groups bound to it (all in
+    /// [`VPC`]), in the listing's order. At start: [`INSTANCE`] with
+    /// [`INSTANCE_GROUP`].
+    pub instance_groups: HashMap<String, Vec<String>>,
+    /// While set, the security group listing answers this text, HTTP 200,
+    /// whatever it is asked.
+    pub security_groups_answer: Option<String>,
     next: u32,
     on_new: Option<NewInterfaceHook>,
     /// MACs metadata has listed, in order.
@@ -149,6 +164,11 @@ impl World {
             log: Vec::new(),
             tokens: HashMap::new(),
             down: false,
+            instance_groups: HashMap::from([(
+                INSTANCE.to_string(),
+                vec![INSTANCE_GROUP.to_string()],
+            )]),
+            security_groups_answer: None,
             next: 0,
             on_new: None,
             shown: Vec::new(),

@@ -1,5 +1,6 @@
-//! What a call of the ENI OpenAPI can fail with, and how the backend and
-//! the pool read it (transient, throttled, auth, conflict, not found).
+//! What a call of the ENI OpenAPI (or the security group listing) can
+//! fail with, and how the backend and the pool read it (transient,
+//! throttled, auth, conflict, not found).
 
 use enim_core::ProviderError;
 
@@ -91,7 +92,7 @@ impl From<ApiError> for ProviderError {
             ProviderError::Config(format!(
                 "authentication with BCE failed (check access_key_id / secret_access_key \
                  or BCE_ACCESS_KEY_ID / BCE_SECRET_ACCESS_KEY, the key's rights on the \
-                 ENI API, and the node's clock): {e}"
+                 ENI API and the security group listing, and the node's clock): {e}"
             ))
         } else {
             ProviderError::Config(e.to_string())

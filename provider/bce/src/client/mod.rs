@@ -1,10 +1,10 @@
 //! The BCE API client: a small client of the ENI OpenAPI
-//! (`bcc.<region>.baidubce.com`,
-//! `/v1/eni...`): signed with bce-auth-v1, retried with jittered backoff on
-//! throttling and server errors, every mutating call carrying a clientToken
-//! that stays the same across its retries so BCE can deduplicate them.
-//! Its error type is in [`error`], the request and answer bodies in
-//! [`types`].
+//! (`bcc.<region>.baidubce.com`, `/v1/eni...`) and of BCC's security group
+//! listing on the same host (`/v2/securityGroup`): signed with bce-auth-v1,
+//! retried with jittered backoff on throttling and server errors, every
+//! mutating call carrying a clientToken that stays the same across its
+//! retries so BCE can deduplicate them. Its error type is in [`error`],
+//! the request and answer bodies in [`types`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub mod error;
 pub mod types;
 
 pub use error::ApiError;
-use types::{AddedIps, Created, ErrorBody, ListPage, SubnetAnswer};
+use types::{AddedIps, Created, ErrorBody, ListPage, Page, SecurityGroupPage, SubnetAnswer};
 pub use types::{ApiEni, ApiSubnet, CreateEni, EniQuota, EniStatus, PrivateIp};
 
 /// How long a signature stays valid. BCE rejects requests whose
@@ -315,34 +315,29 @@ impl ApiClient {
         })
     }
 
-    /// Every ENI of `vpc_id` (attached to `instance_id` when given), all
-    /// pages followed.
-    pub async fn list_enis(
+    /// Every item of a marker-paged listing at `path` asked with `params`,
+    /// `page_size` (`maxKeys`) at a time.
+    async fn list_all<P: Page>(
         &self,
-        vpc_id: &str,
-        instance_id: Option<&str>,
+        op: &str,
+        path: &str,
+        params: &[(String, String)],
         page_size: u32,
-    ) -> Result<Vec<ApiEni>, ApiError> {
-        let op = "list ENIs";
+    ) -> Result<Vec<P::Item>, ApiError> {
         let mut out = Vec::new();
         let mut marker: Option<String> = None;
         // A server that keeps answering "truncated" with the same marker
         // must not spin us forever.
         for _ in 0..10_000 {
-            let mut params = vec![
-                ("vpcId".to_string(), vpc_id.to_string()),
-                ("maxKeys".to_string(), page_size.to_string()),
-            ];
-            if let Some(i) = instance_id {
-                params.push(("instanceId".to_string(), i.to_string()));
-            }
+            let mut page_params = params.to_vec();
+            page_params.push(("maxKeys".to_string(), page_size.to_string()));
             if let Some(m) = &marker {
-                params.push(("marker".to_string(), m.clone()));
+                page_params.push(("marker".to_string(), m.clone()));
             }
-            let body = self.call(op, Method::GET, "/v1/eni", &params, None).await?;
-            let page: ListPage = Self::decode(op, &body)?;
-            out.extend(page.enis);
-            match (page.is_truncated, page.next_marker) {
+            let body = self.call(op, Method::GET, path, &page_params, None).await?;
+            let (items, is_truncated, next_marker) = Self::decode::<P>(op, &body)?.into_parts();
+            out.extend(items);
+            match (is_truncated, next_marker) {
                 (true, Some(next)) if !next.is_empty() && Some(&next) != marker.as_ref() => {
                     marker = Some(next)
                 }
@@ -359,6 +354,50 @@ impl ApiClient {
             op: op.to_string(),
             why: "too many pages".into(),
         })
+    }
+
+    /// Every ENI of `vpc_id` (attached to `instance_id` when given), all
+    /// pages followed.
+    pub async fn list_enis(
+        &self,
+        vpc_id: &str,
+        instance_id: Option<&str>,
+        page_size: u32,
+    ) -> Result<Vec<ApiEni>, ApiError> {
+        let mut params = vec![("vpcId".to_string(), vpc_id.to_string())];
+        if let Some(i) = instance_id {
+            params.push(("instanceId".to_string(), i.to_string()));
+        }
+        self.list_all::<ListPage>("list ENIs", "/v1/eni", &params, page_size)
+            .await
+    }
+
+    /// The ids of the security groups bound to BCC instance `instance_id`
+    /// in `vpc_id` (BCC's groups, which apply to the instance's primary
+    /// NIC), all pages followed. A group without an id is an answer enim
+    /// cannot use.
+    pub async fn instance_security_groups(
+        &self,
+        instance_id: &str,
+        vpc_id: &str,
+        page_size: u32,
+    ) -> Result<Vec<String>, ApiError> {
+        let op = format!("list the security groups of instance {instance_id}");
+        // BCE requires vpcId whenever instanceId is given.
+        let params = [
+            ("instanceId".to_string(), instance_id.to_string()),
+            ("vpcId".to_string(), vpc_id.to_string()),
+        ];
+        let groups = self
+            .list_all::<SecurityGroupPage>(&op, "/v2/securityGroup", &params, page_size)
+            .await?;
+        if groups.iter().any(|g| g.id.trim().is_empty()) {
+            return Err(ApiError::Decode {
+                op,
+                why: "a security group without an id".into(),
+            });
+        }
+        Ok(groups.into_iter().map(|g| g.id).collect())
     }
 
     pub async fn get_eni(&self, eni_id: &str) -> Result<ApiEni, ApiError> {

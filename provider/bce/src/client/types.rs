@@ -127,6 +127,45 @@ pub(super) struct ListPage {
     pub(super) next_marker: Option<String>,
 }
 
+/// A security group as the BCC API describes it (only its id).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ApiSecurityGroup {
+    pub id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct SecurityGroupPage {
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) security_groups: Vec<ApiSecurityGroup>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) is_truncated: bool,
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) next_marker: Option<String>,
+}
+
+/// One page of a marker-paged listing, whatever it lists.
+pub(super) trait Page: for<'de> Deserialize<'de> {
+    type Item;
+    /// The page's items, whether more follow, and the marker of the next
+    /// page.
+    fn into_parts(self) -> (Vec<Self::Item>, bool, Option<String>);
+}
+
+impl Page for ListPage {
+    type Item = ApiEni;
+    fn into_parts(self) -> (Vec<ApiEni>, bool, Option<String>) {
+        (self.enis, self.is_truncated, self.next_marker)
+    }
+}
+
+impl Page for SecurityGroupPage {
+    type Item = ApiSecurityGroup;
+    fn into_parts(self) -> (Vec<ApiSecurityGroup>, bool, Option<String>) {
+        (self.security_groups, self.is_truncated, self.next_marker)
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateEni<'a> {
@@ -203,5 +242,13 @@ mod tests {
                 .unwrap();
         assert!(p.enis.is_empty() && p.next_marker.is_none());
         assert!(serde_json::from_str::<ApiEni>(r#"{"name": "x"}"#).is_err());
+        let g: SecurityGroupPage = serde_json::from_str(
+            r#"{"marker": "", "isTruncated": false, "maxKeys": 1000, "securityGroups":
+                [{"id": "g-1", "name": "default", "vpcId": "vpc-1", "desc": null, "rules": []}]}"#,
+        )
+        .unwrap();
+        assert_eq!(g.security_groups[0].id, "g-1");
+        assert!(g.next_marker.is_none());
+        assert!(serde_json::from_str::<ApiSecurityGroup>(r#"{"name": "x"}"#).is_err());
     }
 }

@@ -14,7 +14,7 @@ use rig::{FakeCloud, AK, GATEWAY, INSTANCE, SK, SUBNET, VPC};
 use super::{fast_api, rig};
 
 const CLUSTER: &str = "prod";
-const OTHER_NODE: &str = "i-NodeBBBB";
+pub(crate) const OTHER_NODE: &str = "i-NodeBBBB";
 
 fn config(cloud: &FakeCloud) -> BceFleetConfig {
     BceFleetConfig {
@@ -39,13 +39,13 @@ fn config(cloud: &FakeCloud) -> BceFleetConfig {
     }
 }
 
-async fn start() -> (FakeCloud, BceFleet) {
+pub(crate) async fn start() -> (FakeCloud, BceFleet) {
     let cloud = FakeCloud::start().await;
     let fleet = BceFleet::connect(&config(&cloud)).unwrap();
     (cloud, fleet)
 }
 
-fn request(instance: &str, token: &str, secondary_ipv4: usize) -> CreateEni {
+pub(crate) fn request(instance: &str, token: &str, secondary_ipv4: usize) -> CreateEni {
     CreateEni {
         instance: instance.into(),
         subnet: SUBNET.into(),

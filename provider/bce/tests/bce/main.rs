@@ -6,6 +6,7 @@ mod fleet;
 mod pool;
 mod reaper;
 mod secondary;
+mod security_groups;
 
 use std::sync::Arc;
 use std::time::Duration;
