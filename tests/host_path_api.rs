@@ -3,7 +3,8 @@
 //! namespaces: a pod's host path routes the cluster's ServiceCIDR objects;
 //! a range added or removed reaches the running pod, its record and the
 //! next pod; a crash between the reroute and its record write is finished
-//! by the next start.
+//! by the next start; a start with the API server away serves the cached
+//! set.
 
 mod common;
 
@@ -97,7 +98,7 @@ fn host_paths_follow_the_clusters_service_cidrs() {
     let Some(cp) = ControlPlane::start() else {
         return;
     };
-    let cp = cp.with_controllers();
+    let mut cp = cp.with_controllers();
     let sb = Sandbox::new(2);
     let pod1 = NamedNetns::new("pod");
     let pod2 = NamedNetns::new("pod");
@@ -171,9 +172,23 @@ fn host_paths_follow_the_clusters_service_cidrs() {
     );
     assert!(!routes2.contains(&ADDED.to_string()), "{routes2:?}");
 
+    // The API server away, enimd restarted: the next pod gets the last
+    // set listed, from the cache beside the checkpoint.
     for (cid, pod) in [("c1", &pod1), ("c2", &pod2)] {
         enim("DEL", cid, Some(&pod.path()), "eth0", &conf).ok();
     }
+    cp.stop_apiserver();
+    agent.stop();
+    agent.restart();
+    let result3 = enim("ADD", "c3", Some(&pod1.path()), "eth0", &conf).ok();
+    let routes3 = result_routes(&result3);
+    assert!(routes3.contains(&DEFAULT_RANGE.to_string()), "{routes3:?}");
+    assert!(
+        routes3.contains(&ADDED_DURING_CRASH.to_string()),
+        "{routes3:?}"
+    );
+    assert!(agent.log().contains("service CIDRs from the cache"));
+    enim("DEL", "c3", Some(&pod1.path()), "eth0", &conf).ok();
     assert!(agent.attachments().is_empty());
     sb.assert_home(0);
     sb.assert_home(1);

@@ -242,7 +242,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let client = enim_provider_cluster::kube_client(host_path.kubeconfig.as_deref())
                     .await
                     .map_err(DaemonError::ServiceCidrsClient)?;
-                let listing = servicecidrs::follow(client);
+                let cache = node
+                    .config
+                    .checkpoint
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join(servicecidrs::CACHE_FILE);
+                let listing = servicecidrs::follow(client, cache);
                 node.service_cidrs = Some(listing.clone());
                 driver = driver
                     .with_host_path(host_path)

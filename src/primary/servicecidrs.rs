@@ -4,12 +4,18 @@
 //!
 //! The API's set is the union of every object's `spec.cidrs`. An object
 //! being deleted still counts: the API server keeps it while a Service
-//! holds an address in it. Nothing is known before the first listing
-//! completes, and an ADD that needs the set waits a moment for it, then
-//! fails with "try again later": a pod whose host path lacked the service
-//! routes would send its ClusterIP traffic out of its ENI and fail quietly.
+//! holds an address in it. Each set listed is written to a cache file
+//! ([`CACHE_FILE`], beside the checkpoint), and an agent that starts while
+//! the API server is away serves from the cached set until the watch lists
+//! again; a cache that cannot be read is reported and ignored, never
+//! trusted in part. With neither, nothing is known before the first
+//! listing completes, and an ADD that needs the set waits a moment for it,
+//! then fails with "try again later": a pod whose host path lacked the
+//! service routes would send its ClusterIP traffic out of its ENI and fail
+//! quietly.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +25,18 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+
+/// The cache's file name, in the checkpoint's directory.
+pub const CACHE_FILE: &str = "service-cidrs.json";
+
+/// The cache file's content.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cached {
+    cidrs: Vec<IpNet>,
+}
 
 /// Where the service CIDRs come from.
 #[derive(Clone)]
@@ -65,15 +82,71 @@ impl ServiceCidrs {
     }
 }
 
-/// Starts following the cluster's `ServiceCIDR` objects; the task runs
-/// until the process ends (the watch retries with backoff on errors).
-pub fn follow(client: kube::Client) -> watch::Receiver<ApiState> {
-    let (tx, rx) = watch::channel(ApiState::default());
-    tokio::spawn(run(Api::<ServiceCIDR>::all(client), tx));
+/// Starts following the cluster's `ServiceCIDR` objects, from the set in
+/// `cache` until the first listing; the task runs until the process ends
+/// (the watch retries with backoff on errors).
+pub fn follow(client: kube::Client, cache: PathBuf) -> watch::Receiver<ApiState> {
+    let state = ApiState {
+        cidrs: read_cache(&cache),
+        error: None,
+    };
+    let (tx, rx) = watch::channel(state);
+    tokio::spawn(run(Api::<ServiceCIDR>::all(client), tx, cache));
     rx
 }
 
-async fn run(api: Api<ServiceCIDR>, tx: watch::Sender<ApiState>) {
+/// The cached set, if a readable cache holds one.
+fn read_cache(path: &Path) -> Option<Arc<[IpNet]>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(cache = %path.display(), error = %e, "ignoring the service CIDRs' cache");
+            return None;
+        }
+    };
+    match serde_json::from_str::<Cached>(&text) {
+        Ok(c) if c.cidrs.iter().all(|n| n.trunc() == *n) => {
+            tracing::info!(cache = %path.display(), cidrs = ?c.cidrs, "service CIDRs from the cache until the API lists them");
+            Some(c.cidrs.into())
+        }
+        Ok(_) => {
+            tracing::warn!(cache = %path.display(), "ignoring the service CIDRs' cache: a CIDR has host bits");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(cache = %path.display(), error = %e, "ignoring the service CIDRs' cache: not what enimd writes");
+            None
+        }
+    }
+}
+
+/// Writes `cidrs` to the cache (whole, by rename); a failure is logged:
+/// the cache only serves a start without the API server.
+async fn write_cache(path: &Path, cidrs: &[IpNet]) {
+    let bytes = match serde_json::to_vec(&Cached {
+        cidrs: cidrs.to_vec(),
+    }) {
+        Ok(b) => b,
+        Err(e) => return tracing::warn!(error = %e, "encoding the service CIDRs' cache"),
+    };
+    let path = path.to_path_buf();
+    let durability = enim_core::atomic_file::Durability {
+        data: true,
+        rename: false,
+    };
+    let written = tokio::task::spawn_blocking(move || {
+        enim_core::atomic_file::replace(&path, 0o600, durability, &bytes)
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "writing the service CIDRs' cache"),
+        Err(e) => tracing::warn!(error = %e, "writing the service CIDRs' cache"),
+    }
+}
+
+async fn run(api: Api<ServiceCIDR>, tx: watch::Sender<ApiState>, cache: PathBuf) {
     let stream = watcher(api);
     futures::pin_mut!(stream);
     let mut known = Objects::default();
@@ -81,7 +154,9 @@ async fn run(api: Api<ServiceCIDR>, tx: watch::Sender<ApiState>) {
         match event {
             Ok(event) => {
                 if let Some(cidrs) = known.apply(event) {
-                    publish(&tx, cidrs);
+                    if publish(&tx, cidrs.clone()) {
+                        write_cache(&cache, &cidrs).await;
+                    }
                 }
             }
             Err(e) => {
@@ -104,8 +179,9 @@ fn watcher(
 }
 
 /// Tells the followers of a new set, and only of a change: an object's
-/// status update or a relist that changes nothing wakes no one.
-fn publish(tx: &watch::Sender<ApiState>, cidrs: Arc<[IpNet]>) {
+/// status update or a relist that changes nothing wakes no one. Returns
+/// whether the set changed.
+fn publish(tx: &watch::Sender<ApiState>, cidrs: Arc<[IpNet]>) -> bool {
     tx.send_if_modified(|s| {
         let changed = s.cidrs.as_ref() != Some(&cidrs);
         if changed {
@@ -114,7 +190,7 @@ fn publish(tx: &watch::Sender<ApiState>, cidrs: Arc<[IpNet]>) {
         s.cidrs = Some(cidrs);
         s.error = None;
         changed
-    });
+    })
 }
 
 /// The objects seen, by name, and the listing in progress.
@@ -273,6 +349,25 @@ mod tests {
             &["10.96.0.1/12", "nonsense", "10.96.0.0/12"],
         ));
         assert_eq!(cidrs, nets(&["10.96.0.0/12"]).to_vec());
+    }
+
+    #[tokio::test]
+    async fn the_cache_holds_the_last_set_and_a_bad_one_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CACHE_FILE);
+        assert_eq!(read_cache(&path), None, "no cache yet");
+        let set = nets(&["10.100.0.0/16", "fd00:100::/108"]);
+        write_cache(&path, &set).await;
+        assert_eq!(read_cache(&path), Some(set));
+        for bad in [
+            "{",
+            r#"{"cidrs": ["10.100.0.1/16"]}"#,
+            r#"{"cidrs": ["10.100.0.0/16"], "more": 1}"#,
+            r#"{"cidrs": ["nonsense"]}"#,
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(read_cache(&path), None, "{bad}");
+        }
     }
 
     #[tokio::test]
