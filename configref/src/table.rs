@@ -92,7 +92,7 @@ impl Table {
     pub fn keys(&self) -> Result<Vec<Key>, TableError> {
         let properties = self.properties()?;
         let required = self.schema()?.get("required").and_then(Value::as_array);
-        let inherited = self.inherited_defaults()?;
+        let inherited = self.inherited_defaults();
         self.keys
             .iter()
             .map(|&name| {
@@ -187,19 +187,17 @@ impl Table {
     /// The defaults the enclosing table gives this one as a whole (a
     /// cloud's `api` table differs from the shared defaults): they win
     /// over the table type's own.
-    fn inherited_defaults(&self) -> Result<Option<&Map<String, Value>>, TableError> {
-        let Some((last, parents)) = self.path.split_last() else {
-            return Ok(None);
-        };
+    fn inherited_defaults(&self) -> Option<&Map<String, Value>> {
+        let (last, parents) = self.path.split_last()?;
         let mut parent = self.resolve(&self.root);
         for key in parents {
             parent = self.resolve(&parent["properties"][*key]);
         }
-        Ok(parent
-            .get("properties")
-            .and_then(|p| p.get(*last))
-            .and_then(|p| p.get("default"))
-            .and_then(Value::as_object))
+        parent
+            .get("properties")?
+            .get(*last)?
+            .get("default")?
+            .as_object()
     }
 
     fn no_table(&self) -> TableError {
