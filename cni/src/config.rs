@@ -73,6 +73,47 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<ValidAttachment>>,
 }
 
+/// The plugin's own keys in the conflist, described for the configuration
+/// reference (docs/configuration.md). [`NetConf::parse`] reads them by
+/// hand, so that every error is a CNI error; this type only describes
+/// them, and its tests hold it to the parser (keys and defaults).
+#[cfg(feature = "schema")]
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginKeys {
+    /// enimd's API socket.
+    #[serde(default = "plugin_keys::socket")]
+    pub socket: PathBuf,
+    /// Seconds one exchange with enimd may take: a hung agent is CNI error
+    /// 11 after this long; above 0, at most 86400.
+    #[serde(default = "plugin_keys::timeout_seconds")]
+    pub timeout_seconds: f64,
+    /// Seconds ADD, DEL and CHECK wait for an enimd that is down or
+    /// starting, retrying every 20-250 ms, before they answer 11
+    /// ([Restarts](architecture.md#restarts-what-one-costs-a-new-pod-and-what-status-says));
+    /// `0` turns the wait off.
+    #[serde(default = "plugin_keys::agent_wait_seconds")]
+    pub agent_wait_seconds: f64,
+}
+
+/// [`PluginKeys`]' defaults: the parser's.
+#[cfg(feature = "schema")]
+mod plugin_keys {
+    use std::path::PathBuf;
+
+    pub fn socket() -> PathBuf {
+        PathBuf::from(super::DEFAULT_SOCKET)
+    }
+
+    pub fn timeout_seconds() -> f64 {
+        super::DEFAULT_TIMEOUT.as_secs_f64()
+    }
+
+    pub fn agent_wait_seconds() -> f64 {
+        super::DEFAULT_AGENT_WAIT.as_secs_f64()
+    }
+}
+
 /// Reads stdin up to [`MAX_STDIN`] bytes; one byte more is an error, found
 /// without reading the rest.
 pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
@@ -282,6 +323,46 @@ mod tests {
                 ifname: "eth0".into()
             }]
         );
+    }
+
+    /// The keys the configuration reference shows are the ones the parser
+    /// reads, with its defaults.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn plugin_keys_describe_the_parser() {
+        let head = r#""cniVersion":"1.1.0","name":"n""#;
+        let both = |keys: &str| {
+            let text = format!("{{{head}{keys}}}");
+            let described: PluginKeys = serde_json::from_str(&text).unwrap();
+            (described, parse(&text).unwrap())
+        };
+        for keys in [
+            "",
+            r#","socket":"/tmp/s.sock","timeoutSeconds":1.5,"agentWaitSeconds":0"#,
+        ] {
+            let (described, parsed) = both(keys);
+            assert_eq!(described.socket, parsed.socket, "{keys}");
+            assert_eq!(
+                Duration::from_secs_f64(described.timeout_seconds),
+                parsed.timeout,
+                "{keys}"
+            );
+            assert_eq!(
+                Duration::from_secs_f64(described.agent_wait_seconds),
+                parsed.agent_wait,
+                "{keys}"
+            );
+        }
+        let schema = schemars::schema_for!(PluginKeys);
+        let described = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .expect("PluginKeys has properties");
+        assert_eq!(described.len(), 3);
+        for key in described.keys() {
+            let e = parse(&format!("{{{head},\"{key}\":true}}")).unwrap_err();
+            assert!(e.to_string().contains(key.as_str()), "{key}: {e}");
+        }
     }
 
     #[test]

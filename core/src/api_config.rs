@@ -21,25 +21,31 @@ use crate::retry::RetryPolicy;
 /// [`crate::config_keys::read_config`], which fills a partial table from
 /// them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
-    /// The API endpoint; default: the region's.
+    /// The API's URL.
+    ///
+    /// Default: the region's: aws `https://ec2.<region>.amazonaws.com`
+    /// (`.com.cn` in `cn-*`), bce `https://bcc.<region>.baidubce.com`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// Attempts in all of one call on throttling, server errors and
-    /// transport failures.
+    /// Tries per call on throttling, 5xx and network errors (at least 1).
     pub max_attempts: u32,
-    /// First retry delay (doubling, jittered).
+    /// The first jittered backoff between tries, doubling...
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub backoff: Duration,
-    /// Bound on the retry delay.
+    /// ...up to this step.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_backoff: Duration,
-    /// Calls that change something (create, attach, detach, delete,
-    /// addresses): this process's own token bucket, well under the
-    /// account's, which every node of every cluster in the account shares.
+    /// This process's own token bucket for calls that change something
+    /// (aws: every action but `Describe*`, `Get*` and `List*`; bce: every
+    /// request but a GET), well under the account's, which every node of
+    /// every cluster in the account shares.
     pub mutating_rate: RateLimit,
-    /// Reads (describe, list, get, quota): this process's own token bucket.
+    /// ...and for reads (aws: `Describe*`, `Get*`, `List*`; bce: GETs).
     pub read_rate: RateLimit,
 }
 

@@ -101,12 +101,16 @@ pub struct Eni {
 /// An ENI's subnet, zone, security groups and network card. Every field is
 /// optional: a static inventory may say nothing, a cloud listing says all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
+    /// The ENI's subnet id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,
+    /// The ENI's availability zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// The security groups that guard the ENI.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security_groups: Vec<String>,
     /// The network card the ENI is attached through (EC2's NetworkCardIndex).
@@ -149,12 +153,14 @@ impl AddressCount {
 /// [`AddressLimits`] as an operator's config states them: unknown keys
 /// are refused here (the type itself is read leniently where it is data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// ENIs the instance may have attached, its primary interface included.
     pub enis: usize,
-    /// Addresses per ENI, its own included.
+    /// IPv4 addresses per ENI, its own primary address included.
     pub ipv4_per_eni: usize,
+    /// IPv6 addresses per ENI.
     #[serde(default)]
     pub ipv6_per_eni: usize,
 }

@@ -13,8 +13,9 @@ pub enum Mode {
     /// A whole ENI per pod, moved into its namespace.
     #[default]
     Primary,
-    /// ENIs stay in the host; each pod gets one of their secondary
-    /// addresses over a veth pair, with policy routing.
+    /// A secondary address per pod: ENIs stay in the host, and each pod
+    /// gets one of their secondary addresses over a veth pair, with policy
+    /// routing.
     Secondary,
 }
 

@@ -28,10 +28,12 @@ pub const DEFAULT_READ_RATE: RateLimit = RateLimit::new(Duration::from_millis(50
 /// One token every `every`, at most `burst` taken at once after a quiet
 /// spell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     /// The refill interval: the steady rate is one call per `every`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub every: Duration,
     /// Tokens the bucket holds when full (calls that go at once).
     pub burst: u32,

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// A secret (an API key): (de)serialized as the plain string, shown by
 /// `Debug` as `"<redacted>"`, so a logged config never shows it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(transparent)]
 pub struct Secret(String);
 

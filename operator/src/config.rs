@@ -77,17 +77,18 @@ pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(30);
 /// The `[watermarks]` table: [`Watermarks`] as the config file spells
 /// them (snake case); a key left out keeps [`DEFAULT_WATERMARKS`]'s value.
 #[derive(Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(
     remote = "Watermarks",
     default = "default_watermarks",
     deny_unknown_fields
 )]
 struct WatermarkKeys {
-    /// Free ENIs (secondary mode: addresses) to keep ahead of demand.
+    /// Free ones kept ahead of demand.
     pre_allocate: u32,
-    /// The fewest a node ever has, used or free.
+    /// The fewest a node has, used or free.
     min_allocate: u32,
-    /// Free ones beyond `pre_allocate` tolerated before draining.
+    /// Free ones beyond `pre_allocate` before draining.
     max_above_watermark: u32,
 }
 
@@ -99,12 +100,12 @@ fn default_watermarks() -> Watermarks {
 /// calls, which the allocator's calls take from on top of the cloud
 /// client's own (`[cloud.api]`). A key left out keeps its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiRates {
-    /// Mutating cloud calls (create, attach, detach, delete, assign,
-    /// unassign) of the whole cluster.
+    /// Create, attach, detach, delete, assign, unassign.
     pub mutating_rate: RateLimit,
-    /// Reads (the cluster listing, instance types) of the whole cluster.
+    /// The cluster listing, instance types.
     pub read_rate: RateLimit,
 }
 
@@ -118,46 +119,62 @@ impl Default for ApiRates {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct OperatorConfig {
-    /// The cluster's name: the tag every ENI of the cluster carries.
+    /// The cluster's name: the tag every ENI of the cluster carries
+    /// (`[cloud] cluster` takes it when left out and must equal it).
+    ///
+    /// Default: required.
     pub cluster: String,
+    /// How the nodes hand out their ENIs (in secondary mode the watermarks
+    /// count addresses).
     pub mode: Mode,
+    /// Per node, in ENIs (secondary mode: addresses).
     #[serde(with = "WatermarkKeys")]
     pub watermarks: Watermarks,
-    /// Subnets new ENIs are created in (the first is used).
+    /// The subnets new ENIs are made in (the first is used).
     pub subnets: Vec<String>,
+    /// The security groups of new ENIs.
+    ///
+    /// Default: each node's own (aws: its primary interface's; bce: its instance's).
     pub security_groups: Vec<String>,
     /// Node pools, first match wins; none: every node, with the settings
     /// above.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<PoolConfig>,
-    /// Nodes worked on at once in a resync.
+    /// Nodes worked on at once in a resync, 1..=256.
     pub workers: usize,
-    /// The pace of the whole cluster's cloud calls.
+    /// The whole cluster's token buckets.
     pub api: ApiRates,
-    /// The runtime's resync timer, and the age past which a resync lists
-    /// the cloud again (resyncs in between plan from the last listing,
-    /// amended with the operator's own calls).
+    /// The resync timer, and at most one listing of the cloud per interval
+    /// (resyncs in between plan from the last listing, amended with the
+    /// operator's own calls).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub resync_interval: Duration,
-    /// How long a node's ENIs outlive its Node object.
+    /// How long a deleted node's ENIs outlive its Node object.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub node_grace: Duration,
-    /// Leaked ENIs younger than this (by their creation tag) are spared.
+    /// Leaked ENIs younger than this (by their creation tag) are spared;
+    /// at least `1m`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub reap_cooldown: Duration,
-    /// How long a node's free ENIs must stay above its watermarks before
-    /// the surplus is drained. Zero drains at once. A drained ENI leaves
-    /// the kubelet's count of the node's devices before the scheduler
-    /// hears of it (the node's status, up to 10 s later): a pod bound in
-    /// between is rejected for good (`UnexpectedAdmissionError`), so a
-    /// pool that shrinks the moment a burst of short pods ends loses the
-    /// next burst's pods. Waiting out the burst makes that rare.
+    /// How long a node's free ENIs (secondary: addresses) must stay above
+    /// its watermarks before the surplus is drained, at the first resync
+    /// after; `"0s"` drains at once. A drained ENI leaves the kubelet's
+    /// device count before the scheduler sees the smaller count (the
+    /// node's status, up to 10 s later), and a pod bound in between fails
+    /// for good with `UnexpectedAdmissionError`: waiting out a burst of
+    /// short pods keeps the pool from shrinking under the next one.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub drain_delay: Duration,
     /// Between two passes over leaked ENIs.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub reap_interval: Duration,
     /// EniPolicy and the admission webhook.
     pub policy: PolicyConfig,
@@ -165,20 +182,22 @@ pub struct OperatorConfig {
 
 /// The `[operator.policy]` table. A key left out keeps its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
-    /// What a pod no EniPolicy selects gets: `none`, `secondary` or
-    /// `primary`.
+    /// What a pod no EniPolicy selects gets.
     pub default: DefaultPolicy,
-    /// How long the webhook's serving certificate is valid; it is renewed
-    /// at two thirds of it.
+    /// The webhook's serving certificate's lifetime; it is renewed at two
+    /// thirds of it.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub cert_lifetime: Duration,
 }
 
 /// The webhook's serving certificate's lifetime when the config leaves it
-/// out: a year.
-pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// out: a year as a config writes it (`"1y"`: humantime's year, 365.25
+/// days), so the configuration reference shows it as such.
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(31_557_600);
 
 impl Default for PolicyConfig {
     fn default() -> Self {

@@ -35,6 +35,7 @@ pub enum SetupError {
 
 /// Where the operator's ENIs come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum FleetProviderConfig {
     /// EC2 (docs/providers.md, "AWS provider").
@@ -47,10 +48,13 @@ pub enum FleetProviderConfig {
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct OperatorFile {
+    /// The policy: `[operator]`.
     #[serde(default)]
     pub operator: OperatorConfig,
+    /// Where ENIs come from: `[cloud]`.
     pub cloud: FleetProviderConfig,
 }
 

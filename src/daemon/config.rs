@@ -28,19 +28,26 @@ pub enum ConfigError {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// Human-readable lines.
     #[default]
     Text,
+    /// One JSON object per line.
     Json,
 }
 
 /// Where ENIs come from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum ProviderConfig {
     /// ENIs declared right here (bare metal, labs, tests).
-    Static { enis: Vec<StaticEniConfig> },
+    Static {
+        /// `[[provider.enis]]`, one table per ENI.
+        enis: Vec<StaticEniConfig>,
+    },
     /// Baidu BCE ENIs kept warm by the pool (docs/providers.md, "Baidu BCE provider").
     Bce(Box<enim_provider_bce::BceConfig>),
     /// EC2 ENIs kept warm by the pool (docs/providers.md, "AWS provider").
@@ -51,58 +58,74 @@ pub enum ProviderConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// The API socket.
+    /// The API socket the plugin, `enimctl` and `enimd device-plugin`
+    /// connect to; mode 0600.
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
-    /// Group allowed to connect to the socket (mode 0660); without it the
-    /// socket is 0600 and only root can connect.
+    /// A gid that may connect too (the socket is then 0660; in a pod add
+    /// `CHOWN`).
     #[serde(default)]
     pub socket_group: Option<u32>,
-    /// Non-root uids allowed to use the API (checked on every connection's
-    /// peer credentials; root is always allowed).
+    /// Non-root uids allowed on the socket, checked on every connection's
+    /// peer credentials (root always is).
     #[serde(default)]
     pub allowed_uids: Vec<u32>,
+    /// The checkpoint ([format](deploy.md#checkpoint-format-and-upgrades));
+    /// the DRA claims record, the `cluster` provider's cache, BCE's id cache
+    /// and the API's service CIDRs' cache (`service-cidrs.json`) default to
+    /// files beside it.
     #[serde(default = "default_checkpoint")]
     pub checkpoint: PathBuf,
-    /// fsync each checkpoint write (power-loss safety); process crashes are
-    /// safe either way.
+    /// fsync every checkpoint write (power-loss safety; a process crash is
+    /// safe either way).
     #[serde(default = "yes")]
     pub checkpoint_fsync: bool,
-    /// The namespace ENIs live in when no pod holds them. Default: the
-    /// agent's own.
+    /// The network namespace free ENIs live in (those no pod holds).
+    ///
+    /// Default: enimd's own netns.
     #[serde(default)]
     pub host_netns: Option<PathBuf>,
-    /// Period of the GC loop; "0s" turns the loop off.
+    /// Period of the GC loop; `"0s"` turns the loop off.
     #[serde(default = "default_gc_interval", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub gc_interval: Duration,
     /// Attachments younger than this are never collected.
     #[serde(default = "default_gc_grace", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub gc_grace: Duration,
-    /// How long a request that arrives during startup recovery waits before
-    /// it is told to try again later.
+    /// How long a request that arrives during start-up recovery waits
+    /// before it is told "try again later".
     #[serde(default = "default_startup_wait", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub startup_wait: Duration,
-    /// How long the plugin's STATUS answers for an enimd that is away
-    /// (killed, crash-looping, restarting), from the note enimd leaves
-    /// beside its socket, before it reports the node's network not ready.
-    /// Above the kubelet's longest crash back-off (5 m), so a crash loop
-    /// never turns the node NotReady; an agent gone for good does.
+    /// How long the plugin's STATUS answers "available" for an enimd that
+    /// is away (killed, crash-looping, restarting; from the note it leaves
+    /// beside its socket) before it says not available
+    /// ([Restarts](architecture.md#restarts-what-one-costs-a-new-pod-and-what-status-says));
+    /// at least 30 s (three of enimd's 10 s heartbeats). Above the
+    /// kubelet's longest crash back-off (5 m), so a crash loop never turns
+    /// the node NotReady; an agent gone for good does.
     #[serde(default = "default_away_bound", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub away_bound: Duration,
-    /// How long an attachment whose ADD caller went away mid-request is
-    /// kept, waiting for the runtime's retried ADD or its DEL, before GC
-    /// collects it.
+    /// How long an ADD whose caller went away mid-request is kept for the
+    /// runtime's retry, CHECK or DEL before GC collects it.
     #[serde(default = "default_allocation_expiry", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub allocation_expiry: Duration,
+    /// The log's format.
     #[serde(default)]
     pub log_format: LogFormat,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served (TCP), e.g.
-    /// "127.0.0.1:9464". Off when unset. Read-only: GET of those three
-    /// paths, nothing else. `--metrics-host` (`ENIMD_METRICS_HOST`, e.g.
-    /// the node's IP from the downward API's `status.hostIP`) serves it on
-    /// that address instead, at this port, for Prometheus in the cluster.
+    /// A TCP address for `/metrics`, `/healthz` and `/readyz` (GETs of
+    /// those three, nothing else), e.g. `"127.0.0.1:9464"` (`deploy/` sets
+    /// that, and its probes use it). `--metrics-host`
+    /// (`ENIMD_METRICS_HOST`, e.g. the node's IP from the downward API's
+    /// `status.hostIP`) serves it on that address instead, at this port.
+    ///
+    /// Default: unset (off).
     #[serde(default)]
     pub metrics_address: Option<std::net::SocketAddr>,
     /// Kubernetes Events (README "Operations"); off by default.
@@ -112,8 +135,8 @@ pub struct Config {
     /// primary interface is always excluded as well.
     #[serde(default)]
     pub exclude: crate::support::exclusion::ExclusionConfig,
-    /// How pods get ENIs: a whole ENI each (primary), or a secondary
-    /// address of a host ENI each (secondary; docs/architecture.md, "Secondary mode").
+    /// How pods get their network
+    /// ([secondary mode](architecture.md#secondary-mode)).
     #[serde(default)]
     pub mode: Mode,
     /// Secondary mode's knobs (used only with `mode = "secondary"`).

@@ -21,33 +21,32 @@ use crate::support::exclusion::Reservation;
 
 /// `[events]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EventsConfig {
     /// Post Events to the API server. Off by default: an agent outside a
     /// cluster has no API server to tell.
     #[serde(default)]
     pub enabled: bool,
-    /// The Node events about ENIs are posted on; default: `NODE_NAME`.
+    /// The Node that events about ENIs are posted on.
+    ///
+    /// Default: env `NODE_NAME`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// A kubeconfig; default: the pod's ServiceAccount (in-cluster).
+    /// A kubeconfig file.
+    ///
+    /// Default: the pod's in-cluster ServiceAccount.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
-    /// How often the node's ENIs are looked at for new quarantines.
-    #[serde(
-        default = "default_quarantine_check",
-        with = "humantime_serde",
-        skip_serializing_if = "is_default_check"
-    )]
+    /// How often the node's ENIs are looked at for new quarantines; above
+    /// zero.
+    #[serde(default = "default_quarantine_check", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub quarantine_check: Duration,
 }
 
 fn default_quarantine_check() -> Duration {
     Duration::from_secs(10)
-}
-
-fn is_default_check(d: &Duration) -> bool {
-    *d == default_quarantine_check()
 }
 
 impl Default for EventsConfig {

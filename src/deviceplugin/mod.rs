@@ -52,15 +52,17 @@ pub trait DeviceSource: Send + Sync + 'static {
 
 /// The `[device_plugin]` table of enimd's config.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct DevicePluginConfig {
-    /// Off unless set: bare-metal and test setups need no kubelet.
+    /// Serve the device plugin from enimd; never with `[dra] enabled`. Off
+    /// unless set: bare-metal and test setups need no kubelet.
     pub enabled: bool,
     /// The kubelet's device plugin directory.
     pub dir: PathBuf,
     /// The kubelet's registration socket, in `dir`.
     pub kubelet_socket: String,
-    /// This plugin's socket, in `dir`.
+    /// enimd's own socket, in `dir`.
     pub endpoint: String,
 }
 

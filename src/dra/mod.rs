@@ -71,26 +71,33 @@ pub const FIELD_MANAGER: &str = "enimd";
 
 /// The `[dra]` table of enimd's config.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct DraConfig {
-    /// Off unless set.
+    /// Be the kubelet's DRA plugin.
     pub enabled: bool,
-    /// The driver name (and the DeviceClass's selector must name it).
+    /// The driver name (the DeviceClass selects by it).
     pub driver: String,
     /// The kubelet's plugin registration directory.
     pub registry_dir: PathBuf,
     /// The kubelet's plugin directory: the DRA socket is
     /// `<plugin_dir>/<driver>/dra.sock`.
     pub plugin_dir: PathBuf,
-    /// This node's name; default: the `NODE_NAME` environment variable.
+    /// This node's name.
+    ///
+    /// Default: env `NODE_NAME`.
     pub node_name: Option<String>,
-    /// A kubeconfig; default: the pod's ServiceAccount (in-cluster).
+    /// A kubeconfig file.
+    ///
+    /// Default: the pod's in-cluster ServiceAccount.
     pub kubeconfig: Option<PathBuf>,
-    /// Where prepared claims are recorded; default: `dra-claims.json`
-    /// beside the checkpoint.
+    /// The record of prepared claims.
+    ///
+    /// Default: `dra-claims.json` beside the checkpoint.
     pub claims: Option<PathBuf>,
     /// How often records of claims gone from the API are dropped.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub sweep_interval: std::time::Duration,
 }
 

@@ -29,40 +29,47 @@ pub struct HostPathConfigError(pub String);
 /// without it) while `service_cidrs` is empty and `service_cidrs_from_api`
 /// is false.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct HostPathConfig {
     /// The cluster's service CIDRs (kube-apiserver's
-    /// `--service-cluster-ip-range`), IPv4 and/or IPv6. Given, they are
-    /// used as they are and the API is not read.
+    /// `--service-cluster-ip-range`), IPv4 and/or IPv6; without host bits.
+    /// Given, they are used as they are and the API is not read.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<String>"))]
     pub service_cidrs: Vec<IpNet>,
     /// Read the service CIDRs from the cluster's `ServiceCIDR` objects
-    /// (networking.k8s.io/v1) and follow them: a range added or removed
-    /// reaches running pods' routes too ([`super::servicecidrs`]).
+    /// (networking.k8s.io/v1, Kubernetes 1.33+) and follow them: a range
+    /// added or removed reaches running pods' routes and records too. Not
+    /// with `service_cidrs`. Needs `list` and `watch` on `servicecidrs`.
     pub service_cidrs_from_api: bool,
-    /// The kubeconfig `service_cidrs_from_api` reads with; default: the
-    /// pod's ServiceAccount (in-cluster).
+    /// The kubeconfig `service_cidrs_from_api` reads with.
+    ///
+    /// Default: the pod's in-cluster ServiceAccount.
     pub kubeconfig: Option<PathBuf>,
-    /// More prefixes the pod reaches through the host, e.g. node-local-dns's
-    /// link-local address `169.254.20.10/32`.
+    /// More prefixes the pod reaches through the node, e.g. node-local-dns's
+    /// `169.254.20.10/32`; needs `service_cidrs` or
+    /// `service_cidrs_from_api`.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<String>"))]
     pub host_stack_cidrs: Vec<IpNet>,
-    /// The pod interfaces (CNI_IFNAME) that get a host path: the cluster
-    /// network's `eth0` by default, not extra networks' interfaces, whose
-    /// service routes would clash with eth0's.
+    /// The `CNI_IFNAME`s that get a host path: not extra networks'
+    /// interfaces, whose service routes would clash with the cluster
+    /// network's.
     pub interfaces: Vec<String>,
     /// Host ends are named this plus a hash of the attachment key (15 bytes
-    /// in all); GC takes such veths that no record explains for enim's
-    /// leftovers. Must differ from `[secondary] veth_prefix`.
+    /// in all), `[a-z0-9-]`; GC takes such veths that no record explains
+    /// for enim's leftovers. Must not be a prefix of `[secondary]
+    /// veth_prefix` nor have it as one.
     pub veth_prefix: String,
-    /// Masquerade the connections the node DNATs (Services, hostPort) that
-    /// enter from or leave to a host path, with enimd's own nftables table
-    /// (see [`super::masquerade`]), so that replies come back through the
-    /// node's conntrack whatever kube-proxy's `clusterCIDR` says.
+    /// enimd's nftables table `inet enim`, which masquerades the Service
+    /// and hostPort connections that enter from or leave to a host path,
+    /// so that replies come back through the node's conntrack; `false`
+    /// leaves that to kube-proxy's `clusterCIDR` or `masqueradeAll`.
     pub masquerade: bool,
-    /// The `nft` binary that applies the masquerade table: a name looked
-    /// up in `PATH`, or an absolute path.
+    /// The `nft` binary: a name looked up in `PATH` or an absolute path.
     pub nft: PathBuf,
-    /// The conntrack mark bit the masquerade table sets on connections
-    /// that arrive from a host path (one bit; the others are left alone).
+    /// The one conntrack mark bit the masquerade table sets on connections
+    /// that arrive from a host path (exactly one bit; the others are left
+    /// alone).
     pub ct_mark: u32,
 }
 

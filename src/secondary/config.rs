@@ -16,30 +16,35 @@ pub struct SecondaryConfigError(pub String);
 
 /// The `[secondary]` table of enimd's config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct SecondaryConfig {
-    /// An ENI's route table is `table_offset + device index`.
+    /// An ENI's route table is `table_offset` + its device index; the
+    /// tables may not include 0 nor the kernel's 253-255.
     pub table_offset: u32,
-    /// Priority of the `to <pod ip> lookup main` rules.
+    /// Priority of the `to <pod ip> lookup main` rules (1..32766), below
+    /// `rule_priority_from_pod`.
     pub rule_priority_to_pod: u32,
-    /// Priority of the `from <pod ip> lookup <ENI table>` rules.
+    /// Priority of the `from <pod ip> lookup <ENI table>` rules (1..32766).
     pub rule_priority_from_pod: u32,
-    /// How long a released address rests before another pod gets it.
+    /// A released address rests this long before another pod gets it.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub cooldown: Duration,
     /// Host ends of pod veths are named this plus a hash of the attachment
-    /// key (15 bytes in all); GC treats such veths as enim's.
+    /// key (15 bytes in all), 1-7 of `[a-z0-9-]`; GC treats such veths as
+    /// enim's.
     pub veth_prefix: String,
-    /// ENIs are renamed to this plus their device index.
+    /// ENIs are renamed to this plus their device index (1-12 of
+    /// `[a-z0-9-]`, not starting with `veth_prefix`).
     pub eni_name_prefix: String,
     /// Where the IPv6 sysctls without a netlink form (`proxy_ndp`,
-    /// `accept_dad`, `all/forwarding`) are written: the namespace's
-    /// /proc/sys/net. A non-privileged container has /proc/sys read-only,
-    /// so enim's DaemonSet mounts the node's one elsewhere and names it
-    /// here. Only nodes with IPv6 secondaries write there.
+    /// `accept_dad`, `all/forwarding`) are written: a non-privileged
+    /// container has /proc/sys read-only, so `deploy/` mounts the node's
+    /// at `/host/proc/sys/net` and names it here. Only nodes with IPv6
+    /// secondaries write there.
     pub proc_sys_net: PathBuf,
-    /// The warm address pool (`[secondary.pool]`), with a provider that
-    /// assigns addresses (aws).
+    /// The warm address pool, with a provider that assigns addresses.
     pub pool: super::WarmIpConfig,
 }
 

@@ -48,39 +48,46 @@ const MAX_STEPS_PER_ROUND: usize = 16;
 /// The `[secondary.pool]` table: watermarks and loop timing of the warm
 /// address pool. Used only with a provider that assigns addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct WarmIpConfig {
-    /// Free pod slots to keep ahead of demand (PreAllocate).
+    /// Free slots kept ahead of demand (PreAllocate).
     pub pre_allocate: u32,
-    /// Pod slots the node holds at least, used or not (MinAllocate).
+    /// Slots the node holds at least, used or not (MinAllocate).
     pub min_allocate: u32,
-    /// Free slots kept beyond `pre_allocate` before the surplus is given
-    /// back to the cloud (MaxAboveWatermark).
+    /// Free slots kept beyond `pre_allocate` before the surplus goes back
+    /// to the cloud (MaxAboveWatermark).
     pub max_above_watermark: u32,
     /// Addresses asked for in one call at most: a burst is served by a few
     /// large calls, not many small ones.
     pub max_batch: usize,
     /// Secondary addresses per ENI at most, below the instance type's
-    /// limit (keeps ENIs less dense, e.g. for security-group planning);
-    /// none: the instance type's limit.
+    /// limit (keeps ENIs less dense, e.g. for security-group planning).
+    ///
+    /// Default: the instance type's limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_eni: Option<usize>,
-    /// Longest pause between checks when nothing woke the pool; each is
-    /// drawn from its upper half (jitter). Checks on this timer also
-    /// compare the store with the cloud's view (drift).
+    /// The longest pause between checks when nothing happens (jittered);
+    /// checks on this timer also compare the addresses with the cloud's
+    /// view (drift).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub resync_interval: Duration,
-    /// First retry step after a failed check; doubles per failure, up to
-    /// `max_backoff` (jittered).
+    /// The first retry after a failed check, doubling per failure
+    /// (jittered).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub initial_retry: Duration,
+    /// The longest retry step.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_backoff: Duration,
-    /// How long an ADD that finds no free address waits for the pool's
-    /// next check to assign one, before answering "try again later" (the
-    /// kubelet retries only 10-15 s later). Zero turns the wait off; at
-    /// most [`MAX_ALLOCATE_WAIT`](enim_core::MAX_ALLOCATE_WAIT).
+    /// How long an ADD with no free slot waits for the pool's next check
+    /// to assign one before answering "try again later" (the kubelet
+    /// retries only 10-15 s later). `"0s"` turns the wait off; at most
+    /// 25 s.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub allocate_wait: Duration,
 }
 

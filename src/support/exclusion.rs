@@ -19,9 +19,11 @@ pub use enim_core::reserved::EXCLUDED_NETWORK;
 
 /// What the config excludes (`[exclude]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExclusionConfig {
-    /// ENI ids or MAC addresses.
+    /// ENIs never handed out, by id or MAC (`"eni-0009"`,
+    /// `"02:00:00:00:00:09"`).
     #[serde(default)]
     pub enis: Vec<String>,
     /// Addresses never handed out; an ENI whose primary address is listed is

@@ -34,14 +34,15 @@ pub struct MetadataConfigError(pub String);
 
 /// The `[pod_metadata]` table of enimd's config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct MetadataConfig {
-    /// The metadata addresses pods may not reach. Empty turns the refusal
-    /// off for every pod.
+    /// The metadata addresses pods may not reach: a `prohibit` route for
+    /// each in every pod's netns. `[]` turns the refusal off.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<String>"))]
     pub blocked: Vec<IpNet>,
-    /// Namespaces whose pods reach them all the same (e.g. a namespace of
-    /// system agents that need the instance identity). `"*"` is every
-    /// namespace.
+    /// Namespaces whose pods reach them anyway (e.g. system agents that
+    /// need the instance identity); `"*"` is every namespace.
     pub allowed_namespaces: Vec<String>,
 }
 

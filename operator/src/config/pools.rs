@@ -20,23 +20,39 @@ use crate::index::PoolPolicy;
 
 /// One `[[operator.pools]]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     /// A DNS label, unique among the pools: the logs name the pool by it.
     pub name: String,
-    /// Label = value, every one to match (`matchLabels`). Required: `{}`
-    /// (every node) must be asked for.
+    /// `{ label = "value", ... }`, every one to match (`matchLabels`);
+    /// `{}`, which matches every node, must be asked for.
     pub node_selector: BTreeMap<String, String>,
+    /// As `[operator] mode`, for this pool's nodes.
+    ///
+    /// Default: the top level's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// Replaces `[operator.watermarks]` whole: a key it leaves out takes
+    /// the default, since watermarks count ENIs in primary mode and
+    /// addresses in secondary mode.
+    ///
+    /// Default: the top level's.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "optional_watermarks"
     )]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<super::WatermarkKeys>"))]
     pub watermarks: Option<Watermarks>,
+    /// As `[operator] subnets`, for this pool's nodes.
+    ///
+    /// Default: the top level's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnets: Option<Vec<String>>,
+    /// As `[operator] security_groups`, for this pool's nodes.
+    ///
+    /// Default: the top level's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_groups: Option<Vec<String>>,
 }

@@ -14,10 +14,12 @@ pub mod webhook;
 
 /// What a pod no EniPolicy selects gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum DefaultPolicy {
     /// Nothing: the pod keeps the network it asks for (none: the
-    /// cluster's other CNI, or the node's default), only annotated.
+    /// cluster's other CNI, or the node's default), only the
+    /// `enim.io/policy: (default)` annotation.
     #[default]
     None,
     /// A secondary address (`enim.io/ip`).

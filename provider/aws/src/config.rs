@@ -61,38 +61,47 @@ pub const FLEET_MOVES: &[KeyMove] = &[
 /// Every key is optional: what is left out takes its value from
 /// [`AwsConfig::default`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct AwsConfig {
-    /// EC2 region; default: the instance's, from instance metadata.
+    /// The EC2 region.
+    ///
+    /// Default: instance metadata's placement/region.
     pub region: Option<String>,
-    /// Instance metadata service (scheme and authority).
+    /// Instance metadata (IMDSv2): scheme and authority.
     pub imds_endpoint: String,
-    /// Subnet for new ENIs; default: the primary interface's subnet.
+    /// The subnet of new ENIs.
+    ///
+    /// Default: the primary ENI's subnet.
     pub subnet_id: Option<String>,
-    /// Security groups for new ENIs; default: the VPC's default group.
+    /// The security groups of new ENIs.
+    ///
+    /// Default: the primary interface's (from instance metadata), as AWS VPC CNI gives its ENIs.
     pub security_group_ids: Vec<String>,
-    /// Give each new ENI one IPv6 address (the subnet needs an IPv6 block).
+    /// One IPv6 address per new ENI (the subnet needs an IPv6 block).
     pub assign_ipv6: bool,
-    /// MTU for pod interfaces; default: keep the device's own.
+    /// The pod MTU, 576..=9001.
+    ///
+    /// Default: the device's.
     pub mtu: Option<u32>,
-    /// How long to wait for instance metadata to show a new attachment.
+    /// Bound on instance metadata showing a new attachment.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub metadata_wait: Duration,
-    /// How long to wait for a detach to finish before giving up (the pool
-    /// retries later).
+    /// Bound on a detach reaching `available` (the pool retries later).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub detach_timeout: Duration,
     /// The cluster's name: new ENIs are tagged `enim.io/cluster=<it>`, and
-    /// the fleet-wide reaper deletes this cluster's ENIs left unattached.
-    /// Unset: no cluster tag, reaper off.
+    /// the fleet-wide reaper, on while it is set, deletes this cluster's
+    /// ENIs left unattached.
     pub cluster: Option<String>,
-    /// The EC2 API: endpoint (default `https://ec2.<region>.amazonaws.com`),
-    /// retries, and this agent's own token buckets, well under the
-    /// account's (mutating: 5 per second, 50 to 100 deep; describe: 10 to
-    /// 20 per second), which every node of every cluster in the account
-    /// shares.
+    /// The EC2 client: endpoint, retries, and this agent's own token
+    /// buckets, well under the account's (mutating: 5 per second, 50 to
+    /// 100 deep; describe: 10 to 20 per second), which every node of every
+    /// cluster in the account shares.
     pub api: ApiConfig,
-    /// Warm-pool watermarks and timing.
+    /// The warm pool.
     pub pool: PoolConfig,
 }
 
@@ -151,23 +160,29 @@ impl AwsConfig {
 /// the credentials come from the config, the environment or, where the
 /// operator does run on EC2, the instance role.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct AwsFleetConfig {
-    /// EC2 region (required).
+    /// The EC2 region (the operator reads no instance metadata).
+    ///
+    /// Default: required.
     pub region: String,
-    /// The cluster's name (required): the ENIs the operator lists, makes
-    /// and deletes carry `enim.io/cluster=<it>`.
+    /// The cluster's name: the ENIs the operator lists, makes and deletes
+    /// carry `enim.io/cluster=<it>`. Must equal `[operator] cluster`.
+    ///
+    /// Default: `[operator] cluster`.
     pub cluster: String,
-    /// Where the keys come from; default: the environment.
+    /// Where the operator's AWS credentials come from.
     pub credentials: AwsCredentialsConfig,
-    /// Give each new ENI one IPv6 address (the subnet needs an IPv6 block).
+    /// One IPv6 address per new ENI (the subnet needs an IPv6 block).
     pub assign_ipv6: bool,
     /// How long a detach may take before the call fails (the operator
     /// retries later).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub detach_timeout: Duration,
-    /// The EC2 API: endpoint, retries and the operator's token buckets,
-    /// one for the whole cluster.
+    /// The EC2 client: endpoint, retries and the operator's own token
+    /// buckets.
     pub api: ApiConfig,
 }
 
@@ -196,13 +211,14 @@ impl Default for AwsFleetConfig {
 
 /// `credentials.source` and what that source needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AwsCredentialsConfig {
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optionally
-    /// `AWS_SESSION_TOKEN` (e.g. from a Kubernetes Secret).
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`
+    /// (in `deploy/`, from the optional Secret `enim-operator-cloud`).
     #[default]
     Environment,
-    /// Keys written in the config. `Debug` never prints the secret.
+    /// Keys written in the config (never printed).
     Static {
         access_key_id: String,
         secret_access_key: Secret,
@@ -210,20 +226,19 @@ pub enum AwsCredentialsConfig {
         session_token: Option<Secret>,
     },
     /// The EC2 instance role through instance metadata (an operator that
-    /// runs on EC2).
+    /// runs on EC2); `imds_endpoint` defaults to `http://169.254.169.254`.
     InstanceRole {
         #[serde(default = "default_imds_endpoint")]
         imds_endpoint: String,
     },
-    /// A web identity token exchanged with STS for a role (IRSA). Each key
-    /// left out is read from its AWS variable (`AWS_ROLE_ARN`,
-    /// `AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_SESSION_NAME`), as EKS's
-    /// pod identity webhook sets them; STS's endpoint from
-    /// `AWS_ENDPOINT_URL_STS` when set.
+    /// IRSA: a ServiceAccount token exchanged with STS for a role; each key
+    /// left out is read from `AWS_ROLE_ARN`, `AWS_WEB_IDENTITY_TOKEN_FILE`,
+    /// `AWS_ROLE_SESSION_NAME`, as EKS's pod identity webhook sets them;
+    /// STS at `AWS_ENDPOINT_URL_STS` when set.
     WebIdentity(crate::credentials::WebIdentity),
-    /// The container credentials endpoint the environment names
-    /// (`AWS_CONTAINER_CREDENTIALS_FULL_URI` and
-    /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`: EKS Pod Identity).
+    /// EKS Pod Identity: the container credentials endpoint that
+    /// `AWS_CONTAINER_CREDENTIALS_FULL_URI` and
+    /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` name.
     Container,
 }
 

@@ -91,6 +91,7 @@ fn process_env(key: &str) -> Option<String> {
 /// [`ENV_SESSION_NAME`]), as EKS's pod identity webhook sets them.
 /// Also the config's `credentials = { source = "web_identity", ... }`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct WebIdentity {
     pub role_arn: Option<String>,

@@ -105,47 +105,61 @@ const DEFAULT_LIST_PAGE_SIZE: u32 = 100;
 /// its value from [`BceConfig::default`]) or is discovered from instance
 /// metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct BceConfig {
-    /// BCE region (`bj`, `gz`, `su`, ...); default: metadata `region`.
+    /// The BCE region: `bj`, `gz`, `su`, ...
+    ///
+    /// Default: metadata `region`.
     pub region: Option<String>,
-    /// Instance metadata base URL; default
-    /// `http://169.254.169.254/1.0/meta-data/`.
-    pub metadata_endpoint: Option<String>,
-    /// VPC to list ENIs in; default: metadata `vpc-id`.
+    /// BCC instance metadata's base URL.
+    pub metadata_endpoint: String,
+    /// The VPC to list ENIs in.
+    ///
+    /// Default: metadata `vpc-id`.
     pub vpc_id: Option<String>,
-    /// Subnet new ENIs are created in; default: metadata `subnet-id`.
+    /// The subnet of new ENIs.
+    ///
+    /// Default: metadata `subnet-id`.
     pub subnet_id: Option<String>,
-    /// Security groups of new ENIs.
+    /// The security groups of new ENIs.
+    ///
+    /// Default: the instance's (listed once; an instance with none is an error, never BCE's default group).
     pub security_group_ids: Vec<String>,
-    /// Access key; default: env `BCE_ACCESS_KEY_ID`.
+    /// The access key.
+    ///
+    /// Default: env `BCE_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
-    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
-    /// prints it.
+    /// The secret key (never printed).
+    ///
+    /// Default: env `BCE_SECRET_ACCESS_KEY`.
     pub secret_access_key: Option<Secret>,
-    /// Longest pause between two ENI status or metadata polls (each drawn
-    /// from its upper half, so nodes do not poll in lockstep).
+    /// The longest pause between two ENI status or metadata polls (each
+    /// drawn from its upper half, so nodes do not poll in lockstep).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub poll_interval: Duration,
-    /// Bound on one attach, detach or wait for metadata.
+    /// Bound on one attach, detach or metadata wait; at least
+    /// `poll_interval`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub operation_timeout: Duration,
-    /// `maxKeys` of ENI list calls.
+    /// `maxKeys` of ENI list calls, 1..=1000.
     pub list_page_size: u32,
     /// The cluster's name: new ENIs carry `enim.io/cluster=<it>` in their
-    /// description, and the fleet-wide reaper deletes this cluster's ENIs
-    /// left unattached. Unset: reaper off.
+    /// description, and the fleet-wide reaper, on while it is set, deletes
+    /// this cluster's ENIs left unattached.
     pub cluster: Option<String>,
-    /// Where the backend keeps the ids of the ENIs attached here, to serve
-    /// them through an API outage at start (instance metadata names no
-    /// ids); enimd's default: `bce-eni-ids.json` beside its checkpoint.
-    /// Unset: no cache, and a start without the API serves nothing.
+    /// The ids of the ENIs attached here, kept to serve them through an
+    /// API outage at start (instance metadata names no ids).
+    ///
+    /// Default: `bce-eni-ids.json` beside the checkpoint.
     pub eni_id_cache: Option<PathBuf>,
-    /// The ENI OpenAPI: endpoint (default
-    /// `https://bcc.<region>.baidubce.com`), retries, and this agent's own
-    /// token buckets, so one node cannot spend the account's API quota,
-    /// which every node shares.
+    /// The BCE client (the ENI OpenAPI): endpoint, retries, and this
+    /// agent's own token buckets, so one node cannot spend the account's
+    /// API quota, which every node shares.
     pub api: ApiConfig,
+    /// The warm pool.
     pub pool: PoolConfig,
 }
 
@@ -163,7 +177,7 @@ impl Default for BceConfig {
     fn default() -> Self {
         BceConfig {
             region: None,
-            metadata_endpoint: None,
+            metadata_endpoint: crate::metadata::DEFAULT_BASE.into(),
             vpc_id: None,
             subnet_id: None,
             security_group_ids: Vec::new(),
@@ -211,33 +225,47 @@ impl BceConfig {
 /// The operator's `bce` section. `vpc_id`, `cluster` and either `region`
 /// or `api.endpoint` are required; the rest has defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct BceFleetConfig {
-    /// BCE region (`bj`, `gz`, ...): the endpoint is then
+    /// The BCE region (`bj`, `gz`, ...): the endpoint is then
     /// `https://bcc.<region>.baidubce.com`.
+    ///
+    /// Default: required unless `api.endpoint` is set.
     pub region: Option<String>,
     /// The VPC whose ENIs are listed.
+    ///
+    /// Default: required.
     pub vpc_id: String,
-    /// The cluster's name, marked in its ENIs' descriptions.
+    /// The cluster's name, marked in its ENIs' descriptions. Must equal
+    /// `[operator] cluster`.
+    ///
+    /// Default: `[operator] cluster`.
     pub cluster: String,
-    /// Access key; default: env `BCE_ACCESS_KEY_ID`.
+    /// The access key.
+    ///
+    /// Default: env `BCE_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
-    /// Secret key; default: env `BCE_SECRET_ACCESS_KEY`. `Debug` never
-    /// prints it.
+    /// The secret key (never printed).
+    ///
+    /// Default: env `BCE_SECRET_ACCESS_KEY`.
     pub secret_access_key: Option<Secret>,
-    /// Longest pause between two ENI status polls (jittered).
+    /// The longest pause between two ENI status polls (jittered).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub poll_interval: Duration,
-    /// Bound on one attach or detach.
+    /// Bound on one attach or detach; at least `poll_interval`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub operation_timeout: Duration,
-    /// `maxKeys` of ENI list calls.
+    /// `maxKeys` of ENI list calls, 1..=1000.
     pub list_page_size: u32,
-    /// Per instance type, what the fleet's `limits` answers: BCE's quota
-    /// call asks by instance, not by type.
+    /// Per instance type, `{ enis, ipv4_per_eni, ipv6_per_eni }` (BCE's
+    /// quota call asks by instance, not by type); a type without an entry
+    /// is an error.
     pub limits: BTreeMap<String, LimitsConfig>,
-    /// The ENI OpenAPI: endpoint (instead of the region's), retries and
-    /// the operator's token buckets.
+    /// The BCE client: endpoint (instead of the region's), retries and
+    /// the operator's own token buckets.
     pub api: ApiConfig,
 }
 

@@ -53,7 +53,7 @@ use crate::client::{
 use crate::config::BceConfig;
 use crate::error::BceError;
 use crate::idcache::IdCache;
-use crate::metadata::{self, MetaInterface, MetadataClient, MetadataError};
+use crate::metadata::{MetaInterface, MetadataClient, MetadataError};
 use crate::steps::{self, InstanceGroups};
 use crate::tags::{
     self, description_tag, device_index_of, eni_name_prefix, DEVICE_INDEXES, TAG_DEVICE_INDEX,
@@ -636,11 +636,8 @@ impl BceBackend {
     /// instance metadata, and the API endpoint it calls; no call yet.
     async fn from_metadata(config: &BceConfig) -> Result<(BceBackend, String), BceError> {
         let creds = config.credentials()?;
-        let meta_base = config
-            .metadata_endpoint
-            .as_deref()
-            .unwrap_or(metadata::DEFAULT_BASE);
-        let meta = MetadataClient::new(meta_base).map_err(BceError::MetadataClient)?;
+        let meta =
+            MetadataClient::new(&config.metadata_endpoint).map_err(BceError::MetadataClient)?;
         let instance_id = meta.instance_id().await?;
         let given = |configured: &Option<String>| configured.clone().filter(|s| !s.is_empty());
         let endpoint = match given(&config.api.endpoint) {

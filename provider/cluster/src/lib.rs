@@ -57,22 +57,27 @@ pub const MAX_STATUS_DEBOUNCE: Duration = Duration::from_secs(10);
 
 /// The `[provider]` table of `type = "cluster"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// This node's name, which its NetResourceSet bears. Default: the
-    /// `NODE_NAME` environment variable.
+    /// This node's name, which its NetResourceSet bears.
+    ///
+    /// Default: env `NODE_NAME` (downward API: `spec.nodeName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// A kubeconfig file to reach the API server with. Default: the pod's
-    /// in-cluster service account.
+    /// A kubeconfig file to reach the API server with.
+    ///
+    /// Default: the pod's in-cluster ServiceAccount.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
-    /// Where the last spec seen is kept. enimd's default:
-    /// `netresourceset.json` beside its checkpoint.
+    /// The last spec seen, served after a restart during an API outage.
+    ///
+    /// Default: `netresourceset.json` beside the checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<PathBuf>,
-    /// How long changes gather before one status write.
+    /// How long changes gather before one status write; at most 10 s.
     #[serde(default = "default_debounce", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub status_debounce: Duration,
     /// The agent's DRA driver is on: its status says so (condition
     /// [`enim_crd::CONDITION_SERVES_CLAIMS`]). enimd fills it in from

@@ -17,46 +17,56 @@ use serde_json::{Map, Value};
 
 /// Watermarks and loop timing of the warm pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Free ENIs to keep attached ahead of demand (PreAllocate).
+    /// Free ENIs kept attached ahead of demand (PreAllocate).
     pub pre_allocate: u32,
-    /// Free ENIs beyond `pre_allocate` kept before the surplus is
-    /// detached and deleted (MaxAboveWatermark).
+    /// Free ENIs beyond `pre_allocate` kept; more are detached and deleted
+    /// (MaxAboveWatermark).
     pub max_above_watermark: u32,
-    /// First retry step after a failed round; doubles per failure. Each
+    /// The first retry after a failed round, doubling per failure; each
     /// delay is drawn from the upper half of its step (jitter).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub initial_retry: Duration,
-    /// Upper bound of the retry step.
+    /// The longest retry step.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_backoff: Duration,
-    /// Longest delay between rounds when nothing failed and nothing woke
-    /// the loop; each is drawn from its upper half (jitter).
+    /// The longest pause between rounds when nothing failed and nothing
+    /// woke the pool (jittered); rounds on this timer also compare the
+    /// pool with what instance metadata shows attached.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub resync_interval: Duration,
     /// ENIs created at once while the pool is more than one below
-    /// `pre_allocate` (a burst): an attach takes about 10 s, so creating them
-    /// one at a time makes the n-th pod of a burst wait n × 10 s. Bounded,
-    /// because the account's API buckets are shared by the whole fleet.
+    /// `pre_allocate` (at least 1): an attach takes about 10 s, so creating
+    /// them one at a time makes the n-th pod of a burst wait n × 10 s.
+    /// Bounded, because the account's API buckets are shared by the whole
+    /// fleet.
     pub max_parallel_creates: usize,
-    /// Between two passes of the fleet-wide reaper (each delay drawn from
-    /// its upper half; the first from all of it, so nodes started together
-    /// do not reap together). Off unless the provider names a `cluster`.
+    /// Between two passes of the fleet-wide reaper (jittered; the first
+    /// from all of it, so nodes started together do not reap together).
+    /// Off unless the provider names a `cluster`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub reap_interval: Duration,
-    /// The reaper spares ENIs younger than this (by their creation tag):
-    /// a new ENI is unattached between its create and its attach.
+    /// The reaper spares ENIs younger than this (by their creation tag),
+    /// since a new ENI is unattached between its create and its attach; at
+    /// least `1m`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub reap_cooldown: Duration,
     /// How long an ADD that finds no free ENI waits for one on its way
     /// (created, or attached from outside) before answering "try again
-    /// later". The kubelet retries a failed sandbox only after 10-15 s, so
-    /// without the wait a pod is ready up to that long after its ENI
-    /// landed. Only while the pool can still bring an ENI (room on the
-    /// instance, the cloud answering); zero turns the wait off. The default
-    /// covers two attaches on EC2 (8-12 s each), one after the other.
+    /// later", while the pool can still bring one (room on the instance,
+    /// the cloud answering). The kubelet retries a failed sandbox only
+    /// after 10-15 s: without the wait a pod is ready up to that long after
+    /// its ENI landed. The default covers two attaches on EC2 (8-12 s
+    /// each), one after the other. `"0s"` turns the wait off; at most 25 s.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub allocate_wait: Duration,
 }
 

@@ -23,14 +23,16 @@ use crate::{validated, StaticEniConfig};
 
 /// The operator's `static` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StaticFleetConfig {
-    /// Per node name, the ENIs attached to it from the start (each node's
-    /// list as the agent's static provider takes it; ids unique across
-    /// the cluster).
+    /// Per node name, a list of the ENIs attached to it from the start, as
+    /// `[[provider.enis]]` takes them (ids unique across the cluster).
     pub nodes: BTreeMap<String, Vec<StaticEniConfig>>,
-    /// What [`FleetCloud::limits`] answers for every instance type;
-    /// default: what the inventory holds (its largest node's ENIs and its
+    /// `{ enis, ipv4_per_eni, ipv6_per_eni }`, the limits of every instance
+    /// type.
+    ///
+    /// Default: what the inventory holds (its largest node's ENIs, its
     /// ENIs' most addresses).
     #[serde(default)]
     pub limits: Option<LimitsConfig>,

@@ -17,31 +17,46 @@ pub use fleet::{StaticFleet, StaticFleetConfig};
 
 /// One ENI as declared in config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StaticEniConfig {
+    /// The ENI's id.
     pub id: String,
+    /// Its MAC: how enim finds its device, under any name.
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub mac: MacAddr,
+    /// Its primary address with the subnet's prefix, `"10.0.1.10/24"`.
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub ipv4: Ipv4Net,
+    /// The subnet's gateway.
     pub gateway4: Ipv4Addr,
+    /// An IPv6 address with its prefix, with `gateway6`.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub ipv6: Option<Ipv6Net>,
+    /// The IPv6 subnet's gateway.
     #[serde(default)]
     pub gateway6: Option<Ipv6Addr>,
+    /// The pod's MTU.
+    ///
+    /// Default: the device's.
     #[serde(default)]
     pub mtu: Option<u32>,
-    /// Secondary mode: the ENI's device index (its route table is numbered
-    /// from it). Default: its 1-based position in the list.
+    /// Secondary mode: the ENI's device index, which numbers its route
+    /// table.
+    ///
+    /// Default: its 1-based position in the list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_index: Option<u32>,
-    /// Secondary mode: secondary IPv4 addresses inside `ipv4`'s subnet, one
-    /// per pod.
+    /// Secondary mode: the IPv4 addresses pods get, one each, inside
+    /// `ipv4`'s subnet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secondary_ipv4: Vec<Ipv4Addr>,
-    /// Secondary mode: secondary IPv6 addresses inside `ipv6`'s subnet.
+    /// Secondary mode: the IPv6 addresses pods get, inside `ipv6`'s subnet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secondary_ipv6: Vec<Ipv6Addr>,
-    /// What the DRA driver publishes about the ENI (`placement = { subnet,
-    /// zone, security_groups, network_card }`), all optional.
+    /// What the DRA driver publishes about the ENI: `{ subnet, zone,
+    /// security_groups, network_card }`, all optional.
     #[serde(default, skip_serializing_if = "Placement::is_empty")]
     pub placement: Placement,
 }

@@ -21,7 +21,7 @@ use rig::{FakeCloud, AK, SK};
 
 fn config(cloud: &FakeCloud) -> BceConfig {
     BceConfig {
-        metadata_endpoint: Some(cloud.meta_url.clone()),
+        metadata_endpoint: cloud.meta_url.clone(),
         security_group_ids: vec!["g-enim".into()],
         access_key_id: Some(AK.into()),
         secret_access_key: Some(SK.into()),
