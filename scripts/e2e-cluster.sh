@@ -309,7 +309,10 @@ if [ "$lanes" = 1 ]; then
   done
   for l in 2; do
     step "[lane $l] ${lane_names[$l]}: in the background, its log at the end ($(elapsed))"
-    lane_run "$l" > "$images/lane$l.log" 2>&1 &
+    # The lane writes its own exit status: `wait PID` answers 127 once bash
+    # has dropped a long-finished child's status (it keeps a bounded number,
+    # and the cloud run forks many children after lane 2 ends).
+    { rc=0; lane_run "$l" || rc=$?; echo "$rc" > "$images/lane$l.rc"; } > "$images/lane$l.log" 2>&1 &
     lane_pids[l]=$!
   done
   modes=(primary secondary operator cloud)
@@ -346,8 +349,8 @@ done
 [ "$keep" = 1 ] || { "$down"; rm -rf "$work"; work=""; }
 for l in "${!lane_pids[@]}"; do
   step "[lane $l] waiting for it ($(elapsed))"
-  lane_rc=0
-  wait "${lane_pids[l]}" || lane_rc=$?
+  wait "${lane_pids[l]}" 2>/dev/null || true
+  lane_rc=$(cat "$images/lane$l.rc" 2>/dev/null || echo "without a status")
   unset "lane_pids[l]"
   step "[lane $l] its log ($(elapsed))"
   cat "$images/lane$l.log"
