@@ -309,9 +309,8 @@ if [ "$lanes" = 1 ]; then
   done
   for l in 2; do
     step "[lane $l] ${lane_names[$l]}: in the background, its log at the end ($(elapsed))"
-    # The lane writes its own exit status: `wait PID` answers 127 once bash
-    # has dropped a long-finished child's status (it keeps a bounded number,
-    # and the cloud run forks many children after lane 2 ends).
+    # The lane writes its own exit status, last: `wait PID` answered 127
+    # once for a lane that had passed, long finished by then.
     { rc=0; lane_run "$l" || rc=$?; echo "$rc" > "$images/lane$l.rc"; } > "$images/lane$l.log" 2>&1 &
     lane_pids[l]=$!
   done
@@ -349,7 +348,10 @@ done
 [ "$keep" = 1 ] || { "$down"; rm -rf "$work"; work=""; }
 for l in "${!lane_pids[@]}"; do
   step "[lane $l] waiting for it ($(elapsed))"
-  wait "${lane_pids[l]}" 2>/dev/null || true
+  # Until the lane has written its status, or is gone without one. Not
+  # `wait PID`: by now its PID may be another child's (PIDs wrap at 32768
+  # here, and the runs fork tens of thousands of processes).
+  while [ ! -e "$images/lane$l.rc" ] && kill -0 "${lane_pids[l]}" 2>/dev/null; do sleep 1; done
   lane_rc=$(cat "$images/lane$l.rc" 2>/dev/null || echo "without a status")
   unset "lane_pids[l]"
   step "[lane $l] its log ($(elapsed))"
