@@ -312,6 +312,20 @@ impl FakeCloud {
         self.world.lock().unwrap()
     }
 
+    /// When each `method` request arrived, counted from `t0`, in order
+    /// (for [`crate::cloud::assert_paced`]).
+    pub fn arrivals(&self, method: &str, t0: Instant) -> Vec<std::time::Duration> {
+        let mut at: Vec<_> = self
+            .world()
+            .log
+            .iter()
+            .filter(|l| l.method == method)
+            .map(|l| l.at - t0)
+            .collect();
+        at.sort();
+        at
+    }
+
     /// Starts (`true`) or ends an outage of the ENI OpenAPI (see
     /// [`World::down`]).
     pub fn set_down(&self, down: bool) {

@@ -307,20 +307,9 @@ async fn a_burst_of_calls_is_spread_at_the_configured_rate() {
     for c in calls {
         c.await.unwrap();
     }
-    let w = cloud.world();
-    let arrivals = |method: &str| {
-        let mut at: Vec<Duration> = w
-            .log
-            .iter()
-            .filter(|l| l.method == method)
-            .map(|l| l.at - t0)
-            .collect();
-        at.sort();
-        at
-    };
-    let deletes = arrivals("DELETE");
+    let deletes = cloud.arrivals("DELETE", t0);
     assert_eq!(deletes.len(), 8);
-    let reads = arrivals("GET");
+    let reads = cloud.arrivals("GET", t0);
     assert_eq!(reads.len(), 3);
     assert_paced(&deletes, mutating, &reads);
 }

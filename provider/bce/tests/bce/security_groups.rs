@@ -146,18 +146,7 @@ async fn the_listing_is_paced_by_the_read_bucket_and_retried() {
         d.await.unwrap();
     }
     assert_eq!(listed.unwrap().len(), 7);
-    let arrivals = |method: &str| {
-        let w = cloud.world();
-        let mut at: Vec<Duration> = w
-            .log
-            .iter()
-            .filter(|l| l.method == method)
-            .map(|l| l.at - t0)
-            .collect();
-        at.sort();
-        at
-    };
-    let (reads, deletes) = (arrivals("GET"), arrivals("DELETE"));
+    let (reads, deletes) = (cloud.arrivals("GET", t0), cloud.arrivals("DELETE", t0));
     assert_eq!(reads.len(), 4, "7 groups in pages of 2");
     assert_paced(&reads, read, &deletes);
 
