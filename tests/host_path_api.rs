@@ -92,6 +92,20 @@ fn result_routes(result: &Value) -> Vec<String> {
         .collect()
 }
 
+/// An ADD result routes each of `has` and none of `lacks`.
+fn assert_routes(result: &Value, has: &[&str], lacks: &[&str]) {
+    let routes = result_routes(result);
+    for cidr in has {
+        assert!(
+            routes.contains(&cidr.to_string()),
+            "{cidr} not in {routes:?}"
+        );
+    }
+    for cidr in lacks {
+        assert!(!routes.contains(&cidr.to_string()), "{cidr} in {routes:?}");
+    }
+}
+
 #[test]
 fn host_paths_follow_the_clusters_service_cidrs() {
     require_kernel!();
@@ -164,13 +178,7 @@ fn host_paths_follow_the_clusters_service_cidrs() {
 
     // The next pod gets the set as it is now.
     let result2 = enim("ADD", "c2", Some(&pod2.path()), "eth0", &conf).ok();
-    let routes2 = result_routes(&result2);
-    assert!(routes2.contains(&DEFAULT_RANGE.to_string()), "{routes2:?}");
-    assert!(
-        routes2.contains(&ADDED_DURING_CRASH.to_string()),
-        "{routes2:?}"
-    );
-    assert!(!routes2.contains(&ADDED.to_string()), "{routes2:?}");
+    assert_routes(&result2, &[DEFAULT_RANGE, ADDED_DURING_CRASH], &[ADDED]);
 
     // The API server away, enimd restarted: the next pod gets the last
     // set listed, from the cache beside the checkpoint.
@@ -181,12 +189,7 @@ fn host_paths_follow_the_clusters_service_cidrs() {
     agent.stop();
     agent.restart();
     let result3 = enim("ADD", "c3", Some(&pod1.path()), "eth0", &conf).ok();
-    let routes3 = result_routes(&result3);
-    assert!(routes3.contains(&DEFAULT_RANGE.to_string()), "{routes3:?}");
-    assert!(
-        routes3.contains(&ADDED_DURING_CRASH.to_string()),
-        "{routes3:?}"
-    );
+    assert_routes(&result3, &[DEFAULT_RANGE, ADDED_DURING_CRASH], &[ADDED]);
     assert!(agent.log().contains("service CIDRs from the cache"));
     enim("DEL", "c3", Some(&pod1.path()), "eth0", &conf).ok();
     assert!(agent.attachments().is_empty());
