@@ -96,7 +96,8 @@ cleanup() {
     echo "  podman pod rm -f $pod; podman rm -f \$(podman ps -aq --filter name=$tag); ip netns del ..."
     return
   fi
-  podman pod rm -f -t 5 "$pod" "$pod-dp" >/dev/null 2>&1 || true
+  podman pod rm -f -t 5 "$pod" >/dev/null 2>&1 || true
+  podman pod rm -f -t 5 "$pod-dp" >/dev/null 2>&1 || true
   # shellcheck disable=SC2046
   podman rm -f -t 2 $(podman ps -aq --filter "name=^$tag") >/dev/null 2>&1 || true
   for ns in $(ip netns list | awk -v t="$tag-" 'index($1, t) == 1 { print $1 }'); do
@@ -358,6 +359,21 @@ agent_log() {
   fi
 }
 
+# teardown: this mode's pods and namespaces go, also after a failed step,
+# so the next mode starts clean (its pods take the same names).
+teardown() {
+  [ "$keep" = 0 ] || return 0
+  runtime rm -f -t 2 "$tag-holder" >/dev/null 2>&1 || true
+  [ ! -f "$work/$mode/dp.yaml" ] || on_node podman kube down "$work/$mode/dp.yaml" >/dev/null 2>&1 || true
+  undeploy 2>/dev/null || true
+  # What kube down left (a pod that failed half-way): one at a time, as
+  # podman stops at the first name it does not know.
+  podman pod rm -f -t 5 "$pod" >/dev/null 2>&1 || true
+  podman pod rm -f -t 5 "$pod-dp" >/dev/null 2>&1 || true
+  ip netns del "$node" 2>/dev/null || true
+  ip netns del "$gw" 2>/dev/null || true
+}
+
 for mode in "${modes[@]}"; do
   step "$mode mode: sandbox node, the pod from deploy/"
   sandbox "$mode"
@@ -368,6 +384,7 @@ for mode in "${modes[@]}"; do
   if ! wait_ready; then
     fail "$mode: enimd ready (/readyz on the node's 127.0.0.1:9464)"
     agent_log
+    teardown
     continue
   fi
   pass "$mode: enimd ready (/readyz on the node's 127.0.0.1:9464), $(($(date +%s) - t0)) s after kube play"
@@ -397,6 +414,7 @@ for mode in "${modes[@]}"; do
   if ! runtime run --pull=never -d --name "$tag-holder" --network enim "$busybox" "sleep 600" >/dev/null; then
     fail "$mode: a container holding an ENI started"
     agent_log
+    teardown
     continue
   fi
   check "$mode: the holder has its ENI and reaches the gateway" holder_has_eni
@@ -425,11 +443,7 @@ for mode in "${modes[@]}"; do
   check "$mode: then the ENI is home and the agent holds nothing" home
 
   agent_log
-  if [ "$keep" = 0 ]; then
-    on_node podman kube down "$work/$mode/dp.yaml" >/dev/null
-    undeploy
-    ip netns del "$node"; ip netns del "$gw"
-  fi
+  teardown
 done
 
 check "this machine's own ip_forward and IPv6 forwarding are as they were" \

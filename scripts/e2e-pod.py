@@ -23,8 +23,9 @@ Reads the manifests as they are and changes only what a sandbox must:
   given that path with --socket (its default is the ConfigMap's socket);
 - in enimd.toml, [provider] becomes the sandbox's static ENIs (ENIS_TOML: a
   TOML file with `mode`, optional `[secondary]`, and `[provider]`), and
-  [events] goes (there is no API server to post to); every other key stays
-  as the ConfigMap has it.
+  [events] goes (there is no API server to post to), and a [host_path] that
+  reads the Service CIDRs from the API gets SANDBOX_SERVICE_CIDR instead
+  (for the same reason); every other key stays as the ConfigMap has it.
 
 - podman 4.3's own limits:
   - `ports` is dropped: podman makes port mappings of them, which it
@@ -57,6 +58,9 @@ import yaml
 AGENT_DS = "enimd"
 NETNS_DIRS = ("/var/run/netns", "/run/netns")
 KEPT = NETNS_DIRS + ("/proc/sys/net",)
+# The Service CIDR a sandbox node routes through the host path, where the
+# ConfigMap reads them from the API server (kubeadm's default range).
+SANDBOX_SERVICE_CIDR = "10.96.0.0/12"
 
 
 def fail(msg):
@@ -158,6 +162,12 @@ def main():
     config.pop("provider", None)
     # Events need the cluster's API server; the podman node has none.
     config.pop("events", None)
+    # Nor can the Service CIDRs be read from it: the sandbox's are given
+    # (kubeadm's default range; nothing here routes to it).
+    host_path = config.get("host_path", {})
+    if host_path.pop("service_cidrs_from_api", False):
+        host_path.pop("kubeconfig", None)
+        host_path["service_cidrs"] = [SANDBOX_SERVICE_CIDR]
     # One config for both modes: in secondary mode enimd ignores
     # [host_path] (its pods reach the host over their veth already).
     config.update(sandbox)
