@@ -45,6 +45,11 @@ pub const AGENT_MANAGER: &str = "enimd";
 /// The finalizer that keeps a deleted node's NetResourceSet until the
 /// operator has detached and deleted its ENIs.
 pub const FINALIZER: &str = "enim.io/release-enis";
+/// Set on a NetResourceSet by the chart's uninstall hook (`enimctl
+/// uninstall`): the operator releases the node's ENIs at once, as for a
+/// deleted Node, and removes its finalizer, but never deletes the set nor
+/// serves the node again while the annotation stays.
+pub const UNINSTALL_ANNOTATION: &str = "enim.io/uninstall";
 /// Where the committed CRD lives, relative to the workspace root.
 pub const CRD_PATH: &str = "charts/enim/crds/05-crd-netresourceset.yaml";
 

@@ -358,6 +358,7 @@ impl Store for MemStore {
                 spec: spec.clone(),
                 status: None,
                 deleting_since: None,
+                uninstall: Default::default(),
             });
         self.wrote();
         Ok(())

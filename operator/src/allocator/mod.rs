@@ -410,6 +410,7 @@ impl Allocator {
                         spec: spec.clone(),
                         status: None,
                         deleting_since: None,
+                        uninstall: Default::default(),
                     });
                 }
             }

@@ -56,7 +56,7 @@ mod view;
 pub use plan::{plan, plan_pass, unservable_claims, Planned};
 pub use pool::{Frozen, NoInstance, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
-pub use view::{ClaimInfo, NodeInfo, SetInfo};
+pub use view::{ClaimInfo, NodeInfo, SetInfo, Uninstall};
 
 /// `Intent::action` of a create followed by an attach.
 pub const ACTION_CREATE_ATTACH: &str = "create-attach";
@@ -220,8 +220,12 @@ impl<'a> Index<'a> {
                 entry.late_type = true;
             }
             entry.limits = input.limits.get(&entry.instance.instance_type).copied();
-            entry.phase = match (entry.node, s.deleting_since) {
-                (Some(_), None) => Phase::Live,
+            entry.phase = match (entry.node, s.deleting_since, s.uninstall) {
+                // The uninstall hook's: released now, whatever the grace.
+                (_, _, Uninstall::Releasing | Uninstall::Released) => {
+                    Phase::Gone(SystemTime::UNIX_EPOCH)
+                }
+                (Some(_), None, Uninstall::No) => Phase::Live,
                 _ => Phase::Gone(gone),
             };
         }

@@ -12,7 +12,7 @@ use enim_core::Mode;
 use enim_crd::{ClaimRef, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
-use super::{eni_spec, Index, NodeEntry, PoolSettings, Task, ACTION_CREATE_ATTACH};
+use super::{eni_spec, Index, NodeEntry, PoolSettings, Task, Uninstall, ACTION_CREATE_ATTACH};
 
 /// A claim's ENI to make on a node: the claim, subnet, groups.
 pub(super) type Placed = (ClaimRef, String, Vec<String>);
@@ -34,6 +34,10 @@ pub(super) fn plan_gone<'a>(
     let Some(set) = e.set.filter(|_| due) else {
         return;
     };
+    // Released for the uninstall hook, and kept: nothing more to do.
+    if set.uninstall == Uninstall::Released {
+        return;
+    }
     // With its Node still there, its pods are too: keep what they hold.
     let held: HashSet<&str> = match (e.node, &set.status) {
         (Some(_), Some(st)) => st.used.iter().map(|u| u.eni.as_str()).collect(),

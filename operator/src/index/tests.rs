@@ -108,6 +108,7 @@ pub(super) fn set_of(policy: &Policy, n: &NodeInfo, enis: Vec<EniSpec>) -> SetIn
         spec,
         status: Some(NetResourceSetStatus::default()),
         deleting_since: None,
+        uninstall: Default::default(),
     }
 }
 
@@ -611,6 +612,16 @@ fn intents_are_finished_with_their_token_or_dropped() {
     }));
 }
 
+/// Node a's release: what it detaches and deletes, and whether its set goes.
+fn release(detach: Vec<FleetEni>, delete: Vec<(&str, DeleteCheck)>, release_set: bool) -> Task {
+    Task::ReleaseNode {
+        node: "a".into(),
+        detach,
+        delete: delete.into_iter().map(|(d, c)| (d.into(), c)).collect(),
+        release_set,
+    }
+}
+
 #[test]
 fn a_gone_node_is_released_after_its_grace() {
     let mut w = World::new(Mode::Primary);
@@ -622,13 +633,6 @@ fn a_gone_node_is_released_after_its_grace() {
     assert!(w.plan().is_empty(), "within the grace: {:?}", w.plan());
     w.gone.insert("a".into(), now() - Duration::from_secs(300));
     let (e1, e2) = (w.enis[0].clone(), w.enis[1].clone());
-    let release =
-        |detach: Vec<FleetEni>, delete: Vec<(&str, DeleteCheck)>, release_set| Task::ReleaseNode {
-            node: "a".into(),
-            detach,
-            delete: delete.into_iter().map(|(d, c)| (d.into(), c)).collect(),
-            release_set,
-        };
     // 1. The attached are detached, the loose one deleted; the set waits.
     assert_eq!(
         w.plan(),
@@ -672,6 +676,39 @@ fn a_gone_node_is_released_after_its_grace() {
     w.enis.retain(|e| e.id != "e2" && e.id != "e-tagged");
     w.set("a").spec.enis.retain(|e| e.id != "e2");
     assert!(w.plan().is_empty(), "{:?}", w.plan());
+}
+
+#[test]
+fn the_uninstall_annotation_releases_a_live_node_at_once_and_then_leaves_it() {
+    let mut w = World::new(Mode::Primary);
+    // Annotated a moment ago, with its Node there: no grace is waited.
+    let s = w.live("a", &["e1", "e2"]);
+    s.uninstall = Uninstall::Releasing;
+    status(s).used.push(used("e1", None));
+    let (e1, e2) = (w.enis[0].clone(), w.enis[1].clone());
+    // A pod holds e1: only e2 leaves, and the set is kept.
+    assert_eq!(w.plan(), [release(vec![e2], vec![], false)]);
+    // Its pod gone, e1 leaves too; the set is not served again (no
+    // create, no refresh), though it is below its watermarks.
+    status(w.set("a")).used.clear();
+    w.enis.retain(|e| e.id != "e2");
+    w.set("a").spec.enis.retain(|e| e.id != "e2");
+    assert_eq!(w.plan(), [release(vec![e1], vec![], false)]);
+    // Detached: deleted, and the finalizer goes.
+    listed_as(&mut w, "e1", None);
+    assert_eq!(w.plan(), [release(vec![], vec![("e1", Listed)], true)]);
+    // Released (the finalizer gone, the annotation kept): nothing more,
+    // even with the ENI still in the spec nobody rewrites.
+    w.enis.clear();
+    w.set("a").uninstall = Uninstall::Released;
+    assert!(w.plan().is_empty(), "{:?}", w.plan());
+    // The same node without the annotation is served again.
+    w.set("a").uninstall = Uninstall::No;
+    assert!(
+        kinds(&w.plan()).contains(&("create-enis", Some("a"))),
+        "{:?}",
+        w.plan()
+    );
 }
 
 #[test]

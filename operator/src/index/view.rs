@@ -35,6 +35,23 @@ pub struct SetInfo {
     /// collector follows the owner reference) and the operator's finalizer
     /// holds it until the node's ENIs are released.
     pub deleting_since: Option<SystemTime>,
+    /// Where the uninstall hook is in releasing it
+    /// ([`enim_crd::UNINSTALL_ANNOTATION`]).
+    pub uninstall: Uninstall,
+}
+
+/// A set under the uninstall hook's annotation, or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Uninstall {
+    /// Not annotated: the node is served as its phase says.
+    #[default]
+    No,
+    /// Annotated, the operator's finalizer still on it: its ENIs are to
+    /// be released now, whatever the node grace.
+    Releasing,
+    /// Annotated and the finalizer gone: its ENIs were released, nothing
+    /// more is done for the node.
+    Released,
 }
 
 /// A ResourceClaim of the DRA driver's DeviceClass, as the operator needs

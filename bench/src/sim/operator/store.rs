@@ -167,6 +167,7 @@ impl Store for SimStore {
             spec: spec.clone(),
             status: Some(NetResourceSetStatus::default()),
             deleting_since: None,
+            uninstall: Default::default(),
         });
         set.spec = spec.clone();
         let status = set.status.get_or_insert_with(Default::default);
