@@ -30,6 +30,11 @@ enum Command {
     /// Install the `enim` CNI plugin and its conflist on this node, each
     /// atomically (temp file, fsync, rename), then exit. Idempotent.
     InstallCni(InstallCniArgs),
+    /// Remove what install-cni put on this node: enim's conflist (under
+    /// its name and any previous default name; a file there of another
+    /// CNI is left) and the plugin. Idempotent. The chart's uninstall hook
+    /// runs it on every node.
+    UninstallCni(UninstallCniArgs),
     /// Serve the kubelet's device plugin API from a process of its own,
     /// with the device list of the enimd at --socket, so that enimd's
     /// restarts never end the kubelet's stream. Refuses to run beside an
@@ -92,6 +97,26 @@ struct InstallCniArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct UninstallCniArgs {
+    /// Where the runtime looks for CNI plugins.
+    #[arg(long, default_value = install::DEFAULT_CNI_BIN_DIR)]
+    cni_bin_dir: PathBuf,
+    /// Where the runtime looks for network configs.
+    #[arg(long, default_value = install::DEFAULT_NET_D_DIR)]
+    net_d_dir: PathBuf,
+    /// File name of the conflist in the net.d dir.
+    #[arg(long, default_value = install::DEFAULT_CONFLIST_NAME)]
+    conflist_name: String,
+    /// CNI network name in the conflist.
+    #[arg(long, default_value = install::DEFAULT_NETWORK_NAME)]
+    network_name: String,
+    /// Once done, wait for SIGTERM or SIGINT before exiting: a DaemonSet's
+    /// pod then shows Ready only after its node is clean.
+    #[arg(long)]
+    wait: bool,
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// Config file (TOML).
     #[arg(
@@ -127,6 +152,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::InstallCni(args)) => install_cni(args),
+        Some(Command::UninstallCni(args)) => uninstall_cni(args),
         Some(Command::DevicePlugin(args)) => device_plugin(args),
         None => run_agent(cli.run),
     }
@@ -199,6 +225,58 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
             }
         }
     }
+}
+
+fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
+    // Blocked before any work, so a SIGTERM that comes early is kept for
+    // the wait below instead of killing the process half-way.
+    let signals = {
+        let mut set = nix::sys::signal::SigSet::empty();
+        set.add(nix::sys::signal::Signal::SIGTERM);
+        set.add(nix::sys::signal::Signal::SIGINT);
+        set
+    };
+    if args.wait {
+        if let Err(e) = signals.thread_block() {
+            eprintln!("enimd uninstall-cni: blocking SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let opts = install::CniUninstall {
+        cni_bin_dir: args.cni_bin_dir,
+        net_d_dir: args.net_d_dir,
+        conflist_name: args.conflist_name,
+        network_name: args.network_name,
+    };
+    let done = match install::uninstall_cni(&opts) {
+        Ok(done) => done,
+        Err(e) => {
+            eprintln!("enimd uninstall-cni: {e}");
+            return match e {
+                InstallError::Invalid(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            };
+        }
+    };
+    for (path, removal) in done.conflists.iter().chain([&done.plugin]) {
+        let word = match removal {
+            install::Removal::Removed => "removed",
+            install::Removal::Absent => "not there",
+            install::Removal::NotEnims => "left: not enim's",
+        };
+        println!("{}: {word}", path.display());
+    }
+    if args.wait {
+        println!("this node is clean of enim's CNI files; waiting for SIGTERM");
+        match signals.wait() {
+            Ok(signal) => println!("{signal}: exiting"),
+            Err(e) => {
+                eprintln!("enimd uninstall-cni: waiting for SIGTERM: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn device_plugin(args: DevicePluginArgs) -> ExitCode {

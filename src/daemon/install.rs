@@ -168,24 +168,30 @@ pub fn conflist(network_name: &str, socket: &Path, portmap: bool) -> Result<Stri
 }
 
 fn validate(opts: &CniInstall) -> Result<(), InstallError> {
-    if !enim_api::model::naming::valid_container_id(&opts.network_name) {
+    validate_names(&opts.network_name, &opts.conflist_name)?;
+    if !opts.socket.is_absolute() {
         return Err(InstallError::Invalid(format!(
-            "network name {:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$",
-            opts.network_name
+            "socket {} must be an absolute path (the plugin runs with another cwd)",
+            opts.socket.display()
         )));
     }
-    let name = &opts.conflist_name;
+    Ok(())
+}
+
+/// The network's name and the conflist's file name, for install and
+/// uninstall alike.
+fn validate_names(network_name: &str, conflist_name: &str) -> Result<(), InstallError> {
+    if !enim_api::model::naming::valid_container_id(network_name) {
+        return Err(InstallError::Invalid(format!(
+            "network name {network_name:?} is invalid: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
+        )));
+    }
+    let name = conflist_name;
     // A bare file name: a path here would write outside net.d. Runtimes
     // read a `.conf` as a single plugin config, so only `.conflist` fits.
     if name.contains('/') || name.starts_with('.') || !name.ends_with(".conflist") {
         return Err(InstallError::Invalid(format!(
             "conflist name {name:?} must be a plain file name ending in .conflist"
-        )));
-    }
-    if !opts.socket.is_absolute() {
-        return Err(InstallError::Invalid(format!(
-            "socket {} must be an absolute path (the plugin runs with another cwd)",
-            opts.socket.display()
         )));
     }
     Ok(())
@@ -259,19 +265,87 @@ fn remove_previous(opts: &CniInstall) -> Result<Vec<PathBuf>, InstallError> {
             continue;
         }
         let path = opts.net_d_dir.join(name);
-        let Ok(text) = std::fs::read(&path) else {
-            continue;
-        };
-        if !is_enim_conflist(&text, &opts.network_name) {
-            continue;
-        }
-        match std::fs::remove_file(&path) {
-            Ok(()) => removed.push(path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("removing enim's previous conflist", &path)(e)),
+        if remove_enim_conflist(&path, &opts.network_name)? == Removal::Removed {
+            removed.push(path);
         }
     }
     Ok(removed)
+}
+
+/// What [`remove_enim_conflist`] did with a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    /// Not there.
+    Absent,
+    /// There, but not enim's conflist of this network (another CNI's,
+    /// unreadable, not JSON): left alone.
+    NotEnims,
+}
+
+/// Removes `path` if it is enim's conflist of `network`.
+fn remove_enim_conflist(path: &Path, network: &str) -> Result<Removal, InstallError> {
+    let text = match std::fs::read(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::Absent),
+        Err(_) => return Ok(Removal::NotEnims),
+    };
+    if !is_enim_conflist(&text, network) {
+        return Ok(Removal::NotEnims);
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(Removal::Removed),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Removal::Absent),
+        Err(e) => Err(io_err("removing enim's conflist", path)(e)),
+    }
+}
+
+/// What [`uninstall_cni`] removes: the files [`install_cni`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniUninstall {
+    pub cni_bin_dir: PathBuf,
+    pub net_d_dir: PathBuf,
+    pub conflist_name: String,
+    pub network_name: String,
+}
+
+/// What [`uninstall_cni`] did, per file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uninstalled {
+    /// The conflist under its name and each previous default name.
+    pub conflists: Vec<(PathBuf, Removal)>,
+    pub plugin: (PathBuf, Removal),
+}
+
+/// Undoes [`install_cni`] on this node: enim's conflists first (so the
+/// runtime stops choosing enim for new pods; a file of that name that is
+/// another CNI's is left), then the plugin. Running pods keep their
+/// network: their DEL then finds no plugin, which the runtime reports.
+/// Idempotent.
+pub fn uninstall_cni(opts: &CniUninstall) -> Result<Uninstalled, InstallError> {
+    validate_names(&opts.network_name, &opts.conflist_name)?;
+    let mut names = vec![opts.conflist_name.as_str()];
+    names.extend(
+        PREVIOUS_CONFLIST_NAMES
+            .iter()
+            .filter(|n| **n != opts.conflist_name),
+    );
+    let mut conflists = Vec::new();
+    for name in names {
+        let path = opts.net_d_dir.join(name);
+        let done = remove_enim_conflist(&path, &opts.network_name)?;
+        conflists.push((path, done));
+    }
+    let path = opts.cni_bin_dir.join(PLUGIN_NAME);
+    let plugin = match std::fs::remove_file(&path) {
+        Ok(()) => Removal::Removed,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Removal::Absent,
+        Err(e) => return Err(io_err("removing the plugin", &path)(e)),
+    };
+    Ok(Uninstalled {
+        conflists,
+        plugin: (path, plugin),
+    })
 }
 
 /// Whether `text` is a conflist of network `network` whose first plugin
@@ -503,6 +577,61 @@ mod tests {
         );
         assert!(reads > 0, "the reader never saw the file");
         assert_eq!(dir_names(&dir), ["enim"]);
+    }
+
+    #[test]
+    fn uninstall_removes_what_install_made_and_nothing_of_another_cni() {
+        let (_tmp, opts) = setup();
+        install_cni(&opts).unwrap();
+        let net_d = &opts.net_d_dir;
+        // Another CNI's conflist, one under enim's previous name that is
+        // not enim's, and enim's own under its previous name.
+        std::fs::write(net_d.join("10-aws.conflist"), r#"{"name":"aws-cni"}"#).unwrap();
+        let previous = net_d.join(PREVIOUS_CONFLIST_NAMES[0]);
+        std::fs::write(&previous, conflist("enim", &opts.socket, false).unwrap()).unwrap();
+        let un = CniUninstall {
+            cni_bin_dir: opts.cni_bin_dir.clone(),
+            net_d_dir: net_d.clone(),
+            conflist_name: opts.conflist_name.clone(),
+            network_name: opts.network_name.clone(),
+        };
+        let done = uninstall_cni(&un).unwrap();
+        assert_eq!(
+            done.conflists,
+            [
+                (net_d.join(&opts.conflist_name), Removal::Removed),
+                (previous.clone(), Removal::Removed)
+            ]
+        );
+        assert_eq!(
+            done.plugin,
+            (opts.cni_bin_dir.join(PLUGIN_NAME), Removal::Removed)
+        );
+        let mut left: Vec<_> = std::fs::read_dir(net_d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["10-aws.conflist"]);
+        assert!(!opts.cni_bin_dir.join(PLUGIN_NAME).exists());
+        // Again: nothing left to do, and no error.
+        let again = uninstall_cni(&un).unwrap();
+        assert!(again.conflists.iter().all(|c| c.1 == Removal::Absent));
+        assert_eq!(again.plugin.1, Removal::Absent);
+        // A file of enim's name that another CNI wrote is left alone; so
+        // is enim's conflist of another network.
+        let ours = net_d.join(&opts.conflist_name);
+        std::fs::write(&ours, r#"{"name":"enim","plugins":[{"type":"bridge"}]}"#).unwrap();
+        std::fs::write(&previous, conflist("other", &opts.socket, false).unwrap()).unwrap();
+        let kept = uninstall_cni(&un).unwrap();
+        assert!(kept.conflists.iter().all(|c| c.1 == Removal::NotEnims));
+        assert!(ours.exists() && previous.exists());
+        // Names that would reach outside net.d are refused.
+        let bad = CniUninstall {
+            conflist_name: "../x.conflist".into(),
+            ..un
+        };
+        assert!(matches!(uninstall_cni(&bad), Err(InstallError::Invalid(_))));
     }
 
     #[test]
