@@ -26,5 +26,6 @@ pub mod primary;
 pub mod secondary;
 pub mod store;
 pub mod support;
+pub mod uninstall;
 
 pub use enim_provider as provider;

@@ -61,6 +61,29 @@ enum Command {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The chart's pre-delete hook: waits for its DaemonSet to clean every
+    /// node of enim's CNI files, has the operator release every node's
+    /// ENIs, scales the operator to 0 and deletes the released
+    /// NetResourceSets. Exits 0 when all is done, 1 with what is left (a
+    /// pod still holding an ENI, a node that cannot run the cleanup).
+    Uninstall {
+        /// Else $KUBECONFIG, ~/.kube/config, or the pod's ServiceAccount.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// The release's namespace.
+        #[arg(long, default_value = "enim-system")]
+        namespace: String,
+        /// The node cleanup DaemonSet to wait for; none: nodes untouched.
+        #[arg(long)]
+        node_cleanup: Option<String>,
+        /// The operator's Deployment; none: NetResourceSets untouched.
+        #[arg(long)]
+        operator: Option<String>,
+        /// How long all of it may take, e.g. "4m" (the global --timeout is
+        /// the agent's).
+        #[arg(long, default_value = "4m", value_parser = humantime::parse_duration)]
+        within: Duration,
+    },
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +108,22 @@ fn main() -> ExitCode {
         let output = if args.json { Output::Json } else { *output };
         return cluster(kubeconfig.as_deref(), namespace, lease, output);
     }
+    if let Command::Uninstall {
+        kubeconfig,
+        namespace,
+        node_cleanup,
+        operator,
+        within,
+    } = &args.command
+    {
+        let u = enim::uninstall::Uninstall {
+            namespace: namespace.clone(),
+            node_cleanup: node_cleanup.clone(),
+            operator: operator.clone(),
+            timeout: *within,
+        };
+        return uninstall(kubeconfig.as_deref(), &u);
+    }
     let client = Client::new(&args.socket, Duration::from_secs(args.timeout));
     match run(&client, &args) {
         Ok(out) => {
@@ -105,6 +144,44 @@ fn main() -> ExitCode {
 }
 
 /// `enimctl cluster`: reads, prints, and exits by readiness.
+/// A client from `kubeconfig`, else the default chain.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
+    match kubeconfig {
+        Some(path) => enim_provider_cluster::kube_client(Some(path))
+            .await
+            .map_err(|e| e.to_string()),
+        None => kube::Client::try_default()
+            .await
+            .map_err(|e| format!("no kubeconfig and not in a pod: {e}")),
+    }
+}
+
+fn uninstall(kubeconfig: Option<&std::path::Path>, u: &enim::uninstall::Uninstall) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("enimctl: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let done = runtime.block_on(async {
+        let client = kube_client(kubeconfig).await?;
+        enim::uninstall::run(client, u)
+            .await
+            .map_err(|e| enim_core::with_causes(&e))
+    });
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("enimctl uninstall: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn cluster(
     kubeconfig: Option<&std::path::Path>,
     namespace: &str,
@@ -122,14 +199,7 @@ fn cluster(
         }
     };
     let view = runtime.block_on(async {
-        let client = match kubeconfig {
-            Some(path) => enim_provider_cluster::kube_client(Some(path))
-                .await
-                .map_err(|e| e.to_string())?,
-            None => kube::Client::try_default()
-                .await
-                .map_err(|e| format!("no kubeconfig and not in a pod: {e}"))?,
-        };
+        let client = kube_client(kubeconfig).await?;
         clusterview::gather(
             client,
             namespace,
@@ -341,6 +411,7 @@ fn run(client: &Client, args: &Args) -> Result<String, ClientError> {
             ))
         }
         Command::Cluster { .. } => unreachable!("main runs `cluster` itself"),
+        Command::Uninstall { .. } => unreachable!("main runs `uninstall` itself"),
     }
 }
 
