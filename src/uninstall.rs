@@ -190,7 +190,7 @@ async fn nodes_clean(
     };
     let want = st.desired_number_scheduled;
     if st.number_ready == want && st.updated_number_scheduled.unwrap_or(0) == want {
-        return Ok(Ok(want.max(0) as usize));
+        return Ok(Ok(usize::try_from(want).unwrap_or(0)));
     }
     Ok(Err(format!(
         "DaemonSet {name}: {} of {want} node(s) clean (a node that cannot run it, NotReady \
