@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Renders deploy/ from the Helm chart (charts/enim), the one source of the
 # manifests: `helm template` with charts/enim/ci/deploy-values.yaml, each
-# template's documents into the deploy/ file of the same name.
+# template's documents into the deploy/ file of the same name. Hooks (the
+# uninstall hook) are left out: kubectl apply would run them at once.
 #
 #   scripts/render-deploy.sh [--check]
 #
@@ -23,7 +24,7 @@ esac
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$helm" template enim "$root/charts/enim" --namespace enim-system --include-crds \
+"$helm" template enim "$root/charts/enim" --namespace enim-system --include-crds --no-hooks \
   --values "$root/charts/enim/ci/deploy-values.yaml" > "$out/all.yaml"
 # helm prints each document as "---", "# Source: enim/<dir>/<file>", the
 # document; the documents of one file go to deploy/<file>, in helm's order.

@@ -315,6 +315,104 @@ fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
+/// The uninstall hook's grants: exactly what `enimctl uninstall` calls
+/// (s_cloud_helm_uninstall runs it with them), the operator's parts only
+/// with an operator; and every object of it is a pre-delete hook, so no
+/// install or upgrade ever runs it.
+#[test]
+fn the_uninstall_hook_grants_what_enimctl_uninstall_uses_and_no_more() {
+    let Some(helm) = helm() else { return };
+    let rules = |doc: &Value| serde_json::to_value(&doc["rules"]).unwrap();
+    let out = template(&helm, REQUIRED);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = documents(&out);
+    let hook: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "uninstall")
+        .collect();
+    let kinds: Vec<&str> = hook.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "DaemonSet",
+            "Job"
+        ]
+    );
+    for d in &hook {
+        assert_eq!(
+            d["metadata"]["annotations"]["helm.sh/hook"], "pre-delete",
+            "{d:?}"
+        );
+    }
+    assert_eq!(
+        rules(named(&docs, "ClusterRole", "enim:uninstall")),
+        serde_json::json!([{"apiGroups": ["enim.io"], "resources": ["netresourcesets"],
+            "verbs": ["get", "list", "patch", "delete"]}])
+    );
+    assert_eq!(
+        rules(named(&docs, "Role", "enim:uninstall")),
+        serde_json::json!([
+            {"apiGroups": ["apps"], "resources": ["daemonsets"],
+             "resourceNames": ["enim-uninstall-cni"], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"],
+             "resourceNames": ["enim-operator"], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["deployments/scale"],
+             "resourceNames": ["enim-operator"], "verbs": ["patch"]},
+        ])
+    );
+    let job = &named(&docs, "Job", "enim-uninstall")["spec"]["template"]["spec"];
+    let command = serde_json::to_value(&job["containers"][0]["command"]).unwrap();
+    assert_eq!(
+        command,
+        serde_json::json!([
+            "/usr/local/bin/enimctl",
+            "uninstall",
+            "--namespace",
+            "enim-system",
+            "--node-cleanup",
+            "enim-uninstall-cni",
+            "--operator",
+            "enim-operator",
+            "--within",
+            "4m"
+        ])
+    );
+    let ds = &named(&docs, "DaemonSet", "enim-uninstall-cni")["spec"]["template"]["spec"];
+    // On the host network: a pod on the pod network would take an ENI.
+    assert_eq!(ds["hostNetwork"], true);
+    assert_eq!(ds["automountServiceAccountToken"], false);
+
+    // Without the operator: no sets to touch, so no grant for them.
+    let out = template(
+        &helm,
+        "serviceCIDRs: [\"10.100.0.0/16\"]\noperator: {enabled: false}\n\
+         pools: [{name: solo, mode: primary, config: {provider: {type: static}}}]\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = documents(&out);
+    assert!(!docs
+        .iter()
+        .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "enim:uninstall"));
+    assert_eq!(
+        rules(named(&docs, "Role", "enim:uninstall")),
+        serde_json::json!([{"apiGroups": ["apps"], "resources": ["daemonsets"],
+            "resourceNames": ["enim-uninstall-cni"], "verbs": ["get"]}])
+    );
+    let job = &named(&docs, "Job", "enim-uninstall")["spec"]["template"]["spec"];
+    let command = serde_json::to_value(&job["containers"][0]["command"]).unwrap();
+    assert!(!command.to_string().contains("--operator"), "{command}");
+
+    // Off: nothing of it.
+    let out = template(&helm, &format!("{REQUIRED}uninstall: {{enabled: false}}\n"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("enim-uninstall"));
+}
+
 #[test]
 fn each_pool_gets_an_agent_with_a_config_enimd_accepts() {
     let Some(helm) = helm() else { return };
@@ -501,7 +599,16 @@ fn the_release_installs_upgrades_and_uninstalls_on_a_real_api_server() {
             "{kind} {name} after the upgrade: {got}"
         );
     }
-    run(&["uninstall", "enim", "-n", "enim-system", "--wait"]);
+    // No hooks: the uninstall hook's Job needs a node to run on (the cloud
+    // e2e's s_cloud_helm_uninstall runs it).
+    run(&[
+        "uninstall",
+        "enim",
+        "-n",
+        "enim-system",
+        "--wait",
+        "--no-hooks",
+    ]);
     let left = cp.kubectl(&[
         "get",
         "daemonset,deployment,configmap,serviceaccount,role,rolebinding,clusterrole,clusterrolebinding,\
