@@ -104,7 +104,7 @@ s_cloud_helm_upgrade() {
 
 # release_objects: what the release made that is still there (kind/name).
 release_objects() {
-  k -n enim-system get daemonset,deployment,configmap,serviceaccount,role,rolebinding,pod \
+  k -n enim-system get daemonset,deployment,job,configmap,serviceaccount,role,rolebinding,pod \
     -l app.kubernetes.io/name=enim -o name
   k get clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,deviceclass \
     -l app.kubernetes.io/name=enim -o name
@@ -113,25 +113,38 @@ enim_slices() { k get resourceslice -o jsonpath='{range .items[?(@.spec.driver==
 # node_enim_files I: enim's files on node I: its conflist and plugin.
 node_enim_files() { on_cloud_node "$1" on_node sh -c 'ls /etc/cni/net.d/*enim* /opt/cni/bin/enim 2>/dev/null' || true; }
 
-# (helm 2) `helm uninstall`, last (it removes enim). Every object of the
-# release goes, and the kubelet deletes the DRA ResourceSlices once the
-# agent's plugin is gone; the CRD stays (the chart's crds/: helm never
-# deletes it). Printed, not asserted: what enim leaves on the nodes and in
-# the cloud (docs/install.md, "Uninstalling").
+# (helm 2) `helm uninstall`, last (it removes enim), with the pods that
+# used enim deleted first (docs/install.md, "Uninstalling"). Its
+# pre-delete hook cleans every node's conflist and plugin and has the
+# operator release every ENI it made, then stops it; then helm deletes the
+# release. Checked: every object of the release and of the hook gone, the
+# kubelet deletes the DRA ResourceSlices, no NetResourceSet left, every
+# node without enim's files, and no ENI the operator made left in moto.
+# The late node's ENIs stay: its own agent's `aws` provider made them, and
+# nothing releases a per-node provider's pool (printed, not asserted).
 s_cloud_helm_uninstall() {
-  local i t0 rc=0 left
+  local i t0 rc=0 left late
   cloud_clean
   t0=$(date +%s%N)
-  helm_e2e uninstall enim --namespace enim-system --wait --timeout 120s >/dev/null || return 1
-  echo "helm uninstall returned after $(ms_since "$t0") ms"
+  helm_e2e uninstall enim --namespace enim-system --wait --timeout 300s ||
+    { k -n enim-system logs job/enim-uninstall 2>&1 | tail -n 20; return 1; }
+  echo "helm uninstall (its hook included) returned after $(ms_since "$t0") ms"
   wait_for "every object of the release gone" 120 test_eq "" release_objects ||
     { echo "left: $(release_objects | tr '\n' ' ')"; rc=1; }
   wait_for "the kubelet to delete enim's ResourceSlices" 120 test_eq "" enim_slices ||
     { echo "slices left: $(enim_slices | tr '\n' ' ')"; rc=1; }
   k get crd netresourcesets.enim.io >/dev/null || { echo "the CRD went"; rc=1; }
-  echo "gone $(ms_since "$t0") ms after: the release's objects and enim's ResourceSlices; the CRD stays"
-  echo "left for the user: sets $(k get nrs -o name | tr '\n' ' ')"
-  echo "left for the user: ENIs in moto beyond the nodes' own: $(moto_enis | jq -r '[.[] | select(.device_index != 0)] | length')"
-  for i in $(cloud_nodes_up); do echo "left for the user: enim-e2e-node$i: $(node_enim_files "$i" | tr '\n' ' ')"; done
+  left=$(k get nrs -o name)
+  [ -z "$left" ] || { echo "NetResourceSets left: $(echo $left)"; rc=1; }
+  for i in $(cloud_nodes_up); do
+    left=$(node_enim_files "$i")
+    [ -z "$left" ] || { echo "enim-e2e-node$i keeps: $(echo $left)"; rc=1; }
+  done
+  late=$(node_instance "$CLOUD_LATE")
+  left=$(moto_enis | jq -r --arg late "$late" \
+    '.[] | select(.tags["enim.io/cluster"] == "enim-e2e" and .instance != $late and .tags["enim.io/node"] != $late) | .id')
+  [ -z "$left" ] || { echo "ENIs the operator made, left in moto: $(echo $left)"; rc=1; }
+  echo "gone $(ms_since "$t0") ms after: the release's objects, its hook's, enim's ResourceSlices, the sets, every node's CNI files, the operator's ENIs; the CRD stays"
+  echo "left for the user: the late node's own ENIs in moto: $(moto_enis | jq -r --arg late "$late" '[.[] | select(.device_index != 0 and (.instance == $late or .tags["enim.io/node"] == $late))] | length')"
   return $rc
 }
