@@ -1047,5 +1047,5 @@ run_cloud_scenarios() {
   # Last: node 2 does not come back.
   cloud_scenario "a node deleted: its ENIs detached and deleted in moto within node_grace, its set gone, nothing of it left" s_cloud_node_deleted
   # Last of all: it removes enim.
-  cloud_scenario "helm uninstall: every object of the release gone, the kubelet deletes enim's ResourceSlices, the CRD stays" s_cloud_helm_uninstall
+  cloud_scenario "helm uninstall, its pods deleted first: the hook cleans every node's conflist and plugin and has the operator release its ENIs; every object of the release gone, the kubelet deletes enim's ResourceSlices, no set and no operator ENI left in moto, the CRD stays" s_cloud_helm_uninstall
 }
