@@ -156,19 +156,21 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
     }
 }
 
-fn uninstall(kubeconfig: Option<&std::path::Path>, u: &enim::uninstall::Uninstall) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// Runs `f` with a client of the API server, on a runtime of its own.
+fn with_api<T, F, Fut>(kubeconfig: Option<&std::path::Path>, f: F) -> Result<T, String>
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("enimctl: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let done = runtime.block_on(async {
-        let client = kube_client(kubeconfig).await?;
+        .map_err(|e| format!("starting the async runtime: {e}"))?;
+    runtime.block_on(async { f(kube_client(kubeconfig).await?).await })
+}
+
+fn uninstall(kubeconfig: Option<&std::path::Path>, u: &enim::uninstall::Uninstall) -> ExitCode {
+    let done = with_api(kubeconfig, |client| async move {
         enim::uninstall::run(client, u)
             .await
             .map_err(|e| enim_core::with_causes(&e))
@@ -188,18 +190,7 @@ fn cluster(
     lease: &str,
     output: Output,
 ) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("enimctl: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let view = runtime.block_on(async {
-        let client = kube_client(kubeconfig).await?;
+    let view = with_api(kubeconfig, |client| async move {
         clusterview::gather(
             client,
             namespace,

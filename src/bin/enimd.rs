@@ -69,18 +69,8 @@ struct InstallCniArgs {
     /// The plugin binary to install [default: `enim` next to this enimd].
     #[arg(long)]
     plugin: Option<PathBuf>,
-    /// Where the runtime looks for CNI plugins.
-    #[arg(long, default_value = install::DEFAULT_CNI_BIN_DIR)]
-    cni_bin_dir: PathBuf,
-    /// Where the runtime looks for network configs.
-    #[arg(long, default_value = install::DEFAULT_NET_D_DIR)]
-    net_d_dir: PathBuf,
-    /// File name of the conflist in the net.d dir.
-    #[arg(long, default_value = install::DEFAULT_CONFLIST_NAME)]
-    conflist_name: String,
-    /// CNI network name in the conflist.
-    #[arg(long, default_value = install::DEFAULT_NETWORK_NAME)]
-    network_name: String,
+    #[command(flatten)]
+    cni: CniPaths,
     /// enimd config whose `socket` goes into the conflist.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -96,8 +86,9 @@ struct InstallCniArgs {
     portmap: PortmapMode,
 }
 
+/// Where enim's CNI files are, for install-cni and uninstall-cni alike.
 #[derive(clap::Args, Debug)]
-struct UninstallCniArgs {
+struct CniPaths {
     /// Where the runtime looks for CNI plugins.
     #[arg(long, default_value = install::DEFAULT_CNI_BIN_DIR)]
     cni_bin_dir: PathBuf,
@@ -110,8 +101,14 @@ struct UninstallCniArgs {
     /// CNI network name in the conflist.
     #[arg(long, default_value = install::DEFAULT_NETWORK_NAME)]
     network_name: String,
-    /// Once done, wait for SIGTERM or SIGINT before exiting: a DaemonSet's
-    /// pod then shows Ready only after its node is clean.
+}
+
+#[derive(clap::Args, Debug)]
+struct UninstallCniArgs {
+    #[command(flatten)]
+    cni: CniPaths,
+    /// Once done, wait for SIGTERM or SIGINT before exiting, so that a
+    /// DaemonSet's pod runs on.
     #[arg(long)]
     wait: bool,
 }
@@ -182,10 +179,10 @@ fn install_cni(args: InstallCniArgs) -> ExitCode {
     };
     let opts = CniInstall {
         plugin,
-        cni_bin_dir: args.cni_bin_dir,
-        net_d_dir: args.net_d_dir,
-        conflist_name: args.conflist_name,
-        network_name: args.network_name,
+        cni_bin_dir: args.cni.cni_bin_dir,
+        net_d_dir: args.cni.net_d_dir,
+        conflist_name: args.cni.conflist_name,
+        network_name: args.cni.network_name,
         socket,
         portmap: args.portmap,
     };
@@ -243,10 +240,10 @@ fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
         }
     }
     let opts = install::CniUninstall {
-        cni_bin_dir: args.cni_bin_dir,
-        net_d_dir: args.net_d_dir,
-        conflist_name: args.conflist_name,
-        network_name: args.network_name,
+        cni_bin_dir: args.cni.cni_bin_dir,
+        net_d_dir: args.cni.net_d_dir,
+        conflist_name: args.cni.conflist_name,
+        network_name: args.cni.network_name,
     };
     let done = match install::uninstall_cni(&opts) {
         Ok(done) => done,
