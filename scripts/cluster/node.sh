@@ -335,7 +335,15 @@ start_controllers() {
 
 start_containerd() {
   start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$nw/etc/containerd.toml"
-  wait_for containerd 60 on_node test -S /run/containerd/containerd.sock
+  wait_for containerd 60 on_node test -S /run/containerd/containerd.sock ||
+    { component_log containerd; return 1; }
+}
+
+# component_log NAME: the last lines of a component's log, for a start-up
+# that failed (the work dir goes with the run).
+component_log() {
+  echo "--- the last of $1's log" >&2
+  tail -n 25 "$nw/logs/$1.log" >&2 2>/dev/null || true
 }
 
 # NODE_LABELS (optional): the labels the kubelet registers its node with.
@@ -379,7 +387,8 @@ cluster_up() {
   images_import
   start_kubelet
   start_kube_proxy
-  wait_for "node $NODE_NAME" 240 k get node "$NODE_NAME"
+  wait_for "node $NODE_NAME" 240 k get node "$NODE_NAME" ||
+    { component_log containerd; component_log kubelet; return 1; }
   CLUSTER_START_MS=$((($(date +%s%N) - t0) / 1000000))
 }
 
