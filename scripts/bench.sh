@@ -14,6 +14,7 @@
 #   fleet, api, latency, throughput, rss, gc-dead, gc-moved, restore; JSON
 #   to partial.json)
 #
+#   scripts/bench.sh --help             this text
 #   scripts/bench.sh --only burst,fleet   the simulated cloud only (a warm
 #                                       pool under a burst of pods; a
 #                                       1,000-node fleet over one account's
@@ -33,6 +34,7 @@ only=false
 sim_only=false
 prev=
 for a in "$@"; do
+  case "$a" in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
   [ "$a" = --smoke ] && smoke=true
   if [ "$a" = --only ]; then only=true; fi
   if [ "$prev" = --only ]; then
