@@ -335,7 +335,10 @@ start_controllers() {
 
 start_containerd() {
   start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$nw/etc/containerd.toml"
-  wait_for containerd 60 on_node test -S /run/containerd/containerd.sock ||
+  # Until it answers, not only until its socket is there: under load it
+  # made the socket 30 s before it served, and a kubelet started in
+  # between exits (its CRI refused), so the node never registered.
+  wait_for containerd 240 ctr_node version ||
     { component_log containerd; return 1; }
 }
 
