@@ -176,7 +176,9 @@ pub fn judge(
     }
 }
 
-fn leader(lease: &Lease, now: Timestamp) -> Option<Leader> {
+/// The Lease's holder, if any, and whether it renewed within the
+/// lease's duration as of `now`.
+pub(crate) fn leader(lease: &Lease, now: Timestamp) -> Option<Leader> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
     let renewed = spec

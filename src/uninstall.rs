@@ -13,8 +13,10 @@
 //!    removes its finalizer when none is left. This waits for every
 //!    finalizer to go; a set whose pods still hold ENIs keeps its
 //!    finalizer, and is named with its pods when the time is up.
-//! 3. **The operator** is scaled to 0 and waited for, so that it cannot
-//!    serve a node again, and then the released sets are deleted.
+//! 3. **The operator** is scaled to 0 and waited for (no pod counted, and
+//!    its leader Lease released or run out, so no replica still writes),
+//!    so that it cannot serve a node again; then the released sets are
+//!    deleted.
 //!
 //! Anything not done in time fails the hook, with what is left and why:
 //! `helm uninstall` then stops before deleting anything, and can be run
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use enim_crd::{NetResourceSet, FINALIZER, UNINSTALL_ANNOTATION};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::time::Instant;
@@ -63,6 +66,8 @@ pub struct Uninstall {
     /// The operator's Deployment; `None` (no operator in the release): the
     /// sets are left as they are.
     pub operator: Option<String>,
+    /// The operator's leader Lease, in the same namespace.
+    pub lease: String,
     /// For all of it together.
     pub timeout: Duration,
 }
@@ -113,6 +118,8 @@ pub async fn run(client: Client, u: &Uninstall) -> Result<(), UninstallError> {
         operator_stopped(&deployments, operator)
     })
     .await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    wait(u.timeout, deadline, || lease_free(&leases, &u.lease)).await?;
     println!("operator: {ns}/{operator} scaled to 0 and stopped");
 
     // Only sets this run released: one made since (a node that joined
@@ -288,6 +295,27 @@ async fn operator_stopped(
     match running {
         0 => Ok(Ok(0)),
         n => Ok(Err(format!("Deployment {name} still has {n} pod(s)"))),
+    }
+}
+
+/// No replica leads any more: the Lease is gone, released (the operator
+/// lets it go at its stop) or not renewed within its duration. A pod the
+/// Deployment no longer counts may still be shutting down.
+async fn lease_free(
+    leases: &Api<Lease>,
+    name: &str,
+) -> Result<Result<usize, String>, UninstallError> {
+    let lease = match leases.get_opt(name).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return Ok(Ok(0)),
+        Err(e) => return Err(api(format!("reading Lease {name}"))(e)),
+    };
+    match crate::clusterview::leader(&lease, k8s_openapi::jiff::Timestamp::now()) {
+        Some(l) if l.current => Ok(Err(format!(
+            "the operator's Lease {name} is still held by {}",
+            l.holder
+        ))),
+        _ => Ok(Ok(0)),
     }
 }
 

@@ -363,6 +363,8 @@ fn the_uninstall_hook_grants_what_enimctl_uninstall_uses_and_no_more() {
              "resourceNames": ["enim-operator"], "verbs": ["get"]},
             {"apiGroups": ["apps"], "resources": ["deployments/scale"],
              "resourceNames": ["enim-operator"], "verbs": ["patch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["enim-operator"], "verbs": ["get"]},
         ])
     );
     let job = &named(&docs, "Job", "enim-uninstall")["spec"]["template"]["spec"];

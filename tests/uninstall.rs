@@ -177,6 +177,12 @@ fn the_hook_waits_for_pods_then_stops_the_operator_and_deletes_the_sets() {
     cp.apply(&deployment("enim-operator"));
     cp.apply(&deployment("other"));
     cp.apply(&format!("{}---\n{}", set("n1"), set("n2")));
+    // The leader's Lease, held and renewed now.
+    cp.apply(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: enim-operator\n  namespace: {NS}\n\
+         spec:\n  holderIdentity: op-a\n  leaseDurationSeconds: 3600\n  renewTime: \"{}\"\n",
+        k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+    ));
     write_status(&cp, "deployment", "enim-operator", r#"{"replicas":2}"#);
     let generation = cp.kubectl(&[
         "-n",
@@ -263,6 +269,24 @@ fn the_hook_waits_for_pods_then_stops_the_operator_and_deletes_the_sets() {
         "sets deleted while the operator's pods ran"
     );
     write_status(&cp, "deployment", "enim-operator", r#"{"replicas":0}"#);
+    // Its pods no longer counted, a replica still leads (shutting down):
+    // the sets stay until it lets the Lease go.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        cp.kubectl(&["get", "nrs", "-o", "name"]).lines().count(),
+        2,
+        "sets deleted while a replica still held the Lease"
+    );
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "lease",
+        "enim-operator",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"holderIdentity":null}}"#,
+    ]);
     let out = run.wait_with_output().unwrap();
     let said = text(&out);
     assert!(out.status.success(), "{said}");
@@ -301,6 +325,7 @@ fn the_hook_waits_for_pods_then_stops_the_operator_and_deletes_the_sets() {
         &["-n", NS, "get", "deployment", "other"],
         &["-n", NS, "get", "daemonset", "other"],
         &["-n", NS, "get", "secrets"],
+        &["-n", NS, "get", "lease", "other"],
         &["-n", NS, "get", "pods"],
         &["get", "nodes"],
         &["create", "-f", &n3],

@@ -79,6 +79,9 @@ enum Command {
         /// The operator's Deployment; none: NetResourceSets untouched.
         #[arg(long)]
         operator: Option<String>,
+        /// The operator's leader Lease, waited for after the scale to 0.
+        #[arg(long, default_value = "enim-operator")]
+        lease: String,
         /// How long all of it may take, e.g. "4m" (the global --timeout is
         /// the agent's).
         #[arg(long, default_value = "4m", value_parser = humantime::parse_duration)]
@@ -113,6 +116,7 @@ fn main() -> ExitCode {
         namespace,
         node_cleanup,
         operator,
+        lease,
         within,
     } = &args.command
     {
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
             namespace: namespace.clone(),
             node_cleanup: node_cleanup.clone(),
             operator: operator.clone(),
+            lease: lease.clone(),
             timeout: *within,
         };
         return uninstall(kubeconfig.as_deref(), &u);
