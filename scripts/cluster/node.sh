@@ -39,8 +39,10 @@ SERVICE_IP=10.96.0.1
 DNS_IP=10.96.0.10
 NODE_NAME=enim-e2e-node
 # Paths bound over per run in the node's mount namespace.
+# /run/nri: containerd's NRI socket. Shared, a second node's containerd
+# died at start ("bind: address already in use") when two came up at once.
 NODE_DIRS=(/etc/cni/net.d /opt/cni/bin /var/lib/kubelet /var/lib/containerd
-  /run/containerd /run/netns /var/lib/enim /run/enim /var/log/pods /var/log/containers)
+  /run/containerd /run/nri /run/netns /var/lib/enim /run/enim /var/log/pods /var/log/containers)
 
 . "$(dirname "${BASH_SOURCE[0]}")/pki.sh"
 
