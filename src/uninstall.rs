@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use enim_crd::{NetResourceSet, FINALIZER, UNINSTALL_ANNOTATION};
+use enim_crd::{NetResourceSet, Uninstall as SetState, UNINSTALL_ANNOTATION};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -89,11 +89,7 @@ pub async fn run(client: Client, u: &Uninstall) -> Result<(), UninstallError> {
     let annotate = serde_json::json!({
         "metadata": { "annotations": { UNINSTALL_ANNOTATION: "true" } }
     });
-    for set in sets
-        .list(&ListParams::default())
-        .await
-        .map_err(api("listing the NetResourceSets"))?
-    {
+    for set in list_sets(&sets).await? {
         let name = set.name_any();
         if !set.annotations().contains_key(UNINSTALL_ANNOTATION) {
             let params = PatchParams {
@@ -126,13 +122,9 @@ pub async fn run(client: Client, u: &Uninstall) -> Result<(), UninstallError> {
     // meanwhile) still has ENIs the operator made, and is named instead.
     let mut left = Vec::new();
     let mut deleted = 0;
-    for set in sets
-        .list(&ListParams::default())
-        .await
-        .map_err(api("listing the NetResourceSets"))?
-    {
+    for set in list_sets(&sets).await? {
         let name = set.name_any();
-        if set_state(&set) != SetState::Released {
+        if set.uninstall() != SetState::Released {
             left.push(name);
             continue;
         }
@@ -154,6 +146,14 @@ pub async fn run(client: Client, u: &Uninstall) -> Result<(), UninstallError> {
         });
     }
     Ok(())
+}
+
+async fn list_sets(sets: &Api<NetResourceSet>) -> Result<Vec<NetResourceSet>, UninstallError> {
+    let list = sets
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing the NetResourceSets"))?;
+    Ok(list.items)
 }
 
 /// Polls `step` until it is done (`Ok(Ok(n))`) or the deadline passes,
@@ -206,42 +206,18 @@ async fn nodes_clean(
     )))
 }
 
-/// Where a set is in its release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SetState {
-    /// Not annotated yet (made after the annotating pass).
-    New,
-    /// Annotated, the operator's finalizer on it.
-    Releasing,
-    /// Annotated, the finalizer gone: nothing of the cloud is left in it.
-    Released,
-}
-
-fn set_state(set: &NetResourceSet) -> SetState {
-    let annotated = set.annotations().contains_key(UNINSTALL_ANNOTATION);
-    let held = set.finalizers().iter().any(|f| f == FINALIZER);
-    match (annotated, held) {
-        (true, false) => SetState::Released,
-        (true, true) => SetState::Releasing,
-        (false, _) => SetState::New,
-    }
-}
-
 /// Every set the annotating pass reached is released: how many, or which
 /// are not and why.
 async fn sets_released(
     sets: &Api<NetResourceSet>,
 ) -> Result<Result<usize, String>, UninstallError> {
-    let all = sets
-        .list(&ListParams::default())
-        .await
-        .map_err(api("listing the NetResourceSets"))?;
     let mut released = 0;
     let mut waiting = BTreeMap::new();
-    for set in &all.items {
-        match set_state(set) {
+    for set in &list_sets(sets).await? {
+        match set.uninstall() {
             SetState::Released => released += 1,
-            SetState::New => {}
+            // Made after the annotating pass.
+            SetState::No => {}
             SetState::Releasing => {
                 waiting.insert(set.name_any(), why_kept(set));
             }
@@ -285,10 +261,9 @@ async fn operator_stopped(
     deployments: &Api<Deployment>,
     name: &str,
 ) -> Result<Result<usize, String>, UninstallError> {
-    let d = match deployments.get_opt(name).await {
-        Ok(Some(d)) => d,
-        Ok(None) => return Ok(Ok(0)),
-        Err(e) => return Err(api(format!("reading Deployment {name}"))(e)),
+    let got = deployments.get_opt(name).await;
+    let Some(d) = got.map_err(api(format!("reading Deployment {name}")))? else {
+        return Ok(Ok(0));
     };
     let st = d.status.unwrap_or_default();
     let running = st.replicas.unwrap_or(0);
@@ -305,10 +280,9 @@ async fn lease_free(
     leases: &Api<Lease>,
     name: &str,
 ) -> Result<Result<usize, String>, UninstallError> {
-    let lease = match leases.get_opt(name).await {
-        Ok(Some(l)) => l,
-        Ok(None) => return Ok(Ok(0)),
-        Err(e) => return Err(api(format!("reading Lease {name}"))(e)),
+    let got = leases.get_opt(name).await;
+    let Some(lease) = got.map_err(api(format!("reading Lease {name}")))? else {
+        return Ok(Ok(0));
     };
     match crate::clusterview::leader(&lease, k8s_openapi::jiff::Timestamp::now()) {
         Some(l) if l.current => Ok(Err(format!(
@@ -322,7 +296,7 @@ async fn lease_free(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use enim_crd::{EniUse, NetResourceSetSpec, NetResourceSetStatus};
+    use enim_crd::{EniUse, NetResourceSetSpec, NetResourceSetStatus, FINALIZER};
 
     fn set(annotated: bool, finalizer: bool) -> NetResourceSet {
         let mut s = NetResourceSet::new("n1", NetResourceSetSpec::default());
@@ -338,14 +312,14 @@ mod tests {
 
     #[test]
     fn a_set_is_released_only_when_annotated_and_its_finalizer_gone() {
-        assert_eq!(set_state(&set(false, true)), SetState::New);
-        assert_eq!(set_state(&set(false, false)), SetState::New);
-        assert_eq!(set_state(&set(true, true)), SetState::Releasing);
-        assert_eq!(set_state(&set(true, false)), SetState::Released);
+        assert_eq!(set(false, true).uninstall(), SetState::No);
+        assert_eq!(set(false, false).uninstall(), SetState::No);
+        assert_eq!(set(true, true).uninstall(), SetState::Releasing);
+        assert_eq!(set(true, false).uninstall(), SetState::Released);
         // Another party's finalizer is not the operator's.
         let mut other = set(true, false);
         other.finalizers_mut().push("example.com/keep".into());
-        assert_eq!(set_state(&other), SetState::Released);
+        assert_eq!(other.uninstall(), SetState::Released);
     }
 
     #[test]

@@ -280,6 +280,45 @@ impl NetResourceSetStatus {
     }
 }
 
+/// Where a set is in the uninstall hook's release
+/// ([`UNINSTALL_ANNOTATION`]): what the operator plans by and what
+/// `enimctl uninstall` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Uninstall {
+    /// Not annotated: the node is served as its phase says.
+    #[default]
+    No,
+    /// Annotated, the operator's finalizer still on it: its ENIs are to
+    /// be released now, whatever the node grace.
+    Releasing,
+    /// Annotated and the finalizer gone: its ENIs were released, nothing
+    /// more is done for the node.
+    Released,
+}
+
+impl NetResourceSet {
+    /// Where this set is in the uninstall hook's release. Only the
+    /// operator's own finalizer counts: another party's keeps nothing.
+    pub fn uninstall(&self) -> Uninstall {
+        let annotated = self
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(UNINSTALL_ANNOTATION));
+        let held = self
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER);
+        match (annotated, held) {
+            (false, _) => Uninstall::No,
+            (true, true) => Uninstall::Releasing,
+            (true, false) => Uninstall::Released,
+        }
+    }
+}
+
 /// The CRD as YAML, as `crdgen` writes it and the chart's `crds/` holds it.
 pub fn crd_yaml() -> String {
     generated_yaml::<NetResourceSet>("crdgen", "crd/src/lib.rs")

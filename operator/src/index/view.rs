@@ -41,18 +41,7 @@ pub struct SetInfo {
 }
 
 /// A set under the uninstall hook's annotation, or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Uninstall {
-    /// Not annotated: the node is served as its phase says.
-    #[default]
-    No,
-    /// Annotated, the operator's finalizer still on it: its ENIs are to
-    /// be released now, whatever the node grace.
-    Releasing,
-    /// Annotated and the finalizer gone: its ENIs were released, nothing
-    /// more is done for the node.
-    Released,
-}
+pub use enim_crd::Uninstall;
 
 /// A ResourceClaim of the DRA driver's DeviceClass, as the operator needs
 /// it: whether it waits for a device, and what it asks of a new ENI.

@@ -6,12 +6,12 @@
 
 use std::time::SystemTime;
 
-use enim_crd::{NetResourceSet, FINALIZER, UNINSTALL_ANNOTATION};
+use enim_crd::NetResourceSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Resource, ResourceExt};
 
-use crate::index::{ClaimInfo, NodeInfo, SetInfo, Uninstall};
+use crate::index::{ClaimInfo, NodeInfo, SetInfo};
 
 /// The label the kubelet sets from the cloud's instance type.
 pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
@@ -51,14 +51,7 @@ pub fn set_info(set: &NetResourceSet) -> SetInfo {
             .deletion_timestamp
             .as_ref()
             .map(|t| SystemTime::from(t.0)),
-        uninstall: match (
-            set.annotations().contains_key(UNINSTALL_ANNOTATION),
-            set.finalizers().iter().any(|f| f == FINALIZER),
-        ) {
-            (false, _) => Uninstall::No,
-            (true, true) => Uninstall::Releasing,
-            (true, false) => Uninstall::Released,
-        },
+        uninstall: set.uninstall(),
     }
 }
 
