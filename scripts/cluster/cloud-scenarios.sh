@@ -581,6 +581,12 @@ no_surplus() {
 # set_gained I BEFORE: node I's set holds something BEFORE did not.
 set_gained() { [ -n "$(comm -13 <(sort <<<"$2") <(set_items "$1" | sort))" ]; }
 units_of() { [ "$(pool_mode "$1")" = secondary ] && echo addresses || echo ENIs; }
+# operator_enis: the ids of the cluster's ENIs in moto but the per-node
+# late node's (its own agent made them; no set holds them), sorted.
+operator_enis() {
+  moto_enis | jq -r --arg late "$(node_instance "$CLOUD_LATE")" \
+    '.[] | select(.tags["enim.io/cluster"] == "enim-e2e" and .instance != $late and .tags["enim.io/node"] != $late) | .id' | sort
+}
 # sets_agree_with_moto: every cluster ENI in moto (but the per-node late
 # node's, which no set holds) is in exactly one set, and every set's ENI
 # is in moto.
@@ -589,8 +595,7 @@ sets_agree_with_moto() {
   sets=$(k get nrs -o json | jq -r '.items[].spec.enis[]?.id' | sort)
   dup=$(uniq -d <<<"$sets")
   [ -z "$dup" ] || { echo "in two sets: $dup"; return 1; }
-  cloud=$(moto_enis | jq -r --arg late "$(node_instance "$CLOUD_LATE")" \
-    '.[] | select(.tags["enim.io/cluster"] == "enim-e2e" and .instance != $late and .tags["enim.io/node"] != $late) | .id' | sort)
+  cloud=$(operator_enis)
   [ "$sets" = "$cloud" ] || { echo "sets: $(echo $sets); moto: $(echo $cloud)"; return 1; }
 }
 set_users() { cloud_nrs "enim-e2e-node$1" '{.status.used[*].podName}'; }

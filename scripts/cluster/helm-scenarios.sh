@@ -141,8 +141,7 @@ s_cloud_helm_uninstall() {
     [ -z "$left" ] || { echo "enim-e2e-node$i keeps: $(echo $left)"; rc=1; }
   done
   late=$(node_instance "$CLOUD_LATE")
-  left=$(moto_enis | jq -r --arg late "$late" \
-    '.[] | select(.tags["enim.io/cluster"] == "enim-e2e" and .instance != $late and .tags["enim.io/node"] != $late) | .id')
+  left=$(operator_enis)
   [ -z "$left" ] || { echo "ENIs the operator made, left in moto: $(echo $left)"; rc=1; }
   echo "gone $(ms_since "$t0") ms after: the release's objects, its hook's, enim's ResourceSlices, the sets, every node's CNI files, the operator's ENIs; the CRD stays"
   echo "left for the user: the late node's own ENIs in moto: $(moto_enis | jq -r --arg late "$late" '[.[] | select(.device_index != 0 and (.instance == $late or .tags["enim.io/node"] == $late))] | length')"
