@@ -245,3 +245,88 @@ async fn parallel_creates_never_share_a_device_index() {
     assert_eq!(creates, 3, "no more than min_free");
     blocking(|| agent.ctl(&["status"]));
 }
+
+/// `enimd uninstall-cni --mark-run-dir` as helm's uninstall hook runs it,
+/// in the agent's run dir: the SIGTERM that follows is an uninstall.
+fn mark_uninstall(dir: &Path) -> String {
+    let cni = tempfile::tempdir().unwrap();
+    let out = Command::new(&common::bins().enimd)
+        .args(["uninstall-cni", "--cni-bin-dir"])
+        .arg(cni.path())
+        .arg("--net-d-dir")
+        .arg(cni.path())
+        .arg("--mark-run-dir")
+        .arg(dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Uninstall on a node whose agent made its own ENIs (`type = "aws"`): a
+/// stop with the hook's marker and a pod still attached gives nothing
+/// back; a start clears the marker, so a later stop is a restart; once
+/// the pod is gone, a stop with the marker detaches and deletes every ENI
+/// the agent made and removes its state files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uninstall_gives_the_nodes_enis_back_once_no_pod_holds_one() {
+    let Some(env) = kernel_env().await else {
+        return;
+    };
+    let rig = rig(&env).await;
+    let dir = rig.dir.path();
+    let mut agent = blocking(|| start_enimd(dir, &rig.config, &env));
+    let pod = NamedNetns::new("awsleave");
+    let conf = net_conf("1.1.0", NETWORK, agent.socket());
+    blocking(|| enim("ADD", "c1", Some(&pod.path()), "eth0", &conf).ok());
+    aws_rig::eventually(Duration::from_secs(20), "the pool to refill", || async {
+        env.tagged_ids().await.len() == 2
+    })
+    .await;
+    let made = env.tagged_ids().await;
+
+    let marker = dir.join("uninstall-requested");
+    assert!(mark_uninstall(dir).contains("written"));
+    assert!(marker.exists());
+    blocking(|| agent.stop());
+    assert_eq!(
+        env.tagged_ids().await,
+        made,
+        "a pod is attached: nothing given back"
+    );
+    assert!(dir.join("state/checkpoint.json").exists());
+
+    blocking(|| agent.restart());
+    assert!(!marker.exists(), "a start clears an unfinished uninstall");
+    blocking(|| enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok());
+    blocking(|| agent.stop());
+    assert_eq!(
+        env.tagged_ids().await,
+        made,
+        "a stop without the marker is a restart"
+    );
+
+    blocking(|| agent.restart());
+    mark_uninstall(dir);
+    blocking(|| agent.stop());
+    assert!(
+        env.tagged_ids().await.is_empty(),
+        "every ENI the agent made is deleted"
+    );
+    assert_eq!(
+        env.attached().await.len(),
+        1,
+        "only the primary is attached"
+    );
+    let state: Vec<_> = std::fs::read_dir(dir.join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(state.is_empty(), "state files left: {state:?}");
+    assert!(!marker.exists());
+    assert!(!agent.socket().exists());
+    // A run dir without an agent's socket gets no marker.
+    assert!(mark_uninstall(dir).contains("no agent's socket"));
+    assert!(!marker.exists());
+}

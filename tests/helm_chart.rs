@@ -388,6 +388,32 @@ fn the_uninstall_hook_grants_what_enimctl_uninstall_uses_and_no_more() {
     // On the host network: a pod on the pod network would take an ENI.
     assert_eq!(ds["hostNetwork"], true);
     assert_eq!(ds["automountServiceAccountToken"], false);
+    // The init container marks the agent's run dir (its next SIGTERM is
+    // an uninstall); the container that holds the pod does not.
+    let args = |c: &Value| -> Vec<String> {
+        c["command"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let init = args(&ds["initContainers"][0]);
+    let at = init.iter().position(|a| a == "--mark-run-dir").unwrap();
+    assert_eq!(init[at + 1], "/host/run/enim");
+    assert!(!args(&ds["containers"][0]).contains(&"--mark-run-dir".to_string()));
+    let run = ds["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["hostPath"]["path"] == "/run/enim")
+        .unwrap();
+    let mounted = ds["initContainers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == run["name"] && m["mountPath"] == "/host/run/enim");
+    assert!(mounted);
 
     // Without the operator: no sets to touch, so no grant for them.
     let out = template(

@@ -112,6 +112,17 @@ release_objects() {
 enim_slices() { k get resourceslice -o jsonpath='{range .items[?(@.spec.driver=="enim.io")]}{.metadata.name}{"\n"}{end}'; }
 # node_enim_files I: enim's files on node I: its conflist and plugin.
 node_enim_files() { on_cloud_node "$1" on_node sh -c 'ls /etc/cni/net.d/*enim* /opt/cni/bin/enim 2>/dev/null' || true; }
+# node_enim_state I: what enimd keeps on node I: the files in its state
+# and run dirs (the dirs stay: they were its mount points), and its
+# nftables table.
+node_enim_state() {
+  on_cloud_node "$1" on_node sh -c 'find /var/lib/enim /run/enim -mindepth 1 2>/dev/null
+    nft list table inet enim >/dev/null 2>&1 && echo "table inet enim"' || true
+}
+late_enis() {
+  moto_enis | jq -r --arg late "$(node_instance "$CLOUD_LATE")" \
+    '.[] | select(.device_index != 0 and (.instance == $late or .tags["enim.io/node"] == $late)) | .id'
+}
 
 # (helm 2) `helm uninstall`, last (it removes enim), with the pods that
 # used enim deleted first (docs/install.md, "Uninstalling"). Its
@@ -120,10 +131,11 @@ node_enim_files() { on_cloud_node "$1" on_node sh -c 'ls /etc/cni/net.d/*enim* /
 # release. Checked: every object of the release and of the hook gone, the
 # kubelet deletes the DRA ResourceSlices, no NetResourceSet left, every
 # node without enim's files, and no ENI the operator made left in moto.
-# The late node's ENIs stay: its own agent's `aws` provider made them, and
-# nothing releases a per-node provider's pool (printed, not asserted).
+# The late node's agent made its own ENIs (`aws` provider): the hook's
+# marker has it give them back when helm stops it. After that no ENI of
+# it is left in moto, and no node keeps enimd's state or table.
 s_cloud_helm_uninstall() {
-  local i t0 rc=0 left late
+  local i t0 rc=0 left
   cloud_clean
   t0=$(date +%s%N)
   helm_e2e uninstall enim --namespace enim-system --wait --timeout 300s ||
@@ -140,10 +152,14 @@ s_cloud_helm_uninstall() {
     left=$(node_enim_files "$i")
     [ -z "$left" ] || { echo "enim-e2e-node$i keeps: $(echo $left)"; rc=1; }
   done
-  late=$(node_instance "$CLOUD_LATE")
   left=$(operator_enis)
   [ -z "$left" ] || { echo "ENIs the operator made, left in moto: $(echo $left)"; rc=1; }
-  echo "gone $(ms_since "$t0") ms after: the release's objects, its hook's, enim's ResourceSlices, the sets, every node's CNI files, the operator's ENIs; the CRD stays"
-  echo "left for the user: the late node's own ENIs in moto: $(moto_enis | jq -r --arg late "$late" '[.[] | select(.device_index != 0 and (.instance == $late or .tags["enim.io/node"] == $late))] | length')"
+  wait_for "the late node's agent to give back its own ENIs" 90 test_eq "" late_enis ||
+    { echo "the late node's ENIs left in moto: $(late_enis | tr '\n' ' ')"; rc=1; }
+  for i in $(cloud_nodes_up); do
+    wait_for "enimd on enim-e2e-node$i to remove its state" 90 test_eq "" node_enim_state "$i" ||
+      { echo "enim-e2e-node$i keeps: $(node_enim_state "$i" | tr '\n' ' ')"; rc=1; }
+  done
+  echo "gone $(ms_since "$t0") ms after: the release's objects, its hook's, enim's ResourceSlices, the sets, every node's CNI files, state and table, the operator's ENIs and the late node's own; the CRD stays"
   return $rc
 }

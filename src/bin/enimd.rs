@@ -1,6 +1,6 @@
 //! enimd: the enim node agent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -111,6 +111,12 @@ struct UninstallCniArgs {
     /// DaemonSet's pod runs on.
     #[arg(long)]
     wait: bool,
+    /// The agent's run dir (its socket's) as seen here: once the CNI files
+    /// are gone, leave the uninstall marker there, so that the agent gives
+    /// back its ENIs and removes its state when it stops. Skipped when the
+    /// dir holds no agent's socket (`enimd.sock`): no agent runs here.
+    #[arg(long)]
+    mark_run_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -263,6 +269,22 @@ fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
         };
         println!("{}: {word}", path.display());
     }
+    if let Some(dir) = &args.mark_run_dir {
+        match mark_uninstall(dir) {
+            Ok(Some(marker)) => println!(
+                "{}: written; the agent leaves the node when it stops",
+                marker.display()
+            ),
+            Ok(None) => println!("{}: no agent's socket, so no marker", dir.display()),
+            Err(e) => {
+                eprintln!(
+                    "enimd uninstall-cni: leaving the uninstall marker in {}: {e}",
+                    dir.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if args.wait {
         println!("this node is clean of enim's CNI files; waiting for SIGTERM");
         match signals.wait() {
@@ -274,6 +296,18 @@ fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The marker in `run_dir` when an agent's socket is there (an agent ran
+/// on this node); `None` when it is not.
+fn mark_uninstall(run_dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    let socket = Path::new(enim_api::DEFAULT_SOCKET)
+        .file_name()
+        .unwrap_or_default();
+    if !run_dir.join(socket).exists() {
+        return Ok(None);
+    }
+    enim::daemon::leave::request(run_dir).map(Some)
 }
 
 fn device_plugin(args: DevicePluginArgs) -> ExitCode {

@@ -377,6 +377,10 @@ impl EniProvider for MeteredProvider {
     fn degraded(&self) -> Option<String> {
         self.inner.degraded()
     }
+
+    async fn release_unused(&self) -> enim_provider::Released {
+        self.inner.release_unused().await
+    }
 }
 
 struct HealthState<D: Driver> {

@@ -7,6 +7,7 @@ pub mod devices;
 pub mod events;
 pub mod heap;
 pub mod install;
+pub mod leave;
 pub mod metrics;
 pub mod note;
 pub mod server;
@@ -108,7 +109,7 @@ fn provider_config(config: &Config) -> ProviderConfig {
 /// One agent per checkpoint: an exclusive lock on `<checkpoint>.lock`, held
 /// for the life of the process.
 fn lock_state(checkpoint: &Path) -> Result<Flock<File>, DaemonError> {
-    let path = PathBuf::from(format!("{}.lock", checkpoint.display()));
+    let path = lock_path(checkpoint);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io_err("creating state dir", dir))?;
     }
@@ -168,6 +169,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Lock first: a cloud provider's warm pool starts creating ENIs as soon
     // as it is built, which a second agent on the node must never do.
     let _state_lock = lock_state(&config.checkpoint)?;
+    leave::clear_stale(run_dir(&config));
     // Before anything else can fail: a crash loop keeps STATUS answering
     // for the node (docs/architecture.md, "Restarts").
     let note = match note::NoteWriter::new(&config.socket, config.away_bound) {
@@ -227,6 +229,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         note,
         events,
         service_cidrs: None,
+        masquerade: None,
     };
     match mode {
         config::Mode::Primary => {
@@ -235,9 +238,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             // already needs it. Start-up state, made whole by every start,
             // so no ADD step and no crash point (see primary::masquerade).
             masquerade::apply(&host_path, plumbing.host_netns()).await?;
+            let mut node = node;
+            node.masquerade = match plumbing.host_netns().try_clone() {
+                Ok(netns) => Some((host_path.nft.clone(), netns)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no handle on the host netns: an uninstall would leave the masquerade table");
+                    None
+                }
+            };
             let mut driver = PrimaryDriver::new(provider, plumbing, checkpoint, exclusions)
                 .with_pod_metadata(pod_metadata);
-            let mut node = node;
             if host_path.service_cidrs_from_api {
                 let client = enim_provider_cluster::kube_client(host_path.kubeconfig.as_deref())
                     .await
@@ -373,6 +383,9 @@ struct Node {
     /// The API's service CIDRs, when host paths follow them: each change
     /// refreshes the attachments.
     service_cidrs: Option<watch::Receiver<servicecidrs::ApiState>>,
+    /// Primary mode: where the masquerade table is (`nft`, the netns),
+    /// removed if enim is uninstalled.
+    masquerade: Option<(PathBuf, crate::netlink::netns::Netns)>,
 }
 
 impl Node {
@@ -391,6 +404,7 @@ impl Node {
             note,
             events,
             service_cidrs,
+            masquerade,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
 
@@ -552,9 +566,50 @@ impl Node {
             tracing::error!(error = %e, "final checkpoint write failed; recovery will finish the recorded intents");
         }
         let _ = std::fs::remove_file(&config.socket);
+        if leave::requested(run_dir(&config)) {
+            let leftovers = leave::Leftovers {
+                files: state_files(&config),
+                masquerade,
+            };
+            leave::leave(&engine, leftovers).await;
+        }
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+fn lock_path(checkpoint: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.lock", checkpoint.display()))
+}
+
+/// The agent's run dir: its socket's, where the uninstall marker goes.
+fn run_dir(config: &Config) -> &Path {
+    config.socket.parent().unwrap_or(Path::new("."))
+}
+
+/// Every file the agent keeps on the node, for an uninstall to remove: the
+/// checkpoint and its lock, the caches beside it, the status note and the
+/// uninstall marker.
+fn state_files(config: &Config) -> Vec<PathBuf> {
+    let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
+    let mut files = vec![
+        config.checkpoint.clone(),
+        lock_path(&config.checkpoint),
+        config
+            .dra
+            .claims
+            .clone()
+            .unwrap_or_else(|| dir.join(crate::dra::CLAIMS_FILE)),
+        dir.join(servicecidrs::CACHE_FILE),
+        enim_api::note::note_path(&config.socket),
+        leave::marker_path(run_dir(config)),
+    ];
+    match provider_config(config) {
+        ProviderConfig::Bce(bce) => files.extend(bce.eni_id_cache),
+        ProviderConfig::Cluster(cluster) => files.extend(cluster.cache),
+        ProviderConfig::Static { .. } | ProviderConfig::Aws(_) => {}
+    }
+    files
 }
 
 #[cfg(test)]

@@ -273,6 +273,10 @@ impl EniProvider for BoundProvider {
     fn degraded(&self) -> Option<String> {
         self.inner.degraded()
     }
+
+    async fn release_unused(&self) -> enim_provider::Released {
+        self.inner.release_unused().await
+    }
 }
 
 #[cfg(test)]

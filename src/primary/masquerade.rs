@@ -145,16 +145,23 @@ pub async fn apply(config: &HostPathConfig, host: &Netns) -> Result<(), Masquera
         tracing::info!(table = TABLE, netns = %host.path().display(), veths = %format!("{}*", config.veth_prefix), ct_mark = %format!("{:#x}", config.ct_mark), "host path masquerade in place");
         return Ok(());
     }
-    match run_nft(&config.nft, host, removal()).await {
-        Ok(()) => {}
-        Err(e) if e.is_not_found() => {
-            tracing::debug!(error = %e, "no nft: no masquerade table to remove");
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "could not remove an earlier masquerade table");
-        }
+    if let Err(e) = remove(&config.nft, host).await {
+        tracing::warn!(error = %e, "could not remove an earlier masquerade table");
     }
     Ok(())
+}
+
+/// Removes the table from `host`, there or not: at a start without the
+/// masquerade, and when enim is uninstalled (the node leaves). A node
+/// without `nft` has no table to remove: that is not an error.
+pub async fn remove(nft: &Path, host: &Netns) -> Result<(), MasqueradeError> {
+    match run_nft(nft, host, removal()).await {
+        Err(e) if e.is_not_found() => {
+            tracing::debug!(error = %e, "no nft: no masquerade table to remove");
+            Ok(())
+        }
+        done => done,
+    }
 }
 
 /// Runs `nft -f -` inside `netns` with `script` on its stdin; its stderr

@@ -634,3 +634,37 @@ async fn del_waits_for_no_checkpoint_write() {
     assert!(h.host_is_home());
     assert_eq!(h.held().await, 0);
 }
+
+/// The node leaves (uninstall): with a pod attached nothing is undone,
+/// its record and the state files stay; once it is gone the state files
+/// go, and a file of someone else's beside them stays.
+#[tokio::test]
+async fn leaving_the_node_keeps_everything_while_a_pod_is_attached() {
+    use crate::daemon::leave::{leave, Leftovers};
+    let h = PrimaryHarness::new(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ours = [dir.path().join("cp.json"), dir.path().join("cp.json.lock")];
+    let theirs = dir.path().join("someone-else");
+    for f in ours.iter().chain([&theirs]) {
+        std::fs::write(f, b"x").unwrap();
+    }
+    let leftovers = || Leftovers {
+        files: ours.to_vec(),
+        masquerade: None,
+    };
+    h.engine.add(&owner("c"), Path::new(POD)).await.unwrap();
+
+    let left = leave(&h.engine, leftovers()).await;
+    assert_eq!(left.attached, 1);
+    assert!(left.files_removed.is_empty());
+    assert!(ours.iter().all(|f| f.exists()));
+    assert_eq!(h.engine.attachments().await.len(), 1);
+
+    h.engine.del(&owner("c")).await.unwrap();
+    let left = leave(&h.engine, leftovers()).await;
+    assert_eq!(left.attached, 0);
+    assert_eq!(left.files_removed, ours.to_vec());
+    assert!(left.files_failed.is_empty());
+    assert!(ours.iter().all(|f| !f.exists()));
+    assert!(theirs.exists());
+}

@@ -55,6 +55,7 @@ mod host;
 mod reaper;
 #[cfg(test)]
 mod tests;
+mod uninstall;
 mod waiting;
 
 pub use config::{
@@ -862,5 +863,9 @@ impl EniProvider for WarmPool {
         }
         self.inner.wake.notify_one();
         Ok(())
+    }
+
+    async fn release_unused(&self) -> enim_provider::Released {
+        self.give_back_unused().await
     }
 }

@@ -97,6 +97,29 @@ pub trait EniProvider: Send + Sync {
     fn degraded(&self) -> Option<String> {
         None
     }
+
+    /// The node leaves the cluster (enim is uninstalled, docs/install.md,
+    /// "Uninstalling"): stops making ENIs and gives back to the cloud
+    /// every ENI this provider made that no pod holds. Called once, with
+    /// no pod attached, as the agent exits; the provider serves nothing
+    /// after it. The default gives back nothing: a provider that made no
+    /// ENI (static) or whose ENIs another party released (the operator's,
+    /// through the cluster provider) has none of its own.
+    async fn release_unused(&self) -> Released {
+        Released::default()
+    }
+}
+
+/// What [`EniProvider::release_unused`] gave back to the cloud.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Detached (where attached) and deleted.
+    pub deleted: Vec<String>,
+    /// Kept: a pod holds it, or it is not enim's to delete.
+    pub kept: Vec<String>,
+    /// Tried and failed, with why: left for the fleet's reaper (when the
+    /// provider names a cluster) or for the user.
+    pub failed: Vec<(String, String)>,
 }
 
 /// Secondary mode's cloud verbs (AWS `AssignPrivateIpAddresses` and

@@ -97,3 +97,64 @@ async fn dropping_the_pool_stops_the_loop() {
     // The loop's task held the backend; it is gone once the loop ended.
     assert_eq!(Arc::strong_count(&cloud), 1);
 }
+
+/// Uninstall: the free ENIs of the pool's own and a tagged one attached
+/// nowhere go back to the cloud; a pod's ENI and one attached from
+/// outside stay; the pool makes no more after it.
+#[tokio::test]
+async fn release_unused_gives_back_what_no_pod_holds_and_nothing_else() {
+    let (cloud, pool) = filled(16, config(2, 3)).await;
+    pool.restore(&[]).await.unwrap();
+    let held = pool.allocate_next(&owner("a")).await.unwrap();
+    wait_stats(&pool, |s| s.available == 2).await;
+    let foreign = cloud.add(true, false);
+    pool.resync_now().await.unwrap();
+    let orphan = cloud.add(false, true);
+    let free: HashSet<String> = pool
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.owner.is_none() && e.id != foreign)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(free.len(), 2);
+
+    let released = pool.release_unused().await;
+    let deleted: HashSet<String> = released.deleted.iter().cloned().collect();
+    let mut expected = free.clone();
+    expected.insert(orphan.clone());
+    assert_eq!(deleted, expected);
+    assert!(released.failed.is_empty(), "{:?}", released.failed);
+    let kept: HashSet<String> = released.kept.iter().cloned().collect();
+    assert_eq!(kept, HashSet::from([held.id.clone(), foreign.clone()]));
+    let left: HashSet<String> = cloud.st().enis.keys().cloned().collect();
+    assert_eq!(left, HashSet::from([held.id.clone(), foreign]));
+    // The loop is stopped: nothing refills the pool.
+    let creates = cloud.st().creates;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cloud.st().creates, creates);
+}
+
+/// A delete the cloud refuses is reported, not dropped; and a pool never
+/// restored gives nothing back (it cannot tell a free ENI from a held one).
+#[tokio::test]
+async fn release_unused_reports_failures_and_needs_a_restore() {
+    let (cloud, pool) = filled(16, config(2, 3)).await;
+    let before: HashSet<String> = cloud.st().enis.keys().cloned().collect();
+    let released = pool.release_unused().await;
+    assert!(released.deleted.is_empty() && released.failed.is_empty());
+    assert_eq!(released.kept.len(), 2);
+    assert_eq!(
+        cloud.st().enis.keys().cloned().collect::<HashSet<_>>(),
+        before
+    );
+
+    let (cloud, pool) = filled(16, config(2, 3)).await;
+    pool.restore(&[]).await.unwrap();
+    cloud.fail_next(1);
+    let released = pool.release_unused().await;
+    assert_eq!(released.deleted.len() + released.failed.len(), 2);
+    assert_eq!(released.failed.len(), 1, "{released:?}");
+    assert_eq!(cloud.st().enis.len(), 1);
+}
