@@ -428,8 +428,14 @@ admitted() {
     jq -r '"\(.metadata.annotations["enim.io/policy"]) eni=\(.spec.containers[0].resources.limits["enim.io/eni"] // "-") ip=\(.spec.containers[0].resources.limits["enim.io/ip"] // "-")"'
 }
 policy_ready() { k get enipolicy "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
+# webhook_cert_issued: when the webhook's serving certificate was issued
+# (unix seconds, from the operator's Secret).
+webhook_cert_issued() {
+  k -n enim-system get secret enim-operator-webhook -o jsonpath='{.data.issued}' | base64 -d
+}
+
 s_cloud_policy() {
-  local rc=0 got ip line t0
+  local rc=0 got ip line t0 issued renewed wait
   k create namespace "$POLICY_NS" >/dev/null && k label namespace "$POLICY_NS" team=web >/dev/null || return 1
   k create namespace "$NO_POLICY_NS" >/dev/null || return 1
   eni_policy e2e-web primary 0
@@ -448,8 +454,20 @@ s_cloud_policy() {
     { echo "by-policy's address '$ip' is no primary address of an ENI of node 1's instance in moto: $line"; rc=1; }
   # What the webhook adds: 1,000 dry-run creations in its scope against as
   # many in the ignored namespace default, interleaved (#33's figures).
+  # Started 5 s before the serving certificate's renewal (cloud-values.py:
+  # a 30 s life, renewed at 20 s), so that the replicas take the new one
+  # while pods are being created: no creation may fail (the script exits 1).
+  issued=$(webhook_cert_issued)
+  wait=$((issued + 20 - 5 - $(date +%s)))
+  [ "$wait" -le 0 ] || sleep "$wait"
   on_node python3 "$repo/scripts/cluster/admission-times.py" "$work/pki/admin.kubeconfig" \
     "$POLICY_NS" default 1000 || rc=1
+  renewed=$(webhook_cert_issued)
+  if [ -n "$issued" ] && [ "$renewed" -gt "$issued" ]; then
+    echo "the webhook's serving certificate was renewed during the admissions (issued $issued, then $renewed)"
+  else
+    echo "no renewal of the webhook's certificate during the admissions (issued '$issued', then '$renewed')"; rc=1
+  fi
   got=$(admitted no-policy "$NO_POLICY_NS")
   [ "$got" = "(default) eni=- ip=-" ] || { echo "a pod no policy selects: '$got'"; rc=1; }
   eni_policy e2e-web-secondary secondary 10
@@ -1041,7 +1059,7 @@ run_cloud_scenarios() {
   cloud_scenario "performance: RunPodSandbox of enim against bridge on node 1 (primary) and node 2 (secondary), the kernel's netns move; a warm pod's apply -> Running in phases on each" s_cloud_perf
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
-  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, and no replica serving (refused in scope, admitted where ignored)" s_cloud_policy
+  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), and the serving certificate renewed during 2,000 creations with none refused" s_cloud_policy
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
   cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage

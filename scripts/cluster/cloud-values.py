@@ -37,6 +37,10 @@ def operator_config(cloud):
             "subnets": [cloud["pod_subnet"]],
             "security_groups": [cloud["security_group"]],
             "node_grace": "30s",
+            # The webhook's serving certificate renewed every 20 s (at two
+            # thirds of its life), so that pods are created across
+            # renewals (s_cloud_policy checks one during its admissions).
+            "policy": {"cert_lifetime": "30s"},
             # Two ENIs a node from the start, one free ahead of demand.
             "watermarks": {"pre_allocate": 1, "min_allocate": 2, "max_above_watermark": 2},
             "pools": [
