@@ -29,6 +29,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod dra;
 pub mod policy;
 pub use policy::{EniPolicy, EniPolicySpec, EniPolicyStatus, ZoneSubnet, POLICY_ANNOTATION};
 

@@ -20,8 +20,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::topology::Topology;
 
-/// The domain of the per-group attributes.
-pub const SG_DOMAIN: &str = "sg.enim.io";
+pub use enim_crd::dra::{group_attribute, SG_COUNT, SG_DOMAIN};
 /// The standard PCIe root attribute (k8s.io/dynamic-resource-allocation's
 /// `StandardDeviceAttributePCIeRoot`).
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
@@ -29,8 +28,6 @@ pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 pub const MAX_ATTRIBUTES: usize = 32;
 /// The API's limit on a string attribute's length.
 pub const MAX_STRING: usize = 64;
-/// The API's limit on an attribute's name (the part after the domain).
-const MAX_ID: usize = 32;
 
 /// The device name of an ENI: its id in lower case, when that is a DNS
 /// label (EC2's `eni-0abc…`, BCE's `eni-abc…`); `None` otherwise, and the
@@ -45,20 +42,6 @@ pub fn device_name(eni_id: &str) -> Option<String> {
         && !name.starts_with('-')
         && !name.ends_with('-');
     ok.then_some(name)
-}
-
-/// A group id as an attribute name: every character that is not a letter
-/// or digit becomes `_`, and a leading digit gets a `_` before it (a C
-/// identifier). `None` when it would be longer than the API allows.
-pub fn group_attribute(group: &str) -> Option<String> {
-    let mut id: String = group
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    if id.starts_with(|c: char| c.is_ascii_digit()) {
-        id.insert(0, '_');
-    }
-    (!id.is_empty() && id.len() <= MAX_ID).then_some(id)
 }
 
 /// The device for `eni`, or `None` when its id cannot name a device.
@@ -99,7 +82,7 @@ pub fn device(eni: &Eni, topology: &Topology) -> Option<Device> {
     }
     if !p.security_groups.is_empty() {
         put(
-            "securityGroupCount",
+            SG_COUNT,
             int(i64::try_from(p.security_groups.len()).unwrap_or(i64::MAX)),
         );
     }

@@ -60,7 +60,7 @@ pub mod registration {
 
 /// The driver's name: the ResourceSlices' driver, the attribute domain of
 /// every unqualified attribute, the kubelet plugin's registered name.
-pub const DRIVER: &str = "enim.io";
+pub use enim_crd::dra::DRIVER;
 /// The gRPC services this plugin offers, as the kubelet names them
 /// (`<package>.<service>`, k8s.io/kubelet's `DRAPluginService`).
 pub const DRA_SERVICE_V1: &str = "v1.DRAPlugin";

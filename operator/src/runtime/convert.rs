@@ -18,10 +18,9 @@ pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
 /// The label the kubelet (or cloud controller) sets from the zone.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
-/// The DeviceClass of the DRA driver's ENIs (deploy/06-deviceclass.yaml).
-pub const DEVICE_CLASS: &str = "eni.enim.io";
-/// The DRA driver, whose opaque config carries [`enim_crd::EniParameters`].
-pub const DRA_DRIVER: &str = "enim.io";
+/// The DeviceClass of the DRA driver's ENIs (deploy/06-deviceclass.yaml),
+/// and the driver, whose opaque config carries [`enim_crd::EniParameters`].
+pub use enim_crd::dra::{DEVICE_CLASS, DRIVER as DRA_DRIVER};
 
 /// A Node as the operator reads it.
 pub fn node_info(node: &Node) -> NodeInfo {
