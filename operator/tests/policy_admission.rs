@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use enim_crd::{EniPolicy, EniPolicySpec, Mode};
 use enim_operator::policy::certs::{self, CertResolver, Pem};
+use enim_operator::policy::claims;
 use enim_operator::policy::keeper::{self, Keeper};
 use enim_operator::policy::status;
 use enim_operator::policy::webhook::{self, ClusterView};
@@ -18,6 +19,7 @@ use enim_operator::policy::DefaultPolicy;
 use enim_testkit::apiserver::ControlPlane;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -317,8 +319,9 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     let created = create_expecting(&team_a, &pod("p5", asks.clone()), "(explicit)").await;
     assert_eq!(outcome(&created).1, asks);
 
-    // A policy naming security groups: refused, and the message names it.
-    let mut isolated = policy("isolated", Mode::Primary, 10, "a");
+    // A policy naming security groups in secondary mode: refused, and the
+    // message names it.
+    let mut isolated = policy("isolated", Mode::Secondary, 10, "a");
     isolated.spec.security_groups = vec!["sg-1".into()];
     policies
         .create(&PostParams::default(), &isolated)
@@ -386,14 +389,69 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
         "{isolated_ready:?}"
     );
     assert_eq!(fast_ready.0, "True", "{fast_ready:?}");
-    stop_status.send_replace(true);
-    judging.await.unwrap();
-    watches.abort();
     policies
         .delete("isolated", &DeleteParams::default())
         .await
         .unwrap();
     create_expecting(&team_a, &pod("p6", json!({})), "fast").await;
+
+    // A policy naming groups in primary mode: its pods get a claim from
+    // the template the leader keeps in each namespace it selects (and in
+    // no other), asking for exactly its groups.
+    let mut db = policy("db", Mode::Primary, 20, "a");
+    db.spec.security_groups = vec!["sg-db".into()];
+    policies.create(&PostParams::default(), &db).await.unwrap();
+    let created = create_expecting(&team_a, &pod("p7", json!({})), "db").await;
+    assert_eq!(
+        serde_json::to_value(&created.spec.as_ref().unwrap().resource_claims).unwrap(),
+        json!([{"name": "enim-eni", "resourceClaimTemplateName": "enim-policy-db"}])
+    );
+    assert_eq!(
+        outcome(&created).1,
+        json!({"claims": [{"name": "enim-eni"}]})
+    );
+    let templates = Api::<ResourceClaimTemplate>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let made = loop {
+        let list = templates.list(&Default::default()).await.unwrap().items;
+        if !list.is_empty() {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "no claim template made");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let at: Vec<_> = made
+        .iter()
+        .map(|t| (t.namespace().unwrap(), t.name_any()))
+        .collect();
+    assert_eq!(at, [("team-a".to_string(), "enim-policy-db".to_string())]);
+    let expression = serde_json::to_value(&made[0].spec.spec.devices).unwrap()["requests"][0]
+        ["exactly"]["selectors"][0]["cel"]["expression"]
+        .clone();
+    assert_eq!(
+        expression,
+        enim_crd::dra::exactly_groups(&db.spec.security_groups).unwrap()
+    );
+    // Its policy deleted: the template goes (the claims made stay with
+    // their pods).
+    policies
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !templates
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the claim template stayed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_status.send_replace(true);
+    judging.await.unwrap();
+    watches.abort();
 
     // Latency: the create round trip with the webhook and without it.
     let quiet = Api::<Pod>::namespaced(client.clone(), "quiet");
@@ -672,6 +730,18 @@ async fn the_charts_rbac_is_what_the_webhook_needs() {
             .unwrap(),
         1
     );
+    // The claim templates of a policy naming groups, made and deleted.
+    let mut db = policy("db", Mode::Primary, 0, "a");
+    db.spec.security_groups = vec!["sg-db".into()];
+    let namespaces = view.namespaces();
+    let kept = claims::keep_templates(&operator, &[db], &namespaces)
+        .await
+        .unwrap();
+    assert_eq!(kept.created, 1, "{kept:?}");
+    let kept = claims::keep_templates(&operator, &[], &namespaces)
+        .await
+        .unwrap();
+    assert_eq!(kept.deleted, 1, "{kept:?}");
     watches.abort();
     let written = policies.get("isolated").await.unwrap();
     assert_eq!(written.status.unwrap().conditions[0].reason, "NotServedYet");
@@ -687,6 +757,13 @@ async fn the_charts_rbac_is_what_the_webhook_needs() {
             "mutatingwebhookconfigurations/other",
         ],
         ["auth", "can-i", "update", "enipolicies"],
+        ["auth", "can-i", "create", "resourceclaims.resource.k8s.io"],
+        [
+            "auth",
+            "can-i",
+            "update",
+            "resourceclaimtemplates.resource.k8s.io",
+        ],
     ] {
         let mut full: Vec<&str> = args.to_vec();
         full.extend([

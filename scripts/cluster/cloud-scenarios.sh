@@ -434,6 +434,50 @@ webhook_cert_issued() {
   k -n enim-system get secret enim-operator-webhook -o jsonpath='{.data.issued}' | base64 -d
 }
 
+# policy_groups: a policy naming a security group no ENI has (primary
+# mode) selects pods labelled app=db: one with no enim field gets a claim
+# from the template the leader keeps in its namespace, and runs on the DRA
+# node on an ENI made in moto with exactly that group; deleting the pod
+# deletes the ENI, and deleting the policy its template.
+policy_groups() {
+  local sg t0 claim id groups line
+  sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: e2e-db}
+spec: {namespaceSelector: {matchLabels: {team: web}}, podSelector: {matchLabels: {app: db}}, mode: primary, priority: 30, securityGroups: [$sg]}
+EOF
+  wait_for "EniPolicy e2e-db Ready" 120 test_eq True policy_ready e2e-db || return 1
+  wait_for "its claim template in $POLICY_NS" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-db || return 1
+  t0=$(date +%s%N)
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: db-1, namespace: $POLICY_NS, labels: {e2e: "1", app: db}}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {enim.io/pool: primary-dra}
+  containers:
+    - {name: c, image: $BUSYBOX, imagePullPolicy: Never, args: ["exec httpd -f -p 8080 -h /"]}
+EOF
+  k -n "$POLICY_NS" wait --for=condition=Ready pod/db-1 --timeout=180s >/dev/null ||
+    { echo "db-1: $(k -n "$POLICY_NS" get pod db-1 -o wide --no-headers); claims: $(claim_enis | tr '\n' ';')"; return 1; }
+  echo "db-1 (EniPolicy e2e-db, group $sg): apply -> Ready $(ms_since "$t0") ms, its ENI made on demand"
+  line=$(k -n "$POLICY_NS" get pod db-1 -o json |
+    jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.resourceClaims[0].resourceClaimTemplateName)"')
+  [ "$line" = "e2e-db enim-policy-e2e-db" ] || { echo "db-1 was admitted as '$line'"; return 1; }
+  claim=$(k -n "$POLICY_NS" get pod db-1 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+  id=$(k -n "$POLICY_NS" get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
+  groups=$(moto_enis | jq -r --arg id "$id" '.[] | select(.id == $id) | .groups | join(",")')
+  [ "$groups" = "$sg" ] || { echo "db-1's ENI '$id' has groups '$groups' in moto, not exactly $sg"; return 1; }
+  echo "db-1 runs on $id, made in moto with exactly $sg for its claim $claim"
+  k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
+  wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
+  k delete enipolicy e2e-db >/dev/null
+  wait_for "its claim template deleted" 60 test_eq "" k -n "$POLICY_NS" get resourceclaimtemplate -o name || return 1
+}
+
 s_cloud_policy() {
   local rc=0 got ip line t0 issued renewed wait
   k create namespace "$POLICY_NS" >/dev/null && k label namespace "$POLICY_NS" team=web >/dev/null || return 1
@@ -477,6 +521,7 @@ s_cloud_policy() {
   k delete enipolicy e2e-web-secondary >/dev/null
   wait_for "the deleted policy to leave the webhook's view" 120 test_eq "e2e-web eni=1 ip=-" admitted after "$POLICY_NS" ||
     { echo "after deleting the winner: '$(admitted after "$POLICY_NS")'"; rc=1; }
+  policy_groups || rc=1
   # No replica serving: refused in scope, admitted where ignored.
   k -n enim-system scale deployment/enim-operator --replicas=0 >/dev/null
   k -n enim-system wait --for=delete pod -l app.kubernetes.io/component=operator --timeout=120s >/dev/null
@@ -1059,7 +1104,7 @@ run_cloud_scenarios() {
   cloud_scenario "performance: RunPodSandbox of enim against bridge on node 1 (primary) and node 2 (secondary), the kernel's netns move; a warm pod's apply -> Running in phases on each" s_cloud_perf
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
-  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), and the serving certificate renewed during 2,000 creations with none refused" s_cloud_policy
+  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), the serving certificate renewed during 2,000 creations with none refused, and a policy naming a security group: its pod gets a claim and runs on the DRA node on an ENI made in moto with exactly that group" s_cloud_policy
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
   cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage

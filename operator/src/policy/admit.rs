@@ -7,9 +7,9 @@
 //! cluster default's: the resource in its first container's limits and
 //! requests (an extended resource must be equal in both), and the
 //! `enim.io/policy` annotation. A pod that asks already is only annotated
-//! `(explicit)`. A policy naming security groups or subnets is refused:
-//! phase 1 serves pods through the node's device plugin, whose ENIs are the
-//! node pool's.
+//! `(explicit)`. A policy naming security groups (a whole ENI) gets its
+//! pods a claim instead ([`super::claims`]); one naming subnets, or
+//! groups in secondary mode, is refused with why.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
+use super::claims::{serving, Serving, POD_CLAIM};
 use super::select::{select, PodFacts};
 use super::DefaultPolicy;
 
@@ -49,24 +50,6 @@ pub fn resource_of(mode: Mode) -> &'static str {
     }
 }
 
-/// Whether phase 1 can serve a policy, and if not why.
-pub fn unserved_reason(policy: &EniPolicy) -> Option<String> {
-    let spec = &policy.spec;
-    let mut named = Vec::new();
-    if !spec.security_groups.is_empty() {
-        named.push("securityGroups");
-    }
-    if !spec.subnets.is_empty() {
-        named.push("subnets");
-    }
-    (!named.is_empty()).then(|| {
-        format!(
-            "it names {}: ENIs of their own per pod are not served yet (only the node pool's, through enim.io/eni and enim.io/ip)",
-            named.join(" and ")
-        )
-    })
-}
-
 /// The response to one AdmissionReview request for a pod.
 pub fn admit(req: &AdmissionRequest<Pod>, cluster: Cluster<'_>) -> AdmissionResponse {
     let response = AdmissionResponse::from(req);
@@ -91,22 +74,25 @@ pub fn admit(req: &AdmissionRequest<Pod>, cluster: Cluster<'_>) -> AdmissionResp
                 .unwrap_or("default"),
         };
         match select(cluster.policies, &facts).0 {
-            Some(policy) => {
-                if let Some(why) = unserved_reason(policy) {
+            Some(policy) => match serving(policy) {
+                Ok(how) => (policy.name_any(), Some(how)),
+                Err(why) => {
                     return response.deny(format!(
                         "EniPolicy {} selects this pod but cannot be served: {why}",
                         policy.name_any()
-                    ));
+                    ))
                 }
-                (policy.name_any(), Some(resource_of(policy.spec.mode)))
-            }
+            },
             None => (
                 DEFAULT_POLICY.to_string(),
-                cluster.default.mode().map(resource_of),
+                cluster
+                    .default
+                    .mode()
+                    .map(|m| Serving::Resource(resource_of(m))),
             ),
         }
     };
-    let patch = patch_for(pod, &annotation, add);
+    let patch = patch_for(pod, &annotation, add.as_ref());
     match response.clone().with_patch(patch) {
         Ok(r) => r,
         Err(e) => response.deny(format!("enim's webhook could not write its patch: {e}")),
@@ -130,10 +116,12 @@ pub fn asks_for_enim(pod: &Pod) -> bool {
         .any(|m| m.contains_key(ENI_RESOURCE) || m.contains_key(IP_RESOURCE))
 }
 
-/// The JSON patch: the annotation, and `resource: "1"` in the first
-/// container's limits and requests. Each map is added whole when absent
-/// (a JSON patch cannot add a key under a missing parent).
-pub fn patch_for(pod: &Pod, annotation: &str, resource: Option<&str>) -> Patch {
+/// The JSON patch: the annotation, and what the pod is served by: an
+/// extended resource, `resource: "1"` in the first container's limits and
+/// requests; or a claim from a template, in the pod's `resourceClaims`
+/// and the first container's `resources.claims`. Each map is added whole
+/// when absent (a JSON patch cannot add a key under a missing parent).
+pub fn patch_for(pod: &Pod, annotation: &str, serving: Option<&Serving>) -> Patch {
     let mut ops = Vec::new();
     let add = |path: String, value: Value| {
         PatchOperation::Add(AddOperation {
@@ -149,20 +137,37 @@ pub fn patch_for(pod: &Pod, annotation: &str, resource: Option<&str>) -> Patch {
         json!(annotation),
     ));
     let first = pod.spec.as_ref().and_then(|s| s.containers.first());
-    if let (Some(resource), Some(container)) = (resource, first) {
-        let resources = container.resources.as_ref();
-        if resources.is_none() {
-            ops.push(add("/spec/containers/0/resources".into(), json!({})));
+    let (Some(serving), Some(container)) = (serving, first) else {
+        return Patch(ops);
+    };
+    let resources = container.resources.as_ref();
+    if resources.is_none() {
+        ops.push(add("/spec/containers/0/resources".into(), json!({})));
+    }
+    match serving {
+        Serving::Claim { template } => {
+            // The pod asks for no claim (else it is explicit): both lists
+            // are set whole.
+            ops.push(add(
+                "/spec/resourceClaims".into(),
+                json!([{ "name": POD_CLAIM, "resourceClaimTemplateName": template }]),
+            ));
+            ops.push(add(
+                "/spec/containers/0/resources/claims".into(),
+                json!([{ "name": POD_CLAIM }]),
+            ));
         }
-        for (field, present) in [
-            ("limits", resources.is_some_and(|r| r.limits.is_some())),
-            ("requests", resources.is_some_and(|r| r.requests.is_some())),
-        ] {
-            let path = format!("/spec/containers/0/resources/{field}");
-            if present {
-                ops.push(add(format!("{path}/{}", escape(resource)), json!("1")));
-            } else {
-                ops.push(add(path, json!({ resource: "1" })));
+        Serving::Resource(resource) => {
+            for (field, present) in [
+                ("limits", resources.is_some_and(|r| r.limits.is_some())),
+                ("requests", resources.is_some_and(|r| r.requests.is_some())),
+            ] {
+                let path = format!("/spec/containers/0/resources/{field}");
+                if present {
+                    ops.push(add(format!("{path}/{}", escape(resource)), json!("1")));
+                } else {
+                    ops.push(add(path, json!({ *resource: "1" })));
+                }
             }
         }
     }

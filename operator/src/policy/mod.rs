@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod admit;
 pub mod certs;
+pub mod claims;
 pub mod keeper;
 pub mod select;
 pub mod status;

@@ -1,8 +1,9 @@
 //! The leader's judgement of each EniPolicy, in its status: a `Ready`
 //! condition and the `observedGeneration` it was made for. A policy that
-//! phase 1 cannot serve (it names security groups or subnets) is
+//! cannot be served yet (it names subnets, or groups in secondary mode) is
 //! `Ready=False`, reason `NotServedYet`; one with a malformed selector,
-//! reason `InvalidSelector`.
+//! reason `InvalidSelector`. While leading, it also keeps the claim
+//! templates of policies that name groups ([`super::claims`]).
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::admit::unserved_reason;
+use super::claims::{keep_templates, serving, Serving};
 use super::webhook::ClusterView;
 
 /// Between two passes over the policies.
@@ -34,12 +35,17 @@ pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
             return ("False", "InvalidSelector", format!("{which}: {e}"));
         }
     }
-    match unserved_reason(policy) {
-        Some(why) => ("False", "NotServedYet", why),
-        None => (
+    match serving(policy) {
+        Err(why) => ("False", "NotServedYet", why),
+        Ok(Serving::Resource(resource)) => (
             "True",
             "Served",
-            "new pods it selects are given its mode".into(),
+            format!("new pods it selects are given {resource} from the node pools"),
+        ),
+        Ok(Serving::Claim { template }) => (
+            "True",
+            "Served",
+            format!("new pods it selects get an ENI made with exactly its security groups, through a claim from {template} in their namespace"),
         ),
     }
 }
@@ -101,8 +107,12 @@ pub async fn run(
 ) {
     loop {
         if *leader.borrow() {
-            if let Err(e) = write_statuses(&client, &view.policies()).await {
+            let policies = view.policies();
+            if let Err(e) = write_statuses(&client, &policies).await {
                 tracing::warn!(error = %e, "EniPolicy status: not written, retried");
+            }
+            if let Err(e) = keep_templates(&client, &policies, &view.namespaces()).await {
+                tracing::warn!(error = %e, "EniPolicy claim templates: not kept, retried");
             }
         }
         tokio::select! {
@@ -120,7 +130,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn groups_and_subnets_are_not_served_yet_and_bad_selectors_are_named() {
+    fn subnets_are_not_served_yet_and_bad_selectors_are_named() {
         let plain = EniPolicy::new(
             "plain",
             EniPolicySpec {

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -101,6 +101,17 @@ impl ClusterView {
             .state()
             .iter()
             .map(|p| (**p).clone())
+            .collect()
+    }
+
+    /// The namespaces as last seen, with their labels (the leader keeps
+    /// claim templates in those a policy selects).
+    pub fn namespaces(&self) -> Vec<(String, BTreeMap<String, String>)> {
+        self.namespaces
+            .state()
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .map(|n| (n.name_any(), n.labels().clone()))
             .collect()
     }
 

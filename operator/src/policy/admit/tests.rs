@@ -156,27 +156,63 @@ fn a_pod_that_asks_already_is_only_annotated_and_other_operations_pass() {
 }
 
 #[test]
-fn a_policy_with_groups_or_subnets_refuses_the_pod_and_names_itself() {
+fn a_policy_it_cannot_serve_refuses_the_pod_and_names_itself() {
     let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
-    let mut p = policy("isolated", Mode::Primary, "a");
-    p.spec.security_groups = vec!["sg-1".into()];
-    p.spec.subnets = vec![ZoneSubnet {
+    let mut subnets = policy("isolated", Mode::Primary, "a");
+    subnets.spec.security_groups = vec!["sg-1".into()];
+    subnets.spec.subnets = vec![ZoneSubnet {
         zone: "z1".into(),
         subnet_id: "subnet-1".into(),
     }];
+    let mut secondary = policy("isolated", Mode::Secondary, "a");
+    secondary.spec.security_groups = vec!["sg-1".into()];
+    for (p, why) in [(subnets, "names subnets"), (secondary, "secondary mode")] {
+        let policies = [Arc::new(p)];
+        let cluster = Cluster {
+            policies: &policies,
+            namespace_labels: &ns,
+            default: DefaultPolicy::None,
+        };
+        let r = run(&pod(json!([{"name": "c", "image": "i"}])), cluster);
+        assert!(!r.allowed);
+        assert!(r.patch.is_none());
+        assert!(
+            r.result.message.contains("EniPolicy isolated") && r.result.message.contains(why),
+            "{}",
+            r.result.message
+        );
+    }
+}
+
+/// Groups in primary mode: the pod gets a claim from the policy's
+/// template, and its first container uses it; the resources it had stay.
+#[test]
+fn a_policy_with_groups_gives_the_pod_a_claim_from_its_template() {
+    let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
+    let mut p = policy("db", Mode::Primary, "a");
+    p.spec.security_groups = vec!["sg-1".into()];
     let policies = [Arc::new(p)];
     let cluster = Cluster {
         policies: &policies,
         namespace_labels: &ns,
         default: DefaultPolicy::None,
     };
-    let r = run(&pod(json!([{"name": "c", "image": "i"}])), cluster);
-    assert!(!r.allowed);
-    assert!(r.patch.is_none());
-    assert!(
-        r.result.message.contains("EniPolicy isolated")
-            && r.result.message.contains("securityGroups and subnets"),
-        "{}",
-        r.result.message
+    let before = pod(json!([
+        {"name": "c", "image": "i", "resources": {"limits": {"cpu": "1"}}},
+        {"name": "d", "image": "i"}
+    ]));
+    let after = patched(&before, &run(&before, cluster));
+    assert_eq!(after["metadata"]["annotations"]["enim.io/policy"], "db");
+    assert_eq!(
+        after["spec"]["resourceClaims"],
+        json!([{"name": "enim-eni", "resourceClaimTemplateName": "enim-policy-db"}])
+    );
+    assert_eq!(
+        after["spec"]["containers"][0]["resources"],
+        json!({"limits": {"cpu": "1"}, "claims": [{"name": "enim-eni"}]})
+    );
+    assert_eq!(
+        after["spec"]["containers"][1],
+        before["spec"]["containers"][1]
     );
 }
