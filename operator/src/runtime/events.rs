@@ -32,17 +32,47 @@ impl Teller {
     }
 
     pub(super) fn tell(&self, told: Told) {
-        let set = |node: &str| {
-            let uid = self
-                .sets
-                .get(&ObjectRef::new(node))
-                .and_then(|s| s.meta().uid.clone());
-            set_ref(node, uid.as_deref())
-        };
+        let set = |node: &str| set_ref(node, set_uid(&self.sets, node).as_deref());
         for n in notices(told, set, &self.operator) {
-            self.sink.tell(n);
+            if is_set(&n.regarding) && n.regarding.uid.is_none() {
+                self.tell_once_known(n);
+            } else {
+                self.sink.tell(n);
+            }
         }
     }
+
+    /// A set this replica has just made may not be in the watch's cache
+    /// yet, and `kubectl describe` finds an Event by its object's uid: the
+    /// Event waits for the uid (at most [`SET_UID_WAIT`]), then is told
+    /// with or without it.
+    fn tell_once_known(&self, mut n: Notice) {
+        let (sink, sets) = (self.sink.clone(), self.sets.clone());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + SET_UID_WAIT;
+            let node = n.regarding.name.clone().unwrap_or_default();
+            while tokio::time::Instant::now() < deadline {
+                if let Some(uid) = set_uid(&sets, &node) {
+                    n.regarding.uid = Some(uid);
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            sink.tell(n);
+        });
+    }
+}
+
+/// How long an Event about a set waits for the set to reach the cache.
+const SET_UID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn set_uid(sets: &Cache<NetResourceSet>, node: &str) -> Option<String> {
+    sets.get(&ObjectRef::new(node))
+        .and_then(|s| s.meta().uid.clone())
+}
+
+fn is_set(r: &ObjectReference) -> bool {
+    r.kind.as_deref() == Some(&*NetResourceSet::kind(&()))
 }
 
 fn set_ref(node: &str, uid: Option<&str>) -> ObjectReference {
