@@ -651,3 +651,52 @@ fn the_release_installs_upgrades_and_uninstalls_on_a_real_api_server() {
     // The CRD stays: helm never deletes what crds/ installed.
     cp.kubectl(&["get", "crd", "netresourcesets.enim.io"]);
 }
+
+/// The chart ships the alerts and the dashboard: off by default; on, the
+/// PrometheusRule's spec is exactly the rules file and the ConfigMap holds
+/// exactly the dashboard, each with the labels asked for.
+#[test]
+fn the_chart_ships_the_alerts_and_the_dashboard_when_asked() {
+    let Some(helm) = helm() else { return };
+    let out = template(&helm, REQUIRED);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds: Vec<String> = documents(&out)
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!kinds.iter().any(|k| k == "PrometheusRule"), "{kinds:?}");
+    assert!(!documents(&out)
+        .iter()
+        .any(|d| d["metadata"]["name"] == "enim-grafana-dashboard"));
+
+    let values = format!(
+        "{REQUIRED}metrics:\n  prometheusRule: {{enabled: true, labels: {{release: prom}}}}\n  \
+         grafanaDashboard: {{enabled: true}}\n"
+    );
+    let out = template(&helm, &values);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = documents(&out);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/enim/files");
+    let rules: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join("prometheus-rules.yaml")).unwrap())
+            .unwrap();
+    let rule = named(&docs, "PrometheusRule", "enim");
+    assert_eq!(rule["spec"], rules);
+    assert_eq!(rule["metadata"]["labels"]["release"], "prom");
+    assert_eq!(rule["metadata"]["namespace"], "enim-system");
+    let dashboard = named(&docs, "ConfigMap", "enim-grafana-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["enim.json"].as_str().unwrap()).unwrap();
+    let file: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(shipped, file);
+
+    // A key the schema does not know fails the install.
+    let wrong = format!("{REQUIRED}metrics:\n  prometheusRule: {{enable: true}}\n");
+    let out = template(&helm, &wrong);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("enable"), "{}", stderr(&out));
+}

@@ -120,10 +120,10 @@ fn enimd_serves_exactly_the_documented_metrics_and_only_reads() {
 
     // Every enimd metric the alerts and the dashboard use is served (the
     // operator's: operator/tests/metrics_docs.rs).
-    let exprs = rule_exprs(&repo_file("monitoring/prometheus-rules.yaml"))
+    let exprs = rule_exprs(&repo_file("charts/enim/files/prometheus-rules.yaml"))
         .into_iter()
         .chain(dashboard_exprs(&repo_file(
-            "monitoring/grafana-dashboard.json",
+            "charts/enim/files/grafana-dashboard.json",
         )));
     let known: std::collections::BTreeSet<&str> = served
         .keys()

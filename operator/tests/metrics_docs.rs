@@ -50,10 +50,10 @@ async fn the_operator_serves_exactly_the_documented_metrics() {
         );
     }
 
-    let exprs = rule_exprs(&repo_file("monitoring/prometheus-rules.yaml"))
+    let exprs = rule_exprs(&repo_file("charts/enim/files/prometheus-rules.yaml"))
         .into_iter()
         .chain(dashboard_exprs(&repo_file(
-            "monitoring/grafana-dashboard.json",
+            "charts/enim/files/grafana-dashboard.json",
         )));
     for expr in exprs {
         for name in metrics_named(&expr)

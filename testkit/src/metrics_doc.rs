@@ -1,8 +1,8 @@
 //! The metrics a component documents, serves and alerts on, for the tests
 //! that hold them together: the reference tables of docs/operations.md,
 //! the families a scrape of `/metrics` declares, and the metric names the
-//! alert rules (monitoring/prometheus-rules.yaml) and the dashboard
-//! (monitoring/grafana-dashboard.json) use.
+//! alert rules (charts/enim/files/prometheus-rules.yaml) and the dashboard
+//! (charts/enim/files/grafana-dashboard.json) use.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -77,13 +77,15 @@ pub fn differences(
     out
 }
 
-/// Every rule of the rules file (a PrometheusRule).
+/// Every rule of the rules file.
 fn rules(rules_yaml: &str) -> Vec<serde_yaml::Value> {
     let doc: serde_yaml::Value = serde_yaml::from_str(rules_yaml).expect("the rules are YAML");
-    let groups = doc["spec"]["groups"]
+    // A rules file: `groups` at the top (the chart makes it a
+    // PrometheusRule's spec).
+    let groups = doc["groups"]
         .as_sequence()
         .cloned()
-        .unwrap_or_default();
+        .expect("the rules file has groups");
     groups
         .iter()
         .filter_map(|g| g["rules"].as_sequence())
@@ -210,7 +212,7 @@ mod tests {
 
     #[test]
     fn every_alert_has_a_runbook_section_in_the_docs() {
-        let rules = repo_file("monitoring/prometheus-rules.yaml");
+        let rules = repo_file("charts/enim/files/prometheus-rules.yaml");
         let anchors = heading_anchors(&repo_file("docs/operations.md"));
         let runbooks = runbooks(&rules);
         assert_eq!(runbooks.len(), 6, "{runbooks:?}");
