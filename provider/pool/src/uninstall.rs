@@ -2,8 +2,6 @@
 //! goes back to the cloud (see
 //! [`EniProvider::release_unused`](enim_provider::EniProvider::release_unused)).
 
-use std::collections::HashSet;
-
 use enim_provider::Released;
 
 use crate::WarmPool;
@@ -22,12 +20,24 @@ impl WarmPool {
     pub(crate) async fn give_back_unused(&self) -> Released {
         self.shutdown().await;
         let mut released = Released::default();
-        let mut doomed: Vec<String> = {
-            let mut st = self.inner.state();
+        {
+            let st = self.inner.state();
             if !st.restored {
                 released.kept = st.members.iter().map(|m| m.eni.id.clone()).collect();
                 tracing::warn!("the pool was never restored: giving nothing back, as a free ENI cannot be told from a held one");
                 return released;
+            }
+        }
+        // The cloud's listing first, read as discovery reads it: members
+        // it shows tagged are enim's, tagged ENIs attached nowhere orphans.
+        let tagged = self.inner.backend.tagged().await;
+        let doomed: Vec<String> = {
+            let mut st = self.inner.state();
+            match &tagged {
+                Ok(tagged) => st.adopt_tagged(tagged),
+                Err(e) => released
+                    .failed
+                    .push(("(tagged ENIs)".into(), format!("listing enim's ENIs: {e}"))),
             }
             let mut doomed = Vec::new();
             for m in st.members.iter_mut() {
@@ -42,23 +52,6 @@ impl WarmPool {
             self.inner.publish(&st);
             doomed
         };
-        // Tagged ENIs the pool never took in: the listing names them.
-        match self.inner.backend.tagged().await {
-            Ok(tagged) => {
-                let known: HashSet<String> = {
-                    let st = self.inner.state();
-                    st.members.iter().map(|m| m.eni.id.clone()).collect()
-                };
-                for t in tagged {
-                    if !t.attached && !known.contains(&t.id) && !doomed.contains(&t.id) {
-                        doomed.push(t.id);
-                    }
-                }
-            }
-            Err(e) => released
-                .failed
-                .push(("(tagged ENIs)".into(), format!("listing enim's ENIs: {e}"))),
-        }
         let backend = &self.inner.backend;
         let outcomes =
             futures::future::join_all(doomed.iter().map(|id| backend.detach_and_delete(id))).await;
