@@ -18,9 +18,10 @@ use enim_crd::dra::{exactly_groups, DEVICE_CLASS, DRIVER};
 use enim_crd::EniPolicy;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::core::{Selector, SelectorExt};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+
+use super::select::selects_namespace;
 
 /// Each template's name: this prefix and the policy's name.
 pub const TEMPLATE_PREFIX: &str = "enim-policy-";
@@ -138,17 +139,10 @@ pub fn desired(
         if !live || !matches!(serving(policy), Ok(Serving::Claim { .. })) {
             continue;
         }
-        let selector = match &policy.spec.namespace_selector {
-            None => None,
-            Some(s) => match Selector::try_from(s.clone()) {
-                Ok(s) => Some(s),
-                // Its status says why; it selects nothing.
-                Err(_) => continue,
-            },
-        };
         for (namespace, labels) in namespaces {
             let ignored = labels.get(IGNORE_LABEL.0).map(String::as_str) == Some(IGNORE_LABEL.1);
-            if ignored || selector.as_ref().is_some_and(|s| !s.matches(labels)) {
+            // A malformed selector selects nothing (its status says why).
+            if ignored || !matches!(selects_namespace(policy, labels), Ok(true)) {
                 continue;
             }
             if let Ok(t) = template(policy, namespace) {

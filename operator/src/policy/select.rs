@@ -38,27 +38,43 @@ pub struct InvalidSelector {
 /// Whether `policy` selects the pod; `Err` when one of its selectors is
 /// malformed (the policy then selects nothing, and says why).
 pub fn selects(policy: &EniPolicy, pod: &PodFacts<'_>) -> Result<bool, InvalidSelector> {
-    let name = policy.name_any();
-    let matches = |which: &'static str,
-                   selector: &Option<LabelSelector>,
-                   labels: &BTreeMap<String, String>| {
-        let Some(selector) = selector else {
-            return Ok(true);
-        };
-        let parsed = Selector::try_from(selector.clone()).map_err(|e| InvalidSelector {
-            policy: name.clone(),
-            which,
-            why: e.to_string(),
-        })?;
-        Ok(parsed.matches(labels))
-    };
     let accounts = &policy.spec.service_accounts;
-    Ok(matches(
+    Ok(selects_namespace(policy, pod.namespace_labels)?
+        && matches(policy, "podSelector", &policy.spec.pod_selector, pod.labels)?
+        && (accounts.is_empty() || accounts.iter().any(|a| a == pod.service_account)))
+}
+
+/// Whether `policy`'s namespace selector selects a namespace of these
+/// labels (whatever its pods).
+pub fn selects_namespace(
+    policy: &EniPolicy,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Result<bool, InvalidSelector> {
+    matches(
+        policy,
         "namespaceSelector",
         &policy.spec.namespace_selector,
-        pod.namespace_labels,
-    )? && matches("podSelector", &policy.spec.pod_selector, pod.labels)?
-        && (accounts.is_empty() || accounts.iter().any(|a| a == pod.service_account)))
+        namespace_labels,
+    )
+}
+
+/// Whether `selector` (`which` of `policy`'s) selects `labels`; an absent
+/// one selects everything.
+fn matches(
+    policy: &EniPolicy,
+    which: &'static str,
+    selector: &Option<LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, InvalidSelector> {
+    let Some(selector) = selector else {
+        return Ok(true);
+    };
+    let parsed = Selector::try_from(selector.clone()).map_err(|e| InvalidSelector {
+        policy: policy.name_any(),
+        which,
+        why: e.to_string(),
+    })?;
+    Ok(parsed.matches(labels))
 }
 
 /// How narrowly `policy` selects: one for each selector term and one for a
