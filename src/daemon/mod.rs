@@ -90,7 +90,7 @@ pub async fn build_provider(
 /// claims (`[dra] enabled`: the operator makes claims' ENIs only there).
 fn provider_config(config: &Config) -> ProviderConfig {
     let mut provider = config.provider.clone();
-    let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
+    let dir = state_dir(config);
     match &mut provider {
         ProviderConfig::Bce(bce) if bce.eni_id_cache.is_none() => {
             bce.eni_id_cache = Some(dir.join("bce-eni-ids.json"));
@@ -189,14 +189,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Before the provider: a DRA node that cannot reach the API server or
     // read its claims record must not start handing out ENIs.
     let dra = match config.dra.enabled {
-        true => {
-            let default_claims = config
-                .checkpoint
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join(crate::dra::CLAIMS_FILE);
-            Some(crate::dra::DraNode::start(&config.dra, &default_claims).await?)
-        }
+        true => Some(crate::dra::DraNode::start(&config.dra, &claims_file(&config)).await?),
         false => None,
     };
     let mut provider = build_provider(&provider_config(&config), config.mode).await?;
@@ -252,13 +245,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let client = enim_provider_cluster::kube_client(host_path.kubeconfig.as_deref())
                     .await
                     .map_err(DaemonError::ServiceCidrsClient)?;
-                let cache = node
-                    .config
-                    .checkpoint
-                    .parent()
-                    .unwrap_or(Path::new("."))
-                    .join(servicecidrs::CACHE_FILE);
-                let listing = servicecidrs::follow(client, cache);
+                let listing = servicecidrs::follow(client, service_cidrs_cache(&node.config));
                 node.service_cidrs = Some(listing.clone());
                 driver = driver
                     .with_host_path(host_path)
@@ -582,6 +569,25 @@ fn lock_path(checkpoint: &Path) -> PathBuf {
     PathBuf::from(format!("{}.lock", checkpoint.display()))
 }
 
+/// The agent's state dir: the checkpoint's, where its caches go too.
+fn state_dir(config: &Config) -> &Path {
+    config.checkpoint.parent().unwrap_or(Path::new("."))
+}
+
+/// The DRA driver's claims record: `[dra] claims`, else in the state dir.
+fn claims_file(config: &Config) -> PathBuf {
+    config
+        .dra
+        .claims
+        .clone()
+        .unwrap_or_else(|| state_dir(config).join(crate::dra::CLAIMS_FILE))
+}
+
+/// The last listing of the API's service CIDRs, in the state dir.
+fn service_cidrs_cache(config: &Config) -> PathBuf {
+    state_dir(config).join(servicecidrs::CACHE_FILE)
+}
+
 /// The agent's run dir: its socket's, where the uninstall marker goes.
 fn run_dir(config: &Config) -> &Path {
     config.socket.parent().unwrap_or(Path::new("."))
@@ -591,16 +597,11 @@ fn run_dir(config: &Config) -> &Path {
 /// checkpoint and its lock, the caches beside it, the status note and the
 /// uninstall marker.
 fn state_files(config: &Config) -> Vec<PathBuf> {
-    let dir = config.checkpoint.parent().unwrap_or(Path::new("."));
     let mut files = vec![
         config.checkpoint.clone(),
         lock_path(&config.checkpoint),
-        config
-            .dra
-            .claims
-            .clone()
-            .unwrap_or_else(|| dir.join(crate::dra::CLAIMS_FILE)),
-        dir.join(servicecidrs::CACHE_FILE),
+        claims_file(config),
+        service_cidrs_cache(config),
         enim_api::note::note_path(&config.socket),
         leave::marker_path(run_dir(config)),
     ];

@@ -214,16 +214,13 @@ pub struct DraNode {
 }
 
 impl DraNode {
-    /// The client, the node's name and the claims record (`default_claims`
-    /// unless the config names one): every error here stops enimd at start.
-    pub async fn start(config: &DraConfig, default_claims: &Path) -> Result<DraNode, DraError> {
+    /// The client, the node's name and the claims record at `record` (the
+    /// config's `claims`, or enimd's default beside the checkpoint): every
+    /// error here stops enimd at start.
+    pub async fn start(config: &DraConfig, record: &Path) -> Result<DraNode, DraError> {
         let node = config.node()?;
         let client = enim_provider_cluster::kube_client(config.kubeconfig.as_deref()).await?;
-        let path = config
-            .claims
-            .clone()
-            .unwrap_or_else(|| default_claims.to_path_buf());
-        let claims = Arc::new(claims::Claims::open(&path)?);
+        let claims = Arc::new(claims::Claims::open(record)?);
         let status =
             status::StatusWriter::start(client.clone(), config.driver.clone(), node.clone());
         Ok(DraNode {
