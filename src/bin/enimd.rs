@@ -1,6 +1,6 @@
 //! enimd: the enim node agent.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -270,7 +270,7 @@ fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
         println!("{}: {word}", path.display());
     }
     if let Some(dir) = &args.mark_run_dir {
-        match mark_uninstall(dir) {
+        match enim::daemon::leave::request(dir) {
             Ok(Some(marker)) => println!(
                 "{}: written; the agent leaves the node when it stops",
                 marker.display()
@@ -296,18 +296,6 @@ fn uninstall_cni(args: UninstallCniArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
-}
-
-/// The marker in `run_dir` when an agent's socket is there (an agent ran
-/// on this node); `None` when it is not.
-fn mark_uninstall(run_dir: &Path) -> std::io::Result<Option<PathBuf>> {
-    let socket = Path::new(enim_api::DEFAULT_SOCKET)
-        .file_name()
-        .unwrap_or_default();
-    if !run_dir.join(socket).exists() {
-        return Ok(None);
-    }
-    enim::daemon::leave::request(run_dir).map(Some)
 }
 
 fn device_plugin(args: DevicePluginArgs) -> ExitCode {

@@ -36,14 +36,22 @@ pub fn marker_path(run_dir: &Path) -> PathBuf {
     run_dir.join(MARKER)
 }
 
-/// Leaves the marker in `run_dir` (the uninstall hook, on the node).
-pub fn request(run_dir: &Path) -> io::Result<PathBuf> {
+/// Leaves the marker in `run_dir` (the uninstall hook, on the node) when
+/// an agent's socket is there; `None` when it is not: no agent runs on
+/// this node, and a marker would only wait for the next install.
+pub fn request(run_dir: &Path) -> io::Result<Option<PathBuf>> {
+    let socket = Path::new(enim_api::DEFAULT_SOCKET)
+        .file_name()
+        .unwrap_or_default();
+    if !run_dir.join(socket).exists() {
+        return Ok(None);
+    }
     let path = marker_path(run_dir);
     std::fs::write(
         &path,
         "enim is being uninstalled: enimd gives back its ENIs and removes its state when it stops\n",
     )?;
-    Ok(path)
+    Ok(Some(path))
 }
 
 /// Whether the marker is in `run_dir`.
@@ -143,15 +151,21 @@ mod tests {
     #[test]
     fn a_marker_is_requested_seen_and_cleared_at_start() {
         let dir = tempfile::tempdir().unwrap();
+        // No agent's socket: no marker.
+        assert_eq!(request(dir.path()).unwrap(), None);
         assert!(!requested(dir.path()));
+        std::fs::write(dir.path().join("enimd.sock"), b"").unwrap();
         let path = request(dir.path()).unwrap();
-        assert_eq!(path, dir.path().join(MARKER));
+        assert_eq!(path, Some(dir.path().join(MARKER)));
         assert!(requested(dir.path()));
         clear_stale(dir.path());
         assert!(!requested(dir.path()));
         // Nothing to clear is fine.
         clear_stale(dir.path());
-        // A run dir that is not there is an error to the hook.
-        assert!(request(&dir.path().join("absent")).is_err());
+        // A run dir that is not there has no agent's socket either.
+        assert_eq!(request(&dir.path().join("absent")).unwrap(), None);
+        // A marker that cannot be written is an error to the hook.
+        std::fs::create_dir(dir.path().join(MARKER)).unwrap();
+        assert!(request(dir.path()).is_err());
     }
 }
