@@ -58,6 +58,17 @@ pub fn selects_namespace(
     )
 }
 
+/// The first of `policy`'s selectors that is malformed, if any.
+pub fn invalid_selector(policy: &EniPolicy) -> Option<InvalidSelector> {
+    let none = BTreeMap::new();
+    [
+        ("namespaceSelector", &policy.spec.namespace_selector),
+        ("podSelector", &policy.spec.pod_selector),
+    ]
+    .into_iter()
+    .find_map(|(which, selector)| matches(policy, which, selector, &none).err())
+}
+
 /// Whether `selector` (`which` of `policy`'s) selects `labels`; an absent
 /// one selects everything.
 fn matches(

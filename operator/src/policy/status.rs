@@ -8,14 +8,14 @@
 use std::time::Duration;
 
 use enim_crd::{EniPolicy, EniPolicyStatus, OPERATOR_MANAGER};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
-use kube::core::Selector;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
 use super::claims::{keep_templates, serving, Serving};
+use super::select::invalid_selector;
 use super::webhook::ClusterView;
 
 /// Between two passes over the policies.
@@ -23,17 +23,12 @@ pub const INTERVAL: Duration = Duration::from_secs(5);
 
 /// The `Ready` condition a policy should carry: (status, reason, message).
 pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
-    let selectors = [
-        ("namespaceSelector", &policy.spec.namespace_selector),
-        ("podSelector", &policy.spec.pod_selector),
-    ];
-    for (which, selector) in selectors {
-        if let Some(e) = selector
-            .as_ref()
-            .and_then(|s: &LabelSelector| Selector::try_from(s.clone()).err())
-        {
-            return ("False", "InvalidSelector", format!("{which}: {e}"));
-        }
+    if let Some(e) = invalid_selector(policy) {
+        return (
+            "False",
+            "InvalidSelector",
+            format!("{}: {}", e.which, e.why),
+        );
     }
     match serving(policy) {
         Err(why) => ("False", "NotServedYet", why),
@@ -125,7 +120,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use enim_crd::{EniPolicySpec, Mode, ZoneSubnet};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
     use super::*;
 
