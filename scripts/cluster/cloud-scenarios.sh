@@ -385,6 +385,8 @@ s_cloud_node_deleted() {
 claim_enis() {
   k get nrs -o json | jq -r '.items[] | .metadata.name as $n | .spec.enis[] | select(.claim) | "\($n): \(.id) \(.claim.name)"'
 }
+# eni_groups ID: the security groups moto has for ENI ID, comma-joined.
+eni_groups() { moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .groups | join(",")'; }
 eni_gone_from_moto() { [ -z "$(moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .id')" ]; }
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 
@@ -401,14 +403,16 @@ ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 # admission-times.py prints what the webhook adds to a creation.
 POLICY_NS=enim-e2e-policy
 NO_POLICY_NS=enim-e2e-nopolicy
+# policy_pod NAME NS [POOL [APP]]: a pod with no enim field, on a node of
+# POOL (default primary), labelled app=APP when given.
 policy_pod() {
   cat <<EOF
 apiVersion: v1
 kind: Pod
-metadata: {name: $1, namespace: $2, labels: {e2e: "1"}}
+metadata: {name: $1, namespace: $2, labels: {e2e: "1"${4:+, app: $4}}}
 spec:
   terminationGracePeriodSeconds: 1
-  nodeSelector: {enim.io/pool: primary}
+  nodeSelector: {enim.io/pool: ${3:-primary}}
   containers:
     - {name: c, image: $BUSYBOX, imagePullPolicy: Never, args: ["exec httpd -f -p 8080 -h /"]}
 EOF
@@ -451,25 +455,16 @@ EOF
   wait_for "EniPolicy e2e-db Ready" 120 test_eq True policy_ready e2e-db || return 1
   wait_for "its claim template in $POLICY_NS" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-db || return 1
   t0=$(date +%s%N)
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: db-1, namespace: $POLICY_NS, labels: {e2e: "1", app: db}}
-spec:
-  terminationGracePeriodSeconds: 1
-  nodeSelector: {enim.io/pool: primary-dra}
-  containers:
-    - {name: c, image: $BUSYBOX, imagePullPolicy: Never, args: ["exec httpd -f -p 8080 -h /"]}
-EOF
+  policy_pod db-1 "$POLICY_NS" primary-dra db | k apply -f - >/dev/null || return 1
   k -n "$POLICY_NS" wait --for=condition=Ready pod/db-1 --timeout=180s >/dev/null ||
     { echo "db-1: $(k -n "$POLICY_NS" get pod db-1 -o wide --no-headers); claims: $(claim_enis | tr '\n' ';')"; return 1; }
   echo "db-1 (EniPolicy e2e-db, group $sg): apply -> Ready $(ms_since "$t0") ms, its ENI made on demand"
   line=$(k -n "$POLICY_NS" get pod db-1 -o json |
     jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.resourceClaims[0].resourceClaimTemplateName)"')
   [ "$line" = "e2e-db enim-policy-e2e-db" ] || { echo "db-1 was admitted as '$line'"; return 1; }
-  claim=$(k -n "$POLICY_NS" get pod db-1 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
-  id=$(k -n "$POLICY_NS" get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
-  groups=$(moto_enis | jq -r --arg id "$id" '.[] | select(.id == $id) | .groups | join(",")')
+  claim=$(pod_claim db-1 "$POLICY_NS")
+  id=$(claim_device "$claim" "$POLICY_NS")
+  groups=$(eni_groups "$id")
   [ "$groups" = "$sg" ] || { echo "db-1's ENI '$id' has groups '$groups' in moto, not exactly $sg"; return 1; }
   echo "db-1 runs on $id, made in moto with exactly $sg for its claim $claim"
   k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
@@ -542,7 +537,7 @@ s_cloud_policy() {
 # and its pod runs on it; deleting the pod (and so its claim) deletes the ENI.
 # apply -> Running is compared with a claim pod served from a warm ENI.
 s_cloud_on_demand() {
-  local i sg t0 warm line id groups claim t_warm t_end
+  local i sg t0 warm id groups claim t_warm t_end
   i=$(dra_nodes | sed -n 1p)
   claim_template any-eni
   t_warm=$(date +%s%N)
@@ -574,8 +569,7 @@ s_cloud_on_demand() {
   on_moto_eni od-1 "$i" || return 1
   claim=$(pod_claim od-1)
   id=$(claim_device "$claim")
-  line=$(moto_enis | jq -c --arg id "$id" '.[] | select(.id == $id)')
-  groups=$(jq -r '.groups | join(",")' <<<"$line")
+  groups=$(eni_groups "$id")
   [ "$groups" = "$sg" ] || { echo "$id has groups $groups in moto, not exactly $sg"; return 1; }
   echo "$id made in moto with exactly $sg, for claim $claim ($(claim_enis | tr '\n' ' '))"
   # The pod's claim goes with it (made from the pod's template).

@@ -117,9 +117,9 @@ EOF
 }
 
 # The claim the controller made for POD from its template, and the device
-# the scheduler allocated it.
-pod_claim() { k get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
-claim_device() { k get resourceclaim "$1" -o jsonpath='{.status.allocation.devices.results[0].device}'; }
+# the scheduler allocated it; the namespace is default unless NS is given.
+pod_claim() { k -n "${2:-default}" get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
+claim_device() { k -n "${2:-default}" get resourceclaim "$1" -o jsonpath='{.status.allocation.devices.results[0].device}'; }
 claim_gone() { ! k get resourceclaim "$1" >/dev/null 2>&1; }
 
 # on_claimed_eni POD [DEVICES...]: POD's claim was allocated one of
