@@ -84,7 +84,15 @@ done
 mkdir -p "$ctx/rootfs/run" "$ctx/rootfs/var"
 ln -s ../run "$ctx/rootfs/var/run"
 
+# The image this tag named before: once the tag moves, nothing names it and
+# each rebuild would leave ~200 MiB behind (CI's disk ran out on them).
+previous=$("$CONTAINER_TOOL" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 "$CONTAINER_TOOL" build --pull=never "${extra[@]}" -f "$root/deploy/Containerfile" -t "$image" "$ctx"
+current=$("$CONTAINER_TOOL" image inspect --format '{{.Id}}' "$image")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  # Refused (and kept) while a container or another tag still uses it.
+  "$CONTAINER_TOOL" rmi "$previous" >/dev/null 2>&1 || true
+fi
 # Explicit, modest limits: podman's defaults for root (nofile 1048576,
 # nproc 4194304) are refused where root may not raise its hard limits (no
 # CAP_SYS_RESOURCE, as in some CI sandboxes).

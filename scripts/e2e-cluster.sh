@@ -196,8 +196,14 @@ images_build() {
   step "images: pause, busybox, coredns, enim ($(elapsed))"
   mkdir -p "$images"
   # image NAME DIR: podman builds DIR's Containerfile; saved for ctr import.
+  # The image the tag named before is removed once it moves (disk).
   image() {
+    local previous
+    previous=$(podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true)
     podman build --pull=never -q -t "$1" "$2" >/dev/null
+    if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$1")" ]; then
+      podman rmi "$previous" >/dev/null 2>&1 || true
+    fi
     podman save -q -o "$images/$(echo "$1" | tr '/:' '__').tar" "$1"
   }
   mkdir -p "$images/pause" "$images/busybox/bin" "$images/coredns"
