@@ -49,6 +49,23 @@ pub fn exactly_groups(groups: &[String]) -> Result<String, String> {
     Ok(terms.join(" && "))
 }
 
+/// The device attribute naming a device's subnet (in [`DRIVER`]'s domain).
+pub const SUBNET: &str = "subnet";
+
+/// The CEL selector of a device in one of `subnets` (a device that names
+/// no subnet is no match). The ids are quoted as JSON strings, which CEL
+/// reads the same.
+pub fn in_subnets(subnets: &[&str]) -> String {
+    let quoted: Vec<String> = subnets
+        .iter()
+        .map(|s| serde_json::Value::from(*s).to_string())
+        .collect();
+    format!(
+        "device.attributes[\"{DRIVER}\"].?{SUBNET}.orValue(\"\") in [{}]",
+        quoted.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +90,13 @@ mod tests {
         assert!(exactly_groups(&["x".repeat(40)])
             .unwrap_err()
             .contains("cannot be"));
+    }
+
+    #[test]
+    fn in_subnets_quotes_each_id() {
+        assert_eq!(
+            in_subnets(&["subnet-a", "subnet-\"b"]),
+            "device.attributes[\"enim.io\"].?subnet.orValue(\"\") in [\"subnet-a\", \"subnet-\\\"b\"]"
+        );
     }
 }

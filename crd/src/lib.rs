@@ -193,9 +193,49 @@ pub struct EniParameters {
     /// The subnet; default: the operator's first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,
+    /// A subnet per zone: the ENI is made on a node of one of these zones,
+    /// in that zone's subnet (an `EniPolicy`'s `subnets`). Not with
+    /// `subnet`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<ZoneSubnet>,
     /// Exactly these groups; default: the operator's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security_groups: Vec<String>,
+}
+
+impl EniParameters {
+    /// Whether these can be served at all: not both `subnet` and
+    /// `subnets`, each zone once, no empty zone or subnet id.
+    pub fn check(&self) -> Result<(), String> {
+        if self.subnet.is_some() && !self.subnets.is_empty() {
+            return Err(
+                "both subnet and subnets are given: name one subnet, or one per zone".into(),
+            );
+        }
+        let mut zones = std::collections::BTreeSet::new();
+        for z in &self.subnets {
+            if z.zone.is_empty() || z.subnet_id.is_empty() {
+                return Err("a subnets entry has an empty zone or subnetId".into());
+            }
+            if !zones.insert(z.zone.as_str()) {
+                return Err(format!("zone {:?} is named twice in subnets", z.zone));
+            }
+        }
+        Ok(())
+    }
+
+    /// The subnet asked for on a node in `zone`: `Some(None)` when any
+    /// will do (no `subnets`: `subnet` or the operator's), `None` when
+    /// `subnets` has no entry for the zone (no ENI for it goes there).
+    pub fn subnet_in(&self, zone: &str) -> Option<Option<&str>> {
+        if self.subnets.is_empty() {
+            return Some(self.subnet.as_deref());
+        }
+        self.subnets
+            .iter()
+            .find(|z| z.zone == zone)
+            .map(|z| Some(z.subnet_id.as_str()))
+    }
 }
 
 /// What the node's agent does with its ENIs.
@@ -458,5 +498,45 @@ mod tests {
             condition(CONDITION_SERVES_CLAIMS, "True")
         ])
         .serves_claims());
+    }
+
+    #[test]
+    fn parameters_name_one_subnet_or_one_per_zone() {
+        let zone = |z: &str, s: &str| ZoneSubnet {
+            zone: z.into(),
+            subnet_id: s.into(),
+        };
+        let any = EniParameters::default();
+        assert_eq!(any.check(), Ok(()));
+        assert_eq!(any.subnet_in("z1"), Some(None));
+        let one = EniParameters {
+            subnet: Some("subnet-1".into()),
+            ..EniParameters::default()
+        };
+        assert_eq!(one.subnet_in("z9"), Some(Some("subnet-1")));
+        let per_zone: EniParameters = serde_json::from_value(serde_json::json!({
+            "securityGroups": ["sg-1"],
+            "subnets": [{"zone": "z1", "subnetId": "subnet-a"}],
+        }))
+        .unwrap();
+        assert_eq!(per_zone.check(), Ok(()));
+        assert_eq!(per_zone.subnet_in("z1"), Some(Some("subnet-a")));
+        assert_eq!(per_zone.subnet_in("z2"), None);
+        let both = EniParameters {
+            subnet: Some("subnet-1".into()),
+            subnets: vec![zone("z1", "subnet-a")],
+            ..EniParameters::default()
+        };
+        assert!(both.check().unwrap_err().contains("both"));
+        let twice = EniParameters {
+            subnets: vec![zone("z1", "a"), zone("z1", "b")],
+            ..EniParameters::default()
+        };
+        assert!(twice.check().unwrap_err().contains("named twice"));
+        let empty = EniParameters {
+            subnets: vec![zone("", "a")],
+            ..EniParameters::default()
+        };
+        assert!(empty.check().unwrap_err().contains("empty"));
     }
 }

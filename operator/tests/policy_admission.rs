@@ -730,9 +730,14 @@ async fn the_charts_rbac_is_what_the_webhook_needs() {
             .unwrap(),
         1
     );
-    // The claim templates of a policy naming groups, made and deleted.
+    // The claim templates of a policy naming groups and a subnet per zone,
+    // made (the API server compiles their CEL) and deleted.
     let mut db = policy("db", Mode::Primary, 0, "a");
     db.spec.security_groups = vec!["sg-db".into()];
+    db.spec.subnets = vec![enim_crd::ZoneSubnet {
+        zone: "z1".into(),
+        subnet_id: "subnet-1".into(),
+    }];
     let namespaces = view.namespaces();
     let kept = claims::keep_templates(&operator, &[db], &namespaces)
         .await

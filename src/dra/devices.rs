@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::topology::Topology;
 
-pub use enim_crd::dra::{group_attribute, SG_COUNT, SG_DOMAIN};
+pub use enim_crd::dra::{group_attribute, SG_COUNT, SG_DOMAIN, SUBNET};
 /// The standard PCIe root attribute (k8s.io/dynamic-resource-allocation's
 /// `StandardDeviceAttributePCIeRoot`).
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
@@ -62,7 +62,7 @@ pub fn device(eni: &Eni, topology: &Topology) -> Option<Device> {
         put("deviceIndex", int(i64::from(i)));
     }
     let p = &eni.placement;
-    for (key, value) in [("subnet", &p.subnet), ("zone", &p.zone)] {
+    for (key, value) in [(SUBNET, &p.subnet), ("zone", &p.zone)] {
         match value {
             Some(v) if v.len() <= MAX_STRING => put(key, string(v)),
             Some(v) => {

@@ -78,15 +78,19 @@ pub fn plan_pass(index: &Index) -> Planned {
     }
 }
 
-/// The subnet and groups a claim's ENI gets on a node of `pool`: what it
-/// asks, else the pool's.
-fn wanted(pool: PoolSettings, want: &EniParameters) -> (String, Vec<String>) {
-    let subnet = want.subnet.clone().unwrap_or_else(|| pool.subnet());
+/// The subnet and groups a claim's ENI gets on a node of `pool` in
+/// `zone`: what it asks, else the pool's; `None` when it asks for a subnet
+/// per zone and names none for `zone` (its ENI may not go there).
+fn wanted(pool: PoolSettings, want: &EniParameters, zone: &str) -> Option<(String, Vec<String>)> {
+    let subnet = match want.subnet_in(zone)? {
+        Some(subnet) => subnet.to_string(),
+        None => pool.subnet(),
+    };
     let groups = match want.security_groups.is_empty() {
         true => pool.security_groups.to_vec(),
         false => want.security_groups.clone(),
     };
-    (subnet, groups)
+    Some((subnet, groups))
 }
 
 /// The groups of a spec ENI: its own, else its node's.
@@ -112,11 +116,14 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         return placed;
     }
     let served = claimed_uids(index);
-    let mut room: Vec<(usize, &str, PoolSettings)> = claim_nodes(index)
-        .map(|(e, pool)| (NodePlan::new(index, e, pool).slots().left(), e.name, pool))
+    let mut room: Vec<(usize, &str, PoolSettings, &str)> = claim_nodes(index)
+        .map(|(e, pool)| {
+            let left = NodePlan::new(index, e, pool).slots().left();
+            (left, e.name, pool, e.instance.zone.as_str())
+        })
         .collect();
     for (c, want) in asking {
-        if served.contains(c.claim.uid.as_str()) {
+        if served.contains(c.claim.uid.as_str()) || want.check().is_err() {
             continue;
         }
         if free_match_exists(index, want) {
@@ -124,11 +131,14 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         }
         // Most room first, then by name: the same choice every resync.
         room.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        let Some(best) = room.first_mut().filter(|r| r.0 > 0) else {
+        let best = room.iter_mut().filter(|r| r.0 > 0).find_map(|r| {
+            let got = wanted(r.2, want, r.3)?;
+            Some((r, got))
+        });
+        let Some((best, (subnet, groups))) = best else {
             continue;
         };
         best.0 -= 1;
-        let (subnet, groups) = wanted(best.2, want);
         placed
             .entry(best.1.to_string())
             .or_default()
@@ -175,9 +185,22 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimRef, String
             _ => None,
         })
         .collect();
-    let why = match claim_nodes(index).next() {
-        None => "no live node the operator serves has an agent serving DRA claims",
-        Some(_) => "no node the operator serves has a free device slot for another ENI",
+    let why = |want: &EniParameters| {
+        if let Err(e) = want.check() {
+            return format!("its enim.io parameters cannot be served: {e}");
+        }
+        let mut nodes = claim_nodes(index).peekable();
+        if nodes.peek().is_none() {
+            return "no live node the operator serves has an agent serving DRA claims".into();
+        }
+        if !nodes.any(|(e, pool)| wanted(pool, want, &e.instance.zone).is_some()) {
+            let zones: Vec<&str> = want.subnets.iter().map(|z| z.zone.as_str()).collect();
+            return format!(
+                "no live node the operator serves with an agent serving DRA claims is in a zone its subnets name ({})",
+                zones.join(", ")
+            );
+        }
+        "no node the operator serves has a free device slot for another ENI".into()
     };
     asking
         .into_iter()
@@ -186,7 +209,7 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimRef, String
             !served.contains(uid) && !placed.contains(uid)
         })
         .filter(|(_, want)| !free_match_exists(index, want))
-        .map(|(c, _)| (c.claim.clone(), why.to_string()))
+        .map(|(c, want)| (c.claim.clone(), why(want)))
         .collect()
 }
 
@@ -215,9 +238,11 @@ fn serves_claims(set: &SetInfo) -> bool {
 /// claim that one (a device-plugin node's ENI is no DRA device).
 fn free_match_exists(index: &Index, asked: &EniParameters) -> bool {
     claim_nodes(index)
-        .filter_map(|(e, pool)| Some((e.set?, pool)))
-        .any(|(set, pool)| {
-            let (subnet, groups) = wanted(pool, asked);
+        .filter_map(|(e, pool)| Some((e.set?, pool, e.instance.zone.as_str())))
+        .any(|(set, pool, zone)| {
+            let Some((subnet, groups)) = wanted(pool, asked, zone) else {
+                return false;
+            };
             let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
             let st = set.status.as_ref();
             let held = |id: &str| st.is_some_and(|st| st.used.iter().any(|u| u.eni == id));

@@ -1,5 +1,6 @@
-//! Policies that name security groups: their pods get a whole ENI made
-//! with exactly those groups, through a DRA claim (the operator's
+//! Policies that name security groups (and, if they like, a subnet per
+//! zone): their pods get a whole ENI made with exactly those groups, in
+//! the subnet of the zone it goes to, through a DRA claim (the operator's
 //! on-demand path, docs/dra.md).
 //!
 //! A claim's template is namespaced, so the leader keeps one,
@@ -14,8 +15,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use enim_core::Mode;
-use enim_crd::dra::{exactly_groups, DEVICE_CLASS, DRIVER};
-use enim_crd::EniPolicy;
+use enim_crd::dra::{exactly_groups, in_subnets, DEVICE_CLASS, DRIVER};
+use enim_crd::{EniPolicy, ZoneSubnet};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -51,14 +52,19 @@ pub enum Serving {
 /// How `policy`'s pods are served, or why they cannot be.
 pub fn serving(policy: &EniPolicy) -> Result<Serving, String> {
     let spec = &policy.spec;
-    if !spec.subnets.is_empty() {
-        return Err("it names subnets: ENIs in a subnet per zone are not served yet (only the node pool's subnet, or the operator's)".into());
-    }
-    if spec.security_groups.is_empty() {
+    if spec.security_groups.is_empty() && spec.subnets.is_empty() {
         return Ok(Serving::Resource(super::admit::resource_of(spec.mode)));
     }
     if spec.mode == Mode::Secondary {
-        return Err("it names securityGroups in secondary mode: addresses on ENIs of a policy's own groups are not served yet (a whole ENI, mode primary, is)".into());
+        return Err("it names securityGroups or subnets in secondary mode: addresses on ENIs of a policy's own groups or subnets are not served yet (a whole ENI, mode primary, is)".into());
+    }
+    if spec.security_groups.is_empty() {
+        // A made ENI would get each node pool's groups, which a claim's
+        // selector cannot name: a free ENI of any groups in the subnet
+        // would do, and a pod could run behind another policy's groups.
+        return Err(
+            "it names subnets without securityGroups: name the groups its ENIs get too".into(),
+        );
     }
     exactly_groups(&spec.security_groups)?;
     let template = template_name(&policy.name_any());
@@ -74,11 +80,22 @@ pub fn template_name(policy: &str) -> String {
     format!("{TEMPLATE_PREFIX}{policy}")
 }
 
-/// What a template of `groups` is made from, as [`MADE_FROM`] says it.
-fn made_from(groups: &[String]) -> String {
+/// What a template of `groups` and `subnets` is made from, as
+/// [`MADE_FROM`] says it (a policy without subnets as before they were
+/// served, so that its templates are not made again on an upgrade).
+fn made_from(groups: &[String], subnets: &[ZoneSubnet]) -> String {
     let mut sorted = groups.to_vec();
     sorted.sort();
-    format!("v1:{}", sorted.join(","))
+    let mut from = format!("v1:{}", sorted.join(","));
+    if !subnets.is_empty() {
+        let mut zones: Vec<String> = subnets
+            .iter()
+            .map(|z| format!("{}={}", z.zone, z.subnet_id))
+            .collect();
+        zones.sort();
+        from.push_str(&format!(";subnets:{}", zones.join(",")));
+    }
+    from
 }
 
 /// The template for `policy`'s pods in `namespace`: one ENI of the class,
@@ -87,7 +104,18 @@ fn made_from(groups: &[String]) -> String {
 pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemplate, String> {
     let name = policy.name_any();
     let groups = &policy.spec.security_groups;
-    let expression = exactly_groups(groups)?;
+    let subnets = &policy.spec.subnets;
+    let mut selectors = vec![json!({ "cel": { "expression": exactly_groups(groups)? } })];
+    let mut parameters = json!({
+        "apiVersion": "enim.io/v1alpha1",
+        "kind": "EniParameters",
+        "securityGroups": groups,
+    });
+    if !subnets.is_empty() {
+        let ids: Vec<&str> = subnets.iter().map(|z| z.subnet_id.as_str()).collect();
+        selectors.push(json!({ "cel": { "expression": in_subnets(&ids) } }));
+        parameters["subnets"] = serde_json::to_value(subnets).map_err(|e| e.to_string())?;
+    }
     let value = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -98,7 +126,7 @@ pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemp
                 POLICY_LABEL: name,
                 "app.kubernetes.io/managed-by": enim_crd::OPERATOR_MANAGER,
             },
-            "annotations": { MADE_FROM: made_from(groups) },
+            "annotations": { MADE_FROM: made_from(groups, subnets) },
         },
         "spec": {
             "metadata": { "labels": { POLICY_LABEL: name } },
@@ -107,18 +135,14 @@ pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemp
                     "name": "eni",
                     "exactly": {
                         "deviceClassName": DEVICE_CLASS,
-                        "selectors": [{ "cel": { "expression": expression } }],
+                        "selectors": selectors,
                     },
                 }],
                 "config": [{
                     "requests": ["eni"],
                     "opaque": {
                         "driver": DRIVER,
-                        "parameters": {
-                            "apiVersion": "enim.io/v1alpha1",
-                            "kind": "EniParameters",
-                            "securityGroups": groups,
-                        },
+                        "parameters": parameters,
                     },
                 }],
             }},
@@ -273,7 +297,20 @@ mod tests {
             zone: "z".into(),
             subnet_id: "s".into(),
         }];
-        assert!(serving(&subnets).unwrap_err().contains("subnets"));
+        assert_eq!(
+            serving(&subnets),
+            Ok(Serving::Claim {
+                template: "enim-policy-db".into()
+            })
+        );
+        let mut no_groups = subnets.clone();
+        no_groups.spec.security_groups.clear();
+        let why = serving(&no_groups).unwrap_err();
+        assert!(why.contains("without securityGroups"), "{why}");
+        let mut secondary_subnets = no_groups.clone();
+        secondary_subnets.spec.mode = Mode::Secondary;
+        let why = serving(&secondary_subnets).unwrap_err();
+        assert!(why.contains("secondary mode"), "{why}");
         let long = serving(&policy("db", Mode::Primary, &[&"g".repeat(40)])).unwrap_err();
         assert!(long.contains("cannot be a device attribute"), "{long}");
     }
@@ -300,6 +337,59 @@ mod tests {
         let params: enim_crd::EniParameters =
             serde_json::from_value(opaque.parameters.0.clone()).unwrap();
         assert_eq!(params.security_groups, ["sg-b", "sg-a"]);
+        assert!(params.subnets.is_empty());
+        assert_eq!(exactly.selectors.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_template_of_subnets_asks_for_a_device_in_one_and_tells_the_operator_which_zone_has_which()
+    {
+        let mut p = policy("db", Mode::Primary, &["sg-a"]);
+        p.spec.subnets = vec![
+            ZoneSubnet {
+                zone: "zone-b".into(),
+                subnet_id: "subnet-b".into(),
+            },
+            ZoneSubnet {
+                zone: "zone-a".into(),
+                subnet_id: "subnet-a".into(),
+            },
+        ];
+        let t = template(&p, "web").unwrap();
+        assert_eq!(
+            t.annotations()[MADE_FROM],
+            "v1:sg-a;subnets:zone-a=subnet-a,zone-b=subnet-b"
+        );
+        let devices = t.spec.spec.devices.as_ref().unwrap();
+        let exactly = devices.requests.as_ref().unwrap()[0]
+            .exactly
+            .as_ref()
+            .unwrap();
+        let cels: Vec<&str> = exactly
+            .selectors
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| s.cel.as_ref().unwrap().expression.as_str())
+            .collect();
+        assert_eq!(cels.len(), 2);
+        assert_eq!(
+            cels[1],
+            r#"device.attributes["enim.io"].?subnet.orValue("") in ["subnet-b", "subnet-a"]"#
+        );
+        let opaque = devices.config.as_ref().unwrap()[0].opaque.as_ref().unwrap();
+        let params: enim_crd::EniParameters =
+            serde_json::from_value(opaque.parameters.0.clone()).unwrap();
+        params.check().unwrap();
+        assert_eq!(params.subnet_in("zone-a"), Some(Some("subnet-a")));
+        assert_eq!(params.subnet_in("zone-c"), None);
+        // Another subnet list is another template: made again.
+        let mut moved = p.clone();
+        moved.spec.subnets[0].subnet_id = "subnet-b2".into();
+        assert_ne!(
+            template(&moved, "web").unwrap().annotations()[MADE_FROM],
+            t.annotations()[MADE_FROM]
+        );
     }
 
     #[test]

@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn subnets_are_not_served_yet_and_bad_selectors_are_named() {
+    fn what_cannot_be_served_and_bad_selectors_are_named() {
         let plain = EniPolicy::new(
             "plain",
             EniPolicySpec {
@@ -139,9 +139,15 @@ mod tests {
             zone: "z".into(),
             subnet_id: "s".into(),
         }];
+        // In secondary mode: not served yet.
         let (status, reason, message) = judge(&subnets);
         assert_eq!((status, reason), ("False", "NotServedYet"));
         assert!(message.contains("subnets"), "{message}");
+        // In primary mode with groups: served.
+        let mut primary = subnets.clone();
+        primary.spec.mode = Mode::Primary;
+        primary.spec.security_groups = vec!["sg-1".into()];
+        assert_eq!(judge(&primary).0, "True");
         let mut bad = plain;
         bad.spec.pod_selector = Some(LabelSelector {
             match_labels: None,

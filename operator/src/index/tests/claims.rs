@@ -235,3 +235,81 @@ fn a_claim_no_node_can_take_is_unservable_and_says_why() {
     w.claims.as_mut().unwrap()[0].pending = false;
     assert!(w.unservable().is_empty());
 }
+
+/// Puts node `name` in `zone` (its Node and its set's instance).
+fn in_zone(w: &mut World, name: &str, zone: &str) {
+    w.nodes.iter_mut().find(|n| n.name == name).unwrap().zone = zone.into();
+    w.set(name).spec.instance.zone = zone.into();
+}
+
+/// A pending claim for `groups` with a subnet per zone.
+fn pending_in(uid: &str, groups: &[&str], subnets: &[(&str, &str)]) -> ClaimInfo {
+    let mut c = pending(uid, groups);
+    c.want.as_mut().unwrap().subnets = subnets
+        .iter()
+        .map(|(zone, subnet)| enim_crd::ZoneSubnet {
+            zone: zone.to_string(),
+            subnet_id: subnet.to_string(),
+        })
+        .collect();
+    c
+}
+
+/// The (node, claim, subnet) of each create for a claim.
+fn created_where(tasks: &[Task]) -> Vec<(&str, &str, &str)> {
+    tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::CreateForClaim {
+                node,
+                claim,
+                subnet,
+                ..
+            } => Some((node.as_str(), claim.uid.as_str(), subnet.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_claim_with_a_subnet_per_zone_gets_its_eni_in_a_zone_it_names_in_that_zones_subnet() {
+    let mut w = World::new(Mode::Primary);
+    // a is the roomier, but in a zone the claim does not name.
+    live_dra(&mut w, "a", &["a1"]);
+    live_dra(&mut w, "b", &["b1", "b2"]);
+    in_zone(&mut w, "b", "z2");
+    status(w.set("b")).used.push(used("b2", None));
+    w.claims = Some(vec![pending_in(
+        "u1",
+        &["sg-db"],
+        &[("z2", "subnet-z2"), ("z3", "subnet-z3")],
+    )]);
+    assert_eq!(created_where(&w.plan()), [("b", "u1", "subnet-z2")]);
+    assert!(w.unservable().is_empty());
+    // A free ENI with the groups, in the pool's subnet, is no match: the
+    // claim asks for its zone's subnet.
+    w.claims = Some(vec![pending_in("u2", &["sg-1"], &[("z2", "subnet-z2")])]);
+    assert_eq!(created_where(&w.plan()), [("b", "u2", "subnet-z2")]);
+    // One that is in it is.
+    w.set("b").spec.enis[0].subnet = "subnet-z2".into();
+    assert!(created_where(&w.plan()).is_empty(), "{:?}", w.plan());
+}
+
+#[test]
+fn a_claim_whose_zones_have_no_node_or_whose_subnets_conflict_is_unservable_and_says_why() {
+    let mut w = World::new(Mode::Primary);
+    live_dra(&mut w, "a", &["a1"]);
+    status(w.set("a")).used.push(used("a1", None));
+    w.claims = Some(vec![pending_in("u1", &["sg-db"], &[("z9", "subnet-z9")])]);
+    assert!(created_where(&w.plan()).is_empty(), "{:?}", w.plan());
+    let none = w.unservable();
+    assert_eq!(none.len(), 1, "{none:?}");
+    assert!(none[0].1.contains("zone its subnets name (z9)"), "{none:?}");
+
+    let mut both = pending_in("u2", &["sg-db"], &[("z1", "subnet-z1")]);
+    both.want.as_mut().unwrap().subnet = Some("subnet-x".into());
+    w.claims = Some(vec![both]);
+    assert!(created_where(&w.plan()).is_empty(), "{:?}", w.plan());
+    let bad = w.unservable();
+    assert!(bad[0].1.contains("both subnet and subnets"), "{bad:?}");
+}

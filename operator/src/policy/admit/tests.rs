@@ -159,14 +159,16 @@ fn a_pod_that_asks_already_is_only_annotated_and_other_operations_pass() {
 fn a_policy_it_cannot_serve_refuses_the_pod_and_names_itself() {
     let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
     let mut subnets = policy("isolated", Mode::Primary, "a");
-    subnets.spec.security_groups = vec!["sg-1".into()];
     subnets.spec.subnets = vec![ZoneSubnet {
         zone: "z1".into(),
         subnet_id: "subnet-1".into(),
     }];
     let mut secondary = policy("isolated", Mode::Secondary, "a");
     secondary.spec.security_groups = vec!["sg-1".into()];
-    for (p, why) in [(subnets, "names subnets"), (secondary, "secondary mode")] {
+    for (p, why) in [
+        (subnets, "subnets without securityGroups"),
+        (secondary, "secondary mode"),
+    ] {
         let policies = [Arc::new(p)];
         let cluster = Cluster {
             policies: &policies,
