@@ -74,8 +74,12 @@ pub enum Told {
         eni: String,
     },
     /// No node can take an ENI for a pending claim (told once while it
-    /// lasts).
-    ClaimNotServable { claim: ClaimRef, why: String },
+    /// lasts), on the claim and on its pod (name, uid) when it has one.
+    ClaimNotServable {
+        claim: ClaimRef,
+        pod: Option<(String, String)>,
+        why: String,
+    },
     /// Listing the cluster's ENIs was throttled: the resync stopped before
     /// any node's task (told on the operator's own Pod).
     ListingThrottled { error: String },

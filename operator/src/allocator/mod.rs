@@ -553,13 +553,15 @@ impl Allocator {
 
     /// Tells each claim of `now` not told yet; `told` keeps those still
     /// unservable, so one served since is told again should it return.
-    fn tell_unservable(&self, told: &mut HashSet<String>, now: Vec<(enim_crd::ClaimRef, String)>) {
+    fn tell_unservable(&self, told: &mut HashSet<String>, now: Vec<(ClaimInfo, String)>) {
         let mut still = HashSet::new();
-        for (claim, why) in now {
+        for (info, why) in now {
+            let claim = info.claim;
             if !told.contains(&claim.uid) {
                 tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), why, "claim not servable");
                 self.store.tell(Told::ClaimNotServable {
                     claim: claim.clone(),
+                    pod: info.pod,
                     why,
                 });
             }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use enim_crd::{ClaimRef, EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
+use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
 
 use super::node_plan::{plan_gone, NodePlan, Placed};
@@ -172,7 +172,7 @@ fn claimed_uids<'i>(index: &Index<'i>) -> HashSet<&'i str> {
 /// Pending claims that get nothing from `tasks` (the plan of `index`):
 /// no ENI or intent is theirs, no free ENI matches them, and the plan
 /// makes none for them. Each with why, for the claim's owner to read.
-pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimRef, String)> {
+pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimInfo, String)> {
     let asking = asking_claims(index);
     if asking.is_empty() {
         return Vec::new();
@@ -209,7 +209,7 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimRef, String
             !served.contains(uid) && !placed.contains(uid)
         })
         .filter(|(_, want)| !free_match_exists(index, want))
-        .map(|(c, want)| (c.claim.clone(), why(want)))
+        .map(|(c, want)| (c.clone(), why(want)))
         .collect()
 }
 

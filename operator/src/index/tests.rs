@@ -211,7 +211,7 @@ impl World {
         let index = Index::build(self.input());
         unservable_claims(&index, &plan(&index))
             .into_iter()
-            .map(|(c, why)| (c.uid, why))
+            .map(|(c, why)| (c.claim.uid, why))
             .collect()
     }
 }

@@ -54,4 +54,8 @@ pub struct ClaimInfo {
     /// Its opaque `enim.io` parameters; `None`: it asks for nothing the
     /// operator could make.
     pub want: Option<EniParameters>,
+    /// The pod it was made for (its controlling owner, as a claim from a
+    /// template has), by name and uid: told too when it cannot be served,
+    /// since that is where a user looks.
+    pub pod: Option<(String, String)>,
 }

@@ -103,5 +103,52 @@ pub fn claim_info(rc: &ResourceClaim) -> Option<ClaimInfo> {
             .and_then(|s| s.allocation.as_ref())
             .is_none(),
         want,
+        pod: rc
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Pod" && o.controller == Some(true))
+            .map(|o| (o.name.clone(), o.uid.clone())),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claim as the API server shows one made from a policy's template
+    /// for pod db-1.
+    fn claim(owner_kind: &str, parameters: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": "db-1-enim-eni-x7", "namespace": "web", "uid": "c-uid",
+                "ownerReferences": [{"apiVersion": "v1", "kind": owner_kind, "name": "db-1",
+                                     "uid": "p-uid", "controller": true}],
+            },
+            "spec": {"devices": {
+                "requests": [{"name": "eni", "exactly": {"deviceClassName": DEVICE_CLASS}}],
+                "config": [{"requests": ["eni"], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}],
+            }},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_claim_carries_its_parameters_and_the_pod_it_was_made_for() {
+        let params = serde_json::json!({
+            "securityGroups": ["sg-db"],
+            "subnets": [{"zone": "z1", "subnetId": "subnet-a"}],
+        });
+        let info = claim_info(&claim("Pod", params.clone())).unwrap();
+        assert!(info.pending);
+        assert_eq!(info.pod, Some(("db-1".into(), "p-uid".into())));
+        let want = info.want.unwrap();
+        assert_eq!(want.subnet_in("z1"), Some(Some("subnet-a")));
+        assert_eq!(want.security_groups, ["sg-db"]);
+        // Another kind of owner is no pod; unknown fields ask for nothing.
+        assert_eq!(claim_info(&claim("Job", params)).unwrap().pod, None);
+        let odd = claim_info(&claim("Pod", serde_json::json!({"vlan": 7}))).unwrap();
+        assert_eq!(odd.want, None);
+    }
 }

@@ -173,14 +173,31 @@ fn notices(
             ("ClaimServed", "CreateEni"),
             format!("ENI {eni} made for claim {}/{} on node {node}", claim.namespace, claim.name),
         ),
-        Told::ClaimNotServable { claim, why } => vec![Notice {
-            regarding: claim_ref(&claim),
-            related: None,
-            severity: Severity::Warning,
-            reason: "ClaimNotServable",
-            action: "PlaceClaim",
-            note: format!("no ENI can be made for this claim now: {why}"),
-        }],
+        Told::ClaimNotServable { claim, pod, why } => {
+            let note = format!(
+                "no ENI can be made for claim {}/{} now: {why}",
+                claim.namespace, claim.name
+            );
+            let names = ("ClaimNotServable", "PlaceClaim");
+            match pod {
+                // The pod waits on it, Pending: `kubectl describe pod` shows why.
+                Some((name, uid)) => on_both(
+                    claim_ref(&claim),
+                    object_ref("v1", "Pod", Some(&claim.namespace), &name, Some(&uid)),
+                    Severity::Warning,
+                    names,
+                    note,
+                ),
+                None => vec![Notice {
+                    regarding: claim_ref(&claim),
+                    related: None,
+                    severity: Severity::Warning,
+                    reason: names.0,
+                    action: names.1,
+                    note,
+                }],
+            }
+        }
         Told::ListingThrottled { error } => vec![Notice {
             regarding: operator.clone(),
             related: None,
@@ -236,7 +253,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_is_told_in_its_namespace_and_an_unservable_one_only_there() {
+    fn a_claim_is_told_in_its_namespace_and_an_unservable_one_there_and_on_its_pod() {
         let claim = ClaimRef {
             namespace: "apps".into(),
             name: "c1".into(),
@@ -257,7 +274,8 @@ mod tests {
         assert_eq!(served[0].severity, Severity::Normal);
         let unservable = notices(
             Told::ClaimNotServable {
-                claim,
+                claim: claim.clone(),
+                pod: None,
                 why: "no room".into(),
             },
             set,
@@ -265,6 +283,32 @@ mod tests {
         );
         assert_eq!(unservable.len(), 1);
         assert_eq!(unservable[0].reason, "ClaimNotServable");
+        assert!(unservable[0].note.ends_with("apps/c1 now: no room"));
+        // A claim made for a pod: the pod is told too, in its namespace.
+        let with_pod = notices(
+            Told::ClaimNotServable {
+                claim,
+                pod: Some(("db-1".into(), "pod-uid".into())),
+                why: "no room".into(),
+            },
+            set,
+            &me(),
+        );
+        assert_eq!(with_pod.len(), 2);
+        let pod = &with_pod[1].regarding;
+        assert_eq!(pod.kind.as_deref(), Some("Pod"));
+        assert_eq!(
+            (
+                pod.namespace.as_deref(),
+                pod.name.as_deref(),
+                pod.uid.as_deref()
+            ),
+            (Some("apps"), Some("db-1"), Some("pod-uid"))
+        );
+        assert_eq!(with_pod[0].related.as_ref(), Some(pod));
+        assert!(with_pod
+            .iter()
+            .all(|n| n.reason == "ClaimNotServable" && n.severity == Severity::Warning));
     }
 
     #[test]

@@ -40,6 +40,7 @@ fn pending(uid: &str, groups: &[&str]) -> ClaimInfo {
             security_groups: groups.iter().map(|g| g.to_string()).collect(),
             ..EniParameters::default()
         }),
+        pod: None,
     }
 }
 
@@ -164,6 +165,7 @@ fn a_claims_eni_is_not_pool_and_goes_back_once_the_claim_is_gone() {
         claim: claim("u1"),
         pending: false,
         want: None,
+        pod: None,
     }]);
     assert!(w.plan().is_empty(), "{:?}", w.plan());
     // The pool ENIs are taken: two more are made for the pool (room for

@@ -317,6 +317,7 @@ fn claims_go_only_to_served_nodes() {
             security_groups: vec!["sg-db".into()],
             ..Default::default()
         }),
+        pod: None,
     }]);
     let made: Vec<(String, String)> = w
         .plan()
