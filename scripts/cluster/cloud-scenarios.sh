@@ -438,19 +438,38 @@ webhook_cert_issued() {
   k -n enim-system get secret enim-operator-webhook -o jsonpath='{.data.issued}' | base64 -d
 }
 
-# policy_groups: a policy naming a security group no ENI has (primary
-# mode) selects pods labelled app=db: one with no enim field gets a claim
-# from the template the leader keeps in its namespace, and runs on the DRA
-# node on an ENI made in moto with exactly that group; deleting the pod
-# deletes the ENI, and deleting the policy its template.
+# pod_events NAME NS REASON: the notes of the Events of REASON about pod NAME.
+pod_events() {
+  k -n "$2" get events --field-selector "involvedObject.kind=Pod,involvedObject.name=$1,reason=$3" \
+    -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2>/dev/null
+}
+pod_told() { [ -n "$(pod_events "$@")" ]; }
+# eni_subnet ID: the subnet moto has for ENI ID.
+eni_subnet() { moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .subnet'; }
+
+# policy_groups: a policy naming a security group no ENI has and a subnet
+# per zone (primary mode) selects pods labelled app=db: one with no enim
+# field gets a claim from the template the leader keeps in its namespace,
+# and runs on the DRA node on an ENI made in moto with exactly that group,
+# in the policy's subnet of the node's zone (not the pool's); deleting the
+# pod deletes the ENI, and deleting the policy its template. A policy whose
+# only zone has no node (policy_far_zone): its pod stays Pending, told why.
 policy_groups() {
-  local sg t0 claim id groups line
+  local sg t0 claim id groups line subnet zone policy_subnet far_zone far_subnet
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
+  zone=$(cloud_field .zone) policy_subnet=$(cloud_field .policy_subnet)
+  far_zone=$(cloud_field .far_zone) far_subnet=$(cloud_field .far_subnet)
   k apply -f - >/dev/null <<EOF
 apiVersion: enim.io/v1alpha1
 kind: EniPolicy
 metadata: {name: e2e-db}
-spec: {namespaceSelector: {matchLabels: {team: web}}, podSelector: {matchLabels: {app: db}}, mode: primary, priority: 30, securityGroups: [$sg]}
+spec:
+  namespaceSelector: {matchLabels: {team: web}}
+  podSelector: {matchLabels: {app: db}}
+  mode: primary
+  priority: 30
+  securityGroups: [$sg]
+  subnets: [{zone: $zone, subnetId: $policy_subnet}, {zone: $far_zone, subnetId: $far_subnet}]
 EOF
   wait_for "EniPolicy e2e-db Ready" 120 test_eq True policy_ready e2e-db || return 1
   wait_for "its claim template in $POLICY_NS" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-db || return 1
@@ -466,11 +485,49 @@ EOF
   id=$(claim_device "$claim" "$POLICY_NS")
   groups=$(eni_groups "$id")
   [ "$groups" = "$sg" ] || { echo "db-1's ENI '$id' has groups '$groups' in moto, not exactly $sg"; return 1; }
-  echo "db-1 runs on $id, made in moto with exactly $sg for its claim $claim"
+  subnet=$(eni_subnet "$id")
+  [ "$subnet" = "$policy_subnet" ] || { echo "db-1's ENI '$id' is in subnet '$subnet', not the policy's $policy_subnet of $zone"; return 1; }
+  line=$(k -n "$POLICY_NS" get pod db-1 -o jsonpath='{.status.podIP}')
+  [[ $line == "$(cloud_field .policy_subnet_cidr | cut -d. -f1-3)".* ]] ||
+    { echo "db-1's address '$line' is not in $(cloud_field .policy_subnet_cidr)"; return 1; }
+  echo "db-1 runs on $id ($line), made in moto with exactly $sg in the policy's subnet $policy_subnet of $zone for its claim $claim"
+  policy_far_zone "$sg" "$far_zone" "$far_subnet" || return 1
   k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
   wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
   k delete enipolicy e2e-db >/dev/null
   wait_for "its claim template deleted" 60 test_eq "" k -n "$POLICY_NS" get resourceclaimtemplate -o name || return 1
+}
+
+# policy_far_zone SG ZONE SUBNET: a policy whose one subnet is in ZONE, where
+# no node is: its pod stays Pending, told why on the pod; nothing is made.
+policy_far_zone() {
+  local why
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: e2e-far}
+spec:
+  namespaceSelector: {matchLabels: {team: web}}
+  podSelector: {matchLabels: {app: far}}
+  mode: primary
+  priority: 30
+  securityGroups: [$1]
+  subnets: [{zone: $2, subnetId: $3}]
+EOF
+  wait_for "EniPolicy e2e-far Ready" 120 test_eq True policy_ready e2e-far || return 1
+  wait_for "its claim template" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-far || return 1
+  policy_pod far-1 "$POLICY_NS" primary-dra far | k apply -f - >/dev/null || return 1
+  wait_for "far-1 told why it waits" 90 pod_told far-1 "$POLICY_NS" ClaimNotServable ||
+    { echo "far-1: $(k -n "$POLICY_NS" get pod far-1 --no-headers)"; return 1; }
+  why=$(pod_events far-1 "$POLICY_NS" ClaimNotServable | head -n 1)
+  [[ $why == *"($2)"* ]] || { echo "far-1 was told '$why', which names no zone $2"; return 1; }
+  [ "$(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}')" = Pending ] ||
+    { echo "far-1 is $(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}'), not Pending"; return 1; }
+  [ -z "$(moto_enis | jq -r --arg s "$3" '.[] | select(.subnet == $s) | .id')" ] ||
+    { echo "an ENI was made in $3, where no node is"; return 1; }
+  echo "far-1 (EniPolicy e2e-far, only $2, where no node is): Pending, told on the pod: $why"
+  k -n "$POLICY_NS" delete pod far-1 --wait=true >/dev/null
+  k delete enipolicy e2e-far >/dev/null
 }
 
 s_cloud_policy() {

@@ -33,6 +33,11 @@ VPC_CIDR = "10.0.0.0/16"
 # ENIs in, as EKS custom networking keeps them apart.
 NODE_SUBNET = "10.0.1.0/24"
 POD_SUBNET = "10.0.32.0/19"
+# An EniPolicy's subnet per zone (cloud-scenarios.sh, policy_groups): one in
+# the nodes' zone, one in a zone no node is in.
+POLICY_SUBNET = "10.0.64.0/24"
+FAR_ZONE = "us-east-1b"
+FAR_SUBNET = "10.0.65.0/24"
 # DescribeInstanceTypes in moto: 4 interfaces, 15 addresses each.
 # 8 ENIs (7 besides the primary): room for every scenario's demand.
 INSTANCE_TYPE = "m5.4xlarge"
@@ -123,14 +128,19 @@ def setup(url, nodes, out):
     vpc = made["VpcId"]
     vpc_v6 = made["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"]
     pod_subnet_v6 = vpc_v6.replace("/56", "/64")
-    subnet = lambda cidr, **v6: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=ZONE, **v6)["Subnet"]["SubnetId"]
+    def subnet(cidr, zone=ZONE, **v6):
+        return ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone, **v6)["Subnet"]["SubnetId"]
     node_subnet = subnet(NODE_SUBNET)
     pod_subnet = subnet(POD_SUBNET, Ipv6CidrBlock=pod_subnet_v6)
+    policy_subnet = subnet(POLICY_SUBNET)
+    far_subnet = subnet(FAR_SUBNET, zone=FAR_ZONE)
     sg = ec2.create_security_group(GroupName="enim-pods", Description="enim e2e pods", VpcId=vpc)["GroupId"]
     state = {
         "url": url, "region": REGION, "keys": keys, "roles": roles, "vpc": vpc,
         "node_subnet": node_subnet, "node_subnet_cidr": NODE_SUBNET,
         "pod_subnet": pod_subnet, "pod_subnet_cidr": POD_SUBNET, "pod_subnet_v6": pod_subnet_v6,
+        "zone": ZONE, "policy_subnet": policy_subnet, "policy_subnet_cidr": POLICY_SUBNET,
+        "far_zone": FAR_ZONE, "far_subnet": far_subnet,
         "security_group": sg,
         "nodes": [run_instance(ec2, node_subnet) for _ in range(nodes)],
     }
