@@ -112,6 +112,9 @@ async fn run(args: Args) -> Result<(), MainError> {
     let client = kube::Client::try_default()
         .await
         .map_err(RuntimeError::Client)?;
+    // The cloud's refusals of policies' claims: the allocator notes, the
+    // policies' status says.
+    let refusals = Arc::new(enim_operator::policy::refusals::Refusals::default());
     let rt = RuntimeConfig {
         namespace: args.namespace.clone(),
         lease_name: args.lease_name,
@@ -132,11 +135,12 @@ async fn run(args: Args) -> Result<(), MainError> {
                 webhook_config: args.webhook_config,
                 default: file.operator.policy.default,
                 cert_lifetime: file.operator.policy.cert_lifetime,
+                refusals: refusals.clone(),
             }),
     };
     let policy = file.operator;
     runtime::run(rt, client, move |store| {
-        let allocator = Allocator::new(cloud, store, policy)?;
+        let allocator = Allocator::new(cloud, store, policy)?.with_refusals(refusals);
         Ok(Arc::new(allocator) as Arc<dyn runtime::Resync>)
     })
     .await?;

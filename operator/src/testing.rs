@@ -38,6 +38,9 @@ struct CloudState {
     calls: BTreeMap<&'static str, usize>,
     /// Verb → calls still to fail.
     failing: HashMap<&'static str, usize>,
+    /// Verb → calls still to refuse, as EC2 refuses a subnet or group that
+    /// does not exist (a permanent error).
+    refusing: HashMap<&'static str, usize>,
     /// ENIs being detached → listings that still show them "detaching".
     detaching: HashMap<String, usize>,
     /// What `detaching` starts at.
@@ -75,6 +78,12 @@ impl MemCloud {
         lock(&self.state).failing.insert(verb, n);
     }
 
+    /// The next `n` calls of `verb` are refused for good (a configuration
+    /// error: retrying as it is cannot help).
+    pub fn refuse_next(&self, verb: &'static str, n: usize) {
+        lock(&self.state).refusing.insert(verb, n);
+    }
+
     /// A detach shows as "detaching" in the next `n` listings, then is
     /// done (default 0: done by the next listing).
     pub fn detach_takes_listings(&self, n: usize) {
@@ -106,6 +115,12 @@ impl MemCloud {
             *n -= 1;
             return Err(ProviderError::Unavailable(format!(
                 "{verb}: injected failure"
+            )));
+        }
+        if let Some(n) = st.refusing.get_mut(verb).filter(|n| **n > 0) {
+            *n -= 1;
+            return Err(ProviderError::Config(format!(
+                "{verb}: InvalidSubnetID.NotFound (injected)"
             )));
         }
         Ok(st)

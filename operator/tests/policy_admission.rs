@@ -354,7 +354,13 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
         .unwrap();
     let (_leader_tx, leader) = watch::channel(true);
     let (stop_status, stopped) = watch::channel(false);
-    let judging = tokio::spawn(status::run(client.clone(), view, leader, stopped));
+    let judging = tokio::spawn(status::run(
+        client.clone(),
+        view,
+        Default::default(),
+        leader,
+        stopped,
+    ));
     let ready = |p: &EniPolicy| {
         let s = p.status.as_ref()?;
         let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
@@ -725,7 +731,7 @@ async fn the_charts_rbac_is_what_the_webhook_needs() {
         .unwrap();
     assert_eq!(view.policies().len(), 1);
     assert_eq!(
-        status::write_statuses(&operator, &view.policies())
+        status::write_statuses(&operator, &view.policies(), &Default::default())
             .await
             .unwrap(),
         1

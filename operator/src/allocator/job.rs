@@ -171,7 +171,18 @@ impl<'a> Job<'a> {
                 // Found in the spec: an earlier create may have made it.
                 let eni = match made {
                     Some(eni) => eni,
-                    None => self.create(&token, secondary_ipv4, false, params).await?,
+                    None => match self.create(&token, secondary_ipv4, false, params).await {
+                        Ok(eni) => eni,
+                        Err(e) => {
+                            if let Some(intent) = &intent {
+                                if self.refused_for_claim(intent, &e)? {
+                                    self.flush().await?;
+                                    return Ok(());
+                                }
+                            }
+                            return Err(e);
+                        }
+                    },
                 };
                 let mut published = entry_for(&eni, intent.as_ref());
                 if let Some(ix) = device_index {
@@ -343,10 +354,18 @@ impl<'a> Job<'a> {
         );
         let mut first_err = None;
         let mut published = 0;
+        let mut refused = 0;
         for (intent, ix) in intents {
             let token = &intent.client_token;
+            let created = self.create(token, ips, true, claim_params(&intent)).await;
+            if let Err(e) = &created {
+                if self.refused_for_claim(&intent, e)? {
+                    refused += 1;
+                    continue;
+                }
+            }
             let r = async {
-                let eni = self.create(token, ips, true, claim_params(&intent)).await?;
+                let eni = created?;
                 self.attach(&eni, ix).await?;
                 let mut s = entry_for(&eni, Some(&intent));
                 s.device_index = Some(ix);
@@ -379,11 +398,32 @@ impl<'a> Job<'a> {
                 }
             }
         }
-        if published > 0 {
+        if published > 0 || refused > 0 {
             self.flush().await?;
             crash_point("operator-after-publish");
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Whether `e`, the failed create of `intent`, is the cloud's refusal
+    /// to make a claim's ENI (its subnet or groups do not exist, or may
+    /// not be used): then nothing was made, so its intent is dropped (to
+    /// be written with the next change of the spec) rather than tried
+    /// again at every resync, and the claim waits out
+    /// [`CLAIM_RETRY`](crate::policy::refusals::CLAIM_RETRY), told why.
+    /// A pool's create, or a refusal that may pass, is no such thing.
+    fn refused_for_claim(&mut self, intent: &Intent, e: &TaskError) -> Result<bool, TaskError> {
+        let (Some(claim), TaskError::Cloud(cloud)) = (&intent.claim, e) else {
+            return Ok(false);
+        };
+        if cloud.is_transient() {
+            return Ok(false);
+        }
+        tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %cloud, "the cloud refused a claim's ENI");
+        self.alloc.claim_refused(&claim.uid, cloud.to_string());
+        let token = &intent.client_token;
+        self.spec()?.intents.retain(|i| &i.client_token != token);
+        Ok(true)
     }
 
     /// `fresh`: `token` was made by this process and never sent.

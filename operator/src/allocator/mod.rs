@@ -39,6 +39,7 @@ use crate::index::{
     instance_of, plan_pass, unservable_claims, ClaimInfo, Index, Input, NodeInfo, Phase, Planned,
     Policy, Serving, SetInfo, Task,
 };
+use crate::policy::refusals::{Refusal, Refusals, CLAIM_RETRY};
 use crate::store::{Store, StoreError, Told};
 
 mod gate;
@@ -159,9 +160,12 @@ struct Cache {
     /// an instance of the cloud), and why, as last told: each told once,
     /// and again only when the reason changes.
     held_back: HashMap<String, String>,
-    /// The uids of pending claims told not servable: told once while
-    /// they last.
-    unservable: HashSet<String>,
+    /// The uids of pending claims told not servable, and why: told once
+    /// while they last, and again when the reason changes.
+    unservable: HashMap<String, String>,
+    /// Claims (by uid) whose ENI the cloud refused, since when and what it
+    /// said: none is made for them for [`CLAIM_RETRY`].
+    refused_claims: HashMap<String, (Instant, String)>,
 }
 
 /// What every resync of this allocator did, summed (the operator's
@@ -214,6 +218,8 @@ pub struct Allocator {
     salt: u64,
     tokens: AtomicU64,
     totals: TotalCounters,
+    /// Where a policy's refused claims are noted for its status.
+    refusals: Arc<Refusals>,
 }
 
 impl Allocator {
@@ -245,7 +251,23 @@ impl Allocator {
             salt,
             tokens: AtomicU64::new(0),
             totals: TotalCounters::default(),
+            refusals: Arc::default(),
         })
+    }
+
+    /// Notes the cloud's refusals of policies' claims in `refusals` (the
+    /// policy status writer's).
+    pub fn with_refusals(mut self, refusals: Arc<Refusals>) -> Self {
+        self.refusals = refusals;
+        self
+    }
+
+    /// The cloud refused to make the ENI of claim `uid`: none is made for
+    /// it for [`CLAIM_RETRY`], and its claim, pod and policy are told.
+    pub(crate) fn claim_refused(&self, uid: &str, error: String) {
+        self.cache()
+            .refused_claims
+            .insert(uid.to_string(), (Instant::now(), error));
     }
 
     /// Every resync's counts, summed.
@@ -414,6 +436,14 @@ impl Allocator {
                     });
                 }
             }
+            cache
+                .refused_claims
+                .retain(|_, (at, _)| at.elapsed() < CLAIM_RETRY);
+            let refused: HashMap<String, String> = cache
+                .refused_claims
+                .iter()
+                .map(|(uid, (_, error))| (uid.clone(), error.clone()))
+                .collect();
             let listing: &[FleetEni] = cache.listing.as_ref().map_or(&[], |l| &l.enis);
             let mut surplus_since = std::mem::take(&mut cache.surplus_since);
             report.enis = listing.len();
@@ -428,11 +458,13 @@ impl Allocator {
                 reap_leaks: reap,
                 now,
                 claims,
+                refused: &refused,
                 cloud: self.gate.cloud_name(),
             });
             tell_held_back(&mut cache.held_back, &index);
             let Planned { tasks, surplus } = plan_pass(&index);
             let unservable = unservable_claims(&index, &tasks);
+            self.note_refusals(&unservable, &refused);
             self.tell_unservable(&mut cache.unservable, unservable);
             drop(index);
             // Since when each node has been in surplus (drain_delay).
@@ -553,21 +585,39 @@ impl Allocator {
 
     /// Tells each claim of `now` not told yet; `told` keeps those still
     /// unservable, so one served since is told again should it return.
-    fn tell_unservable(&self, told: &mut HashSet<String>, now: Vec<(ClaimInfo, String)>) {
-        let mut still = HashSet::new();
+    fn tell_unservable(&self, told: &mut HashMap<String, String>, now: Vec<(ClaimInfo, String)>) {
+        let mut still = HashMap::new();
         for (info, why) in now {
             let claim = info.claim;
-            if !told.contains(&claim.uid) {
+            if told.get(&claim.uid) != Some(&why) {
                 tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), why, "claim not servable");
                 self.store.tell(Told::ClaimNotServable {
                     claim: claim.clone(),
                     pod: info.pod,
-                    why,
+                    why: why.clone(),
                 });
             }
-            still.insert(claim.uid);
+            still.insert(claim.uid, why);
         }
         *told = still;
+    }
+
+    /// Each refused claim made from a policy's template is noted for that
+    /// policy's status, again at each pass while the refusal lasts.
+    fn note_refusals(&self, unservable: &[(ClaimInfo, String)], refused: &HashMap<String, String>) {
+        for (info, _) in unservable {
+            let (Some(policy), Some(error)) = (&info.policy, refused.get(&info.claim.uid)) else {
+                continue;
+            };
+            let claim = format!("{}/{}", info.claim.namespace, info.claim.name);
+            self.refusals.note(
+                policy,
+                Refusal {
+                    claim,
+                    error: error.clone(),
+                },
+            );
+        }
     }
 
     /// `Ok` while this replica may call the cloud and write.

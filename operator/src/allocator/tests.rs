@@ -583,3 +583,89 @@ async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
     assert_eq!(r.by_kind.get("fill-instance-type"), Some(&1), "{r:?}");
     assert_eq!(type_and_enis(&rig), ("m5".to_string(), 2));
 }
+
+/// A claim whose ENI the cloud refuses for good (its subnet or groups do
+/// not exist): nothing was made, so its intent is dropped rather than sent
+/// again at every resync; the claim waits out `CLAIM_RETRY`, its policy
+/// is noted for its status, and after the wait it is tried again.
+#[tokio::test(start_paused = true)]
+async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
+    let mut rig = Rig::new(&["a"]);
+    let refusals = Arc::new(Refusals::default());
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
+        .unwrap()
+        .with_refusals(refusals.clone());
+    rig.resync().await;
+    let pool = rig.spec_ids("a");
+    assert_eq!(pool.len(), 2);
+    // Its agent serves claims, and pods hold both pool ENIs.
+    rig.store.edit("a", |s| {
+        let mut st = uses(&pool.iter().map(String::as_str).collect::<Vec<_>>());
+        st.conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: enim_crd::CONDITION_SERVES_CLAIMS.into(),
+                status: "True".into(),
+                reason: "Test".into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            });
+        s.status = Some(st);
+    });
+    let claims = [ClaimInfo {
+        claim: enim_crd::ClaimRef {
+            namespace: "web".into(),
+            name: "db-1-eni".into(),
+            uid: "u1".into(),
+        },
+        pending: true,
+        want: Some(enim_crd::EniParameters {
+            security_groups: vec!["sg-db".into()],
+            ..Default::default()
+        }),
+        pod: Some(("db-1".into(), "p1".into())),
+        policy: Some("db".into()),
+    }];
+    async fn pass(rig: &Rig, claims: &[ClaimInfo]) -> ResyncReport {
+        rig.alloc
+            .resync_with_claims(&rig.nodes, &rig.store.sets(), Some(claims))
+            .await
+            .unwrap()
+    }
+    // The pool makes up its free ENIs first (of its own groups: no match).
+    rig.resync().await;
+    assert_eq!(rig.spec_ids("a").len(), 4);
+    rig.cloud.refuse_next("create", 1);
+    let creates = rig.cloud.calls("create");
+    let r = pass(&rig, &claims).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 1, "{r:?}");
+    let spec = rig.store.set("a").unwrap().spec;
+    assert!(
+        spec.intents.is_empty(),
+        "the refused intent is dropped: {spec:?}"
+    );
+    assert_eq!(spec.enis.len(), 4);
+
+    // The next passes: not tried again, and the policy hears why.
+    for _ in 0..2 {
+        pass(&rig, &claims).await;
+        assert_eq!(rig.cloud.calls("create"), creates + 1);
+    }
+    let refused = refusals.of("db").expect("noted");
+    assert_eq!(refused.claim, "web/db-1-eni");
+    assert!(
+        refused.error.contains("InvalidSubnetID.NotFound"),
+        "{refused:?}"
+    );
+
+    // Once the wait is over it is tried again, and made this time.
+    tokio::time::advance(CLAIM_RETRY + Duration::from_secs(1)).await;
+    pass(&rig, &claims).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 2);
+    let spec = rig.store.set("a").unwrap().spec;
+    let made: Vec<_> = spec.enis.iter().filter_map(|e| e.claim.as_ref()).collect();
+    assert_eq!(made.len(), 1, "{spec:?}");
+    assert_eq!(made[0].uid, "u1");
+}

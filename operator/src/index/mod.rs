@@ -110,6 +110,10 @@ pub struct Input<'a> {
     /// operator does not know them (its watch is not synced): then no ENI
     /// is made for a claim, and none made for one is taken back.
     pub claims: Option<&'a [ClaimInfo]>,
+    /// Claims (by uid) whose ENI the cloud refused lately, with what it
+    /// said: no ENI is made for them until the allocator lets them try
+    /// again.
+    pub refused: &'a HashMap<String, String>,
     /// The provider of the instances the operator's cloud serves
     /// ([`enim_provider::fleet::FleetCloud::name`]). A node without a set
     /// whose providerID names another (or none yet) gets nothing.
@@ -169,6 +173,8 @@ pub struct Index<'a> {
     pub claims: Option<&'a [ClaimInfo]>,
     /// The uids of `claims`, once for every node's plan.
     pub claim_uids: Option<HashSet<&'a str>>,
+    /// See [`Input::refused`].
+    pub refused: &'a HashMap<String, String>,
     /// See [`Input::surplus_since`].
     pub surplus_since: &'a HashMap<String, SystemTime>,
 }
@@ -297,6 +303,7 @@ impl<'a> Index<'a> {
             claim_uids: input
                 .claims
                 .map(|all| all.iter().map(|c| c.claim.uid.as_str()).collect()),
+            refused: input.refused,
             surplus_since: input.surplus_since,
         }
     }

@@ -123,7 +123,8 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         })
         .collect();
     for (c, want) in asking {
-        if served.contains(c.claim.uid.as_str()) || want.check().is_err() {
+        let uid = c.claim.uid.as_str();
+        if served.contains(uid) || want.check().is_err() || index.refused.contains_key(uid) {
             continue;
         }
         if free_match_exists(index, want) {
@@ -185,9 +186,15 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimInfo, Strin
             _ => None,
         })
         .collect();
-    let why = |want: &EniParameters| {
+    let why = |c: &ClaimInfo, want: &EniParameters| {
         if let Err(e) = want.check() {
             return format!("its enim.io parameters cannot be served: {e}");
+        }
+        if let Some(error) = index.refused.get(&c.claim.uid) {
+            return format!(
+                "the cloud refused to make its ENI (tried again within {} s): {error}",
+                crate::policy::refusals::CLAIM_RETRY.as_secs()
+            );
         }
         let mut nodes = claim_nodes(index).peekable();
         if nodes.peek().is_none() {
@@ -209,7 +216,7 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimInfo, Strin
             !served.contains(uid) && !placed.contains(uid)
         })
         .filter(|(_, want)| !free_match_exists(index, want))
-        .map(|(c, want)| (c.clone(), why(want)))
+        .map(|(c, want)| (c.clone(), why(c, want)))
         .collect()
 }
 

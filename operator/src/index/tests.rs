@@ -139,6 +139,8 @@ pub(super) struct World {
     pub reap: bool,
     pub now: SystemTime,
     pub claims: Option<Vec<ClaimInfo>>,
+    /// Claims the cloud refused lately (see `Input::refused`).
+    pub refused: HashMap<String, String>,
     /// The provider the operator's cloud serves.
     pub cloud: &'static str,
 }
@@ -163,6 +165,7 @@ impl World {
             reap: false,
             now: now(),
             claims: None,
+            refused: HashMap::new(),
             cloud: "aws",
         }
     }
@@ -198,6 +201,7 @@ impl World {
             reap_leaks: self.reap,
             now: self.now,
             claims: self.claims.as_deref(),
+            refused: &self.refused,
             cloud: self.cloud,
         }
     }

@@ -58,4 +58,7 @@ pub struct ClaimInfo {
     /// template has), by name and uid: told too when it cannot be served,
     /// since that is where a user looks.
     pub pod: Option<(String, String)>,
+    /// The EniPolicy whose template it was made from (its `enim.io/policy`
+    /// label), if any.
+    pub policy: Option<String>,
 }

@@ -9,6 +9,7 @@ pub mod admit;
 pub mod certs;
 pub mod claims;
 pub mod keeper;
+pub mod refusals;
 pub mod select;
 pub mod status;
 pub mod webhook;
@@ -53,6 +54,9 @@ pub struct WebhookSettings {
     pub webhook_config: String,
     pub default: DefaultPolicy,
     pub cert_lifetime: std::time::Duration,
+    /// The cloud's refusals of policies' claims, as the allocator notes
+    /// them: the policies' status says so.
+    pub refusals: std::sync::Arc<refusals::Refusals>,
 }
 
 /// Why the webhook could not start.
@@ -105,7 +109,13 @@ pub async fn run(
         stop.clone(),
         period,
     ));
-    let judging = tokio::spawn(status::run(client, view.clone(), leader, stop.clone()));
+    let judging = tokio::spawn(status::run(
+        client,
+        view.clone(),
+        settings.refusals.clone(),
+        leader,
+        stop.clone(),
+    ));
     let served = webhook::serve(
         listener,
         std::sync::Arc::new(resolver.server_config()),

@@ -1,9 +1,11 @@
 //! The leader's judgement of each EniPolicy, in its status: a `Ready`
 //! condition and the `observedGeneration` it was made for. A policy that
-//! cannot be served yet (it names subnets, or groups in secondary mode) is
-//! `Ready=False`, reason `NotServedYet`; one with a malformed selector,
-//! reason `InvalidSelector`. While leading, it also keeps the claim
-//! templates of policies that name groups ([`super::claims`]).
+//! cannot be served yet (groups or subnets in secondary mode, subnets
+//! without groups) is `Ready=False`, reason `NotServedYet`; one with a
+//! malformed selector, reason `InvalidSelector`; one whose claims' ENIs
+//! the cloud refuses lately ([`super::refusals`]), reason `CloudRefused`.
+//! While leading, it also keeps the claim templates of policies that name
+//! groups ([`super::claims`]).
 
 use std::time::Duration;
 
@@ -14,15 +16,22 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
+use std::sync::Arc;
+
 use super::claims::{keep_templates, serving, Serving};
+use super::refusals::{Refusal, Refusals};
 use super::select::invalid_selector;
 use super::webhook::ClusterView;
 
 /// Between two passes over the policies.
 pub const INTERVAL: Duration = Duration::from_secs(5);
 
-/// The `Ready` condition a policy should carry: (status, reason, message).
-pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
+/// The `Ready` condition a policy should carry: (status, reason, message);
+/// `refused`: what the cloud last refused its pods, if lately.
+pub fn judge(
+    policy: &EniPolicy,
+    refused: Option<&Refusal>,
+) -> (&'static str, &'static str, String) {
     if let Some(e) = invalid_selector(policy) {
         return (
             "False",
@@ -32,6 +41,14 @@ pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
     }
     match serving(policy) {
         Err(why) => ("False", "NotServedYet", why),
+        Ok(_) if refused.is_some() => {
+            let r = refused.expect("checked");
+            (
+                "False",
+                "CloudRefused",
+                format!("the cloud refused to make an ENI for claim {} (its pods stay Pending; tried again each minute): {}", r.claim, r.error),
+            )
+        }
         Ok(Serving::Resource(resource)) => (
             "True",
             "Served",
@@ -47,11 +64,16 @@ pub fn judge(policy: &EniPolicy) -> (&'static str, &'static str, String) {
 
 /// Writes the status of each policy whose judgement or generation changed;
 /// the number written.
-pub async fn write_statuses(client: &Client, policies: &[EniPolicy]) -> Result<usize, kube::Error> {
+pub async fn write_statuses(
+    client: &Client,
+    policies: &[EniPolicy],
+    refusals: &Refusals,
+) -> Result<usize, kube::Error> {
     let api = Api::<EniPolicy>::all(client.clone());
     let mut written = 0;
     for policy in policies {
-        let (status, reason, message) = judge(policy);
+        let refused = refusals.of(&policy.name_any());
+        let (status, reason, message) = judge(policy, refused.as_ref());
         let generation = policy.metadata.generation;
         let old = policy.status.as_ref();
         let current = old.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
@@ -97,13 +119,14 @@ pub async fn write_statuses(client: &Client, policies: &[EniPolicy]) -> Result<u
 pub async fn run(
     client: Client,
     view: ClusterView,
+    refusals: Arc<Refusals>,
     leader: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
         if *leader.borrow() {
             let policies = view.policies();
-            if let Err(e) = write_statuses(&client, &policies).await {
+            if let Err(e) = write_statuses(&client, &policies, &refusals).await {
                 tracing::warn!(error = %e, "EniPolicy status: not written, retried");
             }
             if let Err(e) = keep_templates(&client, &policies, &view.namespaces()).await {
@@ -133,21 +156,34 @@ mod tests {
                 ..EniPolicySpec::default()
             },
         );
-        assert_eq!(judge(&plain).0, "True");
+        assert_eq!(judge(&plain, None).0, "True");
         let mut subnets = plain.clone();
         subnets.spec.subnets = vec![ZoneSubnet {
             zone: "z".into(),
             subnet_id: "s".into(),
         }];
         // In secondary mode: not served yet.
-        let (status, reason, message) = judge(&subnets);
+        let (status, reason, message) = judge(&subnets, None);
         assert_eq!((status, reason), ("False", "NotServedYet"));
         assert!(message.contains("subnets"), "{message}");
         // In primary mode with groups: served.
         let mut primary = subnets.clone();
         primary.spec.mode = Mode::Primary;
         primary.spec.security_groups = vec!["sg-1".into()];
-        assert_eq!(judge(&primary).0, "True");
+        assert_eq!(judge(&primary, None).0, "True");
+        // Its claims' ENIs refused by the cloud: not Ready, and why.
+        let refused = Refusal {
+            claim: "web/db-1-enim-eni".into(),
+            error: "InvalidSubnetID.NotFound: the subnet does not exist".into(),
+        };
+        let (status, reason, message) = judge(&primary, Some(&refused));
+        assert_eq!((status, reason), ("False", "CloudRefused"));
+        assert!(
+            message.contains("web/db-1-enim-eni") && message.contains("InvalidSubnetID.NotFound"),
+            "{message}"
+        );
+        // What cannot be served says so first.
+        assert_eq!(judge(&subnets, Some(&refused)).1, "NotServedYet");
         let mut bad = plain;
         bad.spec.pod_selector = Some(LabelSelector {
             match_labels: None,
@@ -157,7 +193,7 @@ mod tests {
                 values: None,
             }]),
         });
-        let (status, reason, message) = judge(&bad);
+        let (status, reason, message) = judge(&bad, None);
         assert_eq!((status, reason), ("False", "InvalidSelector"));
         assert!(message.starts_with("podSelector"), "{message}");
     }

@@ -108,6 +108,10 @@ pub fn claim_info(rc: &ResourceClaim) -> Option<ClaimInfo> {
             .iter()
             .find(|o| o.kind == "Pod" && o.controller == Some(true))
             .map(|o| (o.name.clone(), o.uid.clone())),
+        policy: rc
+            .labels()
+            .get(crate::policy::claims::POLICY_LABEL)
+            .cloned(),
     })
 }
 
@@ -123,6 +127,7 @@ mod tests {
             "kind": "ResourceClaim",
             "metadata": {
                 "name": "db-1-enim-eni-x7", "namespace": "web", "uid": "c-uid",
+                "labels": {"enim.io/policy": "db"},
                 "ownerReferences": [{"apiVersion": "v1", "kind": owner_kind, "name": "db-1",
                                      "uid": "p-uid", "controller": true}],
             },
@@ -143,6 +148,7 @@ mod tests {
         let info = claim_info(&claim("Pod", params.clone())).unwrap();
         assert!(info.pending);
         assert_eq!(info.pod, Some(("db-1".into(), "p-uid".into())));
+        assert_eq!(info.policy.as_deref(), Some("db"));
         let want = info.want.unwrap();
         assert_eq!(want.subnet_in("z1"), Some(Some("subnet-a")));
         assert_eq!(want.security_groups, ["sg-db"]);

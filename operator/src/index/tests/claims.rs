@@ -41,6 +41,7 @@ fn pending(uid: &str, groups: &[&str]) -> ClaimInfo {
             ..EniParameters::default()
         }),
         pod: None,
+        policy: None,
     }
 }
 
@@ -166,6 +167,7 @@ fn a_claims_eni_is_not_pool_and_goes_back_once_the_claim_is_gone() {
         pending: false,
         want: None,
         pod: None,
+        policy: None,
     }]);
     assert!(w.plan().is_empty(), "{:?}", w.plan());
     // The pool ENIs are taken: two more are made for the pool (room for

@@ -318,6 +318,7 @@ fn claims_go_only_to_served_nodes() {
             ..Default::default()
         }),
         pod: None,
+        policy: None,
     }]);
     let made: Vec<(String, String)> = w
         .plan()
