@@ -492,6 +492,7 @@ EOF
     { echo "db-1's address '$line' is not in $(cloud_field .policy_subnet_cidr)"; return 1; }
   echo "db-1 runs on $id ($line), made in moto with exactly $sg in the policy's subnet $policy_subnet of $zone for its claim $claim"
   policy_far_zone "$sg" "$far_zone" "$far_subnet" || return 1
+  policy_refused "$sg" "$zone" || return 1
   k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
   wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
   k delete enipolicy e2e-db >/dev/null
@@ -528,6 +529,44 @@ EOF
   echo "far-1 (EniPolicy e2e-far, only $2, where no node is): Pending, told on the pod: $why"
   k -n "$POLICY_NS" delete pod far-1 --wait=true >/dev/null
   k delete enipolicy e2e-far >/dev/null
+}
+
+# policy_reason NAME: the reason of EniPolicy NAME's Ready condition.
+policy_reason() { k get enipolicy "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'; }
+# policy_refused SG ZONE: a policy whose subnet in ZONE does not exist: the
+# operator's create is refused by the cloud (moto: InvalidSubnetID.NotFound),
+# its pod stays Pending, told why, and the policy's status says
+# CloudRefused; nothing is left in moto or in any set's intents.
+policy_refused() {
+  local why missing=subnet-0000000000000dead
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: e2e-refused}
+spec:
+  namespaceSelector: {matchLabels: {team: web}}
+  podSelector: {matchLabels: {app: refused}}
+  mode: primary
+  priority: 30
+  securityGroups: [$1]
+  subnets: [{zone: $2, subnetId: $missing}]
+EOF
+  wait_for "its claim template" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-refused || return 1
+  policy_pod refused-1 "$POLICY_NS" primary-dra refused | k apply -f - >/dev/null || return 1
+  wait_for "refused-1 told the cloud refused its ENI" 90 pod_told refused-1 "$POLICY_NS" ClaimNotServable ||
+    { echo "refused-1: $(k -n "$POLICY_NS" get pod refused-1 --no-headers)"; return 1; }
+  why=$(pod_events refused-1 "$POLICY_NS" ClaimNotServable | grep -m1 'refused') ||
+    { echo "refused-1 was told: $(pod_events refused-1 "$POLICY_NS" ClaimNotServable | tr '\n' ';')"; return 1; }
+  [[ $why == *InvalidSubnetID.NotFound* ]] || { echo "refused-1 was told '$why'"; return 1; }
+  wait_for "EniPolicy e2e-refused CloudRefused" 60 test_eq CloudRefused policy_reason e2e-refused ||
+    { echo "its status: $(k get enipolicy e2e-refused -o jsonpath='{.status.conditions}')"; return 1; }
+  [ "$(k -n "$POLICY_NS" get pod refused-1 -o jsonpath='{.status.phase}')" = Pending ] || { echo "refused-1 is not Pending"; return 1; }
+  [ -z "$(k get nrs -o json | jq -r '.items[].spec.intents[]? | select(.subnet == "'$missing'") | .clientToken')" ] ||
+    { echo "an intent for $missing is still in a set"; return 1; }
+  echo "refused-1 (EniPolicy e2e-refused, subnet $missing): Pending, told on the pod: $why"
+  echo "EniPolicy e2e-refused: $(k get enipolicy e2e-refused -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}')"
+  k -n "$POLICY_NS" delete pod refused-1 --wait=true >/dev/null
+  k delete enipolicy e2e-refused >/dev/null
 }
 
 s_cloud_policy() {
