@@ -78,7 +78,10 @@ pub async fn run(
     settings: WebhookSettings,
     leader: tokio::sync::watch::Receiver<bool>,
     stop: tokio::sync::watch::Receiver<bool>,
-    serving: prometheus_client::metrics::gauge::Gauge,
+    (serving, reviews): (
+        prometheus_client::metrics::gauge::Gauge,
+        prometheus_client::metrics::histogram::Histogram,
+    ),
 ) -> Result<(), PolicyError> {
     let (svc, ns) = (&settings.service, &settings.namespace);
     let keeper = keeper::Keeper {
@@ -120,6 +123,7 @@ pub async fn run(
         listener,
         std::sync::Arc::new(resolver.server_config()),
         view,
+        reviews,
         stop,
     )
     .await;

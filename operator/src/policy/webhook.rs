@@ -17,6 +17,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -151,11 +152,13 @@ impl ClusterView {
 }
 
 /// Serves the webhook on `listener` until `stop` turns true; each
-/// handshake takes the resolver's current certificate.
+/// handshake takes the resolver's current certificate. Each review's time
+/// goes into `reviews`.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     view: ClusterView,
+    reviews: Histogram,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), WebhookError> {
     let acceptor = TlsAcceptor::from(tls);
@@ -167,6 +170,7 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let view = view.clone();
+        let reviews = reviews.clone();
         let mut stop = stop.clone();
         tokio::spawn(async move {
             let tls = match acceptor.accept(tcp).await {
@@ -178,7 +182,13 @@ pub async fn serve(
             };
             let service = hyper::service::service_fn(move |req| {
                 let view = view.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&view, req).await) }
+                let reviews = reviews.clone();
+                async move {
+                    let began = std::time::Instant::now();
+                    let answer = handle(&view, req).await;
+                    reviews.observe(began.elapsed().as_secs_f64());
+                    Ok::<_, std::convert::Infallible>(answer)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service);

@@ -100,9 +100,11 @@ where
     let webhook = config.webhook.clone().map(|settings| {
         let client = client.clone();
         let serving = health.webhook.clone();
+        let reviews = health.webhook_reviews.clone();
         tokio::spawn(async move {
+            let metrics = (serving, reviews);
             if let Err(e) =
-                crate::policy::run(client, settings, leading, webhook_stop, serving).await
+                crate::policy::run(client, settings, leading, webhook_stop, metrics).await
             {
                 tracing::error!(error = %e, "the EniPolicy webhook stopped");
             }
