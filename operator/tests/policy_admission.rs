@@ -53,7 +53,7 @@ struct Server {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     /// Each review's time, as the operator's metric has it.
-    reviews: prometheus_client::metrics::histogram::Histogram,
+    metrics: webhook::WebhookMetrics,
 }
 
 impl Server {
@@ -67,10 +67,10 @@ impl Server {
         let (view, watches) = ClusterView::watch(client.clone(), default).await.unwrap();
         let (stop, stopped) = watch::channel(false);
         let tls = Arc::new(resolver.server_config());
-        let reviews = prometheus_client::metrics::histogram::Histogram::new([0.001, 0.01]);
-        let observed = reviews.clone();
+        let metrics = webhook::WebhookMetrics::new();
+        let observed = metrics.clone();
         let task = tokio::spawn(async move {
-            webhook::serve(listener, tls, view, reviews, stopped)
+            webhook::serve(listener, tls, view, metrics, stopped)
                 .await
                 .unwrap();
             watches.abort();
@@ -78,7 +78,7 @@ impl Server {
         Server {
             stop,
             task,
-            reviews: observed,
+            metrics: observed,
         }
     }
 
@@ -473,8 +473,9 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     // webhook's metric counts each review it answers, and only those.
     let quiet = Api::<Pod>::namespaced(client.clone(), "quiet");
     let (mut with, mut without) = (Vec::new(), Vec::new());
-    let reviewed = server.reviews.count();
+    let reviewed = server.metrics.reviews.count();
     assert!(reviewed > 0, "the reviews so far are counted");
+    let connections = server.metrics.connections.get();
     for i in 0..30 {
         let t = Instant::now();
         team_a
@@ -490,14 +491,21 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
         without.push(t.elapsed());
     }
     assert_eq!(
-        server.reviews.count(),
+        server.metrics.reviews.count(),
         reviewed + 30,
         "one review per creation in scope"
+    );
+    // Kept alive: 30 reviews one after another take no new handshake each.
+    let new_connections = server.metrics.connections.get() - connections;
+    assert!(
+        new_connections <= 2,
+        "{new_connections} new connections for 30 reviews"
     );
     println!(
         "pod create with the webhook: {} (the webhook's own share: {:.2} ms mean)",
         percentiles(with),
-        server.reviews.sum() * 1000.0 / f64::from(u32::try_from(server.reviews.count()).unwrap())
+        server.metrics.reviews.sum() * 1000.0
+            / f64::from(u32::try_from(server.metrics.reviews.count()).unwrap())
     );
     println!("pod create without it:       {}", percentiles(without));
 

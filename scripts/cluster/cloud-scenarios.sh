@@ -570,7 +570,7 @@ EOF
 }
 
 s_cloud_policy() {
-  local rc=0 got ip line t0 issued renewed wait
+  local rc=0 got ip line t0 issued renewed wait urls host
   k create namespace "$POLICY_NS" >/dev/null && k label namespace "$POLICY_NS" team=web >/dev/null || return 1
   k create namespace "$NO_POLICY_NS" >/dev/null || return 1
   eni_policy e2e-web primary 0
@@ -592,11 +592,16 @@ s_cloud_policy() {
   # Started 5 s before the serving certificate's renewal (cloud-values.py:
   # a 30 s life, renewed at 20 s), so that the replicas take the new one
   # while pods are being created: no creation may fail (the script exits 1).
+  # With the replicas' /metrics: the operator's own part of that share.
+  urls=()
+  for host in $(k -n enim-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[*].status.hostIP}'); do
+    urls+=("http://$host:9470/metrics")
+  done
   issued=$(webhook_cert_issued)
   wait=$((issued + 20 - 5 - $(date +%s)))
   [ "$wait" -le 0 ] || sleep "$wait"
   on_node python3 "$repo/scripts/cluster/admission-times.py" "$work/pki/admin.kubeconfig" \
-    "$POLICY_NS" default 1000 || rc=1
+    "$POLICY_NS" default 1000 "${urls[@]}" || rc=1
   renewed=$(webhook_cert_issued)
   if [ -n "$issued" ] && [ "$renewed" -gt "$issued" ]; then
     echo "the webhook's serving certificate was renewed during the admissions (issued $issued, then $renewed)"

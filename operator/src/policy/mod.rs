@@ -78,9 +78,9 @@ pub async fn run(
     settings: WebhookSettings,
     leader: tokio::sync::watch::Receiver<bool>,
     stop: tokio::sync::watch::Receiver<bool>,
-    (serving, reviews): (
+    (serving, metrics): (
         prometheus_client::metrics::gauge::Gauge,
-        prometheus_client::metrics::histogram::Histogram,
+        webhook::WebhookMetrics,
     ),
 ) -> Result<(), PolicyError> {
     let (svc, ns) = (&settings.service, &settings.namespace);
@@ -123,7 +123,7 @@ pub async fn run(
         listener,
         std::sync::Arc::new(resolver.server_config()),
         view,
-        reviews,
+        metrics,
         stop,
     )
     .await;

@@ -14,7 +14,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+use crate::policy::webhook::WebhookMetrics;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -38,10 +39,9 @@ pub struct Health {
     /// certificate in hand, its caches listed, its socket bound), 0 before
     /// and after, -1 when it is off.
     pub webhook: Gauge,
-    /// Seconds the webhook took for each admission review, from the
-    /// request's head to its answer (the body read, decoded, judged and
-    /// the answer encoded): the operator's share of an admission.
-    pub webhook_reviews: Histogram,
+    /// What the webhook server counts: each review's time (the
+    /// operator's share of an admission) and the connections it accepted.
+    pub webhook_metrics: WebhookMetrics,
     /// 1 while leading: the lease manager's flag and the deadline not
     /// passed.
     pub leader: Gauge,
@@ -71,9 +71,7 @@ impl Health {
             registry: Registry::with_prefix("enim_operator"),
             synced: Gauge::default(),
             webhook: Gauge::default(),
-            // 50 µs to ~0.4 s, doubling: a review takes well under a
-            // millisecond; the tail is what the buckets must show.
-            webhook_reviews: Histogram::new(exponential_buckets(0.000_05, 2.0, 14)),
+            webhook_metrics: WebhookMetrics::new(),
             leader: Gauge::default(),
             leader_deadline_seconds: Gauge::default(),
             deadline_misses: Counter::default(),
@@ -102,7 +100,6 @@ impl Health {
             "leader_deadline_misses" => deadline_misses, "Times leadership was lost because the Lease was not renewed in time";
             "caches_synced" => synced, "1 once the Node and NetResourceSet caches are listed";
             "webhook_serving" => webhook, "1 while this replica serves the EniPolicy webhook, 0 before and after, -1 when it is off";
-            "webhook_review_seconds" => webhook_reviews, "Time the webhook took to answer an admission review, from the request's head to its answer";
             "resyncs" => resyncs, "Resyncs run";
             "resync_errors" => resync_errors, "Resyncs that failed or had a task fail";
             "last_resync_microseconds" => last_resync_us, "How long the last resync took";
@@ -114,6 +111,17 @@ impl Health {
             "netresourcesets_not_ready" => sets_not_ready, "NetResourceSets whose agent does not report the Ready condition True";
             "node_enis" => node_enis, "Per node, from its NetResourceSet status: ENIs in the spec (total), held by pods (used), free to hand out (available; secondary mode: addresses), quarantined";
         }
+        let w = &h.webhook_metrics;
+        r.register(
+            "webhook_review_seconds",
+            "Time the webhook took to answer an admission review, from the request's head to its answer",
+            w.reviews.clone(),
+        );
+        r.register(
+            "webhook_connections",
+            "Connections to the webhook whose TLS handshake succeeded",
+            w.connections.clone(),
+        );
         events.register(&mut h.registry);
         h
     }

@@ -100,9 +100,9 @@ where
     let webhook = config.webhook.clone().map(|settings| {
         let client = client.clone();
         let serving = health.webhook.clone();
-        let reviews = health.webhook_reviews.clone();
+        let webhook_metrics = health.webhook_metrics.clone();
         tokio::spawn(async move {
-            let metrics = (serving, reviews);
+            let metrics = (serving, webhook_metrics);
             if let Err(e) =
                 crate::policy::run(client, settings, leading, webhook_stop, metrics).await
             {
