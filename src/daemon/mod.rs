@@ -222,6 +222,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         note,
         events,
         service_cidrs: None,
+        service_cidrs_follower: None,
         masquerade: None,
     };
     match mode {
@@ -245,8 +246,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 let client = enim_provider_cluster::kube_client(host_path.kubeconfig.as_deref())
                     .await
                     .map_err(DaemonError::ServiceCidrsClient)?;
-                let listing = servicecidrs::follow(client, service_cidrs_cache(&node.config));
+                let (listing, follower) =
+                    servicecidrs::follow(client, service_cidrs_cache(&node.config));
                 node.service_cidrs = Some(listing.clone());
+                node.service_cidrs_follower = Some(follower);
                 driver = driver
                     .with_host_path(host_path)
                     .with_service_cidrs(ServiceCidrs::FromApi(listing));
@@ -370,6 +373,8 @@ struct Node {
     /// The API's service CIDRs, when host paths follow them: each change
     /// refreshes the attachments.
     service_cidrs: Option<watch::Receiver<servicecidrs::ApiState>>,
+    /// Its task, stopped at shutdown before enimd may remove its files.
+    service_cidrs_follower: Option<servicecidrs::Follower>,
     /// Primary mode: where the masquerade table is (`nft`, the netns),
     /// removed if enim is uninstalled.
     masquerade: Option<(PathBuf, crate::netlink::netns::Netns)>,
@@ -391,6 +396,7 @@ impl Node {
             note,
             events,
             service_cidrs,
+            service_cidrs_follower,
             masquerade,
         } = self;
         let engine = Arc::new(Engine::new(driver, checkpoint));
@@ -553,6 +559,9 @@ impl Node {
             tracing::error!(error = %e, "final checkpoint write failed; recovery will finish the recorded intents");
         }
         let _ = std::fs::remove_file(&config.socket);
+        if let Some(follower) = service_cidrs_follower {
+            follower.stop().await;
+        }
         if leave::requested(run_dir(&config)) {
             let leftovers = leave::Leftovers {
                 files: state_files(&config),

@@ -82,17 +82,34 @@ impl ServiceCidrs {
     }
 }
 
+/// The task following the `ServiceCIDR` objects.
+pub struct Follower {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Follower {
+    /// Stops following; returns once a cache write under way has landed,
+    /// so that none lands after enimd removed its files (an uninstall).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
 /// Starts following the cluster's `ServiceCIDR` objects, from the set in
-/// `cache` until the first listing; the task runs until the process ends
+/// `cache` until the first listing; the task runs until [`Follower::stop`]
 /// (the watch retries with backoff on errors).
-pub fn follow(client: kube::Client, cache: PathBuf) -> watch::Receiver<ApiState> {
+pub fn follow(client: kube::Client, cache: PathBuf) -> (watch::Receiver<ApiState>, Follower) {
     let state = ApiState {
         cidrs: read_cache(&cache),
         error: None,
     };
     let (tx, rx) = watch::channel(state);
-    tokio::spawn(run(Api::<ServiceCIDR>::all(client), tx, cache));
-    rx
+    let (stop, stopped) = watch::channel(false);
+    let events = watcher(Api::<ServiceCIDR>::all(client));
+    let task = tokio::spawn(run(events, tx, cache, stopped));
+    (rx, Follower { stop, task })
 }
 
 /// The cached set, if a readable cache holds one.
@@ -146,11 +163,22 @@ async fn write_cache(path: &Path, cidrs: &[IpNet]) {
     }
 }
 
-async fn run(api: Api<ServiceCIDR>, tx: watch::Sender<ApiState>, cache: PathBuf) {
-    let stream = watcher(api);
-    futures::pin_mut!(stream);
+/// Takes the watch's `events` until `stop` turns true: each set is
+/// published and cached. A stop waits for the event in hand to be done.
+async fn run(
+    events: impl futures::Stream<Item = Result<Event<ServiceCIDR>, watcher::Error>>,
+    tx: watch::Sender<ApiState>,
+    cache: PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    futures::pin_mut!(events);
     let mut known = Objects::default();
-    while let Some(event) = stream.next().await {
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Some(event) = event else { return };
         match event {
             Ok(event) => {
                 if let Some(cidrs) = known.apply(event) {
@@ -393,5 +421,38 @@ mod tests {
         publish(&tx, nets(&["10.100.0.0/16"]));
         assert_eq!(waiting.await.unwrap().unwrap(), nets(&["10.100.0.0/16"]));
         assert_eq!(tx.borrow().error, None, "a listing clears the error");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_follower_writes_the_cache_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CACHE_FILE);
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let (tx, mut rx) = watch::channel(ApiState::default());
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(stream, tx, path.clone(), stopped));
+        let follower = Follower { stop, task };
+        for e in [
+            Event::Init,
+            Event::InitApply(object("a", &["10.100.0.0/16"])),
+            Event::InitDone,
+        ] {
+            events.unbounded_send(Ok(e)).unwrap();
+        }
+        rx.wait_for(|s| s.cidrs.is_some()).await.unwrap();
+        // Published first, then written.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while read_cache(&path).is_none() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(read_cache(&path), Some(nets(&["10.100.0.0/16"])));
+
+        follower.stop().await;
+        // What the uninstall does next: the cache goes, and stays gone.
+        std::fs::remove_file(&path).unwrap();
+        let late = events.unbounded_send(Ok(Event::Apply(object("b", &["10.200.0.0/16"]))));
+        assert!(late.is_err(), "the follower no longer takes events");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!path.exists(), "no write after the stop");
     }
 }
