@@ -520,7 +520,7 @@ EOF
   policy_pod far-1 "$POLICY_NS" primary-dra far | k apply -f - >/dev/null || return 1
   wait_for "far-1 told why it waits" 90 pod_told far-1 "$POLICY_NS" ClaimNotServable ||
     { echo "far-1: $(k -n "$POLICY_NS" get pod far-1 --no-headers)"; return 1; }
-  why=$(pod_events far-1 "$POLICY_NS" ClaimNotServable | head -n 1)
+  why=$(pod_events far-1 "$POLICY_NS" ClaimNotServable | sed -n 1p)
   [[ $why == *"($2)"* ]] || { echo "far-1 was told '$why', which names no zone $2"; return 1; }
   [ "$(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}')" = Pending ] ||
     { echo "far-1 is $(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}'), not Pending"; return 1; }
@@ -555,7 +555,7 @@ EOF
   policy_pod refused-1 "$POLICY_NS" primary-dra refused | k apply -f - >/dev/null || return 1
   wait_for "refused-1 told the cloud refused its ENI" 90 pod_told refused-1 "$POLICY_NS" ClaimNotServable ||
     { echo "refused-1: $(k -n "$POLICY_NS" get pod refused-1 --no-headers)"; return 1; }
-  why=$(pod_events refused-1 "$POLICY_NS" ClaimNotServable | grep -m1 'refused') ||
+  why=$(pod_events refused-1 "$POLICY_NS" ClaimNotServable | grep refused | sed -n 1p) && [ -n "$why" ] ||
     { echo "refused-1 was told: $(pod_events refused-1 "$POLICY_NS" ClaimNotServable | tr '\n' ';')"; return 1; }
   [[ $why == *InvalidSubnetID.NotFound* ]] || { echo "refused-1 was told '$why'"; return 1; }
   wait_for "EniPolicy e2e-refused CloudRefused" 60 test_eq CloudRefused policy_reason e2e-refused ||
