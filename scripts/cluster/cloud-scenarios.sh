@@ -447,6 +447,38 @@ pod_told() { [ -n "$(pod_events "$@")" ]; }
 # eni_subnet ID: the subnet moto has for ENI ID.
 eni_subnet() { moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .subnet'; }
 
+# zoned_policy NAME APP SG SUBNETS: EniPolicy NAME (primary mode, priority
+# 30) for the pods labelled app=APP of the namespaces labelled team=web,
+# with security group SG and SUBNETS (a YAML flow list of {zone, subnetId}).
+zoned_policy() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: $1}
+spec:
+  namespaceSelector: {matchLabels: {team: web}}
+  podSelector: {matchLabels: {app: $2}}
+  mode: primary
+  priority: 30
+  securityGroups: [$3]
+  subnets: $4
+EOF
+}
+# pending_told POD APP MATCH: pod POD (app=APP, no enim field) on the DRA
+# node's pool stays Pending and is told ClaimNotServable; prints the first
+# such Event's note that contains MATCH.
+pending_told() {
+  local why
+  policy_pod "$1" "$POLICY_NS" primary-dra "$2" | k apply -f - >/dev/null || return 1
+  wait_for "$1 told why it waits" 90 pod_told "$1" "$POLICY_NS" ClaimNotServable ||
+    { echo "$1: $(k -n "$POLICY_NS" get pod "$1" --no-headers)"; return 1; }
+  why=$(pod_events "$1" "$POLICY_NS" ClaimNotServable | grep -F "$3" | sed -n 1p) && [ -n "$why" ] ||
+    { echo "$1 was told: $(pod_events "$1" "$POLICY_NS" ClaimNotServable | tr '\n' ';'), nothing with '$3'"; return 1; }
+  [ "$(k -n "$POLICY_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Pending ] ||
+    { echo "$1 is $(k -n "$POLICY_NS" get pod "$1" -o jsonpath='{.status.phase}'), not Pending"; return 1; }
+  echo "$why"
+}
+
 # policy_groups: a policy naming a security group no ENI has and a subnet
 # per zone (primary mode) selects pods labelled app=db: one with no enim
 # field gets a claim from the template the leader keeps in its namespace,
@@ -459,18 +491,7 @@ policy_groups() {
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
   zone=$(cloud_field .zone) policy_subnet=$(cloud_field .policy_subnet)
   far_zone=$(cloud_field .far_zone) far_subnet=$(cloud_field .far_subnet)
-  k apply -f - >/dev/null <<EOF
-apiVersion: enim.io/v1alpha1
-kind: EniPolicy
-metadata: {name: e2e-db}
-spec:
-  namespaceSelector: {matchLabels: {team: web}}
-  podSelector: {matchLabels: {app: db}}
-  mode: primary
-  priority: 30
-  securityGroups: [$sg]
-  subnets: [{zone: $zone, subnetId: $policy_subnet}, {zone: $far_zone, subnetId: $far_subnet}]
-EOF
+  zoned_policy e2e-db db "$sg" "[{zone: $zone, subnetId: $policy_subnet}, {zone: $far_zone, subnetId: $far_subnet}]"
   wait_for "EniPolicy e2e-db Ready" 120 test_eq True policy_ready e2e-db || return 1
   wait_for "its claim template in $POLICY_NS" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-db || return 1
   t0=$(date +%s%N)
@@ -503,27 +524,10 @@ EOF
 # no node is: its pod stays Pending, told why on the pod; nothing is made.
 policy_far_zone() {
   local why
-  k apply -f - >/dev/null <<EOF
-apiVersion: enim.io/v1alpha1
-kind: EniPolicy
-metadata: {name: e2e-far}
-spec:
-  namespaceSelector: {matchLabels: {team: web}}
-  podSelector: {matchLabels: {app: far}}
-  mode: primary
-  priority: 30
-  securityGroups: [$1]
-  subnets: [{zone: $2, subnetId: $3}]
-EOF
+  zoned_policy e2e-far far "$1" "[{zone: $2, subnetId: $3}]"
   wait_for "EniPolicy e2e-far Ready" 120 test_eq True policy_ready e2e-far || return 1
   wait_for "its claim template" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-far || return 1
-  policy_pod far-1 "$POLICY_NS" primary-dra far | k apply -f - >/dev/null || return 1
-  wait_for "far-1 told why it waits" 90 pod_told far-1 "$POLICY_NS" ClaimNotServable ||
-    { echo "far-1: $(k -n "$POLICY_NS" get pod far-1 --no-headers)"; return 1; }
-  why=$(pod_events far-1 "$POLICY_NS" ClaimNotServable | sed -n 1p)
-  [[ $why == *"($2)"* ]] || { echo "far-1 was told '$why', which names no zone $2"; return 1; }
-  [ "$(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}')" = Pending ] ||
-    { echo "far-1 is $(k -n "$POLICY_NS" get pod far-1 -o jsonpath='{.status.phase}'), not Pending"; return 1; }
+  why=$(pending_told far-1 far "($2)") || { echo "$why"; return 1; }
   [ -z "$(moto_enis | jq -r --arg s "$3" '.[] | select(.subnet == $s) | .id')" ] ||
     { echo "an ENI was made in $3, where no node is"; return 1; }
   echo "far-1 (EniPolicy e2e-far, only $2, where no node is): Pending, told on the pod: $why"
@@ -539,25 +543,9 @@ policy_reason() { k get enipolicy "$1" -o jsonpath='{.status.conditions[?(@.type
 # CloudRefused; nothing is left in moto or in any set's intents.
 policy_refused() {
   local why missing=subnet-0000000000000dead
-  k apply -f - >/dev/null <<EOF
-apiVersion: enim.io/v1alpha1
-kind: EniPolicy
-metadata: {name: e2e-refused}
-spec:
-  namespaceSelector: {matchLabels: {team: web}}
-  podSelector: {matchLabels: {app: refused}}
-  mode: primary
-  priority: 30
-  securityGroups: [$1]
-  subnets: [{zone: $2, subnetId: $missing}]
-EOF
+  zoned_policy e2e-refused refused "$1" "[{zone: $2, subnetId: $missing}]"
   wait_for "its claim template" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-refused || return 1
-  policy_pod refused-1 "$POLICY_NS" primary-dra refused | k apply -f - >/dev/null || return 1
-  wait_for "refused-1 told the cloud refused its ENI" 90 pod_told refused-1 "$POLICY_NS" ClaimNotServable ||
-    { echo "refused-1: $(k -n "$POLICY_NS" get pod refused-1 --no-headers)"; return 1; }
-  why=$(pod_events refused-1 "$POLICY_NS" ClaimNotServable | grep refused | sed -n 1p) && [ -n "$why" ] ||
-    { echo "refused-1 was told: $(pod_events refused-1 "$POLICY_NS" ClaimNotServable | tr '\n' ';')"; return 1; }
-  [[ $why == *InvalidSubnetID.NotFound* ]] || { echo "refused-1 was told '$why'"; return 1; }
+  why=$(pending_told refused-1 refused InvalidSubnetID.NotFound) || { echo "$why"; return 1; }
   wait_for "EniPolicy e2e-refused CloudRefused" 60 test_eq CloudRefused policy_reason e2e-refused ||
     { echo "its status: $(k get enipolicy e2e-refused -o jsonpath='{.status.conditions}')"; return 1; }
   [ "$(k -n "$POLICY_NS" get pod refused-1 -o jsonpath='{.status.phase}')" = Pending ] || { echo "refused-1 is not Pending"; return 1; }
