@@ -156,6 +156,13 @@ pub struct ClaimRef {
     pub uid: String,
 }
 
+/// `namespace/name`, as kubectl names it.
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// A cloud call the operator is about to make for this node.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -345,7 +345,7 @@ impl<'a> Job<'a> {
         let claims: Vec<String> = intents
             .iter()
             .filter_map(|(i, _)| i.claim.as_ref())
-            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .map(ToString::to_string)
             .collect();
         tracing::info!(
             enis = intents.len(),
@@ -375,7 +375,7 @@ impl<'a> Job<'a> {
             match r {
                 Ok(s) => {
                     if let Some(c) = &intent.claim {
-                        tracing::info!(claim = %format!("{}/{}", c.namespace, c.name), eni = %s.id, "made an ENI for a claim");
+                        tracing::info!(claim = %c, eni = %s.id, "made an ENI for a claim");
                         if let Some(node) = &self.node {
                             self.alloc.store.tell(Told::ClaimServed {
                                 claim: c.clone(),
@@ -419,7 +419,7 @@ impl<'a> Job<'a> {
         if cloud.is_transient() {
             return Ok(false);
         }
-        tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %cloud, "the cloud refused a claim's ENI");
+        tracing::warn!(claim = %claim, error = %cloud, "the cloud refused a claim's ENI");
         self.alloc.claim_refused(&claim.uid, cloud.to_string());
         let token = &intent.client_token;
         self.spec()?.intents.retain(|i| &i.client_token != token);

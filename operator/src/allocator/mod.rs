@@ -590,7 +590,7 @@ impl Allocator {
         for (info, why) in now {
             let claim = info.claim;
             if told.get(&claim.uid) != Some(&why) {
-                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), why, "claim not servable");
+                tracing::warn!(claim = %claim, why, "claim not servable");
                 self.store.tell(Told::ClaimNotServable {
                     claim: claim.clone(),
                     pod: info.pod,
@@ -609,11 +609,10 @@ impl Allocator {
             let (Some(policy), Some(error)) = (&info.policy, refused.get(&info.claim.uid)) else {
                 continue;
             };
-            let claim = format!("{}/{}", info.claim.namespace, info.claim.name);
             self.refusals.note(
                 policy,
                 Refusal {
-                    claim,
+                    claim: info.claim.to_string(),
                     error: error.clone(),
                 },
             );

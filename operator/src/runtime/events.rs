@@ -171,13 +171,10 @@ fn notices(
             set(&node),
             Severity::Normal,
             ("ClaimServed", "CreateEni"),
-            format!("ENI {eni} made for claim {}/{} on node {node}", claim.namespace, claim.name),
+            format!("ENI {eni} made for claim {claim} on node {node}"),
         ),
         Told::ClaimNotServable { claim, pod, why } => {
-            let note = format!(
-                "no ENI can be made for claim {}/{} now: {why}",
-                claim.namespace, claim.name
-            );
+            let note = format!("no ENI can be made for claim {claim} now: {why}");
             let names = ("ClaimNotServable", "PlaceClaim");
             match pod {
                 // The pod waits on it, Pending: `kubectl describe pod` shows why.
