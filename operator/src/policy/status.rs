@@ -39,22 +39,19 @@ pub fn judge(
             format!("{}: {}", e.which, e.why),
         );
     }
-    match serving(policy) {
-        Err(why) => ("False", "NotServedYet", why),
-        Ok(_) if refused.is_some() => {
-            let r = refused.expect("checked");
-            (
-                "False",
-                "CloudRefused",
-                format!("the cloud refused to make an ENI for claim {} (its pods stay Pending; tried again each minute): {}", r.claim, r.error),
-            )
-        }
-        Ok(Serving::Resource(resource)) => (
+    match (serving(policy), refused) {
+        (Err(why), _) => ("False", "NotServedYet", why),
+        (Ok(_), Some(r)) => (
+            "False",
+            "CloudRefused",
+            format!("the cloud refused to make an ENI for claim {} (its pods stay Pending; tried again each minute): {}", r.claim, r.error),
+        ),
+        (Ok(Serving::Resource(resource)), None) => (
             "True",
             "Served",
             format!("new pods it selects are given {resource} from the node pools"),
         ),
-        Ok(Serving::Claim { template }) => (
+        (Ok(Serving::Claim { template }), None) => (
             "True",
             "Served",
             format!("new pods it selects get an ENI made with exactly its security groups, through a claim from {template} in their namespace"),
