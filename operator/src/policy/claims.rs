@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use enim_core::Mode;
 use enim_crd::dra::{exactly_groups, in_subnets, DEVICE_CLASS, DRIVER};
-use enim_crd::{EniPolicy, ZoneSubnet};
+use enim_crd::{EniParameters, EniPolicy, ZoneSubnet};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -106,16 +106,18 @@ pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemp
     let groups = &policy.spec.security_groups;
     let subnets = &policy.spec.subnets;
     let mut selectors = vec![json!({ "cel": { "expression": exactly_groups(groups)? } })];
-    let mut parameters = json!({
-        "apiVersion": "enim.io/v1alpha1",
-        "kind": "EniParameters",
-        "securityGroups": groups,
-    });
     if !subnets.is_empty() {
         let ids: Vec<&str> = subnets.iter().map(|z| z.subnet_id.as_str()).collect();
         selectors.push(json!({ "cel": { "expression": in_subnets(&ids) } }));
-        parameters["subnets"] = serde_json::to_value(subnets).map_err(|e| e.to_string())?;
     }
+    let parameters = serde_json::to_value(EniParameters {
+        api_version: Some("enim.io/v1alpha1".into()),
+        kind: Some("EniParameters".into()),
+        subnet: None,
+        subnets: subnets.clone(),
+        security_groups: groups.clone(),
+    })
+    .map_err(|e| e.to_string())?;
     let value = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
