@@ -145,6 +145,11 @@ pub struct EniSpec {
     /// never counted in the watermarks, drained once the claim is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<ClaimRef>,
+    /// The EniPolicy this ENI was made to be kept warm for (its
+    /// `warmEnis`): free for that policy's claims, never counted in the
+    /// node's watermarks, drained once the policy keeps fewer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// A ResourceClaim, by namespace, name and uid.
@@ -179,6 +184,10 @@ pub struct Intent {
     /// groups it asked for (a retried create sends the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<ClaimRef>,
+    /// A create to keep an EniPolicy's ENIs warm: the policy (with the
+    /// subnet and groups below).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub subnet: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -469,6 +478,7 @@ mod tests {
                 secondary_ips: vec!["10.0.0.6".parse().unwrap()],
                 security_groups: Vec::new(),
                 claim: None,
+                policy: None,
             }],
             ..Default::default()
         };

@@ -44,6 +44,10 @@ pub const POLICY_CRD_PATH: &str = "charts/enim/crds/06-crd-enipolicy.yaml";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.warmEnis) || self.warmEnis == 0 || (has(self.securityGroups) && size(self.securityGroups) > 0)",
+    "message": "warmEnis keeps ENIs of the policy's own securityGroups made ahead of its pods: name the groups (without them, the node pools' watermarks keep ENIs warm)"
+}]))]
 pub struct EniPolicySpec {
     /// Pods in namespaces with these labels; absent: every namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -72,10 +76,21 @@ pub struct EniPolicySpec {
     /// (refused to pods by default).
     #[serde(default)]
     pub metadata_access: bool,
+    /// How many free ENIs of its groups (in its subnet) the operator keeps
+    /// made ahead of its pods, in each zone its subnets name (without
+    /// subnets: in each zone with a node serving DRA claims), so that a
+    /// new pod need not wait for one to be made. Needs `securityGroups`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(max = 64))]
+    pub warm_enis: u32,
     /// Where two policies select one pod, the higher wins (the operator's
     /// `policy` module documents the whole order).
     #[serde(default)]
     pub priority: i32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The subnet a policy's ENIs are made in, in one zone.

@@ -320,6 +320,27 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     let created = create_expecting(&team_a, &pod("p3", json!({})), "fast").await;
     assert_eq!(outcome(&created).1["requests"]["enim.io/eni"], "1");
 
+    // warmEnis without securityGroups: the API server refuses it, saying why.
+    let mut warm = policy("warm", Mode::Primary, 0, "none");
+    warm.spec.warm_enis = 2;
+    let refused = policies
+        .create(&PostParams::default(), &warm)
+        .await
+        .expect_err("warmEnis needs securityGroups");
+    assert!(
+        refused.to_string().contains("warmEnis keeps ENIs"),
+        "{refused}"
+    );
+    warm.spec.security_groups = vec!["sg-db".into()];
+    policies
+        .create(&PostParams::default(), &warm)
+        .await
+        .expect("with groups it is taken");
+    policies
+        .delete("warm", &DeleteParams::default())
+        .await
+        .unwrap();
+
     // No policy selects, default "none": annotated, resources untouched.
     let created = create_expecting(&other, &pod("p4", json!({})), "(default)").await;
     assert_eq!(outcome(&created).1, json!({}));

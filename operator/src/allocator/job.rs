@@ -18,7 +18,7 @@ use enim_provider::fleet::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Allocator, Class, Counters, TaskError};
-use crate::index::{eni_spec, NodeInfo, PoolSettings, Task, ACTION_CREATE_ATTACH};
+use crate::index::{eni_spec, MadeFor, NodeInfo, PoolSettings, Task, ACTION_CREATE_ATTACH};
 use crate::store::{EniStep, Told};
 
 pub(super) struct Job<'a> {
@@ -240,8 +240,18 @@ impl<'a> Job<'a> {
                 device_index,
                 ..
             } => {
-                let new = vec![(device_index, Some((claim, subnet, security_groups)))];
-                self.create_enis(new, 0).await
+                let own = (MadeFor::Claim(claim), subnet, security_groups);
+                self.create_enis(vec![(device_index, Some(own))], 0).await
+            }
+            Task::CreateWarm {
+                policy,
+                subnet,
+                security_groups,
+                device_index,
+                ..
+            } => {
+                let own = (MadeFor::Policy(policy), subnet, security_groups);
+                self.create_enis(vec![(device_index, Some(own))], 0).await
             }
             Task::AssignAddresses { eni, count, .. } => {
                 let ips = self
@@ -305,12 +315,12 @@ impl<'a> Job<'a> {
     /// intent stays for the next resync to finish with the same token.
     /// Each token is new and sent once here (`fresh`): a retry is the next
     /// resync's [`Task::FinishIntent`], which is not. An ENI for a DRA
-    /// claim carries the claim, subnet and groups in its intent (so that a
-    /// successor finishing it makes the same ENI) and is published marked
-    /// with the claim.
+    /// claim (or a policy's warm one) carries the claim (the policy),
+    /// subnet and groups in its intent (so that a successor finishing it
+    /// makes the same ENI) and is published marked with it.
     async fn create_enis(
         &mut self,
-        new: Vec<(u32, Option<ForClaim>)>,
+        new: Vec<(u32, Option<OwnEni>)>,
         ips: usize,
     ) -> Result<(), TaskError> {
         let since = Time(
@@ -319,10 +329,15 @@ impl<'a> Job<'a> {
         );
         let intents: Vec<(Intent, u32)> = new
             .into_iter()
-            .map(|(ix, for_claim)| {
-                let (claim, subnet, security_groups) = match for_claim {
-                    Some((c, subnet, groups)) => (Some(c), subnet, groups),
+            .map(|(ix, own)| {
+                let (made_for, subnet, security_groups) = match own {
+                    Some((m, subnet, groups)) => (Some(m), subnet, groups),
                     None => (None, String::new(), Vec::new()),
+                };
+                let (claim, policy) = match made_for {
+                    Some(MadeFor::Claim(c)) => (Some(c), None),
+                    Some(MadeFor::Policy(p)) => (None, Some(p)),
+                    None => (None, None),
                 };
                 let intent = Intent {
                     client_token: self.alloc.new_token(),
@@ -330,6 +345,7 @@ impl<'a> Job<'a> {
                     eni: String::new(),
                     since: since.clone(),
                     claim,
+                    policy,
                     subnet,
                     security_groups,
                 };
@@ -407,20 +423,30 @@ impl<'a> Job<'a> {
 
     /// Whether `e`, the failed create of `intent`, is the cloud's refusal
     /// to make a claim's ENI (its subnet or groups do not exist, or may
-    /// not be used): then nothing was made, so its intent is dropped (to
-    /// be written with the next change of the spec) rather than tried
-    /// again at every resync, and the claim waits out
+    /// not be used), or a policy's warm one: then nothing was made, so its
+    /// intent is dropped (to be written with the next change of the spec)
+    /// rather than tried again at every resync, and the claim (the
+    /// policy's warm ENIs) waits out
     /// [`CLAIM_RETRY`](crate::policy::refusals::CLAIM_RETRY), told why.
     /// A pool's create, or a refusal that may pass, is no such thing.
     fn refused_for_claim(&mut self, intent: &Intent, e: &TaskError) -> Result<bool, TaskError> {
-        let (Some(claim), TaskError::Cloud(cloud)) = (&intent.claim, e) else {
+        let TaskError::Cloud(cloud) = e else {
             return Ok(false);
         };
         if cloud.is_transient() {
             return Ok(false);
         }
-        tracing::warn!(claim = %claim, error = %cloud, "the cloud refused a claim's ENI");
-        self.alloc.claim_refused(&claim.uid, cloud.to_string());
+        match (&intent.claim, &intent.policy) {
+            (Some(claim), _) => {
+                tracing::warn!(claim = %claim, error = %cloud, "the cloud refused a claim's ENI");
+                self.alloc.claim_refused(&claim.uid, cloud.to_string());
+            }
+            (None, Some(policy)) => {
+                tracing::warn!(policy, error = %cloud, "the cloud refused a policy's warm ENI");
+                self.alloc.warm_refused(policy, cloud.to_string());
+            }
+            (None, None) => return Ok(false),
+        }
         let token = &intent.client_token;
         self.spec()?.intents.retain(|i| &i.client_token != token);
         Ok(true)
@@ -630,24 +656,24 @@ impl<'a> Job<'a> {
     }
 }
 
-/// A DRA claim's ENI to make: the claim, its subnet and its groups.
-type ForClaim = (enim_crd::ClaimRef, String, Vec<String>);
+/// An ENI to make with its own subnet and groups: whom for, the subnet,
+/// the groups.
+type OwnEni = (MadeFor, String, Vec<String>);
 
-/// What a create for `intent` asks of the cloud: a claim's subnet and
-/// groups; `None` (the node's pool's) for the pool.
+/// What a create for `intent` asks of the cloud: a claim's (a policy's)
+/// subnet and groups; `None` (the node's pool's) for the pool.
 fn claim_params(intent: &Intent) -> Option<(String, Vec<String>)> {
-    intent
-        .claim
-        .as_ref()
-        .map(|_| (intent.subnet.clone(), intent.security_groups.clone()))
+    (intent.claim.is_some() || intent.policy.is_some())
+        .then(|| (intent.subnet.clone(), intent.security_groups.clone()))
 }
 
-/// The spec entry of `eni`, made for `intent`: marked with its claim and
-/// groups when it was made for one.
+/// The spec entry of `eni`, made for `intent`: marked with its claim (its
+/// policy) and groups when it was made for one.
 fn entry_for(eni: &FleetEni, intent: Option<&Intent>) -> EniSpec {
     let mut s = eni_spec(eni);
-    if let Some(i) = intent.filter(|i| i.claim.is_some()) {
+    if let Some(i) = intent.filter(|i| i.claim.is_some() || i.policy.is_some()) {
         s.claim.clone_from(&i.claim);
+        s.policy.clone_from(&i.policy);
         s.security_groups.clone_from(&i.security_groups);
     }
     s

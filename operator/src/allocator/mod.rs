@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use crate::config::{ConfigError, OperatorConfig};
 use crate::index::{
     instance_of, plan_pass, unservable_claims, ClaimInfo, Index, Input, NodeInfo, Phase, Planned,
-    Policy, Serving, SetInfo, Task,
+    Policy, Serving, SetInfo, Task, WarmPool,
 };
 use crate::policy::refusals::{Refusal, Refusals, CLAIM_RETRY};
 use crate::store::{Store, StoreError, Told};
@@ -102,6 +102,17 @@ impl TaskError {
             _ => None,
         }
     }
+}
+
+/// What pods ask of the cluster beyond the nodes' watermarks, each
+/// `None` while the operator does not know it (its watch has not listed):
+/// then nothing is made for it, and nothing made for it is taken back.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Demand<'a> {
+    /// Every ResourceClaim of the DRA driver's class.
+    pub claims: Option<&'a [ClaimInfo]>,
+    /// The EniPolicies that keep ENIs warm.
+    pub warm: Option<&'a [WarmPool]>,
 }
 
 /// What one resync did.
@@ -270,6 +281,20 @@ impl Allocator {
             .insert(uid.to_string(), (Instant::now(), error));
     }
 
+    /// The cloud refused to make one of `policy`'s warm ENIs: none is made
+    /// for it for [`CLAIM_RETRY`] (its claims may still try theirs), and
+    /// its status says so.
+    pub(crate) fn warm_refused(&self, policy: &str, error: String) {
+        self.refusals.note(
+            policy,
+            Refusal {
+                made_for: "its warm ENIs".into(),
+                error: error.clone(),
+            },
+        );
+        self.claim_refused(&crate::index::warm_refused_key(policy), error);
+    }
+
     /// Every resync's counts, summed.
     pub fn totals(&self) -> Totals {
         let t = &self.totals;
@@ -333,20 +358,19 @@ impl Allocator {
         nodes: &[NodeInfo],
         sets: &[SetInfo],
     ) -> Result<ResyncReport, Error> {
-        self.resync_with_claims(nodes, sets, None).await
+        self.resync_with(nodes, sets, Demand::default()).await
     }
 
-    /// [`Allocator::resync`], also serving the DRA claims `claims` (every
-    /// claim of the driver's class; `None` when they are not known).
-    pub async fn resync_with_claims(
+    /// [`Allocator::resync`], also serving what `demand` asks.
+    pub async fn resync_with(
         &self,
         nodes: &[NodeInfo],
         sets: &[SetInfo],
-        claims: Option<&[ClaimInfo]>,
+        demand: Demand<'_>,
     ) -> Result<ResyncReport, Error> {
         let _one = self.one_at_a_time.lock().await;
         let counters = Counters::default();
-        let result = self.resync_locked(nodes, sets, claims, &counters).await;
+        let result = self.resync_locked(nodes, sets, demand, &counters).await;
         self.add_to_totals(&counters, result.as_ref().ok());
         if matches!(result, Err(Error::NotLeader | Error::PastDeadline(_))) {
             self.forget();
@@ -358,7 +382,7 @@ impl Allocator {
         &self,
         nodes: &[NodeInfo],
         sets: &[SetInfo],
-        claims: Option<&[ClaimInfo]>,
+        Demand { claims, warm }: Demand<'_>,
         counters: &Counters,
     ) -> Result<ResyncReport, Error> {
         if let Err(e) = self.lead() {
@@ -459,6 +483,7 @@ impl Allocator {
                 now,
                 claims,
                 refused: &refused,
+                warm,
                 cloud: self.gate.cloud_name(),
             });
             tell_held_back(&mut cache.held_back, &index);
@@ -612,7 +637,7 @@ impl Allocator {
             self.refusals.note(
                 policy,
                 Refusal {
-                    claim: info.claim.to_string(),
+                    made_for: format!("claim {}", info.claim),
                     error: error.clone(),
                 },
             );

@@ -584,6 +584,21 @@ async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
     assert_eq!(type_and_enis(&rig), ("m5".to_string(), 2));
 }
 
+/// The agent's condition saying it serves DRA claims.
+fn serving_claims(st: &mut NetResourceSetStatus) {
+    st.conditions
+        .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: enim_crd::CONDITION_SERVES_CLAIMS.into(),
+            status: "True".into(),
+            reason: "Test".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        });
+}
+
 /// A claim whose ENI the cloud refuses for good (its subnet or groups do
 /// not exist): nothing was made, so its intent is dropped rather than sent
 /// again at every resync; the claim waits out `CLAIM_RETRY`, its policy
@@ -601,17 +616,7 @@ async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
     // Its agent serves claims, and pods hold both pool ENIs.
     rig.store.edit("a", |s| {
         let mut st = uses(&pool.iter().map(String::as_str).collect::<Vec<_>>());
-        st.conditions
-            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                type_: enim_crd::CONDITION_SERVES_CLAIMS.into(),
-                status: "True".into(),
-                reason: "Test".into(),
-                message: String::new(),
-                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                ),
-                observed_generation: None,
-            });
+        serving_claims(&mut st);
         s.status = Some(st);
     });
     let claims = [ClaimInfo {
@@ -630,7 +635,14 @@ async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
     }];
     async fn pass(rig: &Rig, claims: &[ClaimInfo]) -> ResyncReport {
         rig.alloc
-            .resync_with_claims(&rig.nodes, &rig.store.sets(), Some(claims))
+            .resync_with(
+                &rig.nodes,
+                &rig.store.sets(),
+                Demand {
+                    claims: Some(claims),
+                    warm: None,
+                },
+            )
             .await
             .unwrap()
     }
@@ -654,7 +666,7 @@ async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
         assert_eq!(rig.cloud.calls("create"), creates + 1);
     }
     let refused = refusals.of("db").expect("noted");
-    assert_eq!(refused.claim, "web/db-1-eni");
+    assert_eq!(refused.made_for, "claim web/db-1-eni");
     assert!(
         refused.error.contains("InvalidSubnetID.NotFound"),
         "{refused:?}"
@@ -668,4 +680,78 @@ async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
     let made: Vec<_> = spec.enis.iter().filter_map(|e| e.claim.as_ref()).collect();
     assert_eq!(made.len(), 1, "{spec:?}");
     assert_eq!(made[0].uid, "u1");
+}
+
+/// A policy's warm ENI: made in the cloud with its groups, published
+/// marked with it, made once, and drained once the policy keeps none. A
+/// warm create the cloud refuses for good drops its intent, waits out
+/// `CLAIM_RETRY`, and the policy hears of it.
+#[tokio::test(start_paused = true)]
+async fn a_policys_warm_eni_is_made_kept_and_drained_and_a_refusal_waits() {
+    let mut rig = Rig::new(&["a"]);
+    let refusals = Arc::new(Refusals::default());
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
+        .unwrap()
+        .with_refusals(refusals.clone());
+    rig.resync().await;
+    rig.store.edit("a", |s| {
+        let mut st = NetResourceSetStatus::default();
+        serving_claims(&mut st);
+        s.status = Some(st);
+    });
+    let warm = |policy: &str| WarmPool {
+        policy: policy.into(),
+        want: enim_crd::EniParameters {
+            security_groups: vec!["sg-db".into()],
+            ..Default::default()
+        },
+        count: 1,
+    };
+    async fn pass(rig: &Rig, warm: &[WarmPool]) -> ResyncReport {
+        let demand = Demand {
+            claims: None,
+            warm: Some(warm),
+        };
+        let sets = rig.store.sets();
+        rig.alloc
+            .resync_with(&rig.nodes, &sets, demand)
+            .await
+            .unwrap()
+    }
+    let creates = rig.cloud.calls("create");
+    pass(&rig, &[warm("db")]).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 1);
+    let spec = rig.store.set("a").unwrap().spec;
+    let kept: Vec<_> = spec
+        .enis
+        .iter()
+        .filter(|e| e.policy.as_deref() == Some("db"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{spec:?}");
+    assert_eq!(kept[0].security_groups, ["sg-db"]);
+    assert!(kept[0].claim.is_none() && spec.intents.is_empty());
+    let id = kept[0].id.clone();
+    // Kept: nothing more is made.
+    pass(&rig, &[warm("db")]).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 1);
+    // The policy keeps none now: it is asked back.
+    pass(&rig, &[]).await;
+    let spec = rig.store.set("a").unwrap().spec;
+    assert!(spec.draining.contains(&id), "{spec:?}");
+
+    // Another policy whose warm ENI the cloud refuses.
+    rig.cloud.refuse_next("create", 1);
+    pass(&rig, &[warm("web")]).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 2);
+    let spec = rig.store.set("a").unwrap().spec;
+    assert!(spec.intents.is_empty(), "dropped: {spec:?}");
+    let refused = refusals.of("web").expect("noted");
+    assert_eq!(refused.made_for, "its warm ENIs");
+    pass(&rig, &[warm("web")]).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 2, "not again yet");
+    tokio::time::advance(CLAIM_RETRY + Duration::from_secs(1)).await;
+    pass(&rig, &[warm("web")]).await;
+    assert_eq!(rig.cloud.calls("create"), creates + 3);
+    let spec = rig.store.set("a").unwrap().spec;
+    assert!(spec.enis.iter().any(|e| e.policy.as_deref() == Some("web")));
 }

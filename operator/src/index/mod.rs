@@ -26,6 +26,8 @@
 //! - a deleted node's set is released only when no pod holds its ENIs
 //!   and the listing shows none of them attached or detaching, after the
 //!   deletes.
+//! - an EniPolicy's warm ENIs (the `warm` module) are made only on such
+//!   nodes too, are no node's pool, and one a pod holds is never drained;
 //! - an ENI for a DRA claim is made only on a live node whose agent says,
 //!   in its status, that it serves claims (condition `ServesClaims`): no
 //!   claim's pod could use one on a device-plugin node;
@@ -52,14 +54,25 @@ mod provider_id;
 #[cfg(test)]
 pub(crate) mod tests;
 mod view;
+mod warm;
 
 pub use plan::{plan, plan_pass, unservable_claims, Planned};
 pub use pool::{Frozen, NoInstance, PoolPolicy, PoolSettings, Serving};
 pub use provider_id::instance_of;
-pub use view::{ClaimInfo, NodeInfo, SetInfo, Uninstall};
+pub use view::{ClaimInfo, NodeInfo, SetInfo, Uninstall, WarmPool};
+pub use warm::{surplus_key, warm_refused_key};
 
 /// `Intent::action` of a create followed by an attach.
 pub const ACTION_CREATE_ATTACH: &str = "create-attach";
+
+/// Whom an ENI made with its own subnet and groups is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MadeFor {
+    /// A DRA claim no free ENI serves.
+    Claim(enim_crd::ClaimRef),
+    /// An EniPolicy's warm ENIs (its `warmEnis`).
+    Policy(String),
+}
 
 /// What the operator wants of the nodes, from its config: the top-level
 /// settings (the implicit pool, and what a pool leaves out), the pools,
@@ -114,6 +127,10 @@ pub struct Input<'a> {
     /// said: no ENI is made for them until the allocator lets them try
     /// again.
     pub refused: &'a HashMap<String, String>,
+    /// The EniPolicies that keep ENIs warm; `None` while the operator does
+    /// not know the policies (its watch is not synced): then no ENI is
+    /// made to keep one warm, and none kept for one is taken back.
+    pub warm: Option<&'a [WarmPool]>,
     /// The provider of the instances the operator's cloud serves
     /// ([`enim_provider::fleet::FleetCloud::name`]). A node without a set
     /// whose providerID names another (or none yet) gets nothing.
@@ -175,6 +192,8 @@ pub struct Index<'a> {
     pub claim_uids: Option<HashSet<&'a str>>,
     /// See [`Input::refused`].
     pub refused: &'a HashMap<String, String>,
+    /// See [`Input::warm`].
+    pub warm: Option<&'a [WarmPool]>,
     /// See [`Input::surplus_since`].
     pub surplus_since: &'a HashMap<String, SystemTime>,
 }
@@ -304,6 +323,7 @@ impl<'a> Index<'a> {
                 .claims
                 .map(|all| all.iter().map(|c| c.claim.uid.as_str()).collect()),
             refused: input.refused,
+            warm: input.warm,
             surplus_since: input.surplus_since,
         }
     }
@@ -324,6 +344,7 @@ pub fn eni_spec(e: &FleetEni) -> EniSpec {
         secondary_ips: e.secondary_ips.clone(),
         security_groups: Vec::new(),
         claim: None,
+        policy: None,
     }
 }
 
@@ -398,6 +419,16 @@ pub enum Task {
         security_groups: Vec<String>,
         device_index: u32,
     },
+    /// Create and attach one ENI to keep `policy`'s ENIs warm, in
+    /// `subnet` with exactly `security_groups`, at `device_index`, and
+    /// publish it marked with the policy.
+    CreateWarm {
+        node: String,
+        policy: String,
+        subnet: String,
+        security_groups: Vec<String>,
+        device_index: u32,
+    },
     /// Secondary mode: assign `count` more addresses to `eni`.
     AssignAddresses {
         node: String,
@@ -439,6 +470,7 @@ impl Task {
             | Task::Reclaim { node, .. }
             | Task::CreateEnis { node, .. }
             | Task::CreateForClaim { node, .. }
+            | Task::CreateWarm { node, .. }
             | Task::AssignAddresses { node, .. }
             | Task::Undrain { node, .. }
             | Task::Drain { node, .. }
@@ -459,6 +491,7 @@ impl Task {
             Task::Reclaim { .. } => "reclaim",
             Task::CreateEnis { .. } => "create-enis",
             Task::CreateForClaim { .. } => "create-for-claim",
+            Task::CreateWarm { .. } => "create-warm",
             Task::AssignAddresses { .. } => "assign-addresses",
             Task::Undrain { .. } => "undrain",
             Task::Drain { .. } => "drain",

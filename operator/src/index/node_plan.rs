@@ -9,13 +9,23 @@ use std::time::SystemTime;
 
 use enim_core::watermarks::Level;
 use enim_core::Mode;
-use enim_crd::{ClaimRef, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
+use enim_crd::{EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
-use super::{eni_spec, Index, NodeEntry, PoolSettings, Task, Uninstall, ACTION_CREATE_ATTACH};
+use super::{
+    eni_spec, Index, MadeFor, NodeEntry, PoolSettings, Task, Uninstall, ACTION_CREATE_ATTACH,
+};
 
-/// A claim's ENI to make on a node: the claim, subnet, groups.
-pub(super) type Placed = (ClaimRef, String, Vec<String>);
+/// An ENI to make on a node for a claim or a policy: whom, subnet, groups.
+pub(super) type Placed = (MadeFor, String, Vec<String>);
+
+/// What the pass asks of a node beyond its own watermarks: ENIs to make
+/// for claims and policies, and ENIs kept warm for a policy to drain.
+#[derive(Debug, Default)]
+pub(super) struct Asked {
+    pub make: Vec<Placed>,
+    pub drain_kept: Vec<String>,
+}
 
 /// A gone node past its grace: its ENIs (but those its pods still hold,
 /// while its Node exists) leave, a step a listing, then its set goes.
@@ -254,16 +264,16 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         }
     }
 
-    /// Pushes the node's tasks (with an ENI for each of `claims`), phase
+    /// Pushes the node's tasks (with what the pass `asked` of it), phase
     /// by phase.
-    pub(super) fn run(&self, tasks: &mut Vec<Task>, claims: Vec<Placed>) -> NodeOutcome {
+    pub(super) fn run(&self, tasks: &mut Vec<Task>, asked: Asked) -> NodeOutcome {
         self.create_or_refresh_set(tasks);
         let facts = self.facts();
         let mut slots = self.slots();
         let (tokens, finishing) = self.finish_intents(&facts, &mut slots, tasks);
         let adopted = self.adopt(&facts, &tokens, tasks);
         let draining = self.reclaim(&facts, tasks);
-        let claimed = self.serve_claims(claims, &facts, &draining, &mut slots, tasks);
+        let claimed = self.serve_claims(asked, &facts, &draining, &mut slots, tasks);
         let coming = Coming {
             enis: finishing.enis + adopted.enis,
             ips: finishing.ips + adopted.ips,
@@ -426,8 +436,9 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             let released = held.released.contains(d.as_str());
             if let Some(s) = facts.in_spec.get(d.as_str()) {
                 draining.ids.insert(d);
-                // A claim's ENI is never taken back for the pool.
-                let claimed = s.claim.is_some();
+                // A claim's or a policy's ENI is never taken back for the
+                // pool.
+                let claimed = s.claim.is_some() || s.policy.is_some();
                 if released && !held.enis.contains(d.as_str()) {
                     leaving.add(&self.e.listed, d);
                 } else if !released && !held.enis.contains(d.as_str()) && !claimed {
@@ -467,32 +478,45 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         draining
     }
 
-    /// DRA claims: an ENI for each of `claims` (placed here) while slots
-    /// last, and back to the cloud the ENIs whose claim is gone (free
-    /// ones; a held one waits for its pod). Returns how many were placed.
+    /// DRA claims and policies' warm ENIs: an ENI for each `asked` to be
+    /// made here while slots last, and back to the cloud the ENIs whose
+    /// claim is gone (free ones; a held one waits for its pod) and those
+    /// kept warm that the pass found in excess. Returns how many were
+    /// placed.
     fn serve_claims(
         &self,
-        claims: Vec<Placed>,
+        asked: Asked,
         facts: &Facts,
         draining: &Draining,
         slots: &mut Slots,
         tasks: &mut Vec<Task>,
     ) -> usize {
-        let placed = claims.len();
-        for (claim, subnet, security_groups) in claims {
+        let placed = asked.make.len();
+        for (made_for, subnet, security_groups) in asked.make {
             let Some(device_index) = slots.next() else {
                 break;
             };
-            tasks.push(Task::CreateForClaim {
-                node: self.name.clone(),
-                claim,
-                subnet,
-                security_groups,
-                device_index,
+            let node = self.name.clone();
+            tasks.push(match made_for {
+                MadeFor::Claim(claim) => Task::CreateForClaim {
+                    node,
+                    claim,
+                    subnet,
+                    security_groups,
+                    device_index,
+                },
+                MadeFor::Policy(policy) => Task::CreateWarm {
+                    node,
+                    policy,
+                    subnet,
+                    security_groups,
+                    device_index,
+                },
             });
         }
+        let mut drain = asked.drain_kept;
         if let Some(exists) = &self.index.claim_uids {
-            let orphans: Vec<String> = self
+            let orphans = self
                 .spec
                 .enis
                 .iter()
@@ -505,20 +529,20 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                     !facts.held.enis.contains(s.id.as_str())
                         && !draining.ids.contains(s.id.as_str())
                 })
-                .map(|s| s.id.clone())
-                .collect();
-            if !orphans.is_empty() {
-                tasks.push(Task::Drain {
-                    node: self.name.clone(),
-                    items: orphans,
-                });
-            }
+                .map(|s| s.id.clone());
+            drain.extend(orphans);
+        }
+        if !drain.is_empty() {
+            tasks.push(Task::Drain {
+                node: self.name.clone(),
+                items: drain,
+            });
         }
         placed
     }
 
     /// The watermarks, over the pool (spec ENIs neither draining,
-    /// quarantined nor made for a claim: a claim's ENI is that claim's,
+    /// quarantined nor made for a claim or a policy: those are theirs,
     /// neither pool nor surplus) and what is `coming`: grow a node short
     /// of them, drain one above them.
     fn grow_or_drain(
@@ -538,6 +562,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 !draining.ids.contains(s.id.as_str())
                     && !held.quarantined.contains(s.id.as_str())
                     && s.claim.is_none()
+                    && s.policy.is_none()
             })
             .collect();
         let (free, total) = if facts.secondary {

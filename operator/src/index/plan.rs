@@ -6,8 +6,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use enim_crd::{EniParameters, EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::cloud::CreatedAt;
 
-use super::node_plan::{plan_gone, NodePlan, Placed};
-use super::{ClaimInfo, Index, NodeEntry, Phase, PoolSettings, SetInfo, Task};
+use super::node_plan::{plan_gone, Asked, NodePlan, Placed};
+use super::{warm, ClaimInfo, Index, MadeFor, NodeEntry, Phase, PoolSettings, SetInfo, Task};
 
 /// Every task of this pass: a node's tasks together and in running order,
 /// nodes by deficit descending (surplus last), then leaked ENIs.
@@ -31,7 +31,14 @@ pub fn plan_pass(index: &Index) -> Planned {
     let mut surplus = BTreeSet::new();
     let mut groups: Vec<(i64, &str, Vec<Task>)> = Vec::new();
     let mut releasing: HashSet<&str> = HashSet::new();
-    let mut placed = place_claims(index);
+    let mut room = Room::default();
+    let mut placed = place_claims(index, &mut room);
+    let kept = warm::plan_warm(index, &mut room);
+    for (node, made) in kept.make {
+        placed.entry(node).or_default().extend(made);
+    }
+    let mut drain_kept = kept.drain;
+    surplus.extend(kept.surplus);
     for e in &index.nodes {
         let mut tasks = Vec::new();
         let need = match e.phase {
@@ -42,8 +49,11 @@ pub fn plan_pass(index: &Index) -> Planned {
             // Unserved or frozen: nothing.
             Phase::New | Phase::Live => match e.serving.pool() {
                 Some(pool) => {
-                    let claims = placed.remove(e.name).unwrap_or_default();
-                    let planned = NodePlan::new(index, e, pool).run(&mut tasks, claims);
+                    let asked = Asked {
+                        make: placed.remove(e.name).unwrap_or_default(),
+                        drain_kept: drain_kept.remove(e.name).unwrap_or_default(),
+                    };
+                    let planned = NodePlan::new(index, e, pool).run(&mut tasks, asked);
                     if planned.surplus {
                         surplus.insert(e.name.to_string());
                     }
@@ -81,7 +91,11 @@ pub fn plan_pass(index: &Index) -> Planned {
 /// The subnet and groups a claim's ENI gets on a node of `pool` in
 /// `zone`: what it asks, else the pool's; `None` when it asks for a subnet
 /// per zone and names none for `zone` (its ENI may not go there).
-fn wanted(pool: PoolSettings, want: &EniParameters, zone: &str) -> Option<(String, Vec<String>)> {
+pub(super) fn wanted(
+    pool: PoolSettings,
+    want: &EniParameters,
+    zone: &str,
+) -> Option<(String, Vec<String>)> {
     let subnet = match want.subnet_in(zone)? {
         Some(subnet) => subnet.to_string(),
         None => pool.subnet(),
@@ -94,7 +108,7 @@ fn wanted(pool: PoolSettings, want: &EniParameters, zone: &str) -> Option<(Strin
 }
 
 /// The groups of a spec ENI: its own, else its node's.
-fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String] {
+pub(super) fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String] {
     match eni.security_groups.is_empty() {
         true => &spec.security_groups,
         false => &eni.security_groups,
@@ -108,7 +122,7 @@ fn groups_of<'a>(eni: &'a EniSpec, spec: &'a NetResourceSetSpec) -> &'a [String]
 /// A claim with an ENI or an intent already (anywhere) gets nothing more:
 /// one ENI per claim, whoever made it. What a claim leaves out, its ENI
 /// takes from the chosen node's pool.
-fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
+fn place_claims<'i>(index: &'i Index<'i>, room: &mut Room<'i>) -> HashMap<String, Vec<Placed>> {
     let mut placed: HashMap<String, Vec<Placed>> = HashMap::new();
     let asking = asking_claims(index);
     // Most resyncs have none: then nothing below is worth computing.
@@ -116,12 +130,6 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         return placed;
     }
     let served = claimed_uids(index);
-    let mut room: Vec<(usize, &str, PoolSettings, &str)> = claim_nodes(index)
-        .map(|(e, pool)| {
-            let left = NodePlan::new(index, e, pool).slots().left();
-            (left, e.name, pool, e.instance.zone.as_str())
-        })
-        .collect();
     for (c, want) in asking {
         let uid = c.claim.uid.as_str();
         if served.contains(uid) || want.check().is_err() || index.refused.contains_key(uid) {
@@ -130,22 +138,57 @@ fn place_claims(index: &Index) -> HashMap<String, Vec<Placed>> {
         if free_match_exists(index, want) {
             continue;
         }
-        // Most room first, then by name: the same choice every resync.
-        room.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        let best = room.iter_mut().filter(|r| r.0 > 0).find_map(|r| {
-            let got = wanted(r.2, want, r.3)?;
-            Some((r, got))
-        });
-        let Some((best, (subnet, groups))) = best else {
+        let Some((node, subnet, groups)) = room.take(index, want, None) else {
             continue;
         };
-        best.0 -= 1;
-        placed
-            .entry(best.1.to_string())
-            .or_default()
-            .push((c.claim.clone(), subnet, groups));
+        placed.entry(node.to_string()).or_default().push((
+            MadeFor::Claim(c.claim.clone()),
+            subnet,
+            groups,
+        ));
     }
     placed
+}
+
+/// The device slots left on each node a claim's (or a policy's) ENI may
+/// go to, counted once per pass, on first use, and taken as ENIs are
+/// placed.
+#[derive(Default)]
+pub(super) struct Room<'i> {
+    /// Slots left, node, its pool, its zone.
+    nodes: Option<Vec<(usize, &'i str, PoolSettings<'i>, &'i str)>>,
+}
+
+impl<'i> Room<'i> {
+    /// Takes a slot for an ENI of `want` (in `zone` only, if given): the
+    /// node with the most room where `want` may go, then by name (the same
+    /// choice every pass). Returns the node and the ENI's subnet and
+    /// groups there; `None` when no such node has room.
+    pub(super) fn take(
+        &mut self,
+        index: &'i Index<'i>,
+        want: &EniParameters,
+        zone: Option<&str>,
+    ) -> Option<(&'i str, String, Vec<String>)> {
+        let nodes = self.nodes.get_or_insert_with(|| {
+            claim_nodes(index)
+                .map(|(e, pool)| {
+                    let left = NodePlan::new(index, e, pool).slots().left();
+                    (left, e.name, pool, e.instance.zone.as_str())
+                })
+                .collect()
+        });
+        nodes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let (best, (subnet, groups)) = nodes
+            .iter_mut()
+            .filter(|r| r.0 > 0 && zone.is_none_or(|z| z == r.3))
+            .find_map(|r| {
+                let got = wanted(r.2, want, r.3)?;
+                Some((r, got))
+            })?;
+        best.0 -= 1;
+        Some((best.1, subnet, groups))
+    }
 }
 
 /// Pending claims that ask for an ENI the operator could make.
@@ -222,7 +265,7 @@ pub fn unservable_claims(index: &Index, tasks: &[Task]) -> Vec<(ClaimInfo, Strin
 
 /// The live nodes a claim's ENI may go to, with their pools: served by the
 /// operator, their agent serving DRA claims.
-fn claim_nodes<'i, 'a>(
+pub(super) fn claim_nodes<'i, 'a>(
     index: &'i Index<'a>,
 ) -> impl Iterator<Item = (&'i NodeEntry<'a>, PoolSettings<'a>)> {
     index
@@ -233,7 +276,7 @@ fn claim_nodes<'i, 'a>(
 }
 
 /// Whether the set's agent says it serves DRA claims.
-fn serves_claims(set: &SetInfo) -> bool {
+pub(super) fn serves_claims(set: &SetInfo) -> bool {
     set.status
         .as_ref()
         .is_some_and(NetResourceSetStatus::serves_claims)

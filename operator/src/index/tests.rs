@@ -16,6 +16,7 @@ use super::*;
 mod claims;
 mod pools;
 mod properties;
+mod warm;
 
 pub(super) const T0: u64 = 1_800_000_000;
 
@@ -123,6 +124,7 @@ pub(super) fn intent(token: &str) -> Intent {
         eni: String::new(),
         since: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         claim: None,
+        policy: None,
         subnet: String::new(),
         security_groups: Vec::new(),
     }
@@ -141,6 +143,8 @@ pub(super) struct World {
     pub claims: Option<Vec<ClaimInfo>>,
     /// Claims the cloud refused lately (see `Input::refused`).
     pub refused: HashMap<String, String>,
+    /// The policies keeping ENIs warm (see `Input::warm`).
+    pub warm: Option<Vec<WarmPool>>,
     /// The provider the operator's cloud serves.
     pub cloud: &'static str,
 }
@@ -166,6 +170,7 @@ impl World {
             now: now(),
             claims: None,
             refused: HashMap::new(),
+            warm: None,
             cloud: "aws",
         }
     }
@@ -202,6 +207,7 @@ impl World {
             now: self.now,
             claims: self.claims.as_deref(),
             refused: &self.refused,
+            warm: self.warm.as_deref(),
             cloud: self.cloud,
         }
     }

@@ -62,3 +62,13 @@ pub struct ClaimInfo {
     /// label), if any.
     pub policy: Option<String>,
 }
+
+/// An EniPolicy that keeps ENIs warm (its `warmEnis`): what its claims ask
+/// of an ENI (its groups, and subnet per zone), and how many free ones to
+/// keep in each zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPool {
+    pub policy: String,
+    pub want: EniParameters,
+    pub count: usize,
+}

@@ -23,6 +23,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::select::selects_namespace;
+use crate::index::WarmPool;
 
 /// Each template's name: this prefix and the policy's name.
 pub const TEMPLATE_PREFIX: &str = "enim-policy-";
@@ -110,14 +111,7 @@ pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemp
         let ids: Vec<&str> = subnets.iter().map(|z| z.subnet_id.as_str()).collect();
         selectors.push(json!({ "cel": { "expression": in_subnets(&ids) } }));
     }
-    let parameters = serde_json::to_value(EniParameters {
-        api_version: Some("enim.io/v1alpha1".into()),
-        kind: Some("EniParameters".into()),
-        subnet: None,
-        subnets: subnets.clone(),
-        security_groups: groups.clone(),
-    })
-    .map_err(|e| e.to_string())?;
+    let parameters = serde_json::to_value(parameters(policy)).map_err(|e| e.to_string())?;
     let value = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -151,6 +145,35 @@ pub fn template(policy: &EniPolicy, namespace: &str) -> Result<ResourceClaimTemp
         },
     });
     serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+/// What `policy`'s claims ask of an ENI: its groups, and its subnet per
+/// zone.
+fn parameters(policy: &EniPolicy) -> EniParameters {
+    EniParameters {
+        api_version: Some("enim.io/v1alpha1".into()),
+        kind: Some("EniParameters".into()),
+        subnet: None,
+        subnets: policy.spec.subnets.clone(),
+        security_groups: policy.spec.security_groups.clone(),
+    }
+}
+
+/// The warm ENIs `policy` keeps, when it keeps some and is served by a
+/// claim (a policy being deleted keeps none: its ENIs go once free).
+pub fn warm_pool(policy: &EniPolicy) -> Option<WarmPool> {
+    let count = usize::try_from(policy.spec.warm_enis).ok()?;
+    if count == 0 || policy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    match serving(policy) {
+        Ok(Serving::Claim { .. }) => Some(WarmPool {
+            policy: policy.name_any(),
+            want: parameters(policy),
+            count,
+        }),
+        _ => None,
+    }
 }
 
 /// The templates that should exist: for each live policy served by a claim,
@@ -416,5 +439,36 @@ mod tests {
             .map(|t| (t.namespace().unwrap(), t.name_any()))
             .collect();
         assert_eq!(want, [("a".to_string(), "enim-policy-db".to_string())]);
+    }
+
+    #[test]
+    fn a_policy_keeps_warm_enis_only_when_served_by_a_claim() {
+        let mut db = policy("db", Mode::Primary, &["sg-db"]);
+        assert_eq!(warm_pool(&db), None, "warmEnis 0 keeps none");
+        db.spec.warm_enis = 2;
+        db.spec.subnets = vec![ZoneSubnet {
+            zone: "z1".into(),
+            subnet_id: "subnet-z1".into(),
+        }];
+        let pool = warm_pool(&db).expect("kept");
+        assert_eq!((pool.policy.as_str(), pool.count), ("db", 2));
+        // Exactly what its claims ask: the template's parameters.
+        let t = template(&db, "web").unwrap();
+        let config = &t.spec.spec.devices.unwrap().config.unwrap()[0];
+        let asked = &config.opaque.as_ref().unwrap().parameters.0;
+        assert_eq!(serde_json::to_value(&pool.want).unwrap(), *asked);
+        // Served through the pool's resource, being deleted, or refused:
+        // none.
+        let mut plain = policy("plain", Mode::Primary, &[]);
+        plain.spec.warm_enis = 2;
+        assert_eq!(warm_pool(&plain), None);
+        let mut secondary = db.clone();
+        secondary.spec.mode = Mode::Secondary;
+        assert_eq!(warm_pool(&secondary), None);
+        db.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(warm_pool(&db), None);
     }
 }

@@ -19,8 +19,9 @@ pub const REMEMBERED: Duration = Duration::from_secs(180);
 /// The last refusal for one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// The claim it was for, `namespace/name`.
-    pub claim: String,
+    /// What the ENI was for: `claim <namespace>/<name>`, or the policy's
+    /// warm ENIs.
+    pub made_for: String,
     /// What the cloud said.
     pub error: String,
 }
@@ -33,8 +34,8 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    /// The cloud refused the ENI of `refusal.claim`, made from `policy`'s
-    /// template.
+    /// The cloud refused an ENI for `policy`'s pods: a claim's, made from
+    /// its template, or one of its warm ENIs.
     pub fn note(&self, policy: &str, refusal: Refusal) {
         self.lock()
             .insert(policy.to_string(), (Instant::now(), refusal));
@@ -72,7 +73,7 @@ mod tests {
         let r = Refusals::default();
         assert_eq!(r.of("db"), None);
         let refusal = Refusal {
-            claim: "web/db-1-eni".into(),
+            made_for: "claim web/db-1-eni".into(),
             error: "InvalidSubnetID.NotFound".into(),
         };
         r.note("db", refusal.clone());

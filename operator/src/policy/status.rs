@@ -44,7 +44,7 @@ pub fn judge(
         (Ok(_), Some(r)) => (
             "False",
             "CloudRefused",
-            format!("the cloud refused to make an ENI for claim {} (its pods stay Pending; tried again each minute): {}", r.claim, r.error),
+            format!("the cloud refused to make an ENI for {} (its pods stay Pending; tried again each minute): {}", r.made_for, r.error),
         ),
         (Ok(Serving::Resource(resource)), None) => (
             "True",
@@ -170,7 +170,7 @@ mod tests {
         assert_eq!(judge(&primary, None).0, "True");
         // Its claims' ENIs refused by the cloud: not Ready, and why.
         let refused = Refusal {
-            claim: "web/db-1-enim-eni".into(),
+            made_for: "claim web/db-1-enim-eni".into(),
             error: "InvalidSubnetID.NotFound: the subnet does not exist".into(),
         };
         let (status, reason, message) = judge(&primary, Some(&refused));

@@ -60,7 +60,7 @@ where
     tokio::spawn(serve_health(listener, health.clone(), deadline.clone()));
 
     let changed = Arc::new(Notify::new());
-    let caches = start_watches(&client, changed.clone());
+    let caches = start_watches(&client, changed.clone(), config.webhook.is_some());
 
     let lease_err = |source| RuntimeError::Lease {
         name: config.lease_name.clone(),

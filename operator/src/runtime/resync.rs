@@ -10,8 +10,10 @@ use tokio::time::Instant;
 use super::convert::{claim_info, node_info, set_info};
 use super::health::Health;
 use super::watch::Caches;
-use crate::allocator::{Allocator, Totals};
-use crate::index::{ClaimInfo, NodeInfo, SetInfo};
+use crate::allocator::{Allocator, Demand, Totals};
+use crate::index::{ClaimInfo, NodeInfo, SetInfo, WarmPool};
+use crate::policy::claims::warm_pool;
+use kube::runtime::reflector::Store as Cache;
 
 /// Why a resync failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +43,7 @@ pub trait Resync: Send + Sync {
         &self,
         nodes: Vec<NodeInfo>,
         sets: Vec<SetInfo>,
-        claims: Option<Vec<ClaimInfo>>,
+        demand: OwnedDemand,
     ) -> Result<String, ResyncError>;
 
     /// This replica stopped leading (perhaps mid-pass): whatever it cached
@@ -60,11 +62,13 @@ impl Resync for Allocator {
         &self,
         nodes: Vec<NodeInfo>,
         sets: Vec<SetInfo>,
-        claims: Option<Vec<ClaimInfo>>,
+        demand: OwnedDemand,
     ) -> Result<String, ResyncError> {
-        let r = self
-            .resync_with_claims(&nodes, &sets, claims.as_deref())
-            .await?;
+        let demand = Demand {
+            claims: demand.claims.as_deref(),
+            warm: demand.warm.as_deref(),
+        };
+        let r = self.resync_with(&nodes, &sets, demand).await?;
         let summary = format!(
             "{} nodes, {} ENIs{}, {} tasks ({} failed) {:?}, {} cloud calls ({} throttled), {} writes",
             r.nodes,
@@ -96,24 +100,39 @@ impl Resync for Allocator {
     }
 }
 
+/// [`Demand`], owned: what the caches held when the pass began.
+#[derive(Debug, Default)]
+pub struct OwnedDemand {
+    pub claims: Option<Vec<ClaimInfo>>,
+    pub warm: Option<Vec<WarmPool>>,
+}
+
+/// What a cache holds, once it has listed (before, everything would look
+/// gone).
+fn listed<K, T>(cache: &Cache<K>, f: impl Fn(&K) -> Option<T>) -> Option<Vec<T>>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    futures::FutureExt::now_or_never(cache.wait_until_ready())
+        .is_some_and(|r| r.is_ok())
+        .then(|| cache.state().iter().filter_map(|k| f(k)).collect())
+}
+
 /// One pass over what the caches hold now; counted and logged, never
 /// fatal (the next pass tries again).
 pub(super) async fn resync_once(resync: &dyn Resync, caches: &Caches, health: &Health) {
     let nodes: Vec<NodeInfo> = caches.nodes.state().iter().map(|n| node_info(n)).collect();
     let sets: Vec<SetInfo> = caches.sets.state().iter().map(|s| set_info(s)).collect();
-    // Known only once listed: before, every claim would look gone.
-    let claims = futures::FutureExt::now_or_never(caches.claims.wait_until_ready())
-        .is_some_and(|r| r.is_ok())
-        .then(|| {
-            caches
-                .claims
-                .state()
-                .iter()
-                .filter_map(|c| claim_info(c))
-                .collect::<Vec<_>>()
-        });
+    let demand = OwnedDemand {
+        claims: listed(&caches.claims, claim_info),
+        warm: match &caches.policies {
+            Some(policies) => listed(policies, warm_pool),
+            None => Some(Vec::new()),
+        },
+    };
     let started = Instant::now();
-    let result = resync.resync(nodes, sets, claims).await;
+    let result = resync.resync(nodes, sets, demand).await;
     let took = started.elapsed();
     health.resyncs.inc();
     health

@@ -1,5 +1,5 @@
 //! The watches every replica keeps running, leader or not: Nodes,
-//! NetResourceSets and the DRA driver's ResourceClaims into caches
+//! NetResourceSets, the DRA driver's ResourceClaims and EniPolicies into caches
 //! ([`Caches`]; any event wakes the loop), and the leader Lease into the
 //! leader deadline ([`follow_lease`]). A failed watch retries with its
 //! own short back-off and keeps what it had: a cache stays as last seen,
@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use enim_crd::NetResourceSet;
+use enim_crd::{EniPolicy, NetResourceSet};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -64,12 +64,30 @@ pub(super) struct Caches {
     /// resource.k8s.io/v1, or an operator not allowed to list them, runs
     /// without claims.
     pub(super) claims: Cache<ResourceClaim>,
+    /// EniPolicies, for the ENIs they keep warm, known once listed; watched
+    /// only with the webhook on (`None`: no policy applies to pods, so none
+    /// keeps ENIs warm, and the chart grants the watch with the webhook).
+    pub(super) policies: Option<Cache<EniPolicy>>,
 }
 
-pub(super) fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
+pub(super) fn start_watches(client: &Client, changed: Arc<Notify>, with_policies: bool) -> Caches {
     let (nodes, node_writer) = reflector::store();
     let (sets, set_writer) = reflector::store();
     let (claims, claim_writer) = reflector::store();
+    let (policies, policy_writer) = reflector::store();
+    let policy_stream = reflector(
+        policy_writer,
+        watcher(
+            Api::<EniPolicy>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .backoff(WatchBackoff::new())
+        .modify(|p: &mut EniPolicy| p.metadata.managed_fields = None),
+    );
+    let policy_stream = match with_policies {
+        true => policy_stream.map_ok(|_| ()).boxed(),
+        false => futures::stream::empty().boxed(),
+    };
     let claim_stream = reflector(
         claim_writer,
         watcher(
@@ -97,6 +115,7 @@ pub(super) fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
         ("nodes", node_stream.map_ok(|_| ()).boxed()),
         ("netresourcesets", set_stream.map_ok(|_| ()).boxed()),
         ("resourceclaims", claim_stream.map_ok(|_| ()).boxed()),
+        ("enipolicies", policy_stream),
     ] {
         let changed = changed.clone();
         tokio::spawn(async move {
@@ -113,6 +132,7 @@ pub(super) fn start_watches(client: &Client, changed: Arc<Notify>) -> Caches {
         nodes,
         sets,
         claims,
+        policies: with_policies.then_some(policies),
     }
 }
 

@@ -20,6 +20,7 @@ fn eni(i: u8) -> EniSpec {
         ],
         security_groups: Vec::new(),
         claim: None,
+        policy: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn eni(i: u8) -> EniSpec {
         secondary_ips: Vec::new(),
         security_groups: Vec::new(),
         claim: None,
+        policy: None,
     }
 }
 

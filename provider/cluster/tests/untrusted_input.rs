@@ -86,6 +86,7 @@ fn eni_spec() -> impl Strategy<Value = EniSpec> {
                 secondary_ips,
                 security_groups,
                 claim: None,
+                policy: None,
             },
         )
 }
@@ -319,6 +320,7 @@ fn a_second_eni_with_the_same_mac_is_quarantined() {
         secondary_ips: Vec::new(),
         security_groups: Vec::new(),
         claim: None,
+        policy: None,
     };
     let seen = SeenSpec {
         generation: Some(1),
@@ -368,6 +370,7 @@ fn a_spec_of_ten_thousand_enis_is_applied_in_bounded_time() {
                     secondary_ips: vec![IpAddr::from([10, a, b, 11])],
                     security_groups: Vec::new(),
                     claim: None,
+                    policy: None,
                 }
             })
             .collect();

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// The set's agent says whether its DRA driver is on, as enimd's cluster
 /// provider does.
-fn says_dra(set: &mut SetInfo, on: bool) {
+pub(super) fn says_dra(set: &mut SetInfo, on: bool) {
     status(set).conditions.push(Condition {
         type_: CONDITION_SERVES_CLAIMS.into(),
         status: if on { "True" } else { "False" }.into(),
@@ -20,7 +20,7 @@ fn says_dra(set: &mut SetInfo, on: bool) {
 }
 
 /// A node whose agent serves DRA claims.
-fn live_dra(w: &mut World, name: &str, enis: &[&str]) {
+pub(super) fn live_dra(w: &mut World, name: &str, enis: &[&str]) {
     says_dra(w.live(name, enis), true);
 }
 
@@ -32,7 +32,7 @@ fn claim(uid: &str) -> ClaimRef {
     }
 }
 
-fn pending(uid: &str, groups: &[&str]) -> ClaimInfo {
+pub(super) fn pending(uid: &str, groups: &[&str]) -> ClaimInfo {
     ClaimInfo {
         claim: claim(uid),
         pending: true,
@@ -241,7 +241,7 @@ fn a_claim_no_node_can_take_is_unservable_and_says_why() {
 }
 
 /// Puts node `name` in `zone` (its Node and its set's instance).
-fn in_zone(w: &mut World, name: &str, zone: &str) {
+pub(super) fn in_zone(w: &mut World, name: &str, zone: &str) {
     w.nodes.iter_mut().find(|n| n.name == name).unwrap().zone = zone.into();
     w.set(name).spec.instance.zone = zone.into();
 }

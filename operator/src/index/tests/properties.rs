@@ -55,6 +55,15 @@ fn random_world(g: &mut Gen) -> World {
                 }
             }
         }
+        // Some kept warm for policy db (a whole ENI each).
+        if mode == Mode::Primary {
+            for e in s.spec.enis.iter_mut() {
+                if g.chance(25) {
+                    e.policy = Some("db".into());
+                    e.security_groups = vec!["sg-db".into()];
+                }
+            }
+        }
         let enis: Vec<EniSpec> = s.spec.enis.clone();
         // The listing at any step of a detach: attached, detaching,
         // attached nowhere, or gone.
@@ -99,6 +108,9 @@ fn random_world(g: &mut Gen) -> World {
             s.spec.intents.push(intent(&format!("{name}-t")));
         }
         s.status = Some(st);
+        if g.chance(60) {
+            super::claims::says_dra(s, true);
+        }
         match g.below(10) {
             0 => s.deleting_since = Some(now() - Duration::from_secs(g.below(900))),
             1 => {
@@ -126,6 +138,18 @@ fn random_world(g: &mut Gen) -> World {
     if g.chance(30) {
         w.nodes.push(node("fresh"));
     }
+    w.warm = match g.below(3) {
+        0 => None,
+        1 => Some(Vec::new()),
+        _ => Some(vec![WarmPool {
+            policy: "db".into(),
+            want: enim_crd::EniParameters {
+                security_groups: vec!["sg-db".into()],
+                ..Default::default()
+            },
+            count: usize::try_from(1 + g.below(3)).unwrap(),
+        }]),
+    };
     w
 }
 
@@ -197,6 +221,7 @@ fn no_task_ever_touches_what_a_pod_holds() {
         "undrain",
         "adopt",
         "finish-intent",
+        "create-warm",
     ] {
         assert!(kinds.get(k).copied().unwrap_or(0) > 20, "{k}: {kinds:?}");
     }
