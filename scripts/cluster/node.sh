@@ -273,11 +273,25 @@ EOF
 # crash back-off, so the default one (10 s doubling to 5 minutes) starts
 # afresh: the scenarios run before it kill enimd often, and under the
 # default back-off each kill would leave the next scenario waiting minutes.
+# Back means Ready in a status the new kubelet posted: the node stays Ready
+# in the API while the kubelet is down, so the old status proves nothing.
 kubelet_default_backoff() {
+  local since
   sed -i '/^featureGates: {KubeletCrashLoopBackOffMax: true}$/d; /^crashLoopBackOff: /d' "$nw/etc/kubelet.yaml"
   stop kubelet
+  # Heartbeats are whole seconds: the old kubelet's last is before `since`.
+  sleep 1
+  since=$(date +%s)
   start_kubelet
-  wait_for "the kubelet back, node Ready" 240 k wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+  wait_for "the kubelet back, node Ready" 240 ready_since "$since"
+}
+
+# ready_since T: the node is Ready in a status posted at or after T (epoch
+# seconds). A restarted kubelet posts its first status at once.
+ready_since() {
+  local s
+  s=$(k get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}') || return 1
+  [ "${s%% *}" = True ] && [ "$(date -d "${s#* }" +%s)" -ge "$1" ]
 }
 
 kube_proxy_config() { # CLUSTER_CIDR (empty: unset)
