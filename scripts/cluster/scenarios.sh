@@ -622,6 +622,11 @@ s_restarts_default_backoff() {
   local i kind old t0 t_back t_run away late rc=0 uid ev0 pev0 evict0 lines=() delays=()
   kubelet_default_backoff || return 1
   default_backoff || { echo "the kubelet still shortens the crash back-off (node.sh): not the default"; return 1; }
+  # A restarted kubelet counts the plugin's devices as 0 until the plugin
+  # registers again, and may post that count in its first status; the next
+  # comes 10 s later. A pod created meanwhile is refused for Insufficient
+  # $(resource) (rst-0 once was, and ran 6.8 s after enimd's return).
+  wait_for "allocatable $(resource) = $(capacity) after the kubelet's restart" 60 allocatable_is "$(capacity)" || return 1
   pod bystander
   ready bystander || return 1
   uid=$(k get pod bystander -o jsonpath='{.metadata.uid}')
