@@ -447,9 +447,10 @@ pod_told() { [ -n "$(pod_events "$@")" ]; }
 # eni_subnet ID: the subnet moto has for ENI ID.
 eni_subnet() { moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .subnet'; }
 
-# zoned_policy NAME APP SG SUBNETS: EniPolicy NAME (primary mode, priority
-# 30) for the pods labelled app=APP of the namespaces labelled team=web,
-# with security group SG and SUBNETS (a YAML flow list of {zone, subnetId}).
+# zoned_policy NAME APP SG SUBNETS [WARM]: EniPolicy NAME (primary mode,
+# priority 30) for the pods labelled app=APP of the namespaces labelled
+# team=web, with security group SG and SUBNETS (a YAML flow list of {zone,
+# subnetId}), keeping WARM ENIs warm (default 0).
 zoned_policy() {
   k apply -f - >/dev/null <<EOF
 apiVersion: enim.io/v1alpha1
@@ -462,8 +463,15 @@ spec:
   priority: 30
   securityGroups: [$3]
   subnets: $4
+  warmEnis: ${5:-0}
 EOF
 }
+# kept_enis POLICY: the ENIs the sets keep warm for POLICY, one a line.
+kept_enis() { k get nrs -o json | jq -r --arg p "$1" '.items[].spec.enis[]? | select(.policy == $p) | .id' | sort; }
+# device_published ID: ENI ID is a device of some node's ResourceSlice.
+device_published() { k get resourceslices -o json | jq -e --arg d "$1" 'any(.items[].spec.devices[]?; .name == $d)' >/dev/null; }
+# kept_free POLICY EXCEPT: one ENI kept for POLICY other than EXCEPT.
+kept_free() { kept_enis "$1" | grep -vx "$2" | sed -n 1p; }
 # pending_told POD APP MATCH: pod POD (app=APP, no enim field) on the DRA
 # node's pool stays Pending and is told ClaimNotServable; prints the first
 # such Event's note that contains MATCH.
@@ -487,7 +495,7 @@ pending_told() {
 # pod deletes the ENI, and deleting the policy its template. A policy whose
 # only zone has no node (policy_far_zone): its pod stays Pending, told why.
 policy_groups() {
-  local sg t0 claim id groups line subnet zone policy_subnet far_zone far_subnet
+  local sg t0 t_db claim id groups line subnet zone policy_subnet far_zone far_subnet
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
   zone=$(cloud_field .zone) policy_subnet=$(cloud_field .policy_subnet)
   far_zone=$(cloud_field .far_zone) far_subnet=$(cloud_field .far_subnet)
@@ -498,7 +506,8 @@ policy_groups() {
   policy_pod db-1 "$POLICY_NS" primary-dra db | k apply -f - >/dev/null || return 1
   k -n "$POLICY_NS" wait --for=condition=Ready pod/db-1 --timeout=180s >/dev/null ||
     { echo "db-1: $(k -n "$POLICY_NS" get pod db-1 -o wide --no-headers); claims: $(claim_enis | tr '\n' ';')"; return 1; }
-  echo "db-1 (EniPolicy e2e-db, group $sg): apply -> Ready $(ms_since "$t0") ms, its ENI made on demand"
+  t_db=$(ms_since "$t0")
+  echo "db-1 (EniPolicy e2e-db, group $sg): apply -> Ready $t_db ms, its ENI made on demand"
   line=$(k -n "$POLICY_NS" get pod db-1 -o json |
     jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.resourceClaims[0].resourceClaimTemplateName)"')
   [ "$line" = "e2e-db enim-policy-e2e-db" ] || { echo "db-1 was admitted as '$line'"; return 1; }
@@ -512,12 +521,54 @@ policy_groups() {
   [[ $line == "$(cloud_field .policy_subnet_cidr | cut -d. -f1-3)".* ]] ||
     { echo "db-1's address '$line' is not in $(cloud_field .policy_subnet_cidr)"; return 1; }
   echo "db-1 runs on $id ($line), made in moto with exactly $sg in the policy's subnet $policy_subnet of $zone for its claim $claim"
+  policy_warm "$zone" "$policy_subnet" "$t_db" || return 1
   policy_far_zone "$sg" "$far_zone" "$far_subnet" || return 1
   policy_refused "$sg" "$zone" || return 1
   k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
   wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
   k delete enipolicy e2e-db >/dev/null
   wait_for "its claim template deleted" 60 test_eq "" k -n "$POLICY_NS" get resourceclaimtemplate -o name || return 1
+}
+
+# policy_warm ZONE SUBNET ON_DEMAND_MS: a policy keeping one ENI warm
+# (warmEnis: 1) in SUBNET of ZONE: the operator makes it in moto with
+# exactly the policy's group before any pod asks; a pod of the policy runs
+# on that very ENI (apply -> Ready printed beside ON_DEMAND_MS, db-1's on
+# demand), and another is made warm. Deleting the policy takes the free one
+# back from moto; the pod's stays while it runs, and goes after it.
+policy_warm() {
+  local sg t0 w1 w2 claim id groups ms left
+  sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-warm)
+  zoned_policy e2e-warm warm "$sg" "[{zone: $1, subnetId: $2}]" 1
+  wait_for "an ENI kept warm for e2e-warm" 120 test_ne "" kept_enis e2e-warm ||
+    { echo "EniPolicy e2e-warm: $(k get enipolicy e2e-warm -o jsonpath='{.status.conditions}')"; return 1; }
+  w1=$(kept_enis e2e-warm)
+  groups=$(eni_groups "$w1")
+  [ "$groups" = "$sg" ] && [ "$(eni_subnet "$w1")" = "$2" ] ||
+    { echo "the warm ENI $w1 has groups '$groups' and subnet '$(eni_subnet "$w1")' in moto, not $sg in $2"; return 1; }
+  echo "EniPolicy e2e-warm (warmEnis: 1): $w1 made in moto with exactly $sg in $2 before any pod"
+  wait_for "$w1 a device in a ResourceSlice" 60 device_published "$w1" || return 1
+  t0=$(date +%s%N)
+  policy_pod warm-1 "$POLICY_NS" primary-dra warm | k apply -f - >/dev/null || return 1
+  k -n "$POLICY_NS" wait --for=condition=Ready pod/warm-1 --timeout=120s >/dev/null ||
+    { echo "warm-1: $(k -n "$POLICY_NS" get pod warm-1 -o wide --no-headers)"; return 1; }
+  ms=$(ms_since "$t0")
+  claim=$(pod_claim warm-1 "$POLICY_NS")
+  id=$(claim_device "$claim" "$POLICY_NS")
+  [ "$id" = "$w1" ] || { echo "warm-1 runs on '$id', not the warm ENI $w1"; return 1; }
+  echo "warm-1 (EniPolicy e2e-warm): apply -> Ready $ms ms on the warm ENI $w1 (db-1, its ENI made on demand: $3 ms)"
+  wait_for "another ENI kept warm for e2e-warm" 120 test_ne "" kept_free e2e-warm "$w1" || return 1
+  w2=$(kept_free e2e-warm "$w1")
+  echo "$w1 held by warm-1: $w2 made warm in its place"
+  k delete enipolicy e2e-warm >/dev/null
+  t0=$(date +%s%N)
+  wait_for "the free warm ENI $w2 deleted in moto" 180 eni_gone_from_moto "$w2" || return 1
+  echo "EniPolicy e2e-warm deleted: its free warm ENI $w2 gone from moto $(ms_since "$t0") ms later"
+  left=$(kept_enis e2e-warm | tr '\n' ' ')
+  [ "$left" = "$w1 " ] || { echo "kept for e2e-warm after its deletion: '$left', not $w1 alone (held by warm-1)"; return 1; }
+  k -n "$POLICY_NS" delete pod warm-1 --wait=true >/dev/null
+  wait_for "$w1 deleted in moto once warm-1 is gone" 180 eni_gone_from_moto "$w1" || return 1
+  echo "warm-1 deleted: $w1 gone from moto"
 }
 
 # policy_far_zone SG ZONE SUBNET: a policy whose one subnet is in ZONE, where
@@ -828,6 +879,7 @@ node_ready() {
 }
 # test_eq WANT CMD...: CMD prints WANT.
 test_eq() { local want=$1; shift; [ "$("$@")" = "$want" ]; }
+test_ne() { local not=$1; shift; [ "$("$@")" != "$not" ]; }
 
 # (10) enimd's crashes on a cloud node: node 1's agent (primary mode, its
 # ENIs from moto through its NetResourceSet) killed with -9, and its
