@@ -682,6 +682,77 @@ async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
     assert_eq!(made[0].uid, "u1");
 }
 
+/// A warm create cut short (its create, or its attach, failed and left
+/// the intent, as a crash after the intent or the create would): the next
+/// leader finishes it with the policy's groups and marks it with the
+/// policy, and makes no second one meanwhile.
+#[tokio::test]
+async fn a_policys_unfinished_warm_create_is_finished_as_the_policys() {
+    for verb in ["create", "attach"] {
+        let mut rig = Rig::new(&["a"]);
+        rig.resync().await;
+        rig.store.edit("a", |s| {
+            let mut st = NetResourceSetStatus::default();
+            serving_claims(&mut st);
+            s.status = Some(st);
+        });
+        let warm = [WarmPool {
+            policy: "db".into(),
+            want: enim_crd::EniParameters {
+                security_groups: vec!["sg-db".into()],
+                ..Default::default()
+            },
+            count: 1,
+        }];
+        let demand = Demand {
+            claims: None,
+            warm: Some(&warm),
+        };
+        rig.cloud.fail_next(verb, 1);
+        let r = rig
+            .alloc
+            .resync_with(&rig.nodes, &rig.store.sets(), demand)
+            .await
+            .unwrap();
+        assert_eq!(r.tasks_failed, 1, "{verb}: {r:?}");
+        let spec = rig.store.set("a").unwrap().spec;
+        assert_eq!(spec.intents.len(), 1, "{verb}");
+        assert_eq!(spec.intents[0].policy.as_deref(), Some("db"));
+        assert_eq!(spec.intents[0].security_groups, ["sg-db"]);
+        let creates = rig.cloud.calls("create");
+
+        rig.successor();
+        let r = rig
+            .alloc
+            .resync_with(&rig.nodes, &rig.store.sets(), demand)
+            .await
+            .unwrap();
+        assert_eq!(r.by_kind.get("finish-intent"), Some(&1), "{verb}: {r:?}");
+        assert_eq!(
+            r.by_kind.get("create-warm"),
+            None,
+            "{verb}: the intent counts"
+        );
+        let spec = rig.store.set("a").unwrap().spec;
+        assert!(spec.intents.is_empty(), "{verb}");
+        let kept: Vec<_> = spec
+            .enis
+            .iter()
+            .filter(|e| e.policy.as_deref() == Some("db"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{verb}: {spec:?}");
+        assert_eq!(kept[0].security_groups, ["sg-db"]);
+        let in_cloud = rig.cloud.enis();
+        let made = in_cloud
+            .iter()
+            .find(|e| e.id == kept[0].id)
+            .expect("in the cloud");
+        assert_eq!(made.security_groups, ["sg-db"], "{verb}");
+        let more = usize::from(verb == "create");
+        assert_eq!(rig.cloud.calls("create"), creates + more, "{verb}");
+    }
+}
+
 /// A policy's warm ENI: made in the cloud with its groups, published
 /// marked with it, made once, and drained once the policy keeps none. A
 /// warm create the cloud refuses for good drops its intent, waits out
