@@ -54,7 +54,13 @@ pub fn judge(
         (Ok(Serving::Claim { template }), None) => (
             "True",
             "Served",
-            format!("new pods it selects get an ENI made with exactly its security groups, through a claim from {template} in their namespace"),
+            format!(
+                "new pods it selects get an ENI made with exactly its security groups, through a claim from {template} in their namespace{}",
+                match policy.spec.warm_enis {
+                    0 => String::new(),
+                    n => format!("; {n} such ENI(s) kept free in each of its zones"),
+                }
+            ),
         ),
     }
 }
@@ -168,6 +174,13 @@ mod tests {
         primary.spec.mode = Mode::Primary;
         primary.spec.security_groups = vec!["sg-1".into()];
         assert_eq!(judge(&primary, None).0, "True");
+        primary.spec.warm_enis = 2;
+        let (_, _, message) = judge(&primary, None);
+        assert!(
+            message.ends_with("; 2 such ENI(s) kept free in each of its zones"),
+            "{message}"
+        );
+        primary.spec.warm_enis = 0;
         // Its claims' ENIs refused by the cloud: not Ready, and why.
         let refused = Refusal {
             made_for: "claim web/db-1-enim-eni".into(),
