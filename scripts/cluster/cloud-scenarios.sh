@@ -438,6 +438,26 @@ webhook_cert_issued() {
   k -n enim-system get secret enim-operator-webhook -o jsonpath='{.data.issued}' | base64 -d
 }
 
+# policy_deployment NAME NS POOL APP REPLICAS: a Deployment of REPLICAS
+# pods labelled app=APP on POOL's nodes, with no enim field.
+policy_deployment() {
+  cat <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1, namespace: $2, labels: {e2e: "1"}}
+spec:
+  replicas: $5
+  selector: {matchLabels: {app: $4}}
+  template:
+    metadata: {labels: {e2e: "1", app: $4}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      nodeSelector: {enim.io/pool: $3}
+      containers:
+        - {name: c, image: $BUSYBOX, imagePullPolicy: Never, args: ["exec httpd -f -p 8080 -h /"]}
+EOF
+}
+
 # pod_events NAME NS REASON: the notes of the Events of REASON about pod NAME.
 pod_events() {
   k -n "$2" get events --field-selector "involvedObject.kind=Pod,involvedObject.name=$1,reason=$3" \
@@ -495,7 +515,7 @@ pending_told() {
 # pod deletes the ENI, and deleting the policy its template. A policy whose
 # only zone has no node (policy_far_zone): its pod stays Pending, told why.
 policy_groups() {
-  local sg t0 t_db claim id groups line subnet zone policy_subnet far_zone far_subnet
+  local sg t0 t_db pod claim id ids=() groups line subnet zone policy_subnet far_zone far_subnet
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
   zone=$(cloud_field .zone) policy_subnet=$(cloud_field .policy_subnet)
   far_zone=$(cloud_field .far_zone) far_subnet=$(cloud_field .far_subnet)
@@ -503,29 +523,35 @@ policy_groups() {
   wait_for "EniPolicy e2e-db Ready" 120 test_eq True policy_ready e2e-db || return 1
   wait_for "its claim template in $POLICY_NS" 60 k -n "$POLICY_NS" get resourceclaimtemplate enim-policy-e2e-db || return 1
   t0=$(date +%s%N)
-  policy_pod db-1 "$POLICY_NS" primary-dra db | k apply -f - >/dev/null || return 1
-  k -n "$POLICY_NS" wait --for=condition=Ready pod/db-1 --timeout=180s >/dev/null ||
-    { echo "db-1: $(k -n "$POLICY_NS" get pod db-1 -o wide --no-headers); claims: $(claim_enis | tr '\n' ';')"; return 1; }
+  policy_deployment db "$POLICY_NS" primary-dra db 2 | k apply -f - >/dev/null || return 1
+  k -n "$POLICY_NS" rollout status deployment/db --timeout=180s >/dev/null ||
+    { echo "Deployment db: $(k -n "$POLICY_NS" get pods -l app=db -o wide --no-headers | tr '\n' ';'); claims: $(claim_enis | tr '\n' ';')"; return 1; }
   t_db=$(ms_since "$t0")
-  echo "db-1 (EniPolicy e2e-db, group $sg): apply -> Ready $t_db ms, its ENI made on demand"
-  line=$(k -n "$POLICY_NS" get pod db-1 -o json |
-    jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.resourceClaims[0].resourceClaimTemplateName)"')
-  [ "$line" = "e2e-db enim-policy-e2e-db" ] || { echo "db-1 was admitted as '$line'"; return 1; }
-  claim=$(pod_claim db-1 "$POLICY_NS")
-  id=$(claim_device "$claim" "$POLICY_NS")
-  groups=$(eni_groups "$id")
-  [ "$groups" = "$sg" ] || { echo "db-1's ENI '$id' has groups '$groups' in moto, not exactly $sg"; return 1; }
-  subnet=$(eni_subnet "$id")
-  [ "$subnet" = "$policy_subnet" ] || { echo "db-1's ENI '$id' is in subnet '$subnet', not the policy's $policy_subnet of $zone"; return 1; }
-  line=$(k -n "$POLICY_NS" get pod db-1 -o jsonpath='{.status.podIP}')
-  [[ $line == "$(cloud_field .policy_subnet_cidr | cut -d. -f1-3)".* ]] ||
-    { echo "db-1's address '$line' is not in $(cloud_field .policy_subnet_cidr)"; return 1; }
-  echo "db-1 runs on $id ($line), made in moto with exactly $sg in the policy's subnet $policy_subnet of $zone for its claim $claim"
+  echo "Deployment db (2 pods, no enim field; EniPolicy e2e-db, group $sg): apply -> both Ready $t_db ms, their ENIs made on demand"
+  for pod in $(k -n "$POLICY_NS" get pods -l app=db -o jsonpath='{.items[*].metadata.name}'); do
+    line=$(k -n "$POLICY_NS" get pod "$pod" -o json |
+      jq -r '"\(.metadata.annotations["enim.io/policy"]) \(.spec.resourceClaims[0].resourceClaimTemplateName)"')
+    [ "$line" = "e2e-db enim-policy-e2e-db" ] || { echo "$pod was admitted as '$line'"; return 1; }
+    claim=$(pod_claim "$pod" "$POLICY_NS")
+    id=$(claim_device "$claim" "$POLICY_NS")
+    groups=$(eni_groups "$id")
+    [ "$groups" = "$sg" ] || { echo "$pod's ENI '$id' has groups '$groups' in moto, not exactly $sg"; return 1; }
+    subnet=$(eni_subnet "$id")
+    [ "$subnet" = "$policy_subnet" ] || { echo "$pod's ENI '$id' is in subnet '$subnet', not the policy's $policy_subnet of $zone"; return 1; }
+    line=$(k -n "$POLICY_NS" get pod "$pod" -o jsonpath='{.status.podIP}')
+    [[ $line == "$(cloud_field .policy_subnet_cidr | cut -d. -f1-3)".* ]] ||
+      { echo "$pod's address '$line' is not in $(cloud_field .policy_subnet_cidr)"; return 1; }
+    echo "$pod runs on $id ($line), made in moto with exactly $sg in the policy's subnet $policy_subnet of $zone for its claim $claim"
+    ids+=("$id")
+  done
+  [ "${#ids[@]}" = 2 ] && [ "${ids[0]}" != "${ids[1]}" ] || { echo "the Deployment's pods' ENIs: ${ids[*]}"; return 1; }
   policy_warm "$zone" "$policy_subnet" "$t_db" || return 1
   policy_far_zone "$sg" "$far_zone" "$far_subnet" || return 1
   policy_refused "$sg" "$zone" || return 1
-  k -n "$POLICY_NS" delete pod db-1 --wait=true >/dev/null
-  wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
+  k -n "$POLICY_NS" delete deployment db --wait=true >/dev/null
+  for id in "${ids[@]}"; do
+    wait_for "$id deleted in moto" 240 eni_gone_from_moto "$id" || return 1
+  done
   k delete enipolicy e2e-db >/dev/null
   wait_for "its claim template deleted" 60 test_eq "" k -n "$POLICY_NS" get resourceclaimtemplate -o name || return 1
 }
@@ -533,9 +559,10 @@ policy_groups() {
 # policy_warm ZONE SUBNET ON_DEMAND_MS: a policy keeping one ENI warm
 # (warmEnis: 1) in SUBNET of ZONE: the operator makes it in moto with
 # exactly the policy's group before any pod asks; a pod of the policy runs
-# on that very ENI (apply -> Ready printed beside ON_DEMAND_MS, db-1's on
-# demand), and another is made warm. Deleting the policy takes the free one
-# back from moto; the pod's stays while it runs, and goes after it.
+# on that very ENI (apply -> Ready printed beside ON_DEMAND_MS, the
+# Deployment's on demand), and another is made warm. Deleting the policy
+# takes the free one back from moto; the pod's stays while it runs, and
+# goes after it.
 policy_warm() {
   local sg t0 w1 w2 claim id groups ms left
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-warm)
@@ -556,7 +583,7 @@ policy_warm() {
   claim=$(pod_claim warm-1 "$POLICY_NS")
   id=$(claim_device "$claim" "$POLICY_NS")
   [ "$id" = "$w1" ] || { echo "warm-1 runs on '$id', not the warm ENI $w1"; return 1; }
-  echo "warm-1 (EniPolicy e2e-warm): apply -> Ready $ms ms on the warm ENI $w1 (db-1, its ENI made on demand: $3 ms)"
+  echo "warm-1 (EniPolicy e2e-warm): apply -> Ready $ms ms on the warm ENI $w1 (the Deployment db of 2, their ENIs made on demand: $3 ms to both Ready)"
   wait_for "another ENI kept warm for e2e-warm" 120 test_ne "" kept_free e2e-warm "$w1" || return 1
   w2=$(kept_free e2e-warm "$w1")
   echo "$w1 held by warm-1: $w2 made warm in its place"
@@ -1239,7 +1266,7 @@ run_cloud_scenarios() {
   cloud_scenario "performance: RunPodSandbox of enim against bridge on node 1 (primary) and node 2 (secondary), the kernel's netns move; a warm pod's apply -> Running in phases on each" s_cloud_perf
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
-  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), the serving certificate renewed during 2,000 creations with none refused, a policy naming a security group and a subnet per zone: its pod gets a claim and runs on the DRA node on an ENI made in moto with exactly that group in its zone's subnet; a policy keeping one ENI warm: made before any pod, its pod runs on it, another made in its place, the free one deleted with the policy; a zone with no node and a subnet the cloud refuses: the pod Pending, told why, the policy CloudRefused" s_cloud_policy
+  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), the serving certificate renewed during 2,000 creations with none refused, a policy naming a security group and a subnet per zone: a Deployment's 2 pods get a claim each and run on the DRA node on ENIs made in moto with exactly that group in its zone's subnet; a policy keeping one ENI warm: made before any pod, its pod runs on it, another made in its place, the free one deleted with the policy; a zone with no node and a subnet the cloud refuses: the pod Pending, told why, the policy CloudRefused" s_cloud_policy
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
   cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage
