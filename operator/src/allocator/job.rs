@@ -140,7 +140,21 @@ impl<'a> Job<'a> {
             }
             Task::RefreshPolicy { .. } => {
                 let pool = self.pool()?;
-                pool.stamp(self.spec()?);
+                let spec = self.spec()?;
+                // The ENIs made with the node's old groups keep them in the
+                // cloud: pinned, they are published as what they are, and
+                // the plan drains them once free.
+                if spec.security_groups != pool.security_groups {
+                    let old = spec.security_groups.clone();
+                    for e in spec
+                        .enis
+                        .iter_mut()
+                        .filter(|e| e.security_groups.is_empty())
+                    {
+                        e.security_groups.clone_from(&old);
+                    }
+                }
+                pool.stamp(spec);
                 *dirty = true;
                 Ok(())
             }

@@ -558,11 +558,42 @@ async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
         pre_allocate: 2,
         ..crate::config::DEFAULT_WATERMARKS
     });
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), more).unwrap();
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), more.clone()).unwrap();
     let r = rig.resync().await;
     assert_eq!(r.by_kind.get("refresh-policy"), Some(&1), "{r:?}");
     let p = rig.store.set("p").unwrap().spec;
     assert_eq!((p.watermarks.pre_allocate, p.enis.len()), (2, 2));
+
+    // Its groups change: the ENIs made with the old ones are pinned to
+    // them (published as what they are), drained, and replaced by ENIs of
+    // the new groups.
+    let mut regrouped = more.clone();
+    regrouped.pools[0].security_groups = Some(vec!["sg-new".into()]);
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), regrouped).unwrap();
+    let old: Vec<String> = rig.spec_ids("p");
+    let r = rig.resync().await;
+    assert_eq!(r.by_kind.get("refresh-policy"), Some(&1), "{r:?}");
+    let p = rig.store.set("p").unwrap().spec;
+    assert_eq!(p.security_groups, ["sg-new"]);
+    for e in p.enis.iter().filter(|e| old.contains(&e.id)) {
+        assert_eq!(e.security_groups, ["sg-prim"], "pinned: {e:?}");
+    }
+    // The next pass plans on the pinned spec.
+    rig.resync().await;
+    let p = rig.store.set("p").unwrap().spec;
+    let mut draining = p.draining.clone();
+    draining.sort();
+    let mut want = old.clone();
+    want.sort();
+    assert_eq!(draining, want, "{p:?}");
+    let new: Vec<_> = rig
+        .cloud
+        .enis()
+        .into_iter()
+        .filter(|e| e.node.as_deref() == Some("i-p") && !old.contains(&e.id))
+        .collect();
+    assert_eq!(new.len(), 2, "two of the new groups made");
+    assert!(new.iter().all(|e| e.security_groups == ["sg-new"]));
 
     // A node registered before the cloud controller labelled its type:
     // the cloud knows no limits for no type (as EC2), so it gets no ENI.

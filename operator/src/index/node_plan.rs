@@ -384,7 +384,16 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             .filter(|f| f.node.as_deref() == Some(self.e.instance.id.as_str()))
             .filter(|f| !facts.in_spec.contains_key(f.id.as_str()))
             .filter(|f| f.intent.as_deref().is_none_or(|t| !tokens.contains(t)))
-            .map(|f| eni_spec(f))
+            .map(|f| {
+                // Its groups as the cloud lists them, when not the pool's:
+                // the agent publishes what the spec says.
+                let mut s = eni_spec(f);
+                s.security_groups.clone_from(&f.security_groups);
+                if self.of_pool(&s) {
+                    s.security_groups.clear();
+                }
+                s
+            })
             .collect();
         let mut addresses: Vec<(String, Vec<IpAddr>)> = Vec::new();
         if facts.secondary {
@@ -480,9 +489,10 @@ impl<'i, 'a> NodePlan<'i, 'a> {
 
     /// DRA claims and policies' warm ENIs: an ENI for each `asked` to be
     /// made here while slots last, and back to the cloud the ENIs whose
-    /// claim is gone (free ones; a held one waits for its pod) and those
-    /// kept warm that the pass found in excess. Returns how many were
-    /// placed.
+    /// claim is gone (free ones; a held one waits for its pod), those kept
+    /// warm that the pass found in excess, and the pool's ENIs of groups
+    /// the pool no longer has ([`NodePlan::of_pool`]). Returns how many
+    /// were placed.
     fn serve_claims(
         &self,
         asked: Asked,
@@ -515,6 +525,14 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             });
         }
         let mut drain = asked.drain_kept;
+        let stale = self.spec.enis.iter().filter(|s| {
+            s.claim.is_none()
+                && s.policy.is_none()
+                && !self.of_pool(s)
+                && !facts.held.enis.contains(s.id.as_str())
+                && !draining.ids.contains(s.id.as_str())
+        });
+        drain.extend(stale.map(|s| s.id.clone()));
         if let Some(exists) = &self.index.claim_uids {
             let orphans = self
                 .spec
@@ -541,9 +559,22 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         placed
     }
 
+    /// Whether `eni` (made for no claim or policy) has the pool's groups:
+    /// its own are none (the node's, which are the pool's) or the pool's.
+    /// One made before the pool's groups changed (its own pinned then, see
+    /// the allocator's `RefreshPolicy`), or adopted with others, is no
+    /// pool ENI: a pod asking for the pool's network must not get it.
+    fn of_pool(&self, eni: &EniSpec) -> bool {
+        let mut own: Vec<&String> = eni.security_groups.iter().collect();
+        let mut pool: Vec<&String> = self.pool.security_groups.iter().collect();
+        own.sort();
+        pool.sort();
+        own.is_empty() || own == pool
+    }
+
     /// The watermarks, over the pool (spec ENIs neither draining,
     /// quarantined nor made for a claim or a policy: those are theirs,
-    /// neither pool nor surplus) and what is `coming`: grow a node short
+    /// neither pool nor surplus; nor of groups the pool no longer has) and what is `coming`: grow a node short
     /// of them, drain one above them.
     fn grow_or_drain(
         &self,
@@ -563,6 +594,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                     && !held.quarantined.contains(s.id.as_str())
                     && s.claim.is_none()
                     && s.policy.is_none()
+                    && self.of_pool(s)
             })
             .collect();
         let (free, total) = if facts.secondary {

@@ -566,6 +566,75 @@ fn enis_attached_and_tagged_here_but_missing_from_spec_are_adopted() {
     assert!(!tasks
         .iter()
         .any(|t| matches!(t, Task::CreateEnis { node, .. } if node == "a")));
+    // The pool's groups as the cloud lists them: none of its own.
+    assert!(enis[0].security_groups.is_empty());
+}
+
+/// An ENI the cloud lists with groups the pool does not have (made before
+/// the pool's groups changed, or by someone else) is adopted with them, so
+/// that the agent publishes what it is; it is no pool ENI, and goes.
+#[test]
+fn an_eni_adopted_with_other_groups_keeps_them_and_is_no_pool_eni() {
+    let mut w = World::new(Mode::Primary);
+    w.live("a", &["e1", "e2"]);
+    let mut other = fleet_eni("other", Some(("a", 3)), Some("a"));
+    other.security_groups = vec!["sg-9".into()];
+    w.enis.push(other);
+    let tasks = w.plan();
+    let Some(Task::Adopt { enis, .. }) = tasks.iter().find(|t| t.kind() == "adopt") else {
+        panic!("{tasks:?}")
+    };
+    assert_eq!(enis[0].security_groups, ["sg-9"]);
+    // Once in the spec: drained while free, never the pool's.
+    let mut s = spec_eni("other", 3);
+    s.security_groups = vec!["sg-9".into()];
+    w.set("a").spec.enis.push(s);
+    let tasks = w.plan();
+    assert_eq!(w_drains(&tasks), [&vec!["other".to_string()]]);
+}
+
+fn w_drains(tasks: &[Task]) -> Vec<&Vec<String>> {
+    tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::Drain { items, .. } => Some(items),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The pool's ENIs pinned to the groups the pool had (its groups
+/// changed): not counted in its watermarks (the node grows ENIs of the new
+/// groups) and drained once free; one a pod holds waits.
+#[test]
+fn pool_enis_of_groups_the_pool_no_longer_has_are_replaced() {
+    let mut w = World::new(Mode::Primary);
+    w.limits.get_mut("m5").unwrap().enis = 6;
+    w.live("a", &["e1", "e2", "e3"]);
+    for e in &mut w.set("a").spec.enis {
+        e.security_groups = vec!["sg-old".into()];
+    }
+    status(w.set("a")).used.push(used("e3", None));
+    let tasks = w.plan();
+    let drained = w_drains(&tasks);
+    assert_eq!(drained, [&vec!["e1".to_string(), "e2".to_string()]]);
+    let grown: Vec<&Vec<u32>> = tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::CreateEnis { device_indexes, .. } => Some(device_indexes),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(grown, [&vec![4, 5]], "two free of the pool's groups");
+    // The same groups in another order are the pool's.
+    let mut w = World::new(Mode::Primary);
+    w.policy.security_groups = vec!["sg-1".into(), "sg-2".into()];
+    w.live("a", &["e1", "e2"]);
+    w.set("a").spec.security_groups = w.policy.security_groups.clone();
+    for e in &mut w.set("a").spec.enis {
+        e.security_groups = vec!["sg-2".into(), "sg-1".into()];
+    }
+    assert!(w_drains(&w.plan()).is_empty(), "{:?}", w.plan());
 }
 
 #[test]
