@@ -189,6 +189,32 @@ impl DataStore {
         self.assignment(key).is_some() || self.choose(ipv6, now).is_some()
     }
 
+    /// When an assign with nothing free now could next succeed: the
+    /// soonest an unassigned address (with `ipv6`, an IPv4 and an IPv6 one
+    /// of one ENI) is past its cooldown; `None` when every address is held.
+    pub fn next_free_at(&self, ipv6: bool, now: Instant) -> Option<Instant> {
+        let free_at = |eni: &EniAddresses, v6: bool| {
+            eni.addresses
+                .iter()
+                .filter(|(ip, s)| ip.is_ipv6() == v6 && s.assigned_to.is_none())
+                .map(|(_, s)| {
+                    s.released_at
+                        .map_or(now, |at| (at + self.cooldown).max(now))
+                })
+                .min()
+        };
+        self.enis
+            .values()
+            .filter_map(|eni| {
+                let v4 = free_at(eni, false)?;
+                match ipv6 {
+                    true => Some(v4.max(free_at(eni, true)?)),
+                    false => Some(v4),
+                }
+            })
+            .min()
+    }
+
     /// The free addresses an assign takes: an IPv4 one and, with `ipv6`,
     /// an IPv6 one on the same ENI.
     fn choose(&self, ipv6: bool, now: Instant) -> Option<(String, IpAddr, Option<IpAddr>)> {
@@ -507,6 +533,29 @@ mod tests {
         ds.add_address("eni-a", ip("10.0.0.11")).unwrap();
         ds.add_address("eni-a", ip("fd00::11")).unwrap();
         ds
+    }
+
+    #[test]
+    fn next_free_at_is_when_the_soonest_cooldown_ends() {
+        let (mut ds, t0) = store_with_p(true);
+        assert_eq!(ds.next_free_at(true, t0), None, "all held");
+        let later = t0 + Duration::from_secs(10);
+        ds.unassign(&key("p"), later);
+        // Released at t0 + 10 s: free at t0 + 40 s, for either stack.
+        let at = t0 + Duration::from_secs(40);
+        assert_eq!(ds.next_free_at(true, later), Some(at));
+        assert_eq!(ds.next_free_at(false, later), Some(at));
+        assert!(!ds.can_assign(&key("q"), true, at - Duration::from_millis(1)));
+        assert!(ds.can_assign(&key("q"), true, at));
+        // Past it: now.
+        let past = at + Duration::from_secs(5);
+        assert_eq!(ds.next_free_at(true, past), Some(past));
+        // Dual stack needs both of one ENI: a lone IPv4 address elsewhere,
+        // free now, does not do.
+        ds.add_eni("eni-b", 3).unwrap();
+        ds.add_address("eni-b", ip("10.0.1.11")).unwrap();
+        assert_eq!(ds.next_free_at(true, later), Some(at));
+        assert_eq!(ds.next_free_at(false, later), Some(later));
     }
 
     #[test]

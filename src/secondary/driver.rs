@@ -31,6 +31,10 @@ use crate::support::exclusion::Exclusions;
 use crate::support::fault::crash_point;
 use crate::support::metadata::MetadataConfig;
 
+/// How often an ADD waiting for an address's cooldown looks again: an
+/// address the operator or the pool adds meanwhile is taken at once.
+const COOLING_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub struct SecondaryDriver {
     host: Arc<HostEnis>,
     // Read only: other records' addresses, so a stale record never removes
@@ -318,10 +322,33 @@ impl Driver for SecondaryDriver {
     }
 
     async fn wait_for_capacity(&self, owner: &EniOwner) {
+        let key = AttachmentKey::of(owner);
+        let deadline = Instant::now() + self.config.pool.allocate_wait;
+        let dual_stack = self.store().has_ipv6();
         if let Some(pool) = self.pool.get() {
-            let dual_stack = self.store().has_ipv6();
-            pool.wait_for_address(&AttachmentKey::of(owner), dual_stack)
-                .await;
+            pool.wait_for_address(&key, dual_stack).await;
+        }
+        // Nothing free, but an address ends its cooldown within the wait
+        // (pods just went, as in a rollout): wait for it here, rather than
+        // answer "try again later" and have the kubelet come back 10 s or
+        // more later. Whatever frees one sooner is taken at the re-check.
+        loop {
+            let wake = {
+                let store = self.store();
+                if store.can_assign(&key, dual_stack, Instant::now()) {
+                    return;
+                }
+                store.next_free_at(dual_stack, Instant::now())
+            };
+            match wake {
+                Some(at) if at <= deadline => {
+                    // A tick at most: an address given to the store meanwhile
+                    // is seen at the next look.
+                    let nap = at.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(nap.min(COOLING_RECHECK)).await;
+                }
+                _ => return,
+            }
         }
     }
 

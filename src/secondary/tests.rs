@@ -290,3 +290,62 @@ async fn gc_sweeps_what_no_record_explains_and_nothing_else() {
         GcReport::default()
     );
 }
+
+/// An ADD that finds every free address cooling down waits for the first
+/// to end its cooldown, within `allocate_wait`, instead of answering "try
+/// again later" (the kubelet would come back 10 s or more later); one
+/// whose cooldown ends after the wait is refused at once, as before.
+#[tokio::test]
+async fn an_add_waits_for_an_address_whose_cooldown_ends_within_the_wait() {
+    let cooldown = Duration::from_millis(700);
+    for (wait, served) in [
+        (Duration::from_secs(5), true),
+        (Duration::from_millis(100), false),
+    ] {
+        let fake = fake_with(1);
+        let netns = |c: &str| Path::new("/run/netns").join(format!("pod-{c}"));
+        for c in ["a", "b", "c"] {
+            fake.add_netns(&netns(c));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
+        let provider = Arc::new(StaticProvider::new(enis(1)).unwrap());
+        let mut config = config();
+        config.cooldown = cooldown;
+        config.pool.allocate_wait = wait;
+        let driver = SecondaryDriver::new(
+            config,
+            provider,
+            fake.clone(),
+            cp.clone(),
+            Exclusions::default(),
+        )
+        .unwrap();
+        let engine = Engine::new(driver, cp);
+        engine.recover().await.unwrap();
+        // Both of the ENI's slots taken, then one given back: it cools.
+        engine.add(&owner("a"), &netns("a")).await.unwrap();
+        engine.add(&owner("b"), &netns("b")).await.unwrap();
+        engine.del(&owner("a")).await.unwrap();
+        let asked = std::time::Instant::now();
+        let got = engine.add(&owner("c"), &netns("c")).await;
+        let took = asked.elapsed();
+        match served {
+            true => {
+                got.unwrap();
+                assert!(
+                    took >= cooldown / 2,
+                    "served before the cooldown ended: {took:?}"
+                );
+            }
+            false => {
+                let e = got.unwrap_err();
+                assert!(
+                    matches!(e, crate::engine::EngineError::NoFreeAddress(_)),
+                    "{e}"
+                );
+                assert!(took < cooldown / 2, "refused only after {took:?}");
+            }
+        }
+    }
+}

@@ -83,9 +83,10 @@ pub struct WarmIpConfig {
     #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub max_backoff: Duration,
     /// How long an ADD with no free slot waits for the pool's next check
-    /// to assign one before answering "try again later" (the kubelet
-    /// retries only 10-15 s later). `"0s"` turns the wait off; at most
-    /// 25 s.
+    /// to assign one, or for an address's `cooldown` to end (also with
+    /// the operator's addresses), before answering "try again later" (the
+    /// kubelet retries only 10-15 s later). `"0s"` turns the wait off; at
+    /// most 25 s.
     #[serde(with = "humantime_serde")]
     #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub allocate_wait: Duration,
