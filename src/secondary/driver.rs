@@ -332,6 +332,7 @@ impl Driver for SecondaryDriver {
         // (pods just went, as in a rollout): wait for it here, rather than
         // answer "try again later" and have the kubelet come back 10 s or
         // more later. Whatever frees one sooner is taken at the re-check.
+        let mut told = false;
         loop {
             let wake = {
                 let store = self.store();
@@ -345,6 +346,10 @@ impl Driver for SecondaryDriver {
                     // A tick at most: an address given to the store meanwhile
                     // is seen at the next look.
                     let nap = at.saturating_duration_since(Instant::now());
+                    if !told {
+                        told = true;
+                        tracing::info!(pod = %owner.pod, wait_ms = nap.as_millis(), "no free address: waiting for one's cooldown to end");
+                    }
                     tokio::time::sleep(nap.min(COOLING_RECHECK)).await;
                 }
                 _ => return,
