@@ -40,6 +40,7 @@ pub const POLICY_CRD_PATH: &str = "charts/enim/crds/06-crd-enipolicy.yaml";
     status = "EniPolicyStatus",
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
+    printcolumn = r#"{"name":"Warm","type":"integer","jsonPath":".spec.warmEnis"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

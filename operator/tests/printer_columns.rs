@@ -1,7 +1,8 @@
 //! `kubectl get nrs` against the real API server with deploy/'s CRD: a
 //! NetResourceSet being deleted (its node gone, the set held by the
 //! operator's finalizer for `node_grace`) says so in its Deleting column;
-//! one that is not being deleted shows nothing there.
+//! one that is not being deleted shows nothing there. `kubectl get enip`
+//! shows a policy's mode, priority and warm ENIs.
 
 use std::path::Path;
 
@@ -65,4 +66,30 @@ fn a_set_being_deleted_says_so_in_kubectl_get() {
         live.is_empty() || live.starts_with('<'),
         "live-node's DELETING is {live:?}:\n{table}"
     );
+}
+
+#[test]
+fn a_policy_shows_its_mode_priority_and_warm_enis_in_kubectl_get() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let crd = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(enim_crd::policy::POLICY_CRD_PATH),
+    )
+    .unwrap();
+    cp.apply_crd(&crd, "crd/enipolicies.enim.io");
+    cp.apply(
+        "apiVersion: enim.io/v1alpha1\nkind: EniPolicy\nmetadata: {name: db}\n\
+         spec: {mode: primary, priority: 7, securityGroups: [sg-db], warmEnis: 2}\n---\n\
+         apiVersion: enim.io/v1alpha1\nkind: EniPolicy\nmetadata: {name: web}\n\
+         spec: {mode: secondary}\n",
+    );
+    let table = cp.kubectl(&["get", "enip"]);
+    let row = |name: &str| ["MODE", "PRIORITY", "WARM"].map(|c| cell(&table, name, c));
+    assert_eq!(row("db"), ["primary", "7", "2"], "{table}");
+    let web = row("web");
+    assert_eq!(web[0], "secondary", "{table}");
+    assert!(web[2].is_empty() || web[2].starts_with('<'), "{table}");
 }
