@@ -265,6 +265,65 @@ fn enimd_in_secondary_mode_serves_spec_addresses_and_hands_back_drained_ones() {
     agent.stop();
 }
 
+/// Secondary mode with a cooldown: an address a pod gave back rests in
+/// `status.cooling` (the operator counts it as not free) and leaves it
+/// once rested; an ADD that finds only cooling addresses waits for the
+/// cooldown to end (within `allocate_wait`) and is served, instead of
+/// "try again later".
+#[test]
+fn enimd_reports_cooling_addresses_and_an_add_waits_out_a_short_cooldown() {
+    require_kernel!();
+    let Some(cp) = control_plane_with_nrs_crd() else {
+        return;
+    };
+    let mut sb = Sandbox::new(1);
+    sb.enis = sb.enis_with_secondaries(&[2], false);
+    let pods = [
+        NamedNetns::new("pod"),
+        NamedNetns::new("pod"),
+        NamedNetns::new("pod"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    operator_writes(&cp, dir.path(), "secondary", spec_enis(&sb), &[]);
+    let extra = "mode = \"secondary\"\n[secondary]\ncooldown = \"3s\"";
+    let mut agent = start_enimd(&cp, &sb, dir.path(), extra);
+    let conf = agent.net_conf("1.1.0");
+
+    let result = add_eventually(&pods[0], "c1", &conf);
+    let first = result["ips"][0]["address"].as_str().unwrap().to_string();
+    enim("DEL", "c1", Some(&pods[0].path()), "eth0", &conf).ok();
+    let cooling = first.trim_end_matches("/32").to_string();
+    eventually(
+        "the freed address in status.cooling, not available",
+        Duration::from_secs(10),
+        || {
+            let st = status(&cp);
+            st["cooling"] == json!([cooling]) && st["summary"]["available"] == 1
+        },
+    );
+    // The other address goes to c2; c3 finds only the cooling one, and is
+    // served once it has rested.
+    let second = enim("ADD", "c2", Some(&pods[1].path()), "eth0", &conf).ok();
+    assert_ne!(second["ips"][0]["address"], first.as_str());
+    let asked = std::time::Instant::now();
+    let third = enim("ADD", "c3", Some(&pods[2].path()), "eth0", &conf).ok();
+    assert_eq!(third["ips"][0]["address"], first.as_str());
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    eventually(
+        "nothing cooling once rested and held again",
+        Duration::from_secs(10),
+        || {
+            let st = status(&cp);
+            st.get("cooling").is_none_or(|c| c == &json!([])) && used(&st).len() == 2
+        },
+    );
+    agent.stop();
+}
+
 /// The events of `kind` `name` with `reason` in "default", as kubectl
 /// lists them (events.k8s.io/v1).
 fn events_about(cp: &ControlPlane, kind: &str, name: &str, reason: &str) -> Vec<Value> {

@@ -189,6 +189,10 @@ pub struct StoredAddresses {
     pub enis: Vec<String>,
     /// Every address it may hand out or has handed out.
     pub addresses: Vec<IpAddr>,
+    /// Of `addresses`, those a pod gave back that rest their cooldown: not
+    /// handed out again until it ends, so not free.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cooling: Vec<IpAddr>,
 }
 
 /// A warm pool's state in cilium's and CCE's IPAM terms: ENIs in use, free, still to

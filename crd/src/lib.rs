@@ -269,6 +269,10 @@ pub struct NetResourceSetStatus {
     /// and the agent will not hand out again: the operator may take them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub released: Vec<String>,
+    /// Secondary mode: addresses a pod gave back that rest their cooldown
+    /// before the agent hands them out again: neither free nor surplus yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cooling: Vec<IpAddr>,
     #[serde(default)]
     pub summary: Summary,
     /// When the agent last wrote this status.

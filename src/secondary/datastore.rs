@@ -482,6 +482,21 @@ impl DataStore {
             .collect()
     }
 
+    /// The addresses no pod holds that rest their cooldown at `now`.
+    pub fn cooling(&self, now: Instant) -> Vec<IpAddr> {
+        self.enis
+            .values()
+            .flat_map(|e| e.addresses.iter())
+            .filter(|(_, s)| s.assigned_to.is_none() && !self.is_free(s, now))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+
+    /// How long an address released now rests.
+    pub fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
     pub fn contains(&self, ip: &IpAddr) -> bool {
         self.enis.values().any(|e| e.addresses.contains_key(ip))
     }
@@ -539,8 +554,11 @@ mod tests {
     fn next_free_at_is_when_the_soonest_cooldown_ends() {
         let (mut ds, t0) = store_with_p(true);
         assert_eq!(ds.next_free_at(true, t0), None, "all held");
+        assert!(ds.cooling(t0).is_empty(), "held is not cooling");
         let later = t0 + Duration::from_secs(10);
         ds.unassign(&key("p"), later);
+        assert_eq!(ds.cooling(later), [ip("10.0.0.11"), ip("fd00::11")]);
+        assert!(ds.cooling(later + ds.cooldown()).is_empty());
         // Released at t0 + 10 s: free at t0 + 40 s, for either stack.
         let at = t0 + Duration::from_secs(40);
         assert_eq!(ds.next_free_at(true, later), Some(at));

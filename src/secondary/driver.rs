@@ -130,6 +130,16 @@ impl SecondaryDriver {
             feed.freed(&key.owner());
             // A freed address the listing no longer shows left the store.
             self.report_stored();
+            // The freed address cools down: once it is free, say so again
+            // (the operator counts a cooling address as not free).
+            let cooldown = self.store().cooldown();
+            if let (false, Ok(rt)) = (cooldown.is_zero(), tokio::runtime::Handle::try_current()) {
+                let host = self.host.clone();
+                rt.spawn(async move {
+                    tokio::time::sleep(cooldown).await;
+                    host.report_stored();
+                });
+            }
         }
     }
 

@@ -443,8 +443,15 @@ impl HostEnis {
             return;
         };
         let enis = self.host_enis().into_iter().map(|e| e.id).collect();
-        let addresses = self.store().addresses();
-        feed.stored(StoredAddresses { enis, addresses });
+        let (addresses, cooling) = {
+            let store = self.store();
+            (store.addresses(), store.cooling(std::time::Instant::now()))
+        };
+        feed.stored(StoredAddresses {
+            enis,
+            addresses,
+            cooling,
+        });
     }
 
     /// Drops a host ENI the provider no longer lists once none of its

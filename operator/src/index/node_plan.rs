@@ -240,6 +240,8 @@ impl<'i, 'a> NodePlan<'i, 'a> {
                 h.enis.insert(u.eni.as_str());
                 h.ips.extend(u.ip);
             }
+            // Resting their cooldown: not free yet, nor surplus.
+            h.ips.extend(st.cooling.iter().copied());
             h.quarantined
                 .extend(st.quarantined.iter().map(|q| q.eni.as_str()));
             h.released.extend(st.released.iter().map(String::as_str));

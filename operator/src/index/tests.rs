@@ -919,6 +919,33 @@ fn secondary_mode_counts_addresses() {
     );
 }
 
+/// Addresses resting their cooldown (the agent's `status.cooling`) are
+/// not free: counted so, a node whose pods just went is neither drained
+/// of them nor left short.
+#[test]
+fn secondary_mode_counts_cooling_addresses_as_not_free() {
+    let mut w = World::new(Mode::Secondary);
+    let s = w.live("a", &["e1", "e2"]);
+    s.spec.enis[0].secondary_ips = ["10.0.0.11", "10.0.0.12", "10.0.0.13"].map(ip).to_vec();
+    s.spec.enis[1].secondary_ips = ["10.0.1.11", "10.0.1.12", "10.0.1.13"].map(ip).to_vec();
+    status(s).used.push(used("e2", Some("10.0.1.13")));
+    // Five free but four cooling: one free, short of pre_allocate 2.
+    status(s).cooling = ["10.0.0.11", "10.0.0.12", "10.0.0.13", "10.0.1.11"]
+        .map(ip)
+        .to_vec();
+    let tasks = w.plan();
+    assert!(
+        !tasks.iter().any(|t| matches!(t, Task::Drain { .. })),
+        "{tasks:?}"
+    );
+    assert!(
+        tasks
+            .iter()
+            .any(|t| matches!(t, Task::AssignAddresses { .. } | Task::CreateEnis { .. })),
+        "{tasks:?}"
+    );
+}
+
 #[test]
 fn secondary_mode_drains_and_reclaims_free_addresses_only() {
     let mut w = World::new(Mode::Secondary);

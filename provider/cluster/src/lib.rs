@@ -216,6 +216,8 @@ struct Shared {
     /// The API server answered after a failure: retry a write now.
     api_back: Notify,
     writes: AtomicU64,
+    /// The agent said once that the cluster's CRD lacks a status field.
+    told_old_crd: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -369,6 +371,7 @@ impl ClusterProvider {
             dirty: Notify::new(),
             api_back: Notify::new(),
             writes: AtomicU64::new(0),
+            told_old_crd: std::sync::atomic::AtomicBool::new(false),
         });
         let api: kube::Api<enim_crd::NetResourceSet> = kube::Api::all(client);
         let tasks = vec![

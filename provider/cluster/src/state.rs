@@ -528,6 +528,25 @@ impl State {
         }
     }
 
+    /// `status.cooling`: the store's addresses resting their cooldown that
+    /// no pod holds (secondary mode).
+    fn cooling(&self) -> Vec<IpAddr> {
+        let held: HashSet<IpAddr> = self
+            .held
+            .values()
+            .flat_map(|h| h.ips.iter().copied())
+            .collect();
+        match (self.mode, &self.stored) {
+            (Mode::Secondary, Some(stored)) => stored
+                .cooling
+                .iter()
+                .filter(|ip| !held.contains(ip))
+                .copied()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// `status.summary`.
     pub fn summary(&self) -> Summary {
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -553,7 +572,7 @@ impl State {
                 let servable = |ip: &IpAddr| {
                     self.stored
                         .as_ref()
-                        .is_none_or(|s| s.addresses.contains(ip))
+                        .is_none_or(|s| s.addresses.contains(ip) && !s.cooling.contains(ip))
                 };
                 listed
                     .iter()
@@ -604,6 +623,7 @@ impl State {
             used: self.used(),
             quarantined: self.quarantined(),
             released: self.released(),
+            cooling: self.cooling(),
             summary: self.summary(),
             last_sync: Some(now),
             observed_generation: generation,

@@ -287,6 +287,7 @@ fn secondary_mode_lists_addresses_and_hands_back_draining_ones_once_the_store_le
     s.stored(StoredAddresses {
         enis: vec!["eni-1".into(), "eni-2".into()],
         addresses: vec![ip("10.0.1.11"), ip("10.0.1.12"), ip("10.0.2.11")],
+        cooling: vec![],
     });
     s.held("eni-1", &[ip("10.0.1.12")], &pod("p", "web"));
     assert!(s.released().is_empty());
@@ -295,8 +296,27 @@ fn secondary_mode_lists_addresses_and_hands_back_draining_ones_once_the_store_le
     s.stored(StoredAddresses {
         enis: vec!["eni-1".into()],
         addresses: vec![ip("10.0.1.11")],
+        cooling: vec![],
     });
     assert_eq!(s.released(), ["10.0.1.12", "eni-2"]);
+    // A freed address resting its cooldown: in status.cooling, not
+    // available; once it has rested, available again.
+    s.stored(StoredAddresses {
+        enis: vec!["eni-1".into()],
+        addresses: vec![ip("10.0.1.11")],
+        cooling: vec![ip("10.0.1.11")],
+    });
+    let st = s.status("n1", now());
+    assert_eq!(st.cooling, [ip("10.0.1.11")]);
+    assert_eq!(st.summary.available, 0);
+    s.stored(StoredAddresses {
+        enis: vec!["eni-1".into()],
+        addresses: vec![ip("10.0.1.11")],
+        cooling: vec![],
+    });
+    let st = s.status("n1", now());
+    assert!(st.cooling.is_empty());
+    assert_eq!(st.summary.available, 1);
     s.held("eni-1", &[ip("10.0.1.11")], &pod("q", "db"));
     let st = s.status("n1", now());
     assert_eq!(st.used.len(), 1);

@@ -151,17 +151,41 @@ async fn write_once(shared: &Shared, api: &Api<NetResourceSet>) -> Result<(), ku
         }
         state.status(&shared.node, Time(Timestamp::now()))
     };
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "apiVersion": NetResourceSet::api_version(&()),
         "kind": NetResourceSet::kind(&()),
         "metadata": { "name": shared.node },
         "status": status,
     });
     let params = PatchParams::apply(AGENT_MANAGER).force();
-    match api
+    let mut written = api
         .patch_status(&shared.node, &params, &Patch::Apply(&body))
-        .await
-    {
+        .await;
+    // An agent upgraded before the CRD: server-side apply refuses a whole
+    // status with a field the cluster's schema lacks. The status is written
+    // without it (each such field once, at most), and said once.
+    for _ in 0..UNKNOWN_FIELDS_DROPPED {
+        let Err(kube::Error::Api(refused)) = &written else {
+            break;
+        };
+        let Some(field) = undeclared_status_field(&refused.message) else {
+            break;
+        };
+        let dropped = body["status"]
+            .as_object_mut()
+            .and_then(|st| st.remove(&field))
+            .is_some();
+        if !dropped {
+            break;
+        }
+        if !shared.told_old_crd.swap(true, Ordering::Relaxed) {
+            tracing::warn!(field = %field, "the cluster's NetResourceSet CRD is older than this agent: status.{field} is left out; apply the chart's crds/ to have it");
+        }
+        written = api
+            .patch_status(&shared.node, &params, &Patch::Apply(&body))
+            .await;
+    }
+    match written {
         Ok(_) => {
             shared.writes.fetch_add(1, Ordering::Relaxed);
             // Tests kill the agent between two status writes here (with
@@ -178,5 +202,33 @@ async fn write_once(shared: &Shared, api: &Api<NetResourceSet>) -> Result<(), ku
             Ok(())
         }
         Err(e) => Err(e),
+    }
+}
+
+/// How many status fields a write leaves out for a CRD that lacks them.
+const UNKNOWN_FIELDS_DROPPED: usize = 4;
+
+/// The top-level status field server-side apply says the CRD's schema does
+/// not declare (`….status.cooling: field not declared in schema`), if the
+/// refusal is that.
+fn undeclared_status_field(message: &str) -> Option<String> {
+    let (before, _) = message.split_once(": field not declared in schema")?;
+    let field = before.rsplit_once(".status.")?.1;
+    let ok = !field.is_empty() && field.chars().all(|c| c.is_ascii_alphanumeric());
+    ok.then(|| field.to_string())
+}
+
+#[cfg(test)]
+mod undeclared_tests {
+    use super::undeclared_status_field;
+
+    #[test]
+    fn the_refused_field_is_read_from_the_api_servers_message() {
+        let m = "failed to create typed patch object (/node-o; enim.io/v1alpha1, Kind=NetResourceSet): .status.cooling: field not declared in schema";
+        assert_eq!(undeclared_status_field(m).as_deref(), Some("cooling"));
+        // Nested, or anything else: not this refusal.
+        let nested = "…: .status.used[0].extra: field not declared in schema";
+        assert_eq!(undeclared_status_field(nested), None);
+        assert_eq!(undeclared_status_field("conflict"), None);
     }
 }

@@ -425,6 +425,7 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
     feed.stored(enim_core::StoredAddresses {
         enis: vec!["eni-1".into()],
         addresses: vec![ip("10.1.1.11"), ip("10.1.1.12")],
+        cooling: vec![],
     });
     feed.held("eni-1", &[ip("10.1.1.11")], &pod("c1", "web"));
     eventually(
@@ -460,6 +461,7 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
     feed.stored(enim_core::StoredAddresses {
         enis: vec!["eni-1".into()],
         addresses: vec![ip("10.1.1.11")],
+        cooling: vec![],
     });
     eventually(
         "the drained address is released",
@@ -468,6 +470,69 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
             status(&api, "node-s")
                 .await
                 .is_some_and(|s| s.released == ["10.1.1.12"])
+        },
+    )
+    .await;
+}
+
+/// The CRD as an older release had it: `status.cooling` unknown.
+fn crd_without_cooling() -> String {
+    let crd = enim_crd::crd_yaml();
+    let lines: Vec<&str> = crd.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start() == "cooling:")
+        .expect("the CRD has status.cooling");
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let end = (at + 1..lines.len())
+        .find(|&i| indent(lines[i]) <= indent(lines[at]))
+        .unwrap_or(lines.len());
+    let mut kept: Vec<&str> = lines[..at].to_vec();
+    kept.extend(&lines[end..]);
+    kept.join("\n")
+}
+
+/// An agent newer than the cluster's CRD (upgraded before it): the
+/// status field the CRD does not know is dropped, and the rest of the
+/// status is still written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_newer_than_the_crd_still_writes_its_status() {
+    let Some(cp) = blocking(ControlPlane::start) else {
+        return;
+    };
+    let old = crd_without_cooling();
+    assert!(!old.contains("cooling:"));
+    blocking(|| cp.apply_crd(&old, "crd/netresourcesets.enim.io"));
+    let dir = tempfile::tempdir().unwrap();
+    let api = admin(&cp).await;
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let mut secondary = spec(&[1], &[]);
+    secondary.mode = Mode::Secondary;
+    secondary.enis[0].secondary_ips = vec![ip("10.1.1.11"), ip("10.1.1.12")];
+    operator_writes(&api, "node-o", secondary).await;
+    let config = ClusterConfig {
+        kubeconfig: Some(cp.admin_kubeconfig()),
+        cache: Some(dir.path().join("nrs.json")),
+        ..ClusterConfig::for_node("node-o")
+    };
+    let p = ClusterProvider::start(&config, Mode::Secondary)
+        .await
+        .unwrap();
+    wait_for_generation(&p, &api, "node-o").await;
+    let feed = p.address_feed().expect("secondary mode has a feed");
+    feed.stored(enim_core::StoredAddresses {
+        enis: vec!["eni-1".into()],
+        addresses: vec![ip("10.1.1.11"), ip("10.1.1.12")],
+        cooling: vec![ip("10.1.1.12")],
+    });
+    feed.held("eni-1", &[ip("10.1.1.11")], &pod("c1", "web"));
+    eventually(
+        "status.used written beside a field the CRD drops",
+        Duration::from_secs(10),
+        || async {
+            status(&api, "node-o").await.is_some_and(|s| {
+                s.used.len() == 1 && s.cooling.is_empty() && s.summary.available == 0
+            })
         },
     )
     .await;
