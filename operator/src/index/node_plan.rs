@@ -447,9 +447,9 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             let released = held.released.contains(d.as_str());
             if let Some(s) = facts.in_spec.get(d.as_str()) {
                 draining.ids.insert(d);
-                // A claim's or a policy's ENI is never taken back for the
-                // pool.
-                let claimed = s.claim.is_some() || s.policy.is_some();
+                // A claim's or a policy's ENI, or one of groups the pool no
+                // longer has, is never taken back for the pool.
+                let claimed = s.claim.is_some() || s.policy.is_some() || !self.of_pool(s);
                 if released && !held.enis.contains(d.as_str()) {
                     leaving.add(&self.e.listed, d);
                 } else if !released && !held.enis.contains(d.as_str()) && !claimed {

@@ -626,6 +626,14 @@ fn pool_enis_of_groups_the_pool_no_longer_has_are_replaced() {
         })
         .collect();
     assert_eq!(grown, [&vec![4, 5]], "two free of the pool's groups");
+    // Drained and not yet released: the pool, short, makes new ones
+    // rather than take them back.
+    w.set("a").spec.draining = vec!["e1".into(), "e2".into()];
+    let tasks = w.plan();
+    assert!(
+        !tasks.iter().any(|t| matches!(t, Task::Undrain { .. })),
+        "{tasks:?}"
+    );
     // The same groups in another order are the pool's.
     let mut w = World::new(Mode::Primary);
     w.policy.security_groups = vec!["sg-1".into(), "sg-2".into()];
