@@ -53,7 +53,10 @@ fn thread_cpu() -> Duration {
         + Duration::from_nanos(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
-fn config(groups: usize) -> OperatorConfig {
+/// The operator's config; `above` is the high watermark's margin: a change
+/// of it rewrites every spec and leaves every node as it is (a change of
+/// security groups would also replace every free ENI).
+fn config(above: u32) -> OperatorConfig {
     // No token waits: the figures are the operator's own work.
     let unbounded = RateLimit::new(Duration::from_nanos(1), u32::MAX);
     OperatorConfig {
@@ -61,10 +64,10 @@ fn config(groups: usize) -> OperatorConfig {
         watermarks: Watermarks {
             pre_allocate: 3,
             min_allocate: 0,
-            max_above_watermark: 2,
+            max_above_watermark: above,
         },
         subnets: vec!["subnet-m".into()],
-        security_groups: (0..groups).map(|g| format!("sg-{g}")).collect(),
+        security_groups: vec!["sg-0".into()],
         api: ApiRates {
             mutating_rate: unbounded,
             read_rate: unbounded,
@@ -109,7 +112,7 @@ async fn measure(n: usize) -> R<Measure> {
         ..Default::default()
     };
     {
-        let a1 = Allocator::new(cloud.clone(), store.clone(), config(1))?;
+        let a1 = Allocator::new(cloud.clone(), store.clone(), config(2))?;
         let (r, cpu) = timed(a1.resync(&nodes, &store.sets())).await;
         r?;
         m.cpu_cold = cpu;
@@ -136,7 +139,7 @@ async fn measure(n: usize) -> R<Measure> {
     // A fresh operator: its caches are what it would hold.
     let base = heap::live();
     let inputs = (nodes.clone(), store.sets());
-    let a2 = Allocator::new(cloud.clone(), store.clone(), config(2))?;
+    let a2 = Allocator::new(cloud.clone(), store.clone(), config(3))?;
     heap::reset_peak();
     let (r, cpu) = timed(a2.resync(&inputs.0, &inputs.1)).await;
     let r = r?;
