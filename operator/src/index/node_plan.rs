@@ -571,7 +571,8 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         let mut pool: Vec<&String> = self.pool.security_groups.iter().collect();
         own.sort();
         pool.sort();
-        own.is_empty() || own == pool
+        // A pool naming no groups takes the cloud's default, whatever it is.
+        own.is_empty() || pool.is_empty() || own == pool
     }
 
     /// The watermarks, over the pool (spec ENIs neither draining,

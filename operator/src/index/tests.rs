@@ -591,6 +591,11 @@ fn an_eni_adopted_with_other_groups_keeps_them_and_is_no_pool_eni() {
     w.set("a").spec.enis.push(s);
     let tasks = w.plan();
     assert_eq!(w_drains(&tasks), [&vec!["other".to_string()]]);
+    // A pool naming no groups gets the cloud's default ones: whatever the
+    // listing says of an ENI, it is the pool's.
+    w.policy.security_groups.clear();
+    w.set("a").spec.security_groups.clear();
+    assert!(w_drains(&w.plan()).is_empty(), "{:?}", w.plan());
 }
 
 fn w_drains(tasks: &[Task]) -> Vec<&Vec<String>> {
