@@ -40,9 +40,20 @@ async fn node(
     cp: Arc<Checkpoint>,
     exclusions: Exclusions,
 ) -> Engine<SecondaryDriver> {
+    node_with(config(), fake, n, cp, exclusions).await
+}
+
+/// [`node`], with `config`.
+async fn node_with(
+    config: SecondaryConfig,
+    fake: &Arc<FakeSecondary>,
+    n: u8,
+    cp: Arc<Checkpoint>,
+    exclusions: Exclusions,
+) -> Engine<SecondaryDriver> {
     let provider = Arc::new(StaticProvider::new(enis(n)).unwrap());
     let driver =
-        SecondaryDriver::new(config(), provider, fake.clone(), cp.clone(), exclusions).unwrap();
+        SecondaryDriver::new(config, provider, fake.clone(), cp.clone(), exclusions).unwrap();
     let engine = Engine::new(driver, cp);
     engine.recover().await.unwrap();
     engine
@@ -309,20 +320,10 @@ async fn an_add_waits_for_an_address_whose_cooldown_ends_within_the_wait() {
         }
         let dir = tempfile::tempdir().unwrap();
         let cp = Arc::new(Checkpoint::open(&dir.path().join("cp.json"), false).unwrap());
-        let provider = Arc::new(StaticProvider::new(enis(1)).unwrap());
         let mut config = config();
         config.cooldown = cooldown;
         config.pool.allocate_wait = wait;
-        let driver = SecondaryDriver::new(
-            config,
-            provider,
-            fake.clone(),
-            cp.clone(),
-            Exclusions::default(),
-        )
-        .unwrap();
-        let engine = Engine::new(driver, cp);
-        engine.recover().await.unwrap();
+        let engine = node_with(config, &fake, 1, cp, Exclusions::default()).await;
         // Both of the ENI's slots taken, then one given back: it cools.
         engine.add(&owner("a"), &netns("a")).await.unwrap();
         engine.add(&owner("b"), &netns("b")).await.unwrap();

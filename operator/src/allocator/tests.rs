@@ -615,6 +615,30 @@ async fn pools_set_each_nodes_settings_and_a_late_instance_type_is_filled_in() {
     assert_eq!(type_and_enis(&rig), ("m5".to_string(), 2));
 }
 
+/// A rig of node "a", filled once, whose allocator notes the cloud's
+/// refusals of policies' ENIs where the test can read them.
+async fn rig_noting_refusals() -> (Rig, Arc<Refusals>) {
+    let mut rig = Rig::new(&["a"]);
+    let refusals = Arc::new(Refusals::default());
+    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
+        .unwrap()
+        .with_refusals(refusals.clone());
+    rig.resync().await;
+    (rig, refusals)
+}
+
+/// `policy` keeping one ENI of group sg-db warm.
+fn warm_of(policy: &str) -> WarmPool {
+    WarmPool {
+        policy: policy.into(),
+        want: enim_crd::EniParameters {
+            security_groups: vec!["sg-db".into()],
+            ..Default::default()
+        },
+        count: 1,
+    }
+}
+
 /// The agent's condition saying it serves DRA claims.
 fn serving_claims(st: &mut NetResourceSetStatus) {
     st.conditions
@@ -636,12 +660,7 @@ fn serving_claims(st: &mut NetResourceSetStatus) {
 /// is noted for its status, and after the wait it is tried again.
 #[tokio::test(start_paused = true)]
 async fn a_claim_the_cloud_refuses_waits_and_its_policy_hears_of_it() {
-    let mut rig = Rig::new(&["a"]);
-    let refusals = Arc::new(Refusals::default());
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
-        .unwrap()
-        .with_refusals(refusals.clone());
-    rig.resync().await;
+    let (rig, refusals) = rig_noting_refusals().await;
     let pool = rig.spec_ids("a");
     assert_eq!(pool.len(), 2);
     // Its agent serves claims, and pods hold both pool ENIs.
@@ -727,14 +746,7 @@ async fn a_policys_unfinished_warm_create_is_finished_as_the_policys() {
             serving_claims(&mut st);
             s.status = Some(st);
         });
-        let warm = [WarmPool {
-            policy: "db".into(),
-            want: enim_crd::EniParameters {
-                security_groups: vec!["sg-db".into()],
-                ..Default::default()
-            },
-            count: 1,
-        }];
+        let warm = [warm_of("db")];
         let demand = Demand {
             claims: None,
             warm: Some(&warm),
@@ -790,25 +802,13 @@ async fn a_policys_unfinished_warm_create_is_finished_as_the_policys() {
 /// `CLAIM_RETRY`, and the policy hears of it.
 #[tokio::test(start_paused = true)]
 async fn a_policys_warm_eni_is_made_kept_and_drained_and_a_refusal_waits() {
-    let mut rig = Rig::new(&["a"]);
-    let refusals = Arc::new(Refusals::default());
-    rig.alloc = Allocator::new(rig.cloud.clone(), rig.store.clone(), config())
-        .unwrap()
-        .with_refusals(refusals.clone());
-    rig.resync().await;
+    let (rig, refusals) = rig_noting_refusals().await;
     rig.store.edit("a", |s| {
         let mut st = NetResourceSetStatus::default();
         serving_claims(&mut st);
         s.status = Some(st);
     });
-    let warm = |policy: &str| WarmPool {
-        policy: policy.into(),
-        want: enim_crd::EniParameters {
-            security_groups: vec!["sg-db".into()],
-            ..Default::default()
-        },
-        count: 1,
-    };
+    let warm = warm_of;
     async fn pass(rig: &Rig, warm: &[WarmPool]) -> ResyncReport {
         let demand = Demand {
             claims: None,

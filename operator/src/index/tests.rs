@@ -598,6 +598,17 @@ fn an_eni_adopted_with_other_groups_keeps_them_and_is_no_pool_eni() {
     assert!(w_drains(&w.plan()).is_empty(), "{:?}", w.plan());
 }
 
+/// The device indexes of each pool create.
+pub(super) fn grown(tasks: &[Task]) -> Vec<&Vec<u32>> {
+    tasks
+        .iter()
+        .filter_map(|t| match t {
+            Task::CreateEnis { device_indexes, .. } => Some(device_indexes),
+            _ => None,
+        })
+        .collect()
+}
+
 fn w_drains(tasks: &[Task]) -> Vec<&Vec<String>> {
     tasks
         .iter()
@@ -623,14 +634,11 @@ fn pool_enis_of_groups_the_pool_no_longer_has_are_replaced() {
     let tasks = w.plan();
     let drained = w_drains(&tasks);
     assert_eq!(drained, [&vec!["e1".to_string(), "e2".to_string()]]);
-    let grown: Vec<&Vec<u32>> = tasks
-        .iter()
-        .filter_map(|t| match t {
-            Task::CreateEnis { device_indexes, .. } => Some(device_indexes),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(grown, [&vec![4, 5]], "two free of the pool's groups");
+    assert_eq!(
+        grown(&tasks),
+        [&vec![4, 5]],
+        "two free of the pool's groups"
+    );
     // Drained and not yet released: the pool, short, makes new ones
     // rather than take them back.
     w.set("a").spec.draining = vec!["e1".into(), "e2".into()];

@@ -395,6 +395,33 @@ async fn the_api_server_going_away_costs_no_add_or_del_and_the_status_catches_up
     assert_eq!(v["spec"]["enis"].as_array().map(Vec::len), Some(3));
 }
 
+/// Node `node` in secondary mode: the operator's spec of one ENI with
+/// 10.1.1.11 and 10.1.1.12, and the agent's provider started on it (its
+/// cache in `dir`) once it has applied it. Returns the provider and the
+/// spec, for the test to write again.
+async fn secondary_node(
+    cp: &ControlPlane,
+    api: &Api<NetResourceSet>,
+    dir: &Path,
+    node: &str,
+) -> (ClusterProvider, NetResourceSetSpec) {
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let mut secondary = spec(&[1], &[]);
+    secondary.mode = Mode::Secondary;
+    secondary.enis[0].secondary_ips = vec![ip("10.1.1.11"), ip("10.1.1.12")];
+    operator_writes(api, node, secondary.clone()).await;
+    let config = ClusterConfig {
+        kubeconfig: Some(cp.admin_kubeconfig()),
+        cache: Some(dir.join("nrs.json")),
+        ..ClusterConfig::for_node(node)
+    };
+    let p = ClusterProvider::start(&config, Mode::Secondary)
+        .await
+        .unwrap();
+    wait_for_generation(&p, api, node).await;
+    (p, secondary)
+}
+
 /// Secondary mode: the agent's store reports through the address feed (as
 /// the secondary driver does); `used` names addresses, and a draining
 /// address is released once the store has let it go.
@@ -404,20 +431,7 @@ async fn secondary_mode_reports_addresses_and_releases_drained_ones() {
     let dir = tempfile::tempdir().unwrap();
     let api = admin(&cp).await;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-    let mut secondary = spec(&[1], &[]);
-    secondary.mode = Mode::Secondary;
-    secondary.enis[0].secondary_ips = vec![ip("10.1.1.11"), ip("10.1.1.12")];
-    operator_writes(&api, "node-s", secondary.clone()).await;
-
-    let config = ClusterConfig {
-        kubeconfig: Some(cp.admin_kubeconfig()),
-        cache: Some(dir.path().join("nrs.json")),
-        ..ClusterConfig::for_node("node-s")
-    };
-    let p = ClusterProvider::start(&config, Mode::Secondary)
-        .await
-        .unwrap();
-    wait_for_generation(&p, &api, "node-s").await;
+    let (p, mut secondary) = secondary_node(&cp, &api, dir.path(), "node-s").await;
     let feed = p.address_feed().expect("secondary mode has a feed");
     let mut changes = feed.changes();
     let listed = p.list().await.unwrap();
@@ -506,19 +520,7 @@ async fn an_agent_newer_than_the_crd_still_writes_its_status() {
     let dir = tempfile::tempdir().unwrap();
     let api = admin(&cp).await;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-    let mut secondary = spec(&[1], &[]);
-    secondary.mode = Mode::Secondary;
-    secondary.enis[0].secondary_ips = vec![ip("10.1.1.11"), ip("10.1.1.12")];
-    operator_writes(&api, "node-o", secondary).await;
-    let config = ClusterConfig {
-        kubeconfig: Some(cp.admin_kubeconfig()),
-        cache: Some(dir.path().join("nrs.json")),
-        ..ClusterConfig::for_node("node-o")
-    };
-    let p = ClusterProvider::start(&config, Mode::Secondary)
-        .await
-        .unwrap();
-    wait_for_generation(&p, &api, "node-o").await;
+    let (p, _) = secondary_node(&cp, &api, dir.path(), "node-o").await;
     let feed = p.address_feed().expect("secondary mode has a feed");
     feed.stored(enim_core::StoredAddresses {
         enis: vec!["eni-1".into()],

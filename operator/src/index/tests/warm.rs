@@ -120,14 +120,7 @@ fn warm_enis_are_no_nodes_pool() {
     kept(&mut w, "a", "a1", 1, "subnet-1");
     w.warm = Some(vec![db(1, &[])]);
     let tasks = w.plan();
-    let grown: Vec<&Vec<u32>> = tasks
-        .iter()
-        .filter_map(|t| match t {
-            Task::CreateEnis { device_indexes, .. } => Some(device_indexes),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(grown, [&vec![2, 3]]);
+    assert_eq!(grown(&tasks), [&vec![2, 3]]);
     assert!(made(&tasks).is_empty());
     // Nor are they the pool's surplus: a full pool drains none of them.
     let mut w = World::new(Mode::Primary);
