@@ -344,14 +344,10 @@ impl<'a> Job<'a> {
         let intents: Vec<(Intent, u32)> = new
             .into_iter()
             .map(|(ix, own)| {
-                let (made_for, subnet, security_groups) = match own {
-                    Some((m, subnet, groups)) => (Some(m), subnet, groups),
-                    None => (None, String::new(), Vec::new()),
-                };
-                let (claim, policy) = match made_for {
-                    Some(MadeFor::Claim(c)) => (Some(c), None),
-                    Some(MadeFor::Policy(p)) => (None, Some(p)),
-                    None => (None, None),
+                let (claim, policy, subnet, security_groups) = match own {
+                    Some((MadeFor::Claim(c), subnet, groups)) => (Some(c), None, subnet, groups),
+                    Some((MadeFor::Policy(p), subnet, groups)) => (None, Some(p), subnet, groups),
+                    None => (None, None, String::new(), Vec::new()),
                 };
                 let intent = Intent {
                     client_token: self.alloc.new_token(),

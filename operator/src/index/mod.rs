@@ -329,6 +329,20 @@ impl<'a> Index<'a> {
     }
 }
 
+impl Index<'_> {
+    /// Whether what `key` names (a node, or a warm pool's
+    /// [`surplus_key`]) has been above its watermarks for `drain_delay`:
+    /// the passes before this one saw it so since then.
+    fn surplus_lasted(&self, key: &str) -> bool {
+        let delay = self.policy.drain_delay;
+        delay.is_zero()
+            || self
+                .surplus_since
+                .get(key)
+                .is_some_and(|since| self.now.duration_since(*since).is_ok_and(|d| d >= delay))
+    }
+}
+
 /// The spec entry of a listed ENI.
 pub fn eni_spec(e: &FleetEni) -> EniSpec {
     EniSpec {

@@ -12,6 +12,7 @@ use enim_core::Mode;
 use enim_crd::{EniSpec, NetResourceSetSpec, NetResourceSetStatus};
 use enim_provider::fleet::{DeleteCheck, FleetEni};
 
+use super::plan::same_groups;
 use super::{
     eni_spec, Index, MadeFor, NodeEntry, PoolSettings, Task, Uninstall, ACTION_CREATE_ATTACH,
 };
@@ -567,18 +568,15 @@ impl<'i, 'a> NodePlan<'i, 'a> {
     /// the allocator's `RefreshPolicy`), or adopted with others, is no
     /// pool ENI: a pod asking for the pool's network must not get it.
     fn of_pool(&self, eni: &EniSpec) -> bool {
-        let mut own: Vec<&String> = eni.security_groups.iter().collect();
-        let mut pool: Vec<&String> = self.pool.security_groups.iter().collect();
-        own.sort();
-        pool.sort();
+        let (own, pool) = (&eni.security_groups, self.pool.security_groups);
         // A pool naming no groups takes the cloud's default, whatever it is.
-        own.is_empty() || pool.is_empty() || own == pool
+        own.is_empty() || pool.is_empty() || same_groups(own, pool)
     }
 
     /// The watermarks, over the pool (spec ENIs neither draining,
     /// quarantined nor made for a claim or a policy: those are theirs,
-    /// neither pool nor surplus; nor of groups the pool no longer has) and what is `coming`: grow a node short
-    /// of them, drain one above them.
+    /// neither pool nor surplus; nor of groups the pool no longer has) and
+    /// what is `coming`: grow a node short of them, drain one above them.
     fn grow_or_drain(
         &self,
         facts: &Facts,
@@ -631,7 +629,7 @@ impl<'i, 'a> NodePlan<'i, 'a> {
         }
         let surplus = wm.surplus(level);
         if surplus > 0 {
-            if !self.drain_due() {
+            if !self.index.surplus_lasted(self.e.name) {
                 return Balance::SurplusHeld;
             }
             let drained = self.drain(surplus, &pool, facts, draining, tasks);
@@ -640,23 +638,6 @@ impl<'i, 'a> NodePlan<'i, 'a> {
             }
         }
         Balance::Even
-    }
-
-    /// The node has been above its watermarks for `drain_delay` (the
-    /// passes before this one saw it so since then).
-    fn drain_due(&self) -> bool {
-        let delay = self.index.policy.drain_delay;
-        delay.is_zero()
-            || self
-                .index
-                .surplus_since
-                .get(self.e.name)
-                .is_some_and(|since| {
-                    self.index
-                        .now
-                        .duration_since(*since)
-                        .is_ok_and(|d| d >= delay)
-                })
     }
 
     /// Short by `want` ENIs (secondary: addresses): drains not answered

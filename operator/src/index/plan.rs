@@ -282,6 +282,22 @@ pub(super) fn serves_claims(set: &SetInfo) -> bool {
         .is_some_and(NetResourceSetStatus::serves_claims)
 }
 
+/// Whether two lists of security groups name the same groups, in any
+/// order.
+pub(super) fn same_groups(a: &[String], b: &[String]) -> bool {
+    a.iter().collect::<BTreeSet<_>>() == b.iter().collect::<BTreeSet<_>>()
+}
+
+/// Whether `eni` of `set` is free for a claim: made for no claim, held by
+/// no pod, not draining.
+pub(super) fn free_in(set: &SetInfo, eni: &EniSpec) -> bool {
+    let held = set
+        .status
+        .as_ref()
+        .is_some_and(|st| st.used.iter().any(|u| u.eni == eni.id));
+    eni.claim.is_none() && !held && !set.spec.draining.contains(&eni.id)
+}
+
 /// Whether a live node the operator serves, its agent serving DRA claims,
 /// has a free ENI, made for no claim, in the subnet with exactly the
 /// groups the claim gets there (`wanted`): the scheduler can give the
@@ -293,19 +309,10 @@ fn free_match_exists(index: &Index, asked: &EniParameters) -> bool {
             let Some((subnet, groups)) = wanted(pool, asked, zone) else {
                 return false;
             };
-            let want: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
-            let st = set.status.as_ref();
-            let held = |id: &str| st.is_some_and(|st| st.used.iter().any(|u| u.eni == id));
             set.spec.enis.iter().any(|s| {
-                s.claim.is_none()
+                free_in(set, s)
                     && s.subnet == subnet
-                    && groups_of(s, &set.spec)
-                        .iter()
-                        .map(String::as_str)
-                        .collect::<BTreeSet<_>>()
-                        == want
-                    && !held(&s.id)
-                    && !set.spec.draining.contains(&s.id)
+                    && same_groups(groups_of(s, &set.spec), &groups)
             })
         })
 }

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::node_plan::Placed;
-use super::plan::{claim_nodes, groups_of, serves_claims, wanted, Room};
+use super::plan::{claim_nodes, free_in, groups_of, same_groups, serves_claims, wanted, Room};
 use super::{Index, MadeFor, Phase, WarmPool};
 
 /// What the pass does for the policies' warm ENIs.
@@ -76,16 +76,11 @@ pub(super) fn plan_warm<'i>(index: &'i Index<'i>, room: &mut Room<'i>) -> WarmPl
                 *coming.entry((p.as_str(), zone)).or_default() += 1;
             }
         }
-        let held = |id: &str| {
-            set.status
-                .as_ref()
-                .is_some_and(|st| st.used.iter().any(|u| u.eni == id))
-        };
         for s in &set.spec.enis {
             let Some(p) = s.policy.as_deref() else {
                 continue;
             };
-            if s.claim.is_some() || held(&s.id) || set.spec.draining.contains(&s.id) {
+            if !free_in(set, s) {
                 continue;
             }
             let kept = Kept {
@@ -99,8 +94,7 @@ pub(super) fn plan_warm<'i>(index: &'i Index<'i>, room: &mut Room<'i>) -> WarmPl
                 .flatten()
                 .and_then(|w| wanted(pool, &w.want, zone))
                 .is_some_and(|(subnet, groups)| {
-                    let have: BTreeSet<&String> = groups_of(s, &set.spec).iter().collect();
-                    s.subnet == subnet && have == groups.iter().collect()
+                    s.subnet == subnet && same_groups(groups_of(s, &set.spec), &groups)
                 });
             match as_kept {
                 true => free.entry((p, zone)).or_default().push(kept),
@@ -132,7 +126,7 @@ pub(super) fn plan_warm<'i>(index: &'i Index<'i>, room: &mut Room<'i>) -> WarmPl
                 }
             } else if have > pool.count && !kept.is_empty() {
                 let key = surplus_key(&pool.policy, zone);
-                let due = drain_due(index, &key);
+                let due = index.surplus_lasted(&key);
                 out.surplus.insert(key);
                 if due {
                     drain_last(kept, have - pool.count, &mut out);
@@ -152,17 +146,6 @@ fn zones_of<'i>(index: &'i Index<'i>, pool: &'i WarmPool) -> BTreeSet<&'i str> {
             .map(|(e, _)| e.instance.zone.as_str())
             .collect(),
     }
-}
-
-/// Whether the (policy, zone) under `key` has been above its count for
-/// `drain_delay`.
-fn drain_due(index: &Index, key: &str) -> bool {
-    let delay = index.policy.drain_delay;
-    delay.is_zero()
-        || index
-            .surplus_since
-            .get(key)
-            .is_some_and(|since| index.now.duration_since(*since).is_ok_and(|d| d >= delay))
 }
 
 /// Drains `n` of `kept`, the last attached first (as a node's pool does),
