@@ -498,11 +498,7 @@ impl State {
                     return Vec::new();
                 };
                 let in_store: HashSet<IpAddr> = stored.addresses.iter().copied().collect();
-                let held: HashSet<IpAddr> = self
-                    .held
-                    .values()
-                    .flat_map(|h| h.ips.iter().copied())
-                    .collect();
+                let held = self.held_ips();
                 let eni_busy = |id: &str| {
                     stored.enis.iter().any(|e| e == id)
                         || self.held.values().any(|h| h.eni == id)
@@ -528,14 +524,18 @@ impl State {
         }
     }
 
+    /// The addresses pods hold (secondary mode).
+    fn held_ips(&self) -> HashSet<IpAddr> {
+        self.held
+            .values()
+            .flat_map(|h| h.ips.iter().copied())
+            .collect()
+    }
+
     /// `status.cooling`: the store's addresses resting their cooldown that
     /// no pod holds (secondary mode).
     fn cooling(&self) -> Vec<IpAddr> {
-        let held: HashSet<IpAddr> = self
-            .held
-            .values()
-            .flat_map(|h| h.ips.iter().copied())
-            .collect();
+        let held = self.held_ips();
         match (self.mode, &self.stored) {
             (Mode::Secondary, Some(stored)) => stored
                 .cooling
@@ -559,11 +559,7 @@ impl State {
                 .filter(|s| s.in_spec && !s.draining && !self.owners.contains_key(&s.eni.id))
                 .count(),
             Mode::Secondary => {
-                let held: HashSet<IpAddr> = self
-                    .held
-                    .values()
-                    .flat_map(|h| h.ips.iter().copied())
-                    .collect();
+                let held = self.held_ips();
                 let listed: BTreeSet<IpAddr> = self
                     .list()
                     .iter()
