@@ -262,8 +262,9 @@ pub enum Pause {
     Stopped,
     /// The delay passed, or someone woke it.
     Go,
-    /// The resync interval passed with nothing to wake it: the next round
-    /// also checks the cloud for drift.
+    /// The resync interval passed: the next round also checks the cloud
+    /// for drift. (A wake at the same instant is kept for the next pause,
+    /// which then ends at once.)
     Resync,
 }
 
@@ -271,6 +272,13 @@ pub enum Pause {
 /// (`retry_in`) the backoff, deaf to wake-ups so callers hitting an empty
 /// pool cannot hammer a throttling cloud; after a good round, up to the
 /// jittered `resync` interval or until `wake`.
+///
+/// When several are ready at once, the first listed wins (`biased`): a
+/// stop ends the loop before another round, and the resync timer goes
+/// before a wake-up, whose permit `Notify` keeps for the next pause, so
+/// neither the drift check nor the wake is lost. An unbiased `select!`
+/// picks at random, with a generator no seed reaches, and the bench's
+/// fleet simulation then differed run to run for one seed.
 pub async fn pause(
     retry_in: Option<Duration>,
     resync: Duration,
@@ -279,13 +287,15 @@ pub async fn pause(
 ) -> Pause {
     match retry_in {
         Some(delay) => tokio::select! {
-            _ = tokio::time::sleep(delay) => Pause::Go,
+            biased;
             _ = stop.changed() => Pause::Stopped,
+            _ = tokio::time::sleep(delay) => Pause::Go,
         },
         None => tokio::select! {
+            biased;
+            _ = stop.changed() => Pause::Stopped,
             _ = tokio::time::sleep(Jitter::Equal.apply(resync)) => Pause::Resync,
             _ = wake.notified() => Pause::Go,
-            _ = stop.changed() => Pause::Stopped,
         },
     }
 }
@@ -436,6 +446,39 @@ mod tests {
         // Steps 100 and 150, each from its upper half.
         let waited = t0.elapsed();
         assert!((125 * MS..=250 * MS).contains(&waited), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_with_several_ready_ends_the_same_way_every_time() {
+        let wake = tokio::sync::Notify::new();
+        let (tx, mut stop) = tokio::sync::watch::channel(false);
+        let hour = Duration::from_secs(3600);
+        // Many tries: an unbiased select would pick at random.
+        for _ in 0..50 {
+            // The resync timer and a wake at once: the resync, and the
+            // wake is kept for the next pause (which ends at once).
+            wake.notify_one();
+            assert_eq!(
+                pause(None, Duration::ZERO, &wake, &mut stop).await,
+                Pause::Resync
+            );
+            let t0 = Instant::now();
+            assert_eq!(pause(None, hour, &wake, &mut stop).await, Pause::Go);
+            assert_eq!(t0.elapsed(), Duration::ZERO);
+        }
+        // A stop goes before anything else ready.
+        tx.send_replace(true);
+        for _ in 0..50 {
+            wake.notify_one();
+            let mut s = stop.clone();
+            assert_eq!(
+                pause(None, Duration::ZERO, &wake, &mut s).await,
+                Pause::Stopped
+            );
+            let mut s = stop.clone();
+            let retry = Some(Duration::ZERO);
+            assert_eq!(pause(retry, hour, &wake, &mut s).await, Pause::Stopped);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -730,8 +730,8 @@ mod tests {
             "{:?}",
             a.start_done
         );
+        // The same seed, the same run: every figure.
         let b = run(&FleetCfg::smoke(11)).unwrap().timeline;
-        assert_eq!(a.start_done, b.start_done);
-        assert_eq!(a.churn, b.churn);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
     }
 }

@@ -90,6 +90,12 @@ struct Inner {
     /// Serialises rounds, so `resync_now` and the loop never both create.
     round: tokio::sync::Mutex<()>,
     stats: watch::Sender<PoolStats>,
+    /// Wakes the ADDs waiting for a free ENI ([`waiting::wait_for_free`])
+    /// on every [`Inner::publish`], first registered first (the receivers
+    /// of a `watch` are woken in an order tokio draws at random, with a
+    /// generator no seed reaches: the bench's fleet simulation then
+    /// differed run to run for one seed).
+    changed: Notify,
 }
 
 #[derive(Default)]
@@ -221,6 +227,7 @@ impl WarmPool {
             wake: Notify::new(),
             round: tokio::sync::Mutex::new(()),
             stats: watch::Sender::new(stats),
+            changed: Notify::new(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(run(inner.clone(), stop_rx.clone()))];
@@ -304,6 +311,7 @@ impl Inner {
     /// published values follow the order of changes.
     fn publish(&self, state: &State) {
         self.stats.send_replace(stats_of(state, &self.config));
+        self.changed.notify_waiters();
     }
 
     /// One round: with `reconcile`, first compares the pool with the

@@ -122,12 +122,14 @@ pub(crate) async fn wait_for_free(inner: &Inner, owner: &EniOwner) {
         return;
     }
     let deadline = tokio::time::Instant::now() + wait;
-    // Every change of the members publishes new statistics; subscribed
-    // before the first look, so none is missed.
-    let mut changes = inner.stats.subscribe();
     let _in_line = InLine::enter(inner, owner);
     let mut waited = false;
     loop {
+        // Every change of the members publishes, and wakes the waiters;
+        // registered before the look, so none is missed.
+        let changed = inner.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         {
             let mut st = inner.state();
             // In line, as a pod told to try again is: demand beyond
@@ -149,10 +151,9 @@ pub(crate) async fn wait_for_free(inner: &Inner, owner: &EniOwner) {
             inner.wake.notify_one();
             waited = true;
         }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            // The deadline passed, or the pool shut down.
-            _ => return,
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // The deadline passed.
+            return;
         }
     }
 }
