@@ -407,6 +407,10 @@ impl Node {
         let (ready_tx, ready_rx) = watch::channel(false);
         let heap = Arc::new(heap::Trimmer::default());
         tokio::spawn(heap.clone().run());
+        // Start-up is a burst like any other: the first device refresh,
+        // the plugins' registration and the watches started after recovery
+        // allocate once, and the heap is trimmed once they have gone quiet.
+        let startup = heap.busy();
         let ready_rx_for_health = ready_rx.clone();
         // The device plugin's view of the node: served to the kubelet by
         // the plugin in this process when it is on, and on the API socket
@@ -518,6 +522,8 @@ impl Node {
                 }
             });
         }
+
+        drop(startup);
 
         if !config.gc_interval.is_zero() {
             let engine = engine.clone();
