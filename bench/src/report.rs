@@ -88,7 +88,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
     t.extend(judged! {
         "GC of the dead records without devices": r.scale.gc_dead_ms, Lt 200.0 "ms";
         "restore, exec → ready": r.scale.restore_ms, Lt 500.0 "ms";
-        "enimd RSS idle": mib(r.rss_idle_kib), Le 16.0 "MiB";
+        "enimd RSS idle": mib(r.rss_idle_kib), Lt 12.0 "MiB";
         "enimd RSS after the cycles / idle":
             ratio(float(r.rss_after_kib), float(r.rss_idle_kib)), Le 1.10 "×";
     });
