@@ -95,8 +95,8 @@ pub fn limit_arenas() {
 }
 
 /// Returns the free heap glibc holds in every arena to the kernel. Called
-/// after bursts, after start-up (restoring thousands of records allocates
-/// a lot once) and after each GC pass. A no-op on other C libraries.
+/// after bursts (start-up, which restores thousands of records at once,
+/// counts as one) and after each GC pass. A no-op on other C libraries.
 pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; it walks glibc's own arenas,

@@ -407,9 +407,10 @@ impl Node {
         let (ready_tx, ready_rx) = watch::channel(false);
         let heap = Arc::new(heap::Trimmer::default());
         tokio::spawn(heap.clone().run());
-        // Start-up is a burst like any other: the first device refresh,
-        // the plugins' registration and the watches started after recovery
-        // allocate once, and the heap is trimmed once they have gone quiet.
+        // Start-up is a burst like any other: recovery (thousands of
+        // records at once), then the first device refresh, the plugins'
+        // registration and the watches allocate once, and the heap is
+        // trimmed once they have all gone quiet.
         let startup = heap.busy();
         let ready_rx_for_health = ready_rx.clone();
         // The device plugin's view of the node: served to the kubelet by
@@ -475,7 +476,6 @@ impl Node {
             ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "state restored; serving"
         );
-        heap::release_free_heap();
         let _ = ready_tx.send(true);
         if let Some(writer) = note {
             tokio::spawn(keep_note(writer, engine.clone(), stop_rx.clone()));
