@@ -278,6 +278,21 @@ fn host_path_veths(sb: &Sandbox) -> Vec<String> {
         .collect()
 }
 
+/// After a DEL: its host path veth is deleted behind the answer (one RCU
+/// barrier in the kernel, some 15 ms), so wait for that, up to 5 s; then
+/// the host path veths left, and whether `pod` still holds its end.
+fn host_path_after_del(sb: &Sandbox, pod: &NamedNetns) -> (Vec<String>, bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = host_path_veths(sb);
+        let pod_end = pod.link("eth0-host").is_some();
+        if (left.is_empty() && !pod_end) || Instant::now() > deadline {
+            return (left, pod_end);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Counts the pod's echo requests leaving through each of `devs` (an
 /// accounting rule per device and family in the pod's own netfilter; the
 /// link counters would also count IPv6's own chatter on the host path).
@@ -389,8 +404,10 @@ fn pod_reaches_services_and_the_node_reaches_the_pod() {
 
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
     sb.assert_home(0);
-    assert_eq!(host_path_veths(&sb), Vec::<String>::new());
-    assert!(pod.link("eth0-host").is_none());
+    assert_eq!(
+        host_path_after_del(&sb, &pod),
+        (Vec::<String>::new(), false)
+    );
     let after = fetch(&sb.host, POD4, POD_PORT);
     assert!(
         after.starts_with("error"),
@@ -524,7 +541,10 @@ fn host_port_through_the_reference_portmap_plugin() {
     del["prevResult"] = last;
     enim("DEL", "c1", Some(&pod.path()), "eth0", &del).ok();
     sb.assert_home(0);
-    assert_eq!(host_path_veths(&sb), Vec::<String>::new());
+    assert_eq!(
+        host_path_after_del(&sb, &pod),
+        (Vec::<String>::new(), false)
+    );
 }
 
 /// kube-proxy without `clusterCIDR` does not masquerade: a Service's
@@ -781,12 +801,11 @@ fn crash_at_every_point_with_a_host_path_leaks_nothing() {
         enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
         assert!(agent.attachments().is_empty(), "{point}");
         assert_eq!(
-            host_path_veths(&sb),
-            Vec::<String>::new(),
+            host_path_after_del(&sb, &pod),
+            (Vec::<String>::new(), false),
             "{point}: DEL left a veth"
         );
         assert_eq!(host_routes(), clean_routes, "{point}: DEL left a route");
-        assert!(pod.link("eth0-host").is_none(), "{point}");
         sb.assert_home(0);
     }
 }
@@ -850,7 +869,7 @@ fn gc_sweeps_stray_host_paths_and_dead_pods() {
     assert!(sb.host.link("vethstranger").is_some());
     assert_eq!(agent.attachments().len(), 1);
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    assert_eq!(host_path_veths(&sb), Vec::<String>::new());
+    assert_eq!(host_path_after_del(&sb, &pod).0, Vec::<String>::new());
 }
 
 /// A veth left under this attachment's own host-end name (the name derives
@@ -882,5 +901,8 @@ fn add_replaces_a_leftover_under_its_own_name() {
     let _backend = Server::start(&sb.host, NODE4, BACKEND_PORT, "dns4");
     assert_eq!(fetch(&pod, CLUSTER_IP4, 53), "dns4");
     enim("DEL", "c1", Some(&pod.path()), "eth0", &conf).ok();
-    assert_eq!(host_path_veths(&sb), Vec::<String>::new());
+    assert_eq!(
+        host_path_after_del(&sb, &pod),
+        (Vec::<String>::new(), false)
+    );
 }

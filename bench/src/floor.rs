@@ -233,7 +233,8 @@ impl Floor {
         Ok(())
     }
 
-    /// Before [`Floor::del`]: one message deletes the pair and all through it.
+    /// After [`Floor::del`], outside its timing (enim deletes it behind its
+    /// answer): one message deletes the pair and all through it.
     pub async fn del_host_path(&self, hp: &HostPathFloor) -> R<()> {
         enim::netlink::link::delete(&self.host_handle, &hp.host_veth, "delete veth").await?;
         Ok(())

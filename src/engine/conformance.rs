@@ -49,6 +49,8 @@ pub(crate) trait Harness: Send + Sync + Sized + 'static {
     fn break_pod(&self, netns: &Path);
     /// Pauses the next pod-side step; returns (entered, resume).
     fn pause_plumb(&self) -> (Arc<Notify>, Arc<Notify>);
+    /// Waits for work a DEL left behind its answer (none by default).
+    async fn settle(&self) {}
     /// Pod-side objects in the kernel.
     fn pod_objects(&self) -> usize;
     /// What the node hands out that is held (ENIs or addresses).
@@ -99,6 +101,7 @@ fn pod() -> PathBuf {
 
 /// The invariant after a failed ADD or a full DEL: nothing of any pod.
 pub(crate) async fn assert_clean<H: Harness>(h: &H, why: &str) {
+    h.settle().await;
     assert_eq!(h.pod_objects(), 0, "{why}: pod objects left");
     assert!(
         h.engine().attachments().await.is_empty(),

@@ -100,6 +100,13 @@ pub trait Driver: Send + Sync + 'static {
         out
     }
 
+    /// [`Driver::unplumb_many`] for a DEL, which answers the runtime once
+    /// the pod's devices are home and released: a driver may leave work
+    /// the answer does not need behind it. The default does it all.
+    async fn unplumb_for_del(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
+        self.unplumb_many(records).await
+    }
+
     /// For each record at start-up, whether its device is already home
     /// (for a `Ready` one: a DEL died after taking it out of the pod, before
     /// its intent landed). Asked only of drivers with

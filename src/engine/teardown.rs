@@ -87,9 +87,11 @@ impl<D: Driver> Engine<D> {
             .collect();
         let stale_keys: Vec<AttachmentKey> = stale.iter().map(|r| r.key.clone()).collect();
         let written = match intent {
+            // Staged, not written yet: the outcome's write carries it,
+            // after the move (see `Checkpoint::put_staged`).
             Intent::Behind if stale_keys.is_empty() => {
                 for r in intents {
-                    self.checkpoint.put_behind(r).await;
+                    self.checkpoint.put_staged(r).await;
                 }
                 Ok(())
             }
@@ -104,7 +106,13 @@ impl<D: Driver> Engine<D> {
             .collect();
         crash_point("del:after-intent");
 
-        let unplumbed = self.driver.unplumb_many(&ours).await;
+        // A DEL's teardown (the only one with its intent behind) answers
+        // once the devices are home: what it need not wait for is left
+        // behind it.
+        let unplumbed = match intent {
+            Intent::Behind => self.driver.unplumb_for_del(&ours).await,
+            Intent::Durable => self.driver.unplumb_many(&ours).await,
+        };
         let mut released = Vec::with_capacity(ours.len());
         for (r, result) in ours.into_iter().zip(unplumbed) {
             let result = match result {
@@ -117,6 +125,11 @@ impl<D: Driver> Engine<D> {
             }
         }
         crash_point("del:after-release");
+        if released.is_empty() && intent == Intent::Behind {
+            // Nothing to remove, so no outcome's write carries the staged
+            // intents of the failures: write them now.
+            self.checkpoint.write_soon();
+        }
         for (r, how) in released {
             self.checkpoint.remove_behind(&r.key).await;
             if how == Unplumbed::DeviceGone {

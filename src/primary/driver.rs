@@ -40,6 +40,55 @@ pub struct PrimaryDriver {
     /// The service CIDRs host paths route: `host_path`'s, or the API's.
     pub(super) service_cidrs: ServiceCidrs,
     pub(super) pod_metadata: MetadataConfig,
+    /// Host path veths a DEL deletes behind its answer.
+    deletions_behind: DeletionsBehind,
+}
+
+/// Host path veths being deleted behind the answer of the DEL that took
+/// their pod's ENI home. Deleting a device waits out an `rcu_barrier()` in
+/// the kernel (about 15 ms here, as long as the ENI's own move), and the
+/// answer does not need it: the pod's processes are gone, and the runtime
+/// ends its netns next, which takes the veth with it anyway. Counted while
+/// in flight, so that an ADD's host path waits for them: the ENI may go
+/// straight to the next pod, with the same address, whose host route the
+/// old veth still holds. One lost to a crash is GC's stray-veth sweep's.
+#[derive(Clone)]
+struct DeletionsBehind(Arc<tokio::sync::watch::Sender<usize>>);
+
+/// Counts one deletion down when its task ends, however it ends.
+struct InFlight(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl DeletionsBehind {
+    fn new() -> Self {
+        DeletionsBehind(Arc::new(tokio::sync::watch::channel(0).0))
+    }
+
+    fn start(&self, plumbing: &Arc<dyn Plumbing>, veths: Vec<String>) {
+        for veth in veths {
+            self.0.send_modify(|n| *n += 1);
+            let in_flight = InFlight(self.0.clone());
+            let plumbing = plumbing.clone();
+            tokio::spawn(async move {
+                let _in_flight = in_flight;
+                if let Err(e) = plumbing.remove_host_path(&veth).await {
+                    tracing::warn!(veth, error = %e, "could not delete a host path behind its DEL; GC's sweep will");
+                }
+            });
+        }
+    }
+
+    /// Returns once none is in flight.
+    async fn settled(&self) {
+        let mut count = self.0.subscribe();
+        // The sender lives in `self`: the wait cannot fail.
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
 }
 
 /// The kernel's view of `record`'s host path, if it has one.
@@ -104,6 +153,7 @@ impl PrimaryDriver {
             host_path: HostPathConfig::default(),
             service_cidrs: ServiceCidrs::Configured(Arc::from([])),
             pod_metadata: MetadataConfig::default(),
+            deletions_behind: DeletionsBehind::new(),
         }
     }
 
@@ -320,6 +370,104 @@ impl PrimaryDriver {
     }
 }
 
+impl PrimaryDriver {
+    /// Returns once no host path is being deleted behind a DEL's answer.
+    pub async fn settled_deletions(&self) {
+        self.deletions_behind.settled().await;
+    }
+
+    /// Moves each device home (the move sets its host name and MTU); those
+    /// the move could not bring (not in the pod, or home under a fallback
+    /// name) are found and put right with one look at the host. Each host
+    /// path is deleted after its ENI moved: at once, or with `behind` (a
+    /// DEL) behind the answer.
+    async fn unplumb_batch(
+        &self,
+        records: &[Record],
+        behind: bool,
+    ) -> Vec<Result<Unplumbed, EngineError>> {
+        let mut out: Vec<Option<Result<Unplumbed, EngineError>>> =
+            Vec::with_capacity(records.len());
+        // Devices not home after their move (not in the pod, or home under
+        // a fallback name): found and put right with one look at the host.
+        let mut moved_elsewhere = Vec::new();
+        // Host paths to delete behind the answer (`behind`).
+        let mut veths_behind = Vec::new();
+        for r in records {
+            let Ok(p) = payload(r) else {
+                out.push(Some(payload(r).map(|_| Unplumbed::Home)));
+                continue;
+            };
+            let moved = match self.plumbing.move_to_host(&r.netns, home_of(p)).await {
+                Ok(moved) => moved,
+                Err(e) if e.is_netns_gone() => None,
+                Err(e) => {
+                    out.push(Some(Err(EngineError::plumbing("return ENI to host")(e))));
+                    continue;
+                }
+            };
+            // The host path after its ENI, so a failed move leaves the pod
+            // whole for the retry. It died with the netns if that is gone;
+            // removal by name is then a no-op.
+            if let Some(hp) = &p.host_path {
+                if behind {
+                    veths_behind.push(hp.host_veth.clone());
+                } else if let Err(e) = self.plumbing.remove_host_path(&hp.host_veth).await {
+                    out.push(Some(Err(EngineError::plumbing("remove host path")(e))));
+                    continue;
+                }
+            }
+            // The move itself set the host name and MTU: nothing to look up.
+            if moved.is_some_and(|l| l.is_home(&p.host_name, p.host_mtu)) {
+                out.push(Some(Ok(Unplumbed::Home)));
+                continue;
+            }
+            moved_elsewhere.push((out.len(), p));
+            out.push(None);
+        }
+        crash_point("del:after-move");
+        self.deletions_behind.start(&self.plumbing, veths_behind);
+        // One look at the host for the whole batch, not a link dump per
+        // device, and none at all when every move brought its device home.
+        if moved_elsewhere.is_empty() {
+            crash_point("del:after-restore");
+            return out
+                .into_iter()
+                .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
+                .collect();
+        }
+        let homes: Vec<HostLinkHome<'_>> =
+            moved_elsewhere.iter().map(|(_, p)| home_of(p)).collect();
+        match self.plumbing.restore_host_links(&homes).await {
+            Ok(restored) => {
+                for ((slot, _), result) in moved_elsewhere.iter().zip(restored) {
+                    out[*slot] = Some(
+                        result
+                            .map(|found| {
+                                if found {
+                                    Unplumbed::Home
+                                } else {
+                                    Unplumbed::DeviceGone
+                                }
+                            })
+                            .map_err(EngineError::plumbing("restore host name and MTU")),
+                    );
+                }
+            }
+            Err(e) => {
+                let shared = Arc::new(EngineError::plumbing("look at host links")(e));
+                for (slot, _) in &moved_elsewhere {
+                    out[*slot] = Some(Err(EngineError::Shared(shared.clone())));
+                }
+            }
+        }
+        crash_point("del:after-restore");
+        out.into_iter()
+            .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
+            .collect()
+    }
+}
+
 #[async_trait]
 impl Driver for PrimaryDriver {
     const MODE: Mode = Mode::Primary;
@@ -460,6 +608,8 @@ impl Driver for PrimaryDriver {
         let Some(spec) = host_path_spec(record) else {
             return Ok(());
         };
+        // A host path a DEL still deletes may hold this pod's address.
+        self.deletions_behind.settled().await;
         let mac = self
             .plumbing
             .add_host_path(&spec)
@@ -549,85 +699,14 @@ impl Driver for PrimaryDriver {
             .unwrap_or(Ok(Unplumbed::Home))
     }
 
-    /// Moves each device home (the move sets its host name and MTU); those
-    /// the move could not bring (not in the pod, or home under a fallback
-    /// name) are found and put right with one look at the host.
     async fn unplumb_many(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
-        let mut out: Vec<Option<Result<Unplumbed, EngineError>>> =
-            Vec::with_capacity(records.len());
-        // Devices not home after their move (not in the pod, or home under
-        // a fallback name): found and put right with one look at the host.
-        let mut moved_elsewhere = Vec::new();
-        for r in records {
-            let Ok(p) = payload(r) else {
-                out.push(Some(payload(r).map(|_| Unplumbed::Home)));
-                continue;
-            };
-            // The host path first: the pod never holds it without its ENI.
-            // It died with the netns if that is gone; removal by name is
-            // then a no-op.
-            if let Some(hp) = &p.host_path {
-                if let Err(e) = self.plumbing.remove_host_path(&hp.host_veth).await {
-                    out.push(Some(Err(EngineError::plumbing("remove host path")(e))));
-                    continue;
-                }
-                crash_point("del:after-host-path");
-            }
-            let moved = match self.plumbing.move_to_host(&r.netns, home_of(p)).await {
-                Ok(moved) => moved,
-                Err(e) if e.is_netns_gone() => None,
-                Err(e) => {
-                    out.push(Some(Err(EngineError::plumbing("return ENI to host")(e))));
-                    continue;
-                }
-            };
-            // The move itself set the host name and MTU: nothing to look up.
-            if moved.is_some_and(|l| l.is_home(&p.host_name, p.host_mtu)) {
-                out.push(Some(Ok(Unplumbed::Home)));
-                continue;
-            }
-            moved_elsewhere.push((out.len(), p));
-            out.push(None);
-        }
-        crash_point("del:after-move");
-        // One look at the host for the whole batch, not a link dump per
-        // device, and none at all when every move brought its device home.
-        if moved_elsewhere.is_empty() {
-            crash_point("del:after-restore");
-            return out
-                .into_iter()
-                .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
-                .collect();
-        }
-        let homes: Vec<HostLinkHome<'_>> =
-            moved_elsewhere.iter().map(|(_, p)| home_of(p)).collect();
-        match self.plumbing.restore_host_links(&homes).await {
-            Ok(restored) => {
-                for ((slot, _), result) in moved_elsewhere.iter().zip(restored) {
-                    out[*slot] = Some(
-                        result
-                            .map(|found| {
-                                if found {
-                                    Unplumbed::Home
-                                } else {
-                                    Unplumbed::DeviceGone
-                                }
-                            })
-                            .map_err(EngineError::plumbing("restore host name and MTU")),
-                    );
-                }
-            }
-            Err(e) => {
-                let shared = Arc::new(EngineError::plumbing("look at host links")(e));
-                for (slot, _) in &moved_elsewhere {
-                    out[*slot] = Some(Err(EngineError::Shared(shared.clone())));
-                }
-            }
-        }
-        crash_point("del:after-restore");
-        out.into_iter()
-            .map(|o| o.unwrap_or(Ok(Unplumbed::Home)))
-            .collect()
+        self.unplumb_batch(records, false).await
+    }
+
+    /// A DEL's: host paths are deleted behind the answer
+    /// ([`DeletionsBehind`]).
+    async fn unplumb_for_del(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
+        self.unplumb_batch(records, true).await
     }
 
     async fn release(&self, record: &Record) -> Result<(), EngineError> {

@@ -178,6 +178,10 @@ impl<const HOST_PATH: bool> Harness for PrimaryRig<HOST_PATH> {
         self.fake.pause_configure()
     }
 
+    async fn settle(&self) {
+        self.engine.driver().settled_deletions().await;
+    }
+
     fn pod_objects(&self) -> usize {
         let w = self.fake.world.lock().unwrap();
         let ours = |d: &&FakeDev| (1..=self.n).any(|i| d.link.mac == mac(i));
