@@ -26,6 +26,43 @@ pub async fn handle_in(netns: &Netns) -> Result<Handle, PlumbingError> {
     Ok(handle)
 }
 
+/// An rtnetlink connection inside `netns` driven on an OS thread of its
+/// own (`name`), not on the runtime. The kernel answers some requests only
+/// after waiting out RCU grace periods (deleting a device: about 15 ms
+/// here), and the connection's send blocks the thread that makes it: on a
+/// runtime worker, the tasks queued behind it wait as long. The thread ends
+/// when the returned sender is dropped.
+async fn handle_on_own_thread(
+    netns: &Netns,
+    name: &str,
+) -> Result<(Handle, tokio::sync::oneshot::Sender<()>), PlumbingError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(PlumbingError::io("start the runtime of a netlink thread"))?;
+    let reactor = runtime.handle().clone();
+    let (connection, handle) = super::netns::run_in(netns, move || {
+        // The socket registers with the reactor of the thread that drives it.
+        let _guard = reactor.enter();
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        Ok((connection, handle))
+    })
+    .await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            runtime.block_on(async {
+                tokio::select! {
+                    () = connection => {}
+                    _ = stopped => {}
+                }
+            })
+        })
+        .map_err(PlumbingError::io("start a netlink thread"))?;
+    Ok((handle, stop))
+}
+
 /// The namespace ENIs live in when no pod holds them: the agent's own, or
 /// one named in config (tests use a throwaway namespace, so they never
 /// touch the machine's interfaces). Clones share one socket and one dump
@@ -41,6 +78,10 @@ struct Inner {
     own_id: NetnsId,
     host_id: NetnsId,
     handle: Handle,
+    /// A second host socket, driven by a thread of its own, for deleting
+    /// devices ([`Host::deletions`]); the thread ends with `Inner`.
+    deletions: Handle,
+    _stop_deletions: tokio::sync::oneshot::Sender<()>,
     // The kernel runs one dump at a time per netlink socket (a second gets
     // EBUSY): dumps on the host socket take turns.
     dump: tokio::sync::Mutex<()>,
@@ -57,11 +98,14 @@ impl Host {
             None => host_id,
         };
         let handle = handle_in(&netns).await?;
+        let (deletions, stop) = handle_on_own_thread(&netns, "enim-netlink-del").await?;
         Ok(Host(Arc::new(Inner {
             netns,
             own_id,
             host_id,
             handle,
+            deletions,
+            _stop_deletions: stop,
             dump: Default::default(),
         })))
     }
@@ -91,6 +135,12 @@ impl Host {
     /// For requests that are not dumps; dumps go through [`Host::dump`].
     pub fn handle(&self) -> &Handle {
         &self.0.handle
+    }
+
+    /// For deleting host devices behind an answer: a socket whose sends
+    /// block a thread of its own, never a runtime worker.
+    pub fn deletions(&self) -> &Handle {
+        &self.0.deletions
     }
 
     /// Runs `dump` (a verb that dumps, such as [`super::link::dump`]) on

@@ -178,9 +178,11 @@ async fn route_via_host(
 
 /// Removes a host path by its host end: deleting one end deletes both, and
 /// the routes and neighbour entries through them. Done already when the
-/// veth is gone (it dies with the pod's netns too).
+/// veth is gone (it dies with the pod's netns too). Sent on the host's
+/// deletion socket ([`Host::deletions`]): a DEL leaves it behind its
+/// answer, and its wait in the kernel must not hold a runtime worker.
 pub async fn remove(host: &Host, host_veth: &str) -> Result<(), PlumbingError> {
-    link::delete(host.handle(), host_veth, "delete host path veth").await
+    link::delete(host.deletions(), host_veth, "delete host path veth").await
 }
 
 /// The pod end's MAC when the kernel's host path is `spec` (and the pod
