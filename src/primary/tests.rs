@@ -582,6 +582,35 @@ async fn host_path_is_recorded_returned_and_strays_are_swept() {
         .unwrap();
 }
 
+/// A DEL answers once its ENI is home: the host path's deletion runs
+/// behind the answer, so its failure fails nothing; the veth it left is
+/// GC's to sweep, and the next ADD still gets a host path.
+#[tokio::test]
+async fn a_host_path_deletion_behind_the_del_fails_nothing_and_gc_sweeps_its_veth() {
+    let h = HostPathHarness::new(1).await;
+    h.engine.add(&owner("c"), Path::new(POD)).await.unwrap();
+    let veth = h.fake.host_path_veths();
+    assert_eq!(veth.len(), 1);
+    h.fake.fail_once("remove_host_path");
+    h.engine.del(&owner("c")).await.unwrap();
+    assert!(h.engine.attachments().await.is_empty());
+    assert!(h.host_is_home(), "the ENI came home before the answer");
+    h.settle().await;
+    assert_eq!(
+        h.fake.host_path_veths(),
+        veth,
+        "the failed deletion left it"
+    );
+    let report = h.engine.gc(&GcRequest::default(), Duration::ZERO).await;
+    assert_eq!(report.swept, [format!("veth {}", veth[0])], "{report:?}");
+    assert!(h.fake.host_path_veths().is_empty());
+    let again = h.engine.add(&owner("d"), Path::new(POD)).await.unwrap();
+    assert!(again.host_path.is_some());
+    h.engine.del(&owner("d")).await.unwrap();
+    h.settle().await;
+    assert!(h.fake.host_path_veths().is_empty());
+}
+
 /// DEL writes its intent behind: a DEL whose device came home but whose
 /// intent never reached the disk leaves a Ready record; at restart the
 /// device's place says the DEL happened, and recovery finishes it. A Ready
