@@ -221,9 +221,9 @@ pub fn markdown(r: &Results) -> String {
          differing only in `checkpoint_fsync = false`; \"with host path\" is a third enimd with \
          `[host_path]` on (a veth to the host per pod, routing one service CIDR), and its floor \
          makes the same veth, routes and neighbour entries; on DEL both delete that veth after \
-         the timed part (enim behind its answer, the floor after its timing). Cycles go through the 6 orders of a \
-         balanced Latin square, so each method directly follows each other equally often; idle \
-         time before each timed operation: {} ms.\n",
+         the timed part (enim behind its answer, the floor after its timing). Cycles go through \
+         the 6 orders of a balanced Latin square, so each method directly follows each other \
+         equally often; idle time before each timed operation: {} ms.\n",
         r.gap_ms
     );
     let _ = writeln!(s, "### Ratios (same run)\n");

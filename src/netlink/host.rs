@@ -14,16 +14,25 @@ use super::{route, Netns, NetnsId, PlumbingError};
 /// [`super::netns`]) and drives it on the current runtime. The socket closes
 /// when the returned handle and its clones are dropped.
 pub async fn handle_in(netns: &Netns) -> Result<Handle, PlumbingError> {
-    let runtime = tokio::runtime::Handle::current();
-    let (connection, handle) = super::netns::run_in(netns, move || {
-        // The socket registers with the runtime's reactor, so enter it here.
-        let _guard = runtime.enter();
+    let (connection, handle) = connection_in(netns, tokio::runtime::Handle::current()).await?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
+/// An rtnetlink socket opened inside `netns`, registered with `reactor`'s
+/// runtime: its connection (to drive there) and its handle.
+async fn connection_in(
+    netns: &Netns,
+    reactor: tokio::runtime::Handle,
+) -> Result<(impl Future<Output = ()> + Send, Handle), PlumbingError> {
+    super::netns::run_in(netns, move || {
+        // The socket registers with the reactor of the runtime that will
+        // drive it, so enter that runtime here.
+        let _guard = reactor.enter();
         let (connection, handle, _) = rtnetlink::new_connection()?;
         Ok((connection, handle))
     })
-    .await?;
-    tokio::spawn(connection);
-    Ok(handle)
+    .await
 }
 
 /// An rtnetlink connection inside `netns` driven on an OS thread of its
@@ -40,14 +49,7 @@ async fn handle_on_own_thread(
         .enable_io()
         .build()
         .map_err(PlumbingError::io("start the runtime of a netlink thread"))?;
-    let reactor = runtime.handle().clone();
-    let (connection, handle) = super::netns::run_in(netns, move || {
-        // The socket registers with the reactor of the thread that drives it.
-        let _guard = reactor.enter();
-        let (connection, handle, _) = rtnetlink::new_connection()?;
-        Ok((connection, handle))
-    })
-    .await?;
+    let (connection, handle) = connection_in(netns, runtime.handle().clone()).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     std::thread::Builder::new()
         .name(name.to_string())

@@ -52,7 +52,6 @@ pub struct PrimaryDriver {
 /// in flight, so that an ADD's host path waits for them: the ENI may go
 /// straight to the next pod, with the same address, whose host route the
 /// old veth still holds. One lost to a crash is GC's stray-veth sweep's.
-#[derive(Clone)]
 struct DeletionsBehind(Arc<tokio::sync::watch::Sender<usize>>);
 
 /// Counts one deletion down when its task ends, however it ends.
@@ -368,9 +367,7 @@ impl PrimaryDriver {
         self.plan_host_path(&mut record).await?;
         Ok((record, host))
     }
-}
 
-impl PrimaryDriver {
     /// Returns once no host path is being deleted behind a DEL's answer.
     pub async fn settled_deletions(&self) {
         self.deletions_behind.settled().await;
