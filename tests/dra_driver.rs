@@ -218,8 +218,10 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     agent.wait_crashed();
     agent.env.clear();
     agent.restart();
+    // The crashed agent's socket file is still there: wait for one that
+    // answers, not for the file.
     eventually("the DRA socket is back", Duration::from_secs(10), || {
-        dra_socket.exists()
+        std::os::unix::net::UnixStream::connect(&dra_socket).is_ok()
     });
     let answer = prepare(&dra_socket).unwrap();
     let got = &answer.claims[&uid];
