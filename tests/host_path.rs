@@ -751,6 +751,10 @@ fn check_passes_after_tuning_and_sbr() {
 /// there, restart, GC. The attachment is then either whole (ENI and host
 /// path) and recorded, or gone without a trace; the runtime's retry works
 /// and its DEL leaves no veth and no route behind.
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the crash points: --features fault-injection (CI runs --all-features)"
+)]
 #[test]
 fn crash_at_every_point_with_a_host_path_leaks_nothing() {
     require_kernel!();
