@@ -100,10 +100,11 @@ pub trait Driver: Send + Sync + 'static {
         out
     }
 
-    /// [`Driver::unplumb_many`] for a DEL, which answers the runtime once
+    /// [`Driver::unplumb_many`] for one pod's teardown (its DEL, or an ADD
+    /// undoing its old attempt), which answers the runtime once
     /// the pod's devices are home and released: a driver may leave work
     /// the answer does not need behind it. The default does it all.
-    async fn unplumb_for_del(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
+    async fn unplumb_for_pod(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
         self.unplumb_many(records).await
     }
 

@@ -8,7 +8,7 @@
 
 use enim_api::model::{now_ms, Phase};
 
-use super::teardown::Intent;
+use super::teardown::Caller;
 use super::{Driver, Engine, EngineError};
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
@@ -75,7 +75,7 @@ impl<D: Driver> Engine<D> {
                 }
             }
         }
-        for (key, outcome) in self.teardown(undo, Intent::Durable).await {
+        for (key, outcome) in self.teardown(undo, Caller::Sweep).await {
             if let Err(e) = outcome {
                 tracing::error!(%key, error = %e, "could not undo an interrupted attachment");
                 return Err(e);

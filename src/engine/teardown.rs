@@ -13,9 +13,22 @@ use crate::support::fault::crash_point;
 
 use super::{Driver, Engine, EngineError, Unplumbed};
 
+/// Who tears down, which says what may be left behind the return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// One pod's key: its DEL, or an ADD undoing the key's old attempt.
+    /// Returns once the devices are home and released: the `Deleting`
+    /// intent (where [`Driver::DEL_INTENT_BEHIND`]) and work the answer
+    /// does not need ([`Driver::unplumb_for_pod`]) may follow behind.
+    Pod,
+    /// GC and recovery: intents on disk before anything is touched, and
+    /// everything done before the return.
+    Sweep,
+}
+
 /// How a teardown records its `Deleting` intents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Intent {
+enum Intent {
     /// On disk before anything is touched.
     Durable,
     /// In memory at once, on disk behind the caller.
@@ -32,17 +45,10 @@ pub(crate) enum Teardown {
 }
 
 impl<D: Driver> Engine<D> {
-    /// DEL's teardown of one record (key lock held). Where the driver's
-    /// kernel state says how far a DEL got ([`Driver::DEL_INTENT_BEHIND`]),
-    /// its intent is written behind: DEL does not wait for the disk.
+    /// One pod's teardown of its record (key lock held): [`Caller::Pod`].
     pub(crate) async fn teardown_one(&self, record: Record) -> Result<(), EngineError> {
         let key = record.key.clone();
-        let intent = if D::DEL_INTENT_BEHIND {
-            Intent::Behind
-        } else {
-            Intent::Durable
-        };
-        match self.teardown(vec![record], intent).await.pop() {
+        match self.teardown(vec![record], Caller::Pod).await.pop() {
             Some((_, outcome)) => outcome.map(drop),
             None => Err(EngineError::UnknownAttachment(key)),
         }
@@ -51,17 +57,23 @@ impl<D: Driver> Engine<D> {
     /// Tears down `records` (their key locks held), one outcome per record
     /// in order. The outcome is written behind: should the agent die first,
     /// recovery repeats the teardown from the `Deleting` intent, which is
-    /// idempotent. With [`Intent::Behind`] the intent may not have landed
-    /// either: recovery then finds a `Ready` record and asks the kernel
-    /// ([`Driver::came_home`]).
+    /// idempotent. With its intent behind (a pod's, where the driver
+    /// allows) the intent may not have landed either: recovery then finds
+    /// a `Ready` record and asks the kernel ([`Driver::came_home`]).
     pub(crate) async fn teardown(
         &self,
         records: Vec<Record>,
-        intent: Intent,
+        caller: Caller,
     ) -> Vec<(AttachmentKey, Result<Teardown, EngineError>)> {
         if records.is_empty() {
             return Vec::new();
         }
+        // Where the driver's kernel state says how far a DEL got, a pod's
+        // teardown does not wait for the disk.
+        let intent = match caller {
+            Caller::Pod if D::DEL_INTENT_BEHIND => Intent::Behind,
+            _ => Intent::Durable,
+        };
         let stale = match self.driver.stale(&records).await {
             Ok(stale) => stale,
             Err(e) => return fail_all(records, e),
@@ -106,12 +118,9 @@ impl<D: Driver> Engine<D> {
             .collect();
         crash_point("del:after-intent");
 
-        // A DEL's teardown (the only one with its intent behind) answers
-        // once the devices are home: what it need not wait for is left
-        // behind it.
-        let unplumbed = match intent {
-            Intent::Behind => self.driver.unplumb_for_del(&ours).await,
-            Intent::Durable => self.driver.unplumb_many(&ours).await,
+        let unplumbed = match caller {
+            Caller::Pod => self.driver.unplumb_for_pod(&ours).await,
+            Caller::Sweep => self.driver.unplumb_many(&ours).await,
         };
         let mut released = Vec::with_capacity(ours.len());
         for (r, result) in ours.into_iter().zip(unplumbed) {
@@ -143,7 +152,7 @@ impl<D: Driver> Engine<D> {
 
     /// GC's teardown of a batch: outcomes go into `report`.
     pub(crate) async fn collect(&self, records: Vec<Record>, report: &mut GcReport) {
-        for (key, outcome) in self.teardown(records, Intent::Durable).await {
+        for (key, outcome) in self.teardown(records, Caller::Sweep).await {
             match outcome {
                 Ok(Teardown::Done(Unplumbed::DeviceGone)) => {
                     report.records_dropped.push(key.to_string());

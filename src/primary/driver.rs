@@ -702,7 +702,7 @@ impl Driver for PrimaryDriver {
 
     /// A DEL's: host paths are deleted behind the answer
     /// ([`DeletionsBehind`]).
-    async fn unplumb_for_del(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
+    async fn unplumb_for_pod(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
         self.unplumb_batch(records, true).await
     }
 
