@@ -67,6 +67,20 @@ pub fn replace_with(
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), FileError> {
     std::fs::create_dir_all(dir).map_err(err("creating dir", dir))?;
+    replace_in_existing(dir, name, mode, durability, write)
+}
+
+/// [`replace_with`] into a `dir` that must exist: for a writer that made
+/// its directory once, at start, and should report that it vanished
+/// rather than make it again (a late write of a process whose state was
+/// removed would otherwise bring the directory back).
+fn replace_in_existing(
+    dir: &Path,
+    name: &str,
+    mode: u32,
+    durability: Durability,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), FileError> {
     let target = dir.join(name);
     let (tmp_path, mut file) = create_temp(dir, name)?;
     let mut guard = TempGuard {
@@ -98,6 +112,27 @@ pub fn replace(
     durability: Durability,
     bytes: &[u8],
 ) -> Result<(), FileError> {
+    let (dir, name) = split(path)?;
+    replace_with(dir, &name, mode, durability, |f| {
+        io::Write::write_all(f, bytes)
+    })
+}
+
+/// [`replace`] into a directory that must exist ([`replace_in_existing`]).
+pub fn replace_existing_dir(
+    path: &Path,
+    mode: u32,
+    durability: Durability,
+    bytes: &[u8],
+) -> Result<(), FileError> {
+    let (dir, name) = split(path)?;
+    replace_in_existing(dir, &name, mode, durability, |f| {
+        io::Write::write_all(f, bytes)
+    })
+}
+
+/// A path's directory (`.` for a bare name) and file name.
+fn split(path: &Path) -> Result<(&Path, String), FileError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -105,9 +140,7 @@ pub fn replace(
     let name = path
         .file_name()
         .ok_or_else(|| err("no file name in", path)(io::ErrorKind::InvalidInput.into()))?;
-    replace_with(dir, &name.to_string_lossy(), mode, durability, |f| {
-        io::Write::write_all(f, bytes)
-    })
+    Ok((dir, name.to_string_lossy().into_owned()))
 }
 
 /// Removes the temporary file unless it was renamed into place.
@@ -177,5 +210,19 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("f.json")]);
+    }
+
+    #[test]
+    fn a_vanished_directory_is_an_error_not_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/cp.json");
+        let all = Durability::FULL;
+        replace(&path, 0o600, all, b"one").unwrap();
+        replace_existing_dir(&path, 0o600, all, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        std::fs::remove_dir_all(dir.path().join("state")).unwrap();
+        let e = replace_existing_dir(&path, 0o600, all, b"three").unwrap_err();
+        assert_eq!(e.source.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(!dir.path().join("state").exists(), "made again");
     }
 }

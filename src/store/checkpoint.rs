@@ -464,16 +464,20 @@ impl Checkpoint {
             data: fsync,
             rename: false,
         };
-        tokio::task::spawn_blocking(move || atomic_file::replace(&path, 0o600, durability, &bytes))
-            .await
-            .map_err(|e| CheckpointError::Write {
-                path: self.path.clone(),
-                source: io::Error::other(e),
-            })?
-            .map_err(|e| CheckpointError::Write {
-                path: self.path.clone(),
-                source: e.source,
-            })?;
+        // Into the directory `open` made: one that vanished since (the state
+        // removed under a running agent) is reported, not made again.
+        tokio::task::spawn_blocking(move || {
+            atomic_file::replace_existing_dir(&path, 0o600, durability, &bytes)
+        })
+        .await
+        .map_err(|e| CheckpointError::Write {
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })?
+        .map_err(|e| CheckpointError::Write {
+            path: self.path.clone(),
+            source: e.source,
+        })?;
         state.unwritten = false;
         if let Some(observe) = self.write_observer.get() {
             observe(started.elapsed());
