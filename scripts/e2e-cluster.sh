@@ -17,8 +17,8 @@
 # the scenarios mostly wait (on the kubelet's back-off, on restarts), so
 # two lanes on two cores take about half the time of one. The second lane
 # ([lane 2] in the log, printed whole at the end) runs the secondary run's
-# crash back-off, the primary run's admission scenarios and DRA; the first
-# the rest of primary and secondary, the operator run and the cloud
+# crash back-off, the primary run's admission scenarios, DRA and the
+# operator run; the first the rest of primary and secondary, and the cloud
 # cluster. A performance scenario waits until the other lane is between
 # scenarios, and holds it there while it measures (a lock file): its
 # figures are taken with the other lane's clusters idle.
@@ -294,7 +294,7 @@ diagnose() {
 # one-node s_perf is left out of the default and still runs with --only.
 LANE_SCENARIOS=s_admission_kill9,s_admission_crashloop,s_admission_rollout,s_restarts_default_backoff
 DEFAULT_SKIP=s_perf
-lane_names=("" "" "secondary's crash back-off, primary's admission, dra")
+lane_names=("" "" "secondary's crash back-off, primary's admission, dra, operator")
 lane_run() {
   local me=("$repo/scripts/e2e-cluster.sh" "${debug[@]}" --images "$images" --restarts "$restarts")
   local rc=0
@@ -303,6 +303,7 @@ lane_run() {
       "${me[@]}" --mode secondary --only s_ready,s_restarts_default_backoff || rc=1
       "${me[@]}" --mode primary --only s_ready,s_admission_kill9,s_admission_crashloop,s_admission_rollout || rc=1
       "${me[@]}" --mode dra || rc=1
+      "${me[@]}" --mode operator || rc=1
       ;;
   esac
   return $rc
@@ -320,7 +321,7 @@ if [ "$lanes" = 1 ]; then
     { rc=0; lane_run "$l" || rc=$?; echo "$rc" > "$images/lane$l.rc"; } > "$images/lane$l.log" 2>&1 &
     lane_pids[l]=$!
   done
-  modes=(primary secondary operator cloud)
+  modes=(primary secondary cloud)
   skip=${skip:+$skip,}$LANE_SCENARIOS
 fi
 # What the default leaves out (a run of --only names its scenarios itself).
