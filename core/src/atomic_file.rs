@@ -112,10 +112,9 @@ pub fn replace(
     durability: Durability,
     bytes: &[u8],
 ) -> Result<(), FileError> {
-    let (dir, name) = split(path)?;
-    replace_with(dir, &name, mode, durability, |f| {
-        io::Write::write_all(f, bytes)
-    })
+    let (dir, _) = split(path)?;
+    std::fs::create_dir_all(dir).map_err(err("creating dir", dir))?;
+    replace_existing_dir(path, mode, durability, bytes)
 }
 
 /// [`replace`] into a directory that must exist ([`replace_in_existing`]).
