@@ -207,10 +207,11 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     // enimd dies right after the record, before it answers: the kubelet
     // sees a failed prepare and asks again of the next enimd.
     agent.arm_crash("dra:after-claim-write");
-    // The plugin serves once recovery is done, a moment after "ready".
-    eventually("the DRA socket is served", Duration::from_secs(10), || {
-        dra_socket.exists()
-    });
+    // The plugin serves once recovery is done, a moment after "ready". A
+    // socket file can outlive its agent (a crash leaves it): wait for one
+    // that accepts a connection, not for the file.
+    let served = || std::os::unix::net::UnixStream::connect(&dra_socket).is_ok();
+    eventually("the DRA socket is served", Duration::from_secs(10), served);
     assert!(
         prepare(&dra_socket).is_err(),
         "prepare answered though enimd died"
@@ -218,11 +219,7 @@ fn a_claim_prepared_before_a_crash_gets_exactly_its_eni_at_add() {
     agent.wait_crashed();
     agent.env.clear();
     agent.restart();
-    // The crashed agent's socket file is still there: wait for one that
-    // answers, not for the file.
-    eventually("the DRA socket is back", Duration::from_secs(10), || {
-        std::os::unix::net::UnixStream::connect(&dra_socket).is_ok()
-    });
+    eventually("the DRA socket is back", Duration::from_secs(10), served);
     let answer = prepare(&dra_socket).unwrap();
     let got = &answer.claims[&uid];
     assert_eq!(got.error, "");

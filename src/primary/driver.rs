@@ -700,8 +700,8 @@ impl Driver for PrimaryDriver {
         self.unplumb_batch(records, false).await
     }
 
-    /// A DEL's: host paths are deleted behind the answer
-    /// ([`DeletionsBehind`]).
+    /// A pod's teardown (its DEL, or an ADD undoing its old attempt): host
+    /// paths are deleted behind the answer ([`DeletionsBehind`]).
     async fn unplumb_for_pod(&self, records: &[Record]) -> Vec<Result<Unplumbed, EngineError>> {
         self.unplumb_batch(records, true).await
     }
