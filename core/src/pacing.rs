@@ -12,14 +12,22 @@
 //! instead of hammering the drained bucket, and a node alone at the end
 //! is back to full speed after a few successes.
 //!
+//! Every node paced alike would be served alike, and the nodes that had
+//! bad luck early would still need the most when the crowd has thinned
+//! out and the buckets sit part idle. So the caller says how full its
+//! pool is ([`Pacing::set_fill`]), and an emptier pool spaces its calls
+//! by a smaller share of the gap: the nodes furthest behind are served
+//! first, and the last nodes of a start-up need less.
+//!
 //! Invariants: an action is paced only after one of its calls was
 //! throttled; its gap is then within `[floor, cap]`; two calls of one
-//! action are never let through less than half a gap apart while it is
-//! paced (each slot is drawn from `[gap / 2, 3 gap / 2]`, so that nodes
-//! throttled together do not come back together). Other actions are not
-//! slowed.
+//! action are never let through less than half a gap's share apart
+//! while it is paced (each slot is drawn from `[share gap / 2,
+//! 3 share gap / 2]`, so that nodes throttled together do not come back
+//! together). Other actions are not slowed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -38,17 +46,22 @@ pub struct PacingPolicy {
     pub cap: Duration,
     /// The gap's factor on a success, in `(0, 1)`.
     pub narrow: f64,
+    /// The share of the gap an empty pool waits, in `(0, 1]`; a full one
+    /// waits the whole gap, and between, in proportion.
+    pub empty_share: f64,
 }
 
 /// The agent's pacing: a first gap of 0.5 s, at most 10 s, halved on each
-/// success. Chosen by the bench's fleet simulation (200 nodes starting at
-/// once on one account): a 5 s cap throttled 45 % more, a 20 s cap left
-/// the attach bucket idle at the end (nodes sat out the gap while it
-/// refilled), and narrowing by 3/4 instead of 1/2 did no better.
+/// success; an empty pool waits a quarter of it. Chosen by the bench's
+/// fleet simulation (200 nodes starting at once on one account): a 5 s
+/// cap throttled 45 % more, a 20 s cap left the attach bucket idle at the
+/// end (nodes sat out the gap while it refilled), and narrowing by 3/4
+/// instead of 1/2 did no better.
 pub const AGENT_PACING: PacingPolicy = PacingPolicy {
     floor: Duration::from_millis(500),
     cap: Duration::from_secs(10),
     narrow: 0.5,
+    empty_share: 0.25,
 };
 
 /// One action's pacing state.
@@ -65,6 +78,9 @@ struct Pace {
 pub struct Pacing {
     policy: PacingPolicy,
     by_action: Mutex<HashMap<String, Pace>>,
+    /// The share of each gap a call waits ([`Pacing::set_fill`]), as
+    /// `f64` bits.
+    share: AtomicU64,
 }
 
 impl Pacing {
@@ -72,7 +88,26 @@ impl Pacing {
         Pacing {
             policy,
             by_action: Mutex::new(HashMap::new()),
+            share: AtomicU64::new(1.0f64.to_bits()),
         }
+    }
+
+    /// How full the caller's pool is, from 0 (empty) to 1 (at its goal):
+    /// from now on its calls wait that share of each gap, from the
+    /// policy's `empty_share` up to the whole.
+    pub fn set_fill(&self, fill: f64) {
+        let low = self.policy.empty_share.clamp(f64::MIN_POSITIVE, 1.0);
+        let fill = if fill.is_nan() {
+            1.0
+        } else {
+            fill.clamp(0.0, 1.0)
+        };
+        let share = low + (1.0 - low) * fill;
+        self.share.store(share.to_bits(), Ordering::Relaxed);
+    }
+
+    fn share(&self) -> f64 {
+        f64::from_bits(self.share.load(Ordering::Relaxed))
     }
 
     fn state(&self) -> MutexGuard<'_, HashMap<String, Pace>> {
@@ -86,7 +121,8 @@ impl Pacing {
     }
 
     /// Waits for `action`'s next slot and takes it; at once while the
-    /// action is not paced. Returns how long it waited. A wait that is
+    /// action is not paced. The slot is the gap's share
+    /// ([`Pacing::set_fill`]) after the one before. Returns how long it waited. A wait that is
     /// dropped keeps its slot taken (the next call only goes a gap later).
     pub async fn wait(&self, action: &str) -> Duration {
         let now = Instant::now();
@@ -96,7 +132,8 @@ impl Pacing {
                 return Duration::ZERO;
             };
             let due = pace.next.max(now);
-            pace.next = due + pace.gap / 2 + Jitter::Full.apply(pace.gap);
+            let gap = pace.gap.mul_f64(self.share());
+            pace.next = due + gap / 2 + Jitter::Full.apply(gap);
             due
         };
         tokio::time::sleep_until(due).await;
@@ -141,6 +178,7 @@ mod tests {
             floor: 100 * MS,
             cap: 400 * MS,
             narrow: 0.5,
+            empty_share: 0.25,
         })
     }
 
@@ -195,6 +233,48 @@ mod tests {
         p.wait("Attach").await;
         p.wait("Attach").await;
         assert_eq!(t0.elapsed(), Duration::ZERO);
+    }
+
+    /// Slots `p` lets through in a row, from now, after one throttle.
+    async fn gaps_after_a_throttle(p: &Pacing) -> Vec<Duration> {
+        p.throttled("Attach");
+        let t0 = Instant::now();
+        let mut at = Vec::new();
+        for _ in 0..20 {
+            p.wait("Attach").await;
+            at.push(t0.elapsed());
+        }
+        at.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_emptier_pool_waits_a_smaller_share_of_the_gap() {
+        // Gap 100 ms: a full pool's slots are 50-150 ms apart.
+        let full = pacing();
+        full.set_fill(1.0);
+        let gaps = gaps_after_a_throttle(&full).await;
+        assert!(
+            gaps.iter().all(|g| (50 * MS..=150 * MS).contains(g)),
+            "{gaps:?}"
+        );
+        // An empty one waits a quarter: 12.5-37.5 ms.
+        let empty = pacing();
+        empty.set_fill(0.0);
+        let gaps = gaps_after_a_throttle(&empty).await;
+        assert!(
+            gaps.iter().all(|g| (12 * MS..=38 * MS).contains(g)),
+            "{gaps:?}"
+        );
+        // Half full: 0.625 of the gap; out of range and NaN clamp.
+        let half = pacing();
+        half.set_fill(0.5);
+        assert!((half.share() - 0.625).abs() < 1e-9);
+        half.set_fill(-3.0);
+        assert!((half.share() - 0.25).abs() < 1e-9);
+        half.set_fill(f64::NAN);
+        assert!((half.share() - 1.0).abs() < 1e-9);
+        // The share spaces slots only: the gap itself is the replies'.
+        assert_eq!(empty.gap("Attach"), 100 * MS);
     }
 
     #[tokio::test(start_paused = true)]

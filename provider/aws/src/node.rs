@@ -65,6 +65,8 @@ pub async fn build_with(
 pub struct AwsBackend {
     imds: Arc<Imds>,
     ec2: Ec2Client,
+    /// `ec2`'s pacing, which the pool's fill steers.
+    pacing: Arc<Pacing>,
     instance_id: String,
     instance_type: String,
     region: String,
@@ -147,9 +149,10 @@ impl AwsBackend {
         // One set of buckets for the agent: the backend is its only EC2
         // client. Paced by throttle replies: the agent shares the account's
         // buckets with every other node's and can see only its own replies.
+        let pacing = Arc::new(Pacing::new(AGENT_PACING));
         let ec2_client = Ec2Client::configured(&region, creds, &config.api)
             .map_err(ec2("EC2 client"))?
-            .with_pacing(Arc::new(Pacing::new(AGENT_PACING)));
+            .with_pacing(pacing.clone());
         tracing::info!(
             instance = %instance_id,
             %instance_type,
@@ -162,6 +165,7 @@ impl AwsBackend {
         Ok(AwsBackend {
             imds: imds_client,
             ec2: ec2_client,
+            pacing,
             instance_id,
             instance_type,
             region,
@@ -571,6 +575,10 @@ impl CloudBackend for AwsBackend {
 
     async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
         self.do_create_and_attach().await
+    }
+
+    fn pool_fill(&self, fill: f64) {
+        self.pacing.set_fill(fill);
     }
 
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError> {

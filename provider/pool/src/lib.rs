@@ -381,6 +381,7 @@ impl Inner {
                 && in_flight.len() < self.config.max_parallel_creates
                 && self.wants_create(in_flight.len())
             {
+                self.backend.pool_fill(self.fill());
                 in_flight.push(self.backend.create_and_attach());
             }
             let Some(result) = in_flight.next().await else {
@@ -416,6 +417,17 @@ impl Inner {
             waiting: st.waiting.len(),
         };
         self.config.watermarks().deficit(level) > 0 && room
+    }
+
+    /// How full the pool is: its free ENIs over its goal (`pre_allocate`
+    /// plus the pods waiting for one), at most 1.
+    fn fill(&self) -> f64 {
+        let st = self.state();
+        let goal = u32::try_from(st.waiting.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.config.pre_allocate);
+        let free = u32::try_from(st.free_count()).unwrap_or(u32::MAX);
+        (f64::from(free) / f64::from(goal.max(1))).min(1.0)
     }
 
     /// A new ENI of the pool's own joins it, free.

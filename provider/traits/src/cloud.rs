@@ -249,6 +249,11 @@ pub trait CloudBackend: Send + Sync {
     /// instance metadata shows it (retrying while metadata lags).
     async fn create_and_attach(&self) -> Result<Eni, ProviderError>;
 
+    /// How full the warm pool is (0: empty, 1: at its goal), said before
+    /// each create: a backend that paces its calls by throttle replies lets
+    /// an emptier pool call sooner. By default, nothing.
+    fn pool_fill(&self, _fill: f64) {}
+
     /// Attaches an ENI enim created earlier that is not attached (found by
     /// `tagged` after a crash) and returns it once metadata shows it.
     async fn attach_existing(&self, eni_id: &str) -> Result<Eni, ProviderError>;

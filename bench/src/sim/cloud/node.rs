@@ -306,6 +306,10 @@ impl CloudBackend for SimCloud {
         self.limit().await
     }
 
+    fn pool_fill(&self, fill: f64) {
+        self.pacing.set_fill(fill);
+    }
+
     async fn create_and_attach(&self) -> Result<Eni, ProviderError> {
         let id = match self.kept.take() {
             Some(id) => id,

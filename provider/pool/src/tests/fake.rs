@@ -58,6 +58,8 @@ pub(super) struct FakeState {
     pub(super) reap_lists: Vec<Instant>,
     /// ENIs the reaper deleted.
     pub(super) reaped: Vec<String>,
+    /// Each fill the pool said before a create ([`CloudBackend::pool_fill`]).
+    pub(super) fills: Vec<f64>,
 }
 
 pub(super) struct FakeEni {
@@ -243,6 +245,10 @@ impl CloudBackend for FakeCloud {
     async fn eni_limit(&self) -> Result<usize, ProviderError> {
         self.api()?;
         Ok(self.st().limit)
+    }
+
+    fn pool_fill(&self, fill: f64) {
+        self.st().fills.push(fill);
     }
 
     async fn create_and_attach(&self) -> Result<Eni, ProviderError> {

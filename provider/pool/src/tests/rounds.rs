@@ -144,6 +144,34 @@ async fn creates_run_in_parallel_up_to_the_bound() {
     assert_eq!(cloud.st().creates, 4, "no more than min_free");
 }
 
+/// Before each create the pool tells the backend how full it is (its free
+/// ENIs over `min_free` plus the pods waiting), which paces an emptier
+/// pool's calls sooner: from empty up, and down again when pods wait.
+#[tokio::test(start_paused = true)]
+async fn each_create_says_how_full_the_pool_is() {
+    let pool_config = PoolConfig {
+        max_parallel_creates: 1,
+        ..config(4, 6)
+    };
+    let (cloud, pool) = filled(16, pool_config).await;
+    assert_eq!(cloud.st().fills, [0.0, 0.25, 0.5, 0.75]);
+    // Four pods take the four, and two more wait: the goal is 4 + 2.
+    for who in ["a", "b", "c", "d"] {
+        pool.allocate_next(&owner(who)).await.unwrap();
+    }
+    for who in ["e", "f"] {
+        let e = pool.allocate_next(&owner(who)).await;
+        assert!(matches!(e, Err(ProviderError::Exhausted { .. })), "{e:?}");
+    }
+    wait_stats(&pool, |s| s.available == 6).await;
+    let fills = cloud.st().fills[4..].to_vec();
+    assert_eq!(fills.first(), Some(&0.0), "{fills:?}");
+    assert!(
+        fills.windows(2).all(|w| w[0] <= w[1]) && fills.iter().all(|f| *f < 1.0),
+        "{fills:?}"
+    );
+}
+
 /// Pods told "try again later" are demand on top of `min_free`: the pool
 /// creates for them too (at the bounded rate), and forgets a pod once it is
 /// served or its DEL comes.
