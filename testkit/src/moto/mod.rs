@@ -57,6 +57,33 @@ pub fn moto_available() -> bool {
     ok
 }
 
+/// Whether process `pid` holds the socket listening on TCP `port` of this
+/// network namespace (`/proc/net/tcp`'s listening entry, found among the
+/// process's fds by inode).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // sl local_address rem_address st ... inode: state 0A is LISTEN.
+    let listening: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let inode = f.get(9)?;
+            (local_port == port && *f.get(3)? == "0A").then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| listening.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -106,7 +133,15 @@ impl Moto {
                     .await
                 {
                     if r.status().is_success() {
-                        return moto;
+                        if listens_on(moto.child.id(), port) {
+                            return moto;
+                        }
+                        // Another test's moto took the port between
+                        // `free_port` and ours binding it (ours would fail
+                        // to bind and exit): try another.
+                        let _ = moto.child.kill();
+                        let _ = moto.child.wait();
+                        break;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -705,4 +740,22 @@ where
 
 pub fn ipv6_in(net: Ipv6Net, a: Ipv6Addr) -> bool {
     net.contains(&a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_is_ours_only_while_we_listen_on_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port));
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        assert!(!listens_on(child.id(), port), "the child holds no socket");
+        let _ = child.kill();
+        let _ = child.wait();
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port));
+    }
 }
