@@ -121,9 +121,10 @@ impl Pacing {
     }
 
     /// Waits for `action`'s next slot and takes it; at once while the
-    /// action is not paced. The slot is the gap's share
-    /// ([`Pacing::set_fill`]) after the one before. Returns how long it waited. A wait that is
-    /// dropped keeps its slot taken (the next call only goes a gap later).
+    /// action is not paced. Each slot comes the gap's share
+    /// ([`Pacing::set_fill`]) after the one before. Returns how long it
+    /// waited. A wait that is dropped keeps its slot taken (the next call
+    /// only goes that share of a gap later).
     pub async fn wait(&self, action: &str) -> Duration {
         let now = Instant::now();
         let due = {
@@ -249,22 +250,19 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_emptier_pool_waits_a_smaller_share_of_the_gap() {
-        // Gap 100 ms: a full pool's slots are 50-150 ms apart.
-        let full = pacing();
-        full.set_fill(1.0);
-        let gaps = gaps_after_a_throttle(&full).await;
-        assert!(
-            gaps.iter().all(|g| (50 * MS..=150 * MS).contains(g)),
-            "{gaps:?}"
-        );
-        // An empty one waits a quarter: 12.5-37.5 ms.
-        let empty = pacing();
-        empty.set_fill(0.0);
-        let gaps = gaps_after_a_throttle(&empty).await;
-        assert!(
-            gaps.iter().all(|g| (12 * MS..=38 * MS).contains(g)),
-            "{gaps:?}"
-        );
+        // Gap 100 ms: a full pool's slots are 50-150 ms apart; an empty
+        // one waits a quarter, 12.5-37.5 ms.
+        for (fill, apart) in [(1.0, 50 * MS..=150 * MS), (0.0, 12 * MS..=38 * MS)] {
+            let p = pacing();
+            p.set_fill(fill);
+            let gaps = gaps_after_a_throttle(&p).await;
+            assert!(
+                gaps.iter().all(|g| apart.contains(g)),
+                "fill {fill}: {gaps:?}"
+            );
+            // The share spaces slots only: the gap itself is the replies'.
+            assert_eq!(p.gap("Attach"), 100 * MS);
+        }
         // Half full: 0.625 of the gap; out of range and NaN clamp.
         let half = pacing();
         half.set_fill(0.5);
@@ -273,8 +271,6 @@ mod tests {
         assert!((half.share() - 0.25).abs() < 1e-9);
         half.set_fill(f64::NAN);
         assert!((half.share() - 1.0).abs() < 1e-9);
-        // The share spaces slots only: the gap itself is the replies'.
-        assert_eq!(empty.gap("Attach"), 100 * MS);
     }
 
     #[tokio::test(start_paused = true)]
