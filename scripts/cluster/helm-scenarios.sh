@@ -35,10 +35,16 @@ held_in_sets() {
     | .status.used[]? | "\($n) \(.podName) \(.eni) \(.ip // "")"' | sort
 }
 
-# moto_of ENIS...: those ENIs in moto: id, instance, device index, addresses.
-moto_of() {
-  moto_enis | jq -r --arg ids "$*" '.[] | select(.id as $i | $ids | split(" ") | index($i))
-    | "\(.id) \(.instance) \(.device_index) \(.addresses | join(","))"' | sort
+# moto_of_held SETS: each held ENI of SETS (held_in_sets' lines) in moto:
+# id, instance, device index, primary address, and whether the held
+# secondary address is still assigned. The ENI's other secondary addresses
+# may change meanwhile: a surplus the operator drains is not a pod's.
+moto_of_held() {
+  moto_enis | jq -r --arg sets "$1" '
+    ($sets | split("\n") | map(select(. != "") | split(" "))) as $held
+    | .[] as $e | $held[] | select(.[2] == $e.id) | (.[3] // "") as $ip
+    | "\($e.id) \($e.instance) \($e.device_index) \($e.addresses[0])"
+      + (if $ip != "" then " holds \($ip): \($e.addresses | index($ip) != null)" else "" end)' | sort
 }
 
 # enim_images: every enim pod's containers' images, one line each.
@@ -70,7 +76,7 @@ s_cloud_helm_upgrade() {
   before=$(for p in "${pods[@]}"; do echo "$p $(holding "$p")"; done)
   sets_before=$(held_in_sets)
   enis=$(awk '{ print $3 }' <<<"$sets_before" | sort -u | tr '\n' ' ')
-  moto_before=$(moto_of $enis)
+  moto_before=$(moto_of_held "$sets_before")
   echo "held before:"; echo "$before"; echo "$sets_before"
   # The new tag, imported as the run imports images: into each node's
   # containerd.
@@ -92,7 +98,7 @@ s_cloud_helm_upgrade() {
   # have been synced by the new agent before comparing.
   wait_for "the sets to list the same users" 60 test_eq "$sets_before" held_in_sets ||
     { echo "the sets' users changed:"; diff <(echo "$sets_before") <(held_in_sets); rc=1; }
-  moto_after=$(moto_of $enis)
+  moto_after=$(moto_of_held "$sets_before")
   [ "$moto_after" = "$moto_before" ] || { echo "moto changed:"; diff <(echo "$moto_before") <(echo "$moto_after"); rc=1; }
   [ "$rc" = 0 ] && echo "the same after: each pod, its eth0, its set's entry and its ENI in moto ($enis)"
   for p in "${pods[@]}"; do on_moto_eni "$p" "$(k get pod "$p" -o jsonpath='{.spec.nodeName}' | sed 's/enim-e2e-node//')" >/dev/null || rc=1; done
