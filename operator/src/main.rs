@@ -134,6 +134,7 @@ async fn run(args: Args) -> Result<(), MainError> {
                 secret: args.webhook_secret,
                 webhook_config: args.webhook_config,
                 default: file.operator.policy.default,
+                pools: file.operator.policy().node_pools(),
                 cert_lifetime: file.operator.policy.cert_lifetime,
                 refusals: refusals.clone(),
             }),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use enim_crd::{EniPolicy, EniPolicySpec, Mode};
+use enim_operator::index::PoolPolicy;
 use enim_operator::policy::certs::{self, CertResolver, Pem};
 use enim_operator::policy::claims;
 use enim_operator::policy::keeper::{self, Keeper};
@@ -64,7 +65,9 @@ impl Server {
         default: DefaultPolicy,
     ) -> Server {
         let listener = TcpListener::bind(addr).await.unwrap();
-        let (view, watches) = ClusterView::watch(client.clone(), default).await.unwrap();
+        let (view, watches) = ClusterView::watch(client.clone(), default, pools())
+            .await
+            .unwrap();
         let (stop, stopped) = watch::channel(false);
         let tls = Arc::new(resolver.server_config());
         let metrics = webhook::WebhookMetrics::new();
@@ -86,6 +89,24 @@ impl Server {
         self.stop.send_replace(true);
         self.task.await.unwrap();
     }
+}
+
+/// The operator's node pools the webhook knows: a primary pool, and a
+/// secondary one whose ENIs carry `sg-web`, on the label `enim.io/pool`.
+fn pools() -> Arc<[PoolPolicy]> {
+    let pool = |name: &str, mode, groups: &[&str]| PoolPolicy {
+        name: name.into(),
+        node_selector: [("enim.io/pool".to_string(), name.to_string())].into(),
+        mode,
+        subnets: vec!["subnet-1".into()],
+        security_groups: groups.iter().map(|g| g.to_string()).collect(),
+        ..PoolPolicy::default()
+    };
+    [
+        pool("big", Mode::Primary, &["sg-1"]),
+        pool("web", Mode::Secondary, &["sg-web"]),
+    ]
+    .into()
 }
 
 /// The webhook's registration as the chart writes it, but by URL; no CA:
@@ -350,8 +371,43 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     let created = create_expecting(&team_a, &pod("p5", asks.clone()), "(explicit)").await;
     assert_eq!(outcome(&created).1, asks);
 
-    // A policy naming security groups in secondary mode: refused, and the
-    // message names it.
+    // A policy naming security groups in secondary mode that a secondary
+    // pool's ENIs carry: the address, and a node affinity to that pool's
+    // nodes the API server takes. ANDed with the pod's own.
+    let mut steered = policy("steered", Mode::Secondary, 10, "a");
+    steered.spec.security_groups = vec!["sg-web".into()];
+    policies
+        .create(&PostParams::default(), &steered)
+        .await
+        .unwrap();
+    let mut own = pod("p-steered", json!({}));
+    own.spec.as_mut().unwrap().affinity = Some(
+        serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+        }}}))
+        .unwrap(),
+    );
+    let created = create_expecting(&team_a, &own, "steered").await;
+    assert_eq!(
+        outcome(&created).1,
+        json!({"limits": {"enim.io/ip": "1"}, "requests": {"enim.io/ip": "1"}})
+    );
+    assert_eq!(
+        serde_json::to_value(&created.spec.as_ref().unwrap().affinity).unwrap(),
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]},
+                {"key": "enim.io/pool", "operator": "In", "values": ["web"]},
+            ]}]
+        }}})
+    );
+    policies
+        .delete("steered", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // One naming groups no secondary pool has: refused, and the message
+    // names it.
     let mut isolated = policy("isolated", Mode::Secondary, 10, "a");
     isolated.spec.security_groups = vec!["sg-1".into()];
     policies
@@ -376,11 +432,11 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
     };
     assert!(
         refusal.message.contains("EniPolicy isolated")
-            && refusal.message.contains("securityGroups"),
+            && refusal.message.contains("no node pool of the operator in secondary mode has exactly its security groups [sg-1]"),
         "{refusal:?}"
     );
     // The leader's status: the policy says it is not served yet, and why.
-    let (view, watches) = ClusterView::watch(client.clone(), DefaultPolicy::None)
+    let (view, watches) = ClusterView::watch(client.clone(), DefaultPolicy::None, pools())
         .await
         .unwrap();
     let (_leader_tx, leader) = watch::channel(true);
@@ -422,7 +478,9 @@ async fn policies_pick_the_network_of_new_pods_and_the_webhook_fails_closed() {
         "{isolated_ready:?}"
     );
     assert!(
-        isolated_ready.2.contains("securityGroups"),
+        isolated_ready
+            .2
+            .contains("the secondary pools: web [sg-web]"),
         "{isolated_ready:?}"
     );
     assert_eq!(fast_ready.0, "True", "{fast_ready:?}");
@@ -777,14 +835,19 @@ async fn the_charts_rbac_is_what_the_webhook_needs() {
         renewed.serving, first.serving,
         "renewed with the chart's RBAC"
     );
-    let (view, watches) = ClusterView::watch(operator.clone(), DefaultPolicy::None)
+    let (view, watches) = ClusterView::watch(operator.clone(), DefaultPolicy::None, pools())
         .await
         .unwrap();
     assert_eq!(view.policies().len(), 1);
     assert_eq!(
-        status::write_statuses(&operator, &view.policies(), &Default::default())
-            .await
-            .unwrap(),
+        status::write_statuses(
+            &operator,
+            &view.policies(),
+            &view.pools,
+            &Default::default()
+        )
+        .await
+        .unwrap(),
         1
     );
     // The claim templates of a policy naming groups and a subnet per zone,

@@ -121,6 +121,22 @@ impl Policy {
         }
     }
 
+    /// The pools as nodes are matched to them, in order: the configured
+    /// ones, or the implicit pool (named "", selecting every node).
+    pub fn node_pools(&self) -> Vec<PoolPolicy> {
+        if !self.pools.is_empty() {
+            return self.pools.clone();
+        }
+        vec![PoolPolicy {
+            name: String::new(),
+            node_selector: BTreeMap::new(),
+            mode: self.mode,
+            watermarks: self.watermarks,
+            subnets: self.subnets.clone(),
+            security_groups: self.security_groups.clone(),
+        }]
+    }
+
     /// The settings of the pool a node with `labels` belongs to: the first
     /// that selects it; `None` when pools are configured and none does.
     pub fn pool_of(&self, labels: &BTreeMap<String, String>) -> Option<PoolSettings<'_>> {

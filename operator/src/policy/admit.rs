@@ -25,7 +25,9 @@ use serde_json::{json, Value};
 
 use super::claims::{serving, Serving, POD_CLAIM};
 use super::select::{select, PodFacts};
+use super::steer::and_terms;
 use super::DefaultPolicy;
+use crate::index::PoolPolicy;
 
 /// The extended resource of a whole ENI, as the device plugin advertises it.
 pub const ENI_RESOURCE: &str = "enim.io/eni";
@@ -40,6 +42,8 @@ pub struct Cluster<'a> {
     /// The labels of the pod's namespace (empty when unknown).
     pub namespace_labels: &'a BTreeMap<String, String>,
     pub default: DefaultPolicy,
+    /// The operator's node pools, as nodes are matched to them.
+    pub pools: &'a [PoolPolicy],
 }
 
 /// The extended resource a mode asks for.
@@ -74,7 +78,7 @@ pub fn admit(req: &AdmissionRequest<Pod>, cluster: Cluster<'_>) -> AdmissionResp
                 .unwrap_or("default"),
         };
         match select(cluster.policies, &facts).0 {
-            Some(policy) => match serving(policy) {
+            Some(policy) => match serving(policy, cluster.pools) {
                 Ok(how) => (policy.name_any(), Some(how)),
                 Err(why) => {
                     return response.deny(format!(
@@ -118,17 +122,12 @@ pub fn asks_for_enim(pod: &Pod) -> bool {
 
 /// The JSON patch: the annotation, and what the pod is served by: an
 /// extended resource, `resource: "1"` in the first container's limits and
-/// requests; or a claim from a template, in the pod's `resourceClaims`
-/// and the first container's `resources.claims`. Each map is added whole
-/// when absent (a JSON patch cannot add a key under a missing parent).
+/// requests (and, steered, a required node affinity); or a claim from a
+/// template, in the pod's `resourceClaims` and the first container's
+/// `resources.claims`. Each map is added whole when absent (a JSON patch
+/// cannot add a key under a missing parent).
 pub fn patch_for(pod: &Pod, annotation: &str, serving: Option<&Serving>) -> Patch {
     let mut ops = Vec::new();
-    let add = |path: String, value: Value| {
-        PatchOperation::Add(AddOperation {
-            path: path.parse().expect("a valid JSON pointer"),
-            value,
-        })
-    };
     if pod.metadata.annotations.is_none() {
         ops.push(add("/metadata/annotations".into(), json!({})));
     }
@@ -157,21 +156,76 @@ pub fn patch_for(pod: &Pod, annotation: &str, serving: Option<&Serving>) -> Patc
                 json!([{ "name": POD_CLAIM }]),
             ));
         }
-        Serving::Resource(resource) => {
-            for (field, present) in [
-                ("limits", resources.is_some_and(|r| r.limits.is_some())),
-                ("requests", resources.is_some_and(|r| r.requests.is_some())),
-            ] {
-                let path = format!("/spec/containers/0/resources/{field}");
-                if present {
-                    ops.push(add(format!("{path}/{}", escape(resource)), json!("1")));
-                } else {
-                    ops.push(add(path, json!({ *resource: "1" })));
-                }
+        Serving::Resource(resource) => add_resource(&mut ops, resources, resource),
+        Serving::Steered(steering) => {
+            add_resource(&mut ops, resources, IP_RESOURCE);
+            if let Some(terms) = &steering.terms {
+                ops.push(node_affinity(pod, terms));
             }
         }
     }
     Patch(ops)
+}
+
+/// `resource: "1"` in the first container's limits and requests.
+fn add_resource(
+    ops: &mut Vec<PatchOperation>,
+    resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+    resource: &str,
+) {
+    for (field, present) in [
+        ("limits", resources.is_some_and(|r| r.limits.is_some())),
+        ("requests", resources.is_some_and(|r| r.requests.is_some())),
+    ] {
+        let path = format!("/spec/containers/0/resources/{field}");
+        if present {
+            ops.push(add(format!("{path}/{}", escape(resource)), json!("1")));
+        } else {
+            ops.push(add(path, json!({ resource: "1" })));
+        }
+    }
+}
+
+/// The pod's required node affinity ANDed with `terms`: added at the
+/// first level the pod lacks, or its terms replaced by each of them with
+/// each of ours.
+fn node_affinity(
+    pod: &Pod,
+    terms: &[k8s_openapi::api::core::v1::NodeSelectorTerm],
+) -> PatchOperation {
+    let affinity = pod.spec.as_ref().and_then(|s| s.affinity.as_ref());
+    let node = affinity.and_then(|a| a.node_affinity.as_ref());
+    let required = node.and_then(|n| {
+        n.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let (path, value) = match (affinity, node, required) {
+        (None, _, _) => (
+            "/spec/affinity",
+            json!({ "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": terms } } }),
+        ),
+        (Some(_), None, _) => (
+            "/spec/affinity/nodeAffinity",
+            json!({ "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": terms } }),
+        ),
+        (Some(_), Some(_), None) => (
+            "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+            json!({ "nodeSelectorTerms": terms }),
+        ),
+        (Some(_), Some(_), Some(r)) => (
+            "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+            json!(and_terms(&r.node_selector_terms, terms)),
+        ),
+    };
+    add(path.to_string(), value)
+}
+
+/// A JSON patch `add` (which replaces a member that is there).
+fn add(path: String, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: path.parse().expect("a valid JSON pointer"),
+        value,
+    })
 }
 
 /// A key as one JSON pointer segment (RFC 6901: `~` and `/` escaped).

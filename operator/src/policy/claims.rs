@@ -23,7 +23,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::select::selects_namespace;
-use crate::index::WarmPool;
+use super::steer::{steer, Steering};
+use crate::index::{PoolPolicy, WarmPool};
 
 /// Each template's name: this prefix and the policy's name.
 pub const TEMPLATE_PREFIX: &str = "enim-policy-";
@@ -42,22 +43,30 @@ pub const IGNORE_LABEL: (&str, &str) = ("enim.io/admission", "ignore");
 const MAX_NAME: usize = 253;
 
 /// How a policy's pods are served.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Serving {
     /// The node pool's ENIs, through this extended resource.
     Resource(&'static str),
+    /// An address (`enim.io/ip`) on the nodes of the secondary pools whose
+    /// ENIs carry the policy's groups and subnets ([`super::steer`]).
+    Steered(Steering),
     /// An ENI made for the pod, through a claim from this template.
     Claim { template: String },
 }
 
-/// How `policy`'s pods are served, or why they cannot be.
-pub fn serving(policy: &EniPolicy) -> Result<Serving, String> {
+/// How `policy`'s pods are served, or why they cannot be. `pools`: the
+/// operator's node pools, which serve a secondary policy of groups or
+/// subnets (a primary one's ENI is made for its pod, whatever the pools).
+pub fn serving(policy: &EniPolicy, pools: &[PoolPolicy]) -> Result<Serving, String> {
     let spec = &policy.spec;
     if spec.security_groups.is_empty() && spec.subnets.is_empty() {
         return Ok(Serving::Resource(super::admit::resource_of(spec.mode)));
     }
     if spec.mode == Mode::Secondary {
-        return Err("it names securityGroups or subnets in secondary mode: addresses on ENIs of a policy's own groups or subnets are not served yet (a whole ENI, mode primary, is)".into());
+        if spec.warm_enis > 0 {
+            return Err("it names warmEnis in secondary mode: its pods take addresses of the node pools' ENIs, which the pools' watermarks keep warm (warmEnis keeps whole ENIs, mode primary)".into());
+        }
+        return steer(spec, pools).map(Serving::Steered);
     }
     if spec.security_groups.is_empty() {
         // A made ENI would get each node pool's groups, which a claim's
@@ -76,6 +85,10 @@ pub fn serving(policy: &EniPolicy) -> Result<Serving, String> {
     }
     Ok(Serving::Claim { template })
 }
+
+/// For the callers that ask only whether a claim serves a policy, which
+/// the pools do not change.
+const NO_POOLS: &[PoolPolicy] = &[];
 
 pub fn template_name(policy: &str) -> String {
     format!("{TEMPLATE_PREFIX}{policy}")
@@ -166,7 +179,7 @@ pub fn warm_pool(policy: &EniPolicy) -> Option<WarmPool> {
     if count == 0 || policy.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    match serving(policy) {
+    match serving(policy, NO_POOLS) {
         Ok(Serving::Claim { .. }) => Some(WarmPool {
             policy: policy.name_any(),
             want: parameters(policy),
@@ -185,7 +198,7 @@ pub fn desired(
     let mut out = Vec::new();
     for policy in policies {
         let live = policy.metadata.deletion_timestamp.is_none();
-        if !live || !matches!(serving(policy), Ok(Serving::Claim { .. })) {
+        if !live || !matches!(serving(policy, NO_POOLS), Ok(Serving::Claim { .. })) {
             continue;
         }
         for (namespace, labels) in namespaces {
@@ -305,39 +318,50 @@ mod tests {
     #[test]
     fn groups_in_primary_mode_are_served_by_a_claim_and_the_rest_is_named() {
         let db = policy("db", Mode::Primary, &["sg-db"]);
-        assert_eq!(
-            serving(&db),
+        let claim = || {
             Ok(Serving::Claim {
-                template: "enim-policy-db".into()
+                template: "enim-policy-db".into(),
             })
-        );
+        };
+        assert_eq!(serving(&db, NO_POOLS), claim());
         assert_eq!(
-            serving(&policy("plain", Mode::Secondary, &[])),
+            serving(&policy("plain", Mode::Secondary, &[]), NO_POOLS),
             Ok(Serving::Resource("enim.io/ip"))
         );
-        let secondary = serving(&policy("s", Mode::Secondary, &["sg-db"])).unwrap_err();
-        assert!(secondary.contains("secondary mode"), "{secondary}");
         let mut subnets = db.clone();
         subnets.spec.subnets = vec![ZoneSubnet {
             zone: "z".into(),
             subnet_id: "s".into(),
         }];
-        assert_eq!(
-            serving(&subnets),
-            Ok(Serving::Claim {
-                template: "enim-policy-db".into()
-            })
-        );
+        assert_eq!(serving(&subnets, NO_POOLS), claim());
         let mut no_groups = subnets.clone();
         no_groups.spec.security_groups.clear();
-        let why = serving(&no_groups).unwrap_err();
+        let why = serving(&no_groups, NO_POOLS).unwrap_err();
         assert!(why.contains("without securityGroups"), "{why}");
-        let mut secondary_subnets = no_groups.clone();
-        secondary_subnets.spec.mode = Mode::Secondary;
-        let why = serving(&secondary_subnets).unwrap_err();
-        assert!(why.contains("secondary mode"), "{why}");
-        let long = serving(&policy("db", Mode::Primary, &[&"g".repeat(40)])).unwrap_err();
+        let long = serving(&policy("db", Mode::Primary, &[&"g".repeat(40)]), NO_POOLS).unwrap_err();
         assert!(long.contains("cannot be a device attribute"), "{long}");
+    }
+
+    #[test]
+    fn groups_in_secondary_mode_steer_to_the_pools_of_those_groups() {
+        let pools = [PoolPolicy {
+            name: "db".into(),
+            node_selector: [("enim.io/pool".to_string(), "db".to_string())].into(),
+            mode: Mode::Secondary,
+            security_groups: vec!["sg-db".into()],
+            ..PoolPolicy::default()
+        }];
+        let secondary = policy("s", Mode::Secondary, &["sg-db"]);
+        let Ok(Serving::Steered(s)) = serving(&secondary, &pools) else {
+            panic!("{:?}", serving(&secondary, &pools))
+        };
+        assert_eq!(s.pools, ["db"]);
+        let why = serving(&secondary, NO_POOLS).unwrap_err();
+        assert!(why.contains("no node pool"), "{why}");
+        let mut warm = secondary.clone();
+        warm.spec.warm_enis = 1;
+        let why = serving(&warm, &pools).unwrap_err();
+        assert!(why.contains("warmEnis in secondary mode"), "{why}");
     }
 
     #[test]

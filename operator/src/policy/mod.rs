@@ -12,6 +12,7 @@ pub mod keeper;
 pub mod refusals;
 pub mod select;
 pub mod status;
+pub mod steer;
 pub mod webhook;
 
 /// What a pod no EniPolicy selects gets.
@@ -53,6 +54,10 @@ pub struct WebhookSettings {
     /// The MutatingWebhookConfiguration whose caBundle the leader writes.
     pub webhook_config: String,
     pub default: DefaultPolicy,
+    /// The operator's node pools, as nodes are matched to them
+    /// ([`crate::index::Policy::node_pools`]): where a secondary policy of
+    /// groups or subnets steers its pods.
+    pub pools: Vec<crate::index::PoolPolicy>,
     pub cert_lifetime: std::time::Duration,
     /// The cloud's refusals of policies' claims, as the allocator notes
     /// them: the policies' status says so.
@@ -97,7 +102,12 @@ pub async fn run(
     };
     let first = keeper.initial(&leader).await?;
     let resolver = std::sync::Arc::new(certs::CertResolver::new(&first.serving)?);
-    let (view, watches) = webhook::ClusterView::watch(client.clone(), settings.default).await?;
+    let (view, watches) = webhook::ClusterView::watch(
+        client.clone(),
+        settings.default,
+        settings.pools.clone().into(),
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind(settings.addr)
         .await
         .map_err(webhook::WebhookError::from)?;

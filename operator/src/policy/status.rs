@@ -21,7 +21,9 @@ use std::sync::Arc;
 use super::claims::{keep_templates, serving, Serving};
 use super::refusals::{Refusal, Refusals};
 use super::select::invalid_selector;
+use super::steer::pool_name;
 use super::webhook::ClusterView;
+use crate::index::PoolPolicy;
 
 /// Between two passes over the policies.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -30,6 +32,7 @@ pub const INTERVAL: Duration = Duration::from_secs(5);
 /// `refused`: what the cloud last refused its pods, if lately.
 pub fn judge(
     policy: &EniPolicy,
+    pools: &[PoolPolicy],
     refused: Option<&Refusal>,
 ) -> (&'static str, &'static str, String) {
     if let Some(e) = invalid_selector(policy) {
@@ -39,7 +42,7 @@ pub fn judge(
             format!("{}: {}", e.which, e.why),
         );
     }
-    match (serving(policy), refused) {
+    match (serving(policy, pools), refused) {
         (Err(why), _) => ("False", "NotServedYet", why),
         (Ok(_), Some(r)) => (
             "False",
@@ -50,6 +53,19 @@ pub fn judge(
             "True",
             "Served",
             format!("new pods it selects are given {resource} from the node pools"),
+        ),
+        (Ok(Serving::Steered(s)), None) => (
+            "True",
+            "Served",
+            format!(
+                "new pods it selects are given enim.io/ip on the nodes of the operator's pool(s) {}, whose ENIs are made with {}",
+                s.pools.iter().map(|p| pool_name(p)).collect::<Vec<_>>().join(", "),
+                if policy.spec.security_groups.is_empty() {
+                    "its subnets".to_string()
+                } else {
+                    format!("exactly its security groups [{}]", policy.spec.security_groups.join(","))
+                }
+            ),
         ),
         (Ok(Serving::Claim { template }), None) => (
             "True",
@@ -70,13 +86,14 @@ pub fn judge(
 pub async fn write_statuses(
     client: &Client,
     policies: &[EniPolicy],
+    pools: &[PoolPolicy],
     refusals: &Refusals,
 ) -> Result<usize, kube::Error> {
     let api = Api::<EniPolicy>::all(client.clone());
     let mut written = 0;
     for policy in policies {
         let refused = refusals.of(&policy.name_any());
-        let (status, reason, message) = judge(policy, refused.as_ref());
+        let (status, reason, message) = judge(policy, pools, refused.as_ref());
         let generation = policy.metadata.generation;
         let old = policy.status.as_ref();
         let current = old.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
@@ -129,7 +146,7 @@ pub async fn run(
     loop {
         if *leader.borrow() {
             let policies = view.policies();
-            if let Err(e) = write_statuses(&client, &policies, &refusals).await {
+            if let Err(e) = write_statuses(&client, &policies, &view.pools, &refusals).await {
                 tracing::warn!(error = %e, "EniPolicy status: not written, retried");
             }
             if let Err(e) = keep_templates(&client, &policies, &view.namespaces()).await {
@@ -159,23 +176,37 @@ mod tests {
                 ..EniPolicySpec::default()
             },
         );
-        assert_eq!(judge(&plain, None).0, "True");
+        assert_eq!(judge(&plain, &[], None).0, "True");
         let mut subnets = plain.clone();
         subnets.spec.subnets = vec![ZoneSubnet {
             zone: "z".into(),
             subnet_id: "s".into(),
         }];
-        // In secondary mode: not served yet.
-        let (status, reason, message) = judge(&subnets, None);
+        // In secondary mode with no pool in the subnet: not served.
+        let (status, reason, message) = judge(&subnets, &[], None);
         assert_eq!((status, reason), ("False", "NotServedYet"));
         assert!(message.contains("subnets"), "{message}");
+        // With one: served on its nodes.
+        let pool = PoolPolicy {
+            name: "db".into(),
+            mode: Mode::Secondary,
+            subnets: vec!["s".into()],
+            security_groups: vec!["sg-db".into()],
+            ..PoolPolicy::default()
+        };
+        let (status, _, message) = judge(&subnets, std::slice::from_ref(&pool), None);
+        assert_eq!(status, "True");
+        assert!(
+            message.contains("enim.io/ip on the nodes of the operator's pool(s) db"),
+            "{message}"
+        );
         // In primary mode with groups: served.
         let mut primary = subnets.clone();
         primary.spec.mode = Mode::Primary;
         primary.spec.security_groups = vec!["sg-1".into()];
-        assert_eq!(judge(&primary, None).0, "True");
+        assert_eq!(judge(&primary, &[], None).0, "True");
         primary.spec.warm_enis = 2;
-        let (_, _, message) = judge(&primary, None);
+        let (_, _, message) = judge(&primary, &[], None);
         assert!(
             message.ends_with("; 2 such ENI(s) kept free in each of its zones"),
             "{message}"
@@ -186,14 +217,14 @@ mod tests {
             made_for: "claim web/db-1-enim-eni".into(),
             error: "InvalidSubnetID.NotFound: the subnet does not exist".into(),
         };
-        let (status, reason, message) = judge(&primary, Some(&refused));
+        let (status, reason, message) = judge(&primary, &[], Some(&refused));
         assert_eq!((status, reason), ("False", "CloudRefused"));
         assert!(
             message.contains("web/db-1-enim-eni") && message.contains("InvalidSubnetID.NotFound"),
             "{message}"
         );
         // What cannot be served says so first.
-        assert_eq!(judge(&subnets, Some(&refused)).1, "NotServedYet");
+        assert_eq!(judge(&subnets, &[], Some(&refused)).1, "NotServedYet");
         let mut bad = plain;
         bad.spec.pod_selector = Some(LabelSelector {
             match_labels: None,
@@ -203,7 +234,7 @@ mod tests {
                 values: None,
             }]),
         });
-        let (status, reason, message) = judge(&bad, None);
+        let (status, reason, message) = judge(&bad, &[], None);
         assert_eq!((status, reason), ("False", "InvalidSelector"));
         assert!(message.starts_with("podSelector"), "{message}");
     }

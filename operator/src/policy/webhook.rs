@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::admit::{admit, Cluster};
 use super::DefaultPolicy;
+use crate::index::PoolPolicy;
 
 /// The path the MutatingWebhookConfiguration calls.
 pub const PATH: &str = "/mutate-pods";
@@ -46,6 +47,8 @@ pub struct ClusterView {
     policies: Store<EniPolicy>,
     namespaces: Store<Namespace>,
     pub default: DefaultPolicy,
+    /// The operator's node pools (its config's, fixed for the process).
+    pub pools: Arc<[PoolPolicy]>,
 }
 
 impl ClusterView {
@@ -54,6 +57,7 @@ impl ClusterView {
     pub async fn watch(
         client: Client,
         default: DefaultPolicy,
+        pools: Arc<[PoolPolicy]>,
     ) -> Result<(ClusterView, tokio::task::JoinHandle<()>), WebhookError> {
         let (policies, policy_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
@@ -91,6 +95,7 @@ impl ClusterView {
                 policies,
                 namespaces,
                 default,
+                pools,
             },
             task,
         ))
@@ -144,6 +149,7 @@ impl ClusterView {
                         policies: &policies,
                         namespace_labels: labels,
                         default: self.default,
+                        pools: &self.pools,
                     },
                 )
             }

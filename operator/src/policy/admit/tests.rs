@@ -71,6 +71,7 @@ fn a_selected_pod_gets_the_resource_in_limits_and_requests_and_the_policy_name()
         policies: &policies,
         namespace_labels: &ns,
         default: DefaultPolicy::None,
+        pools: &[],
     };
     // No resources at all, and resources with other limits: both patched.
     for containers in [
@@ -104,6 +105,7 @@ fn the_default_applies_when_no_policy_selects() {
         policies: &policies,
         namespace_labels: &ns,
         default: DefaultPolicy::Secondary,
+        pools: &[],
     };
     let after = patched(&before, &run(&before, secondary));
     assert_eq!(
@@ -117,6 +119,7 @@ fn the_default_applies_when_no_policy_selects() {
     // "none": annotated only.
     let none = Cluster {
         default: DefaultPolicy::None,
+        pools: &[],
         ..secondary
     };
     let after = patched(&before, &run(&before, none));
@@ -135,6 +138,7 @@ fn a_pod_that_asks_already_is_only_annotated_and_other_operations_pass() {
         policies: &policies,
         namespace_labels: &ns,
         default: DefaultPolicy::Primary,
+        pools: &[],
     };
     let asks = pod(json!([
         {"name": "c", "image": "i"},
@@ -174,6 +178,7 @@ fn a_policy_it_cannot_serve_refuses_the_pod_and_names_itself() {
             policies: &policies,
             namespace_labels: &ns,
             default: DefaultPolicy::None,
+            pools: &[],
         };
         let r = run(&pod(json!([{"name": "c", "image": "i"}])), cluster);
         assert!(!r.allowed);
@@ -198,6 +203,7 @@ fn a_policy_with_groups_gives_the_pod_a_claim_from_its_template() {
         policies: &policies,
         namespace_labels: &ns,
         default: DefaultPolicy::None,
+        pools: &[],
     };
     let before = pod(json!([
         {"name": "c", "image": "i", "resources": {"limits": {"cpu": "1"}}},
@@ -217,4 +223,68 @@ fn a_policy_with_groups_gives_the_pod_a_claim_from_its_template() {
         after["spec"]["containers"][1],
         before["spec"]["containers"][1]
     );
+}
+
+/// Groups in secondary mode: the address, and a required node affinity to
+/// the pool of those groups, whatever part of an affinity the pod had.
+#[test]
+fn a_secondary_policy_of_groups_steers_the_pod_to_its_pool() {
+    let ns: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
+    let mut p = policy("web", Mode::Secondary, "a");
+    p.spec.security_groups = vec!["sg-web".into()];
+    let policies = [Arc::new(p)];
+    let pools = [crate::index::PoolPolicy {
+        name: "web".into(),
+        node_selector: [("enim.io/pool".to_string(), "web".to_string())].into(),
+        mode: Mode::Secondary,
+        security_groups: vec!["sg-web".into()],
+        ..Default::default()
+    }];
+    let cluster = Cluster {
+        policies: &policies,
+        namespace_labels: &ns,
+        default: DefaultPolicy::None,
+        pools: &pools,
+    };
+    let ours =
+        json!({"matchExpressions": [{"key": "enim.io/pool", "operator": "In", "values": ["web"]}]});
+    let theirs = json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]});
+    let both = json!({"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]},
+        {"key": "enim.io/pool", "operator": "In", "values": ["web"]},
+    ]});
+    let required = |terms: Value| json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}});
+    let preferred = json!([{"weight": 1, "preference": theirs.clone()}]);
+    for (affinity, want) in [
+        (
+            Value::Null,
+            json!({"nodeAffinity": required(json!([ours.clone()]))}),
+        ),
+        (
+            json!({"podAffinity": {}}),
+            json!({"podAffinity": {}, "nodeAffinity": required(json!([ours.clone()]))}),
+        ),
+        (
+            json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred.clone()}}),
+            json!({"nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": preferred.clone(),
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [ours.clone()]},
+            }}),
+        ),
+        (
+            json!({"nodeAffinity": required(json!([theirs.clone()]))}),
+            json!({"nodeAffinity": required(json!([both.clone()]))}),
+        ),
+    ] {
+        let mut before = pod(json!([{"name": "c", "image": "i"}]));
+        if !affinity.is_null() {
+            before["spec"]["affinity"] = affinity;
+        }
+        let after = patched(&before, &run(&before, cluster));
+        assert_eq!(after["spec"]["affinity"], want, "{after}");
+        let r = &after["spec"]["containers"][0]["resources"];
+        assert_eq!(r["limits"]["enim.io/ip"], "1", "{after}");
+        assert_eq!(r["requests"]["enim.io/ip"], "1", "{after}");
+        assert_eq!(after["metadata"]["annotations"]["enim.io/policy"], "web");
+    }
 }
