@@ -514,6 +514,62 @@ pending_told() {
 # in the policy's subnet of the node's zone (not the pool's); deleting the
 # pod deletes the ENI, and deleting the policy its template. A policy whose
 # only zone has no node (policy_far_zone): its pod stays Pending, told why.
+# secondary_policy NAME APP SG: EniPolicy NAME (secondary mode, priority
+# 30) for the pods labelled app=APP of the namespaces labelled team=web,
+# with security group SG.
+secondary_policy() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: enim.io/v1alpha1
+kind: EniPolicy
+metadata: {name: $1}
+spec:
+  namespaceSelector: {matchLabels: {team: web}}
+  podSelector: {matchLabels: {app: $2}}
+  mode: secondary
+  priority: 30
+  securityGroups: [$3]
+EOF
+}
+
+# (policy, secondary mode) Groups in secondary mode: a policy naming the
+# cluster's group, which the secondary pool (node 2) makes its ENIs with.
+# Its pod, with no enim field and no nodeSelector, is given enim.io/ip
+# and a node affinity to that pool by the webhook, and runs on node 2 on a
+# secondary address of an ENI of node 2's instance that has exactly that
+# group in moto. A policy naming a group no secondary pool has: its pod
+# is refused at admission naming it, and it is NotServedYet.
+policy_secondary_groups() {
+  local sg t0 got ip eni groups nope why
+  sg=$(cloud_field .security_group)
+  secondary_policy e2e-web-sg addr "$sg"
+  wait_for "EniPolicy e2e-web-sg Ready" 120 test_eq True policy_ready e2e-web-sg || return 1
+  t0=$(date +%s%N)
+  policy_pod addr-1 "$POLICY_NS" "" addr | sed '/nodeSelector:/d' | k apply -f - >/dev/null || return 1
+  k -n "$POLICY_NS" wait --for=condition=Ready pod/addr-1 --timeout=120s >/dev/null ||
+    { echo "addr-1: $(k -n "$POLICY_NS" get pod addr-1 -o wide --no-headers)"; return 1; }
+  got=$(k -n "$POLICY_NS" get pod addr-1 -o json | jq -r '"\(.metadata.annotations["enim.io/policy"]) ip=\(.spec.containers[0].resources.limits["enim.io/ip"])"
+    + " \(.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms | tojson) \(.spec.nodeName) \(.status.podIP)"')
+  echo "addr-1 (no enim field, no nodeSelector; EniPolicy e2e-web-sg, secondary, group $sg): apply -> Ready $(ms_since "$t0") ms; $got"
+  [ "$(cut -d' ' -f1-4 <<<"$got")" = 'e2e-web-sg ip=1 [{"matchExpressions":[{"key":"enim.io/pool","operator":"In","values":["secondary"]}]}] enim-e2e-node2' ] ||
+    { echo "addr-1 was not admitted and placed as the policy says"; return 1; }
+  ip=$(cut -d' ' -f5 <<<"$got")
+  eni=$(moto_enis | jq -r --arg ip "$ip" '.[] | select(.addresses[1:] | index($ip)) | "\(.id) \(.instance)"')
+  [ "${eni#* }" = "$(node_instance 2)" ] || { echo "addr-1's $ip is no secondary address of an ENI of node 2's instance in moto: '$eni'"; return 1; }
+  groups=$(eni_groups "${eni% *}")
+  [ "$groups" = "$sg" ] || { echo "addr-1's ENI ${eni% *} has groups '$groups' in moto, not exactly $sg"; return 1; }
+  echo "addr-1 runs on $ip, a secondary address of ${eni% *} (node 2), which has exactly $sg in moto"
+  k -n "$POLICY_NS" delete pod addr-1 --wait=true >/dev/null
+  nope=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-nopool)
+  secondary_policy e2e-web-nopool addr "$nope"
+  wait_for "EniPolicy e2e-web-nopool NotServedYet" 120 test_eq NotServedYet \
+    k get enipolicy e2e-web-nopool -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}' || return 1
+  why=$(policy_pod addr-2 "$POLICY_NS" "" addr | sed '/nodeSelector:/d' | k create --dry-run=server -f - 2>&1)
+  [[ $why == *"EniPolicy e2e-web-nopool selects this pod but cannot be served: no node pool of the operator in secondary mode has exactly its security groups [$nope]"* ]] ||
+    { echo "a pod of a policy of a group no secondary pool has: $why"; return 1; }
+  echo "a pod of e2e-web-nopool (group $nope, no secondary pool has it) is refused: ${why##*: }"
+  k delete enipolicy e2e-web-sg e2e-web-nopool >/dev/null
+}
+
 policy_groups() {
   local sg t0 t_db pod claim id ids=() groups line subnet zone policy_subnet far_zone far_subnet
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
@@ -684,6 +740,7 @@ s_cloud_policy() {
   wait_for "the deleted policy to leave the webhook's view" 120 test_eq "e2e-web eni=1 ip=-" admitted after "$POLICY_NS" ||
     { echo "after deleting the winner: '$(admitted after "$POLICY_NS")'"; rc=1; }
   policy_groups || rc=1
+  policy_secondary_groups || rc=1
   # No replica serving: refused in scope, admitted where ignored.
   k -n enim-system scale deployment/enim-operator --replicas=0 >/dev/null
   k -n enim-system wait --for=delete pod -l app.kubernetes.io/component=operator --timeout=120s >/dev/null
