@@ -19,6 +19,11 @@
 #                                       pool under a burst of pods; a
 #                                       1,000-node fleet over one account's
 #                                       EC2 buckets): no root, no namespaces
+#   scripts/bench.sh admission [--creations N] [--clients N]
+#                                       EniPolicy's webhook (release build)
+#                                       against a real kube-apiserver: pod
+#                                       creations with and without it; JSON
+#                                       in $CARGO_TARGET_DIR/enim-bench/admission.json
 #
 # It makes its own uniquely named namespaces and veth pairs, never touches
 # this machine's own interfaces, sends traffic only inside its namespaces,
@@ -28,13 +33,21 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 target=${CARGO_TARGET_DIR:-$root/target}
 
+if [ "${1:-}" = admission ]; then
+  shift
+  echo "== building enim-admission-bench (release)" >&2
+  (cd "$root" && cargo build --quiet --release -p enim-bench --bin enim-admission-bench)
+  mkdir -p "$target/enim-bench"
+  exec "$target/release/enim-admission-bench" --json "$target/enim-bench/admission.json" "$@"
+fi
+
 smoke=false
 only=false
 # Only the simulations (burst, fleet) picked: no root, sandbox or plugins.
 sim_only=false
 prev=
 for a in "$@"; do
-  case "$a" in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
+  case "$a" in -h|--help) sed -n '2,26p' "$0"; exit 0 ;; esac
   [ "$a" = --smoke ] && smoke=true
   if [ "$a" = --only ]; then only=true; fi
   if [ "$prev" = --only ]; then

@@ -400,3 +400,40 @@ impl Store for MemStore {
         }
     }
 }
+
+/// The webhook's registration as the chart writes it (its rules, its
+/// namespaceSelector, `failurePolicy: Fail`), but calling `url` and
+/// trusting `ca` (PEM; `None`: an empty caBundle, as the chart leaves it
+/// for the operator): for tests and the bench, whose webhook runs outside
+/// a cluster.
+pub fn webhook_by_url(
+    url: &str,
+    ca: Option<&[u8]>,
+) -> k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration {
+    let mut config: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "enim-policy"},
+            "webhooks": [{
+                "name": "pods.policy.enim.io",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": url},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "reinvocationPolicy": "Never",
+                "namespaceSelector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "enim-system"]},
+                    {"key": "enim.io/admission", "operator": "NotIn", "values": ["ignore"]},
+                ]},
+            }],
+        }))
+        .expect("a valid MutatingWebhookConfiguration");
+    // ByteString is written as base64 on the wire.
+    config.webhooks.as_mut().expect("one webhook")[0]
+        .client_config
+        .ca_bundle = ca.map(|pem| k8s_openapi::ByteString(pem.to_vec()));
+    config
+}

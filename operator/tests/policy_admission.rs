@@ -112,54 +112,12 @@ fn pools() -> Arc<[PoolPolicy]> {
 /// The webhook's registration as the chart writes it, but by URL; no CA:
 /// an empty caBundle, as the chart leaves it for the operator.
 async fn register(client: &Client, port: u16, ca: Option<&Pem>) {
-    let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "enim-policy"},
-        "webhooks": [{
-            "name": "pods.policy.enim.io",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}{}", webhook::PATH),
-                "caBundle": ca.map(|ca| base64(ca.cert.as_bytes())),
-            },
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "timeoutSeconds": 5,
-            "reinvocationPolicy": "Never",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "enim-system"]},
-                {"key": "enim.io/admission", "operator": "NotIn", "values": ["ignore"]},
-            ]},
-        }],
-    }))
-    .unwrap();
+    let url = format!("https://127.0.0.1:{port}{}", webhook::PATH);
+    let config = enim_operator::testing::webhook_by_url(&url, ca.map(|ca| ca.cert.as_bytes()));
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &config)
         .await
         .unwrap();
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// A namespace with these labels and its default ServiceAccount (no

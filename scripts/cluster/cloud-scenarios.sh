@@ -514,9 +514,9 @@ pending_told() {
 # in the policy's subnet of the node's zone (not the pool's); deleting the
 # pod deletes the ENI, and deleting the policy its template. A policy whose
 # only zone has no node (policy_far_zone): its pod stays Pending, told why.
-# secondary_policy NAME APP SG: EniPolicy NAME (secondary mode, priority
-# 30) for the pods labelled app=APP of the namespaces labelled team=web,
-# with security group SG.
+# secondary_policy NAME APP SG [PRIORITY]: EniPolicy NAME (secondary mode,
+# priority PRIORITY, default 30) for the pods labelled app=APP of the
+# namespaces labelled team=web, with security group SG.
 secondary_policy() {
   k apply -f - >/dev/null <<EOF
 apiVersion: enim.io/v1alpha1
@@ -526,7 +526,7 @@ spec:
   namespaceSelector: {matchLabels: {team: web}}
   podSelector: {matchLabels: {app: $2}}
   mode: secondary
-  priority: 30
+  priority: ${4:-30}
   securityGroups: [$3]
 EOF
 }
@@ -560,14 +560,14 @@ policy_secondary_groups() {
   echo "addr-1 runs on $ip, a secondary address of ${eni% *} (node 2), which has exactly $sg in moto"
   k -n "$POLICY_NS" delete pod addr-1 --wait=true >/dev/null
   nope=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-nopool)
-  secondary_policy e2e-web-nopool addr "$nope"
+  # Above e2e-web-sg, which selects the same pods.
+  secondary_policy e2e-web-nopool addr "$nope" 40
   wait_for "EniPolicy e2e-web-nopool NotServedYet" 120 test_eq NotServedYet \
     k get enipolicy e2e-web-nopool -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}' || return 1
   why=$(policy_pod addr-2 "$POLICY_NS" "" addr | sed '/nodeSelector:/d' | k create --dry-run=server -f - 2>&1)
   [[ $why == *"EniPolicy e2e-web-nopool selects this pod but cannot be served: no node pool of the operator in secondary mode has exactly its security groups [$nope]"* ]] ||
     { echo "a pod of a policy of a group no secondary pool has: $why"; return 1; }
   echo "a pod of e2e-web-nopool (group $nope, no secondary pool has it) is refused: ${why##*: }"
-  k delete enipolicy e2e-web-sg e2e-web-nopool >/dev/null
 }
 
 policy_groups() {
@@ -741,6 +741,7 @@ s_cloud_policy() {
     { echo "after deleting the winner: '$(admitted after "$POLICY_NS")'"; rc=1; }
   policy_groups || rc=1
   policy_secondary_groups || rc=1
+  k delete enipolicy e2e-web-sg e2e-web-nopool --ignore-not-found >/dev/null
   # No replica serving: refused in scope, admitted where ignored.
   k -n enim-system scale deployment/enim-operator --replicas=0 >/dev/null
   k -n enim-system wait --for=delete pod -l app.kubernetes.io/component=operator --timeout=120s >/dev/null
@@ -1323,7 +1324,7 @@ run_cloud_scenarios() {
   cloud_scenario "performance: RunPodSandbox of enim against bridge on node 1 (primary) and node 2 (secondary), the kernel's netns move; a warm pod's apply -> Running in phases on each" s_cloud_perf
   cloud_scenario "a NodePort from outside the cluster (the VPC namespace) to each node, its backend on node 2" s_cloud_nodeport
   cloud_scenario "metadata: node 1 reads its instance from the VPC's IMDS; a pod on its ENI is refused; an opted-in namespace reaches it" s_cloud_metadata
-  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), the serving certificate renewed during 2,000 creations with none refused, a policy naming a security group and a subnet per zone: a Deployment's 2 pods get a claim each and run on the DRA node on ENIs made in moto with exactly that group in its zone's subnet; a policy keeping one ENI warm: made before any pod, its pod runs on it, another made in its place, the free one deleted with the policy; a zone with no node and a subnet the cloud refuses: the pod Pending, told why, the policy CloudRefused" s_cloud_policy
+  cloud_scenario "EniPolicy through the operator's webhook: a pod with no enim field, in a namespace a policy selects, gets enim.io/eni and the policy's annotation and runs on an ENI from moto; the cluster default, priority between two policies, a deleted policy, no replica serving (refused in scope, admitted where ignored), the serving certificate renewed during 2,000 creations with none refused, a policy naming a security group and a subnet per zone: a Deployment's 2 pods get a claim each and run on the DRA node on ENIs made in moto with exactly that group in its zone's subnet; a policy keeping one ENI warm: made before any pod, its pod runs on it, another made in its place, the free one deleted with the policy; a zone with no node and a subnet the cloud refuses: the pod Pending, told why, the policy CloudRefused; a secondary policy of the secondary pool's group: its pod, with no nodeSelector, steered to that pool's node, on an address of an ENI with exactly that group in moto; one of a group no secondary pool has: its pod refused at admission, the policy NotServedYet" s_cloud_policy
   cloud_scenario "on demand: a claim for a security group no ENI has gets an ENI made in moto with exactly it on the DRA node; its pod runs; deleting the pod (and so its claim) deletes the ENI" s_cloud_on_demand
   cloud_scenario "enimd's crashes on a cloud node: on node 1 (primary, ENIs from moto through its NetResourceSet), $CLOUD_RESTARTS kill -9s and $CLOUD_RESTARTS rollout restarts with pods admitted through each; every pod runs" s_cloud_admission
   cloud_scenario "cloud outage: 60 s of 503s (Unavailable, then RequestLimitExceeded) from EC2 while pods come and go: each runs from a warm ENI, none fails but with 'try again later'; after it the sets refill and moto agrees with them" s_cloud_outage
