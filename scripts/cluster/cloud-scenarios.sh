@@ -567,7 +567,7 @@ policy_secondary_groups() {
   why=$(policy_pod addr-2 "$POLICY_NS" "" addr | sed '/nodeSelector:/d' | k create --dry-run=server -f - 2>&1)
   [[ $why == *"EniPolicy e2e-web-nopool selects this pod but cannot be served: no node pool of the operator in secondary mode has exactly its security groups [$nope]"* ]] ||
     { echo "a pod of a policy of a group no secondary pool has: $why"; return 1; }
-  echo "a pod of e2e-web-nopool (group $nope, no secondary pool has it) is refused: ${why##*: }"
+  echo "a pod of e2e-web-nopool (group $nope, no secondary pool has it) is refused: $why"
 }
 
 policy_groups() {
