@@ -467,11 +467,12 @@ pod_told() { [ -n "$(pod_events "$@")" ]; }
 # eni_subnet ID: the subnet moto has for ENI ID.
 eni_subnet() { moto_enis | jq -r --arg id "$1" '.[] | select(.id == $id) | .subnet'; }
 
-# zoned_policy NAME APP SG SUBNETS [WARM]: EniPolicy NAME (primary mode,
-# priority 30) for the pods labelled app=APP of the namespaces labelled
-# team=web, with security group SG and SUBNETS (a YAML flow list of {zone,
-# subnetId}), keeping WARM ENIs warm (default 0).
-zoned_policy() {
+# group_policy NAME APP MODE PRIORITY SG [LINE...]: EniPolicy NAME (MODE,
+# PRIORITY) for the pods labelled app=APP of the namespaces labelled
+# team=web, with security group SG, and each LINE (YAML) in its spec.
+group_policy() {
+  local extra=""
+  if [ $# -gt 5 ]; then extra=$(printf '  %s\n' "${@:6}"); fi
   k apply -f - >/dev/null <<EOF
 apiVersion: enim.io/v1alpha1
 kind: EniPolicy
@@ -479,13 +480,19 @@ metadata: {name: $1}
 spec:
   namespaceSelector: {matchLabels: {team: web}}
   podSelector: {matchLabels: {app: $2}}
-  mode: primary
-  priority: 30
-  securityGroups: [$3]
-  subnets: $4
-  warmEnis: ${5:-0}
+  mode: $3
+  priority: $4
+  securityGroups: [$5]
+$extra
 EOF
 }
+# zoned_policy NAME APP SG SUBNETS [WARM]: a primary group_policy of
+# priority 30 with SUBNETS (a YAML flow list of {zone, subnetId}), keeping
+# WARM ENIs warm (default 0).
+zoned_policy() { group_policy "$1" "$2" primary 30 "$3" "subnets: $4" "warmEnis: ${5:-0}"; }
+# secondary_policy NAME APP SG [PRIORITY]: a secondary group_policy
+# (priority default 30).
+secondary_policy() { group_policy "$1" "$2" secondary "${4:-30}" "$3"; }
 # kept_enis POLICY: the ENIs the sets keep warm for POLICY, one a line.
 kept_enis() { k get nrs -o json | jq -r --arg p "$1" '.items[].spec.enis[]? | select(.policy == $p) | .id' | sort; }
 # device_published ID: ENI ID is a device of some node's ResourceSlice.
@@ -505,30 +512,6 @@ pending_told() {
   [ "$(k -n "$POLICY_NS" get pod "$1" -o jsonpath='{.status.phase}')" = Pending ] ||
     { echo "$1 is $(k -n "$POLICY_NS" get pod "$1" -o jsonpath='{.status.phase}'), not Pending"; return 1; }
   echo "$why"
-}
-
-# policy_groups: a policy naming a security group no ENI has and a subnet
-# per zone (primary mode) selects pods labelled app=db: one with no enim
-# field gets a claim from the template the leader keeps in its namespace,
-# and runs on the DRA node on an ENI made in moto with exactly that group,
-# in the policy's subnet of the node's zone (not the pool's); deleting the
-# pod deletes the ENI, and deleting the policy its template. A policy whose
-# only zone has no node (policy_far_zone): its pod stays Pending, told why.
-# secondary_policy NAME APP SG [PRIORITY]: EniPolicy NAME (secondary mode,
-# priority PRIORITY, default 30) for the pods labelled app=APP of the
-# namespaces labelled team=web, with security group SG.
-secondary_policy() {
-  k apply -f - >/dev/null <<EOF
-apiVersion: enim.io/v1alpha1
-kind: EniPolicy
-metadata: {name: $1}
-spec:
-  namespaceSelector: {matchLabels: {team: web}}
-  podSelector: {matchLabels: {app: $2}}
-  mode: secondary
-  priority: ${4:-30}
-  securityGroups: [$3]
-EOF
 }
 
 # (policy, secondary mode) Groups in secondary mode: a policy naming the
@@ -570,6 +553,13 @@ policy_secondary_groups() {
   echo "a pod of e2e-web-nopool (group $nope, no secondary pool has it) is refused: $why"
 }
 
+# policy_groups: a policy naming a security group no ENI has and a subnet
+# per zone (primary mode) selects pods labelled app=db: one with no enim
+# field gets a claim from the template the leader keeps in its namespace,
+# and runs on the DRA node on an ENI made in moto with exactly that group,
+# in the policy's subnet of the node's zone (not the pool's); deleting the
+# pod deletes the ENI, and deleting the policy its template. A policy whose
+# only zone has no node (policy_far_zone): its pod stays Pending, told why.
 policy_groups() {
   local sg t0 t_db pod claim id ids=() groups line subnet zone policy_subnet far_zone far_subnet
   sg=$(on_vpc python3 "$repo/scripts/cluster/cloud.py" sg "$work/cloud.json" enim-policy-db)
