@@ -195,7 +195,12 @@ async fn run(opts: &Opts) -> R<()> {
     println!(
         "Goal p99 through the webhook ≤ {GOAL_P99_MS} ms: {:.2} ms, {}.",
         w.p99,
-        if met { "met" } else { "NOT met" }
+        match (cfg!(debug_assertions), met) {
+            // CI's brief run: that the bench works, not a figure.
+            (true, _) => "not judged (a debug build: the goal is the release build's)",
+            (false, true) => "met",
+            (false, false) => "NOT met",
+        }
     );
     if let Some(path) = &opts.json {
         let figures = json!({
