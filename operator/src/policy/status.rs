@@ -1,7 +1,8 @@
 //! The leader's judgement of each EniPolicy, in its status: a `Ready`
 //! condition and the `observedGeneration` it was made for. A policy that
-//! cannot be served yet (groups or subnets in secondary mode, subnets
-//! without groups) is `Ready=False`, reason `NotServedYet`; one with a
+//! cannot be served (groups or subnets in secondary mode that no
+//! secondary node pool has, subnets without groups in primary mode) is
+//! `Ready=False`, reason `NotServedYet`; one with a
 //! malformed selector, reason `InvalidSelector`; one whose claims' ENIs
 //! the cloud refuses lately ([`super::refusals`]), reason `CloudRefused`.
 //! While leading, it also keeps the claim templates of policies that name
