@@ -12,12 +12,12 @@
 //! Missing binaries skip the test with a message, or fail it under CI=true
 //! (`.ci/run` builds them before the tests run).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cluster::succeeded;
+use crate::ports::{free_port, listens_on};
 
 /// Overrides where the upstream binaries are.
 pub const BIN_ENV: &str = "ENIM_K8S_BIN";
@@ -48,13 +48,6 @@ pub fn bin_dir() -> Option<PathBuf> {
         .then_some(dir)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
 /// etcd + kube-apiserver (+ kube-controller-manager, kube-scheduler),
 /// killed on drop.
 pub struct ControlPlane {
@@ -73,6 +66,11 @@ impl ControlPlane {
     /// (with a message) when the binaries are not built; a panic instead
     /// under CI=true.
     pub fn start() -> Option<ControlPlane> {
+        Self::start_with_etcd_on(free_port())
+    }
+
+    /// [`ControlPlane::start`], etcd first tried on `etcd_port`.
+    fn start_with_etcd_on(etcd_port: u16) -> Option<ControlPlane> {
         let Some(bin) = bin_dir() else {
             let msg = "the upstream Kubernetes binaries are not built (scripts/cluster/build.sh)";
             assert!(!crate::ci(), "CI=true: {msg}");
@@ -84,7 +82,7 @@ impl ControlPlane {
         let mut cp = ControlPlane {
             dir,
             bin,
-            etcd_port: free_port(),
+            etcd_port,
             port: free_port(),
             etcd: None,
             apiserver: None,
@@ -92,7 +90,7 @@ impl ControlPlane {
             scheduler: None,
         };
         cp.make_pki();
-        cp.start_etcd();
+        cp.start_etcd_listening();
         cp.start_apiserver();
         Some(cp)
     }
@@ -189,6 +187,40 @@ impl ControlPlane {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"))
+    }
+
+    /// Starts etcd and waits until it listens on its client port itself.
+    /// Should another test's server have taken the port since it was
+    /// picked, ours fails to bind while theirs answers there, and our API
+    /// server would share their etcd: so a new port is picked and etcd
+    /// started again (its port goes only into the API server's flags).
+    fn start_etcd_listening(&mut self) {
+        for _ in 0..5 {
+            self.start_etcd();
+            let pid = self.etcd.as_ref().map_or(0, Child::id);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if listens_on(pid, self.etcd_port) {
+                    return;
+                }
+                if let Some(Ok(Some(_))) = self.etcd.as_mut().map(Child::try_wait) {
+                    break; // could not bind, most likely
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            eprintln!(
+                "etcd did not listen on port {}; another port:\n{}",
+                self.etcd_port,
+                self.log_tail("etcd")
+            );
+            if let Some(mut c) = self.etcd.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+            self.etcd_port = free_port();
+        }
+        panic!("etcd never listened on a port of its own");
     }
 
     fn start_etcd(&mut self) {
@@ -355,5 +387,30 @@ impl Drop for ControlPlane {
         if std::env::var_os("ENIM_KEEP_APISERVER").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another server holds the port picked for etcd (as when another
+    /// test's server takes it after it was picked): ours, unable to bind,
+    /// is started again on another port, and the API server works on it.
+    #[test]
+    fn etcd_moves_off_a_port_another_server_took() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let Some(cp) = ControlPlane::start_with_etcd_on(port) else {
+            return;
+        };
+        assert_ne!(cp.etcd_port, port);
+        assert!(listens_on(cp.etcd.as_ref().unwrap().id(), cp.etcd_port));
+        let out = cp.kubectl_output(&["get", "namespaces", "-o", "name"]);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("namespace/default"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

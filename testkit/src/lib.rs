@@ -36,6 +36,7 @@ pub mod metadata_stub;
 pub mod metrics_doc;
 pub mod netns;
 pub mod plugin;
+pub mod ports;
 pub mod sandbox;
 
 #[cfg(feature = "bce")]

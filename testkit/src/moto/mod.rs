@@ -10,7 +10,7 @@ pub use imds::{CardKey, FakeImds, NewInterfaceHook};
 pub use proxy::{FaultProxy, Outage};
 
 use std::collections::{HashMap, HashSet};
-use std::net::{Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ use enim_provider_aws::{ApiConfig, AwsConfig, TAG_MANAGED, TAG_NODE};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
+
+use crate::ports::{free_port, listens_on};
 
 pub const REGION: &str = "us-east-1";
 /// A client-side rate no test notices.
@@ -55,41 +57,6 @@ pub fn moto_available() -> bool {
         eprintln!("SKIPPED: moto is not installed (python3 -m pip install 'moto[server]')");
     }
     ok
-}
-
-/// Whether process `pid` holds the socket listening on TCP `port` of this
-/// network namespace (`/proc/net/tcp`'s listening entry, found among the
-/// process's fds by inode).
-fn listens_on(pid: u32, port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
-        return false;
-    };
-    // sl local_address rem_address st ... inode: state 0A is LISTEN.
-    let listening: Vec<String> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
-            let inode = f.get(9)?;
-            (local_port == port && *f.get(3)? == "0A").then(|| format!("socket:[{inode}]"))
-        })
-        .collect();
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| listening.iter().any(|s| target.as_os_str() == s.as_str()))
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A moto server process, killed on drop.
@@ -740,22 +707,4 @@ where
 
 pub fn ipv6_in(net: Ipv6Net, a: Ipv6Addr) -> bool {
     net.contains(&a)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_port_is_ours_only_while_we_listen_on_it() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        assert!(listens_on(std::process::id(), port));
-        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
-        assert!(!listens_on(child.id(), port), "the child holds no socket");
-        let _ = child.kill();
-        let _ = child.wait();
-        drop(listener);
-        assert!(!listens_on(std::process::id(), port));
-    }
 }
